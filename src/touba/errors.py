@@ -1,0 +1,118 @@
+"""The typed errors of touba (SPEC section 11).
+
+Every error carries ``code``, equal to its class name, and a message that says
+what happened and what to do next. Local refusals (busy, limits, mismatch,
+invalid summary, context guard) keep their own code: they are never attributed
+to the model's output format and never trigger a provider retry.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+__all__ = [
+    "AgentDecisionProviderSchemaViolation",
+    "AgentDecisionProviderUnavailable",
+    "ConfigurationError",
+    "DecisionHistoryBusy",
+    "DecisionHistoryLimitExceeded",
+    "DecisionHistoryMismatch",
+    "DecisionHistoryRecordInvalid",
+    "DecisionHistoryStorageUnsafe",
+    "DecisionHistorySummaryInvalid",
+    "HistoryLimit",
+    "ProviderContextCountUnavailable",
+    "ProviderContextGuardUnsupported",
+    "ProviderContextWindowExceeded",
+    "ToubaError",
+]
+
+HistoryLimit = Literal[
+    "max_messages",
+    "max_bytes",
+    "max_retained_bytes",
+    "max_sessions",
+    "max_store_bytes",
+]
+
+
+class ToubaError(Exception):
+    """Base class of every error touba raises on purpose."""
+
+    code: ClassVar[str] = "ToubaError"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.code = cls.__name__
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigurationError(ToubaError, ValueError):
+    """touba was configured or called in a way it cannot honour; fix the call."""
+
+
+class AgentDecisionProviderSchemaViolation(ToubaError):
+    """A provider response arrived but held no valid typed decision."""
+
+    def __init__(self, message: str, *, provider_error_code: str) -> None:
+        super().__init__(message)
+        self.provider_error_code = provider_error_code
+
+
+class AgentDecisionProviderUnavailable(ToubaError):
+    """The transport or the provider failed; no decision was received."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class DecisionHistoryBusy(ToubaError):
+    """Another operation holds this conversation (or held it and crashed)."""
+
+    def __init__(self, message: str, *, session_key: str) -> None:
+        super().__init__(message)
+        self.session_key = session_key
+
+
+class DecisionHistoryLimitExceeded(ToubaError):
+    """A bound would be exceeded; nothing was written."""
+
+    def __init__(self, message: str, *, limit: HistoryLimit) -> None:
+        super().__init__(message)
+        self.limit: HistoryLimit = limit
+
+
+class DecisionHistoryMismatch(ToubaError):
+    """The stored conversation does not match the identity or observations given."""
+
+
+class DecisionHistoryRecordInvalid(DecisionHistoryMismatch):
+    """A stored record is corrupt or of a version this touba cannot read.
+
+    A subclass of :class:`DecisionHistoryMismatch` (the stored state disagrees
+    with what this process expects); it is never overwritten silently.
+    """
+
+
+class DecisionHistorySummaryInvalid(ToubaError):
+    """The host summariser returned something other than a bounded non-empty string."""
+
+
+class DecisionHistoryStorageUnsafe(ToubaError):
+    """The storage location could expose conversation data to other users."""
+
+
+class ProviderContextWindowExceeded(ToubaError):
+    """Even the minimal request does not fit the host's context window."""
+
+
+class ProviderContextCountUnavailable(ToubaError):
+    """The provider's token count could not be obtained; nothing was generated."""
+
+
+class ProviderContextGuardUnsupported(ToubaError):
+    """The context guard cannot vouch for this client or request shape."""

@@ -1,0 +1,45 @@
+"""Decision history: bounded, trimmed by complete exchanges, stored safely.
+
+The SQLite, PostgreSQL and Redis stores live in ``touba.history.sqlite``,
+``touba.history.postgres`` and ``touba.history.redis``.
+"""
+
+from touba.history._config import HistoryConfig, HistoryEvent, SummaryRequest
+from touba.history._engine import DecisionHistory, HistoryWindow
+from touba.history._identity import ConversationIdentity, conversation_key
+from touba.history._memory import MemoryHistoryStore
+from touba.history._model import (
+    CapabilityCall,
+    DataMessage,
+    DecisionMessage,
+    Message,
+    Observation,
+    ResultMessage,
+    SummaryMessage,
+    message_bytes,
+)
+from touba.history._store import HistoryStore, StoredConversation
+from touba.history._window import ExchangeSize, select_window
+
+__all__ = [
+    "CapabilityCall",
+    "ConversationIdentity",
+    "DataMessage",
+    "DecisionHistory",
+    "DecisionMessage",
+    "ExchangeSize",
+    "HistoryConfig",
+    "HistoryEvent",
+    "HistoryStore",
+    "HistoryWindow",
+    "MemoryHistoryStore",
+    "Message",
+    "Observation",
+    "ResultMessage",
+    "StoredConversation",
+    "SummaryMessage",
+    "SummaryRequest",
+    "conversation_key",
+    "message_bytes",
+    "select_window",
+]

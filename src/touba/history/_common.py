@@ -1,0 +1,151 @@
+"""Pieces every built-in store shares: encoding, errors, reservations."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryBusy,
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryRecordInvalid,
+)
+from touba.history._model import canonical_json
+from touba.history._record import is_split_record, split_record
+
+__all__ = [
+    "EncodedRecord",
+    "Reservation",
+    "busy",
+    "check_capacity",
+    "check_limits_config",
+    "encode_record",
+    "iso",
+    "require_worker_stopped",
+]
+
+MiB = 1024 * 1024
+
+
+def iso(timestamp: float | None) -> str | None:
+    if timestamp is None or math.isinf(timestamp):
+        return None
+    return datetime.fromtimestamp(timestamp, UTC).isoformat()
+
+
+def busy(key: str, detail: str = "") -> DecisionHistoryBusy:
+    return DecisionHistoryBusy(
+        f"conversation {key} is in use by another operation{detail}. Retry after it "
+        "finishes; if its worker crashed, stop and check that worker, then call "
+        "store.recover(key, worker_stopped=True)",
+        session_key=key,
+    )
+
+
+def require_worker_stopped(worker_stopped: bool) -> None:
+    if worker_stopped is not True:
+        raise ConfigurationError(
+            "recover() frees a reservation left by a crashed worker: stop that worker, "
+            "check it is gone, then call recover(key, worker_stopped=True)"
+        )
+
+
+def check_limits_config(*, max_sessions: int, max_store_bytes: int, ttl_seconds: float) -> None:
+    for name, value in (("max_sessions", max_sessions), ("max_store_bytes", max_store_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
+        raise ConfigurationError(f"ttl_seconds must be a number, got {ttl_seconds!r}")
+    if not ttl_seconds > 0:
+        raise ConfigurationError(f"ttl_seconds must be > 0, got {ttl_seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedRecord:
+    """A record ready to store: a head and, for touba records, message rows."""
+
+    head: str
+    split: bool
+    exchanges: list[list[str]]
+    messages: int
+    bytes: int
+
+
+def encode_json(value: Any, what: str) -> str:
+    try:
+        return canonical_json(value)
+    except (TypeError, ValueError) as e:
+        raise DecisionHistoryRecordInvalid(
+            f"{what} is not JSON-compatible ({e}); nothing was saved"
+        ) from e
+
+
+def encode_record(record: dict[str, Any]) -> EncodedRecord:
+    """Encode a record returned by an operation; refuse anything not JSON."""
+    if not isinstance(record, dict):
+        raise DecisionHistoryRecordInvalid(
+            f"an operation returned a {type(record).__name__}, not a dict record; nothing was saved"
+        )
+    if not is_split_record(record):
+        head = encode_json(record, "the record")
+        return EncodedRecord(head, False, [], 0, len(head.encode("utf-8")))
+    head_dict, exchanges = split_record(record)
+    head = encode_json(head_dict, "the record head")
+    rows = [[encode_json(m, "a message") for m in ex] for ex in exchanges]
+    size = len(head.encode("utf-8")) + sum(len(m.encode("utf-8")) for ex in rows for m in ex)
+    return EncodedRecord(head, True, rows, sum(len(ex) for ex in rows), size)
+
+
+def check_capacity(
+    *,
+    is_new: bool,
+    sessions: int,
+    max_sessions: int,
+    store_bytes_after: int,
+    max_store_bytes: int,
+) -> None:
+    """Refuse a write that would overflow the store; never evict to make room."""
+    if is_new and sessions >= max_sessions:
+        raise DecisionHistoryLimitExceeded(
+            f"the store already holds max_sessions={max_sessions} conversations; nothing "
+            "was written. Delete finished conversations, wait for them to expire, or raise "
+            "max_sessions",
+            limit="max_sessions",
+        )
+    if store_bytes_after > max_store_bytes:
+        raise DecisionHistoryLimitExceeded(
+            f"this write would bring the store to {store_bytes_after} bytes, over "
+            f"max_store_bytes={max_store_bytes}; nothing was written. Delete finished "
+            "conversations or raise max_store_bytes",
+            limit="max_store_bytes",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Who holds a conversation: enough to find and stop a crashed worker."""
+
+    token: str
+    worker_id: str
+    pid: int
+    host: str
+    since: float
+
+    @classmethod
+    def new(cls, worker_id: str) -> Reservation:
+        return cls(uuid.uuid4().hex, worker_id, os.getpid(), socket.gethostname(), time.time())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "pid": self.pid,
+            "host": self.host,
+            "since": iso(self.since),
+        }

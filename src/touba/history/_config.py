@@ -1,0 +1,132 @@
+"""``HistoryConfig`` and ``HistoryEvent`` (SPEC section 3), ``SummaryRequest`` (section 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from touba.errors import ConfigurationError
+from touba.history._common import MiB
+
+if TYPE_CHECKING:
+    from touba.history._store import HistoryStore
+
+__all__ = [
+    "Continuity",
+    "EventKind",
+    "HistoryConfig",
+    "HistoryEvent",
+    "Summarizer",
+    "SummaryRequest",
+]
+
+Continuity = Literal["inline", "opaque_refs"]
+EventKind = Literal[
+    "history_window",
+    "history_trimmed",
+    "decision_history_summary",
+    "provider_context_count",
+    "resumed_without_messages",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    """What a host summariser receives.
+
+    ``turns`` holds only the exchanges that left the context since the
+    previous summary, oldest first, each a tuple of message dicts with
+    provider-opaque data removed (and raw arguments already projected away in
+    ``opaque_refs`` continuity).
+    """
+
+    previous_summary: str | None
+    turns: tuple[tuple[dict[str, Any], ...], ...]
+    max_bytes: int
+
+
+Summarizer = Callable[[SummaryRequest], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    """An observable fact about a history window. Never carries content.
+
+    ``message_count`` and ``bytes`` describe the history window being sent
+    (instructions, capability catalog and invocation input excluded). The
+    other fields are set only for the kinds that define them.
+    """
+
+    kind: EventKind
+    session_key: str
+    message_count: int
+    bytes: int
+    removed_exchanges: int | None = None
+    removed_messages: int | None = None
+    removed_bytes: int | None = None
+    covered_exchanges: int | None = None
+    fingerprint: str | None = None
+    summary_bytes: int | None = None
+    provider: str | None = None
+    count: int | None = None
+    reserve: int | None = None
+    window: int | None = None
+    fits: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready data, without the fields its kind does not use."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"HistoryConfig.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryConfig:
+    """Bounds, storage and options of a decision history (SPEC section 3)."""
+
+    max_messages: int = 128
+    max_bytes: int = 262144
+    max_retained_bytes: int = 8 * MiB
+    store: HistoryStore | None = None
+    namespace: str | None = None
+    on_event: Callable[[HistoryEvent], Any] | None = None
+    summarize: Summarizer | None = None
+    max_summary_bytes: int = 4096
+    continuity: Continuity = "inline"
+
+    def __post_init__(self) -> None:
+        for name in ("max_messages", "max_bytes", "max_retained_bytes", "max_summary_bytes"):
+            _positive(name, getattr(self, name))
+        if self.continuity not in ("inline", "opaque_refs"):
+            raise ConfigurationError(
+                f"HistoryConfig.continuity must be 'inline' or 'opaque_refs', got "
+                f"{self.continuity!r}"
+            )
+        if self.namespace is not None and (
+            not isinstance(self.namespace, str) or not self.namespace
+        ):
+            raise ConfigurationError("HistoryConfig.namespace must be a non-empty str")
+        if self.store is not None:
+            if self.namespace is None:
+                raise ConfigurationError(
+                    "HistoryConfig.namespace is required with a store: set it from trusted "
+                    "application configuration (never from the model) so that applications "
+                    "and tenants sharing the store stay apart"
+                )
+            if not callable(getattr(self.store, "transact", None)):
+                raise ConfigurationError(
+                    "HistoryConfig.store must implement transact(key, operation)"
+                )
+        for name in ("on_event", "summarize"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ConfigurationError(f"HistoryConfig.{name} must be callable")
+        if self.summarize is not None and self.max_summary_bytes >= self.max_bytes:
+            raise ConfigurationError(
+                f"HistoryConfig.max_summary_bytes ({self.max_summary_bytes}) must be smaller "
+                f"than max_bytes ({self.max_bytes}): a summary must fit in the window"
+            )

@@ -1,0 +1,428 @@
+"""The decision-history step: one transaction per model decision.
+
+``DecisionHistory.step`` reserves the conversation, checks the stored record
+against the identity and the runtime's observations, appends the results,
+selects the window (bounded, complete exchanges only), optionally summarises
+what left it, lets the provider generate from that window, then appends the
+new decision. It reads only the tail of the conversation it needs and appends
+deltas, so the cost of a decision does not grow with retained history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryMismatch,
+    DecisionHistorySummaryInvalid,
+)
+from touba.history._config import HistoryConfig, HistoryEvent, SummaryRequest
+from touba.history._identity import ConversationIdentity
+from touba.history._memory import MemoryHistoryStore
+from touba.history._model import (
+    CapabilityCall,
+    DataMessage,
+    DecisionMessage,
+    Message,
+    Observation,
+    ResultMessage,
+    SummaryMessage,
+    canonical_json,
+    message_bytes,
+    message_from_dict,
+    message_to_dict,
+)
+from touba.history._record import check_head, new_head, now_iso
+from touba.history._store import LogSnapshot, LogWrite, Record, as_log_store
+from touba.history._window import ExchangeSize, select_window
+
+__all__ = ["DecisionHistory", "HistoryWindow", "fingerprint_exchanges"]
+
+logger = logging.getLogger("touba.history")
+
+PRIVATE_NAMESPACE = "touba.private"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryWindow:
+    """What a provider sends for one decision, in order.
+
+    ``summary`` (if any) comes first, then ``exchanges`` (complete ones; the
+    last holds the current observations), then nothing else: instructions,
+    catalog and input are the provider's to add. ``sizes`` weigh each
+    exchange by SPEC section 3's measure.
+    """
+
+    session_key: str
+    summary: SummaryMessage | None
+    exchanges: tuple[tuple[Message, ...], ...]
+    sizes: tuple[ExchangeSize, ...]
+
+    @property
+    def messages(self) -> list[Message]:
+        out: list[Message] = [self.summary] if self.summary else []
+        for exchange in self.exchanges:
+            out.extend(exchange)
+        return out
+
+    @property
+    def size(self) -> ExchangeSize:
+        total = ExchangeSize(0, 0)
+        if self.summary is not None:
+            total = ExchangeSize(1, message_bytes(self.summary))
+        for size in self.sizes:
+            total = total + size
+        return total
+
+    def without_oldest(self, count: int) -> HistoryWindow:
+        """The window less its ``count`` oldest exchanges (the guard's trim)."""
+        return replace(self, exchanges=self.exchanges[count:], sizes=self.sizes[count:])
+
+
+Generate = Callable[[HistoryWindow], Awaitable[DecisionMessage]]
+
+
+def fingerprint_exchanges(previous: str | None, exchanges: Sequence[Sequence[Record]]) -> str:
+    """Chain a fingerprint over newly covered exchanges' canonical JSON.
+
+    ``sha256(previous || canonical_json(exchanges))``: equal to a plain sha256
+    of the canonical JSON for a first summary, and extended without reloading
+    older exchanges for each later one.
+    """
+    digest = hashlib.sha256()
+    if previous:
+        digest.update(previous.encode("ascii"))
+    digest.update(canonical_json([list(ex) for ex in exchanges]).encode("utf-8"))
+    return "sha256:" + digest.hexdigest()
+
+
+def _projected(message: Record) -> dict[str, Any]:
+    return {k: v for k, v in message.items() if k not in ("opaque", "provider")}
+
+
+class DecisionHistory:
+    """Runs decisions of one provider against its configured history."""
+
+    def __init__(self, config: HistoryConfig | None) -> None:
+        self.config = config or HistoryConfig()
+        self.namespace = self.config.namespace or PRIVATE_NAMESPACE
+        self.store = self.config.store or MemoryHistoryStore()
+        self._log = as_log_store(self.store)
+
+    async def emit(self, event: HistoryEvent) -> None:
+        callback = self.config.on_event
+        if callback is None:
+            return
+        try:
+            outcome = callback(event)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception as e:  # a host callback must not break a decision
+            logger.warning("on_event callback failed for %s: %s", event.kind, type(e).__name__)
+
+    async def step(
+        self,
+        identity: ConversationIdentity,
+        observations: Sequence[Observation],
+        generate: Generate,
+    ) -> DecisionMessage:
+        """Run one decision; see the module docstring."""
+        if identity.namespace != self.namespace:
+            raise ConfigurationError("identity namespace differs from the history namespace")
+        key = identity.key
+
+        async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, DecisionMessage]:
+            return await _Step(self, identity, key, snapshot).run(observations, generate)
+
+        return await self._log.transact_log(key, operation)
+
+
+class _Step:
+    def __init__(
+        self,
+        history: DecisionHistory,
+        identity: ConversationIdentity,
+        key: str,
+        snapshot: LogSnapshot | None,
+    ) -> None:
+        self.history = history
+        self.config = history.config
+        self.key = key
+        self.snapshot = snapshot
+        if snapshot is None:
+            self.head = new_head(identity)
+            self.count = 0
+        else:
+            self.head = snapshot.head
+            check_head(self.head, identity)
+            self.count = snapshot.exchange_count
+        self.appends: list[tuple[int, Record]] = []
+        self.added = ExchangeSize(0, 0)
+
+    def _append(self, index: int, message: Message) -> ExchangeSize:
+        data = message_to_dict(message)
+        size = ExchangeSize(1, message_bytes(data))
+        self.appends.append((index, data))
+        self.added = self.added + size
+        return size
+
+    def _answer(
+        self, observations: Sequence[Observation]
+    ) -> tuple[ResultMessage | DataMessage, ...]:
+        """Append the observations answering the pending calls; return them."""
+        pending = self.head["pending"]
+        if not pending:
+            if not observations:
+                return ()
+            if self.snapshot is not None:
+                raise DecisionHistoryMismatch(
+                    "observations were given but the stored conversation has no pending "
+                    "call; check that the runtime resumes the right invocation"
+                )
+            # The calls they answer are not in history (lost after a restart):
+            # send them as plain data, never as orphan tool results.
+            data = DataMessage(tuple(ResultMessage.from_observation(o) for o in observations))
+            self._append(0, data)
+            self.count = 1
+            return (data,)
+        by_id = {o.call_id: o for o in observations}
+        expected = [p["call_id"] for p in pending]
+        if len(by_id) != len(observations) or set(by_id) != set(expected):
+            raise DecisionHistoryMismatch(
+                f"the stored conversation awaits results for {len(expected)} call(s) but the "
+                f"runtime gave {len(observations)} observation(s) with other call ids; the "
+                "record was not modified"
+            )
+        results = []
+        for entry in pending:
+            observation = by_id[entry["call_id"]]
+            if observation.name != entry["name"]:
+                raise DecisionHistoryMismatch(
+                    f"observation {entry['call_id']} names capability {observation.name!r} "
+                    f"but the stored call was {entry['name']!r}; the record was not modified"
+                )
+            result = ResultMessage.from_observation(observation)
+            self._append(self.count - 1, result)
+            results.append(result)
+        return tuple(results)
+
+    async def run(
+        self, observations: Sequence[Observation], generate: Generate
+    ) -> tuple[LogWrite, DecisionMessage]:
+        history = self.history
+        resumed_lost = self.snapshot is None and bool(observations)
+        current = self._answer(observations)
+        current_size = self.added
+        self._check_retained()
+
+        summarizing = self.config.summarize is not None
+        summary_state = self.head.get("summary") if summarizing else None
+        through = summary_state["through"] if summary_state else 0
+        first = max(through, self.count - self.config.max_messages)
+        sizes = await self.snapshot.sizes(first) if self.snapshot and first < self.count else []
+        if current:
+            if len(sizes) == self.count - first and sizes:
+                sizes[-1] = sizes[-1] + current_size
+            else:  # the exchange holding them is new in this transaction
+                sizes.append(current_size)
+        reserve = (
+            _summary_reserve(self.config.max_summary_bytes) if summarizing else ExchangeSize(0, 0)
+        )
+        start = first + select_window(
+            sizes,
+            max_messages=self.config.max_messages,
+            max_bytes=self.config.max_bytes,
+            reserve=reserve,
+        )
+        summary: SummaryMessage | None = None
+        if summarizing:
+            summary, start = await self._summarize(start, through, sizes, first)
+        window = await self._window(start, first, sizes, current, summary)
+
+        size = window.size
+        if start > 0:
+            total_messages = self.head["stats"]["messages"] + self.added.messages
+            total_bytes = self.head["stats"]["bytes"] + self.added.bytes
+            window_ex = ExchangeSize(size.messages, size.bytes)
+            if window.summary is not None:
+                window_ex = ExchangeSize(
+                    size.messages - 1, size.bytes - message_bytes(window.summary)
+                )
+            await history.emit(
+                HistoryEvent(
+                    kind="history_trimmed",
+                    session_key=self.key,
+                    message_count=size.messages,
+                    bytes=size.bytes,
+                    removed_exchanges=start,
+                    removed_messages=total_messages - window_ex.messages,
+                    removed_bytes=total_bytes - window_ex.bytes,
+                )
+            )
+        if resumed_lost:
+            await history.emit(
+                HistoryEvent(
+                    kind="resumed_without_messages",
+                    session_key=self.key,
+                    message_count=size.messages,
+                    bytes=size.bytes,
+                )
+            )
+        await history.emit(
+            HistoryEvent(
+                kind="history_window",
+                session_key=self.key,
+                message_count=size.messages,
+                bytes=size.bytes,
+            )
+        )
+
+        decision = await generate(window)
+        stored = self._stored(decision)
+        self._append(self.count, stored)
+        self._check_retained()
+        head = dict(self.head)
+        stats = head["stats"]
+        head["stats"] = {
+            "exchanges": self.count + 1,
+            "messages": stats["messages"] + self.added.messages,
+            "bytes": stats["bytes"] + self.added.bytes,
+        }
+        head["pending"] = (
+            []
+            if decision.final
+            else [{"call_id": c.call_id, "name": c.name} for c in decision.calls]
+        )
+        head["updated_at"] = now_iso()
+        return LogWrite(head=head, append=self.appends), decision
+
+    def _stored(self, decision: DecisionMessage) -> DecisionMessage:
+        """What history keeps of a decision: all of it, or projections only."""
+        if self.config.continuity == "inline":
+            return decision
+        # opaque_refs: the runtime's projections win. Calls keep id and name;
+        # their arguments are taken from the projected observations.
+        calls = tuple(CapabilityCall(c.call_id, c.name, {}) for c in decision.calls)
+        return DecisionMessage(
+            text=decision.text, calls=calls, output=decision.output, final=decision.final
+        )
+
+    def _check_retained(self) -> None:
+        retained = self.head["stats"]["bytes"] + self.added.bytes
+        if retained > self.config.max_retained_bytes:
+            raise DecisionHistoryLimitExceeded(
+                f"this conversation would retain {retained} bytes, over "
+                f"max_retained_bytes={self.config.max_retained_bytes}; nothing was written. "
+                "End the invocation, delete old conversations or raise max_retained_bytes",
+                limit="max_retained_bytes",
+            )
+
+    async def _load(self, start: int, stop: int) -> list[list[Record]]:
+        """Stored exchanges ``start`` .. ``stop - 1`` plus this step's appends."""
+        stored_stop = min(stop, self.snapshot.exchange_count if self.snapshot else 0)
+        loaded = (
+            await self.snapshot.exchanges(start, stored_stop)
+            if self.snapshot and start < stored_stop
+            else []
+        )
+        for index, message in self.appends:
+            if start <= index < stop:
+                position = index - start
+                while len(loaded) <= position:
+                    loaded.append([])
+                loaded[position].append(message)
+        return loaded
+
+    async def _summarize(
+        self, start: int, through: int, sizes: list[ExchangeSize], first: int
+    ) -> tuple[SummaryMessage | None, int]:
+        config = self.config
+        state = self.head.get("summary")
+        previous = state["text"] if state else None
+        if start > through:
+            left = await self._load(through, start)
+            request = SummaryRequest(
+                previous_summary=previous,
+                turns=tuple(tuple(_projected(m) for m in ex) for ex in left),
+                max_bytes=config.max_summary_bytes,
+            )
+            assert config.summarize is not None
+            text = await config.summarize(request)
+            if not isinstance(text, str) or not text.strip():
+                raise DecisionHistorySummaryInvalid(
+                    "the summarize callback must return a non-empty str; nothing was written"
+                )
+            size = len(text.encode("utf-8"))
+            if size > config.max_summary_bytes:
+                raise DecisionHistorySummaryInvalid(
+                    f"the summarize callback returned {size} bytes, over "
+                    f"max_summary_bytes={config.max_summary_bytes}; nothing was written"
+                )
+            fingerprint = fingerprint_exchanges(state["fingerprint"] if state else None, left)
+            state = {
+                "text": text,
+                "through": start,
+                "fingerprint": fingerprint,
+                "bytes": size,
+            }
+            self.head["summary"] = state
+            message = SummaryMessage(text, start, fingerprint)
+            await self.history.emit(
+                HistoryEvent(
+                    kind="decision_history_summary",
+                    session_key=self.key,
+                    message_count=1,
+                    bytes=message_bytes(message),
+                    covered_exchanges=start,
+                    fingerprint=fingerprint,
+                    summary_bytes=size,
+                )
+            )
+        if state is None:
+            return None, start
+        message = SummaryMessage(state["text"], state["through"], state["fingerprint"])
+        # JSON escaping can make the message larger than reserved: keep the
+        # bounds by leaving more exchanges out (they stay retained).
+        budget = ExchangeSize(config.max_messages - 1, config.max_bytes - message_bytes(message))
+        window = sizes[start - first :]
+        while len(window) > 1 and (
+            sum(s.messages for s in window) > budget.messages
+            or sum(s.bytes for s in window) > budget.bytes
+        ):
+            window = window[1:]
+            start += 1
+        if len(window) == 1 and (
+            window[0].messages > budget.messages or window[0].bytes > budget.bytes
+        ):
+            return None, start  # no room for the summary next to the minimum window
+        return message, start
+
+    async def _window(
+        self,
+        start: int,
+        first: int,
+        sizes: list[ExchangeSize],
+        current: tuple[ResultMessage | DataMessage, ...],
+        summary: SummaryMessage | None,
+    ) -> HistoryWindow:
+        loaded = await self._load(start, self.count)
+        exchanges = tuple(tuple(message_from_dict(m) for m in ex) for ex in loaded)
+        return HistoryWindow(
+            session_key=self.key,
+            summary=summary,
+            exchanges=exchanges,
+            sizes=tuple(sizes[start - first :]),
+        )
+
+
+def _summary_reserve(max_summary_bytes: int) -> ExchangeSize:
+    """Room for one summary message whose text has ``max_summary_bytes`` bytes."""
+    envelope = SummaryMessage("", 0, "sha256:" + "0" * 64)
+    return ExchangeSize(1, message_bytes(envelope) + max_summary_bytes + 12)

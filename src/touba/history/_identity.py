@@ -1,0 +1,93 @@
+"""Conversation identity (SPEC section 1)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from touba.errors import ConfigurationError
+
+__all__ = ["IDENTITY_FIELDS", "ConversationIdentity", "conversation_key"]
+
+IDENTITY_FIELDS = (
+    "namespace",
+    "provider",
+    "model",
+    "decision_interface",
+    "run_id",
+    "invocation_id",
+    "agent_ref",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationIdentity:
+    """The seven fields that name one conversation."""
+
+    namespace: str
+    provider: str
+    model: str
+    decision_interface: str
+    run_id: str
+    invocation_id: str
+    agent_ref: str
+
+    def __post_init__(self) -> None:
+        for name in IDENTITY_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ConfigurationError(
+                    f"conversation identity field {name!r} must be a str, got "
+                    f"{type(value).__name__}"
+                )
+        for name in ("run_id", "invocation_id", "agent_ref"):
+            if not getattr(self, name):
+                raise ConfigurationError(
+                    f"{name} is required when history is enabled: pass run_id, "
+                    "invocation_id and agent_ref (the touba runtime passes them for you)"
+                )
+
+    @property
+    def key(self) -> str:
+        return conversation_key(*self.as_tuple())
+
+    def as_tuple(self) -> tuple[str, str, str, str, str, str, str]:
+        return (
+            self.namespace,
+            self.provider,
+            self.model,
+            self.decision_interface,
+            self.run_id,
+            self.invocation_id,
+            self.agent_ref,
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def conversation_key(
+    namespace: str,
+    provider: str,
+    model: str,
+    decision_interface: str,
+    run_id: str,
+    invocation_id: str,
+    agent_ref: str,
+) -> str:
+    """Return the deterministic ``session_key`` of a conversation.
+
+    The key is ``"<namespace-hash>:<sha256>"``-shaped text that depends on every
+    field, is safe for any characters in them (fields are JSON-encoded before
+    hashing, so no separator can be forged) and never leaks the fields
+    themselves. Its prefix groups the keys of one namespace.
+    """
+    fields = (namespace, provider, model, decision_interface, run_id, invocation_id, agent_ref)
+    for name, value in zip(IDENTITY_FIELDS, fields, strict=True):
+        if not isinstance(value, str):
+            raise ConfigurationError(f"{name} must be a str, got {type(value).__name__}")
+    canonical = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    ns = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:12]
+    return f"th1:{ns}:{digest}"

@@ -1,0 +1,299 @@
+"""``MemoryHistoryStore``: conversations in the RAM of one process."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from touba.errors import ConfigurationError
+from touba.history._common import (
+    MiB,
+    busy,
+    check_capacity,
+    check_limits_config,
+    encode_json,
+    encode_record,
+    iso,
+    require_worker_stopped,
+)
+from touba.history._record import join_record
+from touba.history._store import (
+    LogOperation,
+    LogWrite,
+    Operation,
+    Record,
+    StoredConversation,
+    check_appends,
+)
+from touba.history._window import ExchangeSize
+
+__all__ = ["MemoryHistoryStore"]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Entry:
+    head: str
+    split: bool
+    exchanges: list[list[str]] = field(default_factory=list)
+    sizes: list[ExchangeSize] = field(default_factory=list)
+    messages: int = 0
+    bytes: int = 0
+    updated_at: float = 0.0
+    expires_at: float = 0.0
+
+    def record(self) -> Record:
+        head: Record = json.loads(self.head)
+        if not self.split:
+            return head
+        return join_record(head, [[json.loads(m) for m in ex] for ex in self.exchanges])
+
+
+class _Snapshot:
+    """Private view of one entry: every read parses fresh objects."""
+
+    def __init__(self, entry: _Entry) -> None:
+        self._entry = entry
+        self._head: Record = json.loads(entry.head)
+
+    @property
+    def head(self) -> Record:
+        return self._head
+
+    @property
+    def exchange_count(self) -> int:
+        return len(self._entry.exchanges)
+
+    async def sizes(self, start: int) -> list[ExchangeSize]:
+        return self._entry.sizes[start:]
+
+    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        return [[json.loads(m) for m in ex] for ex in self._entry.exchanges[start:stop]]
+
+
+class MemoryHistoryStore:
+    """RAM store for one process: bounded, expiring, refusing when full.
+
+    Defaults follow the seed: 128 conversations, 32 MiB, one hour of
+    inactivity. Expired entries are purged on the next access (this is not a
+    secure erase of the process memory). A crash loses everything, so there
+    is no reservation to recover after one.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int = 128,
+        max_store_bytes: int = 32 * MiB,
+        ttl_seconds: float = 3600,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        check_limits_config(
+            max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
+        )
+        self.max_sessions = max_sessions
+        self.max_store_bytes = max_store_bytes
+        self.ttl_seconds = ttl_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._active: dict[str, str] = {}
+        self._total_bytes = 0
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    # -- internal helpers (call with the lock held) ---------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this MemoryHistoryStore is closed; create a new one")
+
+    def _purge(self, now: float) -> None:
+        expired = [
+            k for k, e in self._entries.items() if e.expires_at <= now and k not in self._active
+        ]
+        for key in expired:
+            self._total_bytes -= self._entries.pop(key).bytes
+
+    def _live(self, key: str, now: float) -> _Entry | None:
+        self._check_open()
+        self._purge(now)
+        return self._entries.get(key)
+
+    def _reserve(self, key: str) -> tuple[str, _Entry | None]:
+        with self._lock:
+            entry = self._live(key, self._clock())
+            if key in self._active:
+                raise busy(key)
+            token = uuid.uuid4().hex
+            self._active[key] = token
+            return token, entry
+
+    def _release(self, key: str, token: str) -> None:
+        with self._lock:
+            if self._active.get(key) == token:
+                del self._active[key]
+
+    def _check_token(self, key: str, token: str) -> None:
+        if self._active.get(key) != token:
+            raise busy(key, " (its reservation was recovered while this one ran; nothing saved)")
+
+    def _admit(self, key: str, new_bytes: int, old: _Entry | None) -> None:
+        """Refuse a write that would overflow the store, then account for it."""
+        old_bytes = old.bytes if old else 0
+        check_capacity(
+            is_new=old is None,
+            sessions=len(self._entries),
+            max_sessions=self.max_sessions,
+            store_bytes_after=self._total_bytes - old_bytes + new_bytes,
+            max_store_bytes=self.max_store_bytes,
+        )
+        self._total_bytes += new_bytes - old_bytes
+
+    def _stamp(self, key: str, entry: _Entry) -> None:
+        now = self._clock()
+        entry.updated_at = now
+        entry.expires_at = now + self.ttl_seconds
+        self._entries[key] = entry
+
+    # -- the contract -----------------------------------------------------------------
+
+    async def transact(self, key: str, operation: Operation[T]) -> T:
+        token, entry = self._reserve(key)
+        try:
+            record, result = await operation(None if entry is None else entry.record())
+            with self._lock:
+                self._check_token(key, token)
+                if record is None:
+                    if entry is not None:
+                        self._total_bytes -= self._entries.pop(key).bytes
+                    return result
+                encoded = encode_record(record)
+                new = _Entry(
+                    head=encoded.head,
+                    split=encoded.split,
+                    exchanges=encoded.exchanges,
+                    sizes=[
+                        ExchangeSize(len(ex), sum(len(m.encode("utf-8")) for m in ex))
+                        for ex in encoded.exchanges
+                    ],
+                    messages=encoded.messages,
+                    bytes=encoded.bytes,
+                )
+                self._admit(key, new.bytes, entry)
+                self._stamp(key, new)
+            return result
+        finally:
+            self._release(key, token)
+
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        token, entry = self._reserve(key)
+        try:
+            write, result = await operation(None if entry is None else _Snapshot(entry))
+            if write is None:
+                return result
+            with self._lock:
+                self._check_token(key, token)
+                _apply(key, entry, write, self)
+            return result
+        finally:
+            self._release(key, token)
+
+    async def read(self, key: str) -> Record | None:
+        with self._lock:
+            entry = self._live(key, self._clock())
+            if key in self._active:
+                raise busy(key)
+            return None if entry is None else entry.record()
+
+    async def delete(self, key: str) -> bool:
+        with self._lock:
+            entry = self._live(key, self._clock())
+            if key in self._active:
+                raise busy(key)
+            if entry is None:
+                return False
+            self._total_bytes -= self._entries.pop(key).bytes
+            return True
+
+    async def recover(self, key: str, *, worker_stopped: bool) -> bool:
+        """Free a reservation whose holder is gone; touches nothing else.
+
+        In RAM a reservation only outlives its holder when a task was
+        abandoned without finishing; its late save is then refused.
+        """
+        require_worker_stopped(worker_stopped)
+        with self._lock:
+            self._check_open()
+            return self._active.pop(key, None) is not None
+
+    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+        with self._lock:
+            self._live("", self._clock())
+            rows = []
+            for key, entry in sorted(self._entries.items()):
+                identity = _identity(entry)
+                if namespace is not None and (identity or {}).get("namespace") != namespace:
+                    continue
+                rows.append(
+                    StoredConversation(
+                        key=key,
+                        identity=identity,
+                        messages=entry.messages,
+                        bytes=entry.bytes,
+                        updated_at=iso(entry.updated_at) or "",
+                        expires_at=iso(entry.expires_at),
+                        active=key in self._active,
+                    )
+                )
+            return rows
+
+
+def _identity(entry: _Entry) -> dict[str, str] | None:
+    if not entry.split:
+        return None
+    identity: Any = json.loads(entry.head).get("identity")
+    return identity if isinstance(identity, dict) else None
+
+
+def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistoryStore) -> None:
+    """Check then apply ``write`` in place (lock held); a refusal changes nothing."""
+    head = encode_json(write.head, "the record head")
+    check_appends(len(old.exchanges) if old else 0, write.append)
+    rows = [(index, encode_json(message, "a message")) for index, message in write.append]
+    sizes = [len(row.encode("utf-8")) for _, row in rows]
+    old_bytes = old.bytes if old else 0
+    old_head_bytes = len(old.head.encode("utf-8")) if old else 0
+    new_bytes = old_bytes - old_head_bytes + len(head.encode("utf-8")) + sum(sizes)
+    entry = old or _Entry(head=head, split=True)
+    store._admit(key, new_bytes, old)
+    entry.head, entry.split, entry.bytes = head, True, new_bytes
+    for (index, row), size in zip(rows, sizes, strict=True):
+        if index == len(entry.exchanges):
+            entry.exchanges.append([])
+            entry.sizes.append(ExchangeSize(0, 0))
+        entry.exchanges[index].append(row)
+        entry.sizes[index] = entry.sizes[index] + ExchangeSize(1, size)
+    entry.messages += len(rows)
+    store._stamp(key, entry)

@@ -1,0 +1,259 @@
+"""The provider-neutral message model kept in decision history.
+
+Messages are plain frozen dataclasses with a literal ``kind``; each provider
+module converts them to and from its wire format at the edge. Provider data
+that must round-trip untouched (reasoning items, thinking blocks, signatures)
+rides along in ``DecisionMessage.opaque``, tagged with the provider that
+produced it, and is only ever replayed to that same provider.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from touba.errors import DecisionHistoryRecordInvalid
+
+__all__ = [
+    "CapabilityCall",
+    "DataMessage",
+    "DecisionMessage",
+    "JSON",
+    "Message",
+    "Observation",
+    "ObservationStatus",
+    "ResultMessage",
+    "SummaryMessage",
+    "canonical_json",
+    "message_bytes",
+    "message_from_dict",
+    "message_to_dict",
+    "messages_bytes",
+]
+
+JSON: TypeAlias = Any
+"""A JSON-compatible value (dict, list, str, int, float, bool or None)."""
+
+ObservationStatus = Literal["ok", "error", "denied"]
+
+
+def canonical_json(value: JSON) -> str:
+    """The one serialisation used for sizes, fingerprints and storage."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityCall:
+    """A call the model proposed: ``call_id`` pairs it with its observation."""
+
+    call_id: str
+    name: str
+    arguments: Mapping[str, JSON]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the runtime really did with one call (SPEC section 2).
+
+    ``arguments`` are the arguments as the runtime projects them; in
+    ``opaque_refs`` continuity they replace the model's raw arguments.
+    """
+
+    call_id: str
+    name: str
+    arguments: Mapping[str, JSON]
+    status: ObservationStatus
+    result: JSON = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionMessage:
+    """One model decision: optional text, calls, or a final output.
+
+    ``opaque`` holds the provider's own items for this decision, untouched
+    (``None`` when the provider exposed nothing, or in ``opaque_refs`` mode),
+    and ``provider`` names who produced them.
+    """
+
+    text: str | None = None
+    calls: tuple[CapabilityCall, ...] = ()
+    output: JSON = None
+    final: bool = False
+    provider: str | None = None
+    opaque: JSON = None
+    kind: Literal["decision"] = field(default="decision", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultMessage:
+    """The observation answering one call of the previous decision."""
+
+    call_id: str
+    name: str
+    arguments: Mapping[str, JSON]
+    status: ObservationStatus
+    result: JSON = None
+    error: str | None = None
+    kind: Literal["result"] = field(default="result", init=False)
+
+    @classmethod
+    def from_observation(
+        cls, observation: Observation, *, arguments: Mapping[str, JSON] | None = None
+    ) -> ResultMessage:
+        return cls(
+            call_id=observation.call_id,
+            name=observation.name,
+            arguments=dict(observation.arguments if arguments is None else arguments),
+            status=observation.status,
+            result=observation.result,
+            error=observation.error,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryMessage:
+    """A host summary of older exchanges, always sent as untrusted user data."""
+
+    text: str
+    covered_exchanges: int
+    fingerprint: str
+    kind: Literal["summary"] = field(default="summary", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DataMessage:
+    """Observations delivered as plain user-role data, with no call id to pair.
+
+    Used when the calls they answer are not in history (history lost after a
+    restart, or ``history=False``): nothing is invented to look like a call.
+    """
+
+    observations: tuple[ResultMessage, ...]
+    kind: Literal["data"] = field(default="data", init=False)
+
+
+Message: TypeAlias = DecisionMessage | ResultMessage | SummaryMessage | DataMessage
+
+
+def message_to_dict(message: Message) -> dict[str, JSON]:
+    """The stored (and measured) JSON form of a message."""
+    if isinstance(message, DecisionMessage):
+        out: dict[str, JSON] = {"kind": "decision"}
+        if message.text is not None:
+            out["text"] = message.text
+        if message.calls:
+            out["calls"] = [
+                {"call_id": c.call_id, "name": c.name, "arguments": dict(c.arguments)}
+                for c in message.calls
+            ]
+        if message.final:
+            out["final"] = True
+            out["output"] = message.output
+        if message.opaque is not None:
+            out["provider"] = message.provider
+            out["opaque"] = message.opaque
+        return out
+    if isinstance(message, DataMessage):
+        return {"kind": "data", "observations": [message_to_dict(o) for o in message.observations]}
+    if isinstance(message, ResultMessage):
+        out = {
+            "kind": "result",
+            "call_id": message.call_id,
+            "name": message.name,
+            "arguments": dict(message.arguments),
+            "status": message.status,
+        }
+        if message.result is not None:
+            out["result"] = message.result
+        if message.error is not None:
+            out["error"] = message.error
+        return out
+    return {
+        "kind": "summary",
+        "text": message.text,
+        "covered_exchanges": message.covered_exchanges,
+        "fingerprint": message.fingerprint,
+    }
+
+
+def _str(data: Mapping[str, JSON], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise DecisionHistoryRecordInvalid(
+            f"stored message field {key!r} is not a string; the record is corrupt: "
+            "inspect it with `touba history show` and delete it if it cannot be repaired"
+        )
+    return value
+
+
+def _arguments(data: Mapping[str, JSON]) -> dict[str, JSON]:
+    value = data.get("arguments", {})
+    if not isinstance(value, dict):
+        raise DecisionHistoryRecordInvalid("stored call arguments are not an object")
+    return value
+
+
+def message_from_dict(data: Mapping[str, JSON]) -> Message:
+    """Rebuild a message from its stored form; corrupt data is a typed error."""
+    if not isinstance(data, Mapping):
+        raise DecisionHistoryRecordInvalid("stored message is not an object")
+    kind = data.get("kind")
+    if kind == "decision":
+        raw_calls = data.get("calls", [])
+        if not isinstance(raw_calls, list):
+            raise DecisionHistoryRecordInvalid("stored decision calls are not a list")
+        calls = tuple(
+            CapabilityCall(_str(c, "call_id"), _str(c, "name"), _arguments(c)) for c in raw_calls
+        )
+        text = data.get("text")
+        if text is not None and not isinstance(text, str):
+            raise DecisionHistoryRecordInvalid("stored decision text is not a string")
+        provider = data.get("provider")
+        return DecisionMessage(
+            text=text,
+            calls=calls,
+            output=data.get("output"),
+            final=bool(data.get("final", False)),
+            provider=provider if isinstance(provider, str) else None,
+            opaque=data.get("opaque"),
+        )
+    if kind == "result":
+        status = data.get("status")
+        if status not in ("ok", "error", "denied"):
+            raise DecisionHistoryRecordInvalid(f"stored result status {status!r} is unknown")
+        error = data.get("error")
+        return ResultMessage(
+            call_id=_str(data, "call_id"),
+            name=_str(data, "name"),
+            arguments=_arguments(data),
+            status=status,
+            result=data.get("result"),
+            error=error if isinstance(error, str) else None,
+        )
+    if kind == "data":
+        raw = data.get("observations")
+        if not isinstance(raw, list):
+            raise DecisionHistoryRecordInvalid("stored data message has no observations list")
+        observations = tuple(message_from_dict(o) for o in raw)
+        if not all(isinstance(o, ResultMessage) for o in observations):
+            raise DecisionHistoryRecordInvalid("stored data message holds a non-result")
+        return DataMessage(observations)  # type: ignore[arg-type]
+    if kind == "summary":
+        covered = data.get("covered_exchanges")
+        if not isinstance(covered, int):
+            raise DecisionHistoryRecordInvalid("stored summary has no covered_exchanges")
+        return SummaryMessage(_str(data, "text"), covered, _str(data, "fingerprint"))
+    raise DecisionHistoryRecordInvalid(f"stored message kind {kind!r} is unknown")
+
+
+def message_bytes(message: Message | Mapping[str, JSON]) -> int:
+    """SPEC section 3's measure: UTF-8 bytes of the compact JSON of one message."""
+    data = message if isinstance(message, Mapping) else message_to_dict(message)
+    return len(canonical_json(data).encode("utf-8"))
+
+
+def messages_bytes(messages: Sequence[Message | Mapping[str, JSON]]) -> int:
+    return sum(message_bytes(m) for m in messages)

@@ -1,0 +1,182 @@
+"""The store contract (SPEC section 6) and the append-only interface of built-ins.
+
+Custom adapters implement only :class:`HistoryStore` (``transact``). Built-in
+stores also implement :class:`LogStore`, which lets the history layer read a
+bounded tail of a conversation and append messages without loading or
+rewriting what is already retained. :func:`as_log_store` gives the history
+layer one interface over both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from touba.errors import DecisionHistoryRecordInvalid
+from touba.history._model import message_bytes
+from touba.history._record import is_split_record, join_record, split_record
+from touba.history._window import ExchangeSize
+
+__all__ = [
+    "HistoryStore",
+    "LogSnapshot",
+    "LogStore",
+    "LogWrite",
+    "Operation",
+    "StoredConversation",
+    "as_log_store",
+]
+
+T = TypeVar("T")
+Record = dict[str, Any]
+Operation = Callable[[Record | None], Awaitable[tuple[Record | None, T]]]
+
+
+@runtime_checkable
+class HistoryStore(Protocol):
+    """Where conversations live. See SPEC section 6 for the full contract.
+
+    ``transact`` gives ``operation`` a private deep copy of the record (or
+    ``None``), then atomically saves the record it returns (``None`` deletes)
+    and returns its result. Two concurrent operations on one key must not run;
+    when ``operation`` raises, the old state is kept.
+    """
+
+    async def transact(self, key: str, operation: Operation[T]) -> T: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredConversation:
+    """One row of ``store.list()``: sizes and reservation, never content."""
+
+    key: str
+    identity: dict[str, str] | None
+    messages: int
+    bytes: int
+    updated_at: str
+    expires_at: str | None
+    active: bool
+    reservation: dict[str, Any] | None = field(default=None)
+
+
+class LogSnapshot(Protocol):
+    """A conversation as the history layer sees it inside one transaction."""
+
+    @property
+    def head(self) -> Record:
+        """The record without its exchanges (a private copy)."""
+        ...
+
+    @property
+    def exchange_count(self) -> int: ...
+
+    async def sizes(self, start: int) -> list[ExchangeSize]:
+        """Sizes of exchanges ``start`` .. end, oldest first."""
+        ...
+
+    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        """Private copies of the messages of exchanges ``start`` .. ``stop - 1``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LogWrite:
+    """What one transaction changes: a new head and messages appended.
+
+    Each appended message names its exchange, which must be the last
+    existing exchange or the ones right after it, in order.
+    """
+
+    head: Record
+    append: Sequence[tuple[int, Record]] = ()
+
+
+LogOperation = Callable[[LogSnapshot | None], Awaitable[tuple[LogWrite | None, T]]]
+
+
+@runtime_checkable
+class LogStore(Protocol):
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T: ...
+
+
+def check_appends(exchange_count: int, append: Sequence[tuple[int, Record]]) -> None:
+    """Refuse appends that would rewrite history or leave a gap."""
+    last = exchange_count - 1
+    for index, _message in append:
+        if index < max(last, 0) or index > last + 1:
+            raise ValueError(
+                f"append to exchange {index} refused: only exchange {last} or {last + 1} "
+                "may receive messages"
+            )
+        last = max(last, index)
+
+
+class RecordSnapshot:
+    """A :class:`LogSnapshot` over a whole record (used for custom adapters)."""
+
+    def __init__(self, head: Record, exchanges: list[list[Record]]) -> None:
+        self._head = head
+        self._exchanges = exchanges
+
+    @classmethod
+    def of(cls, record: Record) -> RecordSnapshot:
+        if not is_split_record(record):
+            raise DecisionHistoryRecordInvalid(
+                "the stored value under this session key is not a touba decision history "
+                "record; it was not modified. Use another namespace or delete the key"
+            )
+        return cls(*split_record(record))
+
+    @property
+    def head(self) -> Record:
+        return self._head
+
+    @property
+    def exchange_count(self) -> int:
+        return len(self._exchanges)
+
+    async def sizes(self, start: int) -> list[ExchangeSize]:
+        return [
+            ExchangeSize(len(ex), sum(message_bytes(m) for m in ex))
+            for ex in self._exchanges[start:]
+        ]
+
+    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        return self._exchanges[start:stop]
+
+    def apply(self, write: LogWrite) -> Record:
+        check_appends(len(self._exchanges), write.append)
+        exchanges = self._exchanges
+        for index, message in write.append:
+            if index == len(exchanges):
+                exchanges.append([])
+            exchanges[index].append(message)
+        return join_record(write.head, exchanges)
+
+
+class _TransactLog:
+    """Runs log operations on a store that only offers ``transact``.
+
+    Each operation then loads and saves the whole record: that is what the
+    plain contract allows, and why built-in stores implement ``transact_log``.
+    """
+
+    def __init__(self, store: HistoryStore) -> None:
+        self._store = store
+
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        async def whole(record: Record | None) -> tuple[Record | None, T]:
+            snapshot = None if record is None else RecordSnapshot.of(record)
+            write, result = await operation(snapshot)
+            if write is None:
+                return record, result
+            return (snapshot or RecordSnapshot({}, [])).apply(write), result
+
+        return await self._store.transact(key, whole)
+
+
+def as_log_store(store: HistoryStore) -> LogStore:
+    if isinstance(store, LogStore):
+        return store
+    return _TransactLog(store)
