@@ -14,7 +14,7 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from touba.errors import (
@@ -52,18 +52,21 @@ PRIVATE_NAMESPACE = "touba.private"
 
 @dataclass(frozen=True, slots=True)
 class HistoryWindow:
-    """What a provider sends for one decision, in order.
+    """What a provider sends from history for one decision, in order.
 
-    ``summary`` (if any) comes first, then ``exchanges`` (complete ones; the
-    last holds the current observations), then nothing else: instructions,
-    catalog and input are the provider's to add. ``sizes`` weigh each
-    exchange by SPEC section 3's measure.
+    ``summary`` (if any) comes first, then ``exchanges``: complete ones, the
+    last holding the current observations. Instructions, catalog and input
+    are the provider's to add. ``sizes`` weigh each exchange by SPEC section
+    3's measure; ``start`` is the index of the first exchange sent and
+    ``retained`` weighs every exchange the conversation retains.
     """
 
     session_key: str
     summary: SummaryMessage | None
     exchanges: tuple[tuple[Message, ...], ...]
     sizes: tuple[ExchangeSize, ...]
+    start: int = 0
+    retained: ExchangeSize = field(default_factory=lambda: ExchangeSize(0, 0))
 
     @property
     def messages(self) -> list[Message]:
@@ -81,12 +84,29 @@ class HistoryWindow:
             total = total + size
         return total
 
-    def without_oldest(self, count: int) -> HistoryWindow:
-        """The window less its ``count`` oldest exchanges (the guard's trim)."""
-        return replace(self, exchanges=self.exchanges[count:], sizes=self.sizes[count:])
+    @property
+    def droppable(self) -> int:
+        """Units the context guard may drop: the summary, then all but the last exchange."""
+        return (self.summary is not None) + max(len(self.exchanges) - 1, 0)
+
+    def dropping(self, units: int) -> HistoryWindow:
+        """The window less its ``units`` oldest units (see :attr:`droppable`)."""
+        if not 0 <= units <= self.droppable:
+            raise ValueError(f"cannot drop {units} of {self.droppable} droppable units")
+        window = self
+        if units and window.summary is not None:
+            window = replace(window, summary=None)
+            units -= 1
+        return replace(
+            window,
+            exchanges=window.exchanges[units:],
+            sizes=window.sizes[units:],
+            start=window.start + units,
+        )
 
 
 Generate = Callable[[HistoryWindow], Awaitable[DecisionMessage]]
+Fit = Callable[[HistoryWindow], Awaitable[HistoryWindow]]
 
 
 def fingerprint_exchanges(previous: str | None, exchanges: Sequence[Sequence[Record]]) -> str:
@@ -132,14 +152,20 @@ class DecisionHistory:
         identity: ConversationIdentity,
         observations: Sequence[Observation],
         generate: Generate,
+        *,
+        fit: Fit | None = None,
     ) -> DecisionMessage:
-        """Run one decision; see the module docstring."""
+        """Run one decision; see the module docstring.
+
+        ``fit`` (the provider's context guard) may narrow the bounded window
+        before it is announced in events and handed to ``generate``.
+        """
         if identity.namespace != self.namespace:
             raise ConfigurationError("identity namespace differs from the history namespace")
         key = identity.key
 
         async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, DecisionMessage]:
-            return await _Step(self, identity, key, snapshot).run(observations, generate)
+            return await _Step(self, identity, key, snapshot).run(observations, generate, fit)
 
         return await self._log.transact_log(key, operation)
 
@@ -214,9 +240,8 @@ class _Step:
         return tuple(results)
 
     async def run(
-        self, observations: Sequence[Observation], generate: Generate
+        self, observations: Sequence[Observation], generate: Generate, fit: Fit | None
     ) -> tuple[LogWrite, DecisionMessage]:
-        history = self.history
         resumed_lost = self.snapshot is None and bool(observations)
         current = self._answer(observations)
         current_size = self.added
@@ -246,44 +271,9 @@ class _Step:
             summary, start = await self._summarize(start, through, sizes, first)
         window = await self._window(start, first, sizes, current, summary)
 
-        size = window.size
-        if start > 0:
-            total_messages = self.head["stats"]["messages"] + self.added.messages
-            total_bytes = self.head["stats"]["bytes"] + self.added.bytes
-            window_ex = ExchangeSize(size.messages, size.bytes)
-            if window.summary is not None:
-                window_ex = ExchangeSize(
-                    size.messages - 1, size.bytes - message_bytes(window.summary)
-                )
-            await history.emit(
-                HistoryEvent(
-                    kind="history_trimmed",
-                    session_key=self.key,
-                    message_count=size.messages,
-                    bytes=size.bytes,
-                    removed_exchanges=start,
-                    removed_messages=total_messages - window_ex.messages,
-                    removed_bytes=total_bytes - window_ex.bytes,
-                )
-            )
-        if resumed_lost:
-            await history.emit(
-                HistoryEvent(
-                    kind="resumed_without_messages",
-                    session_key=self.key,
-                    message_count=size.messages,
-                    bytes=size.bytes,
-                )
-            )
-        await history.emit(
-            HistoryEvent(
-                kind="history_window",
-                session_key=self.key,
-                message_count=size.messages,
-                bytes=size.bytes,
-            )
-        )
-
+        if fit is not None:
+            window = await fit(window)
+        await self._announce(window, resumed_lost)
         decision = await generate(window)
         stored = self._stored(decision)
         self._append(self.count, stored)
@@ -302,6 +292,43 @@ class _Step:
         )
         head["updated_at"] = now_iso()
         return LogWrite(head=head, append=self.appends), decision
+
+    async def _announce(self, window: HistoryWindow, resumed_lost: bool) -> None:
+        """Emit the events describing the window about to be sent."""
+        size = window.size
+        emit = self.history.emit
+        if window.start > 0:
+            sent = ExchangeSize(0, 0)
+            for exchange_size in window.sizes:
+                sent = sent + exchange_size
+            await emit(
+                HistoryEvent(
+                    kind="history_trimmed",
+                    session_key=self.key,
+                    message_count=size.messages,
+                    bytes=size.bytes,
+                    removed_exchanges=window.start,
+                    removed_messages=window.retained.messages - sent.messages,
+                    removed_bytes=window.retained.bytes - sent.bytes,
+                )
+            )
+        if resumed_lost:
+            await emit(
+                HistoryEvent(
+                    kind="resumed_without_messages",
+                    session_key=self.key,
+                    message_count=size.messages,
+                    bytes=size.bytes,
+                )
+            )
+        await emit(
+            HistoryEvent(
+                kind="history_window",
+                session_key=self.key,
+                message_count=size.messages,
+                bytes=size.bytes,
+            )
+        )
 
     def _stored(self, decision: DecisionMessage) -> DecisionMessage:
         """What history keeps of a decision: all of it, or projections only."""
@@ -414,11 +441,16 @@ class _Step:
     ) -> HistoryWindow:
         loaded = await self._load(start, self.count)
         exchanges = tuple(tuple(message_from_dict(m) for m in ex) for ex in loaded)
+        stats = self.head["stats"]
         return HistoryWindow(
             session_key=self.key,
             summary=summary,
             exchanges=exchanges,
             sizes=tuple(sizes[start - first :]),
+            start=start,
+            retained=ExchangeSize(
+                stats["messages"] + self.added.messages, stats["bytes"] + self.added.bytes
+            ),
         )
 
 

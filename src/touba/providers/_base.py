@@ -1,0 +1,292 @@
+"""What every decision provider shares: history, the guard, validation.
+
+A provider is a :class:`DecisionProvider` around a :class:`Wire`, the one
+piece that knows a vendor's API: it renders a :class:`Plan` (the neutral
+request) into that API's body, counts it, generates, and parses the response
+back into a neutral :class:`DecisionMessage`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from touba.errors import ConfigurationError
+from touba.history._config import HistoryConfig, HistoryEvent
+from touba.history._engine import DecisionHistory, HistoryWindow
+from touba.history._identity import ConversationIdentity
+from touba.history._model import (
+    DataMessage,
+    DecisionMessage,
+    Message,
+    ResultMessage,
+    SummaryMessage,
+    message_bytes,
+)
+from touba.history._window import ExchangeSize
+from touba.providers._guard import ContextConfig, find_cut, largest_fitting_count, reserve_tokens
+from touba.providers._types import (
+    Decision,
+    DecisionInterface,
+    DecisionRequest,
+    Turn,
+    Usage,
+)
+from touba.providers._validate import check_catalog, check_decision, schema_validator
+
+__all__ = ["DecisionProvider", "Plan", "Wire"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The neutral request for one generation, in sending order.
+
+    Prior chat turns, then the invocation input, then the history window
+    (summary first, then complete exchanges). The guard drops units oldest
+    first: prior turns, then the window's summary and exchanges.
+    """
+
+    request: DecisionRequest
+    interface: DecisionInterface
+    prior_turns: tuple[Turn, ...]
+    window: HistoryWindow
+
+    @property
+    def summary(self) -> SummaryMessage | None:
+        return self.window.summary
+
+    @property
+    def exchanges(self) -> tuple[tuple[Message, ...], ...]:
+        return self.window.exchanges
+
+    @property
+    def droppable(self) -> int:
+        return len(self.prior_turns) + self.window.droppable
+
+    def dropping(self, units: int) -> Plan:
+        turns = min(units, len(self.prior_turns))
+        return replace(
+            self,
+            prior_turns=self.prior_turns[turns:],
+            window=self.window.dropping(units - turns),
+        )
+
+    def unit_bytes(self) -> list[int]:
+        """Rough weights of the droppable units, oldest first (guard prediction)."""
+        weights = [len(json.dumps(_turn_dict(t), ensure_ascii=False)) for t in self.prior_turns]
+        if self.window.summary is not None:
+            weights.append(message_bytes(self.window.summary))
+        weights.extend(s.bytes for s in self.window.sizes[:-1])
+        return weights
+
+
+def _turn_dict(turn: Turn) -> dict[str, Any]:
+    return {
+        "user": turn.user,
+        "replies": list(turn.replies),
+        "trace": [[c.arguments, c.result, c.error] for g in turn.trace for c in g],
+    }
+
+
+class Wire(ABC):
+    """One vendor API, at the edge. Subclasses convert SDK errors in one place."""
+
+    provider: ClassVar[str]
+
+    def __init__(self, *, model: str, interface: DecisionInterface) -> None:
+        self.model = model
+        self.interface = interface
+
+    def check_guard(self) -> None:  # noqa: B027 - optional hook
+        """Raise ProviderContextGuardUnsupported if the guard cannot vouch for this client."""
+
+    @abstractmethod
+    def render(self, plan: Plan) -> dict[str, Any]:
+        """The full generation body for ``plan``."""
+
+    @abstractmethod
+    async def count(self, body: dict[str, Any]) -> int:
+        """Input tokens of ``body`` by the provider's own count endpoint."""
+
+    @abstractmethod
+    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        """Send ``body``; parse the response into a decision (schema violations raise)."""
+
+
+class DecisionProvider:
+    """Turns a :class:`DecisionRequest` into a typed :class:`Decision`.
+
+    With history (the default), each decision is one transaction of the
+    conversation named by the request's identity; with ``history=False``
+    nothing is kept and observations are sent as plain data.
+    """
+
+    def __init__(
+        self,
+        wire: Wire,
+        *,
+        history: HistoryConfig | bool | None,
+        context: ContextConfig | None = None,
+        max_output_tokens: int | None = None,
+    ) -> None:
+        if wire.interface not in ("native", "structured"):
+            raise ConfigurationError(
+                f"decision_interface must be 'native' or 'structured', got {wire.interface!r}"
+            )
+        self._wire = wire
+        if history is True or history is None:
+            history = HistoryConfig()
+        if history is not False and not isinstance(history, HistoryConfig):
+            raise ConfigurationError(
+                "history must be None (default bounds in RAM), a HistoryConfig, or False"
+            )
+        self._history = DecisionHistory(history) if history is not False else None
+        if context is not None:
+            if not isinstance(context, ContextConfig):
+                raise ConfigurationError("context must be a touba.ContextConfig")
+            if max_output_tokens is None:
+                raise ConfigurationError(
+                    "max_output_tokens is required with context=: the guard reserves it"
+                )
+            wire.check_guard()
+            if largest_fitting_count(context, max_output_tokens) < 0:
+                raise ConfigurationError(
+                    "context_window_tokens leaves no room for input after "
+                    "safety_margin_tokens and max_output_tokens"
+                )
+        if max_output_tokens is not None and (
+            isinstance(max_output_tokens, bool)
+            or not isinstance(max_output_tokens, int)
+            or max_output_tokens < 1
+        ):
+            raise ConfigurationError(
+                f"max_output_tokens must be a positive int, got {max_output_tokens!r}"
+            )
+        self._context = context
+        self._max_output_tokens = max_output_tokens
+
+    @property
+    def provider(self) -> str:
+        return self._wire.provider
+
+    @property
+    def model(self) -> str:
+        return self._wire.model
+
+    @property
+    def decision_interface(self) -> DecisionInterface:
+        return self._wire.interface
+
+    @property
+    def history(self) -> DecisionHistory | None:
+        return self._history
+
+    async def decide(self, request: DecisionRequest) -> Decision:
+        check_catalog(request.capabilities)
+        if request.output_schema is not None:
+            schema_validator(request.output_schema, "output_schema")
+        usage: list[Usage] = []
+        prior = tuple(request.prior_turns)
+        fitted: list[Plan] = []  # the guard's plan, when it ran
+
+        async def generate(window: HistoryWindow) -> DecisionMessage:
+            plan = fitted[-1] if fitted else Plan(request, self.decision_interface, prior, window)
+            message, used = await self._wire.generate(self._wire.render(plan))
+            check_decision(message, request.capabilities, request.output_schema)
+            usage.append(used)
+            return message
+
+        async def fit(window: HistoryWindow) -> HistoryWindow:
+            plan = await self._fit(Plan(request, self.decision_interface, prior, window))
+            fitted.append(plan)
+            return plan.window
+
+        guard = fit if self._context is not None else None
+        if self._history is None:
+            window = _stateless_window(request)
+            if guard is not None:
+                window = await guard(window)
+            message = await generate(window)
+        else:
+            identity = self._identity(request)
+            message = await self._history.step(identity, request.observations, generate, fit=guard)
+        return Decision(
+            calls=message.calls,
+            output=message.output if message.final else None,
+            text=message.text,
+            usage=usage[0] if usage else Usage(),
+        )
+
+    def _identity(self, request: DecisionRequest) -> ConversationIdentity:
+        missing = [
+            name for name in ("run_id", "invocation_id", "agent_ref") if not getattr(request, name)
+        ]
+        if missing:
+            raise ConfigurationError(
+                f"history is enabled, so the request needs {', '.join(missing)}: pass run_id, "
+                "invocation_id and agent_ref (the touba runtime passes them), or create the "
+                "provider with history=False"
+            )
+        assert self._history is not None
+        return ConversationIdentity(
+            namespace=self._history.namespace,
+            provider=self.provider,
+            model=self.model,
+            decision_interface=self.decision_interface,
+            run_id=str(request.run_id),
+            invocation_id=str(request.invocation_id),
+            agent_ref=str(request.agent_ref),
+        )
+
+    async def _fit(self, plan: Plan) -> Plan:
+        """Drop the oldest units until the counted request fits (SPEC section 4)."""
+        assert self._context is not None
+        assert self._max_output_tokens is not None
+        context, max_output = self._context, self._max_output_tokens
+        limit = largest_fitting_count(context, max_output)
+        rendered: dict[int, dict[str, Any]] = {}
+
+        def body(drop: int) -> dict[str, Any]:
+            if drop not in rendered:
+                rendered[drop] = self._wire.render(plan.dropping(drop))
+            return rendered[drop]
+
+        async def measure(drop: int) -> int:
+            count = await self._wire.count(body(drop))
+            reserve = reserve_tokens(count, context, max_output)
+            size = plan.dropping(drop).window.size
+            await self._emit(
+                HistoryEvent(
+                    kind="provider_context_count",
+                    session_key=plan.window.session_key,
+                    message_count=size.messages,
+                    bytes=size.bytes,
+                    provider=self.provider,
+                    count=count,
+                    reserve=reserve,
+                    window=context.context_window_tokens,
+                    fits=reserve <= context.context_window_tokens,
+                )
+            )
+            return count
+
+        request_bytes = len(json.dumps(body(0), ensure_ascii=False).encode("utf-8"))
+        drop = await find_cut(plan.unit_bytes(), request_bytes, measure, limit)
+        return plan.dropping(drop)
+
+    async def _emit(self, event: HistoryEvent) -> None:
+        if self._history is not None:
+            await self._history.emit(event)
+
+
+def _stateless_window(request: DecisionRequest) -> HistoryWindow:
+    """``history=False``: the current observations as plain data, nothing else."""
+    if not request.observations:
+        return HistoryWindow(session_key="", summary=None, exchanges=(), sizes=())
+    data = DataMessage(tuple(ResultMessage.from_observation(o) for o in request.observations))
+    size = ExchangeSize(1, message_bytes(data))
+    return HistoryWindow(
+        session_key="", summary=None, exchanges=((data,),), sizes=(size,), retained=size
+    )
