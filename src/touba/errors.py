@@ -19,6 +19,7 @@ __all__ = [
     "DecisionHistoryMismatch",
     "DecisionHistoryRecordInvalid",
     "DecisionHistoryStorageUnsafe",
+    "DecisionHistoryStoreUnavailable",
     "DecisionHistorySummaryInvalid",
     "HistoryLimit",
     "ProviderContextCountUnavailable",
@@ -95,6 +96,15 @@ class DecisionHistoryRecordInvalid(DecisionHistoryMismatch):
 
     A subclass of :class:`DecisionHistoryMismatch` (the stored state disagrees
     with what this process expects); it is never overwritten silently.
+    """
+
+
+class DecisionHistoryStoreUnavailable(ToubaError):
+    """The history store's server failed or could not be reached; nothing was saved.
+
+    Raised by the PostgreSQL and Redis stores for driver failures during use
+    (the driver's exception is chained). A conversation whose reservation
+    could not be released answers ``DecisionHistoryBusy`` until recovered.
     """
 
 

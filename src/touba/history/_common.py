@@ -79,12 +79,15 @@ class EncodedRecord:
 
 
 def encode_json(value: Any, what: str) -> str:
+    """Compact JSON of ``value``, refusing what JSON or UTF-8 cannot hold."""
     try:
-        return canonical_json(value)
+        text = canonical_json(value)
+        text.encode("utf-8")  # lone surrogates are str but not storable text
     except (TypeError, ValueError) as e:
         raise DecisionHistoryRecordInvalid(
-            f"{what} is not JSON-compatible ({e}); nothing was saved"
+            f"{what} is not JSON-compatible ({type(e).__name__}: {e}); nothing was saved"
         ) from e
+    return text
 
 
 def encode_record(record: dict[str, Any]) -> EncodedRecord:

@@ -1,0 +1,901 @@
+"""``PostgresHistoryStore``: conversations in PostgreSQL, shared by many workers.
+
+Layout, every name derived from ``table`` and quoted with
+``psycopg.sql.Identifier`` (never formatted into SQL text):
+
+- ``<table>``: one row per key. ``head`` is the record without its exchanges,
+  as JSON text (the whole record when it does not have touba's shape), with
+  its sizes, expiry and the reservation (``token``, ``worker_id``, ``pid``,
+  ``host``, ``since``). A row whose ``head`` is NULL is a bare reservation of
+  a key that has no record yet; it never counts towards the limits.
+- ``<table>_messages``: the messages of touba records, one row each (``seq``
+  within the conversation, ``exchange``, ``bytes``, JSON ``body``).
+  ``transact_log`` only appends rows; snapshots read only the range asked.
+- ``<table>_meta``: the schema version. A table of another version, or a
+  table of that name that is not touba's, is refused untouched.
+
+No transaction stays open while ``operation`` runs. ``transact`` commits a
+reservation first (refusing at once with ``DecisionHistoryBusy`` when the key
+is reserved), runs the operation, then in one transaction checks that its
+token still matches, checks capacity and saves. The capacity checks of every
+worker sharing the table are serialised by a transaction-level advisory lock,
+so two workers cannot both fit under a limit. A crash leaves the reservation
+in place: the key answers ``DecisionHistoryBusy`` until
+``recover(key, worker_stopped=True)``. Expiry uses the server's clock;
+expired, unreserved conversations are purged on access.
+
+Errors: a connection or schema problem met while opening raises
+``ConfigurationError`` chained to the driver error; a driver error during use
+(server gone, pool closed by its owner) propagates unchanged, and whatever it
+interrupted is in the state the transaction semantics leave it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import socket
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, LiteralString, Self, TypeVar
+
+try:
+    import psycopg
+    from psycopg import AsyncConnection, IsolationLevel, sql
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import tuple_row
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as e:  # pragma: no cover - exercised in a test with psycopg hidden
+    raise ImportError(
+        'touba.history.postgres needs psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
+    ) from e
+
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryRecordInvalid,
+    DecisionHistoryStoreUnavailable,
+    ToubaError,
+)
+from touba.history._common import (
+    MiB,
+    Reservation,
+    busy,
+    check_capacity,
+    check_limits_config,
+    encode_json,
+    encode_record,
+    require_worker_stopped,
+)
+from touba.history._record import join_record
+from touba.history._store import (
+    LogOperation,
+    LogWrite,
+    Operation,
+    Record,
+    StoredConversation,
+    check_appends,
+)
+from touba.history._window import ExchangeSize
+
+__all__ = ["PostgresHistoryStore"]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION: Final = 1
+_OPEN_TIMEOUT: Final = 10.0
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
+_Row = tuple[Any, ...]
+_Conn = AsyncConnection[Any]
+
+
+# -- names and statements ----------------------------------------------------------------
+
+
+def _table_parts(table: object) -> tuple[str, ...]:
+    """``table`` or ``schema.table`` as identifier parts; anything else is refused."""
+    parts = table.split(".") if isinstance(table, str) else []
+    if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(p) for p in parts):
+        raise ConfigurationError(
+            "table must be a plain identifier such as 'touba_history' or "
+            "'myschema.touba_history' (letters, digits, underscores; at most 48 "
+            f"characters each, not starting with a digit), got {table!r}"
+        )
+    return tuple(parts)
+
+
+def _lock_key(purpose: str, table: str) -> int:
+    """A stable advisory-lock key (signed 64-bit) for one purpose on one table."""
+    digest = hashlib.sha256(f"touba.history.postgres:{purpose}:{table}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class _Statements:
+    """Every statement of the store, composed once from the table's identifiers."""
+
+    def __init__(self, parts: tuple[str, ...]) -> None:
+        *schema, name = parts
+        t = sql.Identifier(*schema, name)
+        m = sql.Identifier(*schema, f"{name}_messages")
+        meta = sql.Identifier(*schema, f"{name}_meta")
+        self.table, self.messages_table, self.meta_table = t, m, meta
+        names = {
+            "t": t,
+            "m": m,
+            "meta": meta,
+            "t_exp": sql.Identifier(f"{name}_exp_idx"),
+            "m_ex": sql.Identifier(f"{name}_msg_ex_idx"),
+        }
+
+        def q(text: LiteralString) -> sql.Composed:
+            return sql.SQL(text).format(**names)
+
+        self.create = [
+            q(
+                "CREATE TABLE {t} ("
+                " key text PRIMARY KEY,"
+                " namespace text,"
+                " identity text,"
+                " head text,"
+                " split boolean NOT NULL DEFAULT false,"
+                " exchanges integer NOT NULL DEFAULT 0,"
+                " messages integer NOT NULL DEFAULT 0,"
+                " bytes bigint NOT NULL DEFAULT 0,"
+                " updated_at timestamptz,"
+                " expires_at timestamptz,"
+                " token text,"
+                " worker_id text,"
+                " pid integer,"
+                " host text,"
+                " since timestamptz)"
+            ),
+            q("CREATE INDEX {t_exp} ON {t} (expires_at)"),
+            q(
+                "CREATE TABLE {m} ("
+                " key text NOT NULL REFERENCES {t} (key) ON DELETE CASCADE,"
+                " seq integer NOT NULL,"
+                " exchange integer NOT NULL,"
+                " bytes integer NOT NULL,"
+                " body text NOT NULL,"
+                " PRIMARY KEY (key, seq))"
+            ),
+            q("CREATE INDEX {m_ex} ON {m} (key, exchange)"),
+            q("CREATE TABLE {meta} (name text PRIMARY KEY, value text NOT NULL)"),
+        ]
+        self.insert_version = q("INSERT INTO {meta} (name, value) VALUES ('schema_version', %s)")
+        self.version = q("SELECT value FROM {meta} WHERE name = 'schema_version'")
+
+        # Reservation.
+        self.purge_key = q(
+            "DELETE FROM {t} WHERE key = %s AND token IS NULL AND expires_at <= now()"
+        )
+        self.claim = q(
+            "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since)"
+            " VALUES (%s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
+            " worker_id = EXCLUDED.worker_id, pid = EXCLUDED.pid, host = EXCLUDED.host,"
+            " since = EXCLUDED.since"
+            " WHERE h.token IS NULL"
+            " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes"
+        )
+        self.holder = q("SELECT worker_id, pid, host, since FROM {t} WHERE key = %s")
+        self.release_bare = q("DELETE FROM {t} WHERE key = %s AND token = %s AND head IS NULL")
+        self.release = q(
+            "UPDATE {t} SET token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
+            " since = NULL WHERE key = %s AND token = %s"
+        )
+        self.recover = q(
+            "UPDATE {t} SET token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
+            " since = NULL WHERE key = %s AND token IS NOT NULL RETURNING head IS NULL"
+        )
+
+        # Saving.
+        self.advisory_lock = sql.SQL("SELECT pg_advisory_xact_lock(%s)")
+        self.purge_all = q("DELETE FROM {t} WHERE token IS NULL AND expires_at <= now()")
+        self.lock_row = q(
+            "SELECT token, head, split, exchanges, messages, bytes FROM {t}"
+            " WHERE key = %s FOR UPDATE"
+        )
+        self.others = q(
+            "SELECT count(*), coalesce(sum(bytes), 0) FROM {t} WHERE head IS NOT NULL AND key <> %s"
+        )
+        self.delete_messages = q("DELETE FROM {m} WHERE key = %s")
+        self.insert_message = q(
+            "INSERT INTO {m} (key, seq, exchange, bytes, body) VALUES (%s, %s, %s, %s, %s)"
+        )
+        self.save = q(
+            "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
+            " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
+            " expires_at = now() + make_interval(secs => %s),"
+            " token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL"
+            " WHERE key = %s"
+        )
+        self.delete_reserved = q("DELETE FROM {t} WHERE key = %s AND token = %s")
+
+        # Reading.
+        self.read_row = q("SELECT token, head, split FROM {t} WHERE key = %s FOR SHARE")
+        self.all_messages = q("SELECT exchange, body FROM {m} WHERE key = %s ORDER BY seq")
+        self.range_messages = q(
+            "SELECT exchange, body FROM {m}"
+            " WHERE key = %s AND exchange >= %s AND exchange < %s ORDER BY seq"
+        )
+        self.range_sizes = q(
+            "SELECT count(*), sum(bytes) FROM {m} WHERE key = %s AND exchange >= %s"
+            " GROUP BY exchange ORDER BY exchange"
+        )
+        self.delete_row = q("SELECT token FROM {t} WHERE key = %s FOR UPDATE")
+        self.delete = q("DELETE FROM {t} WHERE key = %s")
+        columns = (
+            "SELECT key, identity, messages, bytes, updated_at, expires_at, token IS NOT NULL,"
+            " worker_id, pid, host, since FROM {t}"
+        )
+        self.list_all = q(columns + " ORDER BY key")
+        self.list_namespace = q(columns + " WHERE namespace = %s ORDER BY key")
+
+
+# -- small helpers -----------------------------------------------------------------------
+
+
+async def _rows(
+    conn: _Conn, query: sql.SQL | sql.Composed, params: Sequence[Any] = ()
+) -> list[_Row]:
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def _row(
+    conn: _Conn, query: sql.SQL | sql.Composed, params: Sequence[Any] = ()
+) -> _Row | None:
+    rows = await _rows(conn, query, params)
+    return rows[0] if rows else None
+
+
+async def _run(conn: _Conn, query: sql.SQL | sql.Composed, params: Sequence[Any] = ()) -> int:
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(query, params)
+        return cur.rowcount
+
+
+def _loads(text: str, key: str) -> Record:
+    """A stored head or message: always a JSON object, else the row is damaged."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise DecisionHistoryRecordInvalid(
+            f"conversation {key} in the PostgreSQL store holds something other than a JSON "
+            f"object; it was not modified. Inspect it with `touba history show {key}` or "
+            "delete it"
+        )
+    return value
+
+
+async def _held(conn: _Conn, s: _Statements, key: str) -> Exception:
+    """``DecisionHistoryBusy`` naming who holds ``key``, to find a crashed worker."""
+    row = await _row(conn, s.holder, (key,))
+    if row is None or row[0] is None:
+        return busy(key)
+    worker_id, pid, host, since = row
+    return busy(key, f" (worker {worker_id}, pid {pid} on {host}, since {_iso(since)})")
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(UTC).isoformat()
+
+
+def _identity(head: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The identity of a touba head as (namespace, identity JSON), for ``list``."""
+    identity = head.get("identity")
+    if not isinstance(identity, dict):
+        return None, None
+    namespace = identity.get("namespace")
+    return (
+        namespace if isinstance(namespace, str) else None,
+        encode_json(identity, "the record identity"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """What ``transact`` reserved: the token and the state it saw."""
+
+    token: str
+    head: str | None
+    split: bool
+    exchanges: int
+    messages: int
+    bytes: int
+    rows: list[_Row]
+
+    def record(self, key: str) -> Record | None:
+        return _decode(key, self.head, self.split, self.rows)
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A new state for one key, already encoded and measured."""
+
+    head: str
+    split: bool
+    namespace: str | None
+    identity: str | None
+    exchanges: int
+    messages: int
+    bytes: int
+    rows: list[tuple[int, int, int, str]]  # seq, exchange, bytes, body
+    rewrite: bool  # drop the stored messages first (transact), or only append
+
+
+def _decode(key: str, head: str | None, split: bool, rows: Sequence[_Row]) -> Record | None:
+    """A stored record from its head and its ``(exchange, body)`` rows."""
+    if head is None:
+        return None
+    record = _loads(head, key)
+    return join_record(record, _group(rows, key)) if split else record
+
+
+def _group(rows: Sequence[_Row], key: str) -> list[list[Record]]:
+    """``(exchange, body)`` rows ordered by seq, as lists of parsed messages."""
+    out: list[list[Record]] = []
+    current: int | None = None
+    for exchange, body in rows:
+        if exchange != current:
+            out.append([])
+            current = exchange
+        out[-1].append(_loads(body, key))
+    return out
+
+
+# -- the store ---------------------------------------------------------------------------
+
+
+class PostgresHistoryStore:
+    """PostgreSQL store: durable reservations, bounded, expiring, refusing when full.
+
+    Give exactly one of ``dsn`` (the store creates, opens and closes its own
+    pool of 1 to 4 connections) or ``pool`` (an ``AsyncConnectionPool`` you
+    open and close). Tables are created on first use, or by
+    ``await store.open()``. Defaults: 128 conversations, 32 MiB, 24 hours of
+    inactivity. ``worker_id`` names this worker in reservations (default
+    ``host:pid``), so an operator can find a crashed one.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        table: str = "touba_history",
+        max_sessions: int = 128,
+        max_store_bytes: int = 32 * MiB,
+        ttl_seconds: float = 86400,
+        worker_id: str | None = None,
+    ) -> None:
+        if (dsn is None) == (pool is None):
+            raise ConfigurationError(
+                "PostgresHistoryStore takes exactly one of dsn= (a connection string) or "
+                "pool= (a psycopg_pool.AsyncConnectionPool)"
+            )
+        if dsn is not None:
+            if not isinstance(dsn, str):
+                raise ConfigurationError(f"dsn must be a str, got {type(dsn).__name__}")
+            try:
+                conninfo_to_dict(dsn)
+            except psycopg.Error as e:
+                raise ConfigurationError(
+                    f"dsn is not a valid PostgreSQL connection string: {e}"
+                ) from e
+        if pool is not None and not isinstance(pool, AsyncConnectionPool):
+            raise ConfigurationError(
+                f"pool must be a psycopg_pool.AsyncConnectionPool, got {type(pool).__name__}"
+            )
+        parts = _table_parts(table)
+        check_limits_config(
+            max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
+        )
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise ConfigurationError(f"worker_id must be a non-empty str, got {worker_id!r}")
+        self.table = table
+        self.max_sessions = max_sessions
+        self.max_store_bytes = max_store_bytes
+        self.ttl_seconds = float(ttl_seconds)
+        self.worker_id = worker_id
+        self._dsn = dsn
+        self._pool = pool
+        self._owns_pool = pool is None
+        self._sql = _Statements(parts)
+        self._capacity_key = _lock_key("capacity", table)
+        self._schema_key = _lock_key("schema", table)
+        self._open_lock = asyncio.Lock()
+        self._users = 0  # calls in progress, which close() lets finish
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ready = False
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Connect and create (or check) the tables; idempotent, also done on first use."""
+        self._check_open()
+        if self._ready:
+            return
+        async with self._open_lock:
+            await self._open_locked()
+
+    async def _open_locked(self) -> None:
+        self._check_open()
+        if self._ready:
+            return
+        try:
+            pool = await self._open_pool()
+            await self._prepare_schema(pool)
+        except BaseException as e:
+            if self._owns_pool:
+                await self._drop_own_pool()
+            if isinstance(e, psycopg.Error):
+                # The one place driver errors become touba errors.
+                raise ConfigurationError(
+                    f"PostgresHistoryStore could not open table {self.table!r}: {e}. "
+                    "Check that the server is reachable, the credentials and database "
+                    "are right, and the role may create tables (or that they exist)"
+                ) from e
+            raise
+        self._ready = True
+
+    async def close(self) -> None:
+        """Refuse new calls, let running ones save or release, then close the pool if
+        this store created it (a pool given by you stays open)."""
+        self._closed = True
+        await self._idle.wait()
+        async with self._open_lock:
+            self._ready = False
+            if self._owns_pool:
+                await self._drop_own_pool()
+
+    async def _open_pool(self) -> AsyncConnectionPool[Any]:
+        if self._pool is not None:
+            if self._pool.closed:
+                raise ConfigurationError(
+                    "the pool given to PostgresHistoryStore is not open: create it with "
+                    "open=False, then `await pool.open()` before using the store"
+                )
+            return self._pool
+        assert self._dsn is not None
+        # One direct connection first: it fails fast with the server's own message,
+        # where a pool would retry quietly until its timeout.
+        options: dict[str, Any] = {}
+        if "connect_timeout" not in conninfo_to_dict(self._dsn):
+            options["connect_timeout"] = int(_OPEN_TIMEOUT)
+        probe = await psycopg.AsyncConnection.connect(self._dsn, **options)
+        await probe.close()
+        self._pool = AsyncConnectionPool(
+            self._dsn,
+            open=False,
+            min_size=1,
+            max_size=4,
+            name=f"touba-history-{self.table}",
+            configure=_configure,
+        )
+        await self._pool.open(wait=True, timeout=_OPEN_TIMEOUT)
+        return self._pool
+
+    async def _drop_own_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def _prepare_schema(self, pool: AsyncConnectionPool[Any]) -> None:
+        s = self._sql
+        async with pool.connection() as conn, _read_committed(conn):
+            await _run(conn, s.advisory_lock, (self._schema_key,))
+            found = await _row(
+                conn,
+                sql.SQL(
+                    "SELECT current_setting('server_encoding'), to_regclass(%s), to_regclass(%s)"
+                ),
+                (s.table.as_string(conn), s.meta_table.as_string(conn)),
+            )
+            assert found is not None
+            encoding, table, meta = found
+            if encoding != "UTF8":
+                raise ConfigurationError(
+                    f"the database uses the {encoding} encoding; PostgresHistoryStore needs a "
+                    "UTF8 database to keep any text exactly"
+                )
+            if meta is None and table is not None:
+                raise ConfigurationError(
+                    f"table {self.table!r} exists but is not a touba history table (no "
+                    f"{self.table}_meta); nothing was modified. Choose another table name"
+                )
+            if meta is None:
+                for statement in s.create:
+                    await _run(conn, statement)
+                await _run(conn, s.insert_version, (str(SCHEMA_VERSION),))
+                return
+            row = await _row(conn, s.version)
+            version = None if row is None else row[0]
+            if version != str(SCHEMA_VERSION):
+                raise DecisionHistoryRecordInvalid(
+                    f"table {self.table!r} has touba schema version {version!r}; this touba "
+                    f"reads version {SCHEMA_VERSION}. Upgrade touba or use another table; "
+                    "nothing was modified"
+                )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this PostgresHistoryStore is closed; create a new one")
+
+    @asynccontextmanager
+    async def _using(self) -> AsyncIterator[None]:
+        """One public call: refused once closing, awaited by ``close()`` otherwise."""
+        self._check_open()
+        self._users += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._users -= 1
+            if not self._users:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[_Conn]:
+        """One transaction on a pooled connection (inside :meth:`_using`)."""
+        if not self._ready:
+            await self.open()
+        pool = self._pool
+        if pool is None:  # only a snapshot kept past its operation can get here
+            raise ConfigurationError("this PostgresHistoryStore is closed; create a new one")
+        try:
+            async with pool.connection() as conn, _read_committed(conn):
+                yield conn
+        except (psycopg.OperationalError, PoolTimeout) as e:
+            # The one place driver failures during use become touba errors.
+            raise DecisionHistoryStoreUnavailable(
+                f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; "
+                "a conversation whose reservation could not be released answers "
+                "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
+            ) from e
+
+    # -- reservations -------------------------------------------------------------------
+
+    async def _claim(self, key: str, *, load_messages: bool) -> _Claim:
+        """Reserve ``key`` in its own committed transaction, or refuse at once."""
+        reservation = Reservation.new(self.worker_id or f"{socket.gethostname()}:{os.getpid()}")
+        try:
+            return await self._claim_as(key, reservation, load_messages)
+        except DecisionHistoryStoreUnavailable as e:  # the commit may have happened
+            await self._release_after(e, key, reservation.token)
+            raise
+        except ToubaError:  # refused: nothing was reserved
+            raise
+        except BaseException as e:  # the commit may have happened: do not leave the key held
+            await self._release_after(e, key, reservation.token)
+            raise
+
+    async def _claim_as(self, key: str, reservation: Reservation, load_messages: bool) -> _Claim:
+        s = self._sql
+        async with self._transaction() as conn:
+            await _run(conn, s.purge_key, (key,))
+            row = await _row(
+                conn,
+                s.claim,
+                (
+                    key,
+                    reservation.token,
+                    reservation.worker_id,
+                    reservation.pid,
+                    reservation.host,
+                    datetime.fromtimestamp(reservation.since, UTC),
+                ),
+            )
+            if row is None:
+                raise await _held(conn, s, key)
+            head, split, exchanges, messages, size = row
+            rows: list[_Row] = []
+            if load_messages and head is not None and split:
+                rows = await _rows(conn, s.all_messages, (key,))
+        return _Claim(reservation.token, head, split, exchanges, messages, size, rows)
+
+    async def _release(self, key: str, token: str) -> None:
+        """Give the key back untouched (a bare reservation row goes away)."""
+        async with self._transaction() as conn:
+            if not await _run(conn, self._sql.release_bare, (key, token)):
+                await _run(conn, self._sql.release, (key, token))
+
+    async def _release_after(self, error: BaseException, key: str, token: str) -> None:
+        try:
+            await self._release(key, token)
+        except Exception as e:
+            error.add_note(
+                f"touba: could not release the reservation of {key} ({e!r}); if it was taken, "
+                "the key answers DecisionHistoryBusy until recover(key, worker_stopped=True)"
+            )
+
+    # -- saving -------------------------------------------------------------------------
+
+    async def _save(self, key: str, token: str, write: _Write) -> None:
+        """Check token and capacity, then write, in one transaction."""
+        s = self._sql
+        async with self._transaction() as conn:
+            # The advisory lock comes before any row lock, in every transaction that
+            # takes it, so capacity checks queue up without deadlocking.
+            await _run(conn, s.advisory_lock, (self._capacity_key,))
+            await _run(conn, s.purge_all)
+            current = await _row(conn, s.lock_row, (key,))
+            if current is None or current[0] != token:
+                raise _recovered(key)
+            row = await _row(conn, s.others, (key,))
+            assert row is not None
+            sessions, others_bytes = row
+            check_capacity(
+                is_new=current[1] is None,
+                sessions=sessions,
+                max_sessions=self.max_sessions,
+                store_bytes_after=int(others_bytes) + write.bytes,
+                max_store_bytes=self.max_store_bytes,
+            )
+            if write.rewrite and current[4]:
+                await _run(conn, s.delete_messages, (key,))
+            await _run(
+                conn,
+                s.save,
+                (
+                    write.namespace,
+                    write.identity,
+                    write.head,
+                    write.split,
+                    write.exchanges,
+                    write.messages,
+                    write.bytes,
+                    self.ttl_seconds,
+                    key,
+                ),
+            )
+            if write.rows:
+                async with conn.cursor() as cur:
+                    await cur.executemany(
+                        s.insert_message, [(key, *message) for message in write.rows]
+                    )
+
+    async def _delete_reserved(self, key: str, token: str) -> None:
+        async with self._transaction() as conn:
+            if not await _run(conn, self._sql.delete_reserved, (key, token)):
+                raise _recovered(key)
+
+    # -- the contract -------------------------------------------------------------------
+
+    async def transact(self, key: str, operation: Operation[T]) -> T:
+        async with self._using():
+            return await self._transact(key, operation)
+
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        async with self._using():
+            return await self._transact_log(key, operation)
+
+    async def _transact(self, key: str, operation: Operation[T]) -> T:
+        claim = await self._claim(key, load_messages=True)
+        try:
+            record, result = await operation(claim.record(key))
+            if record is None:
+                await self._delete_reserved(key, claim.token)
+            else:
+                await self._save(key, claim.token, _whole(record))
+        except BaseException as e:
+            await self._release_after(e, key, claim.token)
+            raise
+        return result
+
+    async def _transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        claim = await self._claim(key, load_messages=False)
+        try:
+            snapshot = None
+            if claim.head is not None:
+                snapshot = _Snapshot(self, key, _loads(claim.head, key), claim)
+            write, result = await operation(snapshot)
+            if write is None:
+                await self._release(key, claim.token)
+            else:
+                await self._save(key, claim.token, _appended(claim, write))
+        except BaseException as e:
+            await self._release_after(e, key, claim.token)
+            raise
+        return result
+
+    async def read(self, key: str) -> Record | None:
+        """A detached copy, or None if absent or expired; the TTL is not renewed."""
+        s = self._sql
+        async with self._using(), self._transaction() as conn:
+            await _run(conn, s.purge_key, (key,))
+            row = await _row(conn, s.read_row, (key,))
+            if row is None:
+                return None
+            token, head, split = row
+            if token is not None:
+                raise await _held(conn, s, key)
+            rows = await _rows(conn, s.all_messages, (key,)) if split else []
+        return _decode(key, head, split, rows)
+
+    async def delete(self, key: str) -> bool:
+        s = self._sql
+        async with self._using(), self._transaction() as conn:
+            await _run(conn, s.purge_key, (key,))
+            row = await _row(conn, s.delete_row, (key,))
+            if row is None:
+                return False
+            if row[0] is not None:
+                raise await _held(conn, s, key)
+            await _run(conn, s.delete, (key,))
+            return True
+
+    async def recover(self, key: str, *, worker_stopped: bool) -> bool:
+        """Free a reservation left by a crashed worker; the saved record is untouched."""
+        require_worker_stopped(worker_stopped)
+        async with self._using(), self._transaction() as conn:
+            row = await _row(conn, self._sql.recover, (key,))
+            if row is None:
+                return False
+            if row[0]:  # a bare reservation: the key had no record
+                await _run(conn, self._sql.delete, (key,))
+            return True
+
+    async def purge_expired(self) -> int:
+        """Delete every expired, unreserved conversation now; returns how many."""
+        async with self._using(), self._transaction() as conn:
+            await _run(conn, self._sql.advisory_lock, (self._capacity_key,))
+            return await _run(conn, self._sql.purge_all)
+
+    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+        """Sizes and reservations, never content. Bare reservations (a key that had no
+        record when its worker crashed) are listed only without ``namespace``."""
+        s = self._sql
+        async with self._using(), self._transaction() as conn:
+            await _run(conn, s.advisory_lock, (self._capacity_key,))
+            await _run(conn, s.purge_all)
+            if namespace is None:
+                rows = await _rows(conn, s.list_all)
+            else:
+                rows = await _rows(conn, s.list_namespace, (namespace,))
+        out = []
+        for key, identity, messages, size, updated, expires, active, *holder in rows:
+            worker_id, pid, host, since = holder
+            out.append(
+                StoredConversation(
+                    key=key,
+                    identity=_parsed_identity(identity),
+                    messages=messages,
+                    bytes=size,
+                    updated_at=_iso(updated) or _iso(since) or "",
+                    expires_at=_iso(expires),
+                    active=active,
+                    reservation=(
+                        {"worker_id": worker_id, "pid": pid, "host": host, "since": _iso(since)}
+                        if active
+                        else None
+                    ),
+                )
+            )
+        return out
+
+
+class _Snapshot:
+    """The reserved conversation, read range by range while the operation runs."""
+
+    def __init__(self, store: PostgresHistoryStore, key: str, head: Record, claim: _Claim):
+        self._store = store
+        self._key = key
+        self._head = head
+        self._count = claim.exchanges if claim.split else 0
+
+    @property
+    def head(self) -> Record:
+        return self._head
+
+    @property
+    def exchange_count(self) -> int:
+        return self._count
+
+    async def sizes(self, start: int) -> list[ExchangeSize]:
+        if start >= self._count:
+            return []
+        async with self._store._transaction() as conn:
+            rows = await _rows(conn, self._store._sql.range_sizes, (self._key, start))
+        return [ExchangeSize(messages, int(size)) for messages, size in rows]
+
+    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        if start >= min(stop, self._count):
+            return []
+        async with self._store._transaction() as conn:
+            rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
+        return _group(rows, self._key)
+
+
+@asynccontextmanager
+async def _read_committed(conn: _Conn) -> AsyncIterator[None]:
+    """One READ COMMITTED transaction, whatever the connection's default."""
+    async with conn.transaction():
+        if conn.isolation_level != IsolationLevel.READ_COMMITTED:
+            # Capacity checks rely on each statement seeing what committed before it.
+            await _run(conn, sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+        yield
+
+
+async def _configure(conn: _Conn) -> None:
+    await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
+
+
+def _parsed_identity(text: str | None) -> dict[str, str] | None:
+    """The identity column; a damaged one still lists its row, so it can be deleted."""
+    try:
+        value = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _recovered(key: str) -> Exception:
+    return busy(key, " (its reservation was recovered while this one ran; nothing saved)")
+
+
+def _whole(record: Record) -> _Write:
+    """A record returned to ``transact``, replacing whatever was stored."""
+    encoded = encode_record(record)
+    namespace, identity = _identity(record) if encoded.split else (None, None)
+    rows: list[tuple[int, int, int, str]] = []
+    for exchange, messages in enumerate(encoded.exchanges):
+        rows.extend((len(rows), exchange, len(body.encode("utf-8")), body) for body in messages)
+    return _Write(
+        head=encoded.head,
+        split=encoded.split,
+        namespace=namespace,
+        identity=identity,
+        exchanges=len(encoded.exchanges),
+        messages=encoded.messages,
+        bytes=encoded.bytes,
+        rows=rows,
+        rewrite=True,
+    )
+
+
+def _appended(claim: _Claim, write: LogWrite) -> _Write:
+    """A log write: a new head and messages after the stored ones (checked first)."""
+    head = encode_json(write.head, "the record head")
+    count = claim.exchanges if claim.split else 0
+    check_appends(count, write.append)
+    rows: list[tuple[int, int, int, str]] = []
+    for index, message in write.append:
+        body = encode_json(message, "a message")
+        rows.append((claim.messages + len(rows), index, len(body.encode("utf-8")), body))
+    namespace, identity = _identity(write.head)
+    old_head = len(claim.head.encode("utf-8")) if claim.head is not None else 0
+    return _Write(
+        head=head,
+        split=True,
+        namespace=namespace,
+        identity=identity,
+        exchanges=max([count, *(index + 1 for index, _ in write.append)]),
+        messages=claim.messages + len(rows),
+        bytes=claim.bytes - old_head + len(head.encode("utf-8")) + sum(r[2] for r in rows),
+        rows=rows,
+        rewrite=False,
+    )

@@ -1,0 +1,922 @@
+"""``RedisHistoryStore``: conversations in Redis, shared by many workers and hosts.
+
+Layout. Every key starts with ``prefix`` followed by one hash tag for the whole
+store (``{<10 hex of sha256(prefix)>}``), so the store lives in one cluster
+slot: capacity is a store-wide bound checked atomically, which a Lua script can
+only do over keys of one slot. A conversation is named by the sha256 of its
+session key (``<id>``), so any character (braces, colons, NUL, unicode) is safe
+in a session key and never reaches a key name::
+
+    P = prefix + "{tag}:"
+    P + "sessions"              HASH  id -> bytes of its record (one field per record)
+    P + "bytes"                 STR   total bytes of all records
+    P + "expiry"                ZSET  id -> expires_at (ms, server clock); lazy purge
+    P + "held"                  ZSET  id -> since (ms): reserved conversations
+    P + "c:<id>:head"           HASH  key (JSON), head (JSON), split, messages, bytes,
+                                      updated_at, expires_at, identity, namespace,
+                                      last_token; while reserved: token, worker_id,
+                                      pid, host, since
+    P + "c:<id>:messages"       LIST  one row per message: "[exchange,bytes,message]"
+    P + "c:<id>:exchanges"      LIST  one entry per exchange: "first:count:bytes"
+
+A touba record keeps its head in the head hash and its messages as rows; a
+decision appends rows (RPUSH) and reads only the tail it needs (LRANGE from an
+exchange's offset). Any other JSON dict is kept whole in ``head``.
+
+Every mutation is one Lua script, so it is atomic: claim (refuses at once when
+held), commit (token still ours, capacity, save, clear the reservation),
+release, recover, delete and the purge of expired, unreserved conversations
+that every script but release/recover runs first. Time is Redis's ``TIME``, so
+workers on hosts with skewed clocks agree on expiry. Redis's own key expiry is
+a backstop only: a conversation's keys expire a minute after its
+``expires_at`` and the store's own keys a minute after the last conversation's
+(neither while a key is reserved), so an abandoned prefix leaves nothing
+behind; the scripts tolerate keys it removed. Claim and commit are idempotent
+(same token), so a command that redis-py retries after a timeout is harmless.
+Needs Redis 5 or later (scripts that read ``TIME`` and then write).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryRecordInvalid,
+    DecisionHistoryStoreUnavailable,
+    ToubaError,
+)
+from touba.history._common import (
+    MiB,
+    Reservation,
+    busy,
+    check_capacity,
+    check_limits_config,
+    encode_json,
+    encode_record,
+    iso,
+    require_worker_stopped,
+)
+from touba.history._record import join_record
+from touba.history._store import (
+    LogOperation,
+    LogWrite,
+    Operation,
+    Record,
+    StoredConversation,
+    check_appends,
+)
+from touba.history._window import ExchangeSize
+
+try:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+except ImportError as e:  # pragma: no cover - exercised by a test that hides redis
+    raise ImportError(
+        'touba.history.redis needs redis-py; install it with: pip install "touba[redis]"'
+    ) from e
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+__all__ = ["RedisHistoryStore"]
+
+T = TypeVar("T")
+logger = logging.getLogger("touba.history")
+
+Client = aioredis.Redis | aioredis.RedisCluster
+
+
+# -- Lua ---------------------------------------------------------------------------
+# KEYS of every store script: sessions, bytes, expiry, held, then (for scripts on
+# one conversation) head, messages, exchanges. ARGV[1] is the key prefix P,
+# ARGV[2] the conversation id. Checks come before the first write, so a refusal
+# (or Redis refusing the first write when out of memory) changes nothing.
+
+_PRELUDE: Final = """
+local P = ARGV[1]
+local SESSIONS, BYTES, EXPIRY, HELD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local GRACE = 60000
+local RECORD = {'head', 'split', 'messages', 'bytes', 'updated_at', 'expires_at',
+                'identity', 'namespace'}
+local HOLDER = {'token', 'worker_id', 'pid', 'host', 'since'}
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function conv(id)
+  local c = P .. 'c:' .. id .. ':'
+  return c .. 'head', c .. 'messages', c .. 'exchanges'
+end
+
+-- Forget the record of id, keeping its reservation if it has one.
+local function drop(id)
+  local h, m, x = conv(id)
+  local size = redis.call('HGET', SESSIONS, id)
+  if size then
+    redis.call('DECRBY', BYTES, size)
+    redis.call('HDEL', SESSIONS, id)
+  end
+  redis.call('ZREM', EXPIRY, id)
+  redis.call('DEL', m, x)
+  if redis.call('HEXISTS', h, 'token') == 1 then
+    redis.call('HDEL', h, unpack(RECORD))
+  else
+    redis.call('DEL', h)
+  end
+end
+
+-- Lazy purge: expired records go, unless a worker holds them.
+local function purge(now)
+  local n = 0
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', now)) do
+    local h = conv(id)
+    if redis.call('HEXISTS', h, 'token') == 0 then
+      drop(id)
+      n = n + 1
+    end
+  end
+  return n
+end
+
+local function holder(h)
+  local v = redis.call('HMGET', h, 'worker_id', 'pid', 'host', 'since')
+  return {'busy', v[1], v[2], v[3], v[4]}
+end
+
+-- The store's own keys follow the backstop too: kept while a key is held, else
+-- expiring a grace after the last record does, so an abandoned prefix vanishes.
+local function store_backstop()
+  if redis.call('ZCARD', HELD) > 0 then
+    for _, k in ipairs({SESSIONS, BYTES, EXPIRY, HELD}) do redis.call('PERSIST', k) end
+    return
+  end
+  local last = redis.call('ZRANGE', EXPIRY, -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    redis.call('DEL', SESSIONS, BYTES, EXPIRY)
+    return
+  end
+  local at = string.format('%d', tonumber(last[2]) + GRACE)
+  for _, k in ipairs({SESSIONS, BYTES, EXPIRY}) do redis.call('PEXPIREAT', k, at) end
+end
+
+-- Clear the reservation of id; restore the backstop expiry of its record.
+local function finish(id)
+  local h, m, x = conv(id)
+  redis.call('HDEL', h, unpack(HOLDER))
+  redis.call('ZREM', HELD, id)
+  local expires = redis.call('HGET', h, 'expires_at')
+  if not expires then
+    redis.call('DEL', h)
+  elseif tonumber(expires) <= now_ms() then
+    drop(id)
+  else
+    local at = string.format('%d', tonumber(expires) + GRACE)
+    for _, k in ipairs({h, m, x}) do redis.call('PEXPIREAT', k, at) end
+  end
+  store_backstop()
+end
+"""
+
+# ARGV: P, id, key_json, token, worker_id, pid, host, full
+_CLAIM: Final = (
+    _PRELUDE
+    + """
+local id = ARGV[2]
+local h, m, x = KEYS[5], KEYS[6], KEYS[7]
+local now = now_ms()
+purge(now)
+local token = redis.call('HGET', h, 'token')
+if token and token ~= ARGV[4] then
+  return holder(h)
+end
+if not token then
+  redis.call('HSET', h, 'key', ARGV[3], 'token', ARGV[4], 'worker_id', ARGV[5],
+             'pid', ARGV[6], 'host', ARGV[7], 'since', string.format('%d', now))
+  redis.call('ZADD', HELD, now, id)
+  for _, k in ipairs({h, m, x}) do redis.call('PERSIST', k) end
+  store_backstop()
+end
+local head = redis.call('HGET', h, 'head')
+if not head then
+  return {'new'}
+end
+local reply = {'found', head, redis.call('HGET', h, 'split'), redis.call('LLEN', x)}
+if ARGV[8] == '1' then
+  for _, row in ipairs(redis.call('LRANGE', m, 0, -1)) do reply[#reply + 1] = row end
+end
+return reply
+"""
+)
+
+# ARGV: P, id, token, max_sessions, max_store_bytes, ttl_ms, mode, head, identity,
+# namespace, then by mode:
+#   put:    split, messages, bytes, n_exchanges, exchange entries..., rows...
+#   append: n, then (exchange, bytes, row) per message
+#   delete: nothing
+_COMMIT: Final = (
+    _PRELUDE
+    + """
+local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
+local h, m, x = KEYS[5], KEYS[6], KEYS[7]
+if redis.call('HGET', h, 'token') ~= token then
+  if redis.call('HGET', h, 'last_token') == token then return {'ok'} end
+  return {'stale'}
+end
+local now = now_ms()
+purge(now)
+if mode == 'delete' then
+  drop(id)
+  finish(id)
+  return {'ok'}
+end
+
+local old = redis.call('HGET', SESSIONS, id)
+local old_bytes = tonumber(old or '0')
+local new_bytes, messages, split
+local count = redis.call('LLEN', x)
+local n = 0
+if mode == 'put' then
+  split, messages, new_bytes = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13])
+else
+  n = tonumber(ARGV[11])
+  local added, c = 0, count
+  for i = 0, n - 1 do
+    local index = tonumber(ARGV[12 + 3 * i])
+    if index == c then
+      c = c + 1
+    elseif index ~= c - 1 or index < 0 then
+      return {'bad_append', index, count}
+    end
+    added = added + tonumber(ARGV[13 + 3 * i])
+  end
+  local old_head = redis.call('HGET', h, 'head') or ''
+  split = '1'
+  messages = tonumber(redis.call('HGET', h, 'messages') or '0') + n
+  new_bytes = old_bytes - #old_head + #ARGV[8] + added
+end
+
+local sessions = redis.call('HLEN', SESSIONS)
+local total = tonumber(redis.call('GET', BYTES) or '0') - old_bytes + new_bytes
+local is_new = old and 0 or 1
+if (not old and sessions >= tonumber(ARGV[4])) or total > tonumber(ARGV[5]) then
+  return {'limit', is_new, sessions, total}
+end
+
+if mode == 'put' then
+  redis.call('DEL', m, x)
+  local n_ex = tonumber(ARGV[14])
+  local first, last = 15, 14 + n_ex
+  for i = first, last, 1000 do
+    redis.call('RPUSH', x, unpack(ARGV, i, math.min(i + 999, last)))
+  end
+  for i = last + 1, #ARGV, 1000 do
+    redis.call('RPUSH', m, unpack(ARGV, i, math.min(i + 999, #ARGV)))
+  end
+else
+  local nmsg = redis.call('LLEN', m)
+  for i = 0, n - 1 do
+    local index, size = tonumber(ARGV[12 + 3 * i]), tonumber(ARGV[13 + 3 * i])
+    if index == count then
+      redis.call('RPUSH', x, string.format('%d:1:%d', nmsg, size))
+      count = count + 1
+    else
+      local f, k, b = string.match(redis.call('LINDEX', x, -1), '^(%d+):(%d+):(%d+)$')
+      redis.call('LSET', x, -1,
+                 string.format('%d:%d:%d', tonumber(f), tonumber(k) + 1, tonumber(b) + size))
+    end
+    redis.call('RPUSH', m, ARGV[14 + 3 * i])
+    nmsg = nmsg + 1
+  end
+end
+
+local expires = now + tonumber(ARGV[6])
+redis.call('HSET', h, 'head', ARGV[8], 'split', split,
+           'messages', string.format('%d', messages), 'bytes', string.format('%d', new_bytes),
+           'updated_at', string.format('%d', now), 'expires_at', string.format('%d', expires),
+           'identity', ARGV[9], 'namespace', ARGV[10], 'last_token', token)
+redis.call('HSET', SESSIONS, id, string.format('%d', new_bytes))
+redis.call('INCRBY', BYTES, string.format('%d', new_bytes - old_bytes))
+redis.call('ZADD', EXPIRY, expires, id)
+finish(id)
+return {'ok'}
+"""
+)
+
+# ARGV: P, id, token (empty: whoever holds it, for recover)
+_RELEASE: Final = (
+    _PRELUDE
+    + """
+local token = redis.call('HGET', KEYS[5], 'token')
+if not token or (ARGV[3] ~= '' and token ~= ARGV[3]) then return 0 end
+finish(ARGV[2])
+return 1
+"""
+)
+
+# ARGV: P, id
+_READ: Final = (
+    _PRELUDE
+    + """
+local h, m = KEYS[5], KEYS[6]
+purge(now_ms())
+if redis.call('HEXISTS', h, 'token') == 1 then return holder(h) end
+local head = redis.call('HGET', h, 'head')
+if not head then return {'absent'} end
+local reply = {'found', head, redis.call('HGET', h, 'split')}
+for _, row in ipairs(redis.call('LRANGE', m, 0, -1)) do reply[#reply + 1] = row end
+return reply
+"""
+)
+
+# ARGV: P, id
+_DELETE: Final = (
+    _PRELUDE
+    + """
+local h = KEYS[5]
+purge(now_ms())
+if redis.call('HEXISTS', h, 'token') == 1 then return holder(h) end
+if redis.call('HEXISTS', h, 'head') == 0 then return {'absent'} end
+drop(ARGV[2])
+store_backstop()
+return {'deleted'}
+"""
+)
+
+# ARGV: P
+_PURGE: Final = (
+    _PRELUDE
+    + """
+local n = purge(now_ms())
+if n > 0 then store_backstop() end
+return n
+"""
+)
+
+_LIST_FIELDS: Final = (
+    "key",
+    "identity",
+    "messages",
+    "bytes",
+    "updated_at",
+    "expires_at",
+    "split",
+    "worker_id",
+    "pid",
+    "host",
+    "since",
+)
+
+# ARGV: P. Returns flat rows of _LIST_FIELDS plus an active flag.
+_LIST: Final = (
+    _PRELUDE
+    + """
+purge(now_ms())
+local seen, reply = {}, {}
+local ids = redis.call('ZRANGE', EXPIRY, 0, -1)
+for _, id in ipairs(redis.call('ZRANGE', HELD, 0, -1)) do ids[#ids + 1] = id end
+for _, id in ipairs(ids) do
+  if not seen[id] then
+    seen[id] = true
+    local h = conv(id)
+    if redis.call('EXISTS', h) == 1 then
+      for _, v in ipairs(redis.call('HMGET', h, FIELDS)) do reply[#reply + 1] = v end
+      reply[#reply + 1] = redis.call('HEXISTS', h, 'token')
+    end
+  end
+end
+return reply
+"""
+).replace("FIELDS", ", ".join(f"'{f}'" for f in _LIST_FIELDS))
+
+# KEYS: messages, exchanges. ARGV: start, stop. Rows of exchanges start..stop-1.
+_EXCHANGES: Final = """
+local entries = redis.call('LRANGE', KEYS[2], ARGV[1], tonumber(ARGV[2]) - 1)
+if #entries == 0 then return {} end
+local first = tonumber(string.match(entries[1], '^(%d+):'))
+local f, k = string.match(entries[#entries], '^(%d+):(%d+):')
+return redis.call('LRANGE', KEYS[1], first, tonumber(f) + tonumber(k) - 1)
+"""
+
+
+# -- Python side -------------------------------------------------------------------
+
+
+@contextmanager
+def _driver_errors(what: str) -> Iterator[None]:
+    """The one place where redis-py exceptions become touba errors."""
+    try:
+        yield
+    except RedisError as e:
+        raise DecisionHistoryStoreUnavailable(
+            f"Redis failed during {what} ({type(e).__name__}: {e}). Check the server and "
+            "retry; a conversation whose reservation could not be released answers "
+            "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
+        ) from e
+
+
+def _text(value: Any) -> str:
+    """A reply as text, whether or not the client decodes responses."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _loads(value: Any) -> Any:
+    try:
+        return json.loads(_text(value))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DecisionHistoryRecordInvalid(
+            "a stored row of this conversation is not valid JSON; it was not modified. "
+            "Inspect or delete the conversation"
+        ) from e
+
+
+def _group(rows: Sequence[Any], start: int = 0) -> list[list[Record]]:
+    """Messages of rows ``[exchange, bytes, message]``, grouped by exchange."""
+    exchanges: list[list[Record]] = []
+    for raw in rows:
+        index, _size, message = _loads(raw)
+        position = index - start
+        while len(exchanges) <= position:
+            exchanges.append([])
+        exchanges[position].append(message)
+    return exchanges
+
+
+def _row(index: int, message: str) -> tuple[int, str]:
+    size = len(message.encode("utf-8"))
+    return size, f"[{index},{size},{message}]"
+
+
+def _ms_iso(value: Any) -> str | None:
+    return None if value is None else iso(int(_text(value)) / 1000)
+
+
+def _identity(head: Record) -> Record | None:
+    identity = head.get("identity")
+    return identity if isinstance(identity, dict) else None
+
+
+def _identity_fields(identity: Record | None) -> tuple[str, str]:
+    """The identity JSON and namespace kept beside a record for ``list``."""
+    if identity is None:
+        return "", ""
+    namespace = identity.get("namespace")
+    return encode_json(identity, "the record identity"), (
+        namespace if isinstance(namespace, str) else ""
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """Names of one conversation's keys, in the order the scripts expect."""
+
+    id: str
+    all: tuple[str, ...]
+
+    @property
+    def messages(self) -> str:
+        return self.all[5]
+
+    @property
+    def exchanges(self) -> str:
+        return self.all[6]
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    key: str
+    keys: _Keys
+    token: str
+    found: bool
+    head: str = ""
+    split: bool = False
+    exchange_count: int = 0
+    rows: tuple[Any, ...] = ()
+
+    def record(self) -> Record | None:
+        if not self.found:
+            return None
+        head: Record = _loads(self.head)
+        return join_record(head, _group(self.rows)) if self.split else head
+
+
+class _Snapshot:
+    """A conversation inside one transaction: reads only the tail it is asked for.
+
+    Its lists cannot change under it: the reservation is held until commit.
+    """
+
+    def __init__(self, store: RedisHistoryStore, claim: _Claim) -> None:
+        self._store = store
+        self._claim = claim
+        self._head: Record = _loads(claim.head)
+
+    @property
+    def head(self) -> Record:
+        return self._head
+
+    @property
+    def exchange_count(self) -> int:
+        return self._claim.exchange_count
+
+    async def sizes(self, start: int) -> list[ExchangeSize]:
+        count = self._claim.exchange_count
+        if start >= count:
+            return []
+        entries = await self._store._lrange(self._claim.keys.exchanges, start, count - 1)
+        sizes = []
+        for entry in entries:
+            _first, messages, size = _text(entry).split(":")
+            sizes.append(ExchangeSize(int(messages), int(size)))
+        return sizes
+
+    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        stop = min(stop, self._claim.exchange_count)
+        if start >= stop:
+            return []
+        keys = self._claim.keys
+        rows = await self._store._run(
+            self._store._exchanges, (keys.messages, keys.exchanges), (start, stop), "a read"
+        )
+        return _group(rows, start)
+
+
+class RedisHistoryStore:
+    """Durable store in Redis: bounded, expiring, refusing when full, crash-safe.
+
+    Give exactly one of ``url`` (the store creates the client and closes it) or
+    ``client`` (a ``redis.asyncio.Redis`` you own; ``close()`` leaves it open).
+    Defaults: 128 conversations, 32 MiB, 24 hours of inactivity. A transaction
+    reserves its conversation durably; after a crash the conversation answers
+    :class:`~touba.errors.DecisionHistoryBusy` until
+    ``recover(key, worker_stopped=True)``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: Client | None = None,
+        prefix: str = "touba:",
+        max_sessions: int = 128,
+        max_store_bytes: int = 32 * MiB,
+        ttl_seconds: float = 86400,
+        worker_id: str | None = None,
+    ) -> None:
+        check_limits_config(
+            max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
+        )
+        if (url is None) == (client is None):
+            raise ConfigurationError(
+                "RedisHistoryStore needs exactly one of url= (e.g. 'redis://127.0.0.1:6379/0') "
+                "or client= (a redis.asyncio.Redis you own)"
+            )
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigurationError(
+                f"prefix must be a non-empty str without braces, got {prefix!r}: the store "
+                "adds its own hash tag so that all its keys share one cluster slot"
+            )
+        if worker_id is not None and not isinstance(worker_id, str):
+            raise ConfigurationError(f"worker_id must be a str or None, got {worker_id!r}")
+        if client is not None:
+            if not isinstance(client, aioredis.Redis | aioredis.RedisCluster):
+                raise ConfigurationError(
+                    f"client must be a redis.asyncio.Redis, got {type(client).__name__} "
+                    "(the synchronous redis.Redis is not supported)"
+                )
+            self._client: Client = client
+            self._owns_client = False
+        else:
+            if not isinstance(url, str):
+                raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
+            try:
+                self._client = aioredis.Redis.from_url(url)
+            except ValueError as e:
+                raise ConfigurationError(f"invalid Redis url ({e})") from e
+            self._owns_client = True
+        self.prefix = prefix
+        self.max_sessions = max_sessions
+        self.max_store_bytes = max_store_bytes
+        self.ttl_seconds = ttl_seconds
+        self.worker_id = worker_id
+        self._ttl_ms = max(1, round(ttl_seconds * 1000))
+        tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        self._base = f"{prefix}{{{tag}}}:"
+        self._store_keys = tuple(self._base + n for n in ("sessions", "bytes", "expiry", "held"))
+        register = self._client.register_script
+        self._claim_script = register(_CLAIM)
+        self._commit_script = register(_COMMIT)
+        self._release_script = register(_RELEASE)
+        self._read_script = register(_READ)
+        self._delete_script = register(_DELETE)
+        self._purge_script = register(_PURGE)
+        self._list_script = register(_LIST)
+        self._exchanges = register(_EXCHANGES)
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the client if this store created it (from ``url``)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            with _driver_errors("close"):
+                await self._client.aclose()
+
+    # -- internals ------------------------------------------------------------------
+
+    def _keys(self, key: str) -> _Keys:
+        if not isinstance(key, str):
+            raise ConfigurationError(f"a session key must be a str, got {type(key).__name__}")
+        cid = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        conv = f"{self._base}c:{cid}:"
+        return _Keys(cid, (*self._store_keys, conv + "head", conv + "messages", conv + "exchanges"))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this RedisHistoryStore is closed; create a new one")
+
+    async def _run(
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int], what: str
+    ) -> Any:
+        self._check_open()
+        with _driver_errors(what):
+            return await script(keys=keys, args=args)
+
+    async def _lrange(self, name: str, start: int, stop: int) -> list[Any]:
+        self._check_open()
+        with _driver_errors("a read"):
+            return list(await self._client.lrange(name, start, stop))
+
+    async def _conv(
+        self, script: AsyncScript, keys: _Keys, args: Sequence[str | int], what: str
+    ) -> Any:
+        return await self._run(script, keys.all, (self._base, keys.id, *args), what)
+
+    def _busy(self, key: str, reply: Sequence[Any]) -> ToubaError:
+        worker, pid, host, since = (_opt_text(v) for v in reply[1:5])
+        held = f" (held by worker {worker}, pid {pid} on {host} since {_ms_iso(since)})"
+        return busy(key, held)
+
+    async def _claim(self, key: str, *, full: bool) -> _Claim:
+        keys = self._keys(key)
+        worker = self.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        reservation = Reservation.new(worker)
+        args = (
+            json.dumps(key),
+            reservation.token,
+            reservation.worker_id,
+            reservation.pid,
+            reservation.host,
+            "1" if full else "0",
+        )
+        try:
+            reply = await self._conv(self._claim_script, keys, args, "a reservation")
+        except DecisionHistoryStoreUnavailable:  # it may have run: do not leave the key held
+            await self._release(_Claim(key, keys, reservation.token, found=False))
+            raise
+        status = _text(reply[0])
+        if status == "busy":
+            raise self._busy(key, reply)
+        if status == "new":
+            return _Claim(key, keys, reservation.token, found=False)
+        return _Claim(
+            key,
+            keys,
+            reservation.token,
+            found=True,
+            head=_text(reply[1]),
+            split=_text(reply[2]) == "1",
+            exchange_count=int(reply[3]),
+            rows=tuple(reply[4:]),
+        )
+
+    async def _commit(
+        self,
+        claim: _Claim,
+        mode: str,
+        head: str = "",
+        identity: Record | None = None,
+        args: Sequence[str | int] = (),
+    ) -> None:
+        identity_json, namespace = _identity_fields(identity)
+        reply = await self._conv(
+            self._commit_script,
+            claim.keys,
+            (
+                claim.token,
+                self.max_sessions,
+                self.max_store_bytes,
+                self._ttl_ms,
+                mode,
+                head,
+                identity_json,
+                namespace,
+                *args,
+            ),
+            "a commit",
+        )
+        status = _text(reply[0])
+        if status == "ok":
+            return
+        if status == "stale":
+            raise busy(
+                claim.key, " (its reservation was recovered while this one ran; nothing saved)"
+            )
+        if status == "limit":
+            check_capacity(
+                is_new=int(reply[1]) == 1,
+                sessions=int(reply[2]),
+                max_sessions=self.max_sessions,
+                store_bytes_after=int(reply[3]),
+                max_store_bytes=self.max_store_bytes,
+            )
+            raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_capacity raised
+                "the store is full; nothing was written", limit="max_store_bytes"
+            )
+        raise ValueError(f"append refused by the store ({status} {reply[1:]}); nothing saved")
+
+    async def _release(self, claim: _Claim) -> None:
+        """Free our reservation after a failure; never hide the original error."""
+        try:
+            await self._conv(self._release_script, claim.keys, (claim.token,), "a release")
+        except (DecisionHistoryStoreUnavailable, ConfigurationError) as e:
+            logger.warning(
+                "could not release the reservation of conversation %r (%s); if it was taken, "
+                "it stays busy until recover(key, worker_stopped=True)",
+                claim.key,
+                type(e.__cause__ or e).__name__,
+            )
+
+    async def _put(self, claim: _Claim, record: Record | None) -> None:
+        if record is None:
+            await self._commit(claim, "delete")
+            return
+        encoded = encode_record(record)
+        if not encoded.split:
+            await self._commit(claim, "put", encoded.head, None, ("0", 0, encoded.bytes, 0))
+            return
+        entries: list[str] = []
+        rows: list[str] = []
+        for index, exchange in enumerate(encoded.exchanges):
+            sizes = 0
+            for message in exchange:
+                size, row = _row(index, message)
+                sizes += size
+                rows.append(row)
+            entries.append(f"{len(rows) - len(exchange)}:{len(exchange)}:{sizes}")
+        args: tuple[str | int, ...] = (
+            "1",
+            encoded.messages,
+            encoded.bytes,
+            len(entries),
+            *entries,
+            *rows,
+        )
+        await self._commit(claim, "put", encoded.head, _identity(record), args)
+
+    async def _append(self, claim: _Claim, write: LogWrite) -> None:
+        head = encode_json(write.head, "the record head")
+        check_appends(claim.exchange_count, write.append)
+        args: list[str | int] = [len(write.append)]
+        for index, message in write.append:
+            size, row = _row(index, encode_json(message, "a message"))
+            args += [index, size, row]
+        await self._commit(claim, "append", head, _identity(write.head), args)
+
+    # -- the contract ----------------------------------------------------------------
+
+    async def transact(self, key: str, operation: Operation[T]) -> T:
+        claim = await self._claim(key, full=True)
+        try:
+            record, result = await operation(claim.record())
+            await self._put(claim, record)
+        except BaseException:
+            await self._release(claim)
+            raise
+        return result
+
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        claim = await self._claim(key, full=False)
+        try:
+            if claim.found and not claim.split:
+                raise DecisionHistoryRecordInvalid(
+                    "the stored value under this session key is not a touba decision history "
+                    "record; it was not modified. Use another namespace or delete the key"
+                )
+            write, result = await operation(_Snapshot(self, claim) if claim.found else None)
+            if write is None:
+                await self._release(claim)
+                return result
+            await self._append(claim, write)
+        except BaseException:
+            await self._release(claim)
+            raise
+        return result
+
+    async def read(self, key: str) -> Record | None:
+        """A detached copy, or None if absent or expired; does not renew the TTL."""
+        keys = self._keys(key)
+        reply = await self._conv(self._read_script, keys, (), "a read")
+        status = _text(reply[0])
+        if status == "busy":
+            raise self._busy(key, reply)
+        if status == "absent":
+            return None
+        stored = _Claim(
+            key,
+            keys,
+            token="",
+            found=True,
+            head=_text(reply[1]),
+            split=_text(reply[2]) == "1",
+            rows=tuple(reply[3:]),
+        )
+        return stored.record()
+
+    async def delete(self, key: str) -> bool:
+        """Delete an inactive conversation; False if it was absent or expired."""
+        reply = await self._conv(self._delete_script, self._keys(key), (), "a delete")
+        status = _text(reply[0])
+        if status == "busy":
+            raise self._busy(key, reply)
+        return status == "deleted"
+
+    async def recover(self, key: str, *, worker_stopped: bool) -> bool:
+        """Free a reservation left by a crashed worker; the saved record is kept.
+
+        Stop that worker and check it is gone first: this frees storage, it
+        decides nothing about business effects the worker may have caused.
+        """
+        require_worker_stopped(worker_stopped)
+        freed = await self._conv(self._release_script, self._keys(key), ("",), "a recover")
+        return bool(freed == 1)
+
+    async def purge_expired(self) -> int:
+        """Purge expired, unreserved conversations now; return how many went."""
+        reply = await self._run(self._purge_script, self._store_keys, (self._base,), "a purge")
+        return int(reply)
+
+    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+        """Every live conversation (and reserved key), sizes and holder, no content."""
+        reply = list(await self._run(self._list_script, self._store_keys, (self._base,), "a list"))
+        width = len(_LIST_FIELDS) + 1
+        rows = []
+        for i in range(0, len(reply), width):
+            values = dict(zip(_LIST_FIELDS, reply[i : i + width], strict=False))
+            active = int(reply[i + width - 1]) == 1
+            identity: Any = _loads(values["identity"]) if values["identity"] else None
+            if namespace is not None and (identity or {}).get("namespace") != namespace:
+                continue
+            holder = None
+            if active:
+                holder = {
+                    "worker_id": _opt_text(values["worker_id"]),
+                    "pid": int(_text(values["pid"])) if values["pid"] is not None else None,
+                    "host": _opt_text(values["host"]),
+                    "since": _ms_iso(values["since"]),
+                }
+            has_record = values["split"] is not None
+            rows.append(
+                StoredConversation(
+                    key=json.loads(_text(values["key"])),
+                    identity=identity if isinstance(identity, dict) else None,
+                    messages=int(_text(values["messages"])) if has_record else 0,
+                    bytes=int(_text(values["bytes"])) if has_record else 0,
+                    updated_at=_ms_iso(values["updated_at"] or values["since"]) or "",
+                    expires_at=_ms_iso(values["expires_at"]),
+                    active=active,
+                    reservation=holder,
+                )
+            )
+        rows.sort(key=lambda row: row.key)
+        return rows

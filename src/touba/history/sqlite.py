@@ -1,0 +1,658 @@
+"""``SqliteHistoryStore``: conversations in a SQLite file that processes may share.
+
+Layout (schema version 1, recorded in ``touba_meta``):
+
+- ``touba_history_sessions``: one row per key: the record's head (the whole
+  record when it is not touba-shaped, ``split = 0``), sizes, expiry, identity
+  and namespace (for ``list``), and the reservation (``token``, ``worker_id``,
+  ``pid``, ``host``, ``since``). ``head IS NULL`` marks a reservation on a key
+  that has no record yet: it counts as no session and vanishes when released.
+- ``touba_history_messages``: one row per message of a touba record (``key``,
+  ``seq``, ``exchange``, ``bytes``, ``body``), indexed on ``(key, exchange,
+  seq, bytes)``: a tail or its sizes cost the rows read, and a decision
+  appends rows without rewriting any.
+
+Every SQLite call runs on one worker thread per store, which owns the
+connection; each call commits or rolls back before it returns, so no
+transaction is open while an operation (a model call) runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Final, Self, TypeVar
+
+from touba.errors import ConfigurationError, DecisionHistoryBusy, DecisionHistoryRecordInvalid
+from touba.history._common import (
+    MiB,
+    Reservation,
+    busy,
+    check_capacity,
+    check_limits_config,
+    encode_json,
+    encode_record,
+    iso,
+    require_worker_stopped,
+)
+from touba.history._files import open_private_sqlite
+from touba.history._record import join_record
+from touba.history._store import (
+    LogOperation,
+    LogWrite,
+    Operation,
+    Record,
+    StoredConversation,
+    check_appends,
+)
+from touba.history._window import ExchangeSize
+
+__all__ = ["SCHEMA_VERSION", "SqliteHistoryStore"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+logger = logging.getLogger("touba.history")
+
+SCHEMA_VERSION: Final = 1
+BUSY_TIMEOUT_SECONDS: Final = 5.0
+_VERSION_NAME = "history_schema_version"
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS touba_history_sessions (
+        key TEXT PRIMARY KEY, head TEXT, split INTEGER NOT NULL DEFAULT 0,
+        namespace TEXT, identity TEXT, exchanges INTEGER NOT NULL DEFAULT 0,
+        messages INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0,
+        updated_at REAL, expires_at REAL,
+        token TEXT, worker_id TEXT, pid INTEGER, host TEXT, since REAL)""",
+    "CREATE INDEX IF NOT EXISTS touba_history_sessions_expiry "
+    "ON touba_history_sessions (expires_at)",
+    "CREATE INDEX IF NOT EXISTS touba_history_sessions_namespace "
+    "ON touba_history_sessions (namespace)",
+    """CREATE TABLE IF NOT EXISTS touba_history_messages (
+        id INTEGER PRIMARY KEY, key TEXT NOT NULL, seq INTEGER NOT NULL,
+        exchange INTEGER NOT NULL, bytes INTEGER NOT NULL, body TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS touba_history_messages_tail "
+    "ON touba_history_messages (key, exchange, seq, bytes)",
+)
+_EXPIRED_KEYS = """SELECT key FROM touba_history_sessions
+    WHERE head IS NOT NULL AND token IS NULL AND expires_at <= ?"""
+_INSERT_MESSAGE = """INSERT INTO touba_history_messages (key, seq, exchange, bytes, body)
+    VALUES (?, ?, ?, ?, ?)"""
+_RESERVE = """UPDATE touba_history_sessions
+    SET token = ?, worker_id = ?, pid = ?, host = ?, since = ? WHERE key = ?"""
+_SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?, namespace = ?, identity = ?,
+    exchanges = ?, messages = ?, bytes = ?, updated_at = ?, expires_at = ?,
+    token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL WHERE key = ?"""
+_UNRESERVE = """UPDATE touba_history_sessions
+    SET token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL
+    WHERE key = ? AND token """
+
+
+def _check_schema(conn: sqlite3.Connection) -> None:
+    """Refuse a database written by a newer (or unknown) touba, reading only.
+
+    ``DecisionHistoryRecordInvalid``, as for a record of a future version: the
+    stored data is unreadable here, which no change of configuration fixes.
+    """
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
+    if not conn.execute(sql).fetchone():
+        return
+    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
+    if row is not None and row[0] != str(SCHEMA_VERSION):
+        raise DecisionHistoryRecordInvalid(
+            f"this SQLite file holds decision history schema version {row[0]!r}; this touba "
+            f"reads version {SCHEMA_VERSION}. Upgrade touba or use another file; the file was "
+            "not modified"
+        )
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+    conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _parse(text: str, key: str, what: str) -> Record:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise DecisionHistoryRecordInvalid(
+            f"{what} of conversation {key} in the SQLite store is not a JSON object; it was "
+            f"not modified. Inspect it with `touba history show {key}` or delete it"
+        )
+    return value
+
+
+def _identity(head: Record) -> tuple[str | None, str | None]:
+    """Namespace and identity JSON of a touba head (``None`` otherwise)."""
+    identity = head.get("identity")
+    if not isinstance(identity, dict):
+        return None, None
+    namespace = identity.get("namespace")
+    encoded = encode_json(identity, "the record identity")
+    return (namespace if isinstance(namespace, str) else None), encoded
+
+
+def _translate(error: sqlite3.Error, key: str) -> Exception | None:
+    """The typed error for a driver error, or None to let it through as is."""
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return DecisionHistoryBusy(
+            f"the SQLite database stayed locked by another connection for over "
+            f"{BUSY_TIMEOUT_SECONDS:g}s ({error}); the step that waited wrote nothing. Retry, "
+            "and keep other writers' transactions short",
+            session_key=key,
+        )
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return DecisionHistoryRecordInvalid(
+            f"the SQLite file is corrupt or not a database ({error}); it was not modified. "
+            "Check filename, or restore the file from a backup"
+        )
+    return None
+
+
+class _Db:
+    """The store's SQL, run only on its worker thread."""
+
+    def __init__(self, conn: sqlite3.Connection, store: SqliteHistoryStore) -> None:
+        self.conn = conn
+        self.store = store
+
+    def q(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        return self.conn.execute(sql, args)
+
+    def init_schema(self) -> None:
+        with _transaction(self.conn):
+            _check_schema(self.conn)
+            for statement in _SCHEMA:
+                self.q(statement)
+            sql = "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)"
+            self.q(sql, _VERSION_NAME, str(SCHEMA_VERSION))
+
+    # -- helpers (inside a write transaction) ---------------------------------------
+
+    def _purge(self) -> int:
+        now = self.store._clock()
+        self.q("DELETE FROM touba_history_messages WHERE key IN (" + _EXPIRED_KEYS + ")", now)  # noqa: S608
+        sql = "DELETE FROM touba_history_sessions WHERE key IN (" + _EXPIRED_KEYS + ")"  # noqa: S608
+        return self.q(sql, now).rowcount
+
+    def _owned(self, key: str, token: str) -> tuple[str | None, int, int, int]:
+        """Head, bytes, messages, exchanges of a key this token still reserves."""
+        row = self.q(
+            "SELECT head, bytes, messages, exchanges FROM touba_history_sessions "
+            "WHERE key = ? AND token = ?",
+            key,
+            token,
+        ).fetchone()
+        if row is None:
+            raise busy(key, " (its reservation was recovered while this one ran; nothing saved)")
+        return row[0], row[1], row[2], row[3]
+
+    def _admit(self, *, is_new: bool, old_bytes: int, new_bytes: int) -> None:
+        sessions, total = self.q(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM touba_history_sessions "
+            "WHERE head IS NOT NULL"
+        ).fetchone()
+        check_capacity(
+            is_new=is_new,
+            sessions=sessions,
+            max_sessions=self.store.max_sessions,
+            store_bytes_after=total - old_bytes + new_bytes,
+            max_store_bytes=self.store.max_store_bytes,
+        )
+
+    def _save(self, key: str, head: str, split: Record | None, sizes: tuple[int, ...]) -> None:
+        """Store a head (``split``: the touba head it encodes), sizes (exchanges,
+        messages, bytes) and a fresh expiry; clear the reservation."""
+        now = self.store._clock()
+        namespace, identity = _identity(split or {})
+        values = (head, split is not None, namespace, identity, *sizes)
+        self.q(_SAVE, *values, now, now + self.store.ttl_seconds, key)
+
+    def _rows(self, key: str, start: int, stop: int = 2**62) -> list[list[Record]]:
+        exchanges: list[list[Record]] = []
+        for exchange, body in self.q(
+            "SELECT exchange, body FROM touba_history_messages "
+            "WHERE key = ? AND exchange >= ? AND exchange < ? ORDER BY exchange, seq",
+            key,
+            start,
+            stop,
+        ):
+            while len(exchanges) <= exchange - start:
+                exchanges.append([])
+            exchanges[exchange - start].append(_parse(body, key, "a message"))
+        return exchanges
+
+    def _record(self, key: str, head: str, split: bool) -> Record:
+        parsed = _parse(head, key, "the stored record")
+        return join_record(parsed, self._rows(key, 0)) if split else parsed
+
+    # -- reservation ------------------------------------------------------------------
+
+    def reserve(self, key: str, reservation: Reservation, whole: bool) -> tuple[Any, int] | None:
+        """Reserve ``key``; return its record (``whole``) or head, and exchange count."""
+        with _transaction(self.conn):
+            self._purge()
+            row = self.q(
+                "SELECT head, split, exchanges, token FROM touba_history_sessions WHERE key = ?",
+                key,
+            ).fetchone()
+            if row is not None and row[3] is not None:
+                raise busy(key)
+            self.q("INSERT OR IGNORE INTO touba_history_sessions (key) VALUES (?)", key)
+            held = (reservation.worker_id, reservation.pid, reservation.host, reservation.since)
+            self.q(_RESERVE, reservation.token, *held, key)
+        if row is None or row[0] is None:
+            return None
+        try:  # the key is ours now: read outside the write transaction
+            if whole:
+                return self._record(key, row[0], row[1]), row[2]
+            return _parse(row[0], key, "the stored record"), row[2]
+        except BaseException:
+            self.release(key, reservation.token)
+            raise
+
+    def release(self, key: str, token: str) -> None:
+        with _transaction(self.conn):
+            sql = "DELETE FROM touba_history_sessions WHERE key = ? AND token = ? AND head IS NULL"
+            self.q(sql, key, token)
+            self.q(_UNRESERVE + "= ?", key, token)
+
+    def recover(self, key: str) -> bool:
+        with _transaction(self.conn):
+            cleared = self.q(
+                "DELETE FROM touba_history_sessions WHERE key = ? AND head IS NULL "
+                "AND token IS NOT NULL",
+                key,
+            ).rowcount
+            cleared += self.q(_UNRESERVE + "IS NOT NULL", key).rowcount
+        return cleared > 0
+
+    # -- saves ------------------------------------------------------------------------
+
+    def save_record(self, key: str, token: str, record: Record | None) -> None:
+        """Generic path: replace the whole record (``None`` deletes it)."""
+        encoded = None if record is None else encode_record(record)
+        with _transaction(self.conn):
+            old_head, old_bytes, _, _ = self._owned(key, token)
+            self.q("DELETE FROM touba_history_messages WHERE key = ?", key)
+            if record is None or encoded is None:
+                self.q("DELETE FROM touba_history_sessions WHERE key = ?", key)
+                return
+            self._purge()
+            self._admit(is_new=old_head is None, old_bytes=old_bytes, new_bytes=encoded.bytes)
+            rows: list[tuple[str, int, int, int, str]] = []
+            for index, exchange in enumerate(encoded.exchanges):
+                for body in exchange:
+                    rows.append((key, len(rows), index, len(body.encode("utf-8")), body))
+            self.conn.executemany(_INSERT_MESSAGE, rows)
+            sizes = (len(encoded.exchanges), encoded.messages, encoded.bytes)
+            self._save(key, encoded.head, record if encoded.split else None, sizes)
+
+    def save_log(self, key: str, token: str, write: LogWrite) -> None:
+        """Append ``write``'s messages and replace the head; no row is rewritten."""
+        head = encode_json(write.head, "the record head")
+        bodies = [(index, encode_json(m, "a message")) for index, m in write.append]
+        with _transaction(self.conn):
+            old_head, old_bytes, messages, exchanges = self._owned(key, token)
+            check_appends(exchanges, write.append)
+            rows = [
+                (key, messages + n, index, len(body.encode("utf-8")), body)
+                for n, (index, body) in enumerate(bodies)
+            ]
+            kept = old_bytes - len(old_head.encode("utf-8")) if old_head is not None else 0
+            new_bytes = kept + len(head.encode("utf-8")) + sum(row[3] for row in rows)
+            self._purge()
+            self._admit(is_new=old_head is None, old_bytes=old_bytes, new_bytes=new_bytes)
+            self.conn.executemany(_INSERT_MESSAGE, rows)
+            count = max([exchanges] + [index + 1 for index, _ in bodies])
+            self._save(key, head, write.head, (count, messages + len(rows), new_bytes))
+
+    # -- reads during a log transaction (the key is reserved) -------------------------
+
+    def sizes(self, key: str, start: int) -> list[ExchangeSize]:
+        rows = self.q(
+            "SELECT COUNT(*), SUM(bytes) FROM touba_history_messages "
+            "WHERE key = ? AND exchange >= ? GROUP BY exchange ORDER BY exchange",
+            key,
+            start,
+        )
+        return [ExchangeSize(count, size) for count, size in rows]
+
+    def exchanges(self, key: str, start: int, stop: int) -> list[list[Record]]:
+        with _transaction(self.conn, "BEGIN"):
+            return self._rows(key, start, stop)
+
+    # -- the other operations ---------------------------------------------------------
+
+    def purge(self) -> int:
+        if not self.q(_EXPIRED_KEYS + " LIMIT 1", self.store._clock()).fetchone():
+            return 0  # the common case stays read-only
+        with _transaction(self.conn):
+            return self._purge()
+
+    def read(self, key: str) -> Record | None:
+        self.purge()
+        with _transaction(self.conn, "BEGIN"):
+            row = self.q(
+                "SELECT head, split, token, expires_at FROM touba_history_sessions WHERE key = ?",
+                key,
+            ).fetchone()
+            if row is not None and row[2] is not None:
+                raise busy(key)
+            if row is None or row[0] is None or row[3] <= self.store._clock():
+                return None
+            return self._record(key, row[0], row[1])
+
+    def delete(self, key: str) -> bool:
+        with _transaction(self.conn):
+            self._purge()
+            row = self.q("SELECT token FROM touba_history_sessions WHERE key = ?", key).fetchone()
+            if row is None:
+                return False
+            if row[0] is not None:
+                raise busy(key)
+            self.q("DELETE FROM touba_history_messages WHERE key = ?", key)
+            self.q("DELETE FROM touba_history_sessions WHERE key = ?", key)
+            return True
+
+    def listing(self, namespace: str | None) -> list[StoredConversation]:
+        self.purge()
+        rows = self.q(
+            "SELECT key, identity, messages, bytes, updated_at, expires_at, token, worker_id, "
+            "pid, host, since FROM touba_history_sessions "
+            "WHERE ? IS NULL OR namespace = ? ORDER BY key",
+            namespace,
+            namespace,
+        )
+        out = []
+        for key, identity, messages, size, updated, expires, token, *held in rows:
+            try:
+                parsed = json.loads(identity) if identity is not None else None
+            except ValueError:  # a damaged row is still listed, so it can be deleted
+                parsed = None
+            active = token is not None
+            out.append(
+                StoredConversation(
+                    key=key,
+                    identity=parsed if isinstance(parsed, dict) else None,
+                    messages=messages,
+                    bytes=size,
+                    updated_at=iso(held[3] if updated is None else updated) or "",
+                    expires_at=iso(expires),
+                    active=active,
+                    reservation=Reservation(token, *held).describe() if active else None,
+                )
+            )
+        return out
+
+
+class _Snapshot:
+    """A reserved conversation as ``transact_log`` shows it: head now, rows on demand."""
+
+    def __init__(self, store: SqliteHistoryStore, key: str, head: Record, count: int) -> None:
+        self._store = store
+        self._key = key
+        self._head = head
+        self._count = count
+
+    @property
+    def head(self) -> Record:
+        return self._head
+
+    @property
+    def exchange_count(self) -> int:
+        return self._count
+
+    async def sizes(self, start: int) -> list[ExchangeSize]:
+        db = self._store._db
+        return await self._store._run(self._key, lambda: db.sizes(self._key, start))
+
+    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        db = self._store._db
+        return await self._store._run(self._key, lambda: db.exchanges(self._key, start, stop))
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # its caller may be gone (cancelled): do not report it as lost
+
+
+class SqliteHistoryStore:
+    """SQLite store: durable, shared by processes, bounded, refusing when full.
+
+    Give exactly one of ``filename`` or ``database``. With ``filename``, the
+    location is checked and the file and its ``-wal``, ``-shm`` and
+    ``-journal`` companions are created or reset to 0600 before SQLite opens
+    them (:mod:`touba.history._files`); the directory is not created: make it
+    yourself, mode 0700. ``database`` is an open ``sqlite3.Connection`` made
+    with ``check_same_thread=False`` that only this store uses until
+    ``close()``; its pragmas, closing and file protection are the
+    application's.
+
+    The file is opened at construction (blocking briefly). A reservation
+    outlives a crashed worker: the key answers ``DecisionHistoryBusy`` until
+    ``recover(key, worker_stopped=True)``. Expired conversations are purged
+    on the next access (not a secure erase); ``purge_expired()`` does it now.
+    """
+
+    def __init__(
+        self,
+        filename: str | os.PathLike[str] | None = None,
+        *,
+        database: sqlite3.Connection | None = None,
+        max_sessions: int = 128,
+        max_store_bytes: int = 32 * MiB,
+        ttl_seconds: float = 86400,
+        worker_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if (filename is None) == (database is None):
+            raise ConfigurationError(
+                "SqliteHistoryStore needs exactly one of filename=... (a path) or "
+                "database=... (an open sqlite3.Connection)"
+            )
+        if database is not None and not isinstance(database, sqlite3.Connection):
+            raise ConfigurationError("database must be a sqlite3.Connection")
+        check_limits_config(
+            max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
+        )
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise ConfigurationError("worker_id must be a non-empty str, or None")
+        self.max_sessions = max_sessions
+        self.max_store_bytes = max_store_bytes
+        self.ttl_seconds = ttl_seconds
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._clock = clock
+        self._owns_connection = database is None
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closed = False
+        # One thread owns the connection and runs every SQLite call, in order.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="touba-sqlite")
+        try:
+            self._db = self._executor.submit(self._open, filename, database).result()
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            raise
+
+    def _open(
+        self, filename: str | os.PathLike[str] | None, conn: sqlite3.Connection | None
+    ) -> _Db:
+        try:
+            if conn is None:
+                assert filename is not None
+                conn = open_private_sqlite(
+                    filename, timeout=BUSY_TIMEOUT_SECONDS, check=_check_schema
+                )
+            else:
+                try:
+                    conn.execute("SELECT 1").fetchall()
+                except sqlite3.ProgrammingError as e:
+                    raise ConfigurationError(
+                        f"database= cannot be used from the store's thread ({e}); pass an "
+                        "open connection made with sqlite3.connect(..., check_same_thread=False)"
+                    ) from e
+                if conn.in_transaction:
+                    raise ConfigurationError("database= has an open transaction; end it first")
+            db = _Db(conn, self)
+            db.init_schema()
+            return db
+        except BaseException as e:
+            if self._owns_connection and conn is not None:
+                conn.close()
+            translated = _translate(e, "") if isinstance(e, sqlite3.Error) else None
+            if translated is None:
+                raise
+            raise translated from e
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @contextmanager
+    def _using(self) -> Iterator[None]:
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("this SqliteHistoryStore is closed; create a new one")
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+
+    def _call(self, key: str, job: Callable[[], R]) -> R:
+        try:
+            return job()
+        except sqlite3.Error as e:
+            translated = _translate(e, key)
+            if translated is None:
+                raise
+            raise translated from e
+
+    async def _run(self, key: str, job: Callable[[], R]) -> R:
+        """Run ``job`` on the store's thread; once started it finishes even if we are cancelled."""
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._call, key, job)
+        future.add_done_callback(_retrieve)
+        return await asyncio.shield(future)
+
+    async def _reserve(self, key: str, reservation: Reservation, whole: bool) -> Any:
+        try:
+            return await self._run(key, lambda: self._db.reserve(key, reservation, whole))
+        except asyncio.CancelledError:
+            # The reservation may be taken anyway: free it right after (same thread, in order).
+            self._executor.submit(self._call, key, lambda: self._db.release(key, reservation.token))
+            raise
+
+    async def _release_quietly(self, key: str, token: str) -> None:
+        try:
+            await self._run(key, lambda: self._db.release(key, token))
+        except Exception as e:
+            logger.warning(
+                "could not release the reservation of %s (%s); it stays busy until "
+                "store.recover(key, worker_stopped=True)",
+                key,
+                type(e).__name__,
+            )
+
+    # -- the contract -------------------------------------------------------------------
+
+    async def transact(self, key: str, operation: Operation[T]) -> T:
+        with self._using():
+            reservation = Reservation.new(self.worker_id)
+            token = reservation.token
+            loaded = await self._reserve(key, reservation, whole=True)
+            try:
+                record, result = await operation(None if loaded is None else loaded[0])
+                await self._run(key, lambda: self._db.save_record(key, token, record))
+            except BaseException:
+                await self._release_quietly(key, token)
+                raise
+            return result
+
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        with self._using():
+            reservation = Reservation.new(self.worker_id)
+            token = reservation.token
+            loaded = await self._reserve(key, reservation, whole=False)
+            try:
+                write, result = await operation(
+                    None if loaded is None else _Snapshot(self, key, *loaded)
+                )
+                if write is None:
+                    await self._run(key, lambda: self._db.release(key, token))
+                else:
+                    await self._run(key, lambda: self._db.save_log(key, token, write))
+            except BaseException:
+                await self._release_quietly(key, token)
+                raise
+            return result
+
+    async def read(self, key: str) -> Record | None:
+        """A detached copy of the record, or None if absent or expired (TTL not renewed)."""
+        with self._using():
+            return await self._run(key, lambda: self._db.read(key))
+
+    async def delete(self, key: str) -> bool:
+        """Delete an inactive conversation; ``DecisionHistoryBusy`` if it is reserved."""
+        with self._using():
+            return await self._run(key, lambda: self._db.delete(key))
+
+    async def recover(self, key: str, *, worker_stopped: bool) -> bool:
+        """Free a reservation left by a stopped worker; the saved record is kept as is."""
+        require_worker_stopped(worker_stopped)
+        with self._using():
+            return await self._run(key, lambda: self._db.recover(key))
+
+    async def purge_expired(self) -> int:
+        """Delete expired, unreserved conversations now; return how many."""
+        with self._using():
+            return await self._run("", self._db.purge)
+
+    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+        """Sizes and reservations, never content. A key reserved before its first
+        save has no identity yet: it is listed only when ``namespace`` is None."""
+        with self._using():
+            return await self._run("", lambda: self._db.listing(namespace))
+
+    async def close(self) -> None:
+        """Wait for running operations to save or release, then close what it opened."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        # A poll, not an asyncio.Event: the store may serve more than one event loop.
+        while self._users:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if self._owns_connection:
+            await self._run("", self._db.conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,738 @@
+"""PostgresHistoryStore against the real server of TOUBA_POSTGRES_DSN.
+
+Each test works in tables of its own (``touba_t_<random>``) dropped at teardown.
+Without a reachable server these tests are skipped, except under ``CI=true``
+where that is a failure (see ``tests/_services.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import os
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from tests._services import DEFAULT_POSTGRES_DSN, postgres_dsn
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryBusy,
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryRecordInvalid,
+)
+from touba.history import ConversationIdentity, MemoryHistoryStore
+from touba.history._record import RECORD_KIND, join_record, new_head
+from touba.history._store import LogSnapshot, LogWrite
+from touba.history.postgres import PostgresHistoryStore
+
+pytestmark = pytest.mark.postgres
+
+DEFAULT_DSN = DEFAULT_POSTGRES_DSN  # for tests that never connect
+
+
+# -- fixtures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    return postgres_dsn()
+
+
+def _tables(name: str) -> list[sql.Identifier]:
+    return [
+        sql.Identifier(f"{name}_messages"),
+        sql.Identifier(name),
+        sql.Identifier(f"{name}_meta"),
+    ]
+
+
+@pytest.fixture
+def table(dsn: str) -> Iterator[str]:
+    name = f"touba_t_{uuid.uuid4().hex[:10]}"
+    yield name
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(_tables(name))))
+
+
+Make = Callable[..., PostgresHistoryStore]
+
+
+@pytest.fixture
+async def make_store(dsn: str, table: str) -> AsyncIterator[Make]:
+    made: list[PostgresHistoryStore] = []
+
+    def make(**options: Any) -> PostgresHistoryStore:
+        options.setdefault("table", table)
+        store = PostgresHistoryStore(dsn, **options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        await store.close()
+
+
+async def query(dsn: str, statement: str, table: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run ``statement`` with ``{t}``/``{m}``/``{meta}`` naming the test's tables."""
+    m, t, meta = _tables(table)
+    composed = sql.SQL(statement).format(t=t, m=m, meta=meta)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(composed, params)
+        return await cur.fetchall() if cur.description else []
+
+
+def put(record: dict[str, Any] | None, result: Any = None) -> Any:
+    async def operation(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any] | None, Any]:
+        return copy.deepcopy(record), result
+
+    return operation
+
+
+async def current(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any] | None, Any]:
+    return snapshot, copy.deepcopy(snapshot)
+
+
+def identity(namespace: str = "ns") -> ConversationIdentity:
+    return ConversationIdentity(namespace, "openai", "m", "native", "r-1", "i-1", "agent")
+
+
+def touba_record(namespace: str = "ns", exchanges: int = 2) -> dict[str, Any]:
+    messages: list[list[dict[str, Any]]] = [
+        [{"role": "assistant", "n": i}, {"role": "tool", "ok": "é"}] for i in range(exchanges)
+    ]
+    return join_record(new_head(identity(namespace)), messages)
+
+
+def appender(
+    *messages: tuple[int | None, dict[str, Any]], head: dict[str, Any] | None = None
+) -> Any:
+    """A log operation appending ``messages`` (exchange None = a new exchange)."""
+
+    async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, int]:
+        count = snapshot.exchange_count if snapshot else 0
+        new_head_ = head or (snapshot.head if snapshot else new_head(identity()))
+        append = [(count if index is None else index, m) for index, m in messages]
+        return LogWrite(copy.deepcopy(new_head_), append), count
+
+    return operation
+
+
+# -- construction ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "touba-history", "1abc", "a.b.c", 'x"; DROP TABLE y; --', "a b", "é", "t" * 49, 7],
+)
+def test_unsafe_table_name_is_refused(name: Any) -> None:
+    with pytest.raises(ConfigurationError, match="table must be a plain identifier"):
+        PostgresHistoryStore(DEFAULT_DSN, table=name)
+
+
+def test_exactly_one_of_dsn_or_pool() -> None:
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        PostgresHistoryStore()
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(DEFAULT_DSN, open=False)
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        PostgresHistoryStore(DEFAULT_DSN, pool=pool)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"pool": "postgresql://x"}, "pool must be a psycopg_pool.AsyncConnectionPool"),
+        ({"dsn": "not a dsn"}, "not a valid PostgreSQL connection string"),
+        ({"dsn": DEFAULT_DSN, "max_sessions": 0}, "max_sessions"),
+        ({"dsn": DEFAULT_DSN, "ttl_seconds": 0}, "ttl_seconds"),
+        ({"dsn": DEFAULT_DSN, "worker_id": ""}, "worker_id"),
+    ],
+)
+def test_misconfiguration_is_refused_at_construction(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        PostgresHistoryStore(**options)
+
+
+def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "touba.history.postgres")
+    with pytest.raises(ImportError, match=r'pip install "touba\[postgres\]"'):
+        importlib.import_module("touba.history.postgres")
+
+
+async def test_unreachable_server_is_a_configuration_error_at_open() -> None:
+    store = PostgresHistoryStore("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2")
+    with pytest.raises(ConfigurationError, match="could not open") as info:
+        await store.open()
+    assert isinstance(info.value.__cause__, psycopg.OperationalError)
+    await store.close()
+
+
+# -- schema ------------------------------------------------------------------------------
+
+
+async def test_tables_are_created_once_even_by_concurrent_opens(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    stores = [make_store() for _ in range(3)]
+    await asyncio.gather(*(s.open() for s in stores))
+    rows = await query(dsn, "SELECT name, value FROM {meta}", table)
+    assert rows == [("schema_version", "1")]
+
+
+async def test_newer_schema_version_is_refused_untouched(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    async with make_store() as store:
+        await store.transact("k", put({"v": 1}))
+    await query(dsn, "UPDATE {meta} SET value = '2'", table)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '2'"):
+        await make_store().read("k")
+    assert await query(dsn, "SELECT key, head FROM {t}", table) == [("k", '{"v":1}')]
+
+
+async def test_schema_qualified_table(dsn: str) -> None:
+    schema = f"touba_s_{uuid.uuid4().hex[:10]}"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            async with PostgresHistoryStore(dsn, table=f"{schema}.history") as store:
+                await store.transact_log("k", appender((None, {"a": 1})))
+                assert [c.key for c in await store.list()] == ["k"]
+            cur = await conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+                " ORDER BY table_name",
+                (schema,),
+            )
+            assert await cur.fetchall() == [("history",), ("history_messages",), ("history_meta",)]
+        finally:
+            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def test_foreign_table_of_that_name_is_refused_untouched(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    await query(dsn, "CREATE TABLE {t} (x integer)", table)
+    with pytest.raises(ConfigurationError, match="not a touba history table"):
+        await make_store().open()
+    columns = await query(
+        dsn,
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s",
+        table,
+        table,
+    )
+    assert columns == [("x",)]
+
+
+# -- round trips -------------------------------------------------------------------------
+
+_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
+)
+_json = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+_dicts = st.dictionaries(st.text(max_size=6), _json, max_size=5)
+_touba_shaped = st.builds(
+    lambda head, exchanges: {**head, "kind": RECORD_KIND, "exchanges": exchanges},
+    _dicts,
+    st.lists(st.lists(_dicts, min_size=1, max_size=3), max_size=4),
+)
+
+
+@pytest.fixture
+def sync_store(dsn: str, table: str) -> Iterator[tuple[asyncio.Runner, PostgresHistoryStore]]:
+    with asyncio.Runner() as runner:
+        store = PostgresHistoryStore(dsn, table=table)
+        runner.run(store.open())
+        yield runner, store
+        runner.run(store.close())
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(record=_dicts | _touba_shaped)
+def test_any_json_dict_round_trips(
+    sync_store: tuple[asyncio.Runner, PostgresHistoryStore], record: dict[str, Any]
+) -> None:
+    runner, store = sync_store
+    runner.run(store.transact("k", put(record)))
+    assert runner.run(store.read("k")) == record
+    assert runner.run(store.transact("k", current)) == record
+
+
+async def test_touba_records_round_trip_as_rows(make_store: Make, dsn: str, table: str) -> None:
+    store = make_store()
+    record = touba_record(exchanges=3)
+    assert await store.transact("k", put(record, "done")) == "done"
+    assert await store.read("k") == record
+    rows = await query(dsn, "SELECT seq, exchange FROM {m} WHERE key = 'k' ORDER BY seq", table)
+    assert rows == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)]
+    [entry] = await store.list()
+    assert entry.identity == identity().as_dict()
+    assert (entry.messages, entry.active, entry.reservation) == (6, False, None)
+
+
+async def serializable(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.set_isolation_level(psycopg.IsolationLevel.SERIALIZABLE)
+
+
+async def test_store_given_a_pool_leaves_it_open(dsn: str, table: str) -> None:
+    # Connections returning dicts, in autocommit, serializable: the store copes.
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn,
+        open=False,
+        min_size=1,
+        max_size=2,
+        kwargs={"row_factory": dict_row, "autocommit": True},
+        configure=serializable,
+    )
+    await pool.open(wait=True)
+    try:
+        async with PostgresHistoryStore(pool=pool, table=table) as store:
+            record = touba_record()
+            await store.transact("k", put(record))
+            assert await store.read("k") == record
+        assert not pool.closed
+        with pytest.raises(ConfigurationError, match="closed"):
+            await store.read("k")
+    finally:
+        await pool.close()
+
+
+async def test_store_refuses_a_pool_that_is_not_open(table: str) -> None:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(DEFAULT_DSN, open=False)
+    store = PostgresHistoryStore(pool=pool, table=table)
+    with pytest.raises(ConfigurationError, match=r"await pool.open\(\)"):
+        await store.read("k")
+
+
+# -- transact_log ------------------------------------------------------------------------
+
+
+async def test_transact_log_appends_without_rewriting_old_rows(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store()
+    await store.transact_log("k", appender((None, {"a": 1}), (None, {"b": 2})))
+    physical = "SELECT seq, ctid::text, xmin::text FROM {m} WHERE key = 'k' ORDER BY seq"
+    before = await query(dsn, physical, table)
+    assert await store.transact_log("k", appender((0, {"c": 3}), (None, {"d": 4}))) == 1
+    after = await query(dsn, physical, table)
+    assert after[: len(before)] == before
+    assert len(after) == 4
+    assert (await store.read("k") or {})["exchanges"] == [
+        [{"a": 1}, {"b": 2}, {"c": 3}],
+        [{"d": 4}],
+    ]
+
+
+async def test_transact_log_matches_the_memory_store(make_store: Make) -> None:
+    stores: list[PostgresHistoryStore | MemoryHistoryStore] = [make_store(), MemoryHistoryStore()]
+    steps = [
+        appender((None, {"d": 0}), (0, {"r": "é" * 3})),
+        appender((None, {"d": 1})),
+        appender((1, {"r": 1}), (None, {"d": 2}), (2, {"r": [2, None]})),
+        appender(head={**new_head(identity()), "summary": {"text": "s"}}),
+    ]
+    seen: list[list[Any]] = [[], []]
+    for step in steps:
+        for store in stores:
+            await store.transact_log("k", step)
+
+    async def look(snapshot: LogSnapshot | None) -> tuple[None, Any]:
+        assert snapshot is not None
+        views = [snapshot.head, snapshot.exchange_count]
+        for start in range(4):
+            views.append(await snapshot.sizes(start))
+            views.extend([await snapshot.exchanges(start, stop) for stop in range(5)])
+        return None, views
+
+    for store, out in zip(stores, seen, strict=True):
+        out.append(await store.transact_log("k", look))
+        out.append(await store.read("k"))
+        out.append([(c.key, c.identity, c.messages, c.bytes) for c in await store.list()])
+    assert seen[0] == seen[1]
+
+
+async def test_transact_log_refuses_to_rewrite_history(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store()
+    await store.transact_log("k", appender((None, {"a": 1})))
+    await store.transact_log("k", appender((None, {"b": 2})))
+    before = await store.read("k")
+    with pytest.raises(ValueError, match="append to exchange 0 refused"):
+        await store.transact_log("k", appender((0, {"late": True})))
+    assert await store.read("k") == before
+    assert await query(dsn, "SELECT count(*) FROM {m}", table) == [(2,)]
+
+
+# -- exclusion, exceptions, crashes ------------------------------------------------------
+
+
+async def test_second_worker_is_refused_at_once(make_store: Make) -> None:
+    a, b = make_store(worker_id="worker-a"), make_store()
+    await a.transact("k", put({"v": 0}))
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
+        inside.set()
+        await leave.wait()
+        return {"v": 1}, None
+
+    task = asyncio.create_task(a.transact("k", hold))
+    await inside.wait()
+    async with asyncio.timeout(2):
+        for attempt in (
+            b.transact("k", put({"v": 2})),
+            b.transact_log("k", appender((None, {}))),
+            b.read("k"),
+            b.delete("k"),
+        ):
+            with pytest.raises(DecisionHistoryBusy) as info:
+                await attempt
+            assert info.value.session_key == "k"
+        [entry] = await b.list()
+    assert entry.active
+    assert entry.reservation is not None
+    assert entry.reservation["worker_id"] == "worker-a"
+    assert (entry.reservation["pid"], entry.reservation["host"]) == (
+        os.getpid(),
+        socket.gethostname(),
+    )
+    leave.set()
+    await task
+    assert await b.read("k") == {"v": 1}
+
+
+async def test_exception_keeps_the_old_state_and_frees_the_key(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store()
+    record = touba_record()
+    await store.transact("k", put(record))
+
+    async def fail(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
+        assert snapshot is not None
+        snapshot["exchanges"].clear()
+        raise RuntimeError("boom")
+
+    for key in ("k", "new"):
+        with pytest.raises(RuntimeError, match="boom"):
+            await store.transact(key, fail if key == "k" else _raise)
+    assert await store.read("k") == record
+    assert await store.read("new") is None
+    assert await query(dsn, "SELECT key, token FROM {t}", table) == [("k", None)]
+
+
+async def test_damaged_record_is_refused_untouched(make_store: Make, dsn: str, table: str) -> None:
+    store = make_store()
+    await store.transact("k", put(touba_record()))
+    await query(dsn, "UPDATE {m} SET body = '[1' WHERE seq = 1", table)
+    damaged = await query(dsn, "SELECT head, bytes FROM {t}", table)
+    for attempt in (store.read("k"), store.transact("k", put({"v": 1}))):
+        with pytest.raises(DecisionHistoryRecordInvalid, match="not modified"):
+            await attempt
+    assert await query(dsn, "SELECT head, bytes FROM {t}", table) == damaged
+    assert await store.delete("k") is True
+
+
+async def _raise(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
+    raise RuntimeError("boom")
+
+
+async def test_cancelled_operation_frees_the_key(make_store: Make) -> None:
+    store = make_store()
+    inside = asyncio.Event()
+
+    async def hang(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
+        inside.set()
+        await asyncio.sleep(60)
+        return {}, None
+
+    task = asyncio.create_task(store.transact("k", hang))
+    await inside.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await store.transact("k", put({"v": 1}, "free")) == "free"
+
+
+async def test_none_deletes_and_delete_reports(make_store: Make) -> None:
+    store = make_store()
+    await store.transact("k", put({"v": 1}))
+    await store.transact("k", put(None))
+    assert await store.read("k") is None
+    await store.transact("k", put(touba_record()))
+    assert await store.delete("k") is True
+    assert await store.delete("k") is False
+    assert await store.list() == []
+
+
+async def test_recovery_while_running_refuses_the_late_save(make_store: Make) -> None:
+    a, operator = make_store(), make_store()
+    await a.transact("k", put({"v": 0}))
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
+        inside.set()
+        await leave.wait()
+        return {"v": 1}, None
+
+    task = asyncio.create_task(a.transact("k", hold))
+    await inside.wait()
+    with pytest.raises(ConfigurationError, match="worker_stopped=True"):
+        await operator.recover("k", worker_stopped=False)
+    assert await operator.recover("k", worker_stopped=True) is True
+    assert await operator.recover("k", worker_stopped=True) is False
+    leave.set()
+    with pytest.raises(DecisionHistoryBusy, match="recovered"):
+        await task
+    assert await operator.read("k") == {"v": 0}
+
+
+CRASHING_WORKER = """
+import asyncio, sys
+from touba.history.postgres import PostgresHistoryStore
+
+async def main(dsn, table):
+    store = PostgresHistoryStore(dsn, table=table, worker_id="doomed")
+    async def save(snapshot):
+        return {"saved": "before the crash"}, None
+    await store.transact("old", save)
+    inside = asyncio.Barrier(3)
+    async def hang(snapshot):
+        await inside.wait()
+        await asyncio.sleep(60)
+        return {"saved": "never"}, None
+    tasks = [asyncio.create_task(store.transact(key, hang)) for key in ("old", "new")]
+    await inside.wait()
+    print("reserved", flush=True)
+    await asyncio.gather(*tasks)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def crash_inside_operations(dsn: str, table: str) -> int:
+    """Run a worker that saves key "old", reserves "old" and "new", then dies by SIGKILL.
+
+    Returns the pid the worker had.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-c", CRASHING_WORKER, dsn, table],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+        _, errors = await proc.communicate()
+    assert line == b"reserved\n", errors.decode()
+    assert proc.returncode == -signal.SIGKILL
+    return proc.pid
+
+
+async def test_crash_leaves_keys_busy_until_recovered(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store(max_sessions=2)
+    await store.open()
+    pid = await crash_inside_operations(dsn, table)
+    for key in ("old", "new"):
+        for attempt in (store.transact(key, put({})), store.read(key), store.delete(key)):
+            with pytest.raises(DecisionHistoryBusy, match=r"worker doomed, pid \d+ on .*recover\("):
+                await attempt
+    new, old = await store.list()
+    for entry in (old, new):
+        assert entry.active
+        assert entry.reservation is not None
+        assert entry.reservation["worker_id"] == "doomed"
+        assert (entry.reservation["pid"], entry.reservation["host"]) == (pid, socket.gethostname())
+    # "new" had no record: a bare reservation, with no identity and holding no room.
+    assert (new.key, new.identity, new.messages, new.bytes) == ("new", None, 0, 0)
+    assert await store.list("ns") == []
+    await store.transact("other", put({"v": 1}))
+
+    assert await store.recover("old", worker_stopped=True) is True
+    assert await store.read("old") == {"saved": "before the crash"}
+    assert await store.transact("old", current) == {"saved": "before the crash"}
+    assert await store.recover("new", worker_stopped=True) is True
+    assert await store.recover("new", worker_stopped=True) is False
+    assert await store.read("new") is None
+    assert [c.key for c in await store.list()] == ["old", "other"]
+
+
+# -- bounds ------------------------------------------------------------------------------
+
+
+async def test_full_store_refuses_new_sessions_atomically(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store(max_sessions=2)
+    await store.transact("a", put({"v": 1}))
+    await store.transact_log("b", appender((None, {"m": 1})))
+    for attempt in (
+        store.transact("c", put({"v": 3})),
+        store.transact_log("c", appender((None, {}))),
+    ):
+        with pytest.raises(DecisionHistoryLimitExceeded) as info:
+            await attempt
+        assert info.value.limit == "max_sessions"
+    assert await query(dsn, "SELECT key, token FROM {t} ORDER BY key", table) == [
+        ("a", None),
+        ("b", None),
+    ]
+    await store.transact("a", put({"v": 2}))  # existing sessions may still change
+    assert await store.read("a") == {"v": 2}
+
+
+async def test_store_bytes_limit_refuses_atomically(make_store: Make, dsn: str, table: str) -> None:
+    record = {"x": "a" * 100}  # 108 bytes
+    store = make_store(max_store_bytes=250)
+    await store.transact("a", put(record))
+    # 7 bytes of head + 28 of message: 143 bytes stored in all
+    await store.transact_log("b", appender((None, {"y": "b" * 20}), head={"h": 1}))
+    before = await query(dsn, "SELECT key, seq, body FROM {m} ORDER BY key, seq", table)
+    for attempt in (
+        store.transact("a", put({"x": "a" * 208})),  # 216 + 35 = 251 bytes
+        store.transact_log("b", appender((None, {"y": "c" * 100}))),  # 143 + 108 = 251 bytes
+    ):
+        with pytest.raises(DecisionHistoryLimitExceeded) as info:
+            await attempt
+        assert info.value.limit == "max_store_bytes"
+    assert await store.read("a") == record
+    assert await query(dsn, "SELECT key, seq, body FROM {m} ORDER BY key, seq", table) == before
+    assert [(c.key, c.bytes) for c in await store.list()] == [("a", 108), ("b", 35)]
+    await store.transact("a", put({"x": "a" * 207}))  # exactly 250 bytes fits
+
+
+@pytest.mark.parametrize("limit", ["max_sessions", "max_store_bytes"])
+async def test_two_workers_cannot_both_take_the_last_room(make_store: Make, limit: str) -> None:
+    record = {"x": "a" * 100}  # 108 bytes
+    options = {"max_sessions": 2} if limit == "max_sessions" else {"max_store_bytes": 270}
+    a, b = make_store(**options), make_store(**options)
+    await a.transact("first", put(record))
+    both_reserved = asyncio.Barrier(2)
+
+    async def fill(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+        await both_reserved.wait()
+        return record, "saved"
+
+    results = await asyncio.gather(
+        a.transact("x", fill), b.transact("y", fill), return_exceptions=True
+    )
+    refused = [r for r in results if isinstance(r, DecisionHistoryLimitExceeded)]
+    assert len(refused) == 1, results
+    assert refused[0].limit == limit
+    assert results.count("saved") == 1
+    assert len(await a.list()) == 2
+
+
+# -- expiry ------------------------------------------------------------------------------
+
+
+async def test_expired_session_is_purged_on_access_and_read_does_not_renew(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store(ttl_seconds=1.0)
+    await store.transact("k", put({"v": 1}))
+    await asyncio.sleep(0.6)
+    assert await store.read("k") == {"v": 1}
+    await asyncio.sleep(0.6)  # 1.2 s after the save: expired, although read at 0.6 s
+    assert await query(dsn, "SELECT count(*) FROM {t}", table) == [(1,)]
+    assert await store.read("k") is None
+    assert await query(dsn, "SELECT count(*) FROM {t}", table) == [(0,)]
+    assert await store.transact("k", current) is None
+
+
+async def test_purge_spares_reserved_sessions_and_saving_renews(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store(ttl_seconds=0.5)
+    await store.transact("held", put({"v": 1}))
+    await store.transact_log("idle", appender((None, {"m": 1})))
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any] | None, None]:
+        inside.set()
+        await leave.wait()
+        return snapshot, None
+
+    task = asyncio.create_task(store.transact("held", hold))
+    await inside.wait()
+    await asyncio.sleep(0.7)
+    assert await store.purge_expired() == 1
+    assert await query(dsn, "SELECT count(*) FROM {m}", table) == [(0,)]
+    leave.set()
+    await task
+    assert await store.read("held") == {"v": 1}
+    assert [c.key for c in await store.list()] == ["held"]
+
+
+# -- listing and lifecycle ---------------------------------------------------------------
+
+
+async def test_list_filters_by_namespace(make_store: Make) -> None:
+    store = make_store()
+    await store.transact("a", put(touba_record("alpha")))
+    await store.transact_log("b", appender((None, {}), head=new_head(identity("beta"))))
+    await store.transact("c", put({"plain": True}))
+    assert [c.key for c in await store.list()] == ["a", "b", "c"]
+    [beta] = await store.list("beta")
+    assert (beta.key, beta.identity, beta.messages) == ("b", identity("beta").as_dict(), 1)
+    assert beta.expires_at is not None
+    assert beta.updated_at < beta.expires_at
+    assert await store.list("gamma") == []
+
+
+async def test_close_lets_a_running_operation_save(make_store: Make) -> None:
+    store, other = make_store(), make_store()
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+        inside.set()
+        await leave.wait()
+        return {"v": 1}, "saved"
+
+    task = asyncio.create_task(store.transact("k", hold))
+    await inside.wait()
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()
+    with pytest.raises(ConfigurationError, match="closed"):
+        await store.read("k")
+    leave.set()
+    assert await task == "saved"
+    await closing
+    assert await other.read("k") == {"v": 1}
+
+
+async def test_closed_store_refuses_and_closing_twice_is_fine(make_store: Make) -> None:
+    store = make_store()
+    await store.transact("k", put({"v": 1}))
+    await store.close()
+    await store.close()
+    with pytest.raises(ConfigurationError, match="closed"):
+        await store.read("k")

@@ -1,0 +1,659 @@
+"""``RedisHistoryStore`` against the real Redis server of ``TOUBA_REDIS_URL`` (SPEC section 6).
+
+Each test works under its own prefix (``touba-test:<uuid>:``) and deletes its keys
+afterwards; a second raw client inspects what the store really wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tests._services import redis_url
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryBusy,
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryRecordInvalid,
+    DecisionHistoryStoreUnavailable,
+)
+from touba.history import (
+    CapabilityCall,
+    ConversationIdentity,
+    DecisionHistory,
+    DecisionMessage,
+    HistoryConfig,
+    HistoryWindow,
+    MemoryHistoryStore,
+    Observation,
+)
+from touba.history._store import LogSnapshot, LogWrite
+from touba.history._window import ExchangeSize
+from touba.history.redis import RedisHistoryStore
+
+pytestmark = pytest.mark.redis
+
+Record = dict[str, Any]
+KIND = "touba.decision_history"
+
+
+# -- fixtures and helpers -----------------------------------------------------------------
+
+
+@pytest.fixture
+def url() -> str:
+    return redis_url()
+
+
+@pytest.fixture
+async def raw(url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def prefix(raw: Redis) -> AsyncIterator[str]:
+    prefix = f"touba-test:{uuid.uuid4().hex}:"
+    yield prefix
+    keys = [k async for k in raw.scan_iter(match=prefix + "*", count=1000)]
+    if keys:
+        await raw.delete(*keys)
+
+
+@pytest.fixture
+async def store(url: str, prefix: str) -> AsyncIterator[RedisHistoryStore]:
+    async with RedisHistoryStore(url, prefix=prefix, worker_id="test-worker") as s:
+        yield s
+
+
+def record(*exchanges: list[Record], **extra: Any) -> Record:
+    """A touba-shaped record (kept as head + rows by the store)."""
+    return {
+        "kind": KIND,
+        "version": 1,
+        "identity": {"namespace": "ns", "run_id": "r"},
+        "exchanges": [list(ex) for ex in exchanges],
+        **extra,
+    }
+
+
+def put(value: Record | None) -> Callable[[Record | None], Awaitable[tuple[Record | None, Any]]]:
+    async def operation(snapshot: Record | None) -> tuple[Record | None, Any]:
+        return value, snapshot
+
+    return operation
+
+
+async def save(store: RedisHistoryStore, key: str, value: Record | None) -> Record | None:
+    """Save ``value`` under ``key``; return the snapshot the operation was given."""
+    previous: Record | None = await store.transact(key, put(value))
+    return previous
+
+
+async def keys_of(raw: Redis, prefix: str, suffix: str = "") -> list[str]:
+    found = [k.decode() async for k in raw.scan_iter(match=f"{prefix}*{suffix}", count=1000)]
+    return sorted(found)
+
+
+async def store_bytes(raw: Redis, prefix: str) -> int:
+    """The store's byte counter (absent once the store is empty)."""
+    names = await keys_of(raw, prefix, ":bytes")
+    return int(await raw.get(names[0]) or 0) if names else 0
+
+
+async def one_key(raw: Redis, prefix: str, suffix: str) -> str:
+    found = await keys_of(raw, prefix, suffix)
+    assert len(found) == 1, found
+    return found[0]
+
+
+# -- round trip ---------------------------------------------------------------------------
+
+ODD_VALUES: list[Record] = [
+    record([{"role": "model", "text": "é🙂"}], [{"a": 1}, {"b": [None, True, 1.5]}]),
+    record(),
+    {"kind": KIND, "exchanges": "not rows", "x": 1},
+    {"kind": KIND, "exchanges": [[]]},
+    {"arbitrary": {"nested": [1, 2.25, -3, None, False, {"deep": "x"}]}, "big": 2**62},
+    {"text": 'nul\u0000byte, tab\t, quote", braces {} and unicode 中文'},
+    {},
+]
+
+
+@pytest.mark.parametrize("value", ODD_VALUES)
+async def test_any_json_dict_round_trips(store: RedisHistoryStore, value: Record) -> None:
+    assert await save(store, "k", value) is None
+    assert await store.read("k") == value
+    assert await save(store, "k", {"next": 1}) == value
+
+
+async def test_snapshots_and_reads_are_private_copies(store: RedisHistoryStore) -> None:
+    value = record([{"a": [1]}])
+    await save(store, "k", value)
+
+    async def mutate(snapshot: Record | None) -> tuple[Record | None, None]:
+        assert snapshot is not None
+        snapshot["exchanges"][0][0]["a"].append(2)
+        raise RuntimeError("changed my mind")
+
+    with pytest.raises(RuntimeError):
+        await store.transact("k", mutate)
+    first = await store.read("k")
+    assert first == value
+    assert first is not None
+    first["exchanges"].clear()
+    assert await store.read("k") == value
+
+
+async def test_none_deletes_and_list_reports_sizes(store: RedisHistoryStore, raw: Redis) -> None:
+    value = record([{"a": 1}, {"b": 2}], [{"c": 3}])
+    await save(store, "k", value)
+    [row] = await store.list()
+    assert (row.key, row.messages, row.active, row.reservation) == ("k", 3, False, None)
+    assert row.identity == {"namespace": "ns", "run_id": "r"}
+    head = {k: v for k, v in value.items() if k != "exchanges"}
+    assert row.bytes == len(json.dumps(head, separators=(",", ":"))) + 3 * len('{"a":1}')
+    assert row.expires_at is not None
+    assert row.updated_at < row.expires_at
+    assert await store.list(namespace="ns") == [row]
+    assert await store.list(namespace="other") == []
+
+    await save(store, "k", None)
+    assert await store.read("k") is None
+    assert await store.list() == []
+    assert await store_bytes(raw, store.prefix) == 0
+
+
+# -- append-only log ----------------------------------------------------------------------
+
+
+async def test_transact_log_appends_only_and_reads_only_the_tail(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    m = [{"i": i, "pad": "x" * i} for i in range(5)]
+    size = [len(json.dumps(x, separators=(",", ":"))) for x in m]
+    head1 = {"kind": KIND, "version": 1, "identity": {"namespace": "ns"}, "n": 1}
+
+    async def first(snapshot: LogSnapshot | None) -> tuple[LogWrite, str]:
+        assert snapshot is None
+        return LogWrite(head1, [(0, m[0]), (0, m[1]), (1, m[2])]), "one"
+
+    assert await store.transact_log("k", first) == "one"
+    messages = await one_key(raw, prefix, ":messages")
+    before = await raw.lrange(messages, 0, -1)
+    assert len(before) == 3
+
+    head2 = {**head1, "n": 2}
+
+    async def second(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+        assert snapshot is not None
+        assert snapshot.head == head1
+        assert snapshot.exchange_count == 2
+        assert await snapshot.sizes(0) == [
+            ExchangeSize(2, size[0] + size[1]),
+            ExchangeSize(1, size[2]),
+        ]
+        assert await snapshot.sizes(1) == [ExchangeSize(1, size[2])]
+        assert await snapshot.sizes(2) == []
+        assert await snapshot.exchanges(1, 2) == [[m[2]]]
+        assert await snapshot.exchanges(0, 2) == [[m[0], m[1]], [m[2]]]
+        return LogWrite(head2, [(1, m[3]), (2, m[4])]), None
+
+    await store.transact_log("k", second)
+    after = await raw.lrange(messages, 0, -1)
+    assert len(after) == len(before) + 2
+    assert after[:3] == before  # older rows untouched, byte for byte
+    assert await store.read("k") == {**head2, "exchanges": [[m[0], m[1]], [m[2], m[3]], [m[4]]]}
+
+    async def rewrite_old(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+        return LogWrite(head2, [(0, {"late": True})]), None
+
+    with pytest.raises(ValueError, match="exchange 0"):
+        await store.transact_log("k", rewrite_old)
+    assert await raw.lrange(messages, 0, -1) == after
+    [row] = await store.list()
+    assert (row.messages, row.active) == (5, False)
+
+
+async def test_transact_log_refuses_a_foreign_record(store: RedisHistoryStore) -> None:
+    await save(store, "k", {"not": "touba"})
+
+    async def never(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+        raise AssertionError("must not run")
+
+    with pytest.raises(DecisionHistoryRecordInvalid):
+        await store.transact_log("k", never)
+    assert await store.read("k") == {"not": "touba"}
+
+
+async def test_engine_steps_store_the_same_as_memory(store: RedisHistoryStore) -> None:
+    """DecisionHistory over Redis keeps exactly what it keeps over RAM."""
+
+    async def run(history_store: Any) -> Record:
+        history = DecisionHistory(
+            HistoryConfig(store=history_store, namespace="ns", max_messages=4)
+        )
+        identity = ConversationIdentity(
+            "ns", "openai", "m", "native", run_id="r", invocation_id="i", agent_ref="a"
+        )
+        observations: list[Observation] = []
+        windows: list[int] = []
+        for step in range(5):
+
+            async def model(window: HistoryWindow, step: int = step) -> DecisionMessage:
+                windows.append(len(window.exchanges))
+                call = CapabilityCall(f"c{step}", "lookup", {"id": step, "text": "é" * step})
+                return DecisionMessage(text=f"step {step}", calls=(call,))
+
+            decision = await history.step(identity, observations, model)
+            observations = [
+                Observation(c.call_id, c.name, c.arguments, "ok", {"n": step})
+                for c in decision.calls
+            ]
+        stored = await history_store.read(identity.key)
+        assert stored is not None
+        return {"windows": windows, "exchanges": stored["exchanges"], "stats": stored["stats"]}
+
+    async with MemoryHistoryStore() as memory:
+        expected = await run(memory)
+    assert await run(store) == expected
+
+
+# -- exclusion and crash recovery ---------------------------------------------------------
+
+
+async def test_second_client_is_refused_at_once(
+    store: RedisHistoryStore, url: str, prefix: str
+) -> None:
+    await save(store, "k", {"v": 1})
+    holding, done = asyncio.Event(), asyncio.Event()
+
+    async def hold(snapshot: Record | None) -> tuple[Record, str]:
+        holding.set()
+        await done.wait()
+        return {"v": 2}, "saved"
+
+    task = asyncio.create_task(store.transact("k", hold))
+    await holding.wait()
+    async with RedisHistoryStore(url, prefix=prefix) as other:
+        started = time.monotonic()
+        with pytest.raises(DecisionHistoryBusy, match="test-worker") as caught:
+            await other.transact("k", put({"v": 3}))
+        assert caught.value.session_key == "k"
+        with pytest.raises(DecisionHistoryBusy):
+            await other.read("k")
+        with pytest.raises(DecisionHistoryBusy):
+            await other.delete("k")
+        assert time.monotonic() - started < 1
+        done.set()
+        assert await task == "saved"
+        assert await other.read("k") == {"v": 2}
+        assert await other.delete("k") is True
+        assert await other.delete("k") is False
+
+
+CHILD = """
+import asyncio, sys
+from touba.history.redis import RedisHistoryStore
+
+async def main(url, prefix, key):
+    store = RedisHistoryStore(url, prefix=prefix, worker_id="doomed")
+    async def operation(snapshot):
+        assert snapshot == {"v": 1}, snapshot
+        print("reserved", flush=True)
+        await asyncio.sleep(60)
+        return {"v": "never"}, None
+    await store.transact(key, operation)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_crash_keeps_the_key_busy_until_recover(
+    store: RedisHistoryStore, url: str, prefix: str
+) -> None:
+    key = "crash:{k}"
+    await save(store, key, {"v": 1})
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHILD, url, prefix, key, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), timeout=10)
+        assert line == b"reserved\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        await child.communicate()
+    assert child.returncode == -signal.SIGKILL
+
+    with pytest.raises(DecisionHistoryBusy, match="doomed"):
+        await store.transact(key, put({"v": 2}))
+    with pytest.raises(DecisionHistoryBusy):
+        await store.read(key)
+    with pytest.raises(DecisionHistoryBusy):
+        await store.delete(key)
+    [row] = await store.list()
+    assert row.key == key
+    assert row.active is True
+    assert row.reservation is not None
+    assert row.reservation["pid"] == child.pid
+    assert row.reservation["host"] == socket.gethostname()
+    assert row.reservation["worker_id"] == "doomed"
+
+    with pytest.raises(ConfigurationError):
+        await store.recover(key, worker_stopped=False)
+    assert await store.recover(key, worker_stopped=True) is True
+    assert await store.recover(key, worker_stopped=True) is False
+    assert await store.read(key) == {"v": 1}
+    assert await save(store, key, {"v": 3}) == {"v": 1}
+
+
+async def test_a_new_key_held_by_a_crashed_worker_is_listed_and_recoverable(
+    store: RedisHistoryStore, url: str, prefix: str
+) -> None:
+    async with RedisHistoryStore(url, prefix=prefix, worker_id="w2") as crashed:
+        holding = asyncio.Event()
+
+        async def hang(snapshot: Record | None) -> tuple[Record, None]:
+            holding.set()
+            await asyncio.sleep(60)
+            raise AssertionError("unreachable")
+
+        task = asyncio.create_task(crashed.transact("fresh", hang))
+        await holding.wait()
+        [row] = await store.list()
+        assert (row.key, row.active, row.messages, row.identity) == ("fresh", True, 0, None)
+        assert row.reservation is not None
+        assert row.reservation["worker_id"] == "w2"
+        # A worker that dies without its finally blocks: simulate by recovering first.
+        assert await store.recover("fresh", worker_stopped=True) is True
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await store.list() == []
+    assert await store.read("fresh") is None
+
+
+async def test_an_operation_that_raises_keeps_state_and_frees_the_key(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    value = record([{"a": 1}], [{"b": 2}])
+    await save(store, "k", value)
+    messages = await one_key(raw, prefix, ":messages")
+    rows = await raw.lrange(messages, 0, -1)
+
+    async def boom(snapshot: Any) -> Any:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        await store.transact("k", boom)
+    with pytest.raises(KeyError, match="boom"):
+        await store.transact_log("k", boom)
+    with pytest.raises(DecisionHistoryRecordInvalid):  # not JSON: refused, nothing saved
+        await store.transact("k", put({"x": object()}))
+    assert await store.read("k") == value
+    assert await raw.lrange(messages, 0, -1) == rows
+    [row] = await store.list()
+    assert row.active is False
+    assert await save(store, "k", {"v": 2}) == value
+
+
+async def test_a_late_commit_after_recover_is_refused(store: RedisHistoryStore) -> None:
+    await save(store, "k", {"v": 1})
+    holding, done = asyncio.Event(), asyncio.Event()
+
+    async def slow(snapshot: Record | None) -> tuple[Record, None]:
+        holding.set()
+        await done.wait()
+        return {"v": "late"}, None
+
+    task = asyncio.create_task(store.transact("k", slow))
+    await holding.wait()
+    assert await store.recover("k", worker_stopped=True) is True
+    await save(store, "k", {"v": 2})
+    done.set()
+    with pytest.raises(DecisionHistoryBusy, match="recovered"):
+        await task
+    assert await store.read("k") == {"v": 2}
+
+
+# -- expiry -------------------------------------------------------------------------------
+
+
+async def test_expired_entries_are_purged_on_access_and_read_does_not_renew(
+    url: str, prefix: str, raw: Redis
+) -> None:
+    async with RedisHistoryStore(url, prefix=prefix, ttl_seconds=1.0) as store:
+        await save(store, "k", record([{"a": 1}]))
+        await asyncio.sleep(0.5)
+        assert await store.read("k") is not None
+        await asyncio.sleep(0.6)  # 1.1 s after the save: expired, the read did not renew it
+        assert await store.read("k") is None
+        assert await keys_of(raw, prefix, ":head") == []
+        assert await keys_of(raw, prefix, ":messages") == []
+        assert await store_bytes(raw, prefix) == 0
+
+    async with RedisHistoryStore(url, prefix=prefix, ttl_seconds=0.2) as store:
+        await save(store, "a", {"v": 1})
+        await save(store, "b", {"v": 2})
+        await asyncio.sleep(0.3)
+        assert len(await keys_of(raw, prefix, ":head")) == 2  # lazy: still there
+        assert await store.purge_expired() == 2
+        assert await keys_of(raw, prefix, ":head") == []
+        assert await store.list() == []
+
+
+async def test_a_reserved_key_is_never_purged(url: str, prefix: str) -> None:
+    async with RedisHistoryStore(url, prefix=prefix, ttl_seconds=0.3) as store:
+        await save(store, "k", {"v": 1})
+        holding, done = asyncio.Event(), asyncio.Event()
+
+        async def slow(snapshot: Record | None) -> tuple[Record, None]:
+            holding.set()
+            await done.wait()
+            return {"v": 2}, None
+
+        task = asyncio.create_task(store.transact("k", slow))
+        await holding.wait()
+        await asyncio.sleep(0.4)
+        assert await store.purge_expired() == 0
+        [row] = await store.list()
+        assert row.active is True
+        done.set()
+        await task
+        assert await store.read("k") == {"v": 2}
+
+
+async def test_backstop_expiry_is_lifted_while_reserved(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    await save(store, "k", record([{"a": 1}]))
+    head = await one_key(raw, prefix, ":head")
+    sessions = await one_key(raw, prefix, ":sessions")
+    assert await raw.pttl(head) > 86_400_000  # logical expiry plus a grace
+    assert await raw.pttl(sessions) > 86_400_000  # the store's keys follow the last record
+    holding, done = asyncio.Event(), asyncio.Event()
+
+    async def hold(snapshot: Record | None) -> tuple[Record | None, None]:
+        holding.set()
+        await done.wait()
+        return snapshot, None
+
+    task = asyncio.create_task(store.transact("k", hold))
+    await holding.wait()
+    assert await raw.pttl(head) == -1  # a reserved conversation never expires under its worker
+    assert await raw.pttl(sessions) == -1
+    done.set()
+    await task
+    assert await raw.pttl(head) > 0
+    assert await raw.pttl(sessions) > 0
+    await store.delete("k")
+    assert await keys_of(raw, prefix) == []  # an empty store leaves no key behind
+
+
+# -- capacity -----------------------------------------------------------------------------
+
+
+async def test_full_store_refuses_atomically(url: str, prefix: str, raw: Redis) -> None:
+    async with RedisHistoryStore(url, prefix=prefix, max_sessions=2) as store:
+        await save(store, "a", {"v": 1})
+        await save(store, "b", {"v": 1})
+        with pytest.raises(DecisionHistoryLimitExceeded) as caught:
+            await save(store, "c", {"v": 1})
+        assert caught.value.limit == "max_sessions"
+        assert await store.read("c") is None
+        assert [r.key for r in await store.list()] == ["a", "b"]
+        await save(store, "a", {"v": 2})  # updating a stored conversation is fine
+        await store.delete("b")
+        await save(store, "c", {"v": 1})  # "c" was not left reserved
+
+    big = {"pad": "x" * 600}
+    async with RedisHistoryStore(url, prefix=prefix + "bytes:", max_store_bytes=1000) as store:
+        value = record([{"a": 1}], [{"b": 2}])
+        await save(store, "k", value)
+        messages = await one_key(raw, prefix + "bytes:", ":messages")
+        rows = await raw.lrange(messages, 0, -1)
+        [before] = await store.list()
+        with pytest.raises(DecisionHistoryLimitExceeded) as caught:
+            await save(store, "k", record([big], [big]))
+        assert caught.value.limit == "max_store_bytes"
+
+        async def append(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+            assert snapshot is not None
+            return LogWrite(snapshot.head, [(1, big), (2, big)]), None
+
+        with pytest.raises(DecisionHistoryLimitExceeded):
+            await store.transact_log("k", append)
+        assert await store.read("k") == value
+        assert await raw.lrange(messages, 0, -1) == rows
+        assert await store.list() == [before]
+
+
+async def test_two_creators_of_the_last_slot_one_wins(url: str, prefix: str) -> None:
+    async with (
+        RedisHistoryStore(url, prefix=prefix, max_sessions=2) as one,
+        RedisHistoryStore(url, prefix=prefix, max_sessions=2) as two,
+    ):
+        await save(one, "existing", {"v": 0})
+        claimed = 0
+        both = asyncio.Event()
+
+        async def create(snapshot: Record | None) -> tuple[Record, str]:
+            nonlocal claimed
+            assert snapshot is None
+            claimed += 1
+            if claimed == 2:
+                both.set()
+            await both.wait()  # both hold their reservation before either commits
+            return {"v": 1}, "created"
+
+        results = await asyncio.gather(
+            one.transact("x", create), two.transact("y", create), return_exceptions=True
+        )
+        refused = [r for r in results if isinstance(r, DecisionHistoryLimitExceeded)]
+        assert len(refused) == 1
+        assert refused[0].limit == "max_sessions"
+        assert results.count("created") == 1
+        rows = await one.list()
+        assert len(rows) == 2
+        assert not any(r.active for r in rows)
+
+
+# -- keys, configuration, driver ----------------------------------------------------------
+
+ODD_KEYS = ["{", "}", "a:b", "{tag}:x", "é🙂中", "nul\x00byte", "*?[x]", "", "\ud800", "k" * 500]
+
+
+async def test_keys_with_odd_characters_are_safe(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    for i, key in enumerate(ODD_KEYS):
+        await save(store, key, {"i": i})
+    for i, key in enumerate(ODD_KEYS):
+        assert await store.read(key) == {"i": i}
+    assert sorted(r.key for r in await store.list()) == sorted(ODD_KEYS)
+    names = await keys_of(raw, prefix)
+    tags = {name[len(prefix) :].split("}")[0] for name in names}
+    assert len(tags) == 1  # one hash tag: one cluster slot for the whole store
+    for name in names:
+        assert name.startswith(prefix)
+        assert name[len(prefix) :].isascii()
+        assert name[len(prefix) :].count("{") == 1
+    assert await store.delete("{") is True
+    assert await store.read("}") == {"i": 1}
+
+
+async def test_a_given_client_is_left_open_and_may_decode(url: str, prefix: str) -> None:
+    client = Redis.from_url(url, decode_responses=True)
+    try:
+        async with RedisHistoryStore(client=client, prefix=prefix) as store:
+            value = record([{"t": "é"}])
+            await save(store, "k", value)
+            assert await store.read("k") == value
+            [row] = await store.list()
+            assert row.key == "k"
+        assert await client.ping() is True
+        with pytest.raises(ConfigurationError, match="closed"):
+            await store.read("k")
+    finally:
+        await client.aclose()
+
+
+async def test_configuration_is_checked_at_construction(url: str) -> None:
+    client = Redis.from_url(url)
+    try:
+        with pytest.raises(ConfigurationError, match="exactly one"):
+            RedisHistoryStore(url, client=client)
+        with pytest.raises(ConfigurationError, match="exactly one"):
+            RedisHistoryStore()
+        with pytest.raises(ConfigurationError, match="prefix"):
+            RedisHistoryStore(client=client, prefix="a{b}")
+        with pytest.raises(ConfigurationError, match="max_sessions"):
+            RedisHistoryStore(client=client, max_sessions=0)
+        with pytest.raises(ConfigurationError, match="ttl_seconds"):
+            RedisHistoryStore(client=client, ttl_seconds=0)
+        with pytest.raises(ConfigurationError, match="url"):
+            RedisHistoryStore("http://127.0.0.1:6379")
+        with pytest.raises(ConfigurationError, match=r"redis\.asyncio\.Redis"):
+            RedisHistoryStore(client=object())  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
+
+
+async def test_driver_errors_become_store_errors() -> None:
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))
+    try:
+        async with RedisHistoryStore(client=client) as store:
+            with pytest.raises(DecisionHistoryStoreUnavailable, match="Redis failed") as caught:
+                await store.read("k")
+            assert isinstance(caught.value.__cause__, RedisConnectionError)
+            assert caught.value.code == "DecisionHistoryStoreUnavailable"
+    finally:
+        await client.aclose()
+
+
+def test_missing_redis_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "redis" or m.startswith("redis.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.delitem(sys.modules, "touba.history.redis")
+    with pytest.raises(ImportError, match=r'pip install "touba\[redis\]"'):
+        importlib.import_module("touba.history.redis")
