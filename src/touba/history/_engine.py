@@ -187,10 +187,11 @@ class _Step:
             self.count = 0
         else:
             self.head = snapshot.head
-            check_head(self.head, identity)
+            check_head(self.head, identity, exchange_count=snapshot.exchange_count)
             self.count = snapshot.exchange_count
         self.appends: list[tuple[int, Record]] = []
         self.added = ExchangeSize(0, 0)
+        self.summary_event: HistoryEvent | None = None
 
     def _append(self, index: int, message: Message) -> ExchangeSize:
         data = message_to_dict(message)
@@ -297,6 +298,9 @@ class _Step:
         """Emit the events describing the window about to be sent."""
         size = window.size
         emit = self.history.emit
+        if self.summary_event is not None:
+            # Like every event, it weighs the window being sent, summary included.
+            await emit(replace(self.summary_event, message_count=size.messages, bytes=size.bytes))
         if window.start > 0:
             sent = ExchangeSize(0, 0)
             for exchange_size in window.sizes:
@@ -381,7 +385,9 @@ class _Step:
                 max_bytes=config.max_summary_bytes,
             )
             assert config.summarize is not None
-            text = await config.summarize(request)
+            text: object = config.summarize(request)
+            if inspect.isawaitable(text):
+                text = await text
             if not isinstance(text, str) or not text.strip():
                 raise DecisionHistorySummaryInvalid(
                     "the summarize callback must return a non-empty str; nothing was written"
@@ -400,17 +406,14 @@ class _Step:
                 "bytes": size,
             }
             self.head["summary"] = state
-            message = SummaryMessage(text, start, fingerprint)
-            await self.history.emit(
-                HistoryEvent(
-                    kind="decision_history_summary",
-                    session_key=self.key,
-                    message_count=1,
-                    bytes=message_bytes(message),
-                    covered_exchanges=start,
-                    fingerprint=fingerprint,
-                    summary_bytes=size,
-                )
+            self.summary_event = HistoryEvent(  # announced with the window it ends up in
+                kind="decision_history_summary",
+                session_key=self.key,
+                message_count=0,
+                bytes=0,
+                covered_exchanges=start,
+                fingerprint=fingerprint,
+                summary_bytes=size,
             )
         if state is None:
             return None, start

@@ -35,12 +35,7 @@ class ConversationIdentity:
 
     def __post_init__(self) -> None:
         for name in IDENTITY_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, str):
-                raise ConfigurationError(
-                    f"conversation identity field {name!r} must be a str, got "
-                    f"{type(value).__name__}"
-                )
+            _check_field(name, getattr(self, name))
         for name in ("run_id", "invocation_id", "agent_ref"):
             if not getattr(self, name):
                 raise ConfigurationError(
@@ -67,6 +62,20 @@ class ConversationIdentity:
         return asdict(self)
 
 
+def _check_field(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"conversation identity field {name!r} must be a str, got {type(value).__name__}"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates: a str, but not storable text
+        raise ConfigurationError(
+            f"conversation identity field {name!r} is not valid Unicode text ({e.reason}); "
+            "pass text without lone surrogates"
+        ) from e
+
+
 def conversation_key(
     namespace: str,
     provider: str,
@@ -85,8 +94,7 @@ def conversation_key(
     """
     fields = (namespace, provider, model, decision_interface, run_id, invocation_id, agent_ref)
     for name, value in zip(IDENTITY_FIELDS, fields, strict=True):
-        if not isinstance(value, str):
-            raise ConfigurationError(f"{name} must be a str, got {type(value).__name__}")
+        _check_field(name, value)
     canonical = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     ns = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:12]

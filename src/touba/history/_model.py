@@ -203,8 +203,8 @@ def message_from_dict(data: Mapping[str, JSON]) -> Message:
     kind = data.get("kind")
     if kind == "decision":
         raw_calls = data.get("calls", [])
-        if not isinstance(raw_calls, list):
-            raise DecisionHistoryRecordInvalid("stored decision calls are not a list")
+        if not isinstance(raw_calls, list) or not all(isinstance(c, Mapping) for c in raw_calls):
+            raise DecisionHistoryRecordInvalid("stored decision calls are not a list of objects")
         calls = tuple(
             CapabilityCall(_str(c, "call_id"), _str(c, "name"), _arguments(c)) for c in raw_calls
         )
@@ -252,7 +252,8 @@ def message_from_dict(data: Mapping[str, JSON]) -> Message:
 def message_bytes(message: Message | Mapping[str, JSON]) -> int:
     """SPEC section 3's measure: UTF-8 bytes of the compact JSON of one message."""
     data = message if isinstance(message, Mapping) else message_to_dict(message)
-    return len(canonical_json(data).encode("utf-8"))
+    # surrogatepass: a lone surrogate is measured, not a crash; stores refuse it typed.
+    return len(canonical_json(data).encode("utf-8", "surrogatepass"))
 
 
 def messages_bytes(messages: Sequence[Message | Mapping[str, JSON]]) -> int:

@@ -62,8 +62,18 @@ def new_head(identity: ConversationIdentity) -> dict[str, Any]:
     }
 
 
-def check_head(head: Mapping[str, Any], identity: ConversationIdentity) -> None:
-    """Refuse a head this touba cannot read, or one of another conversation."""
+def check_head(
+    head: Mapping[str, Any],
+    identity: ConversationIdentity,
+    *,
+    exchange_count: int | None = None,
+) -> None:
+    """Refuse a head this touba cannot read, or one of another conversation.
+
+    ``exchange_count`` (how many exchanges the store holds) must agree with the
+    head's stats. A head still carrying ``exchanges`` is a record the store could
+    not split into messages, so its body is unreadable.
+    """
     if head.get("kind") != RECORD_KIND:
         raise DecisionHistoryRecordInvalid(
             "the stored value under this session key is not a touba decision history "
@@ -78,15 +88,26 @@ def check_head(head: Mapping[str, Any], identity: ConversationIdentity) -> None:
         )
     stored = head.get("identity")
     stats = head.get("stats")
+    pending = head.get("pending")
     if (
         not isinstance(stored, Mapping)
-        or not isinstance(head.get("pending"), list)
+        or not isinstance(pending, list)
+        or not all(
+            isinstance(p, Mapping)
+            and isinstance(p.get("call_id"), str)
+            and isinstance(p.get("name"), str)
+            for p in pending
+        )
         or not isinstance(stats, Mapping)
         or not all(isinstance(stats.get(k), int) for k in ("exchanges", "messages", "bytes"))
+        or "exchanges" in head
+        or (exchange_count is not None and exchange_count != stats["exchanges"])
+        or (exchange_count == 0 and pending)
     ):
         raise DecisionHistoryRecordInvalid(
-            "the stored decision history record is corrupt (identity, pending or stats "
-            "missing); it was not modified. Inspect it with `touba history show`"
+            "the stored decision history record is corrupt (identity, pending, stats or "
+            "exchanges missing or inconsistent); it was not modified. Inspect it with "
+            "`touba history show`"
         )
     expected = identity.as_dict()
     differing = [f for f in IDENTITY_FIELDS if stored.get(f) != expected[f]]
