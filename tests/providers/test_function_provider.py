@@ -1,6 +1,7 @@
 """The function provider: a host generator returning only a typed object."""
 
 import json
+from typing import Any
 
 import pytest
 
@@ -42,7 +43,7 @@ class Scripted:
 
 
 def request(**kwargs):
-    base = {
+    base: dict[str, Any] = {
         "run_id": "r1",
         "invocation_id": "i1",
         "agent_ref": "support",

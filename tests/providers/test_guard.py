@@ -50,7 +50,7 @@ def test_cut_equals_one_at_a_time_within_count_budget(scenario) -> None:
 
     async def measure(drop: int) -> int:
         asked.append(drop)
-        return counts[drop]
+        return int(counts[drop])
 
     expected = one_at_a_time(counts, limit)
     n = len(weights) + 1  # exchanges in the window: the droppable ones and the last

@@ -182,14 +182,19 @@ def parse_structured(value: Any, *, text: str | None = None) -> DecisionMessage:
             or not isinstance(raw.get("arguments", {}), Mapping)
         ):
             raise _violation("a structured call lacks a name or object arguments", "bad_call")
+        call_id = raw.get("call_id")
         calls.append(
             CapabilityCall(
-                call_id=f"call_{uuid.uuid4().hex[:24]}",
+                call_id=call_id if isinstance(call_id, str) and call_id else _new_call_id(),
                 name=raw["name"],
                 arguments=dict(raw.get("arguments", {})),
             )
         )
     return DecisionMessage(text=text, calls=tuple(calls))
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def parse_structured_text(text: str | None) -> DecisionMessage:

@@ -1,0 +1,17 @@
+"""The typer application: one sub-command group per concept."""
+
+from __future__ import annotations
+
+import typer
+
+from touba.cli import _demo, _history
+
+app = typer.Typer(
+    name="touba",
+    help="Bounded, persistent and safe memory for LLM agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(_demo.demo)
+app.add_typer(_history.app, name="history")
