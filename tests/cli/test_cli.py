@@ -1,0 +1,146 @@
+"""The `touba` command: the demo runs offline, and `touba history` administers a store."""
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from touba.cli._app import app
+from touba.history import ConversationIdentity
+from touba.history._record import join_record, new_head
+from touba.history.sqlite import SqliteHistoryStore
+
+runner = CliRunner()
+
+
+def test_demo_runs_offline_and_shows_trimming_summary_restart_and_busy(tmp_path: Path) -> None:
+    state = tmp_path / ".touba"
+    result = runner.invoke(app, ["demo", "--dir", str(state)])
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(state / "history.sqlite").st_mode) == 0o600
+    for expected in (
+        "history_trimmed",
+        "decision_history_summary",
+        "after restart",
+        "DecisionHistoryBusy",
+        "D4's refund is pending",
+    ):
+        assert expected in result.output
+    again = runner.invoke(app, ["demo", "--dir", str(state)])  # rerunnable
+    assert again.exit_code == 0, again.output
+
+
+def test_demo_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
+    state = tmp_path / "shared"
+    state.mkdir()
+    state.chmod(0o777)
+    result = runner.invoke(app, ["demo", "--dir", str(state)])
+    assert result.exit_code == 1
+    assert not (state / "history.sqlite").exists()
+
+
+async def _seed(db: Path) -> str:
+    identity = ConversationIdentity("ns", "openai", "m", "native", "run", "inv", "agent")
+    head = new_head(identity)
+    head["stats"] = {"exchanges": 1, "messages": 1, "bytes": 10}
+    record = join_record(head, [[{"kind": "decision", "final": True, "output": "hi"}]])
+
+    async def put(_):
+        return record, None
+
+    async with SqliteHistoryStore(db) as store:
+        await store.transact(identity.key, put)
+    return identity.key
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> tuple[Path, str]:
+    directory = tmp_path / "state"
+    directory.mkdir(mode=0o700)
+    db = directory / "history.sqlite"
+    return db, asyncio.run(_seed(db))
+
+
+def test_history_ls_show_rm(seeded: tuple[Path, str]) -> None:
+    db, key = seeded
+    listed = runner.invoke(app, ["history", "ls", "--db", str(db), "--namespace", "ns"])
+    assert listed.exit_code == 0, listed.output
+    assert "1 conversation(s)" in listed.output
+    other = runner.invoke(app, ["history", "ls", "--db", str(db), "--namespace", "other"])
+    assert "0 conversation(s)" in other.output
+    shown = runner.invoke(app, ["history", "show", key, "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+    assert "invocation_id" in shown.output
+    assert "final" in shown.output
+    raw = runner.invoke(app, ["history", "show", key, "--db", str(db), "--json"])
+    assert '"output": "hi"' in raw.output
+    removed = runner.invoke(app, ["history", "rm", key, "--db", str(db)])
+    assert removed.exit_code == 0
+    assert "deleted" in removed.output
+    missing = runner.invoke(app, ["history", "show", key, "--db", str(db)])
+    assert missing.exit_code == 1
+
+
+def test_history_commands_never_create_a_database(tmp_path: Path) -> None:
+    db = tmp_path / "nothing.sqlite"
+    result = runner.invoke(app, ["history", "ls", "--db", str(db)])
+    assert result.exit_code == 1
+    assert not db.exists()
+
+
+CRASH = """
+import asyncio, os, sys
+from touba.history.sqlite import SqliteHistoryStore
+
+async def main():
+    store = SqliteHistoryStore(sys.argv[1])
+    async def hang(record):
+        print("holding", flush=True)
+        await asyncio.sleep(60)
+        return record, None
+    await store.transact(sys.argv[2], hang)
+
+asyncio.run(main())
+"""
+
+
+def test_history_recover_needs_confirmation(seeded: tuple[Path, str]) -> None:
+    db, key = seeded
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASH, str(db), key], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "holding"
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    busy = runner.invoke(app, ["history", "show", key, "--db", str(db)])
+    assert busy.exit_code == 1
+    assert "DecisionHistoryBusy" in busy.output
+    refused = runner.invoke(app, ["history", "recover", key, "--db", str(db)], input="n\n")
+    assert refused.exit_code == 1
+    still = runner.invoke(app, ["history", "ls", "--db", str(db)])
+    assert "pid" in still.output
+    confirmed = runner.invoke(app, ["history", "recover", key, "--db", str(db)], input="y\n")
+    assert confirmed.exit_code == 0, confirmed.output
+    assert "reservation freed" in confirmed.output
+    shown = runner.invoke(app, ["history", "show", key, "--db", str(db)])
+    assert shown.exit_code == 0
+    again = runner.invoke(app, ["history", "recover", key, "--db", str(db), "--worker-stopped"])
+    assert "no reservation" in again.output
+
+
+def test_history_purge(seeded: tuple[Path, str]) -> None:
+    db, _ = seeded
+    result = runner.invoke(app, ["history", "purge", "--db", str(db)])
+    assert result.exit_code == 0
+    assert "purged 0" in result.output
