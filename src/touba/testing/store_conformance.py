@@ -1,0 +1,168 @@
+"""A contract suite any :class:`~touba.history.HistoryStore` adapter can run.
+
+It checks what SPEC section 6 asks of a store: JSON round trips, private
+snapshots, exception and cancellation keep the old state, per-key exclusion
+(busy), atomicity under concurrency, and, when the store offers them,
+``read``, ``delete``, ``recover``, ``list``, capacity limits and the
+``transact_log`` interface of built-in stores. Missing optional capabilities
+are skipped, not failed. Every built-in store passes it.
+
+With pytest, subclass :class:`StoreConformance` and give it a ``store_factory``
+fixture; each check becomes one test::
+
+    import pytest
+    from touba.testing.store_conformance import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        @pytest.fixture
+        def store_factory(self):
+            return lambda: MyStore(url="...")  # called once per check
+
+Without pytest, ``await check_store(lambda: MyStore(url="..."))`` runs every
+check and raises one :class:`AssertionError` listing the failures.
+
+A factory returns a store, an awaitable of one, or an async context manager
+yielding one. It is called inside the event loop running the check, so
+connections it opens belong to that loop; the store is closed afterwards
+(``async with`` when supported, else ``close()``). pytest is only needed for
+:class:`StoreConformance`, and it needs no async plugin: each test runs its
+check with ``asyncio.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, ClassVar
+
+from touba.testing._conformance_checks import (
+    CHECK_NAMES,
+    CheckSkipped,
+    ConformanceReport,
+    LimitedStoreFactory,
+    StoreFactory,
+    StoreSource,
+    check_atomicity,
+    check_cancellation_keeps_state,
+    check_capacity,
+    check_delete,
+    check_exception_keeps_state,
+    check_exclusion,
+    check_list,
+    check_log_interface,
+    check_private_snapshots,
+    check_read,
+    check_recover,
+    check_round_trip,
+    check_store,
+    open_store,
+    run_check,
+)
+
+if TYPE_CHECKING:
+    import pytest
+
+__all__ = [
+    "CHECK_NAMES",
+    "CheckSkipped",
+    "ConformanceReport",
+    "LimitedStoreFactory",
+    "StoreConformance",
+    "StoreFactory",
+    "StoreSource",
+    "check_atomicity",
+    "check_cancellation_keeps_state",
+    "check_capacity",
+    "check_delete",
+    "check_exception_keeps_state",
+    "check_exclusion",
+    "check_list",
+    "check_log_interface",
+    "check_private_snapshots",
+    "check_read",
+    "check_recover",
+    "check_round_trip",
+    "check_store",
+    "open_store",
+    "run_check",
+]
+
+
+class StoreConformance:
+    """Base class of a pytest suite for one store; subclass it as ``TestSomething``.
+
+    Fixtures the subclass provides:
+
+    - ``store_factory`` (required): a callable returning a fresh store (or an
+      awaitable / async context manager giving one), called once per check.
+    - ``limited_store_factory`` (optional): a callable accepting
+      ``max_sessions=`` and ``max_store_bytes=``; without it (or when it
+      returns None) the capacity test is skipped.
+
+    Set ``expect_busy_error = False`` for an adapter that makes a second
+    operation on a busy key wait instead of raising ``DecisionHistoryBusy``.
+    """
+
+    expect_busy_error: ClassVar[bool] = True
+
+    def _check(
+        self,
+        name: str,
+        store_factory: StoreFactory,
+        limited_store_factory: LimitedStoreFactory | None = None,
+    ) -> None:
+        __tracebackhide__ = True
+        try:
+            asyncio.run(
+                run_check(
+                    name,
+                    store_factory,
+                    limited_factory=limited_store_factory,
+                    expect_busy_error=self.expect_busy_error,
+                )
+            )
+        except CheckSkipped as e:
+            import pytest
+
+            pytest.skip(str(e))
+
+    def test_round_trip(self, store_factory: StoreFactory) -> None:
+        self._check("round_trip", store_factory)
+
+    def test_private_snapshots(self, store_factory: StoreFactory) -> None:
+        self._check("private_snapshots", store_factory)
+
+    def test_exception_keeps_state(self, store_factory: StoreFactory) -> None:
+        self._check("exception_keeps_state", store_factory)
+
+    def test_cancellation_keeps_state(self, store_factory: StoreFactory) -> None:
+        self._check("cancellation_keeps_state", store_factory)
+
+    def test_exclusion(self, store_factory: StoreFactory) -> None:
+        self._check("exclusion", store_factory)
+
+    def test_atomicity(self, store_factory: StoreFactory) -> None:
+        self._check("atomicity", store_factory)
+
+    def test_read(self, store_factory: StoreFactory) -> None:
+        self._check("read", store_factory)
+
+    def test_delete(self, store_factory: StoreFactory) -> None:
+        self._check("delete", store_factory)
+
+    def test_recover(self, store_factory: StoreFactory) -> None:
+        self._check("recover", store_factory)
+
+    def test_list(self, store_factory: StoreFactory) -> None:
+        self._check("list", store_factory)
+
+    def test_log_interface(self, store_factory: StoreFactory) -> None:
+        self._check("log_interface", store_factory)
+
+    def test_capacity(self, store_factory: StoreFactory, request: pytest.FixtureRequest) -> None:
+        import pytest
+
+        try:
+            limited: LimitedStoreFactory | None = request.getfixturevalue("limited_store_factory")
+        except pytest.FixtureLookupError:
+            limited = None
+        self._check("capacity", store_factory, limited)
