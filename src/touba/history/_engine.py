@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,9 +44,15 @@ from touba.history._record import check_head, new_head, now_iso
 from touba.history._store import LogSnapshot, LogWrite, Record, as_log_store
 from touba.history._window import ExchangeSize, select_window
 
-__all__ = ["DecisionHistory", "HistoryWindow", "fingerprint_exchanges"]
+__all__ = ["DecisionHistory", "HistoryWindow", "event_observer", "fingerprint_exchanges"]
 
 logger = logging.getLogger("touba.history")
+
+event_observer: ContextVar[Callable[[HistoryEvent], Any] | None] = ContextVar(
+    "touba_history_event_observer", default=None
+)
+"""Who else hears this task's history events: the runtime sets it around a
+decision so that the events land in that invocation's trace."""
 
 PRIVATE_NAMESPACE = "touba.private"
 
@@ -137,15 +144,16 @@ class DecisionHistory:
         self._log = as_log_store(self.store)
 
     async def emit(self, event: HistoryEvent) -> None:
-        callback = self.config.on_event
-        if callback is None:
-            return
-        try:
-            outcome = callback(event)
-            if inspect.isawaitable(outcome):
-                await outcome
-        except Exception as e:  # a host callback must not break a decision
-            logger.warning("on_event callback failed for %s: %s", event.kind, type(e).__name__)
+        """Deliver ``event`` to ``on_event`` and to the caller's observer, if any."""
+        for callback in (self.config.on_event, event_observer.get()):
+            if callback is None:
+                continue
+            try:
+                outcome = callback(event)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception as e:  # a host callback must not break a decision
+                logger.warning("event callback failed for %s: %s", event.kind, type(e).__name__)
 
     async def step(
         self,
