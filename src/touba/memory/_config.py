@@ -26,7 +26,8 @@ class KeyEventsConfig:
             raise ConfigurationError(
                 f"KeyEventsConfig.enabled must be a bool, got {self.enabled!r}"
             )
-        if isinstance(self.types, str) or not all(isinstance(t, str) for t in self.types):
+        types: object = self.types
+        if isinstance(types, str) or not all(isinstance(t, str) for t in self.types):
             raise ConfigurationError(
                 "KeyEventsConfig.types must be a sequence of type names, e.g. ('refund',)"
             )
