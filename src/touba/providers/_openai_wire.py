@@ -1,0 +1,378 @@
+"""The OpenAI Responses API wire format, as pure functions over plain JSON.
+
+A :class:`~touba.providers._base.Plan` becomes the ``input`` items of
+``POST /v1/responses``; a response body becomes a neutral
+:class:`DecisionMessage` whose ``opaque`` holds every output item untouched
+(reasoning items with their ``encrypted_content``, messages, function calls
+with their ids), so the next request replays them exactly, in order, each
+reasoning item still directly before the item that follows it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from touba.errors import AgentDecisionProviderSchemaViolation, AgentDecisionProviderUnavailable
+from touba.history._model import (
+    JSON,
+    CapabilityCall,
+    DataMessage,
+    DecisionMessage,
+    Message,
+    ResultMessage,
+    SummaryMessage,
+    canonical_json,
+)
+from touba.providers._base import Plan
+from touba.providers._framing import (
+    data_text,
+    input_text,
+    observation_payload,
+    parse_structured_text,
+    results_text,
+    structured_decision_json,
+    structured_instructions,
+    structured_schema,
+    summary_text,
+    trace_text,
+)
+from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
+
+__all__ = [
+    "COUNT_FIELDS",
+    "DECISION_FORMAT",
+    "ENCRYPTED_REASONING",
+    "OUTPUT_FORMAT",
+    "PROVIDER",
+    "count_body",
+    "function_tools",
+    "input_items",
+    "instructions",
+    "parse_response",
+    "text_format",
+]
+
+PROVIDER = "openai"
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+DECISION_FORMAT = "touba_decision"
+OUTPUT_FORMAT = "touba_output"
+
+COUNT_FIELDS = frozenset(
+    {
+        "conversation",
+        "input",
+        "instructions",
+        "model",
+        "parallel_tool_calls",
+        "personality",
+        "previous_response_id",
+        "reasoning",
+        "text",
+        "tool_choice",
+        "tools",
+        "truncation",
+    }
+)
+"""The parameters ``POST /v1/responses/input_tokens`` accepts (it refuses any other)."""
+
+Item = dict[str, Any]
+
+
+# request ---------------------------------------------------------------------
+
+
+def function_tools(capabilities: Sequence[CapabilitySpec]) -> list[Item]:
+    """The native interface: one function tool per capability (not strict mode:
+    capability schemas need not follow its subset; touba validates arguments)."""
+    return [
+        {
+            "type": "function",
+            "name": c.name,
+            "description": c.description,
+            "parameters": dict(c.parameters),
+            "strict": False,
+        }
+        for c in capabilities
+    ]
+
+
+def text_format(request: DecisionRequest, interface: DecisionInterface) -> Item | None:
+    """``text.format``: the structured decision, or (native) the final output's schema.
+
+    The native final output is wrapped as ``{"output": ...}`` so any
+    ``output_schema`` (not only objects) can be asked for.
+    """
+    if interface == "structured":
+        schema = structured_schema(request.capabilities, request.output_schema)
+        return {"type": "json_schema", "name": DECISION_FORMAT, "schema": schema, "strict": False}
+    if request.output_schema is None:
+        return None
+    return {
+        "type": "json_schema",
+        "name": OUTPUT_FORMAT,
+        "description": "The final answer, in `output`, when no function is called.",
+        "schema": {
+            "type": "object",
+            "properties": {"output": dict(request.output_schema)},
+            "required": ["output"],
+        },
+        "strict": False,
+    }
+
+
+def instructions(request: DecisionRequest, interface: DecisionInterface) -> str:
+    text = request.instructions
+    if interface == "structured":
+        text = f"{text}\n\n{structured_instructions(request.capabilities, request.output_schema)}"
+    return text.strip()
+
+
+def _user(text: str) -> Item:
+    return {"role": "user", "content": text}
+
+
+def _assistant(text: str) -> Item:
+    return {"role": "assistant", "content": text}
+
+
+def _call(call_id: str, name: str, arguments: Mapping[str, JSON]) -> Item:
+    return {
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": canonical_json(dict(arguments)),
+    }
+
+
+def _output(call_id: str, payload: JSON) -> Item:
+    return {"type": "function_call_output", "call_id": call_id, "output": canonical_json(payload)}
+
+
+def _turn_items(turn: Turn, interface: DecisionInterface) -> list[Item]:
+    """An earlier chat turn; its trace as complete call/output pairs (or data)."""
+    items = [_user(turn.user)]
+    if turn.trace and interface == "structured":
+        items.append(_user(trace_text(turn.trace)))
+    elif turn.trace:
+        for group in turn.trace:
+            items.extend(_call(c.call_id, c.name, c.arguments) for c in group)
+            items.extend(_output(c.call_id, observation_payload(c)) for c in group)
+    if turn.replies:
+        items.append(_assistant("\n\n".join(turn.replies)))
+    return items
+
+
+def _replayable(decision: DecisionMessage, interface: DecisionInterface) -> list[Item] | None:
+    """This decision's own output items, if they can be sent back as they are.
+
+    Only items this provider produced, whose function calls are exactly the
+    decision's calls, and whose reasoning items carry ``encrypted_content``
+    (with ``store=False`` the API cannot find a reasoning item by id alone).
+    """
+    items = decision.opaque
+    if decision.provider != PROVIDER or not isinstance(items, list):
+        return None
+    if not all(isinstance(item, dict) for item in items):
+        return None
+    if any(
+        item.get("type") == "reasoning" and not isinstance(item.get("encrypted_content"), str)
+        for item in items
+    ):
+        return None
+    calls = [item.get("call_id") for item in items if item.get("type") == "function_call"]
+    expected = [c.call_id for c in decision.calls] if interface == "native" else []
+    return items if calls == expected else None
+
+
+def _decision_items(
+    decision: DecisionMessage,
+    interface: DecisionInterface,
+    projected: Mapping[str, Mapping[str, JSON]],
+) -> list[Item]:
+    replay = _replayable(decision, interface)
+    if replay is not None:
+        return replay
+    # Rendered from the neutral fields (another provider's decision, opaque_refs
+    # continuity, unusable opaque data): no item ids, no reasoning, and the
+    # runtime's projected arguments wherever an observation gives them.
+    calls = tuple(
+        CapabilityCall(c.call_id, c.name, projected.get(c.call_id, c.arguments))
+        for c in decision.calls
+    )
+    if interface == "structured":
+        return [_assistant(structured_decision_json(replace(decision, calls=calls)))]
+    items: list[Item] = []
+    if decision.text is not None:
+        items.append(_assistant(decision.text))
+    elif decision.final:
+        items.append(_assistant(canonical_json({"output": decision.output})))
+    items.extend(_call(c.call_id, c.name, c.arguments) for c in calls)
+    return items
+
+
+def _exchange_items(exchange: Sequence[Message], interface: DecisionInterface) -> list[Item]:
+    results = [m for m in exchange if isinstance(m, ResultMessage)]
+    projected = {r.call_id: r.arguments for r in results}
+    items: list[Item] = []
+    for message in exchange:
+        if isinstance(message, DecisionMessage):
+            items.extend(_decision_items(message, interface, projected))
+        elif isinstance(message, DataMessage):
+            items.append(_user(data_text(message)))
+        elif isinstance(message, SummaryMessage):
+            items.append(_user(summary_text(message)))
+    if results and interface == "structured":
+        items.append(_user(results_text(results)))
+    else:
+        items.extend(_output(r.call_id, observation_payload(r)) for r in results)
+    return items
+
+
+def input_items(plan: Plan) -> list[Item]:
+    """Prior turns, the invocation input, the summary, then the exchanges."""
+    items: list[Item] = []
+    for turn in plan.prior_turns:
+        items.extend(_turn_items(turn, plan.interface))
+    if plan.request.input is not None:
+        items.append(_user(input_text(plan.request.input)))
+    if plan.summary is not None:
+        items.append(_user(summary_text(plan.summary)))
+    for exchange in plan.exchanges:
+        items.extend(_exchange_items(exchange, plan.interface))
+    return items
+
+
+def count_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The generation body as the count endpoint takes it: its parameters only."""
+    return {key: value for key, value in body.items() if key in COUNT_FIELDS}
+
+
+# response --------------------------------------------------------------------
+
+
+def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
+    return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)
+
+
+def _check_status(data: Mapping[str, Any]) -> None:
+    status = data.get("status")
+    if status == "incomplete":
+        details = data.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        if reason == "max_output_tokens":
+            raise _violation(
+                "the response stopped at max_output_tokens before the decision was complete; "
+                "raise max_output_tokens (reasoning tokens count against it)",
+                "truncated_output",
+            )
+        if reason == "content_filter":
+            raise _violation("OpenAI's content filter blocked the response", "blocked")
+        raise _violation(f"the response is incomplete (reason {reason!r})", "incomplete_output")
+    if status not in (None, "completed"):
+        raise AgentDecisionProviderUnavailable(
+            f"the OpenAI response has status {status!r}, not 'completed'; no decision was "
+            "received (touba sends foreground, non-streaming requests)"
+        )
+
+
+def _parse_call(item: Mapping[str, Any]) -> CapabilityCall:
+    call_id, name, raw = item.get("call_id"), item.get("name"), item.get("arguments")
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(raw, str):
+        raise _violation("a function_call item lacks call_id, name or arguments", "bad_call")
+    try:
+        arguments = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise _violation(
+            f"the arguments of call {call_id!r} are not valid JSON ({e.msg} at char {e.pos})",
+            "invalid_json",
+        ) from e
+    if not isinstance(arguments, dict):
+        raise _violation(f"the arguments of call {call_id!r} are not a JSON object", "bad_call")
+    return CapabilityCall(call_id, name, arguments)
+
+
+def _final_output(text: str) -> JSON:
+    """The native final answer under ``text.format`` (``{"output": ...}``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _violation(
+            f"the final answer is not valid JSON ({e.msg} at char {e.pos})", "invalid_json"
+        ) from e
+    if not isinstance(value, dict) or "output" not in value:
+        raise _violation("the final answer has no 'output' field", "missing_output")
+    return value["output"]
+
+
+def _usage(data: Mapping[str, Any]) -> Usage:
+    usage = data.get("usage")
+    if not isinstance(usage, Mapping):
+        return Usage()
+    details: dict[str, JSON] = {}
+    for group, key in (
+        ("input_tokens_details", "cached_tokens"),
+        ("output_tokens_details", "reasoning_tokens"),
+    ):
+        section = usage.get(group)
+        if isinstance(section, Mapping) and isinstance(section.get(key), int):
+            details[key] = section[key]
+    inputs, outputs = usage.get("input_tokens"), usage.get("output_tokens")
+    return Usage(
+        input_tokens=inputs if isinstance(inputs, int) else None,
+        output_tokens=outputs if isinstance(outputs, int) else None,
+        details=details,
+    )
+
+
+def parse_response(
+    data: Any, *, interface: DecisionInterface, wrapped_output: bool
+) -> tuple[DecisionMessage, Usage]:
+    """A ``Response`` body into a neutral decision keeping every output item.
+
+    ``wrapped_output``: the native final answer was asked for as
+    ``{"output": ...}`` (the ``touba_output`` text format).
+
+    Raises :class:`AgentDecisionProviderSchemaViolation` when the response
+    holds no valid decision; messages name what failed, never the content.
+    """
+    output = data.get("output") if isinstance(data, Mapping) else None
+    if not isinstance(output, list) or not all(isinstance(item, dict) for item in output):
+        raise AgentDecisionProviderUnavailable(
+            "the OpenAI response body has no list of output items; check that base_url "
+            "points to a server speaking the Responses API"
+        )
+    _check_status(data)
+    texts: list[str] = []
+    calls: list[CapabilityCall] = []
+    for item in output:
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or ():
+                if not isinstance(part, Mapping):
+                    continue
+                if part.get("type") == "refusal":
+                    raise _violation("the model refused to answer", "refusal")
+                if part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+        elif kind == "function_call" and interface == "native":
+            calls.append(_parse_call(item))
+        elif kind != "reasoning":
+            raise _violation(
+                f"the response holds a {kind!r} output item, which touba did not ask for",
+                "unexpected_output_item",
+            )
+    text = "".join(texts) if texts else None
+    if interface == "structured":
+        decision = parse_structured_text(text)
+    elif calls:
+        decision = DecisionMessage(text=text, calls=tuple(calls))
+    elif text is None or not text.strip():
+        raise _violation("the model returned neither calls nor text", "empty_output")
+    elif not wrapped_output:
+        decision = DecisionMessage(text=text, output=text, final=True)
+    else:
+        decision = DecisionMessage(output=_final_output(text), final=True)
+    return replace(decision, provider=PROVIDER, opaque=output), _usage(data)

@@ -1,0 +1,291 @@
+"""The OpenAI decision provider, over the Responses API (SPEC section 2).
+
+``create_openai_decision_provider`` drives ``client.responses.create`` (never
+streaming) through the official ``openai`` SDK, and counts requests for the
+context guard with ``client.responses.input_tokens.count``. Every request
+carries the full conversation explicitly: ``store=False`` with
+``include=["reasoning.encrypted_content"]``, so reasoning items come back
+self-contained and are replayed untouched; no server-side state (stored
+responses, conversations, prompts, compaction) is ever relied on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+
+from touba.errors import (
+    AgentDecisionProviderUnavailable,
+    ConfigurationError,
+    ProviderContextCountUnavailable,
+    ProviderContextGuardUnsupported,
+)
+from touba.history._config import HistoryConfig
+from touba.history._model import DecisionMessage
+from touba.providers._base import DecisionProvider, Plan, Wire
+from touba.providers._guard import ContextConfig
+from touba.providers._openai_wire import (
+    ENCRYPTED_REASONING,
+    OUTPUT_FORMAT,
+    count_body,
+    function_tools,
+    input_items,
+    instructions,
+    parse_response,
+    text_format,
+)
+from touba.providers._types import DecisionInterface, Usage
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+__all__ = ["OpenAIWire", "create_openai_decision_provider"]
+
+_OWNED = {
+    "model": "pass it as model=",
+    "input": "touba builds the input from the request and the history",
+    "instructions": "pass them in DecisionRequest.instructions",
+    "tools": "touba offers the request's capabilities as function tools",
+    "max_output_tokens": "pass it as max_output_tokens= (the context guard reserves it)",
+    "stream": "touba sends non-streaming requests",
+    "stream_options": "touba sends non-streaming requests",
+    "extra_headers": "configure the client instead: client.with_options(...)",
+    "extra_query": "configure the client instead: client.with_options(...)",
+    "extra_body": "pass generation parameters as keyword options",
+    "timeout": "configure the client instead: client.with_options(timeout=...)",
+}
+_SERVER_STATE = ("previous_response_id", "conversation", "prompt", "context_management")
+_HINTS = {
+    401: "check OPENAI_API_KEY or the client's api_key",
+    403: "check the project's access to this model and region",
+    404: "check the model name and the client's base_url",
+    429: "rate limited or out of quota; retry later or lower the request rate",
+}
+
+
+def _import_openai() -> Any:
+    try:
+        import openai
+    except ImportError as e:
+        raise ImportError(
+            'the OpenAI provider needs the openai SDK: pip install "touba[openai]"'
+        ) from e
+    return openai
+
+
+def _server_state(options: Mapping[str, Any]) -> list[str]:
+    """Options that would make the server add to (or rewrite) what touba sends."""
+    found = [key for key in _SERVER_STATE if options.get(key) is not None]
+    if options.get("truncation") == "auto":
+        found.append('truncation="auto"')
+    return found
+
+
+def _check_options(options: Mapping[str, Any], interface: DecisionInterface) -> dict[str, Any]:
+    """Refuse options touba owns or cannot honour; return the pass-through ones."""
+    from openai.resources.responses import AsyncResponses
+
+    known = set(inspect.signature(AsyncResponses.create).parameters) - {"self"}
+    for key, value in options.items():
+        if key in _OWNED:
+            raise ConfigurationError(f"option {key!r} is not accepted: {_OWNED[key]}")
+        if key not in known:
+            raise ConfigurationError(
+                f"unknown option {key!r}: options are parameters of client.responses.create"
+            )
+        if key == "store" and value is not False:
+            raise ConfigurationError(
+                "store must stay False: touba sends the whole conversation explicitly with "
+                "every request and keeps it in its own history store"
+            )
+        if key == "background" and value:
+            raise ConfigurationError("background responses need store=True; touba waits instead")
+    include = options.get("include") or []
+    if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
+        raise ConfigurationError("option 'include' must be a list of str")
+    text = options.get("text")
+    if text is not None and (not isinstance(text, Mapping) or "format" in text):
+        raise ConfigurationError(
+            "option 'text' may set verbosity but not 'format': touba sets the format "
+            f"for the {interface} interface and the request's output_schema"
+        )
+    try:
+        json.dumps(dict(options))
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError("options must be JSON values (they are sent as is)") from e
+    return dict(options)
+
+
+class OpenAIWire(Wire):
+    """The Responses API: render, count, generate, and the SDK's errors."""
+
+    provider: ClassVar[str] = "openai"
+
+    def __init__(
+        self,
+        *,
+        client: AsyncOpenAI,
+        model: str,
+        interface: DecisionInterface,
+        max_output_tokens: int | None,
+        options: Mapping[str, Any],
+    ) -> None:
+        super().__init__(model=model, interface=interface)
+        self._client = client
+        # A generation the SDK would retry after a received error answer could
+        # be produced twice; touba leaves retries to the runtime.
+        self._generation_client = client.with_options(max_retries=0)
+        self._max_output_tokens = max_output_tokens
+        self._options = _check_options(options, interface)
+        # merged with what touba sets, rather than passed through
+        self._text = dict(self._options.pop("text", None) or {})
+        self._include = list(self._options.pop("include", None) or [])
+        if ENCRYPTED_REASONING not in self._include:
+            self._include.append(ENCRYPTED_REASONING)
+
+    def refuse_server_state(self) -> None:
+        """Without the guard, server-side conversation state is still refused."""
+        found = _server_state(self._options)
+        state = [key for key in found if not key.startswith("truncation")]
+        if state:
+            raise ConfigurationError(
+                f"option(s) {', '.join(state)} make OpenAI add stored state to the request; "
+                "touba always sends the conversation explicitly (store=False) from its own "
+                "history: remove them"
+            )
+
+    def check_guard(self) -> None:
+        openai = _import_openai()
+        if isinstance(self._client, openai.AsyncAzureOpenAI):
+            raise ProviderContextGuardUnsupported(
+                "the context guard counts with api.openai.com's /v1/responses/input_tokens, "
+                "which Azure OpenAI does not offer; use an openai.AsyncOpenAI client (a custom "
+                "base_url speaking the OpenAI protocol is fine) or drop context="
+            )
+        found = _server_state(self._options)
+        if found:
+            raise ProviderContextGuardUnsupported(
+                f"the context guard cannot count what the server adds or drops with "
+                f"{', '.join(found)}; remove them (touba sends the full conversation itself)"
+            )
+
+    def render(self, plan: Plan) -> dict[str, Any]:
+        request = plan.request
+        body: dict[str, Any] = {"model": self.model}
+        system = instructions(request, self.interface)
+        if system:
+            body["instructions"] = system
+        body["input"] = input_items(plan)
+        if self.interface == "native" and request.capabilities:
+            body["tools"] = function_tools(request.capabilities)
+        if self._max_output_tokens is not None:
+            body["max_output_tokens"] = self._max_output_tokens
+        body.update(self._options)
+        text = dict(self._text)
+        format_ = text_format(request, self.interface)
+        if format_ is not None:
+            text["format"] = format_
+        if text:
+            body["text"] = text
+        body["store"] = False
+        body["include"] = list(self._include)
+        return body
+
+    async def count(self, body: dict[str, Any]) -> int:
+        try:
+            result = await self._client.responses.input_tokens.count(**count_body(body))
+        except Exception as e:
+            _raise_sdk_error(e, counting=True)
+        value = getattr(result, "input_tokens", None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ProviderContextCountUnavailable(
+                "OpenAI's input-token count answered without a valid input_tokens field; "
+                "nothing was generated"
+            )
+        return value
+
+    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        try:
+            raw = await self._generation_client.responses.with_raw_response.create(**body)
+            data = json.loads(raw.text)
+        except Exception as e:
+            _raise_sdk_error(e, counting=False)
+        wrapped = body.get("text", {}).get("format", {}).get("name") == OUTPUT_FORMAT
+        return parse_response(data, interface=self.interface, wrapped_output=wrapped)
+
+
+def _raise_sdk_error(error: Exception, *, counting: bool) -> NoReturn:
+    """The one place SDK and transport failures become touba errors (chained)."""
+    openai = _import_openai()
+    if not isinstance(error, openai.OpenAIError | ValueError):
+        raise error
+    status: int | None = None
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        kind = error.code or error.type or "error"
+        detail = f"HTTP {status} ({kind}; request id {error.request_id or 'unknown'})"
+        hint = _HINTS.get(status, "retry later")
+    elif isinstance(error, openai.APITimeoutError):
+        detail, hint = "a timeout", "retry later or raise the client's timeout"
+    elif isinstance(error, openai.APIConnectionError):
+        detail, hint = "a connection failure", "check the network and the client's base_url"
+    else:
+        detail, hint = f"an unreadable answer ({type(error).__name__})", "check base_url"
+    if counting:
+        raise ProviderContextCountUnavailable(
+            f"OpenAI's input-token count failed with {detail}; nothing was generated: {hint}, "
+            "or create the provider without context= to skip the guard"
+        ) from error
+    raise AgentDecisionProviderUnavailable(
+        f"the OpenAI Responses API failed with {detail}; nothing was stored: {hint}",
+        status_code=status,
+    ) from error
+
+
+def create_openai_decision_provider(
+    *,
+    model: str,
+    decision_interface: DecisionInterface = "native",
+    history: HistoryConfig | bool | None = None,
+    context: ContextConfig | None = None,
+    max_output_tokens: int | None = None,
+    client: AsyncOpenAI | None = None,
+    **options: Any,
+) -> DecisionProvider:
+    """A decision provider over OpenAI's Responses API.
+
+    ``client`` is an ``openai.AsyncOpenAI`` (default: one built from the SDK's
+    environment variables, ``OPENAI_API_KEY``...). ``options`` are extra
+    parameters of ``client.responses.create`` (``reasoning``, ``temperature``,
+    ``text={"verbosity": ...}``...); options that would hand the conversation
+    to server-side state are refused.
+    """
+    openai = _import_openai()
+    if not isinstance(model, str) or not model:
+        raise ConfigurationError("model must be a non-empty str, e.g. model='gpt-4.1-mini'")
+    if client is None:
+        try:
+            client = openai.AsyncOpenAI()
+        except openai.OpenAIError as e:
+            raise ConfigurationError(
+                "no OpenAI client could be built: set OPENAI_API_KEY or pass client="
+            ) from e
+    elif not isinstance(client, openai.AsyncOpenAI):
+        raise ConfigurationError(
+            f"client must be an openai.AsyncOpenAI (the Responses API, async), "
+            f"not {type(client).__name__}"
+        )
+    wire = OpenAIWire(
+        client=client,
+        model=model,
+        interface=decision_interface,
+        max_output_tokens=max_output_tokens,
+        options=options,
+    )
+    if context is None:
+        wire.refuse_server_state()
+    return DecisionProvider(
+        wire, history=history, context=context, max_output_tokens=max_output_tokens
+    )
