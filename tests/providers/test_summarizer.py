@@ -1,5 +1,7 @@
 """ModelSummarizer: bounded, counted, honest about failures."""
 
+import asyncio
+
 import pytest
 
 from touba.errors import ConfigurationError, DecisionHistorySummaryInvalid
@@ -13,6 +15,7 @@ from touba.history import (
     Observation,
     SummaryRequest,
 )
+from touba.providers import create_function_decision_provider
 from touba.providers.summarizer import ModelSummarizer
 from touba.testing import ScriptedProvider
 
@@ -53,10 +56,22 @@ async def test_long_output_is_cut_at_the_bound_on_a_character_boundary() -> None
     assert summarizer.usage.truncated == 1
 
 
-async def test_timeout_and_model_failure_refuse_the_decision() -> None:
+async def test_model_failure_refuses_the_decision() -> None:
     model = ScriptedProvider(history=False)  # no step left: the model is "unavailable"
-    summarizer = ModelSummarizer(model, max_calls=3, timeout_seconds=0.05)
+    summarizer = ModelSummarizer(model, max_calls=3)
     with pytest.raises(DecisionHistorySummaryInvalid):
+        await summarizer(REQUEST)
+    assert summarizer.usage.failures == 1
+
+
+async def test_timeout_refuses_the_decision() -> None:
+    async def slow(messages, schema):
+        await asyncio.sleep(5)
+        return {"action": "final", "output": "late"}
+
+    model = create_function_decision_provider(generate=slow, history=False)
+    summarizer = ModelSummarizer(model, max_calls=3, timeout_seconds=0.05)
+    with pytest.raises(DecisionHistorySummaryInvalid, match="TimeoutError"):
         await summarizer(REQUEST)
     assert summarizer.usage.failures == 1
 
