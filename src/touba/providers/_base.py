@@ -102,6 +102,9 @@ class Wire(ABC):
     def check_guard(self) -> None:  # noqa: B027 - optional hook
         """Raise ProviderContextGuardUnsupported if the guard cannot vouch for this client."""
 
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Close a client this wire created itself (never one the host passed in)."""
+
     @abstractmethod
     def render(self, plan: Plan) -> dict[str, Any]:
         """The full generation body for ``plan``."""
@@ -182,6 +185,16 @@ class DecisionProvider:
     @property
     def history(self) -> DecisionHistory | None:
         return self._history
+
+    async def aclose(self) -> None:
+        """Close what the provider created (its SDK client); a host's client stays open."""
+        await self._wire.aclose()
+
+    async def __aenter__(self) -> DecisionProvider:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     async def decide(self, request: DecisionRequest) -> Decision:
         check_catalog(request.capabilities)

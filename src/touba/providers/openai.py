@@ -131,9 +131,11 @@ class OpenAIWire(Wire):
         interface: DecisionInterface,
         max_output_tokens: int | None,
         options: Mapping[str, Any],
+        owns_client: bool = False,
     ) -> None:
         super().__init__(model=model, interface=interface)
         self._client = client
+        self._owns_client = owns_client
         # A generation the SDK would retry after a received error answer could
         # be produced twice; touba leaves retries to the runtime.
         self._generation_client = client.with_options(max_retries=0)
@@ -155,6 +157,10 @@ class OpenAIWire(Wire):
                 "touba always sends the conversation explicitly (store=False) from its own "
                 "history: remove them"
             )
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.close()
 
     def check_guard(self) -> None:
         openai = _import_openai()
@@ -265,6 +271,7 @@ def create_openai_decision_provider(
     openai = _import_openai()
     if not isinstance(model, str) or not model:
         raise ConfigurationError("model must be a non-empty str, e.g. model='gpt-4.1-mini'")
+    owns_client = client is None
     if client is None:
         try:
             client = openai.AsyncOpenAI()
@@ -283,6 +290,7 @@ def create_openai_decision_provider(
         interface=decision_interface,
         max_output_tokens=max_output_tokens,
         options=options,
+        owns_client=owns_client,
     )
     if context is None:
         wire.refuse_server_state()
