@@ -318,6 +318,20 @@ def test_validators_are_pure_functions() -> None:
     )
 
 
+def test_skip_marker_is_accepted_only_on_calls_of_the_current_turn() -> None:
+    """Gemini documents the marker for function calls the model did not produce."""
+    marker = "skip_thought_signature_validator"
+    call = {"functionCall": {"name": "search", "args": {}}, "thoughtSignature": marker}
+    answer = {"role": "user", "parts": [{"functionResponse": {"name": "search", "response": {}}}]}
+    current = [{"role": "user", "parts": [{"text": "hi"}]}, {"role": "model", "parts": [call]}]
+    assert validate_gemini_generate_content_request({"contents": [*current, answer]}) == []
+    on_text = {"role": "model", "parts": [{"text": "t", "thoughtSignature": marker}]}
+    problems = validate_gemini_generate_content_request(
+        {"contents": [current[0], on_text, {"role": "user", "parts": [{"text": "more"}]}]}
+    )
+    assert [str(p) for p in problems] == ["Corrupted thought signature."]
+
+
 # scripted errors ------------------------------------------------------------
 
 

@@ -1,0 +1,596 @@
+"""Gemini ``generateContent`` in its REST JSON shape: rendering and parsing.
+
+Pure conversion, no SDK import. The generation body is rendered once, in the
+camelCase REST shape, so the very dict that ``countTokens`` counts (wrapped in
+``generateContentRequest``) is the one posted to ``generateContent``.
+
+Wire facts this module keeps (https://ai.google.dev/api/generate-content and
+https://ai.google.dev/gemini-api/docs/thought-signatures):
+
+- a model turn with ``functionCall`` parts is followed by ONE user turn with
+  as many ``functionResponse`` parts, same names, same order (``id`` echoed
+  only when the model gave one);
+- the model's own parts (thoughts, ``thoughtSignature`` on the very part that
+  carried it) are replayed exactly as received;
+- in the *current turn* (after the last user content holding something other
+  than function responses) the first ``functionCall`` of every model step
+  must carry a signature. Calls touba renders from neutral fields (another
+  provider's decision, ``opaque_refs`` projections, chat traces) have none:
+  they get Google's documented ``skip_thought_signature_validator`` marker,
+  which claims no signature from the model and is never put on a model part.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from touba.errors import (
+    AgentDecisionProviderSchemaViolation,
+    ConfigurationError,
+    DecisionHistoryMismatch,
+    ProviderContextCountUnavailable,
+)
+from touba.history._model import (
+    CapabilityCall,
+    DataMessage,
+    DecisionMessage,
+    Message,
+    ResultMessage,
+    SummaryMessage,
+    canonical_json,
+)
+from touba.providers._base import Plan
+from touba.providers._framing import (
+    data_text,
+    input_text,
+    observation_payload,
+    parse_structured_text,
+    results_text,
+    structured_decision_json,
+    structured_instructions,
+    structured_schema,
+    summary_text,
+    trace_text,
+)
+from touba.providers._types import CapabilitySpec, TraceCall, Turn, Usage
+
+__all__ = [
+    "PROVIDER",
+    "SKIP_SIGNATURE",
+    "GeminiBody",
+    "count_request",
+    "parse_response",
+    "read_count",
+    "render_body",
+    "split_options",
+]
+
+PROVIDER = "gemini"
+SKIP_SIGNATURE = "skip_thought_signature_validator"
+NO_INPUT = "[touba: this invocation has no input]"
+_INVENTED_ID = re.compile(r"touba_gc_[0-9a-f]{16}_[0-9]+")
+_FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,63}")
+_NEUTRAL = "__touba_neutral__"  # marks calls rendered from neutral fields; removed before sending
+_COUNTED = (
+    "contents",
+    "systemInstruction",
+    "tools",
+    "toolConfig",
+    "safetySettings",
+    "generationConfig",
+)
+_BLOCKED = frozenset(
+    {
+        "SAFETY",
+        "BLOCKLIST",
+        "PROHIBITED_CONTENT",
+        "SPII",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+        "MODEL_ARMOR",
+        "JAILBREAK",
+    }
+)
+_FINISH_CODES = {
+    "MAX_TOKENS": "truncated_output",
+    "CONTINUATION": "truncated_output",  # the rest waits behind server state: never followed
+    "RECITATION": "recitation",
+    "IMAGE_RECITATION": "recitation",
+    **dict.fromkeys(_BLOCKED, "blocked"),
+}
+
+
+class GeminiBody(dict[str, Any]):
+    """A rendered body; ``output_schema`` says how to read a native final text.
+
+    An attribute, not a key: it is neither counted nor sent.
+    """
+
+    output_schema: Mapping[str, Any] | None = None
+
+
+# options -----------------------------------------------------------------------
+
+_GENERATION_OPTIONS = {
+    "temperature": "temperature",
+    "top_p": "topP",
+    "top_k": "topK",
+    "seed": "seed",
+    "stop_sequences": "stopSequences",
+    "presence_penalty": "presencePenalty",
+    "frequency_penalty": "frequencyPenalty",
+    "response_logprobs": "responseLogprobs",
+    "logprobs": "logprobs",
+    "thinking_config": "thinkingConfig",
+    "media_resolution": "mediaResolution",
+    "candidate_count": "candidateCount",
+}
+_REQUEST_OPTIONS = {
+    "safety_settings": "safetySettings",
+    "tool_config": "toolConfig",
+    "cached_content": "cachedContent",
+    "labels": "labels",
+    "service_tier": "serviceTier",
+}
+_RENDERED_OPTIONS = frozenset(
+    {
+        "contents",
+        "system_instruction",
+        "tools",
+        "response_mime_type",
+        "response_schema",
+        "response_json_schema",
+        "max_output_tokens",
+    }
+)
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``**options`` (or ``config=``) into REST ``generationConfig`` and request fields."""
+    given = dict(options)
+    config = given.pop("config", None)
+    if config is not None:
+        for key, value in _config_items(config).items():
+            if key in given:
+                raise ConfigurationError(f"Gemini option {key!r} is given twice (and in config=)")
+            given[key] = value
+    afc = given.pop("automatic_function_calling", None)
+    disabled = afc.get("disable") if isinstance(afc, Mapping) else getattr(afc, "disable", True)
+    if afc is not None and disabled is not True:
+        raise ConfigurationError(
+            "touba runs capabilities through its runtime: Gemini automatic function calling "
+            "cannot be enabled"
+        )
+    generation: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in _RENDERED_OPTIONS:
+            raise ConfigurationError(
+                f"Gemini option {key!r} is set by touba (instructions, capabilities, "
+                "decision_interface and max_output_tokens= decide it)"
+            )
+        if key in _GENERATION_OPTIONS:
+            generation[_GENERATION_OPTIONS[key]] = _json_value(key, value)
+        elif key in _REQUEST_OPTIONS:
+            fields[_REQUEST_OPTIONS[key]] = _json_value(key, value)
+        else:
+            known = sorted({*_GENERATION_OPTIONS, *_REQUEST_OPTIONS, "config"})
+            raise ConfigurationError(
+                f"unknown Gemini option {key!r}; supported: {', '.join(known)}"
+            )
+    if generation.get("candidateCount", 1) != 1:
+        raise ConfigurationError("candidate_count must be 1: a decision reads one candidate")
+    cached = fields.get("cachedContent")
+    if cached is not None and (not isinstance(cached, str) or not cached):
+        raise ConfigurationError("cached_content must be a cachedContents/... name")
+    return generation, fields
+
+
+def _config_items(config: Any) -> dict[str, Any]:
+    if hasattr(config, "model_dump"):
+        data: dict[str, Any] = config.model_dump(exclude_none=True)
+    elif isinstance(config, Mapping):
+        data = dict(config)
+    else:
+        raise ConfigurationError("config must be a google.genai.types.GenerateContentConfig")
+    if data.pop("http_options", None) is not None:
+        raise ConfigurationError(
+            "config.http_options is not supported: configure the genai.Client instead"
+        )
+    return data
+
+
+def _json_value(key: str, value: Any) -> Any:
+    """SDK objects and snake_case dicts as REST JSON (labels keep their keys)."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    value = _camel(value, keys=key != "labels")
+    try:
+        canonical_json(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"Gemini option {key!r} is not JSON-serialisable") from e
+    return value
+
+
+def _camel(value: Any, *, keys: bool) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {
+            (re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), k) if keys else k): _camel(
+                v, keys=keys
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_camel(v, keys=keys) for v in value]
+    return value
+
+
+# rendering ---------------------------------------------------------------------
+
+
+def render_body(
+    plan: Plan,
+    *,
+    max_output_tokens: int | None,
+    generation: Mapping[str, Any],
+    fields: Mapping[str, Any],
+) -> GeminiBody:
+    """The full ``generateContent`` body for ``plan`` (REST JSON, camelCase)."""
+    request = plan.request
+    native = plan.interface == "native"
+    body = GeminiBody(contents=_contents(plan))
+    system = [request.instructions.strip()]
+    if not native:
+        system.append(structured_instructions(request.capabilities, request.output_schema))
+    elif request.output_schema is not None:
+        system.append(
+            "When you give your final answer (no function call), answer only with JSON "
+            "matching this JSON Schema: " + canonical_json(dict(request.output_schema))
+        )
+        body.output_schema = request.output_schema
+    text = "\n\n".join(s for s in system if s)
+    if text:
+        body["systemInstruction"] = {"parts": [{"text": text}]}
+    if native and request.capabilities:
+        body["tools"] = [{"functionDeclarations": [_declaration(c) for c in request.capabilities]}]
+    body.update(fields)
+    config = dict(generation)
+    if max_output_tokens is not None:
+        config["maxOutputTokens"] = max_output_tokens
+    if not native:
+        config["responseMimeType"] = "application/json"
+        config["responseJsonSchema"] = structured_schema(
+            request.capabilities, request.output_schema
+        )
+    if config:
+        body["generationConfig"] = config
+    return body
+
+
+def _declaration(capability: CapabilitySpec) -> dict[str, Any]:
+    if not _FUNCTION_NAME.fullmatch(capability.name):
+        raise ConfigurationError(
+            f"capability {capability.name!r} cannot be a Gemini function name: use letters, "
+            "digits, '_', '.', ':' or '-', at most 64, starting with a letter or '_'"
+        )
+    declaration: dict[str, Any] = {"name": capability.name}
+    if capability.description:
+        declaration["description"] = capability.description
+    declaration["parametersJsonSchema"] = dict(capability.parameters)
+    return declaration
+
+
+def wire_id(call_id: str) -> str | None:
+    """The id to send for a call: never one touba invented for an id-less call."""
+    return None if _INVENTED_ID.fullmatch(call_id) else call_id
+
+
+class _Contents:
+    """Contents in order; adjacent same-role turns merge unless one answers calls."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+
+    def add(self, role: str, parts: list[dict[str, Any]]) -> None:
+        if not parts:
+            return
+        last = self.items[-1] if self.items else None
+        if (
+            last is not None
+            and last["role"] == role
+            and not _answers(last["parts"])
+            and not _answers(parts)
+        ):
+            last["parts"].extend(parts)
+        else:
+            self.items.append({"role": role, "parts": list(parts)})
+
+    def text(self, role: str, text: str | None) -> None:
+        if text:
+            self.add(role, [{"text": text}])
+
+
+def _answers(parts: Sequence[Mapping[str, Any]]) -> bool:
+    return any("functionResponse" in p for p in parts)
+
+
+def _contents(plan: Plan) -> list[dict[str, Any]]:
+    out = _Contents()
+    native = plan.interface == "native"
+    for turn in plan.prior_turns:
+        _turn(out, turn, native)
+    if plan.request.input is not None:
+        out.text("user", input_text(plan.request.input))
+    if plan.summary is not None:
+        out.text("user", summary_text(plan.summary))
+    for exchange in plan.exchanges:
+        _exchange(out, exchange, native)
+    if not out.items or out.items[0]["role"] != "user":
+        out.items.insert(0, {"role": "user", "parts": [{"text": NO_INPUT}]})
+    _mark_current_turn(out.items)
+    return out.items
+
+
+def _turn(out: _Contents, turn: Turn, native: bool) -> None:
+    out.text("user", turn.user)
+    if turn.trace and not native:
+        out.text("user", trace_text(turn.trace))
+    elif turn.trace:
+        for group in (g for g in turn.trace if g):
+            calls = [_neutral_call(c.call_id, c.name, c.arguments) for c in group]
+            out.add("model", calls)
+            out.add("user", [_response(call, c) for call, c in zip(calls, group, strict=True)])
+    out.text("model", "\n\n".join(turn.replies))
+
+
+def _exchange(out: _Contents, exchange: Sequence[Message], native: bool) -> None:
+    results = [m for m in exchange if isinstance(m, ResultMessage)]
+    projected = {r.call_id: r.arguments for r in results}
+    for message in exchange:
+        if isinstance(message, DecisionMessage):
+            _decision(out, message, native, {r.call_id: r for r in results}, projected)
+        elif isinstance(message, DataMessage):
+            out.text("user", data_text(message))
+        elif isinstance(message, SummaryMessage):
+            out.text("user", summary_text(message))
+    if results and not native:
+        out.text("user", results_text(results))
+
+
+def _decision(
+    out: _Contents,
+    decision: DecisionMessage,
+    native: bool,
+    results: Mapping[str, ResultMessage],
+    projected: Mapping[str, Mapping[str, Any]],
+) -> None:
+    # opaque_refs keeps calls without arguments: the runtime's projection wins.
+    calls = tuple(
+        c if c.arguments else CapabilityCall(c.call_id, c.name, projected.get(c.call_id, {}))
+        for c in decision.calls
+    )
+    parts = _own_parts(decision, native)
+    if not native:
+        if parts is None:
+            parts = [{"text": structured_decision_json(replace(decision, calls=calls))}]
+        out.add("model", parts)
+        return
+    if parts is None:
+        text = decision.text
+        if text is None and decision.final:
+            text = input_text(decision.output)
+        parts = [{"text": text}] if text else []
+        if not decision.final:
+            parts.extend(_neutral_call(c.call_id, c.name, c.arguments) for c in calls)
+    out.add("model", parts)
+    call_parts = [p for p in parts if "functionCall" in p]
+    if not call_parts:
+        return
+    answers = []
+    for call, part in zip(decision.calls, call_parts, strict=True):
+        result = results.get(call.call_id)
+        if result is None:
+            raise DecisionHistoryMismatch(
+                f"call {call.call_id} of a past decision has no observation in its exchange; "
+                "the stored conversation is inconsistent"
+            )
+        answers.append(_response(part, result))
+    out.add("user", answers)
+
+
+def _own_parts(decision: DecisionMessage, native: bool) -> list[dict[str, Any]] | None:
+    """This provider's parts for ``decision``, exactly as received, or None."""
+    opaque = decision.opaque
+    if decision.provider != PROVIDER or not isinstance(opaque, Mapping):
+        return None
+    parts = opaque.get("parts")
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
+        return None
+    names = [
+        p["functionCall"].get("name") if isinstance(p["functionCall"], Mapping) else None
+        for p in parts
+        if "functionCall" in p
+    ]
+    if names != ([c.name for c in decision.calls] if native else []):
+        return None
+    return copy.deepcopy(parts)
+
+
+def _neutral_call(call_id: str, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    call: dict[str, Any] = {"name": name, "args": dict(arguments)}
+    identifier = wire_id(call_id)
+    if identifier is not None:
+        call["id"] = identifier
+    return {"functionCall": call, _NEUTRAL: True}
+
+
+def _response(call_part: Mapping[str, Any], result: ResultMessage | TraceCall) -> dict[str, Any]:
+    call = call_part["functionCall"]
+    response: dict[str, Any] = {"name": call["name"], "response": observation_payload(result)}
+    if "id" in call:
+        response["id"] = call["id"]
+    return {"functionResponse": response}
+
+
+def _mark_current_turn(contents: list[dict[str, Any]]) -> None:
+    """Give neutral calls of the current turn the documented no-signature marker."""
+    start = 0
+    for index, content in enumerate(contents):
+        if content["role"] == "user" and any("functionResponse" not in p for p in content["parts"]):
+            start = index + 1
+    for index, content in enumerate(contents):
+        first = next((p for p in content["parts"] if "functionCall" in p), None)
+        if (
+            index >= start
+            and first is not None
+            and first.get(_NEUTRAL)
+            and "thoughtSignature" not in first
+        ):
+            first["thoughtSignature"] = SKIP_SIGNATURE
+        for part in content["parts"]:
+            part.pop(_NEUTRAL, None)
+
+
+# counting ----------------------------------------------------------------------
+
+
+def count_request(body: Mapping[str, Any], resource: str) -> dict[str, Any]:
+    """``countTokens`` body: the generation body's counted fields (an allow-list).
+
+    System instruction, tools, tool config, safety settings and generation
+    config are counted with the contents; fields that carry no prompt tokens
+    (``labels``, ``serviceTier``) stay out, ``cachedContent`` is refused earlier.
+    """
+    return {
+        "generateContentRequest": {"model": resource, **{k: body[k] for k in _COUNTED if k in body}}
+    }
+
+
+def read_count(data: Any) -> int:
+    """``totalTokens`` of a countTokens answer.
+
+    Protobuf JSON omits zero-valued fields, so a missing ``totalTokens`` reads
+    as 0. touba never counts an empty request (there is always a user turn),
+    so 0, missing or not an integer all mean the count is unavailable: the
+    guard never vouches for a request on a count it did not get.
+    """
+    total = data.get("totalTokens") if isinstance(data, Mapping) else None
+    if isinstance(total, str) and total.isdigit():
+        total = int(total)
+    if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+        raise ProviderContextCountUnavailable(
+            "Gemini countTokens answered without a positive totalTokens; nothing was generated. "
+            "Check that the client reaches the official Gemini API (or a gateway that speaks it)"
+        )
+    return total
+
+
+# parsing -----------------------------------------------------------------------
+
+
+def parse_response(
+    data: Any, *, structured: bool, output_schema: Mapping[str, Any] | None
+) -> tuple[DecisionMessage, Usage]:
+    """A ``generateContent`` answer into a neutral decision; problems are violations."""
+    if not isinstance(data, Mapping):
+        raise _violation("the Gemini response is not a JSON object", "malformed_response")
+    feedback = data.get("promptFeedback")
+    block = feedback.get("blockReason") if isinstance(feedback, Mapping) else None
+    if block not in (None, "BLOCKED_REASON_UNSPECIFIED"):
+        raise _violation("Gemini blocked the prompt (promptFeedback.blockReason)", "blocked")
+    candidates = data.get("candidates")
+    if not isinstance(candidates, list) or not candidates:
+        raise _violation("Gemini returned no candidate", "empty_output")
+    candidate = candidates[0]
+    if not isinstance(candidate, Mapping):
+        raise _violation("the Gemini candidate is not an object", "malformed_response")
+    reason = candidate.get("finishReason")
+    if isinstance(reason, str) and reason not in ("STOP", "FINISH_REASON_UNSPECIFIED"):
+        code = _FINISH_CODES.get(reason)
+        if code is None:
+            code = reason.lower() if re.fullmatch(r"[A-Z_]{1,64}", reason) else "finish_reason"
+        raise _violation(f"Gemini stopped with finishReason {reason[:64]}", code)
+    content = candidate.get("content")
+    parts = content.get("parts", []) if isinstance(content, Mapping) else []
+    if not isinstance(parts, list) or not all(isinstance(p, Mapping) for p in parts):
+        raise _violation("the Gemini candidate parts are not objects", "malformed_response")
+    calls: list[CapabilityCall] = []
+    texts: list[str] = []
+    base = hashlib.sha256(
+        canonical_json([data.get("responseId"), parts]).encode("utf-8", "surrogatepass")
+    ).hexdigest()[:16]
+    for part in parts:
+        if "functionCall" in part:
+            calls.append(_call(part["functionCall"], f"touba_gc_{base}_{len(calls)}"))
+        elif isinstance(part.get("text"), str) and not part.get("thought"):
+            texts.append(part["text"])
+    text = "".join(texts) or None
+    if structured:
+        if calls:
+            raise _violation(
+                "Gemini returned a function call in the structured interface",
+                "unexpected_function_call",
+            )
+        message = parse_structured_text(text)
+    elif calls:
+        message = DecisionMessage(text=text, calls=tuple(calls))
+    elif text is None or not text.strip():
+        raise _violation("Gemini returned neither a function call nor text", "empty_output")
+    else:
+        output = text if output_schema is None else _json_output(text)
+        message = DecisionMessage(text=text, output=output, final=True)
+    opaque = {"parts": [copy.deepcopy(dict(p)) for p in parts]}
+    return replace(message, provider=PROVIDER, opaque=opaque), _usage(data.get("usageMetadata"))
+
+
+def _call(raw: Any, invented: str) -> CapabilityCall:
+    if (
+        not isinstance(raw, Mapping)
+        or not isinstance(raw.get("name"), str)
+        or not isinstance(raw.get("args") or {}, Mapping)
+    ):
+        raise _violation("a Gemini functionCall part has no name or object args", "bad_call")
+    given = raw.get("id")
+    call_id = given if isinstance(given, str) and given else invented
+    return CapabilityCall(call_id, raw["name"], dict(raw.get("args") or {}))
+
+
+def _json_output(text: str) -> Any:
+    body = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, flags=re.DOTALL)
+    if fenced:
+        body = fenced.group(1)
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as e:
+        raise _violation(
+            f"the final answer is not valid JSON ({e.msg} at char {e.pos})", "invalid_json"
+        ) from e
+
+
+def _usage(meta: Any) -> Usage:
+    if not isinstance(meta, Mapping):
+        return Usage()
+
+    def number(key: str) -> int | None:
+        value = meta.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    candidates, thoughts = number("candidatesTokenCount"), number("thoughtsTokenCount")
+    output = (
+        None if candidates is None and thoughts is None else (candidates or 0) + (thoughts or 0)
+    )
+    return Usage(input_tokens=number("promptTokenCount"), output_tokens=output, details=dict(meta))
+
+
+def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
+    return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)
