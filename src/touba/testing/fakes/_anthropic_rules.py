@@ -3,23 +3,31 @@
 Messages follow what api.anthropic.com answers (collected from real error
 reports). Like the real API, consecutive messages of one role form a single
 turn. Signature checks run only when an ``IssueLedger`` is given.
+
+``bind_prefix=True`` imitates models with *preserved thinking*: a thinking
+block's signature also binds its prefix (top-level ``system``, ``tools`` and
+everything sent before the block), so a block replayed after that prefix
+changed (older turns trimmed or summarised, instructions edited, an earlier
+thinking block left out) is refused as "bound to a different conversation".
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from touba.testing.fakes._ledger import IssueLedger
-from touba.testing.fakes._server import JSONObject, Rejection
+from touba.testing.fakes._server import JSONObject, Rejection, canonical_json
 
 __all__ = [
     "REDACTED_KIND",
     "THINKING_KIND",
     "check_messages",
     "decode_token",
+    "thinking_prefix",
     "validate_anthropic_count_tokens_request",
     "validate_anthropic_messages_request",
 ]
@@ -50,6 +58,23 @@ _FINAL_THINKING_MESSAGE = (
     "disable `thinking`. Please consult our documentation at "
     "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 )
+
+
+_PREFIX_MISMATCH = (
+    "The block is bound to a different conversation. Remove the block, or set "
+    '`thinking.block_binding.prefix_mismatch_behavior` to "drop_block".'
+)
+
+
+def thinking_prefix(body: JSONObject, messages_before: list[Any], blocks_before: list[Any]) -> str:
+    """The digest a preserved-thinking signature binds: what preceded the block."""
+    prefix = {
+        "system": body.get("system"),
+        "tools": body.get("tools"),
+        "messages": messages_before,
+        "blocks": blocks_before,
+    }
+    return hashlib.sha256(canonical_json(prefix).encode()).hexdigest()
 
 
 def _bad(message: str) -> Rejection:
@@ -148,8 +173,26 @@ def _check_tool_pairing(turns: list[_Turn]) -> list[Rejection]:
     return problems
 
 
-def _check_thinking(turns: list[_Turn], ledger: IssueLedger | None) -> list[Rejection]:
+def _verify(
+    ledger: IssueLedger, kind: str, token: bytes | None, payload: str, prefix: str | None
+) -> str | None:
+    """None when valid, else why: ``"content"`` (altered) or ``"prefix"`` (rebound)."""
+    if token is None:
+        return "content"
+    if prefix is None:
+        return None if ledger.verify(kind, token, payload) else "content"
+    half = len(token) // 2
+    if not ledger.verify(kind, token[:half], payload):
+        return "content"
+    return None if ledger.verify(kind, token[half:], payload + "\x00" + prefix) else "prefix"
+
+
+def _check_thinking(
+    body: JSONObject, turns: list[_Turn], ledger: IssueLedger | None, bind_prefix: bool
+) -> list[Rejection]:
     problems: list[Rejection] = []
+    messages = body.get("messages")
+    assert isinstance(messages, list)
     for turn in turns:
         if turn.role != "assistant":
             continue
@@ -160,6 +203,11 @@ def _check_thinking(turns: list[_Turn], ledger: IssueLedger | None) -> list[Reje
             first_blocks.setdefault(i, kind)
             if kind in _THINKING_TYPES:
                 has_thinking.add(i)
+            prefix = (
+                thinking_prefix(body, messages[:i], _blocks(messages[i].get("content"))[:k])
+                if bind_prefix and kind in _THINKING_TYPES
+                else None
+            )
             if kind == "thinking":
                 if "signature" not in block:
                     problems.append(
@@ -168,18 +216,22 @@ def _check_thinking(turns: list[_Turn], ledger: IssueLedger | None) -> list[Reje
                 elif ledger is not None:
                     token = decode_token(block["signature"])
                     text = str(block.get("thinking", ""))
-                    if token is None or not ledger.verify(THINKING_KIND, token, text):
+                    why = _verify(ledger, THINKING_KIND, token, text, prefix)
+                    if why is not None:
                         problems.append(
                             _bad(
                                 f"messages.{i}.content.{k}: Invalid `signature` in `thinking` block"
+                                + (f". {_PREFIX_MISMATCH}" if why == "prefix" else "")
                             )
                         )
             elif kind == "redacted_thinking" and ledger is not None:
                 token = decode_token(block.get("data"))
-                if token is None or not ledger.verify(REDACTED_KIND, token, ""):
+                why = _verify(ledger, REDACTED_KIND, token, "", prefix)
+                if why is not None:
                     problems.append(
                         _bad(
                             f"messages.{i}.content.{k}: Invalid `data` in `redacted_thinking` block"
+                            + (f". {_PREFIX_MISMATCH}" if why == "prefix" else "")
                         )
                     )
         problems.extend(
@@ -213,6 +265,18 @@ def _check_final_thinking(body: JSONObject, turns: list[_Turn]) -> list[Rejectio
     ]
 
 
+def _check_forced_tool(body: JSONObject) -> list[Rejection]:
+    thinking, choice = body.get("thinking"), body.get("tool_choice")
+    if (
+        isinstance(thinking, dict)
+        and thinking.get("type") == "enabled"
+        and isinstance(choice, dict)
+        and choice.get("type") in ("any", "tool")
+    ):
+        return [_bad("Thinking may not be enabled when tool_choice forces tool use.")]
+    return []
+
+
 def _check_tools(tools: object) -> list[Rejection]:
     if not isinstance(tools, list):
         return [] if tools is None else [_bad("tools: Input should be a valid list")]
@@ -230,9 +294,16 @@ def _check_tools(tools: object) -> list[Rejection]:
 
 
 def check_messages(
-    body: JSONObject, ledger: IssueLedger | None = None, *, count: bool = False
+    body: JSONObject,
+    ledger: IssueLedger | None = None,
+    *,
+    count: bool = False,
+    bind_prefix: bool = False,
 ) -> list[Rejection]:
-    """Rejections for a ``POST /v1/messages`` body (``count=True``: ``/count_tokens``)."""
+    """Rejections for a ``POST /v1/messages`` body (``count=True``: ``/count_tokens``).
+
+    ``bind_prefix``: thinking signatures also bind their prefix (preserved thinking).
+    """
     problems: list[Rejection] = []
     if count:
         problems.extend(
@@ -243,6 +314,7 @@ def check_messages(
     required = ("model", "messages") if count else ("model", "messages", "max_tokens")
     problems.extend(_bad(f"{key}: Field required") for key in required if key not in body)
     problems.extend(_check_tools(body.get("tools")))
+    problems.extend(_check_forced_tool(body))
     messages = body.get("messages")
     if not isinstance(messages, list):
         if messages is not None:
@@ -257,7 +329,7 @@ def check_messages(
     turns, found = _turns(messages)
     problems.extend(found)
     problems.extend(_check_tool_pairing(turns))
-    problems.extend(_check_thinking(turns, ledger))
+    problems.extend(_check_thinking(body, turns, ledger, bind_prefix))
     problems.extend(_check_final_thinking(body, turns))
     return problems
 

@@ -2,7 +2,9 @@
 
 Drive it with ``anthropic.AsyncAnthropic(base_url=srv.base_url, ...)``.
 Thinking signatures and redacted thinking data it issues are HMAC-signed; the
-validators reject them when they come back altered.
+validators reject them when they come back altered. ``preserved_thinking=True``
+imitates models whose signatures also bind the block's prefix (everything sent
+before it): a block replayed after that prefix changed is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from touba.testing.fakes._anthropic_rules import (
     REDACTED_KIND,
     THINKING_KIND,
     check_messages,
+    thinking_prefix,
     validate_anthropic_count_tokens_request,
     validate_anthropic_messages_request,
 )
@@ -90,13 +93,18 @@ class FakeAnthropicServer(FakeProviderServer):
     """Scriptable fake of api.anthropic.com Messages and token counting.
 
     Endpoints: ``"messages"`` (default for ``script_error``) and
-    ``"count_tokens"`` (``script_count``).
+    ``"count_tokens"`` (``script_count``). ``preserved_thinking=True`` binds
+    each thinking signature to its prefix, as newer models do.
     """
 
     provider: ClassVar[str] = "anthropic"
     endpoints: ClassVar[tuple[str, ...]] = ("messages", "count_tokens")
     generation_endpoint: ClassVar[str] = "messages"
     count_endpoint: ClassVar[str] = "count_tokens"
+
+    def __init__(self, *, preserved_thinking: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.preserved_thinking = preserved_thinking
 
     def script_response(
         self, *blocks: JSONObject, stop_reason: str | None = None, delay: float = 0.0
@@ -120,14 +128,21 @@ class FakeAnthropicServer(FakeProviderServer):
     ) -> list[Rejection]:
         if "anthropic-version" not in headers:
             return [Rejection(400, "anthropic-version: header is required")]
-        return check_messages(body, self.ledger, count=endpoint == "count_tokens")
+        return check_messages(
+            body,
+            self.ledger,
+            count=endpoint == "count_tokens",
+            bind_prefix=self.preserved_thinking,
+        )
 
     def render_count(self, value: int | None, body: JSONObject) -> JSONObject:
         return {} if value is None else {"input_tokens": value}
 
     def render_generation(self, endpoint: str, path: str, payload: Any, body: JSONObject) -> Reply:
         assert isinstance(payload, _MessageScript)
-        content = [self._issue(block) for block in payload.blocks]
+        content: list[JSONObject] = []
+        for block in payload.blocks:
+            content.append(self._issue(block, body, content))
         has_tool_use = any(block.get("type") == "tool_use" for block in content)
         stop_reason = payload.stop_reason or ("tool_use" if has_tool_use else "end_turn")
         message: JSONObject = {
@@ -167,14 +182,23 @@ class FakeAnthropicServer(FakeProviderServer):
 
     # rendering -----------------------------------------------------------
 
-    def _issue(self, raw: JSONObject) -> JSONObject:
+    def _issue(self, raw: JSONObject, body: JSONObject, before: list[JSONObject]) -> JSONObject:
         block = copy.deepcopy(raw)
         kind = block.get("type")
+        prefix = None
+        if self.preserved_thinking and kind in ("thinking", "redacted_thinking"):
+            messages = body.get("messages")
+            prefix = thinking_prefix(body, messages if isinstance(messages, list) else [], before)
         if kind == "tool_use":
             block.setdefault("id", new_id("toolu_"))
         elif kind == "thinking" and block.get("signature") == SIGN:
-            token = self.ledger.sign(THINKING_KIND, str(block.get("thinking", "")))
-            block["signature"] = base64.b64encode(token).decode()
+            block["signature"] = self._token(THINKING_KIND, str(block.get("thinking", "")), prefix)
         elif kind == "redacted_thinking" and block.get("data") == SIGN:
-            block["data"] = base64.b64encode(self.ledger.sign(REDACTED_KIND, "")).decode()
+            block["data"] = self._token(REDACTED_KIND, "", prefix)
         return block
+
+    def _token(self, kind: str, payload: str, prefix: str | None) -> str:
+        token = self.ledger.sign(kind, payload)
+        if prefix is not None:
+            token += self.ledger.sign(kind, payload + "\x00" + prefix)
+        return base64.b64encode(token).decode()
