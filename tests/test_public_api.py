@@ -1,10 +1,19 @@
 """The public surface: what SPEC.md names is importable, and `__all__` is sorted."""
 
 import importlib
+import subprocess
+import sys
 
 import pytest
 
-PACKAGES = ["touba", "touba.errors", "touba.history"]
+PACKAGES = [
+    "touba",
+    "touba.errors",
+    "touba.history",
+    "touba.providers",
+    "touba.memory",
+    "touba.testing",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -32,3 +41,32 @@ def test_history_surface_names_of_spec() -> None:
 
     assert touba.HistoryConfig is history.HistoryConfig
     assert touba.HistoryEvent is history.HistoryEvent
+
+
+def test_importing_touba_loads_no_provider_sdk() -> None:
+    """Each SDK is an optional extra, imported only when its provider is created."""
+    code = (
+        "import sys, touba, touba.providers, touba.history;"
+        "loaded = [m for m in ('openai', 'anthropic', 'google.genai', 'psycopg', 'redis')"
+        " if m in sys.modules];"
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_spec_provider_factories_are_exported() -> None:
+    from touba import providers
+
+    for name in (
+        "create_openai_decision_provider",
+        "create_anthropic_decision_provider",
+        "create_gemini_decision_provider",
+        "create_openai_compatible_decision_provider",
+        "create_function_decision_provider",
+        "DecisionRequest",
+        "Decision",
+        "CapabilitySpec",
+        "Observation",
+        "CapabilityCall",
+    ):
+        assert name in providers.__all__

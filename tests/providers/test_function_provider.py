@@ -150,3 +150,22 @@ async def test_generator_failure_is_unavailable_and_stores_nothing() -> None:
     with pytest.raises(AgentDecisionProviderUnavailable):
         await provider.decide(request())
     assert await store.list() == []
+
+
+async def test_opaque_refs_replays_projected_arguments_never_raw_ones() -> None:
+    model = Scripted(
+        {"action": "call", "calls": [{"name": "lookup_order", "arguments": {"order_id": "RAW"}}]},
+        {"action": "final", "output": "ok"},
+    )
+    store = MemoryHistoryStore()
+    provider = create_function_decision_provider(
+        generate=model, history=HistoryConfig(store=store, namespace="t", continuity="opaque_refs")
+    )
+    (call,) = (await provider.decide(request())).calls
+    projected = Observation(call.call_id, call.name, {"order_id": "ref:1"}, "ok", {"s": 1})
+    await provider.decide(request(observations=(projected,)))
+    messages, _ = model.seen[1]
+    assert json.loads(messages[2]["content"])["calls"][0]["arguments"] == {"order_id": "ref:1"}
+    assert "RAW" not in json.dumps(messages)
+    (row,) = await store.list()
+    assert "RAW" not in json.dumps(await store.read(row.key))

@@ -16,7 +16,12 @@ from touba.providers._types import (
     Turn,
     Usage,
 )
+from touba.providers.anthropic import create_anthropic_decision_provider
+from touba.providers.compatible import create_openai_compatible_decision_provider
 from touba.providers.function import create_function_decision_provider
+from touba.providers.gemini import create_gemini_decision_provider
+from touba.providers.openai import create_openai_decision_provider
+from touba.providers.summarizer import ModelSummarizer, SummaryUsage
 
 __all__ = [
     "CapabilityCall",
@@ -25,9 +30,15 @@ __all__ = [
     "Decision",
     "DecisionProvider",
     "DecisionRequest",
+    "ModelSummarizer",
     "Observation",
+    "SummaryUsage",
     "TraceCall",
     "Turn",
     "Usage",
+    "create_anthropic_decision_provider",
     "create_function_decision_provider",
+    "create_gemini_decision_provider",
+    "create_openai_compatible_decision_provider",
+    "create_openai_decision_provider",
 ]

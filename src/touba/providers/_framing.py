@@ -152,11 +152,21 @@ def structured_instructions(
     )
 
 
-def structured_decision_json(decision: DecisionMessage) -> str:
-    """The structured decision as the model wrote it (replayed from history)."""
+def structured_decision_json(
+    decision: DecisionMessage, projected: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    """The structured decision as the model wrote it (replayed from history).
+
+    Calls stored without arguments (``opaque_refs``) show the ``projected``
+    arguments of their observations, keyed by call id.
+    """
     if decision.final:
         return canonical_json({"action": "final", "output": decision.output})
-    calls = [{"name": c.name, "arguments": dict(c.arguments)} for c in decision.calls]
+    projected = projected or {}
+    calls = [
+        {"name": c.name, "arguments": dict(c.arguments or projected.get(c.call_id, {}))}
+        for c in decision.calls
+    ]
     return canonical_json({"action": "call", "calls": calls})
 
 

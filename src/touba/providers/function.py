@@ -84,7 +84,7 @@ def _message(
         return [{"role": "user", "content": data_text(message)}]
     if isinstance(message, DecisionMessage):
         if interface == "structured":
-            return [{"role": "assistant", "content": structured_decision_json(message)}]
+            return [{"role": "assistant", "content": structured_decision_json(message, projected)}]
         out: dict[str, Any] = {"role": "assistant"}
         if message.text is not None or message.final:
             out["content"] = (
