@@ -2,12 +2,33 @@
 
 from touba.errors import ToubaError
 from touba.history import HistoryConfig, HistoryEvent
+from touba.memory import KeyEventsConfig, MemoryConfig
+from touba.providers import (
+    ContextConfig,
+    create_anthropic_decision_provider,
+    create_function_decision_provider,
+    create_gemini_decision_provider,
+    create_openai_compatible_decision_provider,
+    create_openai_decision_provider,
+)
+from touba.runtime import InvocationResult, Program, Runtime
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ContextConfig",
     "HistoryConfig",
     "HistoryEvent",
+    "InvocationResult",
+    "KeyEventsConfig",
+    "MemoryConfig",
+    "Program",
+    "Runtime",
     "ToubaError",
     "__version__",
+    "create_anthropic_decision_provider",
+    "create_function_decision_provider",
+    "create_gemini_decision_provider",
+    "create_openai_compatible_decision_provider",
+    "create_openai_decision_provider",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 __all__ = [
+    "AgentBudgetExceeded",
     "AgentDecisionProviderSchemaViolation",
     "AgentDecisionProviderUnavailable",
     "ConfigurationError",
@@ -21,7 +22,10 @@ __all__ = [
     "DecisionHistoryStorageUnsafe",
     "DecisionHistoryStoreUnavailable",
     "DecisionHistorySummaryInvalid",
+    "ExtractionLeaseLost",
     "HistoryLimit",
+    "KeyEventInvalid",
+    "MemoryStoreUnavailable",
     "ProviderContextCountUnavailable",
     "ProviderContextGuardUnsupported",
     "ProviderContextWindowExceeded",
@@ -69,6 +73,19 @@ class AgentDecisionProviderUnavailable(ToubaError):
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+class AgentBudgetExceeded(ToubaError):
+    """An invocation used its ``max_decisions`` without reaching a final output.
+
+    ``max_decisions`` is the limit that was reached. Raise it on the agent
+    (``program.agent(..., max_decisions=...)``) or give the model a task it
+    can finish in fewer steps.
+    """
+
+    def __init__(self, message: str, *, max_decisions: int) -> None:
+        super().__init__(message)
+        self.max_decisions = max_decisions
 
 
 class DecisionHistoryBusy(ToubaError):
@@ -126,3 +143,41 @@ class ProviderContextCountUnavailable(ToubaError):
 
 class ProviderContextGuardUnsupported(ToubaError):
     """The context guard cannot vouch for this client or request shape."""
+
+
+class KeyEventInvalid(ToubaError):
+    """A key-event tool call had a wrong parameter (type, id, status, length).
+
+    The message is safe to show to the model: it names the parameter and, for a
+    wrong type, the allowed types. An id of another owner reads as not found.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        parameter: str | None = None,
+        allowed_types: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.allowed_types = allowed_types
+
+
+class MemoryStoreUnavailable(ToubaError):
+    """The chat memory store failed, stayed locked, or holds data this touba cannot read.
+
+    The driver's exception is chained; the step that failed wrote nothing.
+    """
+
+
+class ExtractionLeaseLost(ToubaError):
+    """This worker no longer holds the extraction job's lease; nothing was changed.
+
+    The lease expired and another worker claimed the job, or it was finished.
+    Applied key-event operations are idempotent: the other worker's run is safe.
+    """
+
+    def __init__(self, message: str, *, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id

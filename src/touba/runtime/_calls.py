@@ -1,0 +1,52 @@
+"""Running one accepted capability call and turning what happened into an observation.
+
+Async functions are awaited; sync ones run in a worker thread
+(``asyncio.to_thread``). The result is converted to JSON data
+(``pydantic_core.to_jsonable_python``: models, dataclasses, enums, dates).
+An exception becomes an ``error`` observation whose text is the exception's
+type name and its message, cut at :data:`ERROR_TEXT_LIMIT` characters: the
+model and the trace see it, so a capability must not put secrets in the
+messages of the exceptions it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from touba.history._model import CapabilityCall, Observation, canonical_json
+from touba.runtime._checks import Accepted
+
+__all__ = ["ERROR_TEXT_LIMIT", "error_text", "run_capability"]
+
+ERROR_TEXT_LIMIT = 500
+"""Characters of a capability's exception message kept in its ``error`` observation."""
+
+
+def error_text(error: BaseException) -> str:
+    message = str(error)
+    if len(message) > ERROR_TEXT_LIMIT:
+        message = message[:ERROR_TEXT_LIMIT] + "..."
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+async def run_capability(call: CapabilityCall, accepted: Accepted) -> Observation:
+    """Run the capability; never raises for what the capability does (only cancellation)."""
+    function = accepted.capability.function
+    assert function is not None, "delegations are run by the invocation"
+    arguments = dict(call.arguments)
+    try:
+        if accepted.capability.is_async:
+            value = await function(**accepted.kwargs)
+        else:
+            value = await asyncio.to_thread(function, **accepted.kwargs)
+    except Exception as e:
+        return Observation(call.call_id, call.name, arguments, "error", error=error_text(e))
+    try:
+        result = to_jsonable_python(value)
+        canonical_json(result)
+    except (PydanticSerializationError, TypeError, ValueError):
+        message = f"the capability returned a {type(value).__name__}, which is not JSON data"
+        return Observation(call.call_id, call.name, arguments, "error", error=message)
+    return Observation(call.call_id, call.name, arguments, "ok", result=result)

@@ -1,0 +1,268 @@
+"""Checkpoint stores: where invocations awaiting approval wait (SPEC section 7).
+
+A store keeps JSON checkpoints (see :mod:`touba.runtime._state`) by id. The
+contract (:class:`CheckpointStore`): ``save`` a new checkpoint, ``get`` a
+detached copy, and ``take`` one atomically, so that of two resumes of the
+same checkpoint, in one process or several, exactly one gets it. A taken
+checkpoint is gone: if the resuming process dies afterwards, the approved
+calls are not run twice (reconciling an uncertain effect is the
+application's).
+
+- :class:`MemoryCheckpointStore` (the default): this process only.
+- :class:`SqliteCheckpointStore`: a SQLite file that processes may share,
+  opened with the same file-safety rules as the history store (0600 files,
+  no symbolic links, private directory). Not encrypted: checkpoints hold
+  the invocation's input, arguments, results and trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Final, Protocol, Self, TypeVar, runtime_checkable
+
+from touba.errors import ConfigurationError
+from touba.history._files import open_private_sqlite
+from touba.history._model import JSON, canonical_json
+
+__all__ = ["CheckpointStore", "MemoryCheckpointStore", "SqliteCheckpointStore"]
+
+R = TypeVar("R")
+SCHEMA_VERSION: Final = 1
+_VERSION_NAME = "checkpoint_schema_version"
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS touba_checkpoints (
+        id TEXT PRIMARY KEY, run_id TEXT, invocation_id TEXT, agent_ref TEXT,
+        created_at TEXT NOT NULL, body TEXT NOT NULL)""",
+)
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Where checkpoints wait; ``take`` must be atomic (one winner)."""
+
+    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None: ...
+
+    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
+
+    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
+
+
+def _encode(checkpoint: dict[str, JSON]) -> str:
+    try:
+        return canonical_json(checkpoint)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(
+            f"a checkpoint must be JSON-serialisable ({e}); capabilities must return JSON data"
+        ) from e
+
+
+def _duplicate(checkpoint_id: str) -> ConfigurationError:
+    return ConfigurationError(f"checkpoint {checkpoint_id!r} already exists; ids must be new")
+
+
+class MemoryCheckpointStore:
+    """Checkpoints in this process's memory, lost when it exits. Unbounded."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, str] = {}
+
+    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
+        if checkpoint_id in self._items:
+            raise _duplicate(checkpoint_id)
+        self._items[checkpoint_id] = _encode(checkpoint)
+
+    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        body = self._items.get(checkpoint_id)
+        return None if body is None else dict(json.loads(body))
+
+    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        body = self._items.pop(checkpoint_id, None)  # no await in between: atomic
+        return None if body is None else dict(json.loads(body))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _check_schema(conn: sqlite3.Connection) -> None:
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
+    if not conn.execute(sql).fetchone():
+        return
+    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
+    if row is not None and row[0] != str(SCHEMA_VERSION):
+        raise ConfigurationError(
+            f"this SQLite file holds checkpoint schema version {row[0]!r}; this touba reads "
+            f"version {SCHEMA_VERSION}. Upgrade touba or use another file; it was not modified"
+        )
+
+
+class _Db:
+    """The store's SQL; runs only on the store's thread, one transaction per call."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def _write(self, job: Callable[[], R]) -> R:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = job()
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+        return result
+
+    def init(self) -> None:
+        def job() -> None:
+            _check_schema(self.conn)
+            for statement in _SCHEMA:
+                self.conn.execute(statement)
+            self.conn.execute(
+                "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
+                (_VERSION_NAME, str(SCHEMA_VERSION)),
+            )
+
+        self._write(job)
+
+    def save(self, checkpoint_id: str, checkpoint: dict[str, JSON], body: str) -> None:
+        def job() -> None:
+            try:
+                self.conn.execute(
+                    "INSERT INTO touba_checkpoints (id, run_id, invocation_id, agent_ref, "
+                    "created_at, body) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        checkpoint_id,
+                        checkpoint.get("run_id"),
+                        checkpoint.get("invocation_id"),
+                        checkpoint.get("agent_ref"),
+                        datetime.now(UTC).isoformat(),
+                        body,
+                    ),
+                )
+            except sqlite3.IntegrityError as e:
+                raise _duplicate(checkpoint_id) from e
+
+        self._write(job)
+
+    def get(self, checkpoint_id: str) -> str | None:
+        sql = "SELECT body FROM touba_checkpoints WHERE id = ?"
+        row = self.conn.execute(sql, (checkpoint_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def take(self, checkpoint_id: str) -> str | None:
+        def job() -> str | None:
+            body = self.get(checkpoint_id)
+            if body is not None:
+                self.conn.execute("DELETE FROM touba_checkpoints WHERE id = ?", (checkpoint_id,))
+            return body
+
+        return self._write(job)
+
+
+def _decode(body: str | None) -> dict[str, JSON] | None:
+    if body is None:
+        return None
+    value = json.loads(body)
+    if not isinstance(value, dict):
+        raise ConfigurationError("a stored checkpoint is not a JSON object; it cannot be resumed")
+    return value
+
+
+class SqliteCheckpointStore:
+    """Checkpoints in a SQLite file, durable and shared by processes.
+
+    Give exactly one of ``filename`` (checked and opened like
+    :class:`~touba.history.sqlite.SqliteHistoryStore`'s: files created or
+    reset to 0600 before opening, symbolic links and group- or
+    other-writable directories refused with ``DecisionHistoryStorageUnsafe``;
+    create the directory yourself, mode 0700) or ``database`` (an open
+    ``sqlite3.Connection`` made with ``check_same_thread=False``, whose
+    closing and file protection stay yours). The file may be the history
+    store's. One thread owns the connection; close with ``close()`` or
+    ``async with``.
+    """
+
+    def __init__(
+        self,
+        filename: str | os.PathLike[str] | None = None,
+        *,
+        database: sqlite3.Connection | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if (filename is None) == (database is None):
+            raise ConfigurationError(
+                "SqliteCheckpointStore needs exactly one of filename=... (a path) or "
+                "database=... (an open sqlite3.Connection)"
+            )
+        if database is not None and not isinstance(database, sqlite3.Connection):
+            raise ConfigurationError("database must be a sqlite3.Connection")
+        self._owns_connection = database is None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="touba-checkpoints")
+        try:
+            self._db = self._executor.submit(self._open, filename, database, timeout).result()
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            raise
+
+    def _open(
+        self,
+        filename: str | os.PathLike[str] | None,
+        conn: sqlite3.Connection | None,
+        timeout: float,
+    ) -> _Db:
+        if conn is None:
+            assert filename is not None
+            conn = open_private_sqlite(filename, timeout=timeout, check=_check_schema)
+        try:
+            db = _Db(conn)
+            db.init()
+        except BaseException:
+            if self._owns_connection:
+                conn.close()
+            raise
+        return db
+
+    async def _run(self, job: Callable[[], R]) -> R:
+        if self._closed:
+            raise ConfigurationError("this SqliteCheckpointStore is closed; create a new one")
+        future = asyncio.get_running_loop().run_in_executor(self._executor, job)
+        # Once started, a write finishes even if the caller is cancelled.
+        return await asyncio.shield(future)
+
+    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
+        body = _encode(checkpoint)
+        await self._run(lambda: self._db.save(checkpoint_id, checkpoint, body))
+
+    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        return _decode(await self._run(lambda: self._db.get(checkpoint_id)))
+
+    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        return _decode(await self._run(lambda: self._db.take(checkpoint_id)))
+
+    async def close(self) -> None:
+        """Close the connection it opened and stop its thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_connection:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._db.conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,110 @@
+"""The checks every call goes through, whatever history says (SPEC section 7).
+
+Pure functions of the program, the agent, the call and the calls used so
+far. In order: the capability is in the agent's catalog, its permissions
+are granted to the agent, its arguments are valid (JSON Schema, then the
+annotated Python types), and its ``max_calls`` budget is not used up. A
+refusal is a :class:`Denial`, sent back to the model as a ``denied``
+observation; its message names the rule, never an argument's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from touba.history._model import CapabilityCall
+from touba.providers._validate import schema_validator
+from touba.runtime._program import AgentDefinition, CapabilityDefinition
+from touba.runtime._schema import ArgumentError
+
+__all__ = ["Accepted", "Denial", "DenialReason", "check_call"]
+
+DenialReason = Literal[
+    "unknown_capability",
+    "permission_denied",
+    "invalid_arguments",
+    "budget_exhausted",
+    "not_approved",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    reason: DenialReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    capability: CapabilityDefinition
+    kwargs: dict[str, Any]
+
+
+def _where(error: Any) -> str:
+    path = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"{path} fails {error.validator!r}"
+
+
+def _type_errors(error: ArgumentError) -> str:
+    """Where and which rule, from pydantic's error list; never the value."""
+    cause = error.cause
+    if isinstance(cause, ValidationError):
+        return "; ".join(
+            "/".join(str(p) for p in (error.parameter, *e["loc"])) + f" ({e['type']})"
+            for e in cause.errors()[:3]
+        )
+    return f"{error.parameter} ({type(cause).__name__})"
+
+
+def check_call(
+    capabilities: Mapping[str, CapabilityDefinition],
+    agent: AgentDefinition,
+    call: CapabilityCall,
+    used: Mapping[str, int],
+) -> Accepted | Denial:
+    """Accept ``call`` (with converted keyword arguments) or say why not."""
+    capability = capabilities.get(call.name)
+    if call.name not in agent.capabilities or capability is None:
+        return Denial(
+            "unknown_capability",
+            f"capability {call.name!r} is not available to agent {agent.name!r}; call only "
+            "the capabilities offered",
+        )
+    missing = [p for p in capability.permissions if p not in agent.grants]
+    if missing:
+        return Denial(
+            "permission_denied",
+            f"agent {agent.name!r} is not granted {', '.join(missing)}, which "
+            f"{call.name!r} requires",
+        )
+    given: object = call.arguments  # a custom provider may send anything
+    if not isinstance(given, Mapping):
+        return Denial("invalid_arguments", f"arguments of {call.name!r} must be an object")
+    arguments = dict(given)
+    errors = sorted(
+        schema_validator(capability.parameters.schema, call.name).iter_errors(arguments), key=str
+    )
+    if errors:
+        return Denial(
+            "invalid_arguments",
+            f"arguments of {call.name!r} do not match its schema: {_where(errors[0])}",
+        )
+    try:
+        kwargs = capability.parameters.convert(arguments)
+    except ArgumentError as e:
+        return Denial(
+            "invalid_arguments",
+            f"arguments of {call.name!r} were refused by its parameter types: {_type_errors(e)}",
+        )
+    limit = capability.max_calls
+    if limit is not None and used.get(call.name, 0) >= limit:
+        return Denial(
+            "budget_exhausted",
+            f"{call.name!r} may be called at most {limit} time(s) per invocation and that "
+            "budget is used up",
+        )
+    return Accepted(capability, kwargs)

@@ -1,0 +1,375 @@
+"""One running invocation: the decision loop, the calls, delegation, resume.
+
+Each decision: ask the provider (with the observations answering the
+previous decision), then check every call it makes (see
+:mod:`touba.runtime._checks`), ask for approval where required, and run the
+accepted calls concurrently. A call that raises becomes an ``error``
+observation; a delegated agent runs as a sub-invocation with a new
+invocation_id. When some call awaits approval (here or in a sub-invocation)
+the invocation stops once the other calls of the decision are done, as a
+:class:`~touba.runtime._state.Paused` that the runtime saves as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
+
+from touba.errors import (
+    AgentBudgetExceeded,
+    AgentDecisionProviderSchemaViolation,
+    AgentDecisionProviderUnavailable,
+    ToubaError,
+)
+from touba.history._config import HistoryEvent
+from touba.history._engine import event_observer
+from touba.history._model import JSON, CapabilityCall, Observation
+from touba.providers._types import Decision, DecisionRequest
+from touba.providers._validate import schema_validator
+from touba.runtime._calls import run_capability
+from touba.runtime._checks import Accepted, Denial, DenialReason, check_call
+from touba.runtime._program import AgentDefinition, CapabilityDefinition
+from touba.runtime._state import (
+    InvocationState,
+    Paused,
+    PendingApproval,
+    PendingChild,
+    call_to_dict,
+)
+from touba.runtime._trace import Trace
+
+if TYPE_CHECKING:
+    from touba.runtime._runtime import Runtime
+
+__all__ = ["Invocation", "Outcome", "new_id"]
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: Literal["completed", "awaiting_approval", "failed"]
+    output: JSON = None
+    error: ToubaError | None = None
+    paused: Paused | None = None
+
+
+Answer = Observation | PendingChild
+
+
+class Invocation:
+    """An invocation of ``agent`` running under ``runtime``, writing into ``trace``."""
+
+    def __init__(
+        self, runtime: Runtime, agent: AgentDefinition, state: InvocationState, trace: Trace
+    ) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self.state = state
+        self.trace = trace
+
+    def note(self, kind: str, **data: JSON) -> None:
+        state = self.state
+        self.trace.add(kind, state.run_id, state.invocation_id, state.agent_ref, **data)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def run(self, *, resuming: bool = False) -> Outcome:
+        agent, state = self.agent, self.state
+        while True:
+            if state.decisions >= agent.max_decisions:
+                return self._budget_exceeded("")
+            request = DecisionRequest(
+                run_id=state.run_id,
+                invocation_id=state.invocation_id,
+                agent_ref=state.agent_ref,
+                instructions=agent.instructions,
+                input=state.input,
+                capabilities=agent.specs,
+                output_schema=agent.output_schema,
+                observations=tuple(state.observations),
+                resuming=resuming,
+            )
+            try:
+                decision = await self._decide(request)
+            except ToubaError as e:
+                self._note_error("provider_error", e)
+                return self.fail(e)
+            resuming = False
+            state.decisions += 1
+            self._note_decision(decision)
+            if not decision.calls:
+                return self._complete(decision.output)
+            if state.decisions >= agent.max_decisions:
+                return self._budget_exceeded("; the calls of its last decision were not run")
+            outcome = await self._answer(decision.calls)
+            if outcome is not None:
+                return outcome
+
+    async def _decide(self, request: DecisionRequest) -> Decision:
+        def observe(event: HistoryEvent) -> None:
+            fields = event.to_dict()
+            self.note("history_event", event=fields.pop("kind"), **fields)
+
+        token = event_observer.set(observe)
+        try:
+            decision = await self.agent.provider.decide(request)
+        except ToubaError:
+            raise
+        except Exception as e:
+            raise AgentDecisionProviderUnavailable(
+                f"the provider of agent {self.agent.name!r} raised {type(e).__name__}; no "
+                "decision was received"
+            ) from e
+        finally:
+            event_observer.reset(token)
+        if not isinstance(decision, Decision):
+            raise AgentDecisionProviderSchemaViolation(
+                "the provider returned something other than a touba Decision",
+                provider_error_code="not_a_decision",
+            )
+        ids = [c.call_id for c in decision.calls]
+        if len(set(ids)) != len(ids):
+            raise AgentDecisionProviderSchemaViolation(
+                "the decision repeats a call id", provider_error_code="duplicate_call_id"
+            )
+        return decision
+
+    def _note_decision(self, decision: Decision) -> None:
+        self.note(
+            "decision",
+            number=self.state.decisions,
+            calls=[call_to_dict(c) for c in decision.calls],
+            final=not decision.calls,
+            output=decision.output,
+            text=decision.text,
+            input_tokens=decision.usage.input_tokens,
+            output_tokens=decision.usage.output_tokens,
+        )
+
+    def _complete(self, output: JSON) -> Outcome:
+        schema = self.agent.output_schema
+        if schema is not None:
+            errors = sorted(schema_validator(schema, "output_schema").iter_errors(output), key=str)
+            if errors:
+                error = AgentDecisionProviderSchemaViolation(
+                    "the final output does not match the agent's output_schema",
+                    provider_error_code="output_schema_mismatch",
+                )
+                self._note_error("provider_error", error)
+                return self.fail(error)
+        self.note("invocation_completed", output=output)
+        return Outcome("completed", output=output)
+
+    def _note_error(self, kind: str, error: ToubaError) -> None:
+        self.note(
+            kind,
+            error_code=error.code,
+            error=error.message,
+            provider_error_code=getattr(error, "provider_error_code", None),
+        )
+
+    def fail(self, error: ToubaError) -> Outcome:
+        self._note_error("invocation_failed", error)
+        return Outcome("failed", error=error)
+
+    def _budget_exceeded(self, detail: str) -> Outcome:
+        limit = self.agent.max_decisions
+        return self.fail(
+            AgentBudgetExceeded(
+                f"agent {self.agent.name!r} made its max_decisions={limit} decision(s) without a "
+                f"final output{detail}. Raise max_decisions or simplify the task",
+                max_decisions=limit,
+            )
+        )
+
+    # -- one decision's calls ----------------------------------------------------------
+
+    def _deny(self, call: CapabilityCall, reason: DenialReason, message: str) -> Observation:
+        self.note("denial", call_id=call.call_id, name=call.name, reason=reason, error=message)
+        return self._observe(
+            Observation(call.call_id, call.name, dict(call.arguments), "denied", error=message)
+        )
+
+    def _observe(self, observation: Observation) -> Observation:
+        if observation.status == "ok":
+            outcome: dict[str, JSON] = {"result": observation.result}
+        else:
+            outcome = {"error": observation.error}
+        self.note(
+            "observation",
+            call_id=observation.call_id,
+            name=observation.name,
+            status=observation.status,
+            **outcome,
+        )
+        return observation
+
+    def _check(self, call: CapabilityCall, used: Mapping[str, int]) -> Accepted | Denial:
+        return check_call(self.runtime.program.capabilities, self.agent, call, used)
+
+    async def _answer(self, calls: Sequence[CapabilityCall]) -> Outcome | None:
+        """Check and run a new decision's calls; an Outcome if the invocation stops."""
+        done: dict[str, Observation] = {}
+        pending: list[PendingApproval | PendingChild] = []
+        jobs: list[Awaitable[Answer]] = []
+        tentative = dict(self.state.calls_used)  # approvals reserve within this decision
+        for call in calls:
+            checked = self._check(call, tentative)
+            if isinstance(checked, Denial):
+                done[call.call_id] = self._deny(call, checked.reason, checked.message)
+                continue
+            tentative[call.name] = tentative.get(call.name, 0) + 1
+            if checked.capability.requires_approval:
+                self.note(
+                    "approval_requested",
+                    call_id=call.call_id,
+                    name=call.name,
+                    arguments=dict(call.arguments),
+                )
+                pending.append(PendingApproval(call))
+                continue
+            jobs.append(self._start(call, checked))
+        return await self._settle(calls, done, pending, jobs)
+
+    def _start(self, call: CapabilityCall, accepted: Accepted) -> Awaitable[Answer]:
+        used = self.state.calls_used
+        used[call.name] = used.get(call.name, 0) + 1
+        self.note("call", call_id=call.call_id, name=call.name, arguments=dict(call.arguments))
+        if accepted.capability.delegate is not None:
+            return self._delegate(call, accepted.capability)
+        return self._execute(call, accepted)
+
+    async def _settle(
+        self,
+        calls: Sequence[CapabilityCall],
+        done: dict[str, Observation],
+        pending: list[PendingApproval | PendingChild],
+        jobs: Sequence[Awaitable[Answer]],
+    ) -> Outcome | None:
+        """Run ``jobs`` concurrently; pause if anything is pending, else queue the answers."""
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_awaited(job)) for job in jobs]
+        for task in tasks:
+            answer = task.result()
+            if isinstance(answer, PendingChild):
+                pending.append(answer)
+            else:
+                done[answer.call_id] = answer
+        if pending:
+            order = {c.call_id: i for i, c in enumerate(calls)}
+            pending.sort(key=lambda p: order[p.call.call_id])
+            paused = Paused(
+                checkpoint_id=new_id(),
+                created_at=datetime.now(UTC).isoformat(),
+                state=self.state,
+                calls=tuple(calls),
+                done=done,
+                pending=tuple(pending),
+            )
+            self.note(
+                "awaiting_approval",
+                checkpoint_id=paused.checkpoint_id,
+                pending=[call_to_dict(c) for c in paused.awaiting()],
+            )
+            return Outcome("awaiting_approval", paused=paused)
+        self.state.observations = [done[c.call_id] for c in calls]
+        return None
+
+    async def _execute(self, call: CapabilityCall, accepted: Accepted) -> Observation:
+        return self._observe(await run_capability(call, accepted))
+
+    # -- delegation --------------------------------------------------------------------
+
+    async def _delegate(self, call: CapabilityCall, capability: CapabilityDefinition) -> Answer:
+        assert capability.delegate is not None
+        agent = self.runtime.program.agents[capability.delegate]
+        state = InvocationState(
+            run_id=self.state.run_id,
+            invocation_id=new_id(),
+            agent_ref=agent.name,
+            input=call.arguments["input"],
+        )
+        self.note(
+            "sub_invocation_started",
+            call_id=call.call_id,
+            child_invocation_id=state.invocation_id,
+            child_agent_ref=agent.name,
+        )
+        child = Invocation(self.runtime, agent, state, self.trace)
+        child.note(
+            "invocation_started", input=state.input, parent_invocation_id=self.state.invocation_id
+        )
+        return self._child_answer(call, child, await child.run())
+
+    def _child_answer(self, call: CapabilityCall, child: Invocation, outcome: Outcome) -> Answer:
+        self.note(
+            "sub_invocation_finished",
+            call_id=call.call_id,
+            child_invocation_id=child.state.invocation_id,
+            child_agent_ref=child.agent.name,
+            status=outcome.status,
+        )
+        arguments = dict(call.arguments)
+        if outcome.paused is not None:
+            return PendingChild(call, outcome.paused)
+        if outcome.status == "completed":
+            return self._observe(
+                Observation(call.call_id, call.name, arguments, "ok", result=outcome.output)
+            )
+        assert outcome.error is not None
+        message = f"the delegated agent {child.agent.name!r} failed: {outcome.error.code}: " + (
+            outcome.error.message
+        )
+        return self._observe(
+            Observation(call.call_id, call.name, arguments, "error", error=message)
+        )
+
+    # -- resume ------------------------------------------------------------------------
+
+    async def resume(self, paused: Paused, approvals: Mapping[str, bool]) -> Outcome:
+        """Answer the paused decision with the reviewer's approvals, then go on."""
+        self.note("invocation_resumed", checkpoint_id=paused.checkpoint_id)
+        done = dict(paused.done)
+        pending: list[PendingApproval | PendingChild] = []
+        jobs: list[Awaitable[Answer]] = []
+        for item in paused.pending:
+            call = item.call
+            if isinstance(item, PendingChild):
+                jobs.append(self._resume_child(item, approvals))
+                continue
+            if approvals.get(call.call_id) is not True:
+                given = call.call_id in approvals
+                self.note("approval_refused", call_id=call.call_id, name=call.name, given=given)
+                done[call.call_id] = self._deny(
+                    call,
+                    "not_approved",
+                    f"{call.name!r} needs approval and was not approved"
+                    + ("" if given else " (no decision was given)"),
+                )
+                continue
+            self.note("approval_granted", call_id=call.call_id, name=call.name)
+            checked = self._check(call, self.state.calls_used)
+            if isinstance(checked, Denial):
+                done[call.call_id] = self._deny(call, checked.reason, checked.message)
+            else:
+                jobs.append(self._start(call, checked))
+        outcome = await self._settle(paused.calls, done, pending, jobs)
+        if outcome is not None:
+            return outcome
+        return await self.run(resuming=True)
+
+    async def _resume_child(self, item: PendingChild, approvals: Mapping[str, bool]) -> Answer:
+        state = item.child.state
+        child = Invocation(self.runtime, self.runtime.agent(state.agent_ref), state, self.trace)
+        return self._child_answer(item.call, child, await child.resume(item.child, approvals))
+
+
+async def _awaited(job: Awaitable[Answer]) -> Answer:
+    return await job

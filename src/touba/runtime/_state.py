@@ -1,0 +1,193 @@
+"""An invocation's state and its checkpoint, as plain JSON-ready data.
+
+A checkpoint (``CHECKPOINT_VERSION`` 1) is a JSON object:
+
+- ``version``, ``checkpoint_id``, ``created_at`` (ISO 8601, UTC);
+- identity: ``run_id``, ``invocation_id``, ``agent_ref``, and ``input``;
+- budgets used: ``decisions`` (decisions made so far) and ``calls_used``
+  (capability name -> calls run or started, pending approvals excluded);
+- the paused decision: ``calls`` (all its calls, in order), ``done`` (the
+  observations already obtained for some of them: calls that ran, failed or
+  were denied before the invocation stopped), and ``pending``: one entry per
+  unanswered call, ``{"kind": "approval", "call": ...}`` for a call awaiting
+  a reviewer, or ``{"kind": "delegate", "call": ..., "child": {...}}`` for a
+  delegated sub-invocation that is itself awaiting approval, ``child`` being
+  that sub-invocation's own checkpoint, nested (same shape, no ``trace``);
+- ``trace``: the trace so far (top level only), as dicts.
+
+Nesting the children inside their parent keeps one store entry per
+top-level invocation, so a resume consumes the whole tree atomically and no
+child checkpoint can be resumed (or lost) on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from touba.errors import ConfigurationError
+from touba.history._model import JSON, CapabilityCall, Observation
+
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "InvocationState",
+    "Paused",
+    "PendingApproval",
+    "PendingChild",
+    "call_from_dict",
+    "call_to_dict",
+    "observation_to_dict",
+]
+
+CHECKPOINT_VERSION = 1
+
+
+def call_to_dict(call: CapabilityCall) -> dict[str, JSON]:
+    return {"call_id": call.call_id, "name": call.name, "arguments": dict(call.arguments)}
+
+
+def call_from_dict(value: Mapping[str, Any]) -> CapabilityCall:
+    return CapabilityCall(value["call_id"], value["name"], dict(value["arguments"]))
+
+
+def observation_to_dict(observation: Observation) -> dict[str, JSON]:
+    out: dict[str, JSON] = {
+        "call_id": observation.call_id,
+        "name": observation.name,
+        "arguments": dict(observation.arguments),
+        "status": observation.status,
+    }
+    if observation.status == "ok":
+        out["result"] = observation.result
+    else:
+        out["error"] = observation.error
+    return out
+
+
+def observation_from_dict(value: Mapping[str, Any]) -> Observation:
+    return Observation(
+        call_id=value["call_id"],
+        name=value["name"],
+        arguments=dict(value["arguments"]),
+        status=value["status"],
+        result=value.get("result"),
+        error=value.get("error"),
+    )
+
+
+@dataclass(slots=True)
+class InvocationState:
+    """Identity, input and budgets used of one invocation."""
+
+    run_id: str
+    invocation_id: str
+    agent_ref: str
+    input: JSON
+    decisions: int = 0
+    calls_used: dict[str, int] = field(default_factory=dict)
+    observations: list[Observation] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    call: CapabilityCall
+
+
+@dataclass(frozen=True, slots=True)
+class PendingChild:
+    call: CapabilityCall
+    child: Paused
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """An invocation stopped in the middle of a decision, awaiting approvals."""
+
+    checkpoint_id: str
+    created_at: str
+    state: InvocationState
+    calls: tuple[CapabilityCall, ...]
+    done: Mapping[str, Observation]
+    pending: tuple[PendingApproval | PendingChild, ...]
+
+    def awaiting(self) -> Iterator[CapabilityCall]:
+        """The calls awaiting a reviewer, this invocation's and its children's."""
+        for item in self.pending:
+            if isinstance(item, PendingApproval):
+                yield item.call
+            else:
+                yield from item.child.awaiting()
+
+    def agents(self) -> Iterator[str]:
+        """Every agent_ref in the tree."""
+        yield self.state.agent_ref
+        for item in self.pending:
+            if isinstance(item, PendingChild):
+                yield from item.child.agents()
+
+    def to_dict(self) -> dict[str, JSON]:
+        pending: list[JSON] = []
+        for item in self.pending:
+            if isinstance(item, PendingApproval):
+                pending.append({"kind": "approval", "call": call_to_dict(item.call)})
+            else:
+                pending.append(
+                    {
+                        "kind": "delegate",
+                        "call": call_to_dict(item.call),
+                        "child": item.child.to_dict(),
+                    }
+                )
+        state = self.state
+        return {
+            "version": CHECKPOINT_VERSION,
+            "checkpoint_id": self.checkpoint_id,
+            "created_at": self.created_at,
+            "run_id": state.run_id,
+            "invocation_id": state.invocation_id,
+            "agent_ref": state.agent_ref,
+            "input": state.input,
+            "decisions": state.decisions,
+            "calls_used": dict(state.calls_used),
+            "calls": [call_to_dict(c) for c in self.calls],
+            "done": [observation_to_dict(o) for o in self.done.values()],
+            "pending": pending,
+        }
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> Paused:
+        version = value.get("version") if isinstance(value, Mapping) else None
+        if version != CHECKPOINT_VERSION:
+            raise ConfigurationError(
+                f"this checkpoint has version {version!r}; this touba reads version "
+                f"{CHECKPOINT_VERSION}. Resume it with the touba version that wrote it"
+            )
+        try:
+            pending: list[PendingApproval | PendingChild] = []
+            for item in value["pending"]:
+                call = call_from_dict(item["call"])
+                if item["kind"] == "approval":
+                    pending.append(PendingApproval(call))
+                else:
+                    pending.append(PendingChild(call, cls.from_dict(item["child"])))
+            done = [observation_from_dict(o) for o in value["done"]]
+            return cls(
+                checkpoint_id=value["checkpoint_id"],
+                created_at=value["created_at"],
+                state=InvocationState(
+                    run_id=value["run_id"],
+                    invocation_id=value["invocation_id"],
+                    agent_ref=value["agent_ref"],
+                    input=value["input"],
+                    decisions=int(value["decisions"]),
+                    calls_used={str(k): int(v) for k, v in value["calls_used"].items()},
+                ),
+                calls=tuple(call_from_dict(c) for c in value["calls"]),
+                done={o.call_id: o for o in done},
+                pending=tuple(pending),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ConfigurationError(
+                f"this checkpoint is malformed ({type(e).__name__}: {e}); it cannot be resumed"
+            ) from e
