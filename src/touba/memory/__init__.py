@@ -1,5 +1,58 @@
-"""Chat memory across turns and key events across sessions (SPEC sections 8 and 9)."""
+"""Chat memory across turns and key events across sessions (SPEC sections 8 and 9).
+
+``PostgresMemoryStore`` is imported on first use, so psycopg stays optional.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from touba.memory._config import KeyEventsConfig, MemoryConfig
+from touba.memory._extraction import ExtractionQueue, parse_ops
+from touba.memory._key_events import KeyEventService, owner_for, render_key_events_block
+from touba.memory._model import (
+    CreateEventOp,
+    ExtractionJob,
+    FieldChange,
+    KeyEvent,
+    KeyEventUpdate,
+    SessionMeta,
+    StoredTurn,
+    UpdateEventOp,
+)
+from touba.memory._store import MemoryStore
+from touba.memory._window import select_prior_turns
+from touba.memory.sqlite import SqliteMemoryStore
 
-__all__ = ["KeyEventsConfig", "MemoryConfig"]
+if TYPE_CHECKING:
+    from touba.memory.postgres import PostgresMemoryStore
+
+__all__ = [
+    "CreateEventOp",
+    "ExtractionJob",
+    "ExtractionQueue",
+    "FieldChange",
+    "KeyEvent",
+    "KeyEventService",
+    "KeyEventUpdate",
+    "KeyEventsConfig",
+    "MemoryConfig",
+    "MemoryStore",
+    "PostgresMemoryStore",
+    "SessionMeta",
+    "SqliteMemoryStore",
+    "StoredTurn",
+    "UpdateEventOp",
+    "owner_for",
+    "parse_ops",
+    "render_key_events_block",
+    "select_prior_turns",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresMemoryStore":
+        from touba.memory.postgres import PostgresMemoryStore
+
+        return PostgresMemoryStore
+    raise AttributeError(f"module 'touba.memory' has no attribute {name!r}")

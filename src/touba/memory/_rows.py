@@ -1,0 +1,240 @@
+"""The SQL both built-in stores run, and the codecs from their rows to the records.
+
+:data:`STATEMENTS` is the common subset of SQLite (>= 3.35) and PostgreSQL:
+``RETURNING``, ``ON CONFLICT DO NOTHING``, ``CAST(%s AS TEXT) IS NULL`` for
+optional filters, ``strpos`` and ``lower`` (SQLite gets Unicode-aware ones as
+functions). ``{sessions}``, ``{turns}``, ``{events}``, ``{history}`` and
+``{jobs}`` are table names, ``{for_update}`` and ``{skip_locked}`` row-lock
+clauses (empty in SQLite, whose writers are serialised), ``{*_cols}`` the
+column lists below; each backend fills them in once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from touba.errors import ConfigurationError, MemoryStoreUnavailable
+from touba.history._model import canonical_json
+from touba.memory._model import (
+    ExtractedOp,
+    ExtractionJob,
+    FieldChange,
+    KeyEvent,
+    KeyEventUpdate,
+    SessionMeta,
+    StoredTurn,
+    op_from_dict,
+    op_to_dict,
+    trace_from_data,
+)
+
+__all__ = [
+    "COLUMNS",
+    "EXPIRED_LAST_ATTEMPT",
+    "MAX_ERROR_CHARS",
+    "STATEMENTS",
+    "Row",
+    "changes_json",
+    "dumps",
+    "event_from_row",
+    "job_from_row",
+    "ops_json",
+    "session_from_row",
+    "turn_from_row",
+    "update_from_row",
+]
+
+Row = Sequence[Any]
+Ts = Callable[[Any], datetime]
+
+SESSION_COLUMNS = "session_id, owner, agent_ref, mode, created_at, ended_at, turns"
+TURN_COLUMNS = "session_id, idx, user_text, replies, trace, invocation_id, created_at"
+EVENT_COLUMNS = "id, owner, type, title, status, details, created_at, updated_at, session_id"
+HISTORY_COLUMNS = "at, session_id, changes, op_id"
+JOB_COLUMNS = (
+    "id, session_id, owner, agent_ref, transcript_ref, status, attempts, max_attempts, "
+    "next_attempt_at, created_at, updated_at, lease_owner, lease_token, lease_expires_at, "
+    "last_error, ops, result"
+)
+MAX_ERROR_CHARS = 2000
+EXPIRED_LAST_ATTEMPT = (
+    "the worker's lease expired on the last attempt (the worker crashed or overran "
+    "lease_seconds); requeue the job once the cause is fixed"
+)
+
+
+COLUMNS = {
+    "session_cols": SESSION_COLUMNS,
+    "turn_cols": TURN_COLUMNS,
+    "event_cols": EVENT_COLUMNS,
+    "history_cols": HISTORY_COLUMNS,
+    "job_cols": JOB_COLUMNS,
+}
+# {sessions} {turns} {events} {history} {jobs}: table names; {for_update} and
+# {skip_locked}: row-lock clauses (empty in SQLite, whose writers are serialised).
+STATEMENTS: dict[str, str] = {
+    "session": "SELECT {session_cols} FROM {sessions} WHERE session_id = %s",
+    "insert_session": "INSERT INTO {sessions} (session_id, owner, agent_ref, mode, created_at)"
+    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+    "end_session": "UPDATE {sessions} SET ended_at = COALESCE(ended_at, %s) WHERE session_id = %s",
+    "list_sessions": "SELECT {session_cols} FROM {sessions}"
+    " WHERE CAST(%s AS TEXT) IS NULL OR owner = %s ORDER BY created_at DESC, session_id LIMIT %s",
+    "delete_turns": "DELETE FROM {turns} WHERE session_id = %s",
+    "delete_session": "DELETE FROM {sessions} WHERE session_id = %s",
+    "next_turn": "UPDATE {sessions} SET turns = turns + 1"
+    " WHERE session_id = %s AND ended_at IS NULL RETURNING turns",
+    "insert_turn": "INSERT INTO {turns} ({turn_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+    "recent_turns": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
+    " ORDER BY idx DESC LIMIT %s",
+    "event_by_op": "SELECT {event_cols} FROM {events} WHERE op_id = %s",
+    "event": "SELECT {event_cols} FROM {events} WHERE id = %s AND owner = %s",
+    "event_locked": "SELECT {event_cols} FROM {events} WHERE id = %s AND owner = %s{for_update}",
+    "insert_event": "INSERT INTO {events} ({event_cols}, touched, op_id)"
+    " VALUES (%s, %s, %s, %s, 'open', %s, %s, %s, %s,"
+    " (SELECT COALESCE(MAX(e.touched), 0) + 1 FROM {events} e WHERE e.owner = %s), %s)"
+    " ON CONFLICT DO NOTHING",
+    "op_applied": "SELECT 1 FROM {history} WHERE op_id = %s",
+    "update_event": "UPDATE {events} SET status = %s, title = %s, details = %s, updated_at = %s,"
+    " touched = (SELECT COALESCE(MAX(e.touched), 0) + 1 FROM {events} e WHERE e.owner = %s)"
+    " WHERE id = %s",
+    "insert_history": "INSERT INTO {history} (event_id, at, session_id, changes, op_id)"
+    " VALUES (%s, %s, %s, %s, %s)",
+    "history": "SELECT {history_cols} FROM {history} WHERE event_id = %s ORDER BY seq",
+    "query_events": "SELECT {event_cols} FROM {events} WHERE owner = %s"
+    " AND (CAST(%s AS TEXT) IS NULL OR type = %s)"
+    " AND (CAST(%s AS TEXT) IS NULL OR status = %s) AND (%s OR status <> 'closed')"
+    " AND (CAST(%s AS TEXT) IS NULL OR strpos(lower(title), lower(%s)) > 0"
+    " OR strpos(lower(details), lower(%s)) > 0) ORDER BY touched DESC, id DESC LIMIT %s",
+    "insert_job": "INSERT INTO {jobs} (id, session_id, owner, agent_ref, transcript_ref, status,"
+    " attempts, max_attempts, next_attempt_at, created_at, updated_at)"
+    " VALUES (%s, %s, %s, %s, %s, 'pending', 0, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+    "job": "SELECT {job_cols} FROM {jobs} WHERE id = %s",
+    "expire_jobs": "UPDATE {jobs} SET status = 'failed', last_error = %s, lease_owner = NULL,"
+    " lease_token = NULL, lease_expires_at = NULL, updated_at = %s"
+    " WHERE status = 'running' AND lease_expires_at <= %s AND attempts >= max_attempts",
+    "due_job": "SELECT id FROM {jobs} WHERE (status = 'pending' AND next_attempt_at <= %s)"
+    " OR (status = 'running' AND lease_expires_at <= %s AND attempts < max_attempts)"
+    " ORDER BY next_attempt_at, created_at, id LIMIT 1{skip_locked}",
+    "claim_job": "UPDATE {jobs} SET status = 'running', attempts = attempts + 1,"
+    " lease_owner = %s, lease_token = %s, lease_expires_at = %s, updated_at = %s WHERE id = %s",
+    "leased_job": "SELECT {job_cols} FROM {jobs}"
+    " WHERE id = %s AND status = 'running' AND lease_token = %s{for_update}",
+    "set_ops": "UPDATE {jobs} SET ops = COALESCE(ops, %s), updated_at = %s WHERE id = %s",
+    "finish_job": "UPDATE {jobs} SET status = %s, result = %s, next_attempt_at = %s,"
+    " last_error = %s, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,"
+    " updated_at = %s WHERE id = %s",
+    "requeue_job": "UPDATE {jobs} SET status = 'pending', attempts = 0, next_attempt_at = %s,"
+    " updated_at = %s WHERE id = %s AND status = 'failed'",
+    "list_jobs": "SELECT {job_cols} FROM {jobs} WHERE CAST(%s AS TEXT) IS NULL OR status = %s"
+    " ORDER BY updated_at DESC, id LIMIT %s",
+}
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, refusing what JSON or UTF-8 cannot hold."""
+    try:
+        text = canonical_json(value)
+        text.encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"value is not JSON-compatible ({e}); nothing was saved") from e
+    return text
+
+
+def _loads(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise MemoryStoreUnavailable(f"stored {what} is not JSON; repair or delete it") from e
+
+
+def session_from_row(row: Sequence[Any], ts: Ts) -> SessionMeta:
+    session_id, owner, agent_ref, mode, created, ended_at, turns = row
+    end = None if ended_at is None else ts(ended_at)
+    return SessionMeta(session_id, owner, agent_ref, mode, ts(created), end, turns)
+
+
+def turn_from_row(row: Sequence[Any], ts: Ts) -> StoredTurn:
+    session_id, index, user, replies, trace, invocation_id, created = row
+    parsed_user, parsed_replies = _loads(user, "user message"), _loads(replies, "replies")
+    try:
+        parsed_trace = trace_from_data(_loads(trace, "trace"))
+    except ValueError as e:
+        raise MemoryStoreUnavailable(f"turn {index} of session {session_id}: {e}") from e
+    if not isinstance(parsed_user, str) or not isinstance(parsed_replies, list):
+        raise MemoryStoreUnavailable(f"turn {index} of session {session_id} is malformed")
+    return StoredTurn(
+        session_id,
+        index,
+        parsed_user,
+        tuple(parsed_replies),
+        parsed_trace,
+        invocation_id,
+        ts(created),
+    )
+
+
+def event_from_row(
+    row: Sequence[Any], ts: Ts, history: tuple[KeyEventUpdate, ...] | None = None
+) -> KeyEvent:
+    event_id, owner, type_, title, status, details, created, updated, session_id = row
+    return KeyEvent(
+        event_id,
+        owner,
+        type_,
+        title,
+        status,
+        details,
+        ts(created),
+        ts(updated),
+        session_id,
+        history,
+    )
+
+
+def update_from_row(row: Sequence[Any], ts: Ts) -> KeyEventUpdate:
+    at, session_id, changes, op_id = row
+    parsed = _loads(changes, "event history")
+    return KeyEventUpdate(
+        ts(at), session_id, tuple(FieldChange(c[0], c[1], c[2]) for c in parsed), op_id
+    )
+
+
+def changes_json(changes: Sequence[FieldChange]) -> str:
+    return dumps([[c.field, c.old, c.new] for c in changes])
+
+
+def ops_json(ops: Sequence[ExtractedOp]) -> str:
+    return dumps([op_to_dict(op) for op in ops])
+
+
+def job_from_row(row: Sequence[Any], ts: Ts) -> ExtractionJob:
+    (job_id, session_id, owner, agent_ref, transcript_ref, status, attempts, max_attempts) = row[:8]
+    next_at, created, updated, lease_owner, lease_token, lease_exp, error, ops, result = row[8:]
+    parsed_ops = None
+    if ops is not None:
+        try:
+            parsed_ops = tuple(op_from_dict(op) for op in _loads(ops, "job ops"))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise MemoryStoreUnavailable(f"extraction job {job_id} holds bad ops: {e}") from e
+    return ExtractionJob(
+        id=job_id,
+        session_id=session_id,
+        owner=owner,
+        agent_ref=agent_ref,
+        transcript_ref=transcript_ref,
+        status=status,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        next_attempt_at=ts(next_at),
+        created_at=ts(created),
+        updated_at=ts(updated),
+        lease_owner=lease_owner,
+        lease_token=lease_token,
+        lease_expires_at=None if lease_exp is None else ts(lease_exp),
+        last_error=error,
+        ops=parsed_ops,
+        result=None if result is None else _loads(result, "job result"),
+    )

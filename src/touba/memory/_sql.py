@@ -1,0 +1,397 @@
+"""The logic of the SQL memory stores, written once over a three-method connection.
+
+``SqlMemoryStore`` implements every ``MemoryStore`` operation as one
+transaction of the statements of :mod:`touba.memory._rows`. A backend
+supplies the transaction (``_atomic``), the statements compiled for its
+dialect, and its timestamp codec. Key events are ordered by ``touched``, a
+per-owner write counter, so "most recently updated" follows the order of
+writes even when clock readings tie.
+"""
+
+from __future__ import annotations
+
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+from touba.history._model import JSON
+from touba.memory._model import (
+    ExtractedOp,
+    ExtractionJob,
+    JobStatus,
+    KeyEvent,
+    KeyEventStatus,
+    SessionMeta,
+    SessionMode,
+    StoredTurn,
+    diff_fields,
+    trace_to_data,
+)
+from touba.memory._rows import (
+    EXPIRED_LAST_ATTEMPT,
+    MAX_ERROR_CHARS,
+    Row,
+    changes_json,
+    dumps,
+    event_from_row,
+    job_from_row,
+    ops_json,
+    session_from_row,
+    turn_from_row,
+    update_from_row,
+)
+from touba.memory._store import (
+    Clock,
+    check_clock,
+    check_mode,
+    check_op_owner,
+    check_reopen,
+    ended,
+    job_id_for,
+    lease_lost,
+    new_event_id,
+    requeued_job,
+    unknown_session,
+)
+from touba.providers._types import TraceCall
+
+__all__ = ["Db", "SqlMemoryStore"]
+
+R = TypeVar("R")
+
+
+class Db(Protocol):
+    """One open transaction of a backend, running statements by name."""
+
+    async def one(self, name: str, params: Sequence[Any] = ()) -> Row | None: ...
+
+    async def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+    async def run(self, name: str, params: Sequence[Any] = ()) -> int: ...
+
+
+class SqlMemoryStore(ABC):
+    """Every ``MemoryStore`` operation, each one atomic; a backend provides the rest."""
+
+    _clock: Clock
+
+    def now(self) -> datetime:
+        return check_clock(self._clock)
+
+    @abstractmethod
+    def _enc(self, moment: datetime) -> Any: ...
+
+    @abstractmethod
+    def _dec(self, value: Any) -> datetime: ...
+
+    @abstractmethod
+    async def _atomic(self, body: Callable[[Db], Awaitable[R]], *, write: bool = True) -> R:
+        """Run ``body`` in one transaction (committed, or rolled back if it raises)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def _read(self, name: str, params: Sequence[Any]) -> list[Row]:
+        """One read-only statement in its own transaction."""
+
+        async def body(db: Db) -> list[Row]:
+            return await db.all(name, params)
+
+        return await self._atomic(body, write=False)
+
+    async def _job(self, db: Db, job_id: str) -> ExtractionJob:
+        row = await db.one("job", (job_id,))
+        assert row is not None
+        return job_from_row(row, self._dec)
+
+    # -- sessions and turns --------------------------------------------------------------
+
+    async def open_session(
+        self, session_id: str, *, owner: str, agent_ref: str, mode: SessionMode
+    ) -> SessionMeta:
+        """Create the session, or return it if it exists with the same owner, agent, mode."""
+        check_mode(mode)
+
+        async def body(db: Db) -> SessionMeta:
+            values = (session_id, owner, agent_ref, mode, self._enc(self.now()))
+            await db.run("insert_session", values)
+            row = await db.one("session", (session_id,))
+            assert row is not None
+            return check_reopen(session_from_row(row, self._dec), owner, agent_ref, mode)
+
+        return await self._atomic(body)
+
+    async def get_session(self, session_id: str) -> SessionMeta | None:
+        rows = await self._read("session", (session_id,))
+        return session_from_row(rows[0], self._dec) if rows else None
+
+    async def end_session(self, session_id: str) -> SessionMeta:
+        """Mark the session ended (idempotent: the first end time stays)."""
+
+        async def body(db: Db) -> SessionMeta:
+            if not await db.run("end_session", (self._enc(self.now()), session_id)):
+                raise unknown_session(session_id)
+            row = await db.one("session", (session_id,))
+            assert row is not None
+            return session_from_row(row, self._dec)
+
+        return await self._atomic(body)
+
+    async def list_sessions(
+        self, *, owner: str | None = None, limit: int = 100
+    ) -> list[SessionMeta]:
+        """Sessions, newest first (all owners when ``owner`` is None)."""
+        rows = await self._read("list_sessions", (owner, owner, max(limit, 0)))
+        return [session_from_row(row, self._dec) for row in rows]
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete a session and its turns; its owner's key events and jobs stay."""
+
+        async def body(db: Db) -> bool:
+            await db.run("delete_turns", (session_id,))
+            return await db.run("delete_session", (session_id,)) > 0
+
+        return await self._atomic(body)
+
+    async def append_turn(
+        self,
+        session_id: str,
+        *,
+        user: str,
+        replies: Sequence[str],
+        trace: Sequence[Sequence[TraceCall]] = (),
+        invocation_id: str | None = None,
+    ) -> StoredTurn:
+        """Add the next turn of an open session; its index is given by the store."""
+        # All three as JSON: PostgreSQL text cannot hold a NUL character, JSON escapes it.
+        user_json, replies_json = dumps(user), dumps(list(replies))
+        trace_json = dumps(trace_to_data(trace))
+
+        async def body(db: Db) -> StoredTurn:
+            row = await db.one("next_turn", (session_id,))
+            if row is None:
+                if await db.one("session", (session_id,)) is None:
+                    raise unknown_session(session_id)
+                raise ended(session_id)
+            now = self._enc(self.now())
+            values = (
+                session_id,
+                row[0] - 1,
+                user_json,
+                replies_json,
+                trace_json,
+                invocation_id,
+                now,
+            )
+            await db.run("insert_turn", values)
+            return turn_from_row(values, self._dec)
+
+        return await self._atomic(body)
+
+    async def recent_turns(self, session_id: str, limit: int) -> tuple[StoredTurn, ...]:
+        """The last ``limit`` turns, oldest first (none for an unknown session)."""
+        rows = await self._read("recent_turns", (session_id, max(limit, 0)))
+        return tuple(turn_from_row(row, self._dec) for row in reversed(rows))
+
+    # -- key events ----------------------------------------------------------------------
+
+    async def create_event(
+        self,
+        *,
+        owner: str,
+        type: str,
+        title: str,
+        details: str,
+        session_id: str,
+        op_id: str | None = None,
+    ) -> KeyEvent:
+        """Insert an open event; with ``op_id`` seen before, return that event instead."""
+
+        async def body(db: Db) -> KeyEvent:
+            now = self._enc(self.now())
+            while True:
+                if op_id is not None and (row := await db.one("event_by_op", (op_id,))):
+                    return check_op_owner(event_from_row(row, self._dec), owner, op_id)
+                values = (new_event_id(), owner, type, title, details, now, now, session_id)
+                if await db.run("insert_event", (*values, owner, op_id)):
+                    return event_from_row((*values[:4], "open", *values[4:]), self._dec)
+                # an id collision (next to impossible), or the same op_id committed meanwhile
+
+        return await self._atomic(body)
+
+    async def update_event(
+        self,
+        owner: str,
+        event_id: str,
+        changes: Mapping[str, str],
+        *,
+        session_id: str,
+        op_id: str | None = None,
+    ) -> KeyEvent | None:
+        """Apply the changes that alter something and record them; None if not the owner's."""
+
+        async def body(db: Db) -> KeyEvent | None:
+            row = await db.one("event_locked", (event_id, owner))
+            if row is None:
+                return None
+            event = event_from_row(row, self._dec)
+            if op_id is not None and await db.one("op_applied", (op_id,)):
+                return event
+            diff = diff_fields(event, changes)
+            if not diff:
+                return event
+            new: dict[str, Any] = {change.field: change.new for change in diff}
+            now = self.now()
+            fields = [
+                new.get(name, getattr(event, name)) for name in ("status", "title", "details")
+            ]
+            await db.run("update_event", (*fields, self._enc(now), owner, event_id))
+            history = (event_id, self._enc(now), session_id, changes_json(diff), op_id)
+            await db.run("insert_history", history)
+            row = await db.one("event", (event_id, owner))
+            assert row is not None
+            return event_from_row(row, self._dec)
+
+        return await self._atomic(body)
+
+    async def get_event(self, owner: str, event_id: str) -> KeyEvent | None:
+        """The event with its update history, oldest first; None for another owner's id."""
+
+        async def body(db: Db) -> KeyEvent | None:
+            row = await db.one("event", (event_id, owner))
+            if row is None:
+                return None
+            history = await db.all("history", (event_id,))
+            updates = tuple(update_from_row(h, self._dec) for h in history)
+            return event_from_row(row, self._dec, updates)
+
+        return await self._atomic(body, write=False)
+
+    async def query_events(
+        self,
+        owner: str,
+        *,
+        type: str | None = None,
+        status: KeyEventStatus | None = None,
+        text: str | None = None,
+        include_closed: bool = False,
+        limit: int = 20,
+    ) -> list[KeyEvent]:
+        """The owner's events, most recently updated first (history not loaded)."""
+        limit = max(limit, 0)
+        params = (owner, type, type, status, status, include_closed, text, text, text, limit)
+        rows = await self._read("query_events", params)
+        return [event_from_row(row, self._dec) for row in rows]
+
+    # -- extraction jobs -----------------------------------------------------------------
+
+    async def enqueue_job(
+        self, *, session_id: str, owner: str, agent_ref: str, transcript_ref: str, max_attempts: int
+    ) -> tuple[ExtractionJob, bool]:
+        """Queue the job of one session end; the same end again returns the same job."""
+        job_id = job_id_for(session_id, transcript_ref)
+
+        async def body(db: Db) -> tuple[ExtractionJob, bool]:
+            now = self._enc(self.now())
+            values = (job_id, session_id, owner, agent_ref, transcript_ref, max_attempts)
+            created = await db.run("insert_job", (*values, now, now, now))
+            return await self._job(db, job_id), created > 0
+
+        return await self._atomic(body)
+
+    async def claim_job(self, worker_id: str, lease_seconds: float) -> ExtractionJob | None:
+        """Lease the next due job: pending and due, or running with an expired lease."""
+
+        async def body(db: Db) -> ExtractionJob | None:
+            moment = self.now()
+            now = self._enc(moment)
+            await db.run("expire_jobs", (EXPIRED_LAST_ATTEMPT, now, now))
+            row = await db.one("due_job", (now, now))
+            if row is None:
+                return None
+            until = self._enc(moment + timedelta(seconds=lease_seconds))
+            await db.run("claim_job", (worker_id, secrets.token_hex(16), until, now, row[0]))
+            return await self._job(db, row[0])
+
+        return await self._atomic(body)
+
+    async def _leased(
+        self, job_id: str, token: str, change: Callable[[Db, ExtractionJob], Awaitable[None]]
+    ) -> ExtractionJob:
+        async def body(db: Db) -> ExtractionJob:
+            row = await db.one("leased_job", (job_id, token))
+            if row is None:
+                raise lease_lost(job_id)
+            await change(db, job_from_row(row, self._dec))
+            return await self._job(db, job_id)
+
+        return await self._atomic(body)
+
+    async def record_job_ops(
+        self, job_id: str, lease_token: str, ops: Sequence[ExtractedOp]
+    ) -> tuple[ExtractedOp, ...]:
+        """Record the extracted ops once; return the recorded ones (the first run's)."""
+        encoded = ops_json(ops)
+
+        async def change(db: Db, job: ExtractionJob) -> None:
+            await db.run("set_ops", (encoded, self._enc(self.now()), job_id))
+
+        job = await self._leased(job_id, lease_token, change)
+        assert job.ops is not None
+        return job.ops
+
+    async def _finish(
+        self, job_id: str, token: str, result: JSON, error: str | None, retry_at: datetime | None
+    ) -> ExtractionJob:
+        """Done (``error`` None), pending again at ``retry_at``, or failed for good."""
+        encoded = None if result is None else dumps(result)
+
+        async def change(db: Db, job: ExtractionJob) -> None:
+            status, next_at, message = "done", job.next_attempt_at, job.last_error
+            if error is not None:
+                message = error[:MAX_ERROR_CHARS]
+                if retry_at is None or job.attempts >= job.max_attempts:
+                    status = "failed"
+                else:
+                    status, next_at = "pending", retry_at
+            now = self._enc(self.now())
+            values = (status, encoded, self._enc(next_at), message, now, job_id)
+            await db.run("finish_job", values)
+
+        return await self._leased(job_id, token, change)
+
+    async def complete_job(self, job_id: str, lease_token: str, result: JSON) -> ExtractionJob:
+        """Mark the job done with its result (JSON)."""
+        return await self._finish(job_id, lease_token, result, None, None)
+
+    async def fail_job(
+        self, job_id: str, lease_token: str, error: str, retry_at: datetime | None
+    ) -> ExtractionJob:
+        """Pending again at ``retry_at``; ``failed`` for good when None or out of attempts."""
+        return await self._finish(job_id, lease_token, None, error, retry_at)
+
+    async def requeue_job(self, job_id: str) -> ExtractionJob:
+        """Give a ``failed`` job a fresh set of attempts, due now."""
+
+        async def body(db: Db) -> ExtractionJob:
+            now = self._enc(self.now())
+            requeued = await db.run("requeue_job", (now, now, job_id))
+            row = await db.one("job", (job_id,))
+            return requeued_job(
+                job_id, None if row is None else job_from_row(row, self._dec), requeued
+            )
+
+        return await self._atomic(body)
+
+    async def get_job(self, job_id: str) -> ExtractionJob | None:
+        rows = await self._read("job", (job_id,))
+        return job_from_row(rows[0], self._dec) if rows else None
+
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, limit: int = 100
+    ) -> list[ExtractionJob]:
+        """Jobs, most recently changed first; ``status="failed"`` shows what needs a look."""
+        rows = await self._read("list_jobs", (status, status, max(limit, 0)))
+        return [job_from_row(row, self._dec) for row in rows]

@@ -1,0 +1,238 @@
+"""The chat memory storage contract (SPEC sections 8 and 9) and its small shared helpers.
+
+A ``MemoryStore`` keeps three things: each session's turns (with its
+``SessionMeta``), key events with their update history, and extraction jobs.
+Every method is one atomic step. Stores hold no business rules beyond
+atomicity: validation of what the model sent lives in ``KeyEventService``,
+the retry policy in ``ExtractionQueue``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+from touba.errors import ConfigurationError, ExtractionLeaseLost
+from touba.history._model import JSON
+from touba.memory._model import (
+    ExtractedOp,
+    ExtractionJob,
+    JobStatus,
+    KeyEvent,
+    KeyEventStatus,
+    SessionMeta,
+    SessionMode,
+    StoredTurn,
+)
+from touba.providers._types import TraceCall
+
+__all__ = [
+    "Clock",
+    "MemoryStore",
+    "check_clock",
+    "check_mode",
+    "check_op_owner",
+    "check_reopen",
+    "ended",
+    "job_id_for",
+    "lease_lost",
+    "new_event_id",
+    "requeued_job",
+    "unknown_session",
+    "utc_now",
+]
+
+Clock = Callable[[], datetime]
+
+
+@runtime_checkable
+class MemoryStore(Protocol):
+    """Turns per session, key events and extraction jobs; ``close()`` or ``async with``."""
+
+    def now(self) -> datetime:
+        """The store's clock (aware): it stamps writes and decides leases and retries."""
+
+    async def open_session(
+        self, session_id: str, *, owner: str, agent_ref: str, mode: SessionMode
+    ) -> SessionMeta:
+        """Create a session, or return it when owner, agent and mode match (else refuse)."""
+
+    async def get_session(self, session_id: str) -> SessionMeta | None:
+        """The session, or None."""
+
+    async def end_session(self, session_id: str) -> SessionMeta:
+        """Mark a session ended (the first end time stays); no turn is added after."""
+
+    async def list_sessions(
+        self, *, owner: str | None = None, limit: int = 100
+    ) -> list[SessionMeta]:
+        """Sessions, newest first, of one owner or of all."""
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Delete a session and its turns; key events and jobs stay."""
+
+    async def append_turn(
+        self,
+        session_id: str,
+        *,
+        user: str,
+        replies: Sequence[str],
+        trace: Sequence[Sequence[TraceCall]] = (),
+        invocation_id: str | None = None,
+    ) -> StoredTurn:
+        """Add the next turn of an open session; the store numbers it."""
+
+    async def recent_turns(self, session_id: str, limit: int) -> tuple[StoredTurn, ...]:
+        """The last ``limit`` turns, oldest first (none for an unknown session)."""
+
+    async def create_event(
+        self,
+        *,
+        owner: str,
+        type: str,
+        title: str,
+        details: str,
+        session_id: str,
+        op_id: str | None = None,
+    ) -> KeyEvent:
+        """Insert an open event; an ``op_id`` seen before returns that event."""
+
+    async def update_event(
+        self,
+        owner: str,
+        event_id: str,
+        changes: Mapping[str, str],
+        *,
+        session_id: str,
+        op_id: str | None = None,
+    ) -> KeyEvent | None:
+        """Apply real changes and record them; None if the id is not the owner's."""
+
+    async def get_event(self, owner: str, event_id: str) -> KeyEvent | None:
+        """The event with its history; None if the id is not the owner's."""
+
+    async def query_events(
+        self,
+        owner: str,
+        *,
+        type: str | None = None,
+        status: KeyEventStatus | None = None,
+        text: str | None = None,
+        include_closed: bool = False,
+        limit: int = 20,
+    ) -> list[KeyEvent]:
+        """The owner's events by ``touched`` (latest write first), history not loaded."""
+
+    async def enqueue_job(
+        self, *, session_id: str, owner: str, agent_ref: str, transcript_ref: str, max_attempts: int
+    ) -> tuple[ExtractionJob, bool]:
+        """Queue one session end's job (same end, same job); True if new."""
+
+    async def claim_job(self, worker_id: str, lease_seconds: float) -> ExtractionJob | None:
+        """Lease the next due job, or a job whose lease expired; None if none."""
+
+    async def record_job_ops(
+        self, job_id: str, lease_token: str, ops: Sequence[ExtractedOp]
+    ) -> tuple[ExtractedOp, ...]:
+        """Record a leased job's ops once; return the recorded ones."""
+
+    async def complete_job(self, job_id: str, lease_token: str, result: JSON) -> ExtractionJob:
+        """Mark a leased job done (``ExtractionLeaseLost`` if not leased)."""
+
+    async def fail_job(
+        self, job_id: str, lease_token: str, error: str, retry_at: datetime | None
+    ) -> ExtractionJob:
+        """Pending again at ``retry_at``; failed when None or out of attempts."""
+
+    async def requeue_job(self, job_id: str) -> ExtractionJob:
+        """Make a failed job pending with fresh attempts."""
+
+    async def get_job(self, job_id: str) -> ExtractionJob | None:
+        """The job, or None."""
+
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, limit: int = 100
+    ) -> list[ExtractionJob]:
+        """Jobs, most recently changed first, optionally of one status."""
+
+    async def close(self) -> None:
+        """Let running calls finish, then release connections (idempotent)."""
+
+
+# -- shared pieces -----------------------------------------------------------------------
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def check_clock(clock: Clock) -> datetime:
+    """The clock's time, refusing a naive datetime."""
+    now = clock()
+    if not isinstance(now, datetime) or now.tzinfo is None or now.utcoffset() is None:
+        raise ConfigurationError(f"clock must return a timezone-aware datetime, got {now!r}")
+    return now
+
+
+def new_event_id() -> str:
+    return "ke_" + secrets.token_hex(8)
+
+
+def job_id_for(session_id: str, transcript_ref: str) -> str:
+    """One job per session end: the same session and transcript give the same id."""
+    digest = hashlib.sha256(f"{session_id}\x00{transcript_ref}".encode()).hexdigest()
+    return "xj_" + digest[:24]
+
+
+def unknown_session(session_id: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"chat session {session_id!r} was never opened in this store; call open_session first"
+    )
+
+
+def ended(session_id: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"chat session {session_id!r} has ended; start a new session to add turns"
+    )
+
+
+def lease_lost(job_id: str) -> ExtractionLeaseLost:
+    return ExtractionLeaseLost(
+        f"extraction job {job_id} is no longer leased to this worker (its lease expired and "
+        "it was claimed again, or it finished); nothing was changed",
+        job_id=job_id,
+    )
+
+
+def requeued_job(job_id: str, job: ExtractionJob | None, requeued: int) -> ExtractionJob:
+    """The job ``requeue_job`` made pending again, or the error saying why it could not."""
+    if job is None:
+        raise ConfigurationError(f"there is no extraction job {job_id!r}")
+    if not requeued:
+        raise ConfigurationError(f"only a failed job can be requeued; job {job_id} is {job.status}")
+    return job
+
+
+def check_mode(mode: object) -> None:
+    if mode not in ("live", "preview"):
+        raise ConfigurationError(f"mode must be 'live' or 'preview', got {mode!r}")
+
+
+def check_op_owner(event: KeyEvent, owner: str, op_id: str) -> KeyEvent:
+    """The event an op id already made, only to its own owner."""
+    if event.owner != owner:
+        raise ConfigurationError(f"op_id {op_id!r} was already used for another owner")
+    return event
+
+
+def check_reopen(found: SessionMeta, owner: str, agent_ref: str, mode: str) -> SessionMeta:
+    """An existing session may only be reopened with the same owner, agent and mode."""
+    if (found.owner, found.agent_ref, found.mode) != (owner, agent_ref, mode):
+        raise ConfigurationError(
+            f"chat session {found.session_id!r} already exists for another owner, agent or "
+            "mode; use a new session_id"
+        )
+    return found
