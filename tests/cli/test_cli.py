@@ -18,22 +18,35 @@ from touba.history.sqlite import SqliteHistoryStore
 runner = CliRunner()
 
 
-def test_demo_runs_offline_and_shows_trimming_summary_restart_and_busy(tmp_path: Path) -> None:
+def _touba(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "touba.cli", *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_demo_runs_offline_across_two_processes(tmp_path: Path) -> None:
+    """Trimming, summary, an approval resumed by a new process, restart, busy."""
     state = tmp_path / ".touba"
-    result = runner.invoke(app, ["demo", "--dir", str(state)])
-    assert result.exit_code == 0, result.output
+    result = _touba("demo", "--dir", str(state))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(state / "history.sqlite").st_mode) == 0o600
+    for name in ("history.sqlite", "checkpoints.sqlite"):
+        assert stat.S_IMODE(os.stat(state / name).st_mode) == 0o600
     for expected in (
         "history_trimmed",
         "decision_history_summary",
-        "after restart",
+        "awaiting_approval",
+        "(same identity) -> completed; history messages found in SQLite",
+        "the refund of D4 is approved and issued",
+        "retains 6 exchanges, 11 messages",
         "DecisionHistoryBusy",
-        "D4's refund is pending",
     ):
-        assert expected in result.output
-    again = runner.invoke(app, ["demo", "--dir", str(state)])  # rerunnable
-    assert again.exit_code == 0, again.output
+        assert expected in out, expected
+    assert "LOST" not in out
+    again = _touba("demo", "--dir", str(state))  # rerunnable
+    assert again.returncode == 0, again.stderr
 
 
 def test_demo_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
