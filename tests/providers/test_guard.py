@@ -43,8 +43,9 @@ def scenarios(draw):
 
 
 @settings(max_examples=400, deadline=None)
-@given(scenarios())
-def test_cut_equals_one_at_a_time_within_count_budget(scenario) -> None:
+@given(scenarios(), st.none() | st.integers(min_value=-2, max_value=70))
+def test_cut_equals_one_at_a_time_within_count_budget(scenario, hint) -> None:
+    """Whatever the hint (absent, right, wrong, out of range), the answer is exact."""
     weights, request_bytes, counts, limit = scenario
     asked: list[int] = []
 
@@ -52,15 +53,20 @@ def test_cut_equals_one_at_a_time_within_count_budget(scenario) -> None:
         asked.append(drop)
         return int(counts[drop])
 
+    async def cut() -> int:
+        return await find_cut(weights, request_bytes, measure, limit, hint=hint)
+
     expected = one_at_a_time(counts, limit)
     n = len(weights) + 1  # exchanges in the window: the droppable ones and the last
     if expected is None:
         with pytest.raises(ProviderContextWindowExceeded):
-            asyncio.run(find_cut(weights, request_bytes, measure, limit))
+            asyncio.run(cut())
     else:
-        assert asyncio.run(find_cut(weights, request_bytes, measure, limit)) == expected
-    budget = 1 if expected == 0 else 2 + math.ceil(math.log2(n))
+        assert asyncio.run(cut()) == expected
+    without_hint = hint is None or not 0 < hint <= len(weights)
+    budget = 1 if expected == 0 and without_hint else 2 + math.ceil(math.log2(n))
     assert len(asked) <= budget, (asked, n)
+    assert len(asked) == len(set(asked)), "a drop level is never counted twice"
 
 
 def test_everything_fits_costs_one_count() -> None:
@@ -86,6 +92,22 @@ def test_sliding_window_costs_two_counts() -> None:
 
     assert asyncio.run(find_cut(weights, 16000, measure, 3950)) == 1
     assert asked == [0, 1]
+
+
+def test_sliding_window_with_the_last_cut_as_hint_costs_two_counts() -> None:
+    """In a tool loop the cut moves by one exchange: the hint and its neighbour settle it."""
+    weights = [400] * 30
+    for previous_cut, true_cut, expected_counts in [(5, 6, 2), (5, 5, 2), (9, 8, 3)]:
+        counts = [10_000] * (true_cut) + [100] * (31 - true_cut)
+        asked: list[int] = []
+
+        async def measure(drop: int, counts=counts, asked=asked) -> int:
+            asked.append(drop)
+            return int(counts[drop])
+
+        got = asyncio.run(find_cut(weights, 12_000, measure, 3_000, hint=previous_cut))
+        assert got == true_cut
+        assert len(asked) == expected_counts, asked
 
 
 def test_reserve_formula() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -169,6 +170,7 @@ class DecisionProvider:
             )
         self._context = context
         self._max_output_tokens = max_output_tokens
+        self._cuts = _Cuts()
 
     @property
     def provider(self) -> str:
@@ -286,12 +288,54 @@ class DecisionProvider:
             return count
 
         request_bytes = len(json.dumps(body(0), ensure_ascii=False).encode("utf-8"))
-        drop = await find_cut(plan.unit_bytes(), request_bytes, measure, limit)
-        return plan.dropping(drop)
+        key = plan.window.session_key
+        drop = await find_cut(
+            plan.unit_bytes(), request_bytes, measure, limit, hint=self._cuts.hint(key, plan)
+        )
+        fitted = plan.dropping(drop)
+        self._cuts.remember(
+            key, fitted, dropped_turns=len(plan.prior_turns) - len(fitted.prior_turns)
+        )
+        return fitted
 
     async def _emit(self, event: HistoryEvent) -> None:
         if self._history is not None:
             await self._history.emit(event)
+
+
+class _Cuts:
+    """Where the guard last cut each conversation: a hint for its next decision.
+
+    In a tool loop the cut moves by about one exchange per decision, so the
+    guard probes the last cut and its neighbour first (verified like any
+    guess). Bounded: the least recently used conversations are forgotten.
+    """
+
+    SIZE = 1024
+
+    def __init__(self) -> None:
+        self._last: OrderedDict[str, tuple[int, int]] = OrderedDict()
+
+    def hint(self, key: str, plan: Plan) -> int | None:
+        last = self._last.get(key) if key else None
+        if last is None:
+            return None
+        dropped_turns, first_exchange = last
+        turns = len(plan.prior_turns)
+        if dropped_turns < turns:
+            return dropped_turns
+        exchanges = first_exchange - plan.window.start
+        if exchanges <= 0:
+            return turns or None
+        return turns + (plan.window.summary is not None) + exchanges
+
+    def remember(self, key: str, fitted: Plan, *, dropped_turns: int) -> None:
+        if not key:
+            return
+        self._last[key] = (dropped_turns, fitted.window.start)
+        self._last.move_to_end(key)
+        while len(self._last) > self.SIZE:
+            self._last.popitem(last=False)
 
 
 def _stateless_window(request: DecisionRequest) -> HistoryWindow:

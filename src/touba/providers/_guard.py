@@ -78,39 +78,90 @@ async def find_cut(
     request_bytes: int,
     measure: Callable[[int], Awaitable[int]],
     limit: int,
+    *,
+    hint: int | None = None,
 ) -> int:
     """Return the smallest ``drop`` (0..len(unit_bytes)) with ``measure(drop) <= limit``.
 
-    ``unit_bytes`` weigh the droppable units, oldest first; ``request_bytes``
-    weighs the whole request, used with the first count to predict how many
-    units must go. Raises :class:`ProviderContextWindowExceeded` when even
-    dropping them all does not fit.
+    ``measure(drop)`` counts the request with the ``drop`` oldest units gone;
+    counts never grow as more is dropped. ``unit_bytes`` weigh the droppable
+    units (oldest first) and ``request_bytes`` the whole request: with the
+    first count they predict the cut. ``hint`` is where the previous decision
+    of the same conversation cut (a guess, verified like any other): in a
+    tool loop the cut moves by one exchange at most, so probing the hint and
+    its neighbour settles it in two counts. Every answer is confirmed by a
+    fitting count next to one that does not fit, and at most
+    ``2 + ceil(log2(len(unit_bytes) + 1))`` counts are made. Raises
+    :class:`ProviderContextWindowExceeded` when even dropping everything
+    droppable does not fit.
     """
-    first = await measure(0)
-    if first <= limit:
-        return 0
-    units = len(unit_bytes)
-    low, high = 0, units + 1  # measure(low) > limit; high == units + 1 means "none fits"
-    if units:
-        predicted = _predict(unit_bytes, request_bytes, first, limit)
-        if await measure(predicted) <= limit:
-            high = predicted
+    search = _Search(len(unit_bytes), measure, limit)
+    if hint is not None and 0 < hint <= search.units:
+        await search.walk(hint)
+    elif not await search.probe(0) and search.units:
+        await search.walk(_predict(unit_bytes, request_bytes, search.first_count, limit))
+    return await search.bisect()
+
+
+class _Search:
+    """The smallest fitting drop lies in ``(low, high]``; ``high == units + 1`` is "none"."""
+
+    def __init__(self, units: int, measure: Callable[[int], Awaitable[int]], limit: int) -> None:
+        self.units = units
+        self.low, self.high = -1, units + 1
+        self.budget = 2 + math.ceil(math.log2(units + 1)) if units else 1
+        self.counts = 0
+        self.first_count = 0
+        self._measure = measure
+        self._limit = limit
+
+    async def probe(self, drop: int) -> bool:
+        count = await self._measure(drop)
+        if not self.counts:
+            self.first_count = count
+        self.counts += 1
+        fits = count <= self._limit
+        if fits:
+            self.high = min(self.high, drop)
         else:
-            low = predicted
-    while high - low > 1:
-        middle = (low + high) // 2
-        if await measure(middle) <= limit:
-            high = middle
-        else:
-            low = middle
-    if high > units:
-        raise ProviderContextWindowExceeded(
-            "even the minimal request (instructions, capabilities, input, the last exchange "
-            "and the current observations) does not fit context_window_tokens with the "
-            "reserve; raise ContextConfig.context_window_tokens (within the model's real "
-            "window), lower max_output_tokens, or shorten instructions and results"
-        )
-    return high
+            self.low = max(self.low, drop)
+        return fits
+
+    async def walk(self, guess: int, steps: int = 2) -> None:
+        """Probe ``guess``, then step towards the answer while the count bound allows.
+
+        A good guess is settled by its neighbour (two counts); a guess off by
+        one more costs one more count; anything else is left to bisection.
+        """
+        fits = await self.probe(guess)
+        for _ in range(steps):
+            drop = guess - 1 if fits else guess + 1
+            if not self.low < drop < self.high:
+                return
+            worst = max(drop - self.low, self.high - drop)  # outcomes left after the probe
+            if self.counts + 1 + _bisections(worst) > self.budget:
+                return
+            if await self.probe(drop) != fits:
+                return
+            guess = drop
+
+    async def bisect(self) -> int:
+        while self.high - self.low > 1:
+            await self.probe((self.low + self.high) // 2)
+        if self.high > self.units:
+            raise ProviderContextWindowExceeded(
+                "even the minimal request (instructions, capabilities, input, the last "
+                "exchange and the current observations) does not fit context_window_tokens "
+                "with the reserve; raise ContextConfig.context_window_tokens (within the "
+                "model's real window), lower max_output_tokens, or shorten instructions "
+                "and results"
+            )
+        return self.high
+
+
+def _bisections(candidates: int) -> int:
+    """Counts a bisection needs to settle among ``candidates`` outcomes."""
+    return math.ceil(math.log2(candidates)) if candidates > 1 else 0
 
 
 def _predict(unit_bytes: Sequence[int], request_bytes: int, first: int, limit: int) -> int:
