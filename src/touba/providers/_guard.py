@@ -2,10 +2,13 @@
 
 Pure logic over a ``measure(drop)`` callback that counts the full request with
 the ``drop`` oldest droppable units removed (prior chat turns first, then the
-oldest exchanges). Counts never grow when more is dropped, so the smallest
-fitting ``drop`` is found with a predicted first probe, then bisection: at
+summary and the oldest exchanges). Counts never grow when more is dropped, so
+the smallest fitting ``drop`` is settled by a fitting count next to one that
+does not fit: a first guess (the conversation's previous cut, or a prediction
+from the first count and the units' sizes), its neighbour, then bisection. At
 most ``2 + ceil(log2(n))`` counts for ``n`` exchanges in the window, ``1`` when
-everything fits and ``2`` when the prediction is right.
+everything fits (and no previous cut says otherwise), ``2`` when the guess is
+right.
 """
 
 from __future__ import annotations
