@@ -1,0 +1,106 @@
+"""The tutorials in docs/ run as written: every sample, in order, like a reader.
+
+Each tutorial's ```python blocks run one after the other in one namespace
+(a reader pasting them into one session), in a fresh temporary working
+directory. Each line of a ```sh block runs ``touba ...`` in a separate
+process against the files the samples created; ``<key>`` stands for the
+conversation key the samples printed (their ``key`` variable), and ``ls``
+must list that conversation. Any exception, or a command exiting non-zero,
+fails the test with the block's line in the Markdown file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from touba.testing.fakes import FakeProviderServer
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+TUTORIALS = ("context-and-compaction.md", "sqlite-persistence.md")
+FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    code: str
+    line: int  # line of the opening fence in the Markdown file, 1-based
+
+
+def code_blocks(path: Path) -> list[Block]:
+    text = path.read_text(encoding="utf-8")
+    return [
+        Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
+        for m in FENCE.finditer(text)
+    ]
+
+
+def run_python(path: Path, block: Block, namespace: dict[str, Any]) -> None:
+    # Padding keeps tracebacks on the Markdown file's own line numbers.
+    source = "\n" * block.line + block.code
+    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 - our own docs
+
+
+def touba(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "touba.cli", *args], capture_output=True, text=True, env=env
+    )
+
+
+def run_shell(path: Path, block: Block, namespace: dict[str, Any]) -> None:
+    for offset, raw in enumerate(block.code.splitlines(), start=1):
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{path.name}:{block.line + offset}: {line}"
+        words = shlex.split(line)
+        assert words[0] == "touba", f"{where}: only `touba ...` commands are run"
+        key = namespace.get("key")
+        if "<key>" in words:
+            assert isinstance(key, str), f"{where}: no `key` was defined by an earlier sample"
+            words = [key if w == "<key>" else w for w in words]
+        result = touba(*words[1:])
+        assert result.returncode == 0, f"{where}\n{result.stdout}\n{result.stderr}"
+        if words[1:3] == ["history", "ls"] and isinstance(key, str):
+            assert key in result.stdout, f"{where}: the conversation {key} is not listed"
+
+
+def test_both_tutorials_exist_and_have_samples() -> None:
+    for name in TUTORIALS:
+        languages = [b.language for b in code_blocks(DOCS / name)]
+        assert languages.count("python") >= 5, name
+    assert "sh" in [b.language for b in code_blocks(DOCS / "sqlite-persistence.md")]
+
+
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_every_sample_runs_in_order(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = DOCS / name
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "__tutorial__"}
+    ran = 0
+    try:
+        for block in code_blocks(path):
+            if block.language == "python":
+                run_python(path, block, namespace)
+            elif block.language == "sh":
+                run_shell(path, block, namespace)
+            else:
+                continue
+            ran += 1
+    finally:  # a sample that failed midway must not leave a fake server running
+        for value in namespace.values():
+            if isinstance(value, FakeProviderServer):
+                value.close()
+    assert ran == sum(1 for b in code_blocks(path) if b.language in ("python", "sh"))
