@@ -2,7 +2,7 @@
 
 from touba.errors import ToubaError
 from touba.history import HistoryConfig, HistoryEvent
-from touba.memory import KeyEventsConfig, MemoryConfig
+from touba.memory import ChatSession, KeyEventsConfig, MemoryConfig
 from touba.providers import (
     ContextConfig,
     create_anthropic_decision_provider,
@@ -16,6 +16,7 @@ from touba.runtime import InvocationResult, Program, Runtime
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChatSession",
     "ContextConfig",
     "HistoryConfig",
     "HistoryEvent",

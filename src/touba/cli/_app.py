@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from touba.cli import _demo, _history
+from touba.cli import _chat, _demo, _events, _history, _worker
 
 app = typer.Typer(
     name="touba",
@@ -15,3 +15,6 @@ app = typer.Typer(
 )
 app.command("demo")(_demo.demo)
 app.add_typer(_history.app, name="history")
+app.add_typer(_events.app, name="events")
+app.command("worker")(_worker.worker)
+app.command("chat")(_chat.chat)

@@ -20,17 +20,22 @@ from touba.memory._model import (
     StoredTurn,
     UpdateEventOp,
 )
+from touba.memory._session import ChatSession, ChatTurn
 from touba.memory._store import MemoryStore
 from touba.memory._window import select_prior_turns
+from touba.memory._worker import ExtractionWorker
 from touba.memory.sqlite import SqliteMemoryStore
 
 if TYPE_CHECKING:
     from touba.memory.postgres import PostgresMemoryStore
 
 __all__ = [
+    "ChatSession",
+    "ChatTurn",
     "CreateEventOp",
     "ExtractionJob",
     "ExtractionQueue",
+    "ExtractionWorker",
     "FieldChange",
     "KeyEvent",
     "KeyEventService",

@@ -174,14 +174,19 @@ class ExtractionQueue:
         return job
 
     async def claim(
-        self, worker_id: str, lease_seconds: float | None = None
+        self, worker_id: str, lease_seconds: float | None = None, *, job_id: str | None = None
     ) -> ExtractionJob | None:
-        """Lease the next due job (or one whose worker's lease expired), or None."""
+        """Lease the next due job (or one whose worker's lease expired), or None.
+
+        ``job_id`` claims that job only (a session running its own extraction).
+        """
         if not isinstance(worker_id, str) or not worker_id:
             raise ConfigurationError(f"worker_id must be a non-empty str, got {worker_id!r}")
+        if job_id is not None and (not isinstance(job_id, str) or not job_id):
+            raise ConfigurationError(f"job_id must be a non-empty str or None, got {job_id!r}")
         lease = self.lease_seconds if lease_seconds is None else lease_seconds
         _positive("lease_seconds", lease)
-        return await self.store.claim_job(worker_id, lease)
+        return await self.store.claim_job(worker_id, lease, job_id=job_id)
 
     async def apply(
         self, job: ExtractionJob, ops: Sequence[ExtractedOp], service: KeyEventService

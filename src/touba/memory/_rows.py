@@ -115,8 +115,9 @@ STATEMENTS: dict[str, str] = {
     "expire_jobs": "UPDATE {jobs} SET status = 'failed', last_error = %s, lease_owner = NULL,"
     " lease_token = NULL, lease_expires_at = NULL, updated_at = %s"
     " WHERE status = 'running' AND lease_expires_at <= %s AND attempts >= max_attempts",
-    "due_job": "SELECT id FROM {jobs} WHERE (status = 'pending' AND next_attempt_at <= %s)"
-    " OR (status = 'running' AND lease_expires_at <= %s AND attempts < max_attempts)"
+    "due_job": "SELECT id FROM {jobs} WHERE ((status = 'pending' AND next_attempt_at <= %s)"
+    " OR (status = 'running' AND lease_expires_at <= %s AND attempts < max_attempts))"
+    " AND (CAST(%s AS TEXT) IS NULL OR id = %s)"
     " ORDER BY next_attempt_at, created_at, id LIMIT 1{skip_locked}",
     "claim_job": "UPDATE {jobs} SET status = 'running', attempts = attempts + 1,"
     " lease_owner = %s, lease_token = %s, lease_expires_at = %s, updated_at = %s WHERE id = %s",

@@ -301,14 +301,17 @@ class SqlMemoryStore(ABC):
 
         return await self._atomic(body)
 
-    async def claim_job(self, worker_id: str, lease_seconds: float) -> ExtractionJob | None:
-        """Lease the next due job: pending and due, or running with an expired lease."""
+    async def claim_job(
+        self, worker_id: str, lease_seconds: float, *, job_id: str | None = None
+    ) -> ExtractionJob | None:
+        """Lease the next due job (only ``job_id`` if given): pending and due, or running
+        with an expired lease."""
 
         async def body(db: Db) -> ExtractionJob | None:
             moment = self.now()
             now = self._enc(moment)
             await db.run("expire_jobs", (EXPIRED_LAST_ATTEMPT, now, now))
-            row = await db.one("due_job", (now, now))
+            row = await db.one("due_job", (now, now, job_id, job_id))
             if row is None:
                 return None
             until = self._enc(moment + timedelta(seconds=lease_seconds))

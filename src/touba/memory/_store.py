@@ -131,8 +131,11 @@ class MemoryStore(Protocol):
     ) -> tuple[ExtractionJob, bool]:
         """Queue one session end's job (same end, same job); True if new."""
 
-    async def claim_job(self, worker_id: str, lease_seconds: float) -> ExtractionJob | None:
-        """Lease the next due job, or a job whose lease expired; None if none."""
+    async def claim_job(
+        self, worker_id: str, lease_seconds: float, *, job_id: str | None = None
+    ) -> ExtractionJob | None:
+        """Lease the next due job, or a job whose lease expired (only ``job_id`` if
+        given); None if none."""
 
     async def record_job_ops(
         self, job_id: str, lease_token: str, ops: Sequence[ExtractedOp]

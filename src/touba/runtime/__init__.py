@@ -18,6 +18,7 @@ from touba.runtime._checkpoints import (
     MemoryCheckpointStore,
     SqliteCheckpointStore,
 )
+from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
 from touba.runtime._program import AgentDefinition, CapabilityDefinition, Program
 from touba.runtime._results import InvocationResult
 from touba.runtime._runtime import Runtime
@@ -27,11 +28,14 @@ __all__ = [
     "AgentDefinition",
     "CapabilityDefinition",
     "CheckpointStore",
+    "InvocationContext",
     "InvocationResult",
+    "InvocationTool",
     "MemoryCheckpointStore",
     "Program",
     "Runtime",
     "SqliteCheckpointStore",
+    "ToolCall",
     "Trace",
     "TraceEntry",
 ]

@@ -12,13 +12,15 @@ messages of the exceptions it raises.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from touba.history._model import CapabilityCall, Observation, canonical_json
 from touba.runtime._checks import Accepted
 
-__all__ = ["ERROR_TEXT_LIMIT", "error_text", "run_capability"]
+__all__ = ["ERROR_TEXT_LIMIT", "error_text", "observe_call", "run_capability"]
 
 ERROR_TEXT_LIMIT = 500
 """Characters of a capability's exception message kept in its ``error`` observation."""
@@ -34,13 +36,18 @@ def error_text(error: BaseException) -> str:
 async def run_capability(call: CapabilityCall, accepted: Accepted) -> Observation:
     """Run the capability; never raises for what the capability does (only cancellation)."""
     function = accepted.capability.function
-    assert function is not None, "delegations are run by the invocation"
+    assert function is not None, "delegations and tools are run by the invocation"
+    kwargs = accepted.kwargs
+    if accepted.capability.is_async:
+        return await observe_call(call, lambda: function(**kwargs))
+    return await observe_call(call, lambda: asyncio.to_thread(function, **kwargs))
+
+
+async def observe_call(call: CapabilityCall, run: Callable[[], Awaitable[Any]]) -> Observation:
+    """The observation of ``call`` from what ``run()`` returns (JSON data) or raises."""
     arguments = dict(call.arguments)
     try:
-        if accepted.capability.is_async:
-            value = await function(**accepted.kwargs)
-        else:
-            value = await asyncio.to_thread(function, **accepted.kwargs)
+        value = await run()
     except Exception as e:
         return Observation(call.call_id, call.name, arguments, "error", error=error_text(e))
     try:

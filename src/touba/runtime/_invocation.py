@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -30,8 +30,9 @@ from touba.history._engine import event_observer
 from touba.history._model import JSON, CapabilityCall, Observation
 from touba.providers._types import Decision, DecisionRequest
 from touba.providers._validate import schema_validator
-from touba.runtime._calls import run_capability
+from touba.runtime._calls import observe_call, run_capability
 from touba.runtime._checks import Accepted, Denial, DenialReason, check_call
+from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
 from touba.runtime._program import AgentDefinition, CapabilityDefinition
 from touba.runtime._state import (
     InvocationState,
@@ -64,15 +65,42 @@ Answer = Observation | PendingChild
 
 
 class Invocation:
-    """An invocation of ``agent`` running under ``runtime``, writing into ``trace``."""
+    """An invocation of ``agent`` running under ``runtime``, writing into ``trace``.
+
+    ``context`` (top-level invocations only) adds prior chat turns, instructions
+    and tools: ``agent`` is then the agent as this invocation sees it.
+    """
 
     def __init__(
-        self, runtime: Runtime, agent: AgentDefinition, state: InvocationState, trace: Trace
+        self,
+        runtime: Runtime,
+        agent: AgentDefinition,
+        state: InvocationState,
+        trace: Trace,
+        context: InvocationContext | None = None,
     ) -> None:
         self.runtime = runtime
         self.agent = agent
         self.state = state
         self.trace = trace
+        self.capabilities: Mapping[str, CapabilityDefinition] = runtime.program.capabilities
+        self.tools: dict[str, InvocationTool] = {}
+        self.prior_turns = context.prior_turns if context is not None else ()
+        if context is not None:
+            self._extend(context)
+
+    def _extend(self, context: InvocationContext) -> None:
+        agent = self.agent
+        self.tools = {t.spec.name: t for t in context.tools}
+        definitions = {name: tool.definition() for name, tool in self.tools.items()}
+        self.capabilities = {**self.capabilities, **definitions}
+        instructions = "\n\n".join(t for t in (agent.instructions, context.instructions) if t)
+        self.agent = replace(
+            agent,
+            instructions=instructions,
+            capabilities=(*agent.capabilities, *definitions),
+            specs=(*agent.specs, *(d.spec for d in definitions.values())),
+        )
 
     def note(self, kind: str, **data: JSON) -> None:
         state = self.state
@@ -94,6 +122,7 @@ class Invocation:
                 capabilities=agent.specs,
                 output_schema=agent.output_schema,
                 observations=tuple(state.observations),
+                prior_turns=self.prior_turns,
                 resuming=resuming,
             )
             try:
@@ -212,7 +241,7 @@ class Invocation:
         return observation
 
     def _check(self, call: CapabilityCall, used: Mapping[str, int]) -> Accepted | Denial:
-        return check_call(self.runtime.program.capabilities, self.agent, call, used)
+        return check_call(self.capabilities, self.agent, call, used)
 
     async def _answer(self, calls: Sequence[CapabilityCall]) -> Outcome | None:
         """Check and run a new decision's calls; an Outcome if the invocation stops."""
@@ -244,6 +273,9 @@ class Invocation:
         self.note("call", call_id=call.call_id, name=call.name, arguments=dict(call.arguments))
         if accepted.capability.delegate is not None:
             return self._delegate(call, accepted.capability)
+        tool = self.tools.get(call.name)
+        if tool is not None:
+            return self._run_tool(call, tool)
         return self._execute(call, accepted)
 
     async def _settle(
@@ -284,6 +316,11 @@ class Invocation:
 
     async def _execute(self, call: CapabilityCall, accepted: Accepted) -> Observation:
         return self._observe(await run_capability(call, accepted))
+
+    async def _run_tool(self, call: CapabilityCall, tool: InvocationTool) -> Observation:
+        state = self.state
+        info = ToolCall(state.run_id, state.invocation_id, state.agent_ref, state.decisions, call)
+        return self._observe(await observe_call(call, lambda: tool.handler(info)))
 
     # -- delegation --------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from touba.errors import ConfigurationError
 from touba.history._model import JSON, canonical_json
 from touba.runtime._checkpoints import CheckpointStore, MemoryCheckpointStore
+from touba.runtime._context import InvocationContext, check_context
 from touba.runtime._invocation import Invocation, Outcome, new_id
 from touba.runtime._program import AgentDefinition, Program
 from touba.runtime._results import InvocationResult
@@ -80,10 +81,20 @@ class Runtime:
         return agent
 
     async def invoke(
-        self, agent: str, input: JSON = None, *, run_id: str | None = None
+        self,
+        agent: str,
+        input: JSON = None,
+        *,
+        run_id: str | None = None,
+        context: InvocationContext | None = None,
     ) -> InvocationResult:
-        """Run ``agent`` on ``input`` (JSON data) under a new invocation_id."""
+        """Run ``agent`` on ``input`` (JSON data) under a new invocation_id.
+
+        ``context`` adds earlier chat turns, instructions and tools to this
+        invocation only (see :class:`~touba.runtime.InvocationContext`).
+        """
         definition = self.agent(agent)
+        context = check_context(context, self._program.capabilities)
         try:
             canonical_json(input)
         except (TypeError, ValueError) as e:
@@ -96,18 +107,33 @@ class Runtime:
             run_id=run_id, invocation_id=new_id(), agent_ref=definition.name, input=input
         )
         trace = Trace()
-        invocation = Invocation(self, definition, state, trace)
-        invocation.note("invocation_started", input=input)
+        invocation = Invocation(self, definition, state, trace, context)
+        if context is None:
+            invocation.note("invocation_started", input=input)
+        else:
+            invocation.note(
+                "invocation_started",
+                input=input,
+                prior_turns=len(context.prior_turns),
+                tools=list(context.tool_names),
+            )
         return await self._finish(invocation, await invocation.run())
 
     async def resume(
-        self, checkpoint_id: str, approvals: Mapping[str, bool] | None = None
+        self,
+        checkpoint_id: str,
+        approvals: Mapping[str, bool] | None = None,
+        *,
+        context: InvocationContext | None = None,
     ) -> InvocationResult:
         """Resume a paused invocation; ``approvals`` maps pending call ids to True/False.
 
         A call left out of ``approvals`` is refused. The checkpoint is consumed:
         a second resume of it raises ConfigurationError, as does an unknown id.
+        The checkpoint does not keep an invocation's ``context``: pass the one
+        it was invoked with.
         """
+        context = check_context(context, self._program.capabilities)
         approvals = dict(approvals or {})
         if not all(isinstance(v, bool) for v in approvals.values()):
             raise ConfigurationError("approvals must map call ids to True or False")
@@ -131,7 +157,8 @@ class Runtime:
             raise self._gone(checkpoint_id)
         paused = Paused.from_dict(taken)
         trace = Trace.from_dicts(taken.get("trace") or [])
-        invocation = Invocation(self, self.agent(paused.state.agent_ref), paused.state, trace)
+        agent = self.agent(paused.state.agent_ref)
+        invocation = Invocation(self, agent, paused.state, trace, context)
         return await self._finish(invocation, await invocation.resume(paused, approvals))
 
     @staticmethod

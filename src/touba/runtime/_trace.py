@@ -5,7 +5,9 @@ their parent's trace, every entry naming its own ``invocation_id`` and
 ``agent_ref``. Entry kinds and their fields (besides ``at``, ``kind``,
 ``run_id``, ``invocation_id``, ``agent_ref``):
 
-- ``invocation_started`` (``input``, ``parent_invocation_id`` for a delegate),
+- ``invocation_started`` (``input``, ``parent_invocation_id`` for a delegate;
+  ``prior_turns`` (how many) and ``tools`` (names) when invoked with an
+  :class:`~touba.runtime.InvocationContext`),
   ``invocation_resumed`` (``checkpoint_id``), ``invocation_completed``
   (``output``), ``invocation_failed`` (``error_code``, ``error``,
   ``provider_error_code`` when the provider gave one),

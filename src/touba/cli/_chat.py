@@ -1,0 +1,141 @@
+"""``touba chat``: an interactive chat session in the terminal (one line, one turn).
+
+Lines are read from standard input. Commands: ``/events`` lists the key
+events the session sees, ``/end`` ends the session (``kind="agent"``/``"flow"``:
+its key events are extracted now, in-process, and the job stays queued for
+``touba worker`` if that fails), ``/quit`` or end of input leaves without
+ending it (continue it later with ``--session``). A call awaiting approval
+is asked about, ``y`` approving it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from touba.cli._common import console, errors, run
+from touba.cli._programs import ProgramOption, load_program
+from touba.cli._worker import report_job
+from touba.history._model import canonical_json
+from touba.memory import ChatSession, ChatTurn, ExtractionWorker, SqliteMemoryStore
+from touba.runtime import Runtime
+
+HELP = "/events: key events, /end: end the session, /quit: leave (the session stays open)"
+
+
+async def _line(prompt: str) -> str | None:
+    console.print(prompt, end="")
+    line = await asyncio.to_thread(sys.stdin.readline)
+    return line.strip() if line else None
+
+
+def _show(turn: ChatTurn) -> None:
+    stored = turn.stored.trace if turn.stored is not None else ()
+    for group in stored:
+        for call in group:
+            console.print(
+                f"  [dim]· {call.name}({escape(canonical_json(dict(call.arguments)))}) → "
+                f"{call.status}[/]"
+            )
+    for reply in turn.replies:
+        console.print("[bold green]agent>[/] ", end="")
+        console.print(reply, markup=False)
+    error = turn.result.error
+    if turn.status == "failed" and error is not None:
+        console.print(f"[bold red]{error.code}[/]: ", end="")
+        console.print(error.message, markup=False)
+
+
+async def _approve(session: ChatSession, turn: ChatTurn) -> ChatTurn:
+    while turn.status == "awaiting_approval":
+        approvals: dict[str, bool] = {}
+        for call in turn.result.pending:
+            question = f"approve {call.name}({canonical_json(dict(call.arguments))})? [y/N] "
+            answer = await _line(escape(question))
+            approvals[call.call_id] = (answer or "").lower() in ("y", "yes")
+        turn = await session.resume(approvals)
+        _show(turn)
+    return turn
+
+
+async def _events(session: ChatSession) -> None:
+    if session.mode == "preview":
+        console.print("[dim](preview: the model sees none of these)[/]")
+    events = await session.store.query_events(session.owner)
+    if not events:
+        console.print(f"no open key event for {escape(session.owner)}")
+    for event in events:
+        kind = escape(f"[{event.type}]")
+        console.print(f"  {event.id} {kind} {escape(event.title)} ({event.status})")
+
+
+def chat(
+    db: Annotated[Path, typer.Option("--db", help="Path of the SQLite memory file.")],
+    agent: Annotated[str, typer.Option("--agent", "-a", help="The agent to talk to.")],
+    program: ProgramOption = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="The user id (none: anonymous).")
+    ] = None,
+    session_id: Annotated[
+        str | None, typer.Option("--session", "-s", help="Continue this session.")
+    ] = None,
+    preview: Annotated[
+        bool,
+        typer.Option("--preview", help="Preview mode: blank memory, no key event written."),
+    ] = False,
+) -> None:
+    """Chat with an agent of your program, with its chat memory and key events."""
+    loaded = load_program(program)
+
+    async def go() -> None:
+        runtime = Runtime(loaded)
+        async with (
+            SqliteMemoryStore(db) as store,
+            ChatSession(
+                runtime,
+                agent,
+                user,
+                session_id,
+                store=store,
+                mode="preview" if preview else "live",
+                extract_in_background=False,
+            ) as session,
+        ):
+            mode = "preview" if preview else "live"
+            console.print(
+                f"session {escape(session.session_id)} ({mode}), agent {escape(agent)}, "
+                f"owner {escape(session.owner)}. {HELP}"
+            )
+            if session.ended:
+                errors.print("this session has ended; start a new one (omit --session)")
+                raise typer.Exit(1)
+            while (text := await _line("[bold]you>[/] ")) is not None:
+                if not text:
+                    continue
+                if text == "/quit":
+                    break
+                if text == "/events":
+                    await _events(session)
+                    continue
+                if text == "/end":
+                    job = await session.end()
+                    console.print("session ended")
+                    if job is not None:  # one attempt now; a retry is the worker's
+                        worker = ExtractionWorker(runtime, store, queue=session.queue)
+                        done = await worker.run_job(job_id=job.id)
+                        report_job(done if done is not None else job)
+                    return
+                turn = await session.send(text)
+                _show(turn)
+                await _approve(session, turn)
+            console.print(f"left; continue with --session {escape(session.session_id)}")
+
+    try:
+        run(go())
+    except KeyboardInterrupt:
+        console.print("interrupted; the session stays open")

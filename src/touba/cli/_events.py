@@ -1,0 +1,200 @@
+"""``touba events``: inspect the key events and extraction jobs of a SQLite memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, closing
+from pathlib import Path
+from typing import Annotated, cast
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from touba.cli._common import console, errors, run
+from touba.errors import ConfigurationError
+from touba.memory import KeyEvent, SqliteMemoryStore, owner_for
+from touba.memory._model import JobStatus
+
+app = typer.Typer(
+    help="Inspect key events and extraction jobs of a SQLite memory store.",
+    no_args_is_help=True,
+)
+
+Db = Annotated[Path, typer.Option("--db", help="Path of the SQLite memory file.")]
+User = Annotated[str | None, typer.Option("--user", "-u", help="The user id (owner user:<id>).")]
+Session = Annotated[
+    str | None,
+    typer.Option(
+        "--session",
+        "-s",
+        help="A session id: the events that session sees (its user's, or session:<id> for an "
+        "anonymous session); with --user, that user's events created in this session.",
+    ),
+]
+EventId = Annotated[str, typer.Argument(help="The event id (see `touba events ls`).")]
+
+
+@asynccontextmanager
+async def open_store(db: Path) -> AsyncIterator[SqliteMemoryStore]:
+    """Open an existing memory store (never create one by mistake)."""
+    if not await asyncio.to_thread(db.is_file):
+        errors.print(f"[bold red]no memory database at {escape(str(db))}[/]")
+        raise typer.Exit(1)
+    async with SqliteMemoryStore(db) as store:
+        yield store
+
+
+async def _owner(store: SqliteMemoryStore, user: str | None, session: str | None) -> str:
+    if user is not None:
+        return owner_for(user, session or "-")
+    if session is None:
+        errors.print("give --user U or --session S: key events belong to a user or a session")
+        raise typer.Exit(2)
+    meta = await store.get_session(session)
+    return meta.owner if meta is not None else owner_for(None, session)
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    """A table that folds long cells instead of cutting them (ids stay copyable)."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold", no_wrap=column == "id")
+    return table
+
+
+def _when(event: KeyEvent) -> str:
+    return event.updated_at.isoformat(timespec="seconds")
+
+
+@app.command("ls")
+def ls(
+    db: Db,
+    user: User = None,
+    session: Session = None,
+    include_closed: Annotated[
+        bool, typer.Option("--all", "-a", help="Include closed events.")
+    ] = False,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many events.")] = 100,
+) -> None:
+    """List the key events of a user or a session, most recently updated first."""
+
+    async def go() -> None:
+        async with open_store(db) as store:
+            owner = await _owner(store, user, session)
+            events = await store.query_events(owner, include_closed=include_closed, limit=limit)
+        if user is not None and session is not None:
+            events = [e for e in events if e.session_id == session]
+        table = _table("id", "type", "status", "title", "updated", "session", title=escape(owner))
+        for event in events:
+            table.add_row(
+                event.id,
+                escape(event.type),
+                event.status,
+                escape(event.title),
+                _when(event),
+                escape(event.session_id),
+            )
+        console.print(table)
+        closed = "" if include_closed else " not closed (--all for every one)"
+        console.print(f"{len(events)} event(s){closed} of {escape(owner)}")
+
+    run(go())
+
+
+def _owner_of(db: Path, event_id: str) -> str | None:
+    """The owner of an event, read directly (an admin lookup across owners), read-only."""
+    uri = db.resolve().as_uri() + "?mode=ro"
+    with closing(sqlite3.connect(uri, uri=True)) as conn:
+        row = conn.execute(
+            "SELECT owner FROM touba_memory_events WHERE id = ?", (event_id,)
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
+@app.command("show")
+def show(event_id: EventId, db: Db, user: User = None, session: Session = None) -> None:
+    """Show one key event with its update history."""
+
+    async def go() -> None:
+        async with open_store(db) as store:
+            if user is not None or session is not None:
+                owner: str | None = await _owner(store, user, session)
+            else:
+                owner = await asyncio.to_thread(_owner_of, db, event_id)
+            found = None if owner is None else await store.get_event(owner, event_id)
+        if found is None:
+            errors.print(f"[bold red]no key event {escape(event_id)}[/]")
+            raise typer.Exit(1)
+        for field in ("id", "owner", "type", "status", "title", "session_id"):
+            console.print(f"[bold]{field}[/]: {escape(str(getattr(found, field)))}")
+        console.print(f"[bold]created[/]: {found.created_at.isoformat(timespec='seconds')}")
+        console.print(f"[bold]updated[/]: {_when(found)}")
+        console.print(f"[bold]details[/]: {escape(found.details)}")
+        table = _table("at", "session", "field", "old", "new", title="update history")
+        for update in found.history or ():
+            for change in update.changes:
+                table.add_row(
+                    update.at.isoformat(timespec="seconds"),
+                    escape(update.session_id),
+                    change.field,
+                    escape(change.old),
+                    escape(change.new),
+                )
+        console.print(table)
+        console.print(f"{len(found.history or ())} update(s)")
+
+    run(go())
+
+
+@app.command("jobs")
+def jobs(
+    db: Db,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="Only jobs in this status: pending, running, done, failed."),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="At most this many jobs.")] = 100,
+) -> None:
+    """List extraction jobs (kind agent/flow), most recently changed first."""
+    if status not in (None, "pending", "running", "done", "failed"):
+        errors.print(f"[bold red]unknown status {escape(str(status))}[/]")
+        raise typer.Exit(2)
+    wanted = cast("JobStatus | None", status)
+
+    async def go() -> None:
+        async with open_store(db) as store:
+            found = await store.list_jobs(status=wanted, limit=limit)
+        table = _table("id", "session", "owner", "agent", "status", "attempts", "last error")
+        for job in found:
+            table.add_row(
+                job.id,
+                escape(job.session_id),
+                escape(job.owner),
+                escape(job.agent_ref),
+                job.status,
+                f"{job.attempts}/{job.max_attempts}",
+                escape(job.last_error or ""),
+            )
+        console.print(table)
+        console.print(f"{len(found)} job(s)")
+
+    run(go())
+
+
+@app.command("requeue")
+def requeue(job_id: Annotated[str, typer.Argument(help="A failed job's id.")], db: Db) -> None:
+    """Give a failed extraction job a fresh set of attempts (after fixing its cause)."""
+
+    async def go() -> None:
+        async with open_store(db) as store:
+            try:
+                job = await store.requeue_job(job_id)
+            except ConfigurationError as e:
+                errors.print(f"[bold red]{escape(str(e))}[/]")
+                raise typer.Exit(1) from e
+        console.print(f"job {job.id} is {job.status} again")
+
+    run(go())

@@ -1,0 +1,76 @@
+"""``touba worker``: run the key-event extraction jobs of a SQLite memory store.
+
+Sessions of ``kind="agent"``/``"flow"`` agents queue a durable job when they
+end. The worker claims due jobs (with a lease: several workers may share the
+file; a job whose worker died is claimed again once its lease expires), asks
+the job's agent's model for the ops (the agent comes from ``--program``) and
+applies them idempotently. A failed attempt is retried with backoff; a job
+out of attempts stays ``failed`` (``touba events jobs --status failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from touba.cli._common import console, run
+from touba.cli._events import open_store
+from touba.cli._programs import ProgramOption, load_program
+from touba.memory import ExtractionJob, ExtractionWorker
+
+
+def report_job(job: ExtractionJob) -> None:
+    line = f"job {job.id} (session {escape(job.session_id)}, agent {escape(job.agent_ref)}): "
+    if job.status == "done":
+        result = job.result if isinstance(job.result, dict) else {}
+        created, updated = result.get("created") or [], result.get("updated") or []
+        rejected = result.get("rejected") or []
+        console.print(
+            line + f"[green]done[/]: {len(created)} created, {len(updated)} updated, "
+            f"{len(rejected)} rejected"
+        )
+    elif job.status == "failed":
+        console.print(line + f"[red]failed[/] after {job.attempts} attempt(s): ", end="")
+        console.print(job.last_error or "", markup=False)
+    else:
+        console.print(
+            line + f"[yellow]{job.status}[/] (attempt {job.attempts}/{job.max_attempts}; next "
+            f"at {job.next_attempt_at.isoformat(timespec='seconds')}): ",
+            end="",
+        )
+        console.print(job.last_error or "", markup=False)
+
+
+def worker(
+    db: Annotated[Path, typer.Option("--db", help="Path of the SQLite memory file.")],
+    program: ProgramOption = None,
+    once: Annotated[bool, typer.Option("--once", help="Run the jobs due now, then exit.")] = False,
+    poll_seconds: Annotated[
+        float, typer.Option("--poll-seconds", min=0.05, help="Pause when no job is due.")
+    ] = 2.0,
+) -> None:
+    """Claim and run key-event extraction jobs (kind agent/flow) with your agents' models."""
+    loaded = load_program(program)
+
+    async def go() -> None:
+        async with open_store(db) as store:
+            runner = ExtractionWorker(loaded, store)
+            console.print(f"worker {escape(runner.worker_id)} on {escape(str(db))}")
+            while True:
+                jobs = await runner.run_due()
+                for job in jobs:
+                    report_job(job)
+                if once:
+                    console.print(f"{len(jobs)} job attempt(s) run")
+                    return
+                if not jobs:
+                    await asyncio.sleep(poll_seconds)
+
+    try:
+        run(go())
+    except KeyboardInterrupt:
+        console.print("stopped")

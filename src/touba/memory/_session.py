@@ -1,0 +1,584 @@
+"""``ChatSession``: chat turns over the runtime, with short-term memory and key events.
+
+One turn is one user message and the agent's reply or replies, run as ONE
+invocation of the agent (SPEC sections 8 and 9, seed 004). For each turn the
+session gives the runtime an :class:`~touba.runtime.InvocationContext`:
+
+- ``prior_turns``: the last ``short_term_turns`` turns of this session as
+  text, the last ``full_context_turns`` of them with their whole tool trace
+  (:func:`~touba.memory.select_prior_turns`); 0 turns: the agent forgets the
+  previous turn;
+- ``instructions``: the owner's key events (up to 5 not closed, most
+  recently updated first), as quoted data, when key events are active (the
+  switch on and at least one type), for every agent kind;
+- ``tools`` (``kind="loop"`` only, key events active): ``create_key_event``,
+  ``update_key_event`` and ``query_key_events``, run within the turn through
+  the runtime's checks. A wrong parameter becomes an ``error`` observation
+  whose message says what to fix (a wrong type names the allowed types); an
+  id of another owner reads as not found. The ``type`` parameter lists the
+  types in its description but carries no ``enum``, so that a wrong type
+  reaches the key-event validation and its precise message rather than a
+  generic schema refusal.
+
+Decisions (documented here because they are behaviour):
+
+- **Storage.** A turn is stored when its invocation ends: completed, or failed
+  after running at least one call (its effects happened; the memory says so,
+  with no reply). A turn that failed before any call is not stored: nothing
+  happened, the user may simply send again.
+- **Approvals.** A turn whose invocation awaits approval is not stored yet and
+  blocks the session (``send`` and ``end`` refuse) until
+  :meth:`ChatSession.resume`, which resumes with the same context and stores
+  the turn once the invocation ends. ``resume(checkpoint_id=...)`` resumes a
+  turn paused by another process (durable checkpoints), after checking that
+  the checkpoint belongs to this session.
+- **Preview.** ``mode="preview"`` sends no prior turn, injects no key event,
+  offers no key-event tool and writes no key event, on every turn. Its turns
+  are stored in a session of its own, marked ``preview`` (the store refuses
+  to reopen a live session as preview, or the reverse), so a debugging
+  preview never enters a live session's memory, and is never extracted.
+- **Extraction** (``kind="agent"``/``"flow"``, live, key events active):
+  :meth:`ChatSession.end` queues one durable job per session end. With
+  ``extract_in_background=True`` (default) the session also runs that job
+  in-process, in a task it owns: one attempt after another, waiting out the
+  queue's backoff, until the job is done or failed; :meth:`close` lets the
+  current attempt finish and stops retrying (the job stays queued for
+  ``touba worker``). With ``False`` only ``touba worker`` runs it.
+- **Idle time.** ``idle_seconds`` ends the session after that long without a
+  turn, from a timer task the session owns (never while a turn runs or awaits
+  approval). It lives in this process only: a server that drops the session
+  object should end idle sessions itself.
+- **Identity.** Each turn is an invocation with ``run_id`` = the session id
+  and a new ``invocation_id``. Its decision history is kept by the agent's
+  provider like any invocation's, so the provider's ``HistoryConfig``
+  (``max_sessions``, TTL) bounds how many turns may run per TTL: size it for
+  your traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self
+
+from touba.errors import ConfigurationError, KeyEventInvalid, MemoryStoreUnavailable
+from touba.history._model import JSON, canonical_json
+from touba.memory._config import MemoryConfig
+from touba.memory._extraction import ExtractionQueue
+from touba.memory._key_events import (
+    TOOL_NAMES,
+    KeyEventService,
+    owner_for,
+    render_key_events_block,
+)
+from touba.memory._model import ExtractionJob, SessionMeta, SessionMode, StoredTurn
+from touba.memory._store import MemoryStore, check_mode
+from touba.memory._window import select_prior_turns
+from touba.memory._worker import ExtractionWorker, new_worker_id
+from touba.providers._types import CapabilitySpec, TraceCall
+from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
+from touba.runtime._results import InvocationResult
+from touba.runtime._runtime import Runtime
+from touba.runtime._trace import Trace
+
+__all__ = ["ChatSession", "ChatTurn", "turn_replies", "turn_trace"]
+
+logger = logging.getLogger("touba.memory")
+_EXTRACTED_KINDS: Final = ("agent", "flow")
+_RETRY_FLOOR_SECONDS: Final = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """What :meth:`ChatSession.send` (or ``resume``) returns.
+
+    ``replies``: the agent's texts of this turn (texts said along its calls,
+    then the final output; JSON outputs as compact JSON). ``result``: the
+    invocation's :class:`~touba.InvocationResult` (status, trace, pending
+    calls). ``stored``: the turn as stored in the memory store (user message,
+    replies, complete tool trace), or None while it awaits approval or when a
+    turn that ran no call failed.
+    """
+
+    session_id: str
+    user: str
+    replies: tuple[str, ...]
+    result: InvocationResult
+    stored: StoredTurn | None
+
+    @property
+    def status(self) -> str:
+        return self.result.status
+
+    @property
+    def reply(self) -> str | None:
+        """The last reply (the final answer of a completed turn), or None."""
+        return self.replies[-1] if self.replies else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Paused:
+    user: str
+    checkpoint_id: str
+    context: InvocationContext
+
+
+def _reply_text(output: JSON) -> str | None:
+    if output is None:
+        return None
+    return output if isinstance(output, str) else canonical_json(output)
+
+
+def turn_replies(result: InvocationResult) -> tuple[str, ...]:
+    """The replies of a turn: texts of its decisions with calls, then the final output."""
+    replies: list[str] = []
+    for entry in result.trace.of_kind("decision", invocation_id=result.invocation_id):
+        text = entry.get("text")
+        if not entry.get("final") and isinstance(text, str) and text.strip():
+            replies.append(text)
+    final = _reply_text(result.output) if result.status == "completed" else None
+    if final is not None:
+        replies.append(final)
+    return tuple(replies)
+
+
+def turn_trace(trace: Trace, invocation_id: str) -> tuple[tuple[TraceCall, ...], ...]:
+    """The calls of one invocation grouped by decision, each with its observation.
+
+    A call without an observation (not run: the invocation stopped first) is
+    left out, so the trace never holds an orphan call; an empty group too.
+    """
+    groups: list[tuple[TraceCall, ...]] = []
+    calls: list[Any] = []
+    answers: dict[str, Mapping[str, Any]] = {}
+
+    def flush() -> None:
+        group = tuple(
+            TraceCall(
+                call_id=call["call_id"],
+                name=call["name"],
+                arguments=dict(call["arguments"]),
+                status=answers[call["call_id"]]["status"],
+                result=answers[call["call_id"]].get("result"),
+                error=answers[call["call_id"]].get("error"),
+            )
+            for call in calls
+            if call["call_id"] in answers
+        )
+        if group:
+            groups.append(group)
+
+    for entry in trace:
+        if entry.invocation_id != invocation_id:
+            continue
+        if entry.kind == "decision":
+            flush()
+            found = entry.get("calls")
+            calls = list(found) if isinstance(found, list) else []
+            answers = {}
+        elif entry.kind == "observation":
+            answers[str(entry["call_id"])] = entry.data
+    flush()
+    return tuple(groups)
+
+
+def _offered(spec: CapabilitySpec) -> CapabilitySpec:
+    """The spec without the ``enum`` on ``type``: a wrong type gets the precise error."""
+    properties = spec.parameters.get("properties")
+    if not isinstance(properties, dict) or not isinstance(properties.get("type"), dict):
+        return spec
+    kept = {k: v for k, v in properties["type"].items() if k != "enum"}
+    parameters = {**spec.parameters, "properties": {**properties, "type": kept}}
+    return CapabilitySpec(spec.name, spec.description, parameters)
+
+
+class ChatSession:
+    """A chat session of one agent for one user (or an anonymous visitor).
+
+    ``runtime`` runs the agent named ``agent``; its ``MemoryConfig`` (the
+    defaults when it has none) sets the short-term window, full context and
+    key events. ``user_id`` comes from trusted host configuration (None: an
+    anonymous or channel session, whose key events belong to the session
+    alone). ``session_id`` names the session in ``store`` (None: a new one);
+    reusing it continues the session. See the module documentation for
+    storage, approvals, preview, extraction and idle time.
+
+    Use ``async with ChatSession(...) as session:`` or call :meth:`close`;
+    closing does not end the session (:meth:`end` does).
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        agent: str,
+        user_id: str | None = None,
+        session_id: str | None = None,
+        *,
+        store: MemoryStore,
+        mode: SessionMode = "live",
+        extract_in_background: bool = True,
+        idle_seconds: float | None = None,
+        queue: ExtractionQueue | None = None,
+    ) -> None:
+        if not isinstance(runtime, Runtime):
+            raise ConfigurationError("ChatSession needs a touba.Runtime")
+        definition = runtime.agent(agent)
+        if not isinstance(store, MemoryStore):
+            raise ConfigurationError(
+                "store must be a touba.memory store, e.g. SqliteMemoryStore(filename) or "
+                "PostgresMemoryStore(dsn=...)"
+            )
+        check_mode(mode)
+        if session_id is None:
+            session_id = str(uuid.uuid4())
+        owner = owner_for(user_id, session_id)
+        if not isinstance(extract_in_background, bool):
+            raise ConfigurationError("extract_in_background must be a bool")
+        if idle_seconds is not None and (
+            isinstance(idle_seconds, bool)
+            or not isinstance(idle_seconds, int | float)
+            or not idle_seconds > 0
+        ):
+            raise ConfigurationError(
+                f"idle_seconds must be None or a positive number, got {idle_seconds!r}"
+            )
+        if queue is not None and (
+            not isinstance(queue, ExtractionQueue) or queue.store is not store
+        ):
+            raise ConfigurationError("queue must be an ExtractionQueue over the same store")
+        self.runtime = runtime
+        self.agent = definition.name
+        self.kind = definition.kind
+        self.config = definition.memory if definition.memory is not None else MemoryConfig()
+        self.user_id = user_id
+        self.session_id = session_id
+        self.owner = owner
+        self.store = store
+        self.mode: SessionMode = mode
+        self.events = KeyEventService(store, self.config.key_events, read_only=mode == "preview")
+        self.queue = queue if queue is not None else ExtractionQueue(store)
+        self.extract_in_background = extract_in_background
+        self.idle_seconds = idle_seconds
+        self._tools = self._key_event_tools()
+        self._lock = asyncio.Lock()
+        self._meta: SessionMeta | None = None
+        self._ended = False
+        self._closed = False
+        self._paused: _Paused | None = None
+        self._job: ExtractionJob | None = None
+        self._extraction: asyncio.Task[ExtractionJob | None] | None = None
+        self._extraction_error: BaseException | None = None
+        self._stop = asyncio.Event()
+        self._idle: asyncio.Task[None] | None = None
+        self._last_active = 0.0
+
+    def _key_event_tools(self) -> tuple[InvocationTool, ...]:
+        if self.mode == "preview" or self.kind != "loop" or not self.events.active:
+            return ()
+        taken = sorted(set(TOOL_NAMES) & set(self.runtime.program.capabilities))
+        if taken:
+            raise ConfigurationError(
+                f"the program defines capabilities named {taken}, the key-event tools of agent "
+                f"{self.agent!r}; rename them or turn its key events off"
+            )
+        return tuple(InvocationTool(_offered(s), self._run_tool) for s in self.events.tools())
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def pending_checkpoint(self) -> str | None:
+        """The checkpoint of the turn awaiting approval, if any."""
+        return self._paused.checkpoint_id if self._paused is not None else None
+
+    @property
+    def extraction_job(self) -> ExtractionJob | None:
+        """The extraction job queued by :meth:`end`, as it was queued."""
+        return self._job
+
+    async def open(self) -> SessionMeta:
+        """Open (create or continue) the session in the store; ``send`` does it as needed."""
+        if self._meta is None:
+            self._meta = await self.store.open_session(
+                self.session_id, owner=self.owner, agent_ref=self.agent, mode=self.mode
+            )
+            self._ended = self._ended or self._meta.ended_at is not None
+            self._touch()
+            watch = self.idle_seconds is not None and self._idle is None
+            if watch and not self._ended and not self._closed:
+                assert self.idle_seconds is not None
+                self._idle = asyncio.create_task(self._watch_idle(self.idle_seconds))
+        return self._meta
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise ConfigurationError("this ChatSession is closed; create a new one")
+        if self._ended:
+            raise ConfigurationError(
+                f"chat session {self.session_id!r} has ended; start a new session"
+            )
+        if self._paused is not None:
+            raise ConfigurationError(
+                f"a turn of session {self.session_id!r} awaits approval (checkpoint "
+                f"{self._paused.checkpoint_id}); call session.resume(approvals) first"
+            )
+
+    # -- turns ---------------------------------------------------------------------------
+
+    async def send(self, text: str) -> ChatTurn:
+        """Run one turn: the agent answers ``text`` with its memory of this session."""
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigurationError("a chat message must be a non-empty str")
+        async with self._lock:
+            self._usable()
+            await self.open()
+            self._usable()
+            context = await self._context()
+            try:
+                result = await self.runtime.invoke(
+                    self.agent, input=text, run_id=self.session_id, context=context
+                )
+            finally:
+                self._touch()
+            return await self._conclude(text, result, context)
+
+    async def resume(
+        self, approvals: Mapping[str, bool] | None = None, *, checkpoint_id: str | None = None
+    ) -> ChatTurn:
+        """Resume the turn awaiting approval (``approvals``: call id -> True/False).
+
+        ``checkpoint_id`` resumes a turn of this session paused by another
+        process; by default, the one this object paused.
+        """
+        async with self._lock:
+            if self._closed:
+                raise ConfigurationError("this ChatSession is closed; create a new one")
+            paused = self._paused
+            if checkpoint_id is None or (paused and paused.checkpoint_id == checkpoint_id):
+                if paused is None:
+                    raise ConfigurationError(
+                        f"no turn of session {self.session_id!r} awaits approval"
+                    )
+            else:
+                if paused is not None:
+                    raise ConfigurationError(
+                        f"this session awaits approval on checkpoint {paused.checkpoint_id}, "
+                        f"not {checkpoint_id}"
+                    )
+                await self.open()
+                if self._ended:
+                    raise ConfigurationError(
+                        f"chat session {self.session_id!r} has ended; its paused turn cannot be "
+                        "stored. Resume it with runtime.resume if its calls must still run"
+                    )
+                paused = _Paused(
+                    await self._paused_user(checkpoint_id), checkpoint_id, await self._context()
+                )
+            result = await self.runtime.resume(
+                paused.checkpoint_id, approvals, context=paused.context
+            )
+            self._touch()
+            return await self._conclude(paused.user, result, paused.context)
+
+    async def _paused_user(self, checkpoint_id: str) -> str:
+        checkpoint = await self.runtime.checkpoints.get(checkpoint_id)
+        if checkpoint is None:
+            raise ConfigurationError(
+                f"no checkpoint {checkpoint_id!r}: it is unknown or was already resumed"
+            )
+        user = checkpoint.get("input")
+        mine = (checkpoint.get("run_id"), checkpoint.get("agent_ref")) == (
+            self.session_id,
+            self.agent,
+        )
+        if not mine or not isinstance(user, str):
+            raise ConfigurationError(
+                f"checkpoint {checkpoint_id!r} is not a turn of session {self.session_id!r} "
+                f"of agent {self.agent!r}"
+            )
+        return user
+
+    async def _context(self) -> InvocationContext:
+        if self.mode == "preview":
+            return InvocationContext()
+        config = self.config
+        stored: tuple[StoredTurn, ...] = ()
+        if config.short_term_turns:
+            stored = await self.store.recent_turns(self.session_id, config.short_term_turns)
+        block = render_key_events_block(await self.events.open_for_prompt(self.owner))
+        return InvocationContext(
+            prior_turns=select_prior_turns(
+                stored, config.short_term_turns, config.full_context_turns
+            ),
+            instructions=block,
+            tools=self._tools,
+        )
+
+    async def _conclude(
+        self, user: str, result: InvocationResult, context: InvocationContext
+    ) -> ChatTurn:
+        replies = turn_replies(result)
+        if result.status == "awaiting_approval":
+            assert result.checkpoint_id is not None
+            self._paused = _Paused(user, result.checkpoint_id, context)
+            return ChatTurn(self.session_id, user, replies, result, None)
+        self._paused = None
+        trace = turn_trace(result.trace, result.invocation_id)
+        stored = None
+        if result.status == "completed" or trace:
+            stored = await self.store.append_turn(
+                self.session_id,
+                user=user,
+                replies=replies,
+                trace=trace,
+                invocation_id=result.invocation_id,
+            )
+        return ChatTurn(self.session_id, user, replies, result, stored)
+
+    async def _run_tool(self, call: ToolCall) -> JSON:
+        op_id = f"{call.invocation_id}:{call.decision}:{call.call.call_id}"
+        try:
+            return await self.events.call_tool(
+                self.owner, self.session_id, call.call.name, call.call.arguments, op_id=op_id
+            )
+        except KeyEventInvalid:
+            raise
+        except MemoryStoreUnavailable as e:
+            logger.warning("key-event tool %s failed: %s", call.call.name, e)
+            raise MemoryStoreUnavailable(
+                "the key-event store is unavailable; nothing was written. Tell the user it "
+                "could not be recorded now"
+            ) from e
+
+    # -- end, extraction, idle -----------------------------------------------------------
+
+    async def end(self) -> ExtractionJob | None:
+        """End the session; for ``kind="agent"``/``"flow"`` (live, key events active,
+        at least one turn) queue its extraction job, and run it in the background
+        unless ``extract_in_background=False``. Idempotent: returns the same job."""
+        async with self._lock:
+            return await self._end()
+
+    async def _end(self) -> ExtractionJob | None:
+        if self._paused is not None:
+            raise ConfigurationError(
+                f"a turn of session {self.session_id!r} awaits approval; resume it (approvals "
+                "may refuse every call) before ending the session"
+            )
+        await self.open()
+        meta = await self.store.end_session(self.session_id)
+        self._meta, self._ended = meta, True
+        self._stop_idle()
+        extracted = self.kind in _EXTRACTED_KINDS and self.config.key_events.active
+        if self.mode != "live" or not extracted or meta.turns == 0:
+            return None
+        job = await self.queue.enqueue(
+            self.session_id, self.owner, self.agent, f"{self.session_id}@{meta.turns}"
+        )
+        self._job = job
+        start = self.extract_in_background and self._extraction is None and not self._closed
+        if start and job.status in ("pending", "running"):
+            self._extraction = asyncio.create_task(self._extract(job.id))
+        return job
+
+    async def _extract(self, job_id: str) -> ExtractionJob | None:
+        """Attempts of one job until done or failed, waiting out the backoff."""
+        worker = ExtractionWorker(
+            self.runtime.program,
+            self.store,
+            queue=self.queue,
+            worker_id=f"session:{new_worker_id()}",
+        )
+        try:
+            while True:
+                await worker.run_job(job_id=job_id)
+                job = await self.queue.get(job_id)
+                if job is None or job.status in ("done", "failed") or self._stop.is_set():
+                    return job
+                due = job.next_attempt_at
+                if job.status == "running" and job.lease_expires_at is not None:
+                    due = job.lease_expires_at  # another worker holds it
+                delay = max((due - self.store.now()).total_seconds(), _RETRY_FLOOR_SECONDS)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stop.wait()
+                if self._stop.is_set():
+                    return job
+        except Exception as e:
+            logger.exception("background extraction of job %s stopped", job_id)
+            self._extraction_error = e
+            return None
+
+    async def wait_extraction(self) -> ExtractionJob | None:
+        """Wait for the background extraction (through its retries) and return the job.
+
+        None when no job was queued. Raises what stopped the background task
+        (a store failure, say); a failed job is returned, ``status="failed"``.
+        """
+        if self._extraction is not None:
+            job = await self._extraction
+            if self._extraction_error is not None:
+                raise self._extraction_error
+            return job
+        return None if self._job is None else await self.queue.get(self._job.id)
+
+    def _touch(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._last_active = asyncio.get_running_loop().time()
+
+    def _stop_idle(self) -> None:
+        """Cancel the idle timer (kept, to be awaited by ``close``), unless it is ending us."""
+        if self._idle is not None and self._idle is not asyncio.current_task():
+            self._idle.cancel()
+
+    async def _watch_idle(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            delay = self._last_active + seconds - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            if self._lock.locked() or self._paused is not None:
+                self._touch()  # a turn runs or awaits approval: not idle
+                continue
+            try:
+                async with self._lock:
+                    if self._paused is None and not self._ended:
+                        await self._end()
+            except Exception:
+                logger.exception("ending idle session %s failed", self.session_id)
+            return
+
+    async def close(self) -> None:
+        """Stop the idle timer and background retries; wait for a running attempt.
+
+        Does not end the session. Idempotent.
+        """
+        self._closed = True
+        self._stop.set()
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.cancel()
+            await asyncio.wait([idle])
+        if self._extraction is not None:
+            await self._extraction
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
