@@ -42,9 +42,14 @@ def test_demo_runs_offline_across_two_processes(tmp_path: Path) -> None:
         "the refund of D4 is approved and issued",
         "retains 6 exchanges, 11 messages",
         "DecisionHistoryBusy",
+        "I opened the case 'Refund for order D4'",
     ):
         assert expected in out, expected
     assert "LOST" not in out
+    second_visit, anonymous = out.split("session 2, user")[1].split("session 3, an anonymous")
+    assert "open key events: Refund for order D4 (open)" in second_visit
+    assert "open key events: none" in anonymous
+    assert stat.S_IMODE(os.stat(state / "memory.sqlite").st_mode) == 0o600
     again = _touba("demo", "--dir", str(state))  # rerunnable
     assert again.returncode == 0, again.stderr
 

@@ -6,6 +6,8 @@ summarised), then asks to refund one: the refund needs approval, so the
 invocation stops with a durable checkpoint. A *new process* resumes it with
 the approval; the conversation is then read back from the file, with every
 exchange retained, and a second worker is refused while a first one holds it.
+Last, chat sessions: a key event a user's session opens is in the system
+prompt of that user's next session, and not in an anonymous visitor's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from touba.cli._common import console, private_directory, run
 from touba.errors import DecisionHistoryBusy
 from touba.history import HistoryConfig, SummaryRequest
 from touba.history.sqlite import SqliteHistoryStore
+from touba.memory import ChatSession, SqliteMemoryStore
 from touba.runtime import InvocationResult, Program, Runtime, SqliteCheckpointStore
 from touba.testing import ScriptedProvider
 
@@ -175,6 +178,28 @@ async def _busy(directory: Path, key: str) -> None:
             await task
 
 
+async def _key_events(directory: Path) -> str:
+    """Two sessions of one user, then an anonymous one (SPEC section 9)."""
+    from touba.cli._demo_program import build_program
+
+    user = f"u-{uuid.uuid4().hex[:6]}"
+    runtime = Runtime(build_program())
+    async with SqliteMemoryStore(directory / "memory.sqlite") as store:
+        visits = (
+            (user, "I want a refund for order D4, please."),
+            (user, "Hello again, any news?"),
+            (None, "Hello, any news?"),
+        )
+        for number, (user_id, text) in enumerate(visits, start=1):
+            async with ChatSession(runtime, "support", user_id, store=store) as session:
+                turn = await session.send(text)
+                await session.end()
+            who = f"user {user_id}" if user_id else "an anonymous visitor"
+            console.print(f"session {number}, {who}: [cyan]{text}[/]")
+            console.print(f"  [bold green]agent[/]: {turn.reply}")
+    return user
+
+
 async def _clean(directory: Path) -> None:
     async with SqliteHistoryStore(directory / "history.sqlite") as store:
         for row in await store.list(NAMESPACE):
@@ -212,7 +237,12 @@ def _demo(directory: Path) -> None:
     key = run(_read_back(directory, run_id))
     console.rule("4. Two workers on one conversation")
     run(_busy(directory, key))
-    console.print(f"\nInspect it yourself: touba history ls --db {directory / 'history.sqlite'}")
+    console.rule("5. Key events across sessions (a loop agent writes them during the turn)")
+    user = run(_key_events(directory))
+    console.print(
+        f"\nInspect it yourself: touba history ls --db {directory / 'history.sqlite'}\n"
+        f"                     touba events ls --db {directory / 'memory.sqlite'} --user {user}"
+    )
 
 
 def demo(
