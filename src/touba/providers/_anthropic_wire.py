@@ -157,9 +157,9 @@ class _Builder:
         self.messages.append({"role": "assistant", "content": blocks})
 
 
-def _turn(builder: _Builder, turn: Turn, interface: DecisionInterface) -> None:
+def _turn(builder: _Builder, turn: Turn, *, trace_as_data: bool) -> None:
     builder.user([_text(turn.user)] if turn.user else [])
-    if turn.trace and interface == "structured":
+    if turn.trace and trace_as_data:
         builder.user([_text(trace_text(turn.trace))])
     elif turn.trace:
         for group in turn.trace:
@@ -310,8 +310,13 @@ def render_messages(
         if isinstance(m, ResultMessage)
     }
     builder = _Builder()
-    for turn in prior_turns:
-        _turn(builder, turn, interface)
+    # With thinking enabled, the tool_use turn that the final user turn's tool_result
+    # blocks answer must start with a thinking block, which a chat trace lacks: traced
+    # turns after the last reply (whose results would join the new input) go as data.
+    replied = max((i for i, t in enumerate(prior_turns) if t.replies), default=-1)
+    for index, turn in enumerate(prior_turns):
+        trailing = thinking == "enabled" and index > replied
+        _turn(builder, turn, trace_as_data=interface == "structured" or trailing)
     if request_input is not None and request_input != "":
         builder.user([_text(input_text(request_input))])
     if summary is not None:
