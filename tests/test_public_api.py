@@ -12,6 +12,7 @@ PACKAGES = [
     "touba.history",
     "touba.providers",
     "touba.memory",
+    "touba.runtime",
     "touba.testing",
 ]
 

@@ -23,12 +23,15 @@ __all__ = [
     "DecisionHistoryStoreUnavailable",
     "DecisionHistorySummaryInvalid",
     "ExtractionLeaseLost",
+    "FlowStepFailed",
     "HistoryLimit",
     "KeyEventInvalid",
     "MemoryStoreUnavailable",
     "ProviderContextCountUnavailable",
     "ProviderContextGuardUnsupported",
     "ProviderContextWindowExceeded",
+    "ResourceAccessDenied",
+    "ResourceAccessReason",
     "ToubaError",
 ]
 
@@ -38,6 +41,13 @@ HistoryLimit = Literal[
     "max_retained_bytes",
     "max_sessions",
     "max_store_bytes",
+]
+
+ResourceAccessReason = Literal[
+    "scope_not_declared",
+    "no_scope_key",
+    "permission_not_declared",
+    "permission_not_granted",
 ]
 
 
@@ -181,3 +191,38 @@ class ExtractionLeaseLost(ToubaError):
     def __init__(self, message: str, *, job_id: str) -> None:
         super().__init__(message)
         self.job_id = job_id
+
+
+class FlowStepFailed(ToubaError):
+    """A step of a ``kind="flow"`` agent did not produce its output; the flow stopped.
+
+    ``step`` names the step. A capability step fails when its call is denied
+    (a check or a reviewer refused it), raises, or when a reference in its
+    arguments finds nothing in the data it points at; a model step fails
+    through the provider's own typed errors instead. Mark a capability step
+    ``on_error="continue"`` to let the flow go on without its output.
+    """
+
+    def __init__(self, message: str, *, step: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class ResourceAccessDenied(ToubaError):
+    """A capability's read or write of a business resource was refused.
+
+    ``reason``: ``scope_not_declared`` (the resource has no such scope),
+    ``no_scope_key`` (this invocation has no trusted key for the scope, e.g.
+    no user id), ``permission_not_declared`` (the capability does not declare
+    the resource's permission) or ``permission_not_granted`` (the agent is not
+    granted it). Raised inside the capability, which may catch it; otherwise
+    its call ends in an ``error`` observation. Nothing was read or written.
+    """
+
+    def __init__(
+        self, message: str, *, resource: str, operation: str, reason: ResourceAccessReason
+    ) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.operation = operation
+        self.reason: ResourceAccessReason = reason

@@ -1147,6 +1147,60 @@ async def test_resume_with_lost_history_sends_observations_as_data() -> None:
     assert env.of_kind("resumed_without_messages") == []
 
 
+# -- data: results the runtime obtained itself (a flow's steps) -----------------------------
+
+
+def final(output: Any) -> DecisionMessage:
+    return DecisionMessage(output=output, final=True)
+
+
+async def test_data_opens_a_new_exchange_after_a_final_decision() -> None:
+    env = Env()
+    await env.step([], final({"category": "refund"}))
+    data = [Observation("s1", "lookup", {"q": "a"}, "ok", result={"n": 1})]
+    provider = Provider([final("done")])
+    await env.history.step(env.identity, [], provider, data=data)
+    (window,) = provider.windows
+    assert [[type(m).__name__ for m in ex] for ex in window.exchanges] == [
+        ["DecisionMessage"],
+        ["DataMessage"],
+    ]
+    (message,) = window.exchanges[-1]
+    assert isinstance(message, DataMessage)
+    assert message.observations == (ResultMessage.from_observation(data[0]),)
+    assert env.of_kind("resumed_without_messages") == []
+    record = await env.read()
+    assert record is not None
+    kinds = [[m["kind"] for m in ex] for ex in record["exchanges"]]
+    assert kinds == [["decision"], ["data"], ["decision"]]
+    assert record["stats"]["exchanges"] == 3
+    assert_paired(record["exchanges"])
+
+
+async def test_data_on_a_new_conversation_is_its_first_exchange() -> None:
+    env = Env()
+    data = [Observation("s1", "lookup", {}, "ok", result=1)]
+    provider = Provider([final("done")])
+    await env.history.step(env.identity, [], provider, data=data)
+    assert env.of_kind("resumed_without_messages") == []
+    record = await env.read()
+    assert record is not None
+    assert [[m["kind"] for m in ex] for ex in record["exchanges"]] == [["data"], ["decision"]]
+
+
+async def test_data_while_calls_are_pending_is_a_mismatch() -> None:
+    env = Env()
+    made = calls("a", "lookup")
+    await env.step([], decide(*made))
+    before = await env.read()
+    data = [Observation("s1", "lookup", {}, "ok", result=1)]
+    with pytest.raises(DecisionHistoryMismatch):
+        await env.history.step(env.identity, [], never, data=data)
+    with pytest.raises(DecisionHistoryMismatch):
+        await env.history.step(env.identity, answer(made), never, data=data)
+    assert await env.read() == before
+
+
 # -- cost: only a bounded tail is read ------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from touba.memory import KeyEventsConfig, MemoryConfig
 from touba.providers import DecisionRequest
 from touba.providers.anthropic import create_anthropic_decision_provider
 from touba.providers.openai import create_openai_decision_provider
-from touba.runtime import Program, Runtime
+from touba.runtime import Program, Runtime, Step
 from touba.runtime._program import AgentKind
 from touba.testing import ScriptedProvider
 from touba.testing.fakes import (
@@ -200,7 +200,10 @@ def build_runtime(
     approval: bool = False,
     **runtime_options: Any,
 ) -> Runtime:
-    """Agent "support" of ``kind`` with ``lookup_order`` (and ``refund``, needing approval)."""
+    """Agent "support" of ``kind`` with ``lookup_order`` (and ``refund``, needing approval).
+
+    A flow has one model step, ``reply``.
+    """
     program = Program()
 
     @program.capability(permissions=("orders:read",))
@@ -222,6 +225,7 @@ def build_runtime(
         grants=("orders:read", "orders:write"),
         kind=kind,
         memory=config if config is not None else memory(),
+        steps=(Step.model("reply"),) if kind == "flow" else None,
     )
     return Runtime(program, **runtime_options)
 

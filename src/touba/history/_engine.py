@@ -162,18 +162,23 @@ class DecisionHistory:
         generate: Generate,
         *,
         fit: Fit | None = None,
+        data: Sequence[Observation] = (),
     ) -> DecisionMessage:
         """Run one decision; see the module docstring.
 
         ``fit`` (the provider's context guard) may narrow the bounded window
-        before it is announced in events and handed to ``generate``.
+        before it is announced in events and handed to ``generate``. ``data``
+        (results the runtime obtained itself, e.g. a flow's earlier steps)
+        opens a new exchange as a data message; it is refused with
+        :class:`DecisionHistoryMismatch` while calls await observations.
         """
         if identity.namespace != self.namespace:
             raise ConfigurationError("identity namespace differs from the history namespace")
         key = identity.key
 
         async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, DecisionMessage]:
-            return await _Step(self, identity, key, snapshot).run(observations, generate, fit)
+            step = _Step(self, identity, key, snapshot)
+            return await step.run(observations, generate, fit, data)
 
         return await self._log.transact_log(key, operation)
 
@@ -248,11 +253,29 @@ class _Step:
             results.append(result)
         return tuple(results)
 
+    def _open(
+        self, observations: Sequence[Observation], data: Sequence[Observation]
+    ) -> tuple[DataMessage]:
+        """Start a new exchange with ``data``; only when no call awaits its result."""
+        if observations or self.head["pending"]:
+            raise DecisionHistoryMismatch(
+                "data was given to open a new exchange but the stored conversation awaits "
+                "results of its pending calls; answer them first. The record was not modified"
+            )
+        message = DataMessage(tuple(ResultMessage.from_observation(o) for o in data))
+        self._append(self.count, message)
+        self.count += 1
+        return (message,)
+
     async def run(
-        self, observations: Sequence[Observation], generate: Generate, fit: Fit | None
+        self,
+        observations: Sequence[Observation],
+        generate: Generate,
+        fit: Fit | None,
+        data: Sequence[Observation] = (),
     ) -> tuple[LogWrite, DecisionMessage]:
         resumed_lost = self.snapshot is None and bool(observations)
-        current = self._answer(observations)
+        current = self._open(observations, data) if data else self._answer(observations)
         current_size = self.added
         self._check_retained()
 

@@ -49,7 +49,10 @@ Decisions (documented here because they are behaviour):
   approval). It lives in this process only: a server that drops the session
   object should end idle sessions itself.
 - **Identity.** Each turn is an invocation with ``run_id`` = the session id
-  and a new ``invocation_id``. Its decision history is kept by the agent's
+  and a new ``invocation_id``; its context carries the session id and the
+  user id, the trusted keys of business resources' ``session`` and ``user``
+  scopes (:mod:`touba.runtime._resources`), in preview too: a capability's
+  resource writes are effects like any other. Its decision history is kept by the agent's
   provider like any invocation's, so the provider's ``HistoryConfig``
   (``max_sessions``, TTL) bounds how many turns may run per TTL: size it for
   your traffic.
@@ -150,8 +153,10 @@ def turn_replies(result: InvocationResult) -> tuple[str, ...]:
 def turn_trace(trace: Trace, invocation_id: str) -> tuple[tuple[TraceCall, ...], ...]:
     """The calls of one invocation grouped by decision, each with its observation.
 
-    A call without an observation (not run: the invocation stopped first) is
-    left out, so the trace never holds an orphan call; an empty group too.
+    A flow's capability step (``flow_step_started`` with its call) counts as
+    a decision of one call. A call without an observation (not run: the
+    invocation stopped first) is left out, so the trace never holds an orphan
+    call; an empty group too.
     """
     groups: list[tuple[TraceCall, ...]] = []
     calls: list[Any] = []
@@ -176,7 +181,8 @@ def turn_trace(trace: Trace, invocation_id: str) -> tuple[tuple[TraceCall, ...],
     for entry in trace:
         if entry.invocation_id != invocation_id:
             continue
-        if entry.kind == "decision":
+        flow_call = entry.kind == "flow_step_started" and "calls" in entry.data
+        if entry.kind == "decision" or flow_call:
             flush()
             found = entry.get("calls")
             calls = list(found) if isinstance(found, list) else []
@@ -408,7 +414,7 @@ class ChatSession:
 
     async def _context(self) -> InvocationContext:
         if self.mode == "preview":
-            return InvocationContext()
+            return InvocationContext(session_id=self.session_id, user_id=self.user_id)
         config = self.config
         stored: tuple[StoredTurn, ...] = ()
         if config.short_term_turns:
@@ -420,6 +426,8 @@ class ChatSession:
             ),
             instructions=block,
             tools=self._tools,
+            session_id=self.session_id,
+            user_id=self.user_id,
         )
 
     async def _conclude(

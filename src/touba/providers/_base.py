@@ -226,7 +226,9 @@ class DecisionProvider:
             message = await generate(window)
         else:
             identity = self._identity(request)
-            message = await self._history.step(identity, request.observations, generate, fit=guard)
+            message = await self._history.step(
+                identity, request.observations, generate, fit=guard, data=request.data
+            )
         return Decision(
             calls=message.calls,
             output=message.output if message.final else None,
@@ -339,10 +341,11 @@ class _Cuts:
 
 
 def _stateless_window(request: DecisionRequest) -> HistoryWindow:
-    """``history=False``: the current observations as plain data, nothing else."""
-    if not request.observations:
+    """``history=False``: the current observations (and data) as plain data, nothing else."""
+    given = (*request.observations, *request.data)
+    if not given:
         return HistoryWindow(session_key="", summary=None, exchanges=(), sizes=())
-    data = DataMessage(tuple(ResultMessage.from_observation(o) for o in request.observations))
+    data = DataMessage(tuple(ResultMessage.from_observation(o) for o in given))
     size = ExchangeSize(1, message_bytes(data))
     return HistoryWindow(
         session_key="", summary=None, exchanges=((data,),), sizes=(size,), retained=size

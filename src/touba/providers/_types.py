@@ -84,6 +84,12 @@ class DecisionRequest:
     ``instructions``, the capability catalog and ``input`` are sent on every
     decision and never trimmed; ``observations`` answer the calls of the
     previous decision; ``prior_turns`` are earlier chat turns.
+
+    ``data`` holds results the runtime obtained on its own, not answers to
+    the model's calls (a flow's earlier steps, ``kind="flow"``): they open a
+    new exchange of the conversation, after the earlier ones, as untrusted
+    user-role data, and are never paired with a call. Give them only when no
+    call of the conversation awaits its observation.
     """
 
     run_id: str | None = None
@@ -96,3 +102,4 @@ class DecisionRequest:
     observations: Sequence[Observation] = ()
     prior_turns: Sequence[Turn] = ()
     resuming: bool = False
+    data: Sequence[Observation] = ()

@@ -5,7 +5,9 @@ far. In order: the capability is in the agent's catalog, its permissions
 are granted to the agent, its arguments are valid (JSON Schema, then the
 annotated Python types), and its ``max_calls`` budget is not used up. A
 refusal is a :class:`Denial`, sent back to the model as a ``denied``
-observation; its message names the rule, never an argument's value.
+observation; its message names the rule, never an argument's value. (Two
+more reasons come from elsewhere: ``not_approved`` when a reviewer refuses,
+``calls_not_allowed`` when a flow's model step proposes a call.)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ DenialReason = Literal[
     "invalid_arguments",
     "budget_exhausted",
     "not_approved",
+    "calls_not_allowed",
 ]
 
 

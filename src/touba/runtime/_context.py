@@ -11,13 +11,19 @@ of an agent, and adds to that invocation alone:
   one goes through the runtime's usual checks (in the catalog, arguments
   valid against ``spec.parameters``), then its ``handler`` runs; what it
   returns is the ``ok`` result, what it raises an ``error`` observation
-  (type name and message, as for any capability).
+  (type name and message, as for any capability);
+- ``session_id`` and ``user_id``: trusted ids of the chat session and of
+  the user, from the host (never from the model). They give the keys of the
+  ``session`` and ``user`` scopes of business resources
+  (:mod:`touba.runtime._resources`), are kept in checkpoints and passed on to
+  delegated sub-invocations. A resume must give the same ids, or no context.
 
 Tools need no permission and have no ``max_calls`` budget; the agent's
 ``max_decisions`` still bounds them. Delegated sub-invocations get none of
-the context: they have their own history and catalog. A checkpoint does not
-keep the context (tool handlers are code): pass the same one to
-:meth:`~touba.Runtime.resume`, as ``ChatSession.resume`` does.
+the rest of the context: they have their own history and catalog. A
+checkpoint does not keep turns, instructions or tools (tool handlers are
+code): pass the same context to :meth:`~touba.Runtime.resume`, as
+``ChatSession.resume`` does.
 """
 
 from __future__ import annotations
@@ -76,11 +82,13 @@ class InvocationTool:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InvocationContext:
-    """Earlier chat turns, extra instructions and extra tools for one invocation."""
+    """Earlier chat turns, extra instructions and tools, and trusted ids for one invocation."""
 
     prior_turns: tuple[Turn, ...] = ()
     instructions: str = ""
     tools: tuple[InvocationTool, ...] = ()
+    session_id: str | None = None
+    user_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prior_turns", tuple(self.prior_turns))
@@ -89,6 +97,12 @@ class InvocationContext:
             raise ConfigurationError("InvocationContext.prior_turns must hold touba Turns")
         if not isinstance(self.instructions, str):
             raise ConfigurationError("InvocationContext.instructions must be a str")
+        for name in ("session_id", "user_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigurationError(
+                    f"InvocationContext.{name} must be a non-empty str or None"
+                )
         for tool in self.tools:
             if not isinstance(tool, InvocationTool) or not callable(tool.handler):
                 raise ConfigurationError(

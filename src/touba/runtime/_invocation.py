@@ -8,6 +8,12 @@ observation; a delegated agent runs as a sub-invocation with a new
 invocation_id. When some call awaits approval (here or in a sub-invocation)
 the invocation stops once the other calls of the decision are done, as a
 :class:`~touba.runtime._state.Paused` that the runtime saves as a checkpoint.
+
+A ``kind="flow"`` agent runs its steps instead (:mod:`touba.runtime._flow`):
+a capability step is a one-call decision answered by the same path
+(:meth:`Invocation._answer`), a model step a decision loop with no catalog.
+A capability taking :class:`~touba.runtime.Resources` gets a handle bound to
+its call (:mod:`touba.runtime._resources`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from touba.errors import (
     AgentBudgetExceeded,
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
+    FlowStepFailed,
     ToubaError,
 )
 from touba.history._config import HistoryEvent
@@ -33,7 +40,9 @@ from touba.providers._validate import schema_validator
 from touba.runtime._calls import observe_call, run_capability
 from touba.runtime._checks import Accepted, Denial, DenialReason, check_call
 from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
+from touba.runtime._flow import CallStep, ModelStep, Unresolved, step_outputs
 from touba.runtime._program import AgentDefinition, CapabilityDefinition
+from touba.runtime._resources import ResourceAccess, Resources, ResourceScope
 from touba.runtime._state import (
     InvocationState,
     Paused,
@@ -109,6 +118,8 @@ class Invocation:
     # -- the loop ----------------------------------------------------------------------
 
     async def run(self, *, resuming: bool = False) -> Outcome:
+        if self.agent.flow is not None:
+            return await self._run_flow(resuming)
         agent, state = self.agent, self.state
         while True:
             if state.decisions >= agent.max_decisions:
@@ -183,18 +194,26 @@ class Invocation:
         )
 
     def _complete(self, output: JSON) -> Outcome:
-        schema = self.agent.output_schema
-        if schema is not None:
-            errors = sorted(schema_validator(schema, "output_schema").iter_errors(output), key=str)
-            if errors:
-                error = AgentDecisionProviderSchemaViolation(
-                    "the final output does not match the agent's output_schema",
-                    provider_error_code="output_schema_mismatch",
-                )
-                self._note_error("provider_error", error)
-                return self.fail(error)
+        error = self._mismatch(self.agent.output_schema, output, "the agent's output_schema")
+        if error is not None:
+            self._note_error("provider_error", error)
+            return self.fail(error)
         self.note("invocation_completed", output=output)
         return Outcome("completed", output=output)
+
+    @staticmethod
+    def _mismatch(
+        schema: Mapping[str, JSON] | None, output: JSON, what: str
+    ) -> AgentDecisionProviderSchemaViolation | None:
+        if schema is None:
+            return None
+        errors = sorted(schema_validator(schema, "output_schema").iter_errors(output), key=str)
+        if not errors:
+            return None
+        return AgentDecisionProviderSchemaViolation(
+            f"the final output does not match {what}",
+            provider_error_code="output_schema_mismatch",
+        )
 
     def _note_error(self, kind: str, error: ToubaError) -> None:
         self.note(
@@ -315,7 +334,34 @@ class Invocation:
         return None
 
     async def _execute(self, call: CapabilityCall, accepted: Accepted) -> Observation:
+        parameter = accepted.capability.parameters.resources
+        if parameter is not None:
+            handle = Resources(self._resource_access(call, accepted.capability))
+            accepted = replace(accepted, kwargs={**accepted.kwargs, parameter: handle})
         return self._observe(await run_capability(call, accepted))
+
+    def _resource_access(
+        self, call: CapabilityCall, capability: CapabilityDefinition
+    ) -> ResourceAccess:
+        """What this call's resource operations are checked against and keyed by."""
+        state = self.state
+        keys: dict[ResourceScope, str | None] = {
+            "run": state.run_id,
+            "session": state.session_id,
+            "user": state.user_id,
+            "agent": state.agent_ref,
+        }
+        return ResourceAccess(
+            definitions=self.runtime.program.resources,
+            binding=self.runtime.resources,
+            agent=self.agent.name,
+            grants=self.agent.grants,
+            capability=capability.name,
+            declared=frozenset(capability.permissions),
+            scope_keys=keys,
+            call_id=call.call_id,
+            note=self.note,
+        )
 
     async def _run_tool(self, call: CapabilityCall, tool: InvocationTool) -> Observation:
         state = self.state
@@ -332,6 +378,8 @@ class Invocation:
             invocation_id=new_id(),
             agent_ref=agent.name,
             input=call.arguments["input"],
+            session_id=self.state.session_id,
+            user_id=self.state.user_id,
         )
         self.note(
             "sub_invocation_started",
@@ -367,6 +415,139 @@ class Invocation:
         return self._observe(
             Observation(call.call_id, call.name, arguments, "error", error=message)
         )
+
+    # -- flows -------------------------------------------------------------------------
+
+    async def _run_flow(self, resuming: bool) -> Outcome:
+        """Run the flow's steps from the first unfinished one (see ``touba.runtime._flow``)."""
+        flow, state = self.agent.flow, self.state
+        assert flow is not None
+        if resuming:  # the paused capability step: its call is answered now
+            step = flow.steps[len(state.flow_results)]
+            assert isinstance(step, CallStep)
+            (observation,) = state.observations
+            failed = self._finish_call_step(step, observation)
+            if failed is not None:
+                return failed
+        while len(state.flow_results) < len(flow.steps):
+            index = len(state.flow_results)
+            step = flow.steps[index]
+            if isinstance(step, CallStep):
+                outcome = await self._call_step(index, step)
+            else:
+                outcome = await self._model_step(index, step, resuming)
+                resuming = False
+            if outcome is not None:
+                return outcome
+        outputs = step_outputs(flow.steps, state.flow_results)
+        try:
+            output = flow.result(state.input, outputs)
+        except Unresolved as e:
+            problem = f"{e}; fix the flow's output reference"
+        else:
+            if self._mismatch(self.agent.output_schema, output, "its output_schema") is None:
+                return self._complete(output)
+            problem = "it does not match the agent's output_schema"
+        return self.fail(
+            FlowStepFailed(f"the output of flow {self.agent.name!r}: {problem}", step="output")
+        )
+
+    async def _call_step(self, index: int, step: CallStep) -> Outcome | None:
+        flow, state = self.agent.flow, self.state
+        assert flow is not None
+        call_id = f"flow-{index + 1}-{uuid.uuid4().hex[:12]}"
+        try:
+            arguments = flow.resolve_arguments(
+                index, state.input, step_outputs(flow.steps, state.flow_results)
+            )
+        except Unresolved as e:
+            self.note("flow_step_started", step=step.name, index=index, type="call", calls=[])
+            message = f"the arguments of step {step.name!r}: {e}"
+            return self._finish_call_step(
+                step, Observation(call_id, step.capability, {}, "error", error=message)
+            )
+        call = CapabilityCall(call_id, step.capability, arguments)
+        started = {"step": step.name, "index": index, "type": "call"}
+        self.note("flow_step_started", **started, calls=[call_to_dict(call)])
+        outcome = await self._answer((call,))
+        if outcome is not None:
+            return outcome  # awaiting approval: resumed by _run_flow
+        (observation,) = state.observations
+        return self._finish_call_step(step, observation)
+
+    def _finish_call_step(self, step: CallStep, observation: Observation) -> Outcome | None:
+        state = self.state
+        index = len(state.flow_results)
+        state.flow_results.append(observation)
+        ok = observation.status == "ok"
+        details: dict[str, JSON] = {} if ok else {"error": observation.error}
+        self.note(
+            "flow_step_finished",
+            step=step.name,
+            index=index,
+            status=observation.status,
+            output=observation.result if ok else None,
+            **details,
+        )
+        if ok or step.on_error == "continue":
+            return None
+        return self.fail(
+            FlowStepFailed(
+                f"step {step.name!r} of flow {self.agent.name!r} did not complete: its call of "
+                f"{step.capability!r} ended {observation.status!r} ({observation.error}). Fix "
+                "the cause, or mark the step on_error='continue'",
+                step=step.name,
+            )
+        )
+
+    async def _model_step(self, index: int, step: ModelStep, resuming: bool) -> Outcome | None:
+        agent, state = self.agent, self.state
+        self.note("flow_step_started", step=step.name, index=index, type="model")
+        instructions = "\n\n".join(t for t in (agent.instructions, step.instructions) if t)
+        data: tuple[Observation, ...] = tuple(state.flow_results)
+        observations: tuple[Observation, ...] = ()
+        while True:
+            if state.decisions >= agent.max_decisions:
+                return self._budget_exceeded(f" in model step {step.name!r}")
+            request = DecisionRequest(
+                run_id=state.run_id,
+                invocation_id=state.invocation_id,
+                agent_ref=state.agent_ref,
+                instructions=instructions,
+                input=state.input,
+                output_schema=step.output_schema,
+                observations=observations,
+                data=data,
+                prior_turns=self.prior_turns,
+                resuming=resuming,
+            )
+            try:
+                decision = await self._decide(request)
+            except ToubaError as e:
+                self._note_error("provider_error", e)
+                return self.fail(e)
+            data, resuming = (), False
+            state.decisions += 1
+            self._note_decision(decision)
+            if not decision.calls:
+                break
+            message = (
+                f"step {step.name!r} of flow {agent.name!r} asks the model for its output; "
+                "it may not call capabilities. Answer with the step's output"
+            )
+            observations = tuple(
+                self._deny(c, "calls_not_allowed", message) for c in decision.calls
+            )
+        output = decision.output
+        error = self._mismatch(step.output_schema, output, f"the output_schema of {step.name!r}")
+        if error is not None:
+            self._note_error("provider_error", error)
+            return self.fail(error)
+        state.flow_results.append(
+            Observation(f"flow:{step.name}", step.name, {}, "ok", result=output)
+        )
+        self.note("flow_step_finished", step=step.name, index=index, status="ok", output=output)
+        return None
 
     # -- resume ------------------------------------------------------------------------
 

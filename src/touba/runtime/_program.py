@@ -1,7 +1,8 @@
-"""``Program``: the capabilities and agents a runtime runs (SPEC section 7).
+"""``Program``: the capabilities, resources and agents a runtime runs (SPEC section 7).
 
 Everything is checked when it is defined: a bad parameter type, an unknown
-capability, a duplicate name or a bad budget raises :class:`ConfigurationError`
+capability, a duplicate name, a bad budget, a flow step or reference that
+cannot work (see :mod:`touba.runtime._flow`) raises :class:`ConfigurationError`
 at once. Delegations may name an agent defined later; the program is checked
 as a whole (every delegated agent exists, no delegation cycle) when a
 :class:`~touba.Runtime` is built from it, and is sealed from then on.
@@ -21,6 +22,8 @@ from touba.history._model import JSON
 from touba.memory._config import MemoryConfig
 from touba.providers._types import CapabilitySpec
 from touba.providers._validate import schema_validator
+from touba.runtime._flow import CallStep, Flow, Step, compile_flow
+from touba.runtime._resources import SCOPES, ResourceDefinition, ResourceScope
 from touba.runtime._schema import ParameterSchema, parameters_schema
 
 __all__ = ["AgentDefinition", "AgentKind", "CapabilityDefinition", "Program"]
@@ -55,7 +58,10 @@ class CapabilityDefinition:
 
 @dataclass(frozen=True, slots=True)
 class AgentDefinition:
-    """One agent: its provider, instructions, catalog, grants and budget."""
+    """One agent: its provider, instructions, catalog, grants and budget.
+
+    ``flow`` holds the checked steps of a ``kind="flow"`` agent (None otherwise).
+    """
 
     name: str
     provider: Any
@@ -67,6 +73,7 @@ class AgentDefinition:
     max_decisions: int
     memory: MemoryConfig | None
     specs: tuple[CapabilitySpec, ...] = field(default=(), repr=False)
+    flow: Flow | None = None
 
 
 def _check_name(name: object, what: str) -> str:
@@ -109,11 +116,12 @@ def _delegate_parameters(agent: str) -> ParameterSchema:
 
 
 class Program:
-    """Capabilities and agents, defined once and run by a :class:`~touba.Runtime`."""
+    """Capabilities, resources and agents, defined once and run by a :class:`~touba.Runtime`."""
 
     def __init__(self) -> None:
         self._capabilities: dict[str, CapabilityDefinition] = {}
         self._agents: dict[str, AgentDefinition] = {}
+        self._resources: dict[str, ResourceDefinition] = {}
         self._sealed = False
 
     @property
@@ -125,6 +133,64 @@ class Program:
     def agents(self) -> Mapping[str, AgentDefinition]:
         """The agents by name (a read-only view)."""
         return MappingProxyType(self._agents)
+
+    @property
+    def resources(self) -> Mapping[str, ResourceDefinition]:
+        """The business resources by name (a read-only view)."""
+        return MappingProxyType(self._resources)
+
+    def resource(
+        self,
+        name: str,
+        *,
+        scopes: Sequence[ResourceScope],
+        read: Sequence[str],
+        write: Sequence[str],
+        description: str | None = None,
+        max_value_bytes: int = 65536,
+    ) -> ResourceDefinition:
+        """Define a business resource (see :mod:`touba.runtime._resources`).
+
+        ``scopes``: where its data is shared, among ``"run"``, ``"session"``,
+        ``"user"`` and ``"agent"``. ``read`` and ``write``: the permissions a
+        capability must declare, and its agent be granted, to read or write it.
+        """
+        _check_name(name, "resource")
+        self._open(f"resource {name!r}")
+        if name in self._resources:
+            raise ConfigurationError(f"resource {name!r} is defined twice")
+        where = f"resource {name!r}"
+        chosen = _strings(scopes, f"{where}: scopes")
+        wrong = [s for s in chosen if s not in SCOPES]
+        if not chosen or wrong or len(set(chosen)) != len(chosen):
+            raise ConfigurationError(
+                f"{where}: scopes must name each of its scopes once, among {SCOPES}; got {chosen!r}"
+            )
+        readers = _strings(read, f"{where}: read")
+        writers = _strings(write, f"{where}: write")
+        if not readers or not writers:
+            raise ConfigurationError(
+                f"{where}: read and write must each name at least one permission, e.g. "
+                "read=('notes:read',), write=('notes:write',); a resource grants nothing itself"
+            )
+        if description is not None and not isinstance(description, str):
+            raise ConfigurationError(f"{where}: description must be a str or None")
+        if (
+            isinstance(max_value_bytes, bool)
+            or not isinstance(max_value_bytes, int)
+            or max_value_bytes < 1
+        ):
+            raise ConfigurationError(f"{where}: max_value_bytes must be an int >= 1")
+        definition = ResourceDefinition(
+            name=name,
+            scopes=tuple(s for scope in chosen for s in SCOPES if s == scope),
+            read=readers,
+            write=writers,
+            description=description or "",
+            max_value_bytes=max_value_bytes,
+        )
+        self._resources[name] = definition
+        return definition
 
     def _open(self, what: str) -> None:
         if self._sealed:
@@ -185,16 +251,23 @@ class Program:
                 raise ConfigurationError(f"a capability must be a function, got {fn!r}")
             capability_name = _check_name(name or getattr(fn, "__name__", None), "capability")
             where = f"capability {capability_name!r}"
+            parameters = parameters_schema(fn, where)
+            is_async = _is_async(fn)
+            if parameters.resources is not None and not is_async:
+                raise ConfigurationError(
+                    f"{where}: a capability taking Resources must be async (its resource "
+                    "operations are awaited)"
+                )
             self._add(
                 CapabilityDefinition(
                     name=capability_name,
                     description=(description or inspect.getdoc(fn) or "").strip(),
-                    parameters=parameters_schema(fn, where),
+                    parameters=parameters,
                     permissions=granted,
                     max_calls=limit,
                     requires_approval=requires_approval,
                     function=fn,
-                    is_async=_is_async(fn),
+                    is_async=is_async,
                 )
             )
             return fn
@@ -247,12 +320,23 @@ class Program:
         output_schema: Mapping[str, JSON] | None = None,
         max_decisions: int = 16,
         memory: MemoryConfig | None = None,
+        steps: Sequence[Step] | None = None,
+        output: str | None = None,
     ) -> AgentDefinition:
-        """Define an agent; every capability it names must already be defined."""
+        """Define an agent; every capability it names must already be defined.
+
+        ``kind="flow"`` needs ``steps`` (see :mod:`touba.runtime._flow`) and may
+        name its output with ``output`` (a reference; default: the last step's
+        output). Its ``capabilities`` default to those its steps call.
+        """
         _check_name(name, "agent")
         self._open(f"agent {name!r}")
         if name in self._agents:
             raise ConfigurationError(f"agent {name!r} is defined twice")
+        if kind != "flow" and (steps is not None or output is not None):
+            raise ConfigurationError(
+                f"agent {name!r}: steps= and output= are for kind='flow' agents"
+            )
         if not callable(getattr(provider, "decide", None)):
             raise ConfigurationError(
                 f"agent {name!r}: provider must be a decision provider (an object with "
@@ -261,6 +345,24 @@ class Program:
         if not isinstance(instructions, str):
             raise ConfigurationError(f"agent {name!r}: instructions must be a str")
         catalog = _strings(capabilities, f"agent {name!r}: capabilities")
+        flow = None
+        if kind == "flow":
+            if steps is None:
+                raise ConfigurationError(
+                    f"agent {name!r}: kind='flow' needs steps=(Step.call(...), "
+                    "Step.model(...), ...)"
+                )
+            flow = compile_flow(name, steps, output, self._capabilities)
+            called = tuple(
+                dict.fromkeys(s.capability for s in flow.steps if isinstance(s, CallStep))
+            )
+            catalog = catalog or called
+            missing = [c for c in called if c not in catalog]
+            if missing:
+                raise ConfigurationError(
+                    f"flow {name!r}: its steps call {missing}, which are not in its "
+                    "capabilities; add them (or leave capabilities out)"
+                )
         if len(set(catalog)) != len(catalog):
             raise ConfigurationError(f"agent {name!r}: capabilities lists a name twice")
         unknown = [c for c in catalog if c not in self._capabilities]
@@ -296,6 +398,7 @@ class Program:
             max_decisions=max_decisions,
             memory=memory,
             specs=tuple(self._capabilities[c].spec for c in catalog),
+            flow=flow,
         )
         self._agents[name] = definition
         return definition

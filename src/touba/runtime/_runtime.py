@@ -15,6 +15,13 @@ calls (checked again against the resuming program: grants, budgets,
 arguments), answers refused or missing ones with ``denied`` observations,
 and lets the model decide again (``DecisionRequest.resuming``).
 
+Resources. ``resources`` is the binding that stores the program's business
+resources (:mod:`touba.runtime._resources`); a
+:class:`~touba.runtime.MemoryResourceBinding` by default. Their ``session``
+and ``user`` scopes are keyed by the ``session_id`` and ``user_id`` of the
+invocation's context, which its checkpoint keeps: a resume given other ids
+raises ConfigurationError.
+
 A delegated sub-invocation that awaits approval stops its parent too: the
 parent's checkpoint nests the child's, and ``pending`` lists the child's
 calls. ``resume`` resumes the children first (the same ``approvals``
@@ -33,6 +40,7 @@ from touba.runtime._checkpoints import CheckpointStore, MemoryCheckpointStore
 from touba.runtime._context import InvocationContext, check_context
 from touba.runtime._invocation import Invocation, Outcome, new_id
 from touba.runtime._program import AgentDefinition, Program
+from touba.runtime._resources import MemoryResourceBinding, ResourceBinding, check_binding
 from touba.runtime._results import InvocationResult
 from touba.runtime._state import InvocationState, Paused
 from touba.runtime._trace import Trace
@@ -47,10 +55,19 @@ class Runtime:
     is defined, no delegation cycle) and seals it. ``checkpoints`` defaults to
     a :class:`~touba.runtime.MemoryCheckpointStore`; use
     :class:`~touba.runtime.SqliteCheckpointStore` to resume from another
-    process. The runtime does not close a store it was given.
+    process. ``resources`` stores the business resources; it defaults to a
+    :class:`~touba.runtime.MemoryResourceBinding` (use
+    :class:`~touba.runtime.SqliteResourceBinding` to keep them). The runtime
+    does not close a store or binding it was given.
     """
 
-    def __init__(self, program: Program, checkpoints: CheckpointStore | None = None) -> None:
+    def __init__(
+        self,
+        program: Program,
+        checkpoints: CheckpointStore | None = None,
+        *,
+        resources: ResourceBinding | None = None,
+    ) -> None:
         if not isinstance(program, Program):
             raise ConfigurationError("Runtime needs a touba.Program")
         if checkpoints is None:
@@ -63,6 +80,7 @@ class Runtime:
         program.seal()
         self._program = program
         self._checkpoints = checkpoints
+        self._resources = MemoryResourceBinding() if resources is None else check_binding(resources)
 
     @property
     def program(self) -> Program:
@@ -71,6 +89,10 @@ class Runtime:
     @property
     def checkpoints(self) -> CheckpointStore:
         return self._checkpoints
+
+    @property
+    def resources(self) -> ResourceBinding:
+        return self._resources
 
     def agent(self, name: str) -> AgentDefinition:
         agent = self._program.agents.get(name)
@@ -104,7 +126,12 @@ class Runtime:
         elif not isinstance(run_id, str) or not run_id:
             raise ConfigurationError("run_id must be a non-empty str, or None for a new one")
         state = InvocationState(
-            run_id=run_id, invocation_id=new_id(), agent_ref=definition.name, input=input
+            run_id=run_id,
+            invocation_id=new_id(),
+            agent_ref=definition.name,
+            input=input,
+            session_id=context.session_id if context is not None else None,
+            user_id=context.user_id if context is not None else None,
         )
         trace = Trace()
         invocation = Invocation(self, definition, state, trace, context)
@@ -145,6 +172,15 @@ class Runtime:
         paused = Paused.from_dict(stored)
         for name in paused.agents():
             self.agent(name)
+        state = paused.state
+        if context is not None and (context.session_id, context.user_id) != (
+            state.session_id,
+            state.user_id,
+        ):
+            raise ConfigurationError(
+                f"checkpoint {checkpoint_id!r} was made with other session and user ids than "
+                "this context's; resume it with the context it was invoked with (or none)"
+            )
         awaiting = {c.call_id for c in paused.awaiting()}
         unknown = sorted(set(approvals) - awaiting)
         if unknown:

@@ -11,6 +11,10 @@ arbitrary classes) is refused with :class:`ConfigurationError` when the
 capability is defined, as are ``*args``, ``**kwargs``, positional-only and
 unannotated parameters.
 
+One parameter annotated :class:`~touba.runtime.Resources` is left out of the
+schema: the model never sees it, and the runtime fills it with the call's
+resource handle (:attr:`ParameterSchema.resources` names it).
+
 The schema of the whole parameter list is an object with
 ``additionalProperties: false``; parameters with a default are not required.
 A :class:`Converter` turns validated JSON arguments back into the annotated
@@ -31,6 +35,7 @@ from pydantic import BaseModel
 
 from touba.errors import ConfigurationError
 from touba.history._model import JSON, canonical_json
+from touba.runtime._resources import Resources
 
 __all__ = ["ArgumentError", "ParameterSchema", "parameters_schema"]
 
@@ -45,6 +50,7 @@ class ParameterSchema:
 
     schema: dict[str, JSON]
     converters: Mapping[str, Converter]
+    resources: str | None = None
 
     def convert(self, arguments: Mapping[str, JSON]) -> dict[str, Any]:
         """Python keyword arguments from validated JSON ones (may raise ValueError)."""
@@ -244,6 +250,7 @@ def parameters_schema(function: Callable[..., Any], where: str) -> ParameterSche
     properties: dict[str, JSON] = {}
     required: list[str] = []
     converters: dict[str, Converter] = {}
+    resources: str | None = None
     for name, parameter in signature.parameters.items():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise builder.refuse(f"*args and **kwargs ({name}) cannot be described to a model")
@@ -251,6 +258,13 @@ def parameters_schema(function: Callable[..., Any], where: str) -> ParameterSche
             raise builder.refuse(f"parameter {name!r} is positional-only; models pass keywords")
         if name not in hints:
             raise builder.refuse(f"parameter {name!r} has no type hint")
+        if hints[name] is Resources:
+            if resources is not None:
+                raise ConfigurationError(
+                    f"{where}: parameters {resources!r} and {name!r} are both Resources; keep one"
+                )
+            resources = name  # filled by the runtime, never by the model
+            continue
         builder.where = f"{where}, parameter {name!r}"
         schema, converter = builder.schema(hints[name])
         if parameter.default is parameter.empty:
@@ -270,4 +284,4 @@ def parameters_schema(function: Callable[..., Any], where: str) -> ParameterSche
     }
     if builder.defs:
         result["$defs"] = builder.defs
-    return ParameterSchema(schema=result, converters=converters)
+    return ParameterSchema(schema=result, converters=converters, resources=resources)

@@ -4,6 +4,9 @@ A checkpoint (``CHECKPOINT_VERSION`` 1) is a JSON object:
 
 - ``version``, ``checkpoint_id``, ``created_at`` (ISO 8601, UTC);
 - identity: ``run_id``, ``invocation_id``, ``agent_ref``, and ``input``;
+  ``session_id`` and ``user_id``: the trusted ids the invocation was given
+  (:class:`~touba.runtime.InvocationContext`), which scope its resources
+  (absent when None);
 - budgets used: ``decisions`` (decisions made so far) and ``calls_used``
   (capability name -> calls run or started, pending approvals excluded);
 - the paused decision: ``calls`` (all its calls, in order), ``done`` (the
@@ -13,6 +16,10 @@ A checkpoint (``CHECKPOINT_VERSION`` 1) is a JSON object:
   a reviewer, or ``{"kind": "delegate", "call": ..., "child": {...}}`` for a
   delegated sub-invocation that is itself awaiting approval, ``child`` being
   that sub-invocation's own checkpoint, nested (same shape, no ``trace``);
+- ``flow_results`` (``kind="flow"`` only): one observation per step already
+  finished, in order (a model step's as ``{"name": <step>, "status": "ok",
+  "result": <output>}`` with ``call_id`` ``"flow:<step>"``); the paused
+  decision is then the call of the next capability step;
 - ``trace``: the trace so far (top level only), as dicts.
 
 Nesting the children inside their parent keeps one store entry per
@@ -76,9 +83,15 @@ def observation_from_dict(value: Mapping[str, Any]) -> Observation:
     )
 
 
+def _optional_str(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"expected a str or null, got {type(value).__name__}")
+    return value
+
+
 @dataclass(slots=True)
 class InvocationState:
-    """Identity, input and budgets used of one invocation."""
+    """Identity, input and budgets used of one invocation (and a flow's finished steps)."""
 
     run_id: str
     invocation_id: str
@@ -87,6 +100,9 @@ class InvocationState:
     decisions: int = 0
     calls_used: dict[str, int] = field(default_factory=dict)
     observations: list[Observation] = field(default_factory=list)
+    session_id: str | None = None
+    user_id: str | None = None
+    flow_results: list[Observation] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +156,13 @@ class Paused:
                     }
                 )
         state = self.state
+        extra: dict[str, JSON] = {}
+        if state.session_id is not None:
+            extra["session_id"] = state.session_id
+        if state.user_id is not None:
+            extra["user_id"] = state.user_id
+        if state.flow_results:
+            extra["flow_results"] = [observation_to_dict(o) for o in state.flow_results]
         return {
             "version": CHECKPOINT_VERSION,
             "checkpoint_id": self.checkpoint_id,
@@ -153,6 +176,7 @@ class Paused:
             "calls": [call_to_dict(c) for c in self.calls],
             "done": [observation_to_dict(o) for o in self.done.values()],
             "pending": pending,
+            **extra,
         }
 
     @classmethod
@@ -182,6 +206,11 @@ class Paused:
                     input=value["input"],
                     decisions=int(value["decisions"]),
                     calls_used={str(k): int(v) for k, v in value["calls_used"].items()},
+                    session_id=_optional_str(value.get("session_id")),
+                    user_id=_optional_str(value.get("user_id")),
+                    flow_results=[
+                        observation_from_dict(o) for o in value.get("flow_results") or []
+                    ],
                 ),
                 calls=tuple(call_from_dict(c) for c in value["calls"]),
                 done={o.call_id: o for o in done},

@@ -29,6 +29,14 @@ their parent's trace, every entry naming its own ``invocation_id`` and
   ``event`` (history windows, trimming, summaries, context-guard counts,
   ``resumed_without_messages``); never message content.
 - ``provider_error`` (``error_code``, ``error``, ``provider_error_code``).
+- ``flow_step_started`` / ``flow_step_finished`` (``kind="flow"``: ``step``,
+  ``index``; ``type`` and, for a capability step, ``calls`` when started;
+  ``status``, ``output`` and ``error`` when finished). See
+  :mod:`touba.runtime._flow`.
+- ``resource_access`` (``call_id``, ``name`` of the capability,
+  ``resource``, ``scope``, ``operation``, ``key`` or ``prefix``, ``outcome``
+  ``"ok"`` or ``"denied"``, ``reason`` when denied); never a value. See
+  :mod:`touba.runtime._resources`.
 
 Arguments, results, inputs and outputs are the host's business data and are
 kept (the host decides where a trace goes). Provider keys, headers and

@@ -1,0 +1,221 @@
+"""``SqliteResourceBinding``: business resources in a private SQLite file.
+
+One row per item, keyed by (resource, scope, scope_key, key), the value as
+compact JSON text. The file is opened like every touba SQLite file
+(:func:`touba.history._files.open_private_sqlite`: 0600 files, no symbolic
+links, a private directory) and may be shared with the history and
+checkpoint stores. Not encrypted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Final, Self, TypeVar
+
+from touba.errors import ConfigurationError
+from touba.history._files import open_private_sqlite
+from touba.history._model import JSON, canonical_json
+from touba.runtime._resources import ResourceAddress, ResourceItem
+
+__all__ = ["SqliteResourceBinding"]
+
+R = TypeVar("R")
+SCHEMA_VERSION: Final = 1
+_VERSION_NAME = "resource_schema_version"
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS touba_resources (
+        resource TEXT NOT NULL, scope TEXT NOT NULL, scope_key TEXT NOT NULL,
+        key TEXT NOT NULL, value TEXT NOT NULL, updated_at TEXT NOT NULL,
+        PRIMARY KEY (resource, scope, scope_key, key)) WITHOUT ROWID""",
+)
+
+
+def _check_schema(conn: sqlite3.Connection) -> None:
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
+    if not conn.execute(sql).fetchone():
+        return
+    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
+    if row is not None and row[0] != str(SCHEMA_VERSION):
+        raise ConfigurationError(
+            f"this SQLite file holds resource schema version {row[0]!r}; this touba reads "
+            f"version {SCHEMA_VERSION}. Upgrade touba or use another file; it was not modified"
+        )
+
+
+def _where(address: ResourceAddress) -> tuple[str, str, str]:
+    return (address.resource, address.scope, address.scope_key)
+
+
+class _Db:
+    """The binding's SQL; runs only on the binding's thread, one transaction per write."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def _write(self, job: Callable[[], R]) -> R:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = job()
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+        return result
+
+    def init(self) -> None:
+        def job() -> None:
+            _check_schema(self.conn)
+            for statement in _SCHEMA:
+                self.conn.execute(statement)
+            self.conn.execute(
+                "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
+                (_VERSION_NAME, str(SCHEMA_VERSION)),
+            )
+
+        self._write(job)
+
+    def get(self, address: ResourceAddress, key: str) -> tuple[str, str] | None:
+        row = self.conn.execute(
+            "SELECT value, updated_at FROM touba_resources "
+            "WHERE resource = ? AND scope = ? AND scope_key = ? AND key = ?",
+            (*_where(address), key),
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    def put(self, address: ResourceAddress, key: str, value: str, at: str) -> None:
+        def job() -> None:
+            self.conn.execute(
+                "INSERT INTO touba_resources (resource, scope, scope_key, key, value, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (resource, scope, "
+                "scope_key, key) DO UPDATE SET value = excluded.value, "
+                "updated_at = excluded.updated_at",
+                (*_where(address), key, value, at),
+            )
+
+        self._write(job)
+
+    def delete(self, address: ResourceAddress, key: str) -> bool:
+        def job() -> bool:
+            cursor = self.conn.execute(
+                "DELETE FROM touba_resources "
+                "WHERE resource = ? AND scope = ? AND scope_key = ? AND key = ?",
+                (*_where(address), key),
+            )
+            return cursor.rowcount > 0
+
+        return self._write(job)
+
+    def keys(self, address: ResourceAddress, prefix: str, limit: int) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT key FROM touba_resources WHERE resource = ? AND scope = ? "
+            "AND scope_key = ? AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
+            (*_where(address), len(prefix), prefix, limit),
+        ).fetchall()
+        return [str(row[0]) for row in rows]
+
+
+class SqliteResourceBinding:
+    """Resources in a SQLite file, durable and shared by processes.
+
+    Give exactly one of ``filename`` (checked and opened like
+    :class:`~touba.runtime.SqliteCheckpointStore`'s: files created or reset to
+    0600 before opening, symbolic links and group- or other-writable
+    directories refused with ``DecisionHistoryStorageUnsafe``; create the
+    directory yourself, mode 0700) or ``database`` (an open
+    ``sqlite3.Connection`` made with ``check_same_thread=False``, whose
+    closing and file protection stay yours). One thread owns the connection;
+    close with ``close()`` or ``async with``.
+    """
+
+    def __init__(
+        self,
+        filename: str | os.PathLike[str] | None = None,
+        *,
+        database: sqlite3.Connection | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if (filename is None) == (database is None):
+            raise ConfigurationError(
+                "SqliteResourceBinding needs exactly one of filename=... (a path) or "
+                "database=... (an open sqlite3.Connection)"
+            )
+        if database is not None and not isinstance(database, sqlite3.Connection):
+            raise ConfigurationError("database must be a sqlite3.Connection")
+        self._owns_connection = database is None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="touba-resources")
+        try:
+            self._db = self._executor.submit(self._open, filename, database, timeout).result()
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            raise
+
+    def _open(
+        self,
+        filename: str | os.PathLike[str] | None,
+        conn: sqlite3.Connection | None,
+        timeout: float,
+    ) -> _Db:
+        if conn is None:
+            assert filename is not None
+            conn = open_private_sqlite(filename, timeout=timeout, check=_check_schema)
+        try:
+            db = _Db(conn)
+            db.init()
+        except BaseException:
+            if self._owns_connection:
+                conn.close()
+            raise
+        return db
+
+    async def _run(self, job: Callable[[], R]) -> R:
+        if self._closed:
+            raise ConfigurationError("this SqliteResourceBinding is closed; create a new one")
+        future = asyncio.get_running_loop().run_in_executor(self._executor, job)
+        # Once started, a write finishes even if the caller is cancelled.
+        return await asyncio.shield(future)
+
+    async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
+        row = await self._run(lambda: self._db.get(address, key))
+        if row is None:
+            return None
+        return ResourceItem(key, json.loads(row[0]), datetime.fromisoformat(row[1]))
+
+    async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
+        text, at = canonical_json(value), datetime.now(UTC)
+        await self._run(lambda: self._db.put(address, key, text, at.isoformat()))
+        return ResourceItem(key, json.loads(text), at)
+
+    async def delete(self, address: ResourceAddress, key: str) -> bool:
+        return await self._run(lambda: self._db.delete(address, key))
+
+    async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
+        return await self._run(lambda: self._db.keys(address, prefix, limit))
+
+    async def close(self) -> None:
+        """Close the connection it opened and stop its thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_connection:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._db.conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
