@@ -17,19 +17,17 @@ application's).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Protocol, Self, TypeVar, runtime_checkable
 
 from touba.errors import ConfigurationError
-from touba.history._files import open_private_sqlite
 from touba.history._model import JSON, canonical_json
+from touba.runtime._owned_sqlite import OwnedSqlite
 
 __all__ = ["CheckpointStore", "MemoryCheckpointStore", "SqliteCheckpointStore"]
 
@@ -175,6 +173,12 @@ def _decode(body: str | None) -> dict[str, JSON] | None:
     return value
 
 
+def _build(conn: sqlite3.Connection) -> _Db:
+    db = _Db(conn)
+    db.init()
+    return db
+
+
 class SqliteCheckpointStore:
     """Checkpoints in a SQLite file, durable and shared by processes.
 
@@ -196,46 +200,18 @@ class SqliteCheckpointStore:
         database: sqlite3.Connection | None = None,
         timeout: float = 5.0,
     ) -> None:
-        if (filename is None) == (database is None):
-            raise ConfigurationError(
-                "SqliteCheckpointStore needs exactly one of filename=... (a path) or "
-                "database=... (an open sqlite3.Connection)"
-            )
-        if database is not None and not isinstance(database, sqlite3.Connection):
-            raise ConfigurationError("database must be a sqlite3.Connection")
-        self._owns_connection = database is None
-        self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="touba-checkpoints")
-        try:
-            self._db = self._executor.submit(self._open, filename, database, timeout).result()
-        except BaseException:
-            self._executor.shutdown(wait=True)
-            raise
-
-    def _open(
-        self,
-        filename: str | os.PathLike[str] | None,
-        conn: sqlite3.Connection | None,
-        timeout: float,
-    ) -> _Db:
-        if conn is None:
-            assert filename is not None
-            conn = open_private_sqlite(filename, timeout=timeout, check=_check_schema)
-        try:
-            db = _Db(conn)
-            db.init()
-        except BaseException:
-            if self._owns_connection:
-                conn.close()
-            raise
-        return db
+        self._sqlite = OwnedSqlite(
+            "SqliteCheckpointStore",
+            filename=filename,
+            database=database,
+            timeout=timeout,
+            check=_check_schema,
+            build=_build,
+        )
+        self._db = self._sqlite.db
 
     async def _run(self, job: Callable[[], R]) -> R:
-        if self._closed:
-            raise ConfigurationError("this SqliteCheckpointStore is closed; create a new one")
-        future = asyncio.get_running_loop().run_in_executor(self._executor, job)
-        # Once started, a write finishes even if the caller is cancelled.
-        return await asyncio.shield(future)
+        return await self._sqlite.run(job)
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         body = _encode(checkpoint)
@@ -249,12 +225,7 @@ class SqliteCheckpointStore:
 
     async def close(self) -> None:
         """Close the connection it opened and stop its thread."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_connection:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._db.conn.close)
-        self._executor.shutdown(wait=True)
+        await self._sqlite.close()
 
     async def __aenter__(self) -> Self:
         return self
