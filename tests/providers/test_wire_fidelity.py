@@ -202,7 +202,7 @@ prior_turns = st.builds(
     PriorTurn,
     replies=st.integers(0, 2),
     trace=st.lists(
-        st.lists(st.sampled_from(["ok", "error", "denied"]), min_size=1, max_size=3).map(tuple),
+        st.lists(st.sampled_from(["ok", "error", "denied"]), max_size=3).map(tuple),
         max_size=2,
     ).map(tuple),
     odd_ids=st.booleans(),
@@ -454,8 +454,9 @@ class Vendor:
     def script(self, srv: Any, marks: Marks, number: int, step: Step) -> None:
         raise NotImplementedError
 
-    def pairing(self, body: dict[str, Any]) -> list[str]:
-        """Problems pairing calls and results in a generation or count body."""
+    def problems(self, body: dict[str, Any]) -> list[str]:
+        """What is wrong in a generation or count body beyond the fake's validator:
+        calls and results not paired one for one, empty messages."""
         raise NotImplementedError
 
     def results(self, body: dict[str, Any]) -> list[str]:
@@ -505,7 +506,7 @@ class OpenAI(Vendor):
                 items.append(openai_function_call(name, arguments, call_id=call_id))
         srv.script_response(*items)
 
-    def pairing(self, body):
+    def problems(self, body):
         items = body.get("input") or []
         problems, seen = [], set()
         for item in items:
@@ -570,10 +571,12 @@ class Anthropic(Vendor):
                 blocks.append(anthropic_tool_use(name, arguments))
         srv.script_response(*blocks)
 
-    def pairing(self, body):
+    def problems(self, body):
         messages = body.get("messages") or []
         problems = []
         for index, message in enumerate(messages):
+            if not message["content"]:
+                problems.append(f"messages.{index}: empty content")
             blocks = message["content"] if isinstance(message["content"], list) else []
             results = [b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"]
             previous = messages[index - 1]["content"] if index else []
@@ -645,12 +648,14 @@ class Gemini(Vendor):
                 )
         srv.script_response(*parts)
 
-    def pairing(self, body):
+    def problems(self, body):
         contents = body.get("contents")
         if contents is None:  # a countTokens body
             contents = body["generateContentRequest"]["contents"]
         problems = []
         for index, content in enumerate(contents):
+            if not content.get("parts"):
+                problems.append(f"contents[{index}]: no parts")
             calls = [p["functionCall"] for p in content["parts"] if "functionCall" in p]
             following = contents[index + 1]["parts"] if index + 1 < len(contents) else []
             answers = [p["functionResponse"] for p in following if "functionResponse" in p]
@@ -731,11 +736,15 @@ class Compatible(Vendor):
         }
         srv.script_raw(200, completion, endpoint="chat_completions")
 
-    def pairing(self, body):
+    def problems(self, body):
         messages = body.get("messages") or []
         problems = []
         open_ids: list[str] = []
         for index, message in enumerate(messages):
+            if message["role"] == "assistant" and not (
+                message.get("content") or message.get("tool_calls")
+            ):
+                problems.append(f"messages[{index}]: an assistant message with nothing in it")
             if message["role"] == "tool":
                 if message["tool_call_id"] not in open_ids:
                     problems.append(f"messages[{index}]: a tool message without its call")
@@ -1020,7 +1029,7 @@ async def run_scenario(run: Run) -> None:
     assert len(rejected) == allowed, f"the fake's validator rejected {rejected}"
     for request in sent:
         if request.status == 200:
-            problems = vendor.pairing(request.body)
+            problems = vendor.problems(request.body)
             assert problems == [], f"{request.endpoint}: {problems}"
     for history_event in run.events:
         dumped = json.dumps(history_event.to_dict())
@@ -1122,3 +1131,32 @@ async def test_anthropic_enabled_thinking_after_a_traced_turn_without_reply() ->
             await sdk.close()
         assert decision.output == "It shipped."
         assert [r.status for r in srv.requests] == [200]
+
+
+async def test_anthropic_empty_trace_group_sends_no_empty_message() -> None:
+    """A trace group without calls must not become an assistant message with no content.
+
+    The Messages API refuses empty content in any message but a final assistant
+    one; the fake does not check it, so the recorded body is inspected.
+    """
+    trace = ((), (TraceCall("t1", "lookup", {"q": "A1"}, "ok", {"state": "shipped"}),))
+    with FakeAnthropicServer() as srv:
+        sdk = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="sk-fuzz", max_retries=0)
+        provider = create_anthropic_decision_provider(model="claude-fuzz", client=sdk)
+        srv.script_response(anthropic_text("It shipped."))
+        request = DecisionRequest(
+            run_id=RUN,
+            invocation_id=INVOCATION,
+            agent_ref=AGENT,
+            instructions=INSTRUCTIONS,
+            input="And order A2?",
+            capabilities=CAPABILITIES,
+            prior_turns=(Turn("Where is A1?", replies=("Shipped.",), trace=trace),),
+        )
+        try:
+            await provider.decide(request)
+        finally:
+            await sdk.close()
+        (sent,) = srv.requests
+        assert sent.status == 200
+        assert all(message["content"] for message in sent.body["messages"])

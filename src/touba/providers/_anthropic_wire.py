@@ -162,7 +162,7 @@ def _turn(builder: _Builder, turn: Turn, *, trace_as_data: bool) -> None:
     if turn.trace and trace_as_data:
         builder.user([_text(trace_text(turn.trace))])
     elif turn.trace:
-        for group in turn.trace:
+        for group in (g for g in turn.trace if g):  # no empty assistant message
             builder.assistant(
                 [
                     {
