@@ -27,13 +27,13 @@ from typing import Final, Protocol, Self, TypeVar, runtime_checkable
 
 from touba.errors import ConfigurationError
 from touba.history._model import JSON, canonical_json
-from touba.runtime._owned_sqlite import OwnedSqlite
+from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
 
 __all__ = ["CheckpointStore", "MemoryCheckpointStore", "SqliteCheckpointStore"]
 
 R = TypeVar("R")
 SCHEMA_VERSION: Final = 1
-_VERSION_NAME = "checkpoint_schema_version"
+_VERSION = SchemaVersion("checkpoint_schema_version", SCHEMA_VERSION, "checkpoint")
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS touba_checkpoints (
@@ -89,18 +89,6 @@ class MemoryCheckpointStore:
         return len(self._items)
 
 
-def _check_schema(conn: sqlite3.Connection) -> None:
-    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
-    if not conn.execute(sql).fetchone():
-        return
-    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
-    if row is not None and row[0] != str(SCHEMA_VERSION):
-        raise ConfigurationError(
-            f"this SQLite file holds checkpoint schema version {row[0]!r}; this touba reads "
-            f"version {SCHEMA_VERSION}. Upgrade touba or use another file; it was not modified"
-        )
-
-
 class _Db:
     """The store's SQL; runs only on the store's thread, one transaction per call."""
 
@@ -108,26 +96,10 @@ class _Db:
         self.conn = conn
 
     def _write(self, job: Callable[[], R]) -> R:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = job()
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
-        return result
+        return write(self.conn, job)
 
     def init(self) -> None:
-        def job() -> None:
-            _check_schema(self.conn)
-            for statement in _SCHEMA:
-                self.conn.execute(statement)
-            self.conn.execute(
-                "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
-                (_VERSION_NAME, str(SCHEMA_VERSION)),
-            )
-
-        self._write(job)
+        _VERSION.install(self.conn, _SCHEMA)
 
     def save(self, checkpoint_id: str, checkpoint: dict[str, JSON], body: str) -> None:
         def job() -> None:
@@ -205,7 +177,7 @@ class SqliteCheckpointStore:
             filename=filename,
             database=database,
             timeout=timeout,
-            check=_check_schema,
+            check=_VERSION.check,
             build=_build,
         )
         self._db = self._sqlite.db

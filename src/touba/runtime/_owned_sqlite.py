@@ -11,17 +11,66 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from touba.errors import ConfigurationError
 from touba.history._files import open_private_sqlite
 
-__all__ = ["OwnedSqlite"]
+__all__ = ["OwnedSqlite", "SchemaVersion", "write"]
 
 D = TypeVar("D")
 R = TypeVar("R")
+
+
+def write(conn: sqlite3.Connection, job: Callable[[], R]) -> R:
+    """Run ``job`` in one ``BEGIN IMMEDIATE`` transaction, rolled back if it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = job()
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaVersion:
+    """A store's schema version, kept as one row of the shared ``touba_meta`` table."""
+
+    name: str
+    version: int
+    what: str
+
+    def check(self, conn: sqlite3.Connection) -> None:
+        """Refuse a file holding another version of this schema, without touching it."""
+        sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
+        if not conn.execute(sql).fetchone():
+            return
+        row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (self.name,)).fetchone()
+        if row is not None and row[0] != str(self.version):
+            raise ConfigurationError(
+                f"this SQLite file holds {self.what} schema version {row[0]!r}; this touba "
+                f"reads version {self.version}. Upgrade touba or use another file; it was "
+                "not modified"
+            )
+
+    def install(self, conn: sqlite3.Connection, statements: Sequence[str]) -> None:
+        """Check, then create the tables and record the version, in one transaction."""
+
+        def job() -> None:
+            self.check(conn)
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
+                (self.name, str(self.version)),
+            )
+
+        write(conn, job)
 
 
 class OwnedSqlite(Generic[D]):

@@ -17,16 +17,15 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Self, TypeVar
 
-from touba.errors import ConfigurationError
 from touba.history._model import JSON, canonical_json
-from touba.runtime._owned_sqlite import OwnedSqlite
+from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
 from touba.runtime._resources import ResourceAddress, ResourceItem
 
 __all__ = ["SqliteResourceBinding"]
 
 R = TypeVar("R")
 SCHEMA_VERSION: Final = 1
-_VERSION_NAME = "resource_schema_version"
+_VERSION = SchemaVersion("resource_schema_version", SCHEMA_VERSION, "resource")
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS touba_resources (
@@ -34,18 +33,6 @@ _SCHEMA = (
         key TEXT NOT NULL, value TEXT NOT NULL, updated_at TEXT NOT NULL,
         PRIMARY KEY (resource, scope, scope_key, key)) WITHOUT ROWID""",
 )
-
-
-def _check_schema(conn: sqlite3.Connection) -> None:
-    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
-    if not conn.execute(sql).fetchone():
-        return
-    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
-    if row is not None and row[0] != str(SCHEMA_VERSION):
-        raise ConfigurationError(
-            f"this SQLite file holds resource schema version {row[0]!r}; this touba reads "
-            f"version {SCHEMA_VERSION}. Upgrade touba or use another file; it was not modified"
-        )
 
 
 def _where(address: ResourceAddress) -> tuple[str, str, str]:
@@ -59,26 +46,10 @@ class _Db:
         self.conn = conn
 
     def _write(self, job: Callable[[], R]) -> R:
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = job()
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
-        return result
+        return write(self.conn, job)
 
     def init(self) -> None:
-        def job() -> None:
-            _check_schema(self.conn)
-            for statement in _SCHEMA:
-                self.conn.execute(statement)
-            self.conn.execute(
-                "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
-                (_VERSION_NAME, str(SCHEMA_VERSION)),
-            )
-
-        self._write(job)
+        _VERSION.install(self.conn, _SCHEMA)
 
     def get(self, address: ResourceAddress, key: str) -> tuple[str, str] | None:
         row = self.conn.execute(
@@ -151,7 +122,7 @@ class SqliteResourceBinding:
             filename=filename,
             database=database,
             timeout=timeout,
-            check=_check_schema,
+            check=_VERSION.check,
             build=_build,
         )
         self._db = self._sqlite.db
