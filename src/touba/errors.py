@@ -25,6 +25,7 @@ __all__ = [
     "ExtractionLeaseLost",
     "FlowStepFailed",
     "HistoryLimit",
+    "InvocationBusy",
     "KeyEventInvalid",
     "MemoryStoreUnavailable",
     "ProviderContextCountUnavailable",
@@ -55,6 +56,7 @@ class ToubaError(Exception):
     """Base class of every error touba raises on purpose."""
 
     code: ClassVar[str] = "ToubaError"
+    transient: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -63,6 +65,15 @@ class ToubaError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+    @property
+    def retryable(self) -> bool:
+        """True when the same step may succeed later unchanged (a server down, a
+        conversation busy, a full store): an invocation that fails with such an
+        error keeps a checkpoint that ``runtime.resume`` continues. False when
+        retrying cannot help (a budget spent, a model's bad output, a bound
+        that the step itself exceeds): the invocation ends for good."""
+        return self.transient
 
 
 class ConfigurationError(ToubaError, ValueError):
@@ -79,6 +90,8 @@ class AgentDecisionProviderSchemaViolation(ToubaError):
 
 class AgentDecisionProviderUnavailable(ToubaError):
     """The transport or the provider failed; no decision was received."""
+
+    transient = True
 
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message)
@@ -101,6 +114,8 @@ class AgentBudgetExceeded(ToubaError):
 class DecisionHistoryBusy(ToubaError):
     """Another operation holds this conversation (or held it and crashed)."""
 
+    transient = True
+
     def __init__(self, message: str, *, session_key: str) -> None:
         super().__init__(message)
         self.session_key = session_key
@@ -112,6 +127,12 @@ class DecisionHistoryLimitExceeded(ToubaError):
     def __init__(self, message: str, *, limit: HistoryLimit) -> None:
         super().__init__(message)
         self.limit: HistoryLimit = limit
+
+    @property
+    def retryable(self) -> bool:
+        """A full store may have room later; a conversation or window over its own
+        bound will not."""
+        return self.limit in ("max_sessions", "max_store_bytes")
 
 
 class DecisionHistoryMismatch(ToubaError):
@@ -134,6 +155,8 @@ class DecisionHistoryStoreUnavailable(ToubaError):
     could not be released answers ``DecisionHistoryBusy`` until recovered.
     """
 
+    transient = True
+
 
 class DecisionHistorySummaryInvalid(ToubaError):
     """The host summariser returned something other than a bounded non-empty string."""
@@ -149,6 +172,8 @@ class ProviderContextWindowExceeded(ToubaError):
 
 class ProviderContextCountUnavailable(ToubaError):
     """The provider's token count could not be obtained; nothing was generated."""
+
+    transient = True
 
 
 class ProviderContextGuardUnsupported(ToubaError):
@@ -179,6 +204,8 @@ class MemoryStoreUnavailable(ToubaError):
 
     The driver's exception is chained; the step that failed wrote nothing.
     """
+
+    transient = True
 
 
 class ExtractionLeaseLost(ToubaError):
@@ -226,3 +253,20 @@ class ResourceAccessDenied(ToubaError):
         self.resource = resource
         self.operation = operation
         self.reason: ResourceAccessReason = reason
+
+
+class InvocationBusy(ToubaError):
+    """A checkpoint belongs to an invocation that a worker is running (or ran and crashed).
+
+    ``holder`` describes that worker (``worker_id``, ``pid``, ``host``,
+    ``since``). Wait for it; if it crashed, stop and check it, then resume with
+    ``runtime.resume(checkpoint_id, worker_stopped=True)``: calls it had started
+    are answered as of unknown outcome, never run again.
+    """
+
+    transient = True
+
+    def __init__(self, message: str, *, checkpoint_id: str, holder: dict[str, object]) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.holder = holder

@@ -18,7 +18,7 @@ from touba.history._model import (
     SummaryMessage,
     message_bytes,
 )
-from touba.history._store import HistoryStore, StoredConversation
+from touba.history._store import HistoryStore, StoredConversation, StoreUsage
 from touba.history._window import ExchangeSize, select_window
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "Message",
     "Observation",
     "ResultMessage",
+    "StoreUsage",
     "StoredConversation",
     "SummaryMessage",
     "SummaryRequest",

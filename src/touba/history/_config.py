@@ -28,6 +28,7 @@ EventKind = Literal[
     "decision_history_summary",
     "provider_context_count",
     "resumed_without_messages",
+    "history_store_pressure",
 ]
 
 
@@ -73,6 +74,10 @@ class HistoryEvent:
     reserve: int | None = None
     window: int | None = None
     fits: bool | None = None
+    used_sessions: int | None = None
+    max_sessions: int | None = None
+    used_bytes: int | None = None
+    max_store_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON-ready data, without the fields its kind does not use."""

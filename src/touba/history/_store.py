@@ -24,6 +24,7 @@ __all__ = [
     "LogStore",
     "LogWrite",
     "Operation",
+    "StoreUsage",
     "StoredConversation",
     "as_log_store",
 ]
@@ -58,6 +59,26 @@ class StoredConversation:
     expires_at: str | None
     active: bool
     reservation: dict[str, Any] | None = field(default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUsage:
+    """How full a built-in store is: ``store.usage()``, and ``history_store_pressure``.
+
+    ``sessions`` counts the conversations held, reservations of keys that have
+    no record yet included (a new conversation claims its place when it is
+    reserved); ``bytes`` what they retain, by the store's own measure.
+    """
+
+    sessions: int
+    max_sessions: int
+    bytes: int
+    max_store_bytes: int
+
+    @property
+    def fraction(self) -> float:
+        """The larger of the two fill ratios (1.0 = full)."""
+        return max(self.sessions / self.max_sessions, self.bytes / self.max_store_bytes)
 
 
 class LogSnapshot(Protocol):

@@ -43,6 +43,7 @@ runtime = touba.Runtime(program, resources=SqliteResourceBinding(filename=...))
 """
 
 from touba.runtime._checkpoints import (
+    CheckpointInfo,
     CheckpointStore,
     MemoryCheckpointStore,
     SqliteCheckpointStore,
@@ -69,6 +70,7 @@ __all__ = [
     "AgentDefinition",
     "CallStep",
     "CapabilityDefinition",
+    "CheckpointInfo",
     "CheckpointStore",
     "InvocationContext",
     "InvocationResult",

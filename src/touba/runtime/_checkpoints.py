@@ -21,15 +21,24 @@ import json
 import os
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Final, Protocol, Self, TypeVar, runtime_checkable
+from typing import Final, Literal, Protocol, Self, TypeVar, runtime_checkable
 
 from touba.errors import ConfigurationError
 from touba.history._model import JSON, canonical_json
 from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
 
-__all__ = ["CheckpointStore", "MemoryCheckpointStore", "SqliteCheckpointStore"]
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointStatus",
+    "CheckpointStore",
+    "MemoryCheckpointStore",
+    "SqliteCheckpointStore",
+    "revision_of",
+    "status_of",
+]
 
 R = TypeVar("R")
 SCHEMA_VERSION: Final = 1
@@ -42,15 +51,65 @@ _SCHEMA = (
 )
 
 
+CheckpointStatus = Literal["awaiting_approval", "running", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """One row of ``store.list()``: what a checkpoint is, never its content.
+
+    ``status`` and ``revision`` come from the checkpoint's own ``status``
+    (absent: ``"awaiting_approval"``) and ``revision`` (absent: 0) fields.
+    """
+
+    checkpoint_id: str
+    run_id: str | None
+    invocation_id: str | None
+    agent_ref: str | None
+    status: str
+    revision: int
+    created_at: str
+    updated_at: str
+
+
 @runtime_checkable
 class CheckpointStore(Protocol):
-    """Where checkpoints wait; ``take`` must be atomic (one winner)."""
+    """Where checkpoints wait. ``save``, ``get`` and ``take`` are required.
+
+    - ``save(id, checkpoint)``: store a new checkpoint; an existing id raises
+      ConfigurationError.
+    - ``get(id)``: a detached copy, or None.
+    - ``take(id)``: remove and return it atomically (of two takers, one wins).
+    - ``replace(id, checkpoint, *, revision)`` (optional): atomically, if a
+      checkpoint ``id`` exists and its ``revision`` field (absent: 0) equals
+      ``revision``, store ``checkpoint`` in its place (None removes it) and
+      return True; otherwise change nothing and return False. It never
+      creates a checkpoint. The runtime uses it as a compare-and-swap: a
+      resume claims a checkpoint by replacing it, and a worker whose
+      checkpoint was claimed by another learns it at its next write.
+    - ``list(*, run_id=None)`` (optional): :class:`CheckpointInfo` rows,
+      oldest first, those of ``run_id`` only when it is given.
+
+    ``durable`` (optional attribute, default True): False for a store that a
+    process exit empties; the runtime then skips the writes that only serve
+    a resume after a crash.
+    """
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None: ...
 
     async def get(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
 
     async def take(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
+
+
+def revision_of(checkpoint: dict[str, JSON]) -> int:
+    value = checkpoint.get("revision", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def status_of(checkpoint: dict[str, JSON]) -> str:
+    value = checkpoint.get("status", "awaiting_approval")
+    return value if isinstance(value, str) else "awaiting_approval"
 
 
 def _encode(checkpoint: dict[str, JSON]) -> str:
@@ -69,13 +128,18 @@ def _duplicate(checkpoint_id: str) -> ConfigurationError:
 class MemoryCheckpointStore:
     """Checkpoints in this process's memory, lost when it exits. Unbounded."""
 
+    durable = False
+
     def __init__(self) -> None:
         self._items: dict[str, str] = {}
+        self._times: dict[str, tuple[str, str]] = {}
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         if checkpoint_id in self._items:
             raise _duplicate(checkpoint_id)
         self._items[checkpoint_id] = _encode(checkpoint)
+        now = datetime.now(UTC).isoformat()
+        self._times[checkpoint_id] = (now, now)
 
     async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
         body = self._items.get(checkpoint_id)
@@ -83,10 +147,54 @@ class MemoryCheckpointStore:
 
     async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
         body = self._items.pop(checkpoint_id, None)  # no await in between: atomic
+        self._times.pop(checkpoint_id, None)
         return None if body is None else dict(json.loads(body))
+
+    async def replace(
+        self, checkpoint_id: str, checkpoint: dict[str, JSON] | None, *, revision: int
+    ) -> bool:
+        body = None if checkpoint is None else _encode(checkpoint)
+        current = self._items.get(checkpoint_id)  # no await until the swap: atomic
+        if current is None or revision_of(json.loads(current)) != revision:
+            return False
+        if body is None:
+            del self._items[checkpoint_id]
+            del self._times[checkpoint_id]
+        else:
+            self._items[checkpoint_id] = body
+            created, _ = self._times[checkpoint_id]
+            self._times[checkpoint_id] = (created, datetime.now(UTC).isoformat())
+        return True
+
+    async def list(self, *, run_id: str | None = None) -> list[CheckpointInfo]:
+        rows = []
+        for checkpoint_id, body in self._items.items():
+            info = _info(checkpoint_id, json.loads(body), *self._times[checkpoint_id])
+            if run_id is None or info.run_id == run_id:
+                rows.append(info)
+        return sorted(rows, key=lambda r: r.created_at)
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _info(
+    checkpoint_id: str, checkpoint: dict[str, JSON], created_at: str, updated_at: str
+) -> CheckpointInfo:
+    def text(name: str) -> str | None:
+        value = checkpoint.get(name)
+        return value if isinstance(value, str) else None
+
+    return CheckpointInfo(
+        checkpoint_id=checkpoint_id,
+        run_id=text("run_id"),
+        invocation_id=text("invocation_id"),
+        agent_ref=text("agent_ref"),
+        status=status_of(checkpoint),
+        revision=revision_of(checkpoint),
+        created_at=created_at,
+        updated_at=updated_at,
+    )
 
 
 class _Db:
