@@ -255,8 +255,11 @@ class ResourceAccessDenied(ToubaError):
         self.reason: ResourceAccessReason = reason
 
 
-class InvocationBusy(ToubaError):
+class InvocationBusy(ConfigurationError):
     """A checkpoint belongs to an invocation that a worker is running (or ran and crashed).
+
+    A :class:`ConfigurationError` (this resume cannot be honoured now), like
+    the resume of a checkpoint already consumed.
 
     ``holder`` describes that worker (``worker_id``, ``pid``, ``host``,
     ``since``). Wait for it; if it crashed, stop and check it, then resume with

@@ -193,13 +193,23 @@ async def test_a_failed_turn_is_stored_only_when_calls_ran(
     model.fail()
     failed = await session.send("Hello?")
     assert (failed.status, failed.stored, failed.replies) == ("failed", None, ())
+    assert failed.result.checkpoint_id is None  # nothing ran: the user may simply send again
     model.call("lookup_order", order_id="A1")
     model.fail()
     after_call = await session.send("Where is A1?")
-    assert after_call.status == "failed"
-    assert after_call.stored is not None
-    assert after_call.stored.replies == ()
-    assert [[c.name for c in g] for g in after_call.stored.trace] == [["lookup_order"]]
+    # The provider failed after a call ran: a retryable failure keeps a checkpoint, and
+    # the turn waits for its retry instead of being stored half done.
+    assert (after_call.status, after_call.stored) == ("failed", None)
+    assert after_call.result.checkpoint_id is not None
+    assert session.pending_checkpoint == after_call.result.checkpoint_id
+    with pytest.raises(ConfigurationError, match="retry"):
+        await session.send("Anything new?")
+    model.say("A1 has shipped.")
+    retried = await session.resume()
+    assert retried.status == "completed"
+    assert retried.stored is not None
+    assert retried.stored.replies == ("A1 has shipped.",)
+    assert [[c.name for c in g] for g in retried.stored.trace] == [["lookup_order"]]
     assert len(await sqlite_store.recent_turns(session.session_id, 10)) == 1
 
 

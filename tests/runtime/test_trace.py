@@ -53,15 +53,15 @@ async def test_a_run_is_traced_in_order() -> None:
         "invocation_started",
         "history_event",
         "decision",
-        "call",  # checks run in call order: c1 accepted and started...
-        "denial",  # ... c2 refused and answered at once...
+        "denial",  # checks run in call order: c2 refused and answered at once...
         "observation",
+        "call",  # ... c1 accepted, started once the batch is recorded as started...
         "observation",  # ... then c1's result
         "history_event",
         "decision",
         "invocation_completed",
     ]
-    started, window, decision, call, denial, denied, observed, _, last, completed = result.trace
+    started, window, decision, denial, denied, call, observed, _, last, completed = result.trace
     assert started["input"] == "Where is A1?"
     assert window["event"] == "history_window"
     assert decision["number"] == 1

@@ -155,6 +155,46 @@ class DecisionHistory:
             except Exception as e:  # a host callback must not break a decision
                 logger.warning("event callback failed for %s: %s", event.kind, type(e).__name__)
 
+    async def discard(self, identity: ConversationIdentity) -> bool:
+        """Delete the conversation of ``identity``; False when there was none.
+
+        Built-in stores delete it with ``delete`` (``DecisionHistoryBusy``
+        while a decision holds it); a custom adapter through ``transact``.
+        """
+        key = self._key(identity)
+        delete = getattr(self.store, "delete", None)
+        if callable(delete):
+            return bool(await delete(key))
+
+        async def drop(record: Record | None) -> tuple[Record | None, bool]:
+            return None, record is not None
+
+        return await self.store.transact(key, drop)
+
+    async def recover(self, identity: ConversationIdentity) -> tuple[tuple[str, str], ...]:
+        """Free a reservation of ``identity`` left by a stopped worker, if any, and
+        return the calls its stored conversation awaits results for, as
+        ``(call_id, name)``. Only for a caller who knows that worker is gone."""
+        key = self._key(identity)
+        recover = getattr(self.store, "recover", None)
+        if callable(recover):
+            await recover(key, worker_stopped=True)
+
+        async def pending(
+            snapshot: LogSnapshot | None,
+        ) -> tuple[LogWrite | None, tuple[tuple[str, str], ...]]:
+            if snapshot is None:
+                return None, ()
+            check_head(snapshot.head, identity, exchange_count=snapshot.exchange_count)
+            return None, tuple((p["call_id"], p["name"]) for p in snapshot.head["pending"])
+
+        return await self._log.transact_log(key, pending)
+
+    def _key(self, identity: ConversationIdentity) -> str:
+        if identity.namespace != self.namespace:
+            raise ConfigurationError("identity namespace differs from the history namespace")
+        return identity.key
+
     async def step(
         self,
         identity: ConversationIdentity,
@@ -172,9 +212,7 @@ class DecisionHistory:
         opens a new exchange as a data message; it is refused with
         :class:`DecisionHistoryMismatch` while calls await observations.
         """
-        if identity.namespace != self.namespace:
-            raise ConfigurationError("identity namespace differs from the history namespace")
-        key = identity.key
+        key = self._key(identity)
 
         async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, DecisionMessage]:
             step = _Step(self, identity, key, snapshot)

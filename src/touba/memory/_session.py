@@ -26,12 +26,21 @@ Decisions (documented here because they are behaviour):
   after running at least one call (its effects happened; the memory says so,
   with no reply). A turn that failed before any call is not stored: nothing
   happened, the user may simply send again.
-- **Approvals.** A turn whose invocation awaits approval is not stored yet and
-  blocks the session (``send`` and ``end`` refuse) until
-  :meth:`ChatSession.resume`, which resumes with the same context and stores
-  the turn once the invocation ends. ``resume(checkpoint_id=...)`` resumes a
-  turn paused by another process (durable checkpoints), after checking that
-  the checkpoint belongs to this session.
+- **Approvals and retries.** A turn whose invocation awaits approval, or
+  failed with a retryable error after calls ran (it then has a checkpoint:
+  a provider or store was down), is not stored yet and blocks the session
+  (``send`` and ``end`` refuse) until :meth:`ChatSession.resume`, which
+  resumes with the same context (running no call twice) and stores the turn
+  once the invocation ends. ``resume(checkpoint_id=...)`` resumes a turn
+  paused by another process (durable checkpoints), after checking that the
+  checkpoint belongs to this session.
+- **Decision history.** Once a turn is stored (its text and trace are what
+  later turns see), the decision history of its invocation and of its
+  delegates is deleted from the provider's history store, so that chat
+  traffic never fills it (``max_sessions``): the store holds only the turns
+  running now. ``retain_decision_history=True`` keeps them until they expire
+  (the seed's rule for a finished conversation). A turn awaiting approval or
+  a retry keeps its history until it ends.
 - **Preview.** ``mode="preview"`` sends no prior turn, injects no key event,
   offers no key-event tool and writes no key event, on every turn. Its turns
   are stored in a session of its own, marked ``preview`` (the store refuses
@@ -52,10 +61,7 @@ Decisions (documented here because they are behaviour):
   and a new ``invocation_id``; its context carries the session id and the
   user id, the trusted keys of business resources' ``session`` and ``user``
   scopes (:mod:`touba.runtime._resources`), in preview too: a capability's
-  resource writes are effects like any other. Its decision history is kept by the agent's
-  provider like any invocation's, so the provider's ``HistoryConfig``
-  (``max_sessions``, TTL) bounds how many turns may run per TTL: size it for
-  your traffic.
+  resource writes are effects like any other.
 """
 
 from __future__ import annotations
@@ -65,11 +71,16 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Final, Self
 
-from touba.errors import ConfigurationError, KeyEventInvalid, MemoryStoreUnavailable
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryLimitExceeded,
+    KeyEventInvalid,
+    MemoryStoreUnavailable,
+)
 from touba.history._model import JSON, canonical_json
 from touba.memory._config import MemoryConfig
 from touba.memory._extraction import ExtractionQueue
@@ -129,6 +140,7 @@ class _Paused:
     user: str
     checkpoint_id: str
     context: InvocationContext
+    failed: bool = False
 
 
 def _reply_text(output: JSON) -> str | None:
@@ -230,6 +242,7 @@ class ChatSession:
         extract_in_background: bool = True,
         idle_seconds: float | None = None,
         queue: ExtractionQueue | None = None,
+        retain_decision_history: bool = False,
     ) -> None:
         if not isinstance(runtime, Runtime):
             raise ConfigurationError("ChatSession needs a touba.Runtime")
@@ -245,6 +258,8 @@ class ChatSession:
         owner = owner_for(user_id, session_id)
         if not isinstance(extract_in_background, bool):
             raise ConfigurationError("extract_in_background must be a bool")
+        if not isinstance(retain_decision_history, bool):
+            raise ConfigurationError("retain_decision_history must be a bool")
         if idle_seconds is not None and (
             isinstance(idle_seconds, bool)
             or not isinstance(idle_seconds, int | float)
@@ -270,6 +285,7 @@ class ChatSession:
         self.queue = queue if queue is not None else ExtractionQueue(store)
         self.extract_in_background = extract_in_background
         self.idle_seconds = idle_seconds
+        self.retain_decision_history = retain_decision_history
         self._tools = self._key_event_tools()
         self._lock = asyncio.Lock()
         self._meta: SessionMeta | None = None
@@ -331,6 +347,12 @@ class ChatSession:
             raise ConfigurationError(
                 f"chat session {self.session_id!r} has ended; start a new session"
             )
+        if self._paused is not None and self._paused.failed:
+            raise ConfigurationError(
+                f"the last turn of session {self.session_id!r} failed with a retryable error "
+                f"after running calls (checkpoint {self._paused.checkpoint_id}); call "
+                "session.resume() to retry it first"
+            )
         if self._paused is not None:
             raise ConfigurationError(
                 f"a turn of session {self.session_id!r} awaits approval (checkpoint "
@@ -371,7 +393,7 @@ class ChatSession:
             if checkpoint_id is None or (paused and paused.checkpoint_id == checkpoint_id):
                 if paused is None:
                     raise ConfigurationError(
-                        f"no turn of session {self.session_id!r} awaits approval"
+                        f"no turn of session {self.session_id!r} awaits approval or a retry"
                     )
             else:
                 if paused is not None:
@@ -434,9 +456,10 @@ class ChatSession:
         self, user: str, result: InvocationResult, context: InvocationContext
     ) -> ChatTurn:
         replies = turn_replies(result)
-        if result.status == "awaiting_approval":
-            assert result.checkpoint_id is not None
-            self._paused = _Paused(user, result.checkpoint_id, context)
+        result = self._explained(result)
+        if result.checkpoint_id is not None:  # awaiting approval, or failed and resumable
+            failed = result.status == "failed"
+            self._paused = _Paused(user, result.checkpoint_id, context, failed)
             return ChatTurn(self.session_id, user, replies, result, None)
         self._paused = None
         trace = turn_trace(result.trace, result.invocation_id)
@@ -449,7 +472,30 @@ class ChatSession:
                 trace=trace,
                 invocation_id=result.invocation_id,
             )
+        if not self.retain_decision_history:
+            await self.runtime.discard_history(result)
         return ChatTurn(self.session_id, user, replies, result, stored)
+
+    def _explained(self, result: InvocationResult) -> InvocationResult:
+        """Say, on a full history store, that chat turns fill it and what to change."""
+        error = result.error
+        if not isinstance(error, DecisionHistoryLimitExceeded) or error.limit != "max_sessions":
+            return result
+        held = (
+            "while it runs and after it ends (retain_decision_history=True)"
+            if self.retain_decision_history
+            else "while it runs"
+        )
+        explained = DecisionHistoryLimitExceeded(
+            f"{error.message} Under a ChatSession each turn is an invocation whose decision "
+            f"history takes one conversation of agent {self.agent!r}'s history store {held}: "
+            "give that store a max_sessions above the turns running at once (and, with "
+            "retained history, the turns of a ttl_seconds period), or keep "
+            "retain_decision_history=False",
+            limit="max_sessions",
+        )
+        explained.__cause__ = error
+        return replace(result, error=explained)
 
     async def _run_tool(self, call: ToolCall) -> JSON:
         op_id = f"{call.invocation_id}:{call.decision}:{call.call.call_id}"

@@ -236,6 +236,43 @@ class DecisionProvider:
             usage=usage[0] if usage else Usage(),
         )
 
+    async def discard_history(self, *, run_id: str, invocation_id: str, agent_ref: str) -> bool:
+        """Delete the decision history of one invocation from this provider's store.
+
+        Returns False when it held none (or keeps none: ``history=False``).
+        Raises ``DecisionHistoryBusy`` while a decision of it runs. The
+        runtime calls it for finished invocations when asked to
+        (``Runtime(retain_finished_history=False)``, ``ChatSession``).
+        """
+        if self._history is None:
+            return False
+        return await self._history.discard(self._named(run_id, invocation_id, agent_ref))
+
+    async def recover_history(
+        self, *, run_id: str, invocation_id: str, agent_ref: str
+    ) -> tuple[tuple[str, str], ...]:
+        """Free the invocation's history reservation left by a stopped worker and
+        return the ``(call_id, name)`` pairs its conversation awaits results for.
+
+        Only for a caller who has checked that the worker is gone (the
+        runtime, on ``resume(..., worker_stopped=True)``).
+        """
+        if self._history is None:
+            return ()
+        return await self._history.recover(self._named(run_id, invocation_id, agent_ref))
+
+    def _named(self, run_id: str, invocation_id: str, agent_ref: str) -> ConversationIdentity:
+        assert self._history is not None
+        return ConversationIdentity(
+            namespace=self._history.namespace,
+            provider=self.provider,
+            model=self.model,
+            decision_interface=self.decision_interface,
+            run_id=run_id,
+            invocation_id=invocation_id,
+            agent_ref=agent_ref,
+        )
+
     def _identity(self, request: DecisionRequest) -> ConversationIdentity:
         missing = [
             name for name in ("run_id", "invocation_id", "agent_ref") if not getattr(request, name)
@@ -246,16 +283,7 @@ class DecisionProvider:
                 "invocation_id and agent_ref (the touba runtime passes them), or create the "
                 "provider with history=False"
             )
-        assert self._history is not None
-        return ConversationIdentity(
-            namespace=self._history.namespace,
-            provider=self.provider,
-            model=self.model,
-            decision_interface=self.decision_interface,
-            run_id=str(request.run_id),
-            invocation_id=str(request.invocation_id),
-            agent_ref=str(request.agent_ref),
-        )
+        return self._named(str(request.run_id), str(request.invocation_id), str(request.agent_ref))
 
     async def _fit(self, plan: Plan) -> Plan:
         """Drop the oldest units until the counted request fits (SPEC section 4)."""

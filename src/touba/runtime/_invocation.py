@@ -19,9 +19,10 @@ its call (:mod:`touba.runtime._resources`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -41,13 +42,17 @@ from touba.runtime._calls import observe_call, run_capability
 from touba.runtime._checks import Accepted, Denial, DenialReason, check_call
 from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
 from touba.runtime._flow import CallStep, ModelStep, Unresolved, step_outputs
+from touba.runtime._journal import Journal, JournalLost
 from touba.runtime._program import AgentDefinition, CapabilityDefinition
 from touba.runtime._resources import ResourceAccess, Resources, ResourceScope
 from touba.runtime._state import (
     InvocationState,
     Paused,
+    Pending,
     PendingApproval,
+    PendingApproved,
     PendingChild,
+    PendingStarted,
     call_to_dict,
 )
 from touba.runtime._trace import Trace
@@ -55,11 +60,44 @@ from touba.runtime._trace import Trace
 if TYPE_CHECKING:
     from touba.runtime._runtime import Runtime
 
-__all__ = ["Invocation", "Outcome", "new_id"]
+__all__ = ["Invocation", "Outcome", "deny", "new_id", "observe"]
+
+logger = logging.getLogger("touba.runtime")
 
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+def observe(trace: Trace, state: InvocationState, observation: Observation) -> Observation:
+    """Note ``observation`` in ``trace`` for the invocation of ``state``; return it."""
+    if observation.status == "ok":
+        outcome: dict[str, JSON] = {"result": observation.result}
+    else:
+        outcome = {"error": observation.error}
+    trace.add(
+        "observation",
+        state.run_id,
+        state.invocation_id,
+        state.agent_ref,
+        call_id=observation.call_id,
+        name=observation.name,
+        status=observation.status,
+        **outcome,
+    )
+    return observation
+
+
+def deny(
+    trace: Trace, state: InvocationState, call: CapabilityCall, reason: DenialReason, message: str
+) -> Observation:
+    """Note the refusal of ``call`` and return its ``denied`` observation."""
+    identity = (state.run_id, state.invocation_id, state.agent_ref)
+    trace.add(
+        "denial", *identity, call_id=call.call_id, name=call.name, reason=reason, error=message
+    )
+    denied = Observation(call.call_id, call.name, dict(call.arguments), "denied", error=message)
+    return observe(trace, state, denied)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +109,19 @@ class Outcome:
 
 
 Answer = Observation | PendingChild
+
+
+@dataclass(slots=True)
+class _Frame:
+    """The decision in progress: its calls, the answers so far, the rest.
+
+    ``items`` holds each unanswered call: pending (approval, approved,
+    started) or the :class:`Invocation` of a delegate that runs it.
+    """
+
+    calls: tuple[CapabilityCall, ...]
+    done: dict[str, Observation] = field(default_factory=dict)
+    items: dict[str, Pending | Invocation] = field(default_factory=dict)
 
 
 class Invocation:
@@ -87,11 +138,18 @@ class Invocation:
         state: InvocationState,
         trace: Trace,
         context: InvocationContext | None = None,
+        *,
+        journal: Journal,
+        root: bool = True,
     ) -> None:
         self.runtime = runtime
         self.agent = agent
         self.state = state
         self.trace = trace
+        self.journal = journal
+        self.root = root
+        self.frame: _Frame | None = None
+        self.node_id = new_id()
         self.capabilities: Mapping[str, CapabilityDefinition] = runtime.program.capabilities
         self.tools: dict[str, InvocationTool] = {}
         self.prior_turns = context.prior_turns if context is not None else ()
@@ -109,6 +167,26 @@ class Invocation:
             instructions=instructions,
             capabilities=(*agent.capabilities, *definitions),
             specs=(*agent.specs, *(d.spec for d in definitions.values())),
+        )
+
+    def snapshot(self) -> Paused:
+        """This invocation and its running delegates, as a checkpoint tree, now."""
+        frame = self.frame
+        pending: list[Pending] = []
+        if frame is not None:
+            for call in frame.calls:
+                item = frame.items.get(call.call_id)
+                if isinstance(item, Invocation):
+                    pending.append(PendingChild(call, item.snapshot()))
+                elif item is not None:
+                    pending.append(item)
+        return Paused(
+            checkpoint_id=self.journal.successor if self.root else self.node_id,
+            created_at=datetime.now(UTC).isoformat(),
+            state=self.state,
+            calls=frame.calls if frame is not None else (),
+            done=dict(frame.done) if frame is not None else {},
+            pending=tuple(pending),
         )
 
     def note(self, kind: str, **data: JSON) -> None:
@@ -240,38 +318,24 @@ class Invocation:
     # -- one decision's calls ----------------------------------------------------------
 
     def _deny(self, call: CapabilityCall, reason: DenialReason, message: str) -> Observation:
-        self.note("denial", call_id=call.call_id, name=call.name, reason=reason, error=message)
-        return self._observe(
-            Observation(call.call_id, call.name, dict(call.arguments), "denied", error=message)
-        )
+        return deny(self.trace, self.state, call, reason, message)
 
     def _observe(self, observation: Observation) -> Observation:
-        if observation.status == "ok":
-            outcome: dict[str, JSON] = {"result": observation.result}
-        else:
-            outcome = {"error": observation.error}
-        self.note(
-            "observation",
-            call_id=observation.call_id,
-            name=observation.name,
-            status=observation.status,
-            **outcome,
-        )
-        return observation
+        return observe(self.trace, self.state, observation)
 
     def _check(self, call: CapabilityCall, used: Mapping[str, int]) -> Accepted | Denial:
         return check_call(self.capabilities, self.agent, call, used)
 
     async def _answer(self, calls: Sequence[CapabilityCall]) -> Outcome | None:
         """Check and run a new decision's calls; an Outcome if the invocation stops."""
-        done: dict[str, Observation] = {}
-        pending: list[PendingApproval | PendingChild] = []
-        jobs: list[Awaitable[Answer]] = []
+        frame = _Frame(tuple(calls))
+        self.frame = frame
+        accepted: list[tuple[CapabilityCall, Accepted]] = []
         tentative = dict(self.state.calls_used)  # approvals reserve within this decision
         for call in calls:
             checked = self._check(call, tentative)
             if isinstance(checked, Denial):
-                done[call.call_id] = self._deny(call, checked.reason, checked.message)
+                frame.done[call.call_id] = self._deny(call, checked.reason, checked.message)
                 continue
             tentative[call.name] = tentative.get(call.name, 0) + 1
             if checked.capability.requires_approval:
@@ -281,10 +345,76 @@ class Invocation:
                     name=call.name,
                     arguments=dict(call.arguments),
                 )
-                pending.append(PendingApproval(call))
+                frame.items[call.call_id] = PendingApproval(call)
                 continue
-            jobs.append(self._start(call, checked))
-        return await self._settle(calls, done, pending, jobs)
+            accepted.append((call, checked))
+        return await self._run_batch(frame, accepted)
+
+    async def _run_batch(
+        self,
+        frame: _Frame,
+        accepted: Sequence[tuple[CapabilityCall, Accepted]],
+        children: Sequence[tuple[CapabilityCall, Paused]] = (),
+    ) -> Outcome | None:
+        """Record ``accepted`` as started, run them and ``children`` concurrently, settle.
+
+        Nothing starts unless the journal recorded it (see
+        :mod:`touba.runtime._journal`); when that write fails the calls stay
+        approved-not-started and the invocation fails with the store's error.
+        """
+        resumed = [self._child(call, paused.state) for call, paused in children]
+        for call, checked in accepted:
+            delegate = checked.capability.delegate
+            if delegate is None:
+                frame.items[call.call_id] = PendingStarted(call)
+            else:  # journaled with its own state from the start
+                self._child(call, self._child_state(call, delegate))
+        if accepted or children:
+            try:
+                await self.journal.sync()
+            except ToubaError as e:
+                for call, _ in accepted:  # nothing started
+                    frame.items[call.call_id] = PendingApproved(call)
+                for (call, paused), _ in zip(children, resumed, strict=True):
+                    frame.items[call.call_id] = PendingChild(call, paused)
+                return self.fail(e)
+        jobs = [self._start(call, checked) for call, checked in accepted]
+        jobs += [
+            self._resume_child(call, invocation, paused)
+            for (call, paused), invocation in zip(children, resumed, strict=True)
+        ]
+        async with asyncio.TaskGroup() as group:
+            for job in jobs:
+                group.create_task(self._settle_one(frame, job))
+        return await self._settled(frame)
+
+    async def _settle_one(self, frame: _Frame, job: Awaitable[Answer]) -> None:
+        answer = await job
+        if isinstance(answer, PendingChild):
+            frame.items[answer.call.call_id] = answer
+        else:
+            frame.done[answer.call_id] = answer
+            del frame.items[answer.call_id]
+
+    async def _settled(self, frame: _Frame) -> Outcome | None:
+        """Pause if anything is pending, else queue the answers for the next decision."""
+        if frame.items:
+            paused = self.snapshot()
+            self.note(
+                "awaiting_approval",
+                checkpoint_id=paused.checkpoint_id,
+                pending=[call_to_dict(c) for c in paused.awaiting()],
+            )
+            return Outcome("awaiting_approval", paused=paused)
+        self.state.observations = [frame.done[c.call_id] for c in frame.calls]
+        self.frame = None
+        try:
+            await self.journal.sync()  # the answers are kept even if the next decision fails
+        except JournalLost as e:
+            return self.fail(e)
+        except ToubaError as e:  # still in memory: the invocation goes on
+            logger.warning("could not record the answers of a decision: %s", e.code)
+        return None
 
     def _start(self, call: CapabilityCall, accepted: Accepted) -> Awaitable[Answer]:
         used = self.state.calls_used
@@ -296,42 +426,6 @@ class Invocation:
         if tool is not None:
             return self._run_tool(call, tool)
         return self._execute(call, accepted)
-
-    async def _settle(
-        self,
-        calls: Sequence[CapabilityCall],
-        done: dict[str, Observation],
-        pending: list[PendingApproval | PendingChild],
-        jobs: Sequence[Awaitable[Answer]],
-    ) -> Outcome | None:
-        """Run ``jobs`` concurrently; pause if anything is pending, else queue the answers."""
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(_awaited(job)) for job in jobs]
-        for task in tasks:
-            answer = task.result()
-            if isinstance(answer, PendingChild):
-                pending.append(answer)
-            else:
-                done[answer.call_id] = answer
-        if pending:
-            order = {c.call_id: i for i, c in enumerate(calls)}
-            pending.sort(key=lambda p: order[p.call.call_id])
-            paused = Paused(
-                checkpoint_id=new_id(),
-                created_at=datetime.now(UTC).isoformat(),
-                state=self.state,
-                calls=tuple(calls),
-                done=done,
-                pending=tuple(pending),
-            )
-            self.note(
-                "awaiting_approval",
-                checkpoint_id=paused.checkpoint_id,
-                pending=[call_to_dict(c) for c in paused.awaiting()],
-            )
-            return Outcome("awaiting_approval", paused=paused)
-        self.state.observations = [done[c.call_id] for c in calls]
-        return None
 
     async def _execute(self, call: CapabilityCall, accepted: Accepted) -> Observation:
         parameter = accepted.capability.parameters.resources
@@ -370,24 +464,35 @@ class Invocation:
 
     # -- delegation --------------------------------------------------------------------
 
-    async def _delegate(self, call: CapabilityCall, capability: CapabilityDefinition) -> Answer:
-        assert capability.delegate is not None
-        agent = self.runtime.program.agents[capability.delegate]
-        state = InvocationState(
+    def _child(self, call: CapabilityCall, state: InvocationState) -> Invocation:
+        """The invocation of a delegate answering ``call``, known to this frame at once."""
+        agent = self.runtime.agent(state.agent_ref)
+        child = Invocation(self.runtime, agent, state, self.trace, journal=self.journal, root=False)
+        assert self.frame is not None
+        self.frame.items[call.call_id] = child
+        return child
+
+    def _child_state(self, call: CapabilityCall, agent: str) -> InvocationState:
+        return InvocationState(
             run_id=self.state.run_id,
             invocation_id=new_id(),
-            agent_ref=agent.name,
+            agent_ref=agent,
             input=call.arguments["input"],
             session_id=self.state.session_id,
             user_id=self.state.user_id,
         )
+
+    async def _delegate(self, call: CapabilityCall, capability: CapabilityDefinition) -> Answer:
+        assert self.frame is not None
+        child = self.frame.items[call.call_id]
+        assert isinstance(child, Invocation), "_run_batch creates the delegate's invocation"
+        state = child.state
         self.note(
             "sub_invocation_started",
             call_id=call.call_id,
             child_invocation_id=state.invocation_id,
-            child_agent_ref=agent.name,
+            child_agent_ref=state.agent_ref,
         )
-        child = Invocation(self.runtime, agent, state, self.trace)
         child.note(
             "invocation_started", input=state.input, parent_invocation_id=self.state.invocation_id
         )
@@ -422,9 +527,8 @@ class Invocation:
         """Run the flow's steps from the first unfinished one (see ``touba.runtime._flow``)."""
         flow, state = self.agent.flow, self.state
         assert flow is not None
-        if resuming:  # the paused capability step: its call is answered now
-            step = flow.steps[len(state.flow_results)]
-            assert isinstance(step, CallStep)
+        step = flow.steps[len(state.flow_results)] if resuming else None
+        if isinstance(step, CallStep):  # the paused capability step: its call is answered now
             (observation,) = state.observations
             failed = self._finish_call_step(step, observation)
             if failed is not None:
@@ -478,6 +582,7 @@ class Invocation:
     def _finish_call_step(self, step: CallStep, observation: Observation) -> Outcome | None:
         state = self.state
         index = len(state.flow_results)
+        state.observations = []
         state.flow_results.append(observation)
         ok = observation.status == "ok"
         details: dict[str, JSON] = {} if ok else {"error": observation.error}
@@ -504,8 +609,10 @@ class Invocation:
         agent, state = self.agent, self.state
         self.note("flow_step_started", step=step.name, index=index, type="model")
         instructions = "\n\n".join(t for t in (agent.instructions, step.instructions) if t)
-        data: tuple[Observation, ...] = tuple(state.flow_results)
-        observations: tuple[Observation, ...] = ()
+        # The step's own denials wait in the state (kept by a checkpoint); the
+        # earlier steps' results open the step's first decision only.
+        observations = tuple(state.observations)
+        data: tuple[Observation, ...] = () if observations else tuple(state.flow_results)
         while True:
             if state.decisions >= agent.max_decisions:
                 return self._budget_exceeded(f" in model step {step.name!r}")
@@ -538,6 +645,8 @@ class Invocation:
             observations = tuple(
                 self._deny(c, "calls_not_allowed", message) for c in decision.calls
             )
+            state.observations = list(observations)
+        state.observations = []
         output = decision.output
         error = self._mismatch(step.output_schema, output, f"the output_schema of {step.name!r}")
         if error is not None:
@@ -551,43 +660,54 @@ class Invocation:
 
     # -- resume ------------------------------------------------------------------------
 
-    async def resume(self, paused: Paused, approvals: Mapping[str, bool]) -> Outcome:
-        """Answer the paused decision with the reviewer's approvals, then go on."""
+    async def resume(self, paused: Paused) -> Outcome:
+        """Go on from a checkpoint whose approvals were applied (see ``Runtime.resume``).
+
+        Between two decisions, decide again with the saved observations;
+        otherwise run the approved calls (checked again), resume the
+        delegates, and settle the decision.
+        """
         self.note("invocation_resumed", checkpoint_id=paused.checkpoint_id)
-        done = dict(paused.done)
-        pending: list[PendingApproval | PendingChild] = []
-        jobs: list[Awaitable[Answer]] = []
+        if not paused.calls:
+            return await self.run(resuming=True)
+        frame = _Frame(paused.calls, dict(paused.done))
+        self.frame = frame
+        accepted: list[tuple[CapabilityCall, Accepted]] = []
+        children: list[tuple[CapabilityCall, Paused]] = []
+        tentative = dict(self.state.calls_used)
         for item in paused.pending:
             call = item.call
             if isinstance(item, PendingChild):
-                jobs.append(self._resume_child(item, approvals))
-                continue
-            if approvals.get(call.call_id) is not True:
-                given = call.call_id in approvals
-                self.note("approval_refused", call_id=call.call_id, name=call.name, given=given)
-                done[call.call_id] = self._deny(
-                    call,
-                    "not_approved",
-                    f"{call.name!r} needs approval and was not approved"
-                    + ("" if given else " (no decision was given)"),
-                )
-                continue
-            self.note("approval_granted", call_id=call.call_id, name=call.name)
-            checked = self._check(call, self.state.calls_used)
-            if isinstance(checked, Denial):
-                done[call.call_id] = self._deny(call, checked.reason, checked.message)
+                children.append((call, item.child))
+            elif isinstance(item, PendingApproved):
+                checked = self._check(call, tentative)
+                if isinstance(checked, Denial):
+                    frame.done[call.call_id] = self._deny(call, checked.reason, checked.message)
+                else:
+                    tentative[call.name] = tentative.get(call.name, 0) + 1
+                    accepted.append((call, checked))
+            elif isinstance(item, PendingStarted):
+                frame.done[call.call_id] = self._unknown(call)
             else:
-                jobs.append(self._start(call, checked))
-        outcome = await self._settle(paused.calls, done, pending, jobs)
+                frame.items[call.call_id] = item  # still awaiting its reviewer
+        outcome = await self._run_batch(frame, accepted, children)
         if outcome is not None:
             return outcome
         return await self.run(resuming=True)
 
-    async def _resume_child(self, item: PendingChild, approvals: Mapping[str, bool]) -> Answer:
-        state = item.child.state
-        child = Invocation(self.runtime, self.runtime.agent(state.agent_ref), state, self.trace)
-        return self._child_answer(item.call, child, await child.resume(item.child, approvals))
+    def _unknown(self, call: CapabilityCall) -> Observation:
+        """The answer to a call that started in a worker that stopped before reporting."""
+        self.note("call_outcome_unknown", call_id=call.call_id, name=call.name)
+        message = (
+            f"the outcome of this call of {call.name!r} is unknown: the worker running it "
+            "stopped before reporting. It was not run again; check its effect before "
+            "calling it again"
+        )
+        return self._observe(
+            Observation(call.call_id, call.name, dict(call.arguments), "error", error=message)
+        )
 
-
-async def _awaited(job: Awaitable[Answer]) -> Answer:
-    return await job
+    async def _resume_child(
+        self, call: CapabilityCall, child: Invocation, paused: Paused
+    ) -> Answer:
+        return self._child_answer(call, child, await child.resume(paused))

@@ -22,6 +22,24 @@ and ``user`` scopes are keyed by the ``session_id`` and ``user_id`` of the
 invocation's context, which its checkpoint keeps: a resume given other ids
 raises ConfigurationError.
 
+Failures and retries (:mod:`touba.runtime._journal`). A durable checkpoint
+store records each batch of calls as started before it runs, and the answers
+once obtained. An invocation that fails with a retryable error
+(``error.retryable``: a provider or store down, a busy conversation, a full
+store) after calls ran ends ``failed`` with a ``checkpoint_id``:
+``resume(checkpoint_id)`` continues from the observations obtained, from any
+process sharing the store, and runs no call twice. Other failures end it for
+good. After a crash, ``store.list(run_id=...)`` shows its ``running``
+checkpoint; once the dead worker is checked, ``resume(checkpoint_id,
+worker_stopped=True)`` frees its history reservations and answers the calls it
+had started with ``error`` observations of unknown outcome.
+
+Retention. ``retain_finished_history=True`` (the seed's rule) leaves a
+finished invocation's conversations in its provider's history store until
+they expire or are deleted; False deletes them, its delegates' included, as
+soon as it completes or fails for good (never while it awaits approval or
+can be resumed). :meth:`Runtime.discard_history` does it for one result.
+
 A delegated sub-invocation that awaits approval stops its parent too: the
 parent's checkpoint nests the child's, and ``pending`` lists the child's
 calls. ``resume`` resumes the children first (the same ``approvals``
@@ -32,20 +50,39 @@ again keeps the parent paused under a new checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
-from touba.errors import ConfigurationError
-from touba.history._model import JSON, canonical_json
-from touba.runtime._checkpoints import CheckpointStore, MemoryCheckpointStore
+from touba.errors import ConfigurationError, InvocationBusy, ToubaError
+from touba.history._model import JSON, Observation, canonical_json
+from touba.runtime._checkpoints import (
+    CheckpointStore,
+    MemoryCheckpointStore,
+    revision_of,
+    status_of,
+)
 from touba.runtime._context import InvocationContext, check_context
-from touba.runtime._invocation import Invocation, Outcome, new_id
+from touba.runtime._invocation import Invocation, Outcome, deny, new_id, observe
+from touba.runtime._journal import Journal, JournalLost
 from touba.runtime._program import AgentDefinition, Program
 from touba.runtime._resources import MemoryResourceBinding, ResourceBinding, check_binding
 from touba.runtime._results import InvocationResult
-from touba.runtime._state import InvocationState, Paused
+from touba.runtime._state import (
+    InvocationState,
+    Paused,
+    Pending,
+    PendingApproval,
+    PendingApproved,
+    PendingChild,
+)
 from touba.runtime._trace import Trace
 
 __all__ = ["Runtime"]
+
+logger = logging.getLogger("touba.runtime")
 
 
 class Runtime:
@@ -54,11 +91,14 @@ class Runtime:
     Building a Runtime checks the program as a whole (every delegated agent
     is defined, no delegation cycle) and seals it. ``checkpoints`` defaults to
     a :class:`~touba.runtime.MemoryCheckpointStore`; use
-    :class:`~touba.runtime.SqliteCheckpointStore` to resume from another
-    process. ``resources`` stores the business resources; it defaults to a
-    :class:`~touba.runtime.MemoryResourceBinding` (use
-    :class:`~touba.runtime.SqliteResourceBinding` to keep them). The runtime
-    does not close a store or binding it was given.
+    :class:`~touba.runtime.SqliteCheckpointStore` or
+    :class:`~touba.runtime.PostgresCheckpointStore` to resume from another
+    process and after a crash. ``resources`` stores the business resources;
+    it defaults to a :class:`~touba.runtime.MemoryResourceBinding`.
+    ``retain_finished_history`` (see the module documentation) keeps finished
+    invocations' decision history (True) or deletes it at once (False).
+    ``worker_id`` names this worker in the checkpoints it runs (default
+    ``host:pid``). The runtime does not close a store or binding it was given.
     """
 
     def __init__(
@@ -67,6 +107,8 @@ class Runtime:
         checkpoints: CheckpointStore | None = None,
         *,
         resources: ResourceBinding | None = None,
+        retain_finished_history: bool = True,
+        worker_id: str | None = None,
     ) -> None:
         if not isinstance(program, Program):
             raise ConfigurationError("Runtime needs a touba.Program")
@@ -77,10 +119,16 @@ class Runtime:
                 "checkpoints must be a checkpoint store (save, get, take), e.g. "
                 "touba.runtime.SqliteCheckpointStore(filename=...)"
             )
+        if not isinstance(retain_finished_history, bool):
+            raise ConfigurationError("retain_finished_history must be True or False")
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise ConfigurationError("worker_id must be a non-empty str, or None")
         program.seal()
         self._program = program
         self._checkpoints = checkpoints
         self._resources = MemoryResourceBinding() if resources is None else check_binding(resources)
+        self.retain_finished_history = retain_finished_history
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
 
     @property
     def program(self) -> Program:
@@ -133,8 +181,13 @@ class Runtime:
             session_id=context.session_id if context is not None else None,
             user_id=context.user_id if context is not None else None,
         )
-        trace = Trace()
-        invocation = Invocation(self, definition, state, trace, context)
+        invocation = self._root(
+            definition,
+            state,
+            Trace(),
+            context,
+            Journal(self._checkpoints, worker_id=self.worker_id),
+        )
         if context is None:
             invocation.note("invocation_started", input=input)
         else:
@@ -146,19 +199,36 @@ class Runtime:
             )
         return await self._finish(invocation, await invocation.run())
 
+    def _root(
+        self,
+        agent: AgentDefinition,
+        state: InvocationState,
+        trace: Trace,
+        context: InvocationContext | None,
+        journal: Journal,
+    ) -> Invocation:
+        invocation = Invocation(self, agent, state, trace, context, journal=journal)
+        journal.snapshot = lambda: (invocation.snapshot(), invocation.trace)
+        return invocation
+
     async def resume(
         self,
         checkpoint_id: str,
         approvals: Mapping[str, bool] | None = None,
         *,
         context: InvocationContext | None = None,
+        worker_stopped: bool = False,
     ) -> InvocationResult:
-        """Resume a paused invocation; ``approvals`` maps pending call ids to True/False.
+        """Resume a paused or failed invocation; ``approvals`` maps pending call ids to
+        True/False.
 
-        A call left out of ``approvals`` is refused. The checkpoint is consumed:
-        a second resume of it raises ConfigurationError, as does an unknown id.
-        The checkpoint does not keep an invocation's ``context``: pass the one
-        it was invoked with.
+        A call awaiting approval that ``approvals`` leaves out is refused. The
+        checkpoint is consumed: a second resume of it raises
+        ConfigurationError, as does an unknown id; a resume of a checkpoint
+        that another worker is running raises :class:`~touba.errors.InvocationBusy`
+        (a ConfigurationError) unless ``worker_stopped=True`` says that this
+        worker crashed and was checked gone. The checkpoint does not keep an
+        invocation's ``context``: pass the one it was invoked with.
         """
         context = check_context(context, self._program.capabilities)
         approvals = dict(approvals or {})
@@ -166,6 +236,8 @@ class Runtime:
             raise ConfigurationError("approvals must map call ids to True or False")
         if not isinstance(checkpoint_id, str):
             raise ConfigurationError("checkpoint_id must be a str")
+        if not isinstance(worker_stopped, bool):
+            raise ConfigurationError("worker_stopped must be True or False")
         stored = await self._checkpoints.get(checkpoint_id)
         if stored is None:
             raise self._gone(checkpoint_id)
@@ -188,14 +260,78 @@ class Runtime:
                 f"approvals name calls that are not pending in this checkpoint: {unknown}; "
                 f"pending: {sorted(awaiting)}"
             )
-        taken = await self._checkpoints.take(checkpoint_id)
-        if taken is None:
+        recovering = status_of(stored) == "running"
+        if recovering:
+            await self._check_running(checkpoint_id, stored, worker_stopped)
+        trace = Trace.from_dicts(stored.get("trace") or [])
+        tree = decide_approvals(paused, approvals, trace)
+        journal = Journal(
+            self._checkpoints,
+            worker_id=self.worker_id,
+            checkpoint_id=checkpoint_id,
+            revision=revision_of(stored),
+        )
+        if not await journal.claim(tree, trace):
             raise self._gone(checkpoint_id)
-        paused = Paused.from_dict(taken)
-        trace = Trace.from_dicts(taken.get("trace") or [])
         agent = self.agent(paused.state.agent_ref)
-        invocation = Invocation(self, agent, paused.state, trace, context)
-        return await self._finish(invocation, await invocation.resume(paused, approvals))
+        invocation = self._root(agent, tree.state, trace, context, journal)
+        outcome: Outcome | None = None
+        if recovering:
+            try:
+                await self._recover_histories(tree, trace)
+            except ToubaError as e:
+                outcome = invocation.fail(e)
+        if outcome is None:
+            outcome = await invocation.resume(tree)
+        return await self._finish(invocation, outcome)
+
+    async def _check_running(
+        self, checkpoint_id: str, stored: Mapping[str, JSON], worker_stopped: bool
+    ) -> None:
+        """Refuse to take over a running checkpoint unless its worker was declared stopped."""
+        successor = stored.get("successor")
+        if isinstance(successor, str) and await self._checkpoints.get(successor) is not None:
+            raise ConfigurationError(
+                f"checkpoint {checkpoint_id!r} was superseded by {successor!r} (its worker "
+                "saved that one, then stopped before removing this one); resume "
+                f"{successor!r} instead"
+            )
+        if worker_stopped:
+            return
+        holder = stored.get("holder")
+        described = dict(holder) if isinstance(holder, dict) else {}
+        raise InvocationBusy(
+            f"checkpoint {checkpoint_id!r} is already being resumed or run by worker "
+            f"{described.get('worker_id')!r} (pid {described.get('pid')}, host "
+            f"{described.get('host')!r}, since {described.get('since')}). Wait for it; if it "
+            "crashed, stop and check it, then resume with worker_stopped=True",
+            checkpoint_id=checkpoint_id,
+            holder=described,
+        )
+
+    async def _recover_histories(self, tree: Paused, trace: Trace) -> None:
+        """After a crash: free the tree's history reservations, and answer the calls
+        of a decision that history kept but the checkpoint never saw start."""
+        for node in _nodes(tree):
+            state = node.state
+            recover = getattr(self.agent(state.agent_ref).provider, "recover_history", None)
+            if recover is None:
+                continue
+            pending: tuple[tuple[str, str], ...] = await recover(
+                run_id=state.run_id, invocation_id=state.invocation_id, agent_ref=state.agent_ref
+            )
+            known = {o.call_id for o in state.observations}
+            if node.calls or not pending or {call_id for call_id, _ in pending} == known:
+                continue
+            state.decisions += 1
+            message = (
+                "not run: the worker stopped after this decision was made and before its calls "
+                "started. Nothing was done; call again if it is still needed"
+            )
+            state.observations = [
+                observe(trace, state, Observation(call_id, name, {}, "error", error=message))
+                for call_id, name in pending
+            ]
 
     @staticmethod
     def _gone(checkpoint_id: str) -> ConfigurationError:
@@ -205,27 +341,128 @@ class Runtime:
         )
 
     async def _finish(self, invocation: Invocation, outcome: Outcome) -> InvocationResult:
-        state, trace = invocation.state, invocation.trace
-        if outcome.paused is None:
-            return InvocationResult(
-                status=outcome.status,
-                run_id=state.run_id,
-                invocation_id=state.invocation_id,
-                agent_ref=state.agent_ref,
-                output=outcome.output,
-                error=outcome.error,
-                trace=trace.copy(),
-            )
-        paused = outcome.paused
-        checkpoint = paused.to_dict()
-        checkpoint["trace"] = trace.to_dicts()
-        await self._checkpoints.save(paused.checkpoint_id, checkpoint)
-        return InvocationResult(
-            status="awaiting_approval",
-            checkpoint_id=paused.checkpoint_id,
+        state, trace, journal = invocation.state, invocation.trace, invocation.journal
+        result = InvocationResult(
+            status=outcome.status,
             run_id=state.run_id,
             invocation_id=state.invocation_id,
             agent_ref=state.agent_ref,
-            pending=tuple(paused.awaiting()),
-            trace=trace.copy(),
+            output=outcome.output,
+            error=outcome.error,
         )
+        if outcome.paused is not None:
+            checkpoint_id = await journal.stop("awaiting_approval")
+            return replace(
+                result,
+                checkpoint_id=checkpoint_id,
+                pending=tuple(outcome.paused.awaiting()),
+                trace=trace.copy(),
+            )
+        error = outcome.error
+        if isinstance(error, JournalLost):
+            return replace(result, trace=trace.copy())  # another worker owns it now
+        if error is not None and error.retryable and invocation.snapshot().ran_calls():
+            try:
+                checkpoint_id = await journal.stop("failed", error)
+            except ToubaError as e:
+                logger.warning(
+                    "could not save the checkpoint of failed invocation %s (%s); its last "
+                    "running checkpoint, if any, stays in the store",
+                    state.invocation_id,
+                    e.code,
+                )
+            else:
+                return replace(result, checkpoint_id=checkpoint_id, trace=trace.copy())
+        else:
+            try:
+                await journal.finish()
+            except ToubaError as e:
+                logger.warning(
+                    "could not remove the running checkpoint of invocation %s (%s)",
+                    state.invocation_id,
+                    e.code,
+                )
+            if not self.retain_finished_history:
+                await self._discard(trace, state.run_id)
+        return replace(result, trace=trace.copy())
+
+    async def discard_history(self, result: InvocationResult) -> int:
+        """Delete the decision history of a finished invocation and of its delegates
+        from their providers' stores; return how many conversations were deleted.
+
+        Refuses (ConfigurationError) a result that can still be resumed
+        (awaiting approval, or failed with a checkpoint). A conversation that
+        cannot be deleted now (busy, store down) is left and logged.
+        """
+        if result.status == "awaiting_approval" or result.checkpoint_id is not None:
+            raise ConfigurationError(
+                "this invocation can still be resumed; its history is needed until it ends"
+            )
+        return await self._discard(result.trace, result.run_id)
+
+    async def _discard(self, trace: Trace, run_id: str) -> int:
+        deleted = 0
+        for invocation_id, agent_ref in _invocations(trace):
+            agent = self._program.agents.get(agent_ref)
+            discard = getattr(agent.provider, "discard_history", None) if agent else None
+            if discard is None:
+                continue
+            try:
+                deleted += bool(
+                    await discard(run_id=run_id, invocation_id=invocation_id, agent_ref=agent_ref)
+                )
+            except ToubaError as e:
+                logger.warning(
+                    "could not delete the decision history of invocation %s (%s); it stays "
+                    "until it expires",
+                    invocation_id,
+                    e.code,
+                )
+        return deleted
+
+
+def decide_approvals(paused: Paused, approvals: Mapping[str, bool], trace: Trace) -> Paused:
+    """``paused`` with every call awaiting a reviewer decided: approved calls become
+    approved-not-started, the others ``denied`` observations (noted in ``trace``)."""
+    state = paused.state
+    identity = (state.run_id, state.invocation_id, state.agent_ref)
+    done = dict(paused.done)
+    pending: list[Pending] = []
+    for item in paused.pending:
+        call = item.call
+        if isinstance(item, PendingChild):
+            pending.append(PendingChild(call, decide_approvals(item.child, approvals, trace)))
+        elif not isinstance(item, PendingApproval):
+            pending.append(item)
+        elif approvals.get(call.call_id) is True:
+            trace.add("approval_granted", *identity, call_id=call.call_id, name=call.name)
+            pending.append(PendingApproved(call))
+        else:
+            given = call.call_id in approvals
+            trace.add(
+                "approval_refused", *identity, call_id=call.call_id, name=call.name, given=given
+            )
+            done[call.call_id] = deny(
+                trace,
+                state,
+                call,
+                "not_approved",
+                f"{call.name!r} needs approval and was not approved"
+                + ("" if given else " (no decision was given)"),
+            )
+    return replace(paused, done=done, pending=tuple(pending))
+
+
+def _nodes(tree: Paused) -> Iterator[Paused]:
+    yield tree
+    for item in tree.pending:
+        if isinstance(item, PendingChild):
+            yield from _nodes(item.child)
+
+
+def _invocations(trace: Trace) -> list[tuple[str, str]]:
+    """(invocation_id, agent_ref) of every invocation a trace started, once each."""
+    seen: dict[tuple[str, str], None] = {}
+    for entry in trace.of_kind("invocation_started"):
+        seen[(entry.invocation_id, entry.agent_ref)] = None
+    return list(seen)

@@ -9,18 +9,31 @@ A checkpoint (``CHECKPOINT_VERSION`` 1) is a JSON object:
   (absent when None);
 - budgets used: ``decisions`` (decisions made so far) and ``calls_used``
   (capability name -> calls run or started, pending approvals excluded);
-- the paused decision: ``calls`` (all its calls, in order), ``done`` (the
-  observations already obtained for some of them: calls that ran, failed or
-  were denied before the invocation stopped), and ``pending``: one entry per
-  unanswered call, ``{"kind": "approval", "call": ...}`` for a call awaiting
-  a reviewer, or ``{"kind": "delegate", "call": ..., "child": {...}}`` for a
-  delegated sub-invocation that is itself awaiting approval, ``child`` being
-  that sub-invocation's own checkpoint, nested (same shape, no ``trace``);
+- ``observations``: the observations answering the last decision, not yet
+  sent to the model (a checkpoint taken between two decisions);
+- the decision in progress: ``calls`` (all its calls, in order; empty
+  between decisions), ``done`` (the observations already obtained for some
+  of them: calls that ran, failed or were denied), and ``pending``: one entry
+  per unanswered call: ``{"kind": "approval", "call": ...}`` awaits a
+  reviewer; ``{"kind": "approved", ...}`` was approved and has not started;
+  ``{"kind": "started", ...}`` was recorded as started before it ran, and has
+  no outcome yet (after a crash its outcome is unknown: it is never run
+  again); ``{"kind": "delegate", "call": ..., "child": {...}}`` is a
+  delegated sub-invocation in progress (running, awaiting approval or failed
+  retryably), ``child`` being that sub-invocation's own checkpoint, nested
+  (same shape, no ``trace``);
 - ``flow_results`` (``kind="flow"`` only): one observation per step already
   finished, in order (a model step's as ``{"name": <step>, "status": "ok",
   "result": <output>}`` with ``call_id`` ``"flow:<step>"``); the paused
   decision is then the call of the next capability step;
-- ``trace``: the trace so far (top level only), as dicts.
+- ``trace``: the trace so far (top level only), as dicts;
+- top level only, written by the runtime (:mod:`touba.runtime._journal`):
+  ``status`` (``"awaiting_approval"``, ``"running"``: a worker runs it now, or
+  ran it and crashed; ``"failed"``: it stopped on a retryable error),
+  ``revision`` (bumped by every write: the store's compare-and-swap),
+  ``holder`` (the worker running it: ``worker_id``, ``pid``, ``host``,
+  ``since``), ``successor`` (the id its next stop will be saved under) and
+  ``error`` (the retryable error's ``code`` and message, when failed).
 
 Nesting the children inside their parent keeps one store entry per
 top-level invocation, so a resume consumes the whole tree atomically and no
@@ -40,8 +53,11 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "InvocationState",
     "Paused",
+    "Pending",
     "PendingApproval",
+    "PendingApproved",
     "PendingChild",
+    "PendingStarted",
     "call_from_dict",
     "call_to_dict",
     "observation_to_dict",
@@ -111,9 +127,28 @@ class PendingApproval:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingApproved:
+    call: CapabilityCall
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStarted:
+    call: CapabilityCall
+
+
+@dataclass(frozen=True, slots=True)
 class PendingChild:
     call: CapabilityCall
     child: Paused
+
+
+Pending = PendingApproval | PendingApproved | PendingStarted | PendingChild
+_SIMPLE: dict[str, type[PendingApproval | PendingApproved | PendingStarted]] = {
+    "approval": PendingApproval,
+    "approved": PendingApproved,
+    "started": PendingStarted,
+}
+_KINDS = {cls: kind for kind, cls in _SIMPLE.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,15 +160,26 @@ class Paused:
     state: InvocationState
     calls: tuple[CapabilityCall, ...]
     done: Mapping[str, Observation]
-    pending: tuple[PendingApproval | PendingChild, ...]
+    pending: tuple[Pending, ...]
 
     def awaiting(self) -> Iterator[CapabilityCall]:
         """The calls awaiting a reviewer, this invocation's and its children's."""
         for item in self.pending:
             if isinstance(item, PendingApproval):
                 yield item.call
-            else:
+            elif isinstance(item, PendingChild):
                 yield from item.child.awaiting()
+
+    def invocations(self) -> Iterator[InvocationState]:
+        """Every invocation of the tree, this one first."""
+        yield self.state
+        for item in self.pending:
+            if isinstance(item, PendingChild):
+                yield from item.child.invocations()
+
+    def ran_calls(self) -> bool:
+        """Whether any call of the tree ran or started (an effect may have happened)."""
+        return any(state.calls_used for state in self.invocations())
 
     def agents(self) -> Iterator[str]:
         """Every agent_ref in the tree."""
@@ -145,8 +191,8 @@ class Paused:
     def to_dict(self) -> dict[str, JSON]:
         pending: list[JSON] = []
         for item in self.pending:
-            if isinstance(item, PendingApproval):
-                pending.append({"kind": "approval", "call": call_to_dict(item.call)})
+            if not isinstance(item, PendingChild):
+                pending.append({"kind": _KINDS[type(item)], "call": call_to_dict(item.call)})
             else:
                 pending.append(
                     {
@@ -163,6 +209,8 @@ class Paused:
             extra["user_id"] = state.user_id
         if state.flow_results:
             extra["flow_results"] = [observation_to_dict(o) for o in state.flow_results]
+        if state.observations:
+            extra["observations"] = [observation_to_dict(o) for o in state.observations]
         return {
             "version": CHECKPOINT_VERSION,
             "checkpoint_id": self.checkpoint_id,
@@ -188,13 +236,13 @@ class Paused:
                 f"{CHECKPOINT_VERSION}. Resume it with the touba version that wrote it"
             )
         try:
-            pending: list[PendingApproval | PendingChild] = []
+            pending: list[Pending] = []
             for item in value["pending"]:
                 call = call_from_dict(item["call"])
-                if item["kind"] == "approval":
-                    pending.append(PendingApproval(call))
-                else:
+                if item["kind"] == "delegate":
                     pending.append(PendingChild(call, cls.from_dict(item["child"])))
+                else:
+                    pending.append(_SIMPLE[item["kind"]](call))
             done = [observation_from_dict(o) for o in value["done"]]
             return cls(
                 checkpoint_id=value["checkpoint_id"],
@@ -210,6 +258,9 @@ class Paused:
                     user_id=_optional_str(value.get("user_id")),
                     flow_results=[
                         observation_from_dict(o) for o in value.get("flow_results") or []
+                    ],
+                    observations=[
+                        observation_from_dict(o) for o in value.get("observations") or []
                     ],
                 ),
                 calls=tuple(call_from_dict(c) for c in value["calls"]),
