@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from touba.cli._app import app
-from touba.history import ConversationIdentity
+from touba.cli._history import _usage
+from touba.history import ConversationIdentity, StoredConversation, StoreUsage
 from touba.history._record import join_record, new_head
 from touba.history.sqlite import SqliteHistoryStore
 
@@ -162,3 +163,32 @@ def test_history_purge(seeded: tuple[Path, str]) -> None:
     result = runner.invoke(app, ["history", "purge", "--db", str(db)])
     assert result.exit_code == 0
     assert "purged 0" in result.output
+
+
+def test_history_ls_prints_the_store_usage_against_its_limits(seeded: tuple[Path, str]) -> None:
+    db, _ = seeded
+
+    async def rows() -> list[StoredConversation]:
+        async with SqliteHistoryStore(db) as store:
+            return await store.list()
+
+    found = asyncio.run(rows())
+    used = sum(row.bytes for row in found)
+    listed = runner.invoke(app, ["history", "ls", "--db", str(db), "--max-store-bytes", "1000"])
+    assert listed.exit_code == 0, listed.output
+    assert f"store usage: {len(found)}/128 conversations, {used}/1000 bytes" in listed.output
+
+
+async def test_history_ls_takes_the_usage_a_store_reports(seeded: tuple[Path, str]) -> None:
+    db, _ = seeded
+
+    class Reporting(SqliteHistoryStore):
+        async def usage(self) -> StoreUsage:
+            return StoreUsage(sessions=3, max_sessions=4, bytes=5, max_store_bytes=6)
+
+    async with Reporting(db) as reporting:
+        assert await _usage(reporting, None) == StoreUsage(3, 4, 5, 6)
+    async with SqliteHistoryStore(db, max_sessions=9) as store:
+        rows = await store.list()
+        expected = StoreUsage(1, 9, rows[0].bytes, 32 << 20)
+        assert await _usage(store, None) == expected  # from list() until the store has usage()

@@ -6,23 +6,28 @@ its key events are extracted now, in-process, and the job stays queued for
 ``touba worker`` if that fails), ``/quit`` or end of input leaves without
 ending it (continue it later with ``--session``). A call awaiting approval
 is asked about, ``y`` approving it.
+
+The memory store (turns, key events, jobs) is a SQLite file (``--db``) or
+PostgreSQL (``--dsn`` or ``TOUBA_DSN``), created if absent. Checkpoints stay
+in RAM: an approval is answered in the same process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, errors, run
+from touba.cli._common import console, errors
+from touba.cli._events import Db, PrefixOption, memory_target
 from touba.cli._programs import ProgramOption, load_program
+from touba.cli._stores import DsnOption, open_memory
 from touba.cli._worker import report_job
 from touba.history._model import canonical_json
-from touba.memory import ChatSession, ChatTurn, ExtractionWorker, SqliteMemoryStore
+from touba.memory import ChatSession, ChatTurn, ExtractionWorker
 from touba.runtime import Runtime
 
 HELP = "/events: key events, /end: end the session, /quit: leave (the session stays open)"
@@ -75,8 +80,10 @@ async def _events(session: ChatSession) -> None:
 
 
 def chat(
-    db: Annotated[Path, typer.Option("--db", help="Path of the SQLite memory file.")],
     agent: Annotated[str, typer.Option("--agent", "-a", help="The agent to talk to.")],
+    db: Db = None,
+    dsn: DsnOption = None,
+    prefix: PrefixOption = None,
     program: ProgramOption = None,
     user: Annotated[
         str | None, typer.Option("--user", "-u", help="The user id (none: anonymous).")
@@ -91,11 +98,15 @@ def chat(
 ) -> None:
     """Chat with an agent of your program, with its chat memory and key events."""
     loaded = load_program(program)
+    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
+        # TODO(issue 8): checkpoints stay in RAM (approvals are answered inline). For a
+        # durable option, take SqliteCheckpointStore with --db and PostgresCheckpointStore
+        # (touba.runtime, being written) with --dsn, once the latter exists.
         runtime = Runtime(loaded)
         async with (
-            SqliteMemoryStore(db) as store,
+            open_memory(target.backend, prefix=target.prefix, create=True) as store,
             ChatSession(
                 runtime,
                 agent,
@@ -136,6 +147,6 @@ def chat(
             console.print(f"left; continue with --session {escape(session.session_id)}")
 
     try:
-        run(go())
+        target.backend.run(go())
     except KeyboardInterrupt:
         console.print("interrupted; the session stays open")

@@ -1,16 +1,28 @@
-"""Helpers shared by the CLI commands."""
+"""Helpers shared by the CLI commands: console, running a command, secret redaction.
+
+A connection string is never printed back with its secret. :func:`redact`
+masks the password of a DSN in URL form (``postgresql://user:***@host/db``,
+``redis://:***@host``, a ``password=`` query parameter) and in libpq
+``key=value`` form (``password=***``); ``sslpassword`` is masked too.
+:func:`scrub` also takes the secret out of any other text, such as a driver's
+error message that quotes part of the DSN, and :func:`run` scrubs every error
+it prints.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import stat
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from touba.errors import ToubaError
 
@@ -19,13 +31,85 @@ T = TypeVar("T")
 console = Console()
 errors = Console(stderr=True)
 
+MASK = "***"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_QUERY_SECRET = re.compile(r"[?&](?:ssl)?password=([^&#]*)", re.IGNORECASE)
+_KEYWORD_SECRET = re.compile(
+    r"(?:^|\s)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'?|[^\s']\S*)", re.IGNORECASE
+)
 
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine; a touba error becomes a short message and exit code 1."""
+
+def _secret_spans(address: str) -> list[tuple[int, int]]:
+    """Where the secrets of ``address`` are: the URL password, password parameters."""
+    spans: list[tuple[int, int]] = []
+    scheme = _SCHEME.match(address)
+    if scheme is None:
+        spans.extend(m.span(1) for m in _KEYWORD_SECRET.finditer(address))
+        return spans
+    # The user information ends at the last "@" before the path; a password holding
+    # raw "?", "#" or "@" is masked whole rather than parsed as a URL would.
+    start = scheme.end()
+    slash = address.find("/", start)
+    at = address.rfind("@", start, len(address) if slash == -1 else slash)
+    colon = address.find(":", start, at) if at != -1 else -1
+    if colon != -1 and colon + 1 < at:
+        spans.append((colon + 1, at))
+    spans.extend(m.span(1) for m in _QUERY_SECRET.finditer(address, start) if m.group(1))
+    return spans
+
+
+def redact(address: str) -> str:
+    """``address`` (a PostgreSQL DSN or a Redis URL) with every password shown as ``***``."""
+    shown: list[str] = []
+    end = 0
+    for start, stop in sorted(_secret_spans(address)):
+        if start < end:  # overlapping spans mask once
+            if stop > end:
+                end = stop
+            continue
+        shown += [address[end:start], MASK]
+        end = stop
+    return "".join([*shown, address[end:]])
+
+
+def _secrets(address: str) -> set[str]:
+    """Each secret of ``address`` as written and as a driver would decode it."""
+    found: set[str] = set()
+    for start, stop in _secret_spans(address):
+        raw = address[start:stop]
+        found |= {raw, unquote(raw)}
+        if raw.startswith("'"):  # libpq quoting: 'it\'s'
+            found.add(re.sub(r"\\(.)", r"\1", raw.strip("'")))
+    return {s for s in found if s}
+
+
+def scrub(text: str, addresses: Iterable[str]) -> str:
+    """``text`` with each of ``addresses`` redacted and their secrets masked anywhere."""
+    for address in addresses:
+        secrets = sorted(_secrets(address), key=len, reverse=True)
+        parts = text.split(address) if address else [text]
+        for secret in secrets:
+            parts = [part.replace(secret, MASK) for part in parts]
+        text = redact(address).join(parts)
+    return text
+
+
+def run(
+    coroutine: Coroutine[Any, Any, T],
+    *,
+    secret: Iterable[str] = (),
+    driver_errors: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Run a coroutine; a touba error (or one of ``driver_errors``) becomes a short
+    message, with the secrets of the addresses in ``secret`` masked, and exit code 1."""
+    addresses = tuple(secret)
     try:
         return asyncio.run(coroutine)
     except ToubaError as e:
-        errors.print(f"[bold red]{e.code}[/]: {e}")
+        errors.print(f"[bold red]{e.code}[/]: {escape(scrub(str(e), addresses))}")
+        raise typer.Exit(1) from e
+    except driver_errors as e:
+        errors.print(f"[bold red]{type(e).__name__}[/]: {escape(scrub(str(e), addresses))}")
         raise typer.Exit(1) from e
 
 

@@ -1,4 +1,8 @@
-"""``touba events``: inspect the key events and extraction jobs of a SQLite memory store."""
+"""``touba events``: inspect the key events and extraction jobs of a memory store.
+
+The store is a SQLite file (``--db``) or PostgreSQL (``--dsn`` or
+``TOUBA_DSN``, ``--prefix``); see :mod:`touba.cli._stores`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, cast
 
@@ -13,17 +18,33 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from touba.cli._common import console, errors, run
+from touba.cli._common import console, errors
+from touba.cli._stores import (
+    Backend,
+    DsnOption,
+    choose_backend,
+    memory_table,
+    only_with,
+    open_memory,
+    postgres_connection,
+)
 from touba.errors import ConfigurationError
-from touba.memory import KeyEvent, SqliteMemoryStore, owner_for
+from touba.memory import KeyEvent, MemoryStore, owner_for
 from touba.memory._model import JobStatus
 
 app = typer.Typer(
-    help="Inspect key events and extraction jobs of a SQLite memory store.",
+    help="Inspect key events and extraction jobs of a memory store (SQLite or PostgreSQL).",
     no_args_is_help=True,
 )
 
-Db = Annotated[Path, typer.Option("--db", help="Path of the SQLite memory file.")]
+Db = Annotated[Path | None, typer.Option("--db", help="Path of the SQLite memory file.")]
+PrefixOption = Annotated[
+    str | None,
+    typer.Option(
+        "--prefix",
+        help="With --dsn: the store's table prefix, as given to it (default touba_memory).",
+    ),
+]
 User = Annotated[str | None, typer.Option("--user", "-u", help="The user id (owner user:<id>).")]
 Session = Annotated[
     str | None,
@@ -37,17 +58,29 @@ Session = Annotated[
 EventId = Annotated[str, typer.Argument(help="The event id (see `touba events ls`).")]
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryTarget:
+    """The memory store a command was given: its backend and PostgreSQL prefix."""
+
+    backend: Backend
+    prefix: str | None
+
+
+def memory_target(db: Path | None, dsn: str | None, prefix: str | None) -> MemoryTarget:
+    """The store of ``--db`` / ``--dsn`` (exactly one), ``--prefix`` only with ``--dsn``."""
+    backend = choose_backend(db, dsn)
+    only_with(backend, "postgresql", prefix=prefix)
+    return MemoryTarget(backend, prefix)
+
+
 @asynccontextmanager
-async def open_store(db: Path) -> AsyncIterator[SqliteMemoryStore]:
+async def open_store(target: MemoryTarget) -> AsyncIterator[MemoryStore]:
     """Open an existing memory store (never create one by mistake)."""
-    if not await asyncio.to_thread(db.is_file):
-        errors.print(f"[bold red]no memory database at {escape(str(db))}[/]")
-        raise typer.Exit(1)
-    async with SqliteMemoryStore(db) as store:
+    async with open_memory(target.backend, prefix=target.prefix) as store:
         yield store
 
 
-async def _owner(store: SqliteMemoryStore, user: str | None, session: str | None) -> str:
+async def _owner(store: MemoryStore, user: str | None, session: str | None) -> str:
     if user is not None:
         return owner_for(user, session or "-")
     if session is None:
@@ -71,7 +104,9 @@ def _when(event: KeyEvent) -> str:
 
 @app.command("ls")
 def ls(
-    db: Db,
+    db: Db = None,
+    dsn: DsnOption = None,
+    prefix: PrefixOption = None,
     user: User = None,
     session: Session = None,
     include_closed: Annotated[
@@ -80,9 +115,10 @@ def ls(
     limit: Annotated[int, typer.Option("--limit", help="At most this many events.")] = 100,
 ) -> None:
     """List the key events of a user or a session, most recently updated first."""
+    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
-        async with open_store(db) as store:
+        async with open_store(target) as store:
             owner = await _owner(store, user, session)
             events = await store.query_events(owner, include_closed=include_closed, limit=limit)
         if user is not None and session is not None:
@@ -101,11 +137,10 @@ def ls(
         closed = "" if include_closed else " not closed (--all for every one)"
         console.print(f"{len(events)} event(s){closed} of {escape(owner)}")
 
-    run(go())
+    target.backend.run(go())
 
 
-def _owner_of(db: Path, event_id: str) -> str | None:
-    """The owner of an event, read directly (an admin lookup across owners), read-only."""
+def _sqlite_owner_of(db: Path, event_id: str) -> str | None:
     uri = db.resolve().as_uri() + "?mode=ro"
     with closing(sqlite3.connect(uri, uri=True)) as conn:
         row = conn.execute(
@@ -114,16 +149,37 @@ def _owner_of(db: Path, event_id: str) -> str | None:
     return None if row is None else str(row[0])
 
 
+async def _owner_of(target: MemoryTarget, event_id: str) -> str | None:
+    """The owner of an event, read directly (an admin lookup across owners), read-only."""
+    if target.backend.kind == "sqlite":
+        return await asyncio.to_thread(_sqlite_owner_of, Path(target.backend.address), event_id)
+    from psycopg import sql
+
+    events = sql.Identifier(*memory_table(target.prefix, "events"))
+    async with postgres_connection(target.backend.address) as conn:
+        query = sql.SQL("SELECT owner FROM {} WHERE id = %s").format(events)
+        row = await (await conn.execute(query, (event_id,))).fetchone()
+    return None if row is None else str(row[0])
+
+
 @app.command("show")
-def show(event_id: EventId, db: Db, user: User = None, session: Session = None) -> None:
+def show(
+    event_id: EventId,
+    db: Db = None,
+    dsn: DsnOption = None,
+    prefix: PrefixOption = None,
+    user: User = None,
+    session: Session = None,
+) -> None:
     """Show one key event with its update history."""
+    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
-        async with open_store(db) as store:
+        async with open_store(target) as store:
             if user is not None or session is not None:
                 owner: str | None = await _owner(store, user, session)
             else:
-                owner = await asyncio.to_thread(_owner_of, db, event_id)
+                owner = await _owner_of(target, event_id)
             found = None if owner is None else await store.get_event(owner, event_id)
         if found is None:
             errors.print(f"[bold red]no key event {escape(event_id)}[/]")
@@ -146,12 +202,14 @@ def show(event_id: EventId, db: Db, user: User = None, session: Session = None) 
         console.print(table)
         console.print(f"{len(found.history or ())} update(s)")
 
-    run(go())
+    target.backend.run(go())
 
 
 @app.command("jobs")
 def jobs(
-    db: Db,
+    db: Db = None,
+    dsn: DsnOption = None,
+    prefix: PrefixOption = None,
     status: Annotated[
         str | None,
         typer.Option("--status", help="Only jobs in this status: pending, running, done, failed."),
@@ -159,13 +217,14 @@ def jobs(
     limit: Annotated[int, typer.Option("--limit", help="At most this many jobs.")] = 100,
 ) -> None:
     """List extraction jobs (kind agent/flow), most recently changed first."""
+    target = memory_target(db, dsn, prefix)
     if status not in (None, "pending", "running", "done", "failed"):
         errors.print(f"[bold red]unknown status {escape(str(status))}[/]")
         raise typer.Exit(2)
     wanted = cast("JobStatus | None", status)
 
     async def go() -> None:
-        async with open_store(db) as store:
+        async with open_store(target) as store:
             found = await store.list_jobs(status=wanted, limit=limit)
         table = _table("id", "session", "owner", "agent", "status", "attempts", "last error")
         for job in found:
@@ -181,15 +240,21 @@ def jobs(
         console.print(table)
         console.print(f"{len(found)} job(s)")
 
-    run(go())
+    target.backend.run(go())
 
 
 @app.command("requeue")
-def requeue(job_id: Annotated[str, typer.Argument(help="A failed job's id.")], db: Db) -> None:
+def requeue(
+    job_id: Annotated[str, typer.Argument(help="A failed job's id.")],
+    db: Db = None,
+    dsn: DsnOption = None,
+    prefix: PrefixOption = None,
+) -> None:
     """Give a failed extraction job a fresh set of attempts (after fixing its cause)."""
+    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
-        async with open_store(db) as store:
+        async with open_store(target) as store:
             try:
                 job = await store.requeue_job(job_id)
             except ConfigurationError as e:
@@ -197,4 +262,4 @@ def requeue(job_id: Annotated[str, typer.Argument(help="A failed job's id.")], d
                 raise typer.Exit(1) from e
         console.print(f"job {job.id} is {job.status} again")
 
-    run(go())
+    target.backend.run(go())

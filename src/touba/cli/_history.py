@@ -1,46 +1,131 @@
-"""``touba history``: inspect and administer a SQLite decision-history store."""
+"""``touba history``: inspect and administer a decision-history store.
+
+The store is a SQLite file (``--db``), PostgreSQL (``--dsn`` or ``TOUBA_DSN``,
+``--table``) or Redis (``--redis-url``, ``--prefix``); see
+:mod:`touba.cli._stores`. ``ls`` also prints how full the store is against
+its limits, which live in the application, not in the store: give them with
+``--max-sessions`` / ``--max-store-bytes`` when yours are not the defaults.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Unpack
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from touba.cli._common import console, errors, run
-from touba.history.sqlite import SqliteHistoryStore
+from touba.cli._common import console, errors
+from touba.cli._stores import (
+    Backend,
+    DsnOption,
+    HistoryAdmin,
+    Limits,
+    RedisUrlOption,
+    choose_backend,
+    only_with,
+    open_history,
+)
+from touba.history import StoredConversation, StoreUsage
 
 app = typer.Typer(
-    help="Inspect and administer a SQLite decision-history store.", no_args_is_help=True
+    help="Inspect and administer a decision-history store (SQLite, PostgreSQL or Redis).",
+    no_args_is_help=True,
 )
 
-Db = Annotated[Path, typer.Option("--db", help="Path of the SQLite history file.")]
+Db = Annotated[Path | None, typer.Option("--db", help="Path of the SQLite history file.")]
+TableOption = Annotated[
+    str | None,
+    typer.Option(
+        "--table", help="With --dsn: the store's table, as given to it (default touba_history)."
+    ),
+]
+PrefixOption = Annotated[
+    str | None,
+    typer.Option("--prefix", help="With --redis-url: the store's key prefix (default 'touba:')."),
+]
 Namespace = Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")]
 Key = Annotated[str, typer.Argument(help="The session key (see `touba history ls`).")]
 
 
+@dataclass(frozen=True, slots=True)
+class _Target:
+    backend: Backend
+    table: str | None
+    prefix: str | None
+
+
+def _target(
+    db: Path | None, dsn: str | None, redis_url: str | None, table: str | None, prefix: str | None
+) -> _Target:
+    backend = choose_backend(db, dsn, redis_url, redis=True)
+    only_with(backend, "postgresql", table=table)
+    only_with(backend, "redis", prefix=prefix)
+    return _Target(backend, table, prefix)
+
+
 @asynccontextmanager
-async def _open(db: Path) -> AsyncIterator[SqliteHistoryStore]:
+async def _open(target: _Target, **limits: Unpack[Limits]) -> AsyncIterator[HistoryAdmin]:
     """Open an existing store (never create one by mistake)."""
-    if not await asyncio.to_thread(db.is_file):
-        errors.print(f"[bold red]no history database at {db}[/]")
-        raise typer.Exit(1)
-    async with SqliteHistoryStore(db) as store:
+    async with open_history(
+        target.backend, table=target.table, prefix=target.prefix, **limits
+    ) as store:
         yield store
 
 
+async def _usage(store: HistoryAdmin, rows: list[StoredConversation] | None) -> StoreUsage:
+    """``store.usage()`` where the store has it, else the same figures from ``list()``."""
+    usage = getattr(store, "usage", None)
+    if callable(usage):
+        found = await usage()
+        if isinstance(found, StoreUsage):
+            return found
+    every = rows if rows is not None else await store.list()
+    return StoreUsage(
+        sessions=len(every),
+        max_sessions=store.max_sessions,
+        bytes=sum(row.bytes for row in every),
+        max_store_bytes=store.max_store_bytes,
+    )
+
+
 @app.command("ls")
-def ls(db: Db, namespace: Namespace = None) -> None:
-    """List conversations: identity, sizes, expiry and reservations (never content)."""
+def ls(
+    db: Db = None,
+    dsn: DsnOption = None,
+    redis_url: RedisUrlOption = None,
+    table: TableOption = None,
+    prefix: PrefixOption = None,
+    namespace: Namespace = None,
+    max_sessions: Annotated[
+        int | None,
+        typer.Option("--max-sessions", min=1, help="The store's max_sessions (default 128)."),
+    ] = None,
+    max_store_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-store-bytes", min=1, help="The store's max_store_bytes (default 32 MiB)."
+        ),
+    ] = None,
+) -> None:
+    """List conversations: identity, sizes, expiry and reservations (never content),
+    then the store's usage against its limits."""
+    target = _target(db, dsn, redis_url, table, prefix)
+    limits = Limits()
+    if max_sessions is not None:
+        limits["max_sessions"] = max_sessions
+    if max_store_bytes is not None:
+        limits["max_store_bytes"] = max_store_bytes
 
     async def go() -> None:
-        async with _open(db) as store:
+        async with _open(target, **limits) as store:
             rows = await store.list(namespace)
+            usage = await _usage(store, rows if namespace is None else None)
         table = Table(
             "key",
             "namespace",
@@ -55,20 +140,24 @@ def ls(db: Db, namespace: Namespace = None) -> None:
         for row in rows:
             identity = row.identity or {}
             table.add_row(
-                row.key,
-                identity.get("namespace", "-"),
-                identity.get("agent_ref", "-"),
-                identity.get("invocation_id", "-"),
+                escape(row.key),
+                escape(identity.get("namespace", "-")),
+                escape(identity.get("agent_ref", "-")),
+                escape(identity.get("invocation_id", "-")),
                 str(row.messages),
                 str(row.bytes),
                 row.updated_at[:19],
                 (row.expires_at or "-")[:19],
-                _active(row.reservation) if row.active else "no",
+                escape(_active(row.reservation)) if row.active else "no",
             )
         console.print(table)
         console.print(f"{len(rows)} conversation(s)")
+        console.print(
+            f"store usage: {usage.sessions}/{usage.max_sessions} conversations, "
+            f"{usage.bytes}/{usage.max_store_bytes} bytes ({usage.fraction:.0%} full)"
+        )
 
-    run(go())
+    target.backend.run(go())
 
 
 def _active(reservation: dict[str, Any] | None) -> str:
@@ -80,23 +169,28 @@ def _active(reservation: dict[str, Any] | None) -> str:
 @app.command("show")
 def show(
     key: Key,
-    db: Db,
+    db: Db = None,
+    dsn: DsnOption = None,
+    redis_url: RedisUrlOption = None,
+    table: TableOption = None,
+    prefix: PrefixOption = None,
     raw: Annotated[bool, typer.Option("--json", help="Print the whole record as JSON.")] = False,
 ) -> None:
     """Show one conversation: identity, sizes, summary state and exchanges."""
+    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
-        async with _open(db) as store:
+        async with _open(target) as store:
             record = await store.read(key)
         if record is None:
-            errors.print(f"[bold red]no conversation {key}[/] (absent or expired)")
+            errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
             raise typer.Exit(1)
         if raw:
             console.print_json(json.dumps(record, ensure_ascii=False))
             return
         identity = record.get("identity", {})
         for field, value in identity.items():
-            console.print(f"[bold]{field}[/]: {value}")
+            console.print(f"[bold]{escape(str(field))}[/]: {escape(str(value))}")
         stats = record.get("stats", {})
         console.print(
             f"[bold]retained[/]: {stats.get('exchanges')} exchanges, {stats.get('messages')} "
@@ -107,14 +201,15 @@ def show(
         if summary:
             console.print(
                 f"[bold]summary[/]: covers {summary.get('through')} exchanges, "
-                f"{summary.get('bytes')} bytes, {summary.get('fingerprint')}"
+                f"{summary.get('bytes')} bytes, {escape(str(summary.get('fingerprint')))}"
             )
-        table = Table("#", "messages", "decision", "results")
+        rows = Table("#", "messages", "decision", "results")
         for index, exchange in enumerate(record.get("exchanges", [])):
-            table.add_row(str(index), str(len(exchange)), *_describe(exchange))
-        console.print(table)
+            decision, results = _describe(exchange)
+            rows.add_row(str(index), str(len(exchange)), escape(decision), escape(results))
+        console.print(rows)
 
-    run(go())
+    target.backend.run(go())
 
 
 def _describe(exchange: list[dict[str, Any]]) -> tuple[str, str]:
@@ -132,23 +227,35 @@ def _describe(exchange: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 @app.command("rm")
-def rm(key: Key, db: Db) -> None:
+def rm(
+    key: Key,
+    db: Db = None,
+    dsn: DsnOption = None,
+    redis_url: RedisUrlOption = None,
+    table: TableOption = None,
+    prefix: PrefixOption = None,
+) -> None:
     """Delete an inactive conversation."""
+    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
-        async with _open(db) as store:
+        async with _open(target) as store:
             deleted = await store.delete(key)
-        console.print("deleted" if deleted else f"no conversation {key}")
+        console.print("deleted" if deleted else f"no conversation {escape(key)}")
         if not deleted:
             raise typer.Exit(1)
 
-    run(go())
+    target.backend.run(go())
 
 
 @app.command("recover")
 def recover(
     key: Key,
-    db: Db,
+    db: Db = None,
+    dsn: DsnOption = None,
+    redis_url: RedisUrlOption = None,
+    table: TableOption = None,
+    prefix: PrefixOption = None,
     worker_stopped: Annotated[
         bool,
         typer.Option(
@@ -158,6 +265,7 @@ def recover(
     ] = False,
 ) -> None:
     """Free a reservation left by a crashed worker (storage only, no business effect)."""
+    target = _target(db, dsn, redis_url, table, prefix)
     if not worker_stopped:
         confirmed = typer.confirm(
             "Recovering frees the conversation for another worker. Have you stopped and "
@@ -169,20 +277,27 @@ def recover(
             raise typer.Exit(1)
 
     async def go() -> None:
-        async with _open(db) as store:
+        async with _open(target) as store:
             freed = await store.recover(key, worker_stopped=True)
         console.print("reservation freed" if freed else "no reservation on that key")
 
-    run(go())
+    target.backend.run(go())
 
 
 @app.command("purge")
-def purge(db: Db) -> None:
+def purge(
+    db: Db = None,
+    dsn: DsnOption = None,
+    redis_url: RedisUrlOption = None,
+    table: TableOption = None,
+    prefix: PrefixOption = None,
+) -> None:
     """Delete expired conversations now (they are otherwise purged on the next access)."""
+    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
-        async with _open(db) as store:
+        async with _open(target) as store:
             count = await store.purge_expired()
         console.print(f"purged {count} expired conversation(s)")
 
-    run(go())
+    target.backend.run(go())

@@ -1,4 +1,4 @@
-"""``touba worker``: run the key-event extraction jobs of a SQLite memory store.
+"""``touba worker``: run the key-event extraction jobs of a memory store.
 
 Sessions of ``kind="agent"``/``"flow"`` agents queue a durable job when they
 end. The worker claims due jobs (with a lease: several workers may share the
@@ -6,20 +6,22 @@ file; a job whose worker died is claimed again once its lease expires), asks
 the job's agent's model for the ops (the agent comes from ``--program``) and
 applies them idempotently. A failed attempt is retried with backoff; a job
 out of attempts stays ``failed`` (``touba events jobs --status failed``).
+The store is a SQLite file (``--db``) or PostgreSQL (``--dsn`` or
+``TOUBA_DSN``), where workers on many hosts share one queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, run
-from touba.cli._events import open_store
+from touba.cli._common import console
+from touba.cli._events import Db, PrefixOption, memory_target, open_store
 from touba.cli._programs import ProgramOption, load_program
+from touba.cli._stores import DsnOption
 from touba.memory import ExtractionJob, ExtractionWorker
 
 
@@ -46,7 +48,9 @@ def report_job(job: ExtractionJob) -> None:
 
 
 def worker(
-    db: Annotated[Path, typer.Option("--db", help="Path of the SQLite memory file.")],
+    db: Db = None,
+    dsn: DsnOption = None,
+    prefix: PrefixOption = None,
     program: ProgramOption = None,
     once: Annotated[bool, typer.Option("--once", help="Run the jobs due now, then exit.")] = False,
     poll_seconds: Annotated[
@@ -55,11 +59,12 @@ def worker(
 ) -> None:
     """Claim and run key-event extraction jobs (kind agent/flow) with your agents' models."""
     loaded = load_program(program)
+    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
-        async with open_store(db) as store:
+        async with open_store(target) as store:
             runner = ExtractionWorker(loaded, store)
-            console.print(f"worker {escape(runner.worker_id)} on {escape(str(db))}")
+            console.print(f"worker {escape(runner.worker_id)} on {escape(target.backend.shown)}")
             while True:
                 jobs = await runner.run_due()
                 for job in jobs:
@@ -71,6 +76,6 @@ def worker(
                     await asyncio.sleep(poll_seconds)
 
     try:
-        run(go())
+        target.backend.run(go())
     except KeyboardInterrupt:
         console.print("stopped")
