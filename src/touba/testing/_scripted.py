@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, ClassVar, TypeAlias
 
 from touba.errors import AgentDecisionProviderUnavailable
@@ -19,6 +20,9 @@ ScriptStep: TypeAlias = (
 )
 """A decision dict (``ScriptedProvider.call(...)``/``final(...)``), or a function
 of the request and the messages sent that returns one."""
+
+
+_deciding: ContextVar[DecisionRequest] = ContextVar("touba_scripted_request")
 
 
 class _ScriptedWire(FunctionWire):
@@ -76,7 +80,11 @@ class ScriptedProvider(DecisionProvider):
 
     async def decide(self, request: DecisionRequest) -> Decision:
         self.requests.append(request)
-        return await super().decide(request)
+        token = _deciding.set(request)  # a step function sees its own request, even when
+        try:  # decisions of several invocations run concurrently
+            return await super().decide(request)
+        finally:
+            _deciding.reset(token)
 
     async def _next(
         self, messages: list[dict[str, Any]], schema: dict[str, Any]
@@ -87,4 +95,4 @@ class ScriptedProvider(DecisionProvider):
                 "the ScriptedProvider has no step left: add one with provider.add(...)"
             )
         step = self._script.popleft()
-        return step(self.requests[-1], messages) if callable(step) else step
+        return step(_deciding.get(), messages) if callable(step) else step
