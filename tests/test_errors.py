@@ -44,3 +44,12 @@ def test_errors_carry_their_attributes() -> None:
 def test_record_invalid_is_a_mismatch() -> None:
     assert issubclass(errors.DecisionHistoryRecordInvalid, errors.DecisionHistoryMismatch)
     assert errors.DecisionHistoryRecordInvalid.code == "DecisionHistoryRecordInvalid"
+
+
+@pytest.mark.parametrize(
+    "cls", [errors.CheckpointStoreUnavailable, errors.ResourceBindingUnavailable]
+)
+def test_runtime_store_failures_are_retryable(cls: type[errors.ToubaError]) -> None:
+    error = cls("server gone")
+    assert error.code == cls.__name__
+    assert error.retryable

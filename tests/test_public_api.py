@@ -47,7 +47,7 @@ def test_history_surface_names_of_spec() -> None:
 def test_importing_touba_loads_no_provider_sdk() -> None:
     """Each SDK is an optional extra, imported only when its provider is created."""
     code = (
-        "import sys, touba, touba.providers, touba.history;"
+        "import sys, touba, touba.providers, touba.history, touba.runtime, touba.memory;"
         "loaded = [m for m in ('openai', 'anthropic', 'google.genai', 'psycopg', 'redis')"
         " if m in sys.modules];"
         "assert not loaded, loaded"
@@ -71,3 +71,14 @@ def test_spec_provider_factories_are_exported() -> None:
         "CapabilityCall",
     ):
         assert name in providers.__all__
+
+
+def test_runtime_postgres_stores_are_exported_lazily() -> None:
+    from touba import runtime
+    from touba.runtime._checkpoint_postgres import PostgresCheckpointStore
+    from touba.runtime._resource_postgres import PostgresResourceBinding
+
+    assert runtime.PostgresCheckpointStore is PostgresCheckpointStore
+    assert runtime.PostgresResourceBinding is PostgresResourceBinding
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        runtime.Nope  # noqa: B018

@@ -14,6 +14,7 @@ __all__ = [
     "AgentBudgetExceeded",
     "AgentDecisionProviderSchemaViolation",
     "AgentDecisionProviderUnavailable",
+    "CheckpointStoreUnavailable",
     "ConfigurationError",
     "DecisionHistoryBusy",
     "DecisionHistoryLimitExceeded",
@@ -33,6 +34,7 @@ __all__ = [
     "ProviderContextWindowExceeded",
     "ResourceAccessDenied",
     "ResourceAccessReason",
+    "ResourceBindingUnavailable",
     "ToubaError",
 ]
 
@@ -253,6 +255,30 @@ class ResourceAccessDenied(ToubaError):
         self.resource = resource
         self.operation = operation
         self.reason: ResourceAccessReason = reason
+
+
+class CheckpointStoreUnavailable(ToubaError):
+    """The checkpoint store's server failed or could not be reached.
+
+    Raised by ``touba.runtime.PostgresCheckpointStore`` for driver failures
+    during use (the driver's exception is chained). The operation's
+    transaction was rolled back, unless the connection broke during its
+    COMMIT: then it may have committed, and ``get``/``list`` tell which.
+    """
+
+    transient = True
+
+
+class ResourceBindingUnavailable(ToubaError):
+    """The resource binding's server failed or could not be reached.
+
+    Raised by ``touba.runtime.PostgresResourceBinding`` for driver failures
+    during use (the driver's exception is chained), inside the capability
+    that made the operation. As for checkpoints, the write was rolled back
+    unless the connection broke during its COMMIT.
+    """
+
+    transient = True
 
 
 class InvocationBusy(ConfigurationError):

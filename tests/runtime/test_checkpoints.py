@@ -1,10 +1,12 @@
-"""Checkpoint stores: contents, atomic consumption, private files, other processes."""
+"""Checkpoints in the runtime: contents, versions, private files, resuming elsewhere.
+
+The store contract (every store, atomicity, other processes) is test_checkpoint_stores.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -19,8 +21,7 @@ from touba.testing import ScriptedProvider
 
 from ._durable import FIRST_STEP, build, history
 from ._helpers import final
-
-ROOT = Path(__file__).resolve().parents[2]
+from ._stores import ROOT, subprocess_env
 
 
 @pytest.fixture
@@ -28,22 +29,6 @@ def private_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "private"
     directory.mkdir(mode=0o700)
     return directory
-
-
-async def test_memory_store_save_get_take() -> None:
-    store = MemoryCheckpointStore()
-    await store.save("a", {"version": 1, "x": [1, 2]})
-    with pytest.raises(ConfigurationError, match="already exists"):
-        await store.save("a", {})
-    copy = await store.get("a")
-    assert copy == {"version": 1, "x": [1, 2]}
-    assert copy is not None
-    copy["x"].append(3)  # a detached copy
-    assert await store.take("a") == {"version": 1, "x": [1, 2]}
-    assert await store.take("a") is None
-    assert await store.get("a") is None
-    with pytest.raises(ConfigurationError, match="JSON"):
-        await store.save("b", {"bad": object()})
 
 
 async def test_the_checkpoint_holds_identity_observations_pending_budgets_and_trace() -> None:
@@ -115,19 +100,13 @@ def _modes(path: Path) -> set[int]:
     return {stat.S_IMODE(f.stat().st_mode) for f in files if f.exists()}
 
 
-async def test_sqlite_store_round_trip_and_private_files(private_dir: Path) -> None:
+async def test_sqlite_store_files_are_private(private_dir: Path) -> None:
+    """The store contract itself runs in test_checkpoint_stores.py, on every store."""
     path = private_dir / "checkpoints.sqlite"
     async with SqliteCheckpointStore(path) as store:
         await store.save("a", {"version": 1, "run_id": "r", "text": "é"})
-        with pytest.raises(ConfigurationError, match="already exists"):
-            await store.save("a", {"version": 1})
-        assert await store.get("a") == {"version": 1, "run_id": "r", "text": "é"}
+        await store.replace("a", {"version": 1}, revision=0)
     assert _modes(path) == {0o600}
-    async with SqliteCheckpointStore(path) as reopened:  # durable
-        assert await reopened.take("a") == {"version": 1, "run_id": "r", "text": "é"}
-        assert await reopened.take("a") is None
-    with pytest.raises(ConfigurationError, match="closed"):
-        await reopened.get("a")
 
 
 def test_sqlite_store_refuses_unsafe_locations(tmp_path: Path, private_dir: Path) -> None:
@@ -147,23 +126,16 @@ def test_sqlite_store_refuses_unsafe_locations(tmp_path: Path, private_dir: Path
         SqliteCheckpointStore()
 
 
-async def test_sqlite_take_has_one_winner_across_connections(private_dir: Path) -> None:
-    path = private_dir / "checkpoints.sqlite"
-    stores = [SqliteCheckpointStore(path) for _ in range(4)]
-    try:
-        await stores[0].save("contested", {"version": 1})
-        taken = await asyncio.gather(*(s.take("contested") for s in stores))
-        assert sum(t is not None for t in taken) == 1
-    finally:
-        for store in stores:
-            await store.close()
-
-
 async def _pause_in_subprocess(directory: Path, mode: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "tests.runtime._durable", str(directory), mode]
     done = await asyncio.to_thread(
-        subprocess.run, command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+        subprocess.run,
+        command,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=subprocess_env(),  # this checkout's touba, not whichever is installed
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     paused: dict[str, Any] = json.loads(done.stdout)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
-import stat
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from touba.errors import ConfigurationError, DecisionHistoryStorageUnsafe, ResourceAccessDenied
+from touba.errors import ConfigurationError, ResourceAccessDenied
 from touba.memory import ChatSession
 from touba.memory.sqlite import SqliteMemoryStore
 from touba.providers import TraceCall, Turn
@@ -20,7 +17,6 @@ from touba.runtime import (
     MemoryResourceBinding,
     Program,
     ResourceAddress,
-    ResourceBinding,
     ResourceHandle,
     Resources,
     Runtime,
@@ -442,83 +438,7 @@ async def test_values_are_bounded_json() -> None:
     assert "max_value_bytes=16" in observations(result)[0]["error"]
 
 
-# -- bindings -------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-async def binding(request: pytest.FixtureRequest, private_dir: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemoryResourceBinding()
-        return
-    async with SqliteResourceBinding(private_dir / "resources.db") as sqlite_binding:
-        yield sqlite_binding
-
-
-async def test_binding_contract(binding: ResourceBinding) -> None:
-    assert isinstance(binding, ResourceBinding)
-    here = ResourceAddress("notes", "user", "ada")
-    there = ResourceAddress("notes", "user", "bob")
-    assert await binding.get(here, "k") is None
-    item = await binding.put(here, "k", {"a": [1, "é"]})
-    assert item.value == {"a": [1, "é"]}
-    assert item.updated_at.tzinfo is not None
-    await binding.put(here, "k2", None)
-    await binding.put(here, "j", 1)
-    await binding.put(there, "k", "bob's")
-    got = await binding.get(here, "k")
-    assert got is not None
-    assert got.value == {"a": [1, "é"]}
-    null = await binding.get(here, "k2")
-    assert null is not None
-    assert null.value is None  # a stored null is not a missing item
-    assert await binding.keys(here, prefix="k", limit=10) == ["k", "k2"]
-    assert await binding.keys(here, prefix="", limit=2) == ["j", "k"]
-    assert await binding.delete(here, "k") is True
-    assert await binding.delete(here, "k") is False
-    other = await binding.get(there, "k")
-    assert other is not None
-    assert other.value == "bob's"
-
-
-def _modes(path: Path) -> set[int]:
-    files = [Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
-    return {stat.S_IMODE(f.stat().st_mode) for f in files if f.exists()}
-
-
-async def test_sqlite_binding_is_private_and_survives_reopening(private_dir: Path) -> None:
-    path = private_dir / "resources.db"
-    address = ResourceAddress("notes", "user", "ada")
-    async with SqliteResourceBinding(path) as binding:
-        await binding.put(address, "A1", {"text": "VIP"})
-    assert _modes(path) == {0o600}
-    async with SqliteResourceBinding(path) as binding:
-        item = await binding.get(address, "A1")
-        assert item is not None
-        assert item.value == {"text": "VIP"}
-    with pytest.raises(ConfigurationError, match="closed"):
-        await binding.get(address, "A1")
-
-
-def test_sqlite_binding_refuses_unsafe_places(tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o770)
-    with pytest.raises(DecisionHistoryStorageUnsafe, match="writable by group"):
-        SqliteResourceBinding(shared / "resources.db")
-    assert not (shared / "resources.db").exists()
-    with pytest.raises(ConfigurationError, match="exactly one"):
-        SqliteResourceBinding()
-
-
-async def test_sqlite_binding_refuses_another_schema_version(private_dir: Path) -> None:
-    path = private_dir / "resources.db"
-    await SqliteResourceBinding(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'resource_schema_version'")
-    conn.commit()
-    conn.close()
-    with pytest.raises(ConfigurationError, match="version '99'"):
-        SqliteResourceBinding(path)
+# -- bindings (their contract, on every binding: test_resource_bindings.py) ------------------
 
 
 def test_the_runtime_checks_its_binding() -> None:

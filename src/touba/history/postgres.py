@@ -25,32 +25,29 @@ in place: the key answers ``DecisionHistoryBusy`` until
 expired, unreserved conversations are purged on access.
 
 Errors: a connection or schema problem met while opening raises
-``ConfigurationError`` chained to the driver error; a driver error during use
-(server gone, pool closed by its owner) propagates unchanged, and whatever it
-interrupted is in the state the transaction semantics leave it.
+``ConfigurationError`` chained to the driver error; a driver failure during
+use (server gone, broken connection, pool timeout or closed by its owner)
+raises ``DecisionHistoryStoreUnavailable``, chained, and whatever it
+interrupted is in the state the transaction semantics leave it. The pool,
+the schema check and that conversion are shared with the runtime's
+PostgreSQL stores (:mod:`touba.history._pg`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
 import os
-import re
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, LiteralString, Self, TypeVar
 
 try:
-    import psycopg
-    from psycopg import AsyncConnection, IsolationLevel, sql
-    from psycopg.conninfo import conninfo_to_dict
-    from psycopg.rows import tuple_row
-    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+    from psycopg import sql
+    from psycopg_pool import AsyncConnectionPool
 except ImportError as e:  # pragma: no cover - exercised in a test with psycopg hidden
     raise ImportError(
         'touba.history.postgres needs psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
@@ -72,6 +69,12 @@ from touba.history._common import (
     encode_record,
     require_worker_stopped,
 )
+from touba.history._pg import Conn as _Conn
+from touba.history._pg import OwnedPool, Schema, lock_key, table_parts
+from touba.history._pg import Row as _Row
+from touba.history._pg import row as _row
+from touba.history._pg import rows as _rows
+from touba.history._pg import run as _run
 from touba.history._record import join_record
 from touba.history._store import (
     LogOperation,
@@ -88,31 +91,9 @@ __all__ = ["PostgresHistoryStore"]
 T = TypeVar("T")
 
 SCHEMA_VERSION: Final = 1
-_OPEN_TIMEOUT: Final = 10.0
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
-_Row = tuple[Any, ...]
-_Conn = AsyncConnection[Any]
 
 
 # -- names and statements ----------------------------------------------------------------
-
-
-def _table_parts(table: object) -> tuple[str, ...]:
-    """``table`` or ``schema.table`` as identifier parts; anything else is refused."""
-    parts = table.split(".") if isinstance(table, str) else []
-    if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(p) for p in parts):
-        raise ConfigurationError(
-            "table must be a plain identifier such as 'touba_history' or "
-            "'myschema.touba_history' (letters, digits, underscores; at most 48 "
-            f"characters each, not starting with a digit), got {table!r}"
-        )
-    return tuple(parts)
-
-
-def _lock_key(purpose: str, table: str) -> int:
-    """A stable advisory-lock key (signed 64-bit) for one purpose on one table."""
-    digest = hashlib.sha256(f"touba.history.postgres:{purpose}:{table}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 class _Statements:
@@ -122,12 +103,10 @@ class _Statements:
         *schema, name = parts
         t = sql.Identifier(*schema, name)
         m = sql.Identifier(*schema, f"{name}_messages")
-        meta = sql.Identifier(*schema, f"{name}_meta")
-        self.table, self.messages_table, self.meta_table = t, m, meta
+        self.table, self.messages_table = t, m
         names = {
             "t": t,
             "m": m,
-            "meta": meta,
             "t_exp": sql.Identifier(f"{name}_exp_idx"),
             "m_ex": sql.Identifier(f"{name}_msg_ex_idx"),
         }
@@ -165,10 +144,7 @@ class _Statements:
                 " PRIMARY KEY (key, seq))"
             ),
             q("CREATE INDEX {m_ex} ON {m} (key, exchange)"),
-            q("CREATE TABLE {meta} (name text PRIMARY KEY, value text NOT NULL)"),
         ]
-        self.insert_version = q("INSERT INTO {meta} (name, value) VALUES ('schema_version', %s)")
-        self.version = q("SELECT value FROM {meta} WHERE name = 'schema_version'")
 
         # Reservation.
         self.purge_key = q(
@@ -239,27 +215,6 @@ class _Statements:
 
 
 # -- small helpers -----------------------------------------------------------------------
-
-
-async def _rows(
-    conn: _Conn, query: sql.SQL | sql.Composed, params: Sequence[Any] = ()
-) -> list[_Row]:
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(query, params)
-        return await cur.fetchall() if cur.description else []
-
-
-async def _row(
-    conn: _Conn, query: sql.SQL | sql.Composed, params: Sequence[Any] = ()
-) -> _Row | None:
-    rows = await _rows(conn, query, params)
-    return rows[0] if rows else None
-
-
-async def _run(conn: _Conn, query: sql.SQL | sql.Composed, params: Sequence[Any] = ()) -> int:
-    async with conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(query, params)
-        return cur.rowcount
 
 
 def _loads(text: str, key: str) -> Record:
@@ -378,47 +333,32 @@ class PostgresHistoryStore:
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
     ) -> None:
-        if (dsn is None) == (pool is None):
-            raise ConfigurationError(
-                "PostgresHistoryStore takes exactly one of dsn= (a connection string) or "
-                "pool= (a psycopg_pool.AsyncConnectionPool)"
-            )
-        if dsn is not None:
-            if not isinstance(dsn, str):
-                raise ConfigurationError(f"dsn must be a str, got {type(dsn).__name__}")
-            try:
-                conninfo_to_dict(dsn)
-            except psycopg.Error as e:
-                raise ConfigurationError(
-                    f"dsn is not a valid PostgreSQL connection string: {e}"
-                ) from e
-        if pool is not None and not isinstance(pool, AsyncConnectionPool):
-            raise ConfigurationError(
-                f"pool must be a psycopg_pool.AsyncConnectionPool, got {type(pool).__name__}"
-            )
-        parts = _table_parts(table)
+        parts = table_parts(table, example="touba_history")
         check_limits_config(
             max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
         )
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise ConfigurationError(f"worker_id must be a non-empty str, got {worker_id!r}")
+        self._sql = _Statements(parts)
+        self._pg = OwnedPool(
+            "PostgresHistoryStore",
+            dsn=dsn,
+            pool=pool,
+            schema=Schema.of(
+                parts,
+                self._sql.create,
+                version=SCHEMA_VERSION,
+                what="history",
+                mismatch=DecisionHistoryRecordInvalid,
+            ),
+            unavailable=_unavailable,
+        )
         self.table = table
         self.max_sessions = max_sessions
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = float(ttl_seconds)
         self.worker_id = worker_id
-        self._dsn = dsn
-        self._pool = pool
-        self._owns_pool = pool is None
-        self._sql = _Statements(parts)
-        self._capacity_key = _lock_key("capacity", table)
-        self._schema_key = _lock_key("schema", table)
-        self._open_lock = asyncio.Lock()
-        self._users = 0  # calls in progress, which close() lets finish
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._ready = False
-        self._closed = False
+        self._capacity_key = lock_key(f"touba.history.postgres:capacity:{table}")
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -435,147 +375,25 @@ class PostgresHistoryStore:
         await self.close()
 
     async def open(self) -> None:
-        """Connect and create (or check) the tables; idempotent, also done on first use."""
-        self._check_open()
-        if self._ready:
-            return
-        async with self._open_lock:
-            await self._open_locked()
+        """Connect and create (or check) the tables; idempotent, also done on first use.
 
-    async def _open_locked(self) -> None:
-        self._check_open()
-        if self._ready:
-            return
-        try:
-            pool = await self._open_pool()
-            await self._prepare_schema(pool)
-        except BaseException as e:
-            if self._owns_pool:
-                await self._drop_own_pool()
-            if isinstance(e, psycopg.Error):
-                # The one place driver errors become touba errors.
-                raise ConfigurationError(
-                    f"PostgresHistoryStore could not open table {self.table!r}: {e}. "
-                    "Check that the server is reachable, the credentials and database "
-                    "are right, and the role may create tables (or that they exist)"
-                ) from e
-            raise
-        self._ready = True
+        Raises ConfigurationError when the server cannot be reached or the table
+        is not touba's, DecisionHistoryRecordInvalid for another schema version.
+        """
+        await self._pg.open()
 
     async def close(self) -> None:
         """Refuse new calls, let running ones save or release, then close the pool if
         this store created it (a pool given by you stays open)."""
-        self._closed = True
-        await self._idle.wait()
-        async with self._open_lock:
-            self._ready = False
-            if self._owns_pool:
-                await self._drop_own_pool()
+        await self._pg.close()
 
-    async def _open_pool(self) -> AsyncConnectionPool[Any]:
-        if self._pool is not None:
-            if self._pool.closed:
-                raise ConfigurationError(
-                    "the pool given to PostgresHistoryStore is not open: create it with "
-                    "open=False, then `await pool.open()` before using the store"
-                )
-            return self._pool
-        assert self._dsn is not None
-        # One direct connection first: it fails fast with the server's own message,
-        # where a pool would retry quietly until its timeout.
-        options: dict[str, Any] = {}
-        if "connect_timeout" not in conninfo_to_dict(self._dsn):
-            options["connect_timeout"] = int(_OPEN_TIMEOUT)
-        probe = await psycopg.AsyncConnection.connect(self._dsn, **options)
-        await probe.close()
-        self._pool = AsyncConnectionPool(
-            self._dsn,
-            open=False,
-            min_size=1,
-            max_size=4,
-            name=f"touba-history-{self.table}",
-            configure=_configure,
-        )
-        await self._pool.open(wait=True, timeout=_OPEN_TIMEOUT)
-        return self._pool
-
-    async def _drop_own_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-
-    async def _prepare_schema(self, pool: AsyncConnectionPool[Any]) -> None:
-        s = self._sql
-        async with pool.connection() as conn, _read_committed(conn):
-            await _run(conn, s.advisory_lock, (self._schema_key,))
-            found = await _row(
-                conn,
-                sql.SQL(
-                    "SELECT current_setting('server_encoding'), to_regclass(%s), to_regclass(%s)"
-                ),
-                (s.table.as_string(conn), s.meta_table.as_string(conn)),
-            )
-            assert found is not None
-            encoding, table, meta = found
-            if encoding != "UTF8":
-                raise ConfigurationError(
-                    f"the database uses the {encoding} encoding; PostgresHistoryStore needs a "
-                    "UTF8 database to keep any text exactly"
-                )
-            if meta is None and table is not None:
-                raise ConfigurationError(
-                    f"table {self.table!r} exists but is not a touba history table (no "
-                    f"{self.table}_meta); nothing was modified. Choose another table name"
-                )
-            if meta is None:
-                for statement in s.create:
-                    await _run(conn, statement)
-                await _run(conn, s.insert_version, (str(SCHEMA_VERSION),))
-                return
-            row = await _row(conn, s.version)
-            version = None if row is None else row[0]
-            if version != str(SCHEMA_VERSION):
-                raise DecisionHistoryRecordInvalid(
-                    f"table {self.table!r} has touba schema version {version!r}; this touba "
-                    f"reads version {SCHEMA_VERSION}. Upgrade touba or use another table; "
-                    "nothing was modified"
-                )
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ConfigurationError("this PostgresHistoryStore is closed; create a new one")
-
-    @asynccontextmanager
-    async def _using(self) -> AsyncIterator[None]:
+    def _using(self) -> AbstractAsyncContextManager[None]:
         """One public call: refused once closing, awaited by ``close()`` otherwise."""
-        self._check_open()
-        self._users += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._users -= 1
-            if not self._users:
-                self._idle.set()
+        return self._pg.using()
 
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[_Conn]:
+    def _transaction(self) -> AbstractAsyncContextManager[_Conn]:
         """One transaction on a pooled connection (inside :meth:`_using`)."""
-        if not self._ready:
-            await self.open()
-        pool = self._pool
-        if pool is None:  # only a snapshot kept past its operation can get here
-            raise ConfigurationError("this PostgresHistoryStore is closed; create a new one")
-        try:
-            async with pool.connection() as conn, _read_committed(conn):
-                yield conn
-        except (psycopg.OperationalError, PoolTimeout) as e:
-            # The one place driver failures during use become touba errors.
-            raise DecisionHistoryStoreUnavailable(
-                f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; "
-                "a conversation whose reservation could not be released answers "
-                "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
-            ) from e
+        return self._pg.transaction()
 
     # -- reservations -------------------------------------------------------------------
 
@@ -830,20 +648,6 @@ class _Snapshot:
         return _group(rows, self._key)
 
 
-@asynccontextmanager
-async def _read_committed(conn: _Conn) -> AsyncIterator[None]:
-    """One READ COMMITTED transaction, whatever the connection's default."""
-    async with conn.transaction():
-        if conn.isolation_level != IsolationLevel.READ_COMMITTED:
-            # Capacity checks rely on each statement seeing what committed before it.
-            await _run(conn, sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"))
-        yield
-
-
-async def _configure(conn: _Conn) -> None:
-    await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
-
-
 def _parsed_identity(text: str | None) -> dict[str, str] | None:
     """The identity column; a damaged one still lists its row, so it can be deleted."""
     try:
@@ -851,6 +655,14 @@ def _parsed_identity(text: str | None) -> dict[str, str] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
+    return DecisionHistoryStoreUnavailable(
+        f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; "
+        "a conversation whose reservation could not be released answers "
+        "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
+    )
 
 
 def _recovered(key: str) -> Exception:

@@ -40,7 +40,16 @@ async def read_note(order_id: str, resources: Resources) -> str | None:
 
 runtime = touba.Runtime(program, resources=SqliteResourceBinding(filename=...))
 ```
+
+Durable stores: :class:`SqliteCheckpointStore` and :class:`SqliteResourceBinding`
+(a private SQLite file), :class:`PostgresCheckpointStore` and
+:class:`PostgresResourceBinding` (a PostgreSQL table many workers share;
+imported on first use, so psycopg stays optional: ``pip install "touba[postgres]"``).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from touba.runtime._checkpoints import (
     CheckpointInfo,
@@ -66,6 +75,10 @@ from touba.runtime._results import InvocationResult
 from touba.runtime._runtime import Runtime
 from touba.runtime._trace import Trace, TraceEntry
 
+if TYPE_CHECKING:
+    from touba.runtime._checkpoint_postgres import PostgresCheckpointStore
+    from touba.runtime._resource_postgres import PostgresResourceBinding
+
 __all__ = [
     "AgentDefinition",
     "CallStep",
@@ -78,6 +91,8 @@ __all__ = [
     "MemoryCheckpointStore",
     "MemoryResourceBinding",
     "ModelStep",
+    "PostgresCheckpointStore",
+    "PostgresResourceBinding",
     "Program",
     "ResourceAddress",
     "ResourceBinding",
@@ -94,3 +109,15 @@ __all__ = [
     "Trace",
     "TraceEntry",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresCheckpointStore":
+        from touba.runtime._checkpoint_postgres import PostgresCheckpointStore
+
+        return PostgresCheckpointStore
+    if name == "PostgresResourceBinding":
+        from touba.runtime._resource_postgres import PostgresResourceBinding
+
+        return PostgresResourceBinding
+    raise AttributeError(f"module 'touba.runtime' has no attribute {name!r}")

@@ -13,6 +13,25 @@ application's).
   opened with the same file-safety rules as the history store (0600 files,
   no symbolic links, private directory). Not encrypted: checkpoints hold
   the invocation's input, arguments, results and trace.
+- :class:`~touba.runtime.PostgresCheckpointStore`
+  (:mod:`touba.runtime._checkpoint_postgres`): a PostgreSQL table that many
+  workers share.
+
+Every store keeps a checkpoint as its canonical JSON text, so what comes
+back is exactly what was saved; something that is not JSON data (or not
+valid Unicode) is refused with ``ConfigurationError`` before anything is
+written. ``replace`` compares the stored checkpoint's ``revision`` field
+(absent, or not an integer: 0) in the same atomic step that writes, so of
+two replacers holding one revision, only the first can win if it moves the
+revision on. ``list`` gives ``run_id``, ``invocation_id`` and ``agent_ref``
+only when they are strings.
+
+SQLite layout (schema version 1): one row per checkpoint, its body as JSON
+text, ``run_id`` indexed for ``list``. ``updated_at`` was added after
+version 1 first shipped: opening an older file adds the column (NULL, read
+as ``created_at``) and the index, in one transaction. The file stays
+version 1: an older touba keeps reading and writing it (its inserts leave
+``updated_at`` NULL, which reads as their creation time).
 """
 
 from __future__ import annotations
@@ -36,6 +55,11 @@ __all__ = [
     "CheckpointStore",
     "MemoryCheckpointStore",
     "SqliteCheckpointStore",
+    "check_revision",
+    "decode_checkpoint",
+    "duplicate_checkpoint",
+    "encode_checkpoint",
+    "identity_of",
     "revision_of",
     "status_of",
 ]
@@ -47,8 +71,9 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS touba_checkpoints (
         id TEXT PRIMARY KEY, run_id TEXT, invocation_id TEXT, agent_ref TEXT,
-        created_at TEXT NOT NULL, body TEXT NOT NULL)""",
+        created_at TEXT NOT NULL, body TEXT NOT NULL, updated_at TEXT)""",
 )
+_INDEX = "CREATE INDEX IF NOT EXISTS touba_checkpoints_run ON touba_checkpoints (run_id)"
 
 
 CheckpointStatus = Literal["awaiting_approval", "running", "failed"]
@@ -103,30 +128,70 @@ class CheckpointStore(Protocol):
 
 
 def revision_of(checkpoint: dict[str, JSON]) -> int:
+    """The checkpoint's ``revision`` field; 0 when absent or not an integer."""
     value = checkpoint.get("revision", 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def status_of(checkpoint: dict[str, JSON]) -> str:
+    """The checkpoint's ``status`` field; ``"awaiting_approval"`` when absent or not a str."""
     value = checkpoint.get("status", "awaiting_approval")
     return value if isinstance(value, str) else "awaiting_approval"
 
 
-def _encode(checkpoint: dict[str, JSON]) -> str:
+def identity_of(checkpoint: dict[str, JSON]) -> tuple[str | None, str | None, str | None]:
+    """``run_id``, ``invocation_id`` and ``agent_ref``, each None unless it is a str."""
+
+    def text(name: str) -> str | None:
+        value = checkpoint.get(name)
+        return value if isinstance(value, str) else None
+
+    return text("run_id"), text("invocation_id"), text("agent_ref")
+
+
+def check_revision(revision: object) -> int:
+    """``replace``'s ``revision`` argument, refused unless it is an int."""
+    if isinstance(revision, bool) or not isinstance(revision, int):
+        raise ConfigurationError(f"revision must be an int, got {revision!r}")
+    return revision
+
+
+def encode_checkpoint(checkpoint: dict[str, JSON]) -> str:
+    """The canonical JSON text every store keeps; ConfigurationError when it is not JSON."""
     try:
-        return canonical_json(checkpoint)
+        body = canonical_json(checkpoint)
+        body.encode("utf-8")  # a lone surrogate is not text any store can keep
     except (TypeError, ValueError) as e:
         raise ConfigurationError(
             f"a checkpoint must be JSON-serialisable ({e}); capabilities must return JSON data"
         ) from e
+    return body
 
 
-def _duplicate(checkpoint_id: str) -> ConfigurationError:
+def decode_checkpoint(body: str | None) -> dict[str, JSON] | None:
+    """A stored checkpoint's JSON text back as a fresh dict; a damaged one raises
+    ConfigurationError (it cannot be resumed) and is left as it is."""
+    if body is None:
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigurationError("a stored checkpoint is not a JSON object; it cannot be resumed")
+    return value
+
+
+def duplicate_checkpoint(checkpoint_id: str) -> ConfigurationError:
     return ConfigurationError(f"checkpoint {checkpoint_id!r} already exists; ids must be new")
 
 
 class MemoryCheckpointStore:
-    """Checkpoints in this process's memory, lost when it exits. Unbounded."""
+    """Checkpoints in this process's memory, lost when it exits. Unbounded.
+
+    Every method is atomic because none awaits between its read and its
+    write; copies in and out are detached (kept as JSON text).
+    """
 
     durable = False
 
@@ -135,25 +200,34 @@ class MemoryCheckpointStore:
         self._times: dict[str, tuple[str, str]] = {}
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
+        """Store a new checkpoint. ConfigurationError: the id exists, or it is not JSON."""
         if checkpoint_id in self._items:
-            raise _duplicate(checkpoint_id)
-        self._items[checkpoint_id] = _encode(checkpoint)
+            raise duplicate_checkpoint(checkpoint_id)
+        self._items[checkpoint_id] = encode_checkpoint(checkpoint)
         now = datetime.now(UTC).isoformat()
         self._times[checkpoint_id] = (now, now)
 
     async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
-        body = self._items.get(checkpoint_id)
-        return None if body is None else dict(json.loads(body))
+        """A detached copy, or None."""
+        return decode_checkpoint(self._items.get(checkpoint_id))
 
     async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        """Remove and return it; of concurrent takers exactly one gets it, the others None."""
         body = self._items.pop(checkpoint_id, None)  # no await in between: atomic
         self._times.pop(checkpoint_id, None)
-        return None if body is None else dict(json.loads(body))
+        return decode_checkpoint(body)
 
     async def replace(
         self, checkpoint_id: str, checkpoint: dict[str, JSON] | None, *, revision: int
     ) -> bool:
-        body = None if checkpoint is None else _encode(checkpoint)
+        """Compare-and-swap on the stored ``revision`` (see :class:`CheckpointStore`).
+
+        True when it replaced (or, with None, removed) the checkpoint; False,
+        changing nothing, when it is absent or at another revision.
+        ConfigurationError when ``checkpoint`` is not JSON (nothing changed).
+        """
+        check_revision(revision)
+        body = None if checkpoint is None else encode_checkpoint(checkpoint)
         current = self._items.get(checkpoint_id)  # no await until the swap: atomic
         if current is None or revision_of(json.loads(current)) != revision:
             return False
@@ -167,6 +241,8 @@ class MemoryCheckpointStore:
         return True
 
     async def list(self, *, run_id: str | None = None) -> list[CheckpointInfo]:
+        """What each checkpoint is (never its content), oldest first; ``run_id``'s only
+        when given."""
         rows = []
         for checkpoint_id, body in self._items.items():
             info = _info(checkpoint_id, json.loads(body), *self._times[checkpoint_id])
@@ -181,15 +257,12 @@ class MemoryCheckpointStore:
 def _info(
     checkpoint_id: str, checkpoint: dict[str, JSON], created_at: str, updated_at: str
 ) -> CheckpointInfo:
-    def text(name: str) -> str | None:
-        value = checkpoint.get(name)
-        return value if isinstance(value, str) else None
-
+    run_id, invocation_id, agent_ref = identity_of(checkpoint)
     return CheckpointInfo(
         checkpoint_id=checkpoint_id,
-        run_id=text("run_id"),
-        invocation_id=text("invocation_id"),
-        agent_ref=text("agent_ref"),
+        run_id=run_id,
+        invocation_id=invocation_id,
+        agent_ref=agent_ref,
         status=status_of(checkpoint),
         revision=revision_of(checkpoint),
         created_at=created_at,
@@ -207,25 +280,26 @@ class _Db:
         return write(self.conn, job)
 
     def init(self) -> None:
-        _VERSION.install(self.conn, _SCHEMA)
+        _VERSION.install(self.conn, _SCHEMA, migrate=self._migrate)
+
+    def _migrate(self) -> None:
+        """Bring a version 1 file written before ``updated_at`` up to date (see above)."""
+        columns = {row[1] for row in self.conn.execute("PRAGMA table_info(touba_checkpoints)")}
+        if "updated_at" not in columns:
+            self.conn.execute("ALTER TABLE touba_checkpoints ADD COLUMN updated_at TEXT")
+        self.conn.execute(_INDEX)
 
     def save(self, checkpoint_id: str, checkpoint: dict[str, JSON], body: str) -> None:
         def job() -> None:
+            now = datetime.now(UTC).isoformat()
             try:
                 self.conn.execute(
                     "INSERT INTO touba_checkpoints (id, run_id, invocation_id, agent_ref, "
-                    "created_at, body) VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        checkpoint_id,
-                        checkpoint.get("run_id"),
-                        checkpoint.get("invocation_id"),
-                        checkpoint.get("agent_ref"),
-                        datetime.now(UTC).isoformat(),
-                        body,
-                    ),
+                    "created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (checkpoint_id, *identity_of(checkpoint), now, now, body),
                 )
             except sqlite3.IntegrityError as e:
-                raise _duplicate(checkpoint_id) from e
+                raise duplicate_checkpoint(checkpoint_id) from e
 
         self._write(job)
 
@@ -243,14 +317,41 @@ class _Db:
 
         return self._write(job)
 
+    def replace(
+        self,
+        checkpoint_id: str,
+        checkpoint: dict[str, JSON] | None,
+        body: str | None,
+        revision: int,
+    ) -> bool:
+        # BEGIN IMMEDIATE holds the file's write lock from the read to the write, so no
+        # other connection (or process) can change the row in between; comparing in
+        # Python applies revision_of exactly as the other stores do.
+        def job() -> bool:
+            current = decode_checkpoint(self.get(checkpoint_id))
+            if current is None or revision_of(current) != revision:
+                return False
+            if checkpoint is None or body is None:
+                self.conn.execute("DELETE FROM touba_checkpoints WHERE id = ?", (checkpoint_id,))
+            else:
+                self.conn.execute(
+                    "UPDATE touba_checkpoints SET run_id = ?, invocation_id = ?, agent_ref = ?, "
+                    "updated_at = ?, body = ? WHERE id = ?",
+                    (*identity_of(checkpoint), datetime.now(UTC).isoformat(), body, checkpoint_id),
+                )
+            return True
 
-def _decode(body: str | None) -> dict[str, JSON] | None:
-    if body is None:
-        return None
-    value = json.loads(body)
-    if not isinstance(value, dict):
-        raise ConfigurationError("a stored checkpoint is not a JSON object; it cannot be resumed")
-    return value
+        return self._write(job)
+
+    def list(self, run_id: str | None) -> list[tuple[str, str, str, str]]:
+        columns = "SELECT id, body, created_at, COALESCE(updated_at, created_at)"
+        if run_id is None:
+            query = self.conn.execute(f"{columns} FROM touba_checkpoints ORDER BY rowid")
+        else:
+            query = self.conn.execute(
+                f"{columns} FROM touba_checkpoints WHERE run_id = ? ORDER BY rowid", (run_id,)
+            )
+        return [(str(a), str(b), str(c), str(d)) for a, b, c, d in query.fetchall()]
 
 
 def _build(conn: sqlite3.Connection) -> _Db:
@@ -270,8 +371,16 @@ class SqliteCheckpointStore:
     ``sqlite3.Connection`` made with ``check_same_thread=False``, whose
     closing and file protection stay yours). The file may be the history
     store's. One thread owns the connection; close with ``close()`` or
-    ``async with``.
+    ``async with``. A file of another checkpoint schema version raises
+    ConfigurationError at construction, untouched.
+
+    Every write is one ``BEGIN IMMEDIATE`` transaction, so ``take`` and
+    ``replace`` are atomic across connections and processes. A connection
+    that waits longer than ``timeout`` seconds for the file's lock raises
+    ``sqlite3.OperationalError`` ("database is locked"), having changed nothing.
     """
+
+    durable = True
 
     def __init__(
         self,
@@ -294,17 +403,54 @@ class SqliteCheckpointStore:
         return await self._sqlite.run(job)
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
-        body = _encode(checkpoint)
+        """Store a new checkpoint, committed when this returns.
+
+        ConfigurationError: the id exists (in any process's save), or the
+        checkpoint is not JSON data; nothing is written then.
+        """
+        body = encode_checkpoint(checkpoint)
         await self._run(lambda: self._db.save(checkpoint_id, checkpoint, body))
 
     async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
-        return _decode(await self._run(lambda: self._db.get(checkpoint_id)))
+        """A detached copy, or None. ConfigurationError for a damaged row."""
+        return decode_checkpoint(await self._run(lambda: self._db.get(checkpoint_id)))
 
     async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
-        return _decode(await self._run(lambda: self._db.take(checkpoint_id)))
+        """Remove and return it in one transaction: of concurrent takers, in this
+        process or others, exactly one gets it and the others None."""
+        return decode_checkpoint(await self._run(lambda: self._db.take(checkpoint_id)))
+
+    async def replace(
+        self, checkpoint_id: str, checkpoint: dict[str, JSON] | None, *, revision: int
+    ) -> bool:
+        """Compare-and-swap on the stored ``revision`` (see :class:`CheckpointStore`),
+        atomic across processes.
+
+        True when it replaced (or, with None, removed) the checkpoint; False,
+        changing nothing, when it is absent or at another revision. Never
+        creates one. ConfigurationError when ``checkpoint`` is not JSON or the
+        stored row is damaged (nothing changed).
+        """
+        check_revision(revision)
+        body = None if checkpoint is None else encode_checkpoint(checkpoint)
+        return await self._run(lambda: self._db.replace(checkpoint_id, checkpoint, body, revision))
+
+    async def list(self, *, run_id: str | None = None) -> list[CheckpointInfo]:
+        """What each checkpoint is (never its content), oldest first; ``run_id``'s only
+        when given. ConfigurationError when a row is damaged."""
+        rows = await self._run(lambda: self._db.list(run_id))
+        out = []
+        for checkpoint_id, body, created_at, updated_at in rows:
+            checkpoint = decode_checkpoint(body)
+            assert checkpoint is not None
+            info = _info(checkpoint_id, checkpoint, created_at, updated_at)
+            if run_id is None or info.run_id == run_id:  # rows of older files kept raw ids
+                out.append(info)
+        return out
 
     async def close(self) -> None:
-        """Close the connection it opened and stop its thread."""
+        """Close the connection it opened (never one given as ``database``) and stop its
+        thread. Idempotent; later calls raise ConfigurationError."""
         await self._sqlite.close()
 
     async def __aenter__(self) -> Self:

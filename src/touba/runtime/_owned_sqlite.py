@@ -58,13 +58,23 @@ class SchemaVersion:
                 "not modified"
             )
 
-    def install(self, conn: sqlite3.Connection, statements: Sequence[str]) -> None:
-        """Check, then create the tables and record the version, in one transaction."""
+    def install(
+        self,
+        conn: sqlite3.Connection,
+        statements: Sequence[str],
+        *,
+        migrate: Callable[[], None] | None = None,
+    ) -> None:
+        """Check, then create the tables, run ``migrate`` (additive changes that keep
+        the version readable by older touba) and record the version, in one
+        transaction."""
 
         def job() -> None:
             self.check(conn)
             for statement in statements:
                 conn.execute(statement)
+            if migrate is not None:
+                migrate()
             conn.execute(
                 "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
                 (self.name, str(self.version)),

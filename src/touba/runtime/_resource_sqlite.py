@@ -131,24 +131,32 @@ class SqliteResourceBinding:
         return await self._sqlite.run(job)
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
+        """The item under ``key`` (a detached copy), or None."""
         row = await self._run(lambda: self._db.get(address, key))
         if row is None:
             return None
         return ResourceItem(key, json.loads(row[0]), datetime.fromisoformat(row[1]))
 
     async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
+        """Store ``value`` under ``key`` in one transaction, replacing any value there;
+        the item as stored. ``sqlite3.OperationalError`` ("database is locked") when
+        the file stays locked past ``timeout``, with nothing written."""
         text, at = canonical_json(value), datetime.now(UTC)
         await self._run(lambda: self._db.put(address, key, text, at.isoformat()))
         return ResourceItem(key, json.loads(text), at)
 
     async def delete(self, address: ResourceAddress, key: str) -> bool:
+        """Remove ``key`` in one transaction; False when it was not there (of concurrent
+        deleters, in any process, exactly one gets True)."""
         return await self._run(lambda: self._db.delete(address, key))
 
     async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
+        """The keys starting with ``prefix``, sorted by code point, at most ``limit``."""
         return await self._run(lambda: self._db.keys(address, prefix, limit))
 
     async def close(self) -> None:
-        """Close the connection it opened and stop its thread."""
+        """Close the connection it opened (never one given as ``database``) and stop its
+        thread. Idempotent; later calls raise ConfigurationError."""
         await self._sqlite.close()
 
     async def __aenter__(self) -> Self:

@@ -51,7 +51,9 @@ runtime = Runtime(program, resources=SqliteResourceBinding(filename=".touba/reso
 Bindings implement :class:`ResourceBinding` (``get``, ``put``, ``delete``,
 ``keys`` by :class:`ResourceAddress` and key): :class:`MemoryResourceBinding`
 (the runtime's default, this process only, unbounded in count) and
-:class:`~touba.runtime.SqliteResourceBinding` (a private SQLite file).
+:class:`~touba.runtime.SqliteResourceBinding` (a private SQLite file) and
+:class:`~touba.runtime.PostgresResourceBinding` (a PostgreSQL table many
+workers share).
 """
 
 from __future__ import annotations
@@ -122,8 +124,10 @@ class ResourceItem:
 class ResourceBinding(Protocol):
     """The host's storage of resources. Values are JSON data; return detached copies.
 
-    ``keys`` lists the keys under ``address`` that start with ``prefix``,
-    sorted, at most ``limit`` of them.
+    ``put`` and ``delete`` are each atomic: a reader sees the old value or
+    the new one, never a mix, and of concurrent deleters of one key exactly
+    one gets True. ``keys`` lists the keys under ``address`` that start with
+    ``prefix`` (literally), sorted by code point, at most ``limit`` of them.
     """
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None: ...
@@ -151,17 +155,20 @@ class MemoryResourceBinding:
         self._items: dict[ResourceAddress, dict[str, tuple[str, datetime]]] = {}
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
+        """The item under ``key`` (a detached copy), or None."""
         found = self._items.get(address, {}).get(key)
         if found is None:
             return None
         return ResourceItem(key, json.loads(found[0]), found[1])
 
     async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
+        """Store ``value`` under ``key``, replacing any value there; the item as stored."""
         text, at = canonical_json(value), datetime.now(UTC)
         self._items.setdefault(address, {})[key] = (text, at)
         return ResourceItem(key, json.loads(text), at)
 
     async def delete(self, address: ResourceAddress, key: str) -> bool:
+        """Remove ``key``; False when it was not there."""
         items = self._items.get(address)
         if items is None or key not in items:
             return False
@@ -171,6 +178,7 @@ class MemoryResourceBinding:
         return True
 
     async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
+        """The keys starting with ``prefix``, sorted by code point, at most ``limit``."""
         found = sorted(k for k in self._items.get(address, {}) if k.startswith(prefix))
         return found[:limit]
 

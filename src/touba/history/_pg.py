@@ -1,0 +1,381 @@
+"""What touba's PostgreSQL stores share: names, the pool, the schema check, one transaction.
+
+Used by :mod:`touba.history.postgres` and the runtime's PostgreSQL stores
+(checkpoints, resources); it sits in ``history`` because that is the lowest
+layer with a PostgreSQL store, as :mod:`touba.history._files` does for SQLite.
+
+- **Names.** A table is ``name`` or ``schema.name``, each part a plain
+  identifier, always composed with ``psycopg.sql.Identifier`` (never
+  formatted into SQL text). Derived names (``<table>_meta``, indexes) keep
+  the same parts.
+- **Pool.** Either the host's ``AsyncConnectionPool`` (it opens and closes
+  it) or one made from ``dsn``: one direct connection first, which fails
+  fast with the server's own message where a pool would retry quietly until
+  its timeout, then a pool of 1 to 4 connections that the store closes.
+- **Schema.** ``<table>_meta`` holds the schema version. Tables are created
+  on first use under a transaction-level advisory lock, so concurrent
+  openers create them once. A table of that name without its ``_meta``, or
+  of another version, is refused and left untouched.
+- **Transactions.** Each call is one READ COMMITTED transaction, whatever
+  the connection's default.
+- **Errors.** A driver error while opening is a ``ConfigurationError``; a
+  lost server, a pool timeout or a broken connection during use becomes the
+  store's own transient error, in :meth:`OwnedPool.transaction` only, chained
+  with ``raise ... from``.
+- **Closing.** ``close()`` refuses new calls, lets running ones finish, then
+  closes the pool it made (never the host's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+try:
+    import psycopg
+    from psycopg import AsyncConnection, IsolationLevel, sql
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import tuple_row
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'touba\'s PostgreSQL stores need psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
+    ) from e
+
+from touba.errors import ConfigurationError, ToubaError
+
+__all__ = [
+    "FAILURES",
+    "Conn",
+    "OwnedPool",
+    "Row",
+    "Schema",
+    "check_source",
+    "has_nul",
+    "lock_key",
+    "read_committed",
+    "row",
+    "rows",
+    "run",
+    "table_parts",
+]
+
+OPEN_TIMEOUT: Final = 10.0
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
+Row = tuple[Any, ...]
+Conn = AsyncConnection[Any]
+Query = sql.SQL | sql.Composed
+
+#: Driver failures during use that mean "the server or the link failed, retry later".
+#: ``PoolTimeout`` and ``PoolClosed`` are ``OperationalError`` subclasses.
+FAILURES: Final = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+def table_parts(table: object, *, example: str) -> tuple[str, ...]:
+    """``table`` or ``schema.table`` as identifier parts; anything else is refused."""
+    parts = table.split(".") if isinstance(table, str) else []
+    if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(p) for p in parts):
+        raise ConfigurationError(
+            f"table must be a plain identifier such as {example!r} or "
+            f"'myschema.{example}' (letters, digits, underscores; at most 48 "
+            f"characters each, not starting with a digit), got {table!r}"
+        )
+    return tuple(parts)
+
+
+def lock_key(text: str) -> int:
+    """A stable advisory-lock key (signed 64-bit) named by ``text``."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def has_nul(*values: object) -> bool:
+    """True when a str among ``values`` holds NUL, which PostgreSQL text cannot store."""
+    return any(isinstance(v, str) and "\x00" in v for v in values)
+
+
+def check_source(owner: str, dsn: object, pool: object) -> None:
+    """Refuse, at construction, anything but exactly one valid ``dsn`` or open-able pool."""
+    if (dsn is None) == (pool is None):
+        raise ConfigurationError(
+            f"{owner} takes exactly one of dsn= (a connection string) or "
+            "pool= (a psycopg_pool.AsyncConnectionPool)"
+        )
+    if dsn is not None:
+        if not isinstance(dsn, str):
+            raise ConfigurationError(f"dsn must be a str, got {type(dsn).__name__}")
+        try:
+            conninfo_to_dict(dsn)
+        except psycopg.Error as e:
+            raise ConfigurationError(f"dsn is not a valid PostgreSQL connection string: {e}") from e
+    if pool is not None and not isinstance(pool, AsyncConnectionPool):
+        raise ConfigurationError(
+            f"pool must be a psycopg_pool.AsyncConnectionPool, got {type(pool).__name__}"
+        )
+
+
+async def rows(conn: Conn, query: Query, params: Sequence[Any] = ()) -> list[Row]:
+    """Every row ``query`` returns (none for a statement without result)."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def row(conn: Conn, query: Query, params: Sequence[Any] = ()) -> Row | None:
+    """The first row ``query`` returns, or None."""
+    found = await rows(conn, query, params)
+    return found[0] if found else None
+
+
+async def run(conn: Conn, query: Query, params: Sequence[Any] = ()) -> int:
+    """Execute ``query``; the number of rows it touched."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(query, params)
+        return cur.rowcount
+
+
+@asynccontextmanager
+async def read_committed(conn: Conn) -> AsyncIterator[None]:
+    """One READ COMMITTED transaction, whatever the connection's default."""
+    async with conn.transaction():
+        if conn.isolation_level != IsolationLevel.READ_COMMITTED:
+            # Every store relies on each statement seeing what committed before it.
+            await run(conn, sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+        yield
+
+
+async def _configure(conn: Conn) -> None:
+    await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """A store's tables: created once, or checked and refused untouched.
+
+    ``table`` is the name as the host gave it (for messages), ``main`` the
+    table whose presence without ``meta`` marks a foreign table, ``create``
+    the statements making every table but ``meta``, ``what`` the kind of
+    data ("history", "checkpoint"), ``lock`` the advisory lock serialising
+    openers, ``mismatch`` the error for another schema version.
+    """
+
+    table: str
+    main: sql.Identifier
+    meta: sql.Identifier
+    create: Sequence[Query]
+    version: int
+    what: str
+    lock: int
+    mismatch: type[ToubaError] = ConfigurationError
+
+    @classmethod
+    def of(
+        cls,
+        parts: tuple[str, ...],
+        create: Sequence[Query],
+        *,
+        version: int,
+        what: str,
+        mismatch: type[ToubaError] = ConfigurationError,
+    ) -> Schema:
+        """The schema whose main table is ``parts`` (``create`` makes every table but
+        ``<table>_meta``, which :meth:`prepare` makes)."""
+        *schema, name = parts
+        table = ".".join(parts)
+        return cls(
+            table=table,
+            main=sql.Identifier(*schema, name),
+            meta=sql.Identifier(*schema, f"{name}_meta"),
+            create=create,
+            version=version,
+            what=what,
+            lock=lock_key(f"touba.{what}.postgres:schema:{table}"),
+            mismatch=mismatch,
+        )
+
+    async def prepare(self, conn: Conn, owner: str) -> None:
+        """Create the tables, or check the ones there; in the caller's transaction."""
+        await run(conn, sql.SQL("SELECT pg_advisory_xact_lock(%s)"), (self.lock,))
+        found = await row(
+            conn,
+            sql.SQL("SELECT current_setting('server_encoding'), to_regclass(%s), to_regclass(%s)"),
+            (self.main.as_string(conn), self.meta.as_string(conn)),
+        )
+        assert found is not None
+        encoding, main, meta = found
+        if encoding != "UTF8":
+            raise ConfigurationError(
+                f"the database uses the {encoding} encoding; {owner} needs a UTF8 database to "
+                "keep any text exactly"
+            )
+        if meta is None and main is not None:
+            raise ConfigurationError(
+                f"table {self.table!r} exists but is not a touba {self.what} table (no "
+                f"{self.table}_meta); nothing was modified. Choose another table name"
+            )
+        if meta is None:
+            for statement in self.create:
+                await run(conn, statement)
+            create = sql.SQL("CREATE TABLE {} (name text PRIMARY KEY, value text NOT NULL)")
+            await run(conn, create.format(self.meta))
+            insert = sql.SQL("INSERT INTO {} (name, value) VALUES ('schema_version', %s)")
+            await run(conn, insert.format(self.meta), (str(self.version),))
+            return
+        query = sql.SQL("SELECT value FROM {} WHERE name = 'schema_version'").format(self.meta)
+        stored = await row(conn, query)
+        version = None if stored is None else stored[0]
+        if version != str(self.version):
+            raise self.mismatch(
+                f"table {self.table!r} has touba {self.what} schema version {version!r}; this "
+                f"touba reads version {self.version}. Upgrade touba or use another table; "
+                "nothing was modified"
+            )
+
+
+class OwnedPool:
+    """A store's pool (its own or the host's), its checked schema and its calls in progress.
+
+    ``unavailable`` turns a driver failure during use into the store's typed
+    error; it is called in :meth:`transaction` only.
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        *,
+        dsn: str | None,
+        pool: AsyncConnectionPool[Any] | None,
+        schema: Schema,
+        unavailable: Callable[[Exception], ToubaError],
+    ) -> None:
+        check_source(owner, dsn, pool)
+        self._owner = owner
+        self._dsn = dsn
+        self._pool = pool
+        self._owns_pool = pool is None
+        self._schema = schema
+        self._unavailable = unavailable
+        self._open_lock = asyncio.Lock()
+        self._users = 0  # calls in progress, which close() lets finish
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ready = False
+        self._closed = False
+
+    def check_open(self) -> None:
+        """Raise ConfigurationError once ``close()`` has begun."""
+        if self._closed:
+            raise ConfigurationError(f"this {self._owner} is closed; create a new one")
+
+    async def open(self) -> None:
+        """Connect and create (or check) the tables; idempotent.
+
+        Raises ConfigurationError (the driver's error chained) when the server
+        cannot be reached or the tables cannot be created, and the schema's
+        error for a foreign table or another version.
+        """
+        self.check_open()
+        if self._ready:
+            return
+        async with self._open_lock:
+            await self._open_locked()
+
+    async def _open_locked(self) -> None:
+        self.check_open()
+        if self._ready:  # another caller opened it while this one waited
+            return
+        try:
+            pool = await self._open_pool()
+            async with pool.connection() as conn, read_committed(conn):
+                await self._schema.prepare(conn, self._owner)
+        except BaseException as e:
+            if self._owns_pool:
+                await self._drop_own_pool()
+            if isinstance(e, psycopg.Error):
+                # The one place driver errors while opening become touba errors.
+                raise ConfigurationError(
+                    f"{self._owner} could not open table {self._schema.table!r}: {e}. "
+                    "Check that the server is reachable, the credentials and database "
+                    "are right, and the role may create tables (or that they exist)"
+                ) from e
+            raise
+        self._ready = True
+
+    async def close(self) -> None:
+        """Refuse new calls, let running ones finish, then close the pool if it was
+        made here (a pool given by the host stays open). Idempotent."""
+        self._closed = True
+        await self._idle.wait()
+        async with self._open_lock:
+            self._ready = False
+            if self._owns_pool:
+                await self._drop_own_pool()
+
+    async def _open_pool(self) -> AsyncConnectionPool[Any]:
+        if self._pool is not None:
+            if self._pool.closed:
+                raise ConfigurationError(
+                    f"the pool given to {self._owner} is not open: create it with open=False, "
+                    "then `await pool.open()` before using the store"
+                )
+            return self._pool
+        assert self._dsn is not None
+        options: dict[str, Any] = {}
+        if "connect_timeout" not in conninfo_to_dict(self._dsn):
+            options["connect_timeout"] = int(OPEN_TIMEOUT)
+        probe = await psycopg.AsyncConnection.connect(self._dsn, **options)  # fails fast
+        await probe.close()
+        self._pool = AsyncConnectionPool(
+            self._dsn,
+            open=False,
+            min_size=1,
+            max_size=4,
+            name=f"touba-{self._schema.what}-{self._schema.table}",
+            configure=_configure,
+        )
+        await self._pool.open(wait=True, timeout=OPEN_TIMEOUT)
+        return self._pool
+
+    async def _drop_own_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    @asynccontextmanager
+    async def using(self) -> AsyncIterator[None]:
+        """One public call: refused once closing, awaited by ``close()`` otherwise."""
+        self.check_open()
+        self._users += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._users -= 1
+            if not self._users:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        """One READ COMMITTED transaction on a pooled connection, opening first if needed.
+
+        A driver failure (server gone, broken connection, pool timeout) raises
+        the store's ``unavailable`` error, chained; the transaction was rolled
+        back, unless the link failed during its COMMIT, when it may have
+        committed.
+        """
+        if not self._ready:
+            await self.open()
+        pool = self._pool
+        if pool is None:  # only a caller that outlived close() can get here
+            raise ConfigurationError(f"this {self._owner} is closed; create a new one")
+        try:
+            async with pool.connection() as conn, read_committed(conn):
+                yield conn
+        except FAILURES as e:
+            # The one place driver failures during use become touba errors.
+            raise self._unavailable(e) from e

@@ -1,0 +1,298 @@
+"""``PostgresCheckpointStore``: checkpoints in a PostgreSQL table that many workers share.
+
+Layout (schema version 1), every name derived from ``table`` and quoted with
+``psycopg.sql.Identifier``:
+
+- ``<table>``: one row per checkpoint. ``body`` is the checkpoint as the
+  canonical JSON text every checkpoint store keeps (``text``, not ``jsonb``:
+  jsonb would reorder keys and refuse ``\\u0000``). ``run_id``,
+  ``invocation_id``, ``agent_ref``, ``status`` and ``revision`` are copied
+  from the body on every write, for ``list`` and the compare-and-swap;
+  ``created_at`` and ``updated_at`` come from the server's clock; ``seq``
+  numbers the rows in creation order, which ``list`` follows. An index on
+  ``(run_id, seq)`` serves ``list(run_id=...)``.
+- ``<table>_meta``: the schema version. A table of another version, or a
+  table of that name that is not touba's, is refused untouched
+  (ConfigurationError).
+
+Atomicity: each method is one statement in one READ COMMITTED transaction,
+and no transaction stays open between calls. ``save`` inserts only if the id
+is new; ``take`` is ``DELETE ... RETURNING``, so of concurrent takers in any
+number of processes exactly one gets the row (the others wait on its lock,
+then find nothing); ``replace`` is ``UPDATE``/``DELETE ... WHERE id = %s AND
+revision = %s``, and a replacer that waited on the row re-checks the
+revision the winner committed. A worker killed during a call leaves the
+server to roll its transaction back: a checkpoint is always as its last
+committed write.
+
+PostgreSQL text cannot hold NUL: an id, ``run_id``, ``invocation_id``,
+``agent_ref`` or ``status`` containing ``\\x00`` is refused with
+ConfigurationError before anything is written (lookups of such an id find
+nothing). A revision must fit in 64 bits.
+
+Errors: a connection or schema problem while opening raises
+``ConfigurationError`` chained to the driver's error; a lost server, broken
+connection or pool timeout during use raises ``CheckpointStoreUnavailable``
+(transient), chained. Pool, schema check and that conversion are the ones
+every touba PostgreSQL store shares (:mod:`touba.history._pg`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, LiteralString, Self
+
+try:
+    from psycopg import sql
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as e:  # pragma: no cover - exercised in a test with psycopg hidden
+    raise ImportError(
+        "touba.runtime.PostgresCheckpointStore needs psycopg 3 and psycopg-pool: "
+        'pip install "touba[postgres]"'
+    ) from e
+
+from touba.errors import CheckpointStoreUnavailable, ConfigurationError
+from touba.history._model import JSON
+from touba.history._pg import OwnedPool, Row, Schema, has_nul, row, rows, run, table_parts
+from touba.runtime._checkpoints import (
+    CheckpointInfo,
+    check_revision,
+    decode_checkpoint,
+    duplicate_checkpoint,
+    encode_checkpoint,
+    identity_of,
+    revision_of,
+    status_of,
+)
+
+__all__ = ["SCHEMA_VERSION", "PostgresCheckpointStore"]
+
+SCHEMA_VERSION: Final = 1
+_INT64: Final = range(-(2**63), 2**63)
+
+
+class _Statements:
+    """Every statement of the store, composed once from the table's identifiers."""
+
+    def __init__(self, parts: tuple[str, ...]) -> None:
+        *schema, name = parts
+        names = {
+            "t": sql.Identifier(*schema, name),
+            "run_idx": sql.Identifier(f"{name}_run_idx"),
+        }
+
+        def q(text: LiteralString) -> sql.Composed:
+            return sql.SQL(text).format(**names)
+
+        self.create = [
+            q(
+                "CREATE TABLE {t} ("
+                " id text PRIMARY KEY,"
+                " seq bigint GENERATED ALWAYS AS IDENTITY,"
+                " run_id text,"
+                " invocation_id text,"
+                " agent_ref text,"
+                " status text NOT NULL,"
+                " revision bigint NOT NULL,"
+                " created_at timestamptz NOT NULL,"
+                " updated_at timestamptz NOT NULL,"
+                " body text NOT NULL)"
+            ),
+            q("CREATE INDEX {run_idx} ON {t} (run_id, seq)"),
+        ]
+        self.insert = q(
+            "INSERT INTO {t} (id, run_id, invocation_id, agent_ref, status, revision,"
+            " created_at, updated_at, body) VALUES (%s, %s, %s, %s, %s, %s, now(), now(), %s)"
+            " ON CONFLICT (id) DO NOTHING"
+        )
+        self.get = q("SELECT body FROM {t} WHERE id = %s")
+        self.take = q("DELETE FROM {t} WHERE id = %s RETURNING body")
+        self.replace = q(
+            "UPDATE {t} SET run_id = %s, invocation_id = %s, agent_ref = %s, status = %s,"
+            " revision = %s, updated_at = now(), body = %s WHERE id = %s AND revision = %s"
+        )
+        self.remove = q("DELETE FROM {t} WHERE id = %s AND revision = %s")
+        columns = (
+            "SELECT id, run_id, invocation_id, agent_ref, status, revision, created_at,"
+            " updated_at FROM {t}"
+        )
+        self.list_all = q(columns + " ORDER BY seq")
+        self.list_run = q(columns + " WHERE run_id = %s ORDER BY seq")
+
+
+def _fields(checkpoint_id: str, checkpoint: dict[str, JSON]) -> tuple[Any, ...]:
+    """The columns copied from ``checkpoint``, refused when PostgreSQL cannot keep them."""
+    identity = identity_of(checkpoint)
+    status, revision = status_of(checkpoint), revision_of(checkpoint)
+    if has_nul(checkpoint_id, *identity, status):
+        raise ConfigurationError(
+            "PostgreSQL text cannot hold NUL (\\x00): the checkpoint id, run_id, "
+            "invocation_id, agent_ref and status must not contain it; nothing was written"
+        )
+    if revision not in _INT64:
+        raise ConfigurationError(
+            f"a checkpoint's revision must fit in 64 bits, got {revision}; nothing was written"
+        )
+    return (*identity, status, revision)
+
+
+def _unavailable(e: Exception) -> CheckpointStoreUnavailable:
+    return CheckpointStoreUnavailable(
+        f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; the "
+        "operation was rolled back unless the connection broke while it committed "
+        "(store.get tells)"
+    )
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat()
+
+
+def _info(found: Row) -> CheckpointInfo:
+    checkpoint_id, run_id, invocation_id, agent_ref, status, revision, created, updated = found
+    return CheckpointInfo(
+        checkpoint_id=checkpoint_id,
+        run_id=run_id,
+        invocation_id=invocation_id,
+        agent_ref=agent_ref,
+        status=status,
+        revision=revision,
+        created_at=_iso(created),
+        updated_at=_iso(updated),
+    )
+
+
+class PostgresCheckpointStore:
+    """Checkpoints in PostgreSQL, durable and shared by every worker using the table.
+
+    Give exactly one of ``dsn`` (the store creates, opens and closes its own
+    pool of 1 to 4 connections) or ``pool`` (a
+    ``psycopg_pool.AsyncConnectionPool`` you open and close). ``table`` is a
+    plain identifier, optionally schema-qualified (``"app.checkpoints"``);
+    anything else raises ConfigurationError at construction. Tables are
+    created on first use, or by ``await store.open()`` (``async with`` opens
+    too). Not encrypted: checkpoints hold the invocation's input, arguments,
+    results and trace.
+    """
+
+    durable = True
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        table: str = "touba_checkpoints",
+    ) -> None:
+        parts = table_parts(table, example="touba_checkpoints")
+        self._sql = _Statements(parts)
+        self._pg = OwnedPool(
+            "PostgresCheckpointStore",
+            dsn=dsn,
+            pool=pool,
+            schema=Schema.of(parts, self._sql.create, version=SCHEMA_VERSION, what="checkpoint"),
+            unavailable=_unavailable,
+        )
+        self.table = table
+
+    async def open(self) -> None:
+        """Connect and create (or check) the tables; idempotent, also done on first use.
+
+        ConfigurationError when the server cannot be reached (the driver's
+        error chained), the table is not touba's or of another schema version
+        (left untouched), or the store is closed.
+        """
+        await self._pg.open()
+
+    async def close(self) -> None:
+        """Refuse new calls, let running ones finish, then close the pool if this store
+        made it (a pool given by you stays open). Idempotent; later calls raise
+        ConfigurationError."""
+        await self._pg.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
+        """Store a new checkpoint, committed when this returns.
+
+        ConfigurationError, with nothing written: the id exists (whoever saved
+        it), the checkpoint is not JSON data, or a field cannot be kept (see
+        the module notes). CheckpointStoreUnavailable when the server fails.
+        """
+        body = encode_checkpoint(checkpoint)
+        fields = _fields(checkpoint_id, checkpoint)
+        async with self._pg.using(), self._pg.transaction() as conn:
+            inserted = await run(conn, self._sql.insert, (checkpoint_id, *fields, body))
+        if not inserted:
+            raise duplicate_checkpoint(checkpoint_id)
+
+    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        """A detached copy, or None. CheckpointStoreUnavailable when the server fails."""
+        if has_nul(checkpoint_id):
+            return None
+        async with self._pg.using(), self._pg.transaction() as conn:
+            found = await row(conn, self._sql.get, (checkpoint_id,))
+        return None if found is None else decode_checkpoint(found[0])
+
+    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        """Remove and return it in one statement: of concurrent takers, in any number of
+        processes, exactly one gets it and the others None.
+
+        CheckpointStoreUnavailable when the server fails: the checkpoint is
+        then still there, unless the connection broke while committing.
+        """
+        if has_nul(checkpoint_id):
+            return None
+        async with self._pg.using(), self._pg.transaction() as conn:
+            found = await row(conn, self._sql.take, (checkpoint_id,))
+        return None if found is None else decode_checkpoint(found[0])
+
+    async def replace(
+        self, checkpoint_id: str, checkpoint: dict[str, JSON] | None, *, revision: int
+    ) -> bool:
+        """Compare-and-swap on the stored ``revision`` (see
+        :class:`~touba.runtime.CheckpointStore`), atomic across workers.
+
+        True when it replaced (or, with None, removed) the checkpoint; False,
+        changing nothing, when it is absent or at another revision. Never
+        creates one. ConfigurationError when ``checkpoint`` is not JSON or a
+        field cannot be kept (nothing changed); CheckpointStoreUnavailable
+        when the server fails.
+        """
+        check_revision(revision)
+        if checkpoint is None:
+            body, fields = None, ()
+        else:
+            body, fields = encode_checkpoint(checkpoint), _fields(checkpoint_id, checkpoint)
+        if has_nul(checkpoint_id) or revision not in _INT64:
+            return False  # no stored checkpoint can have that id or revision
+        async with self._pg.using(), self._pg.transaction() as conn:
+            if body is None:
+                changed = await run(conn, self._sql.remove, (checkpoint_id, revision))
+            else:
+                params = (*fields, body, checkpoint_id, revision)
+                changed = await run(conn, self._sql.replace, params)
+        return changed > 0
+
+    async def list(self, *, run_id: str | None = None) -> list[CheckpointInfo]:
+        """What each checkpoint is (never its content), oldest first; ``run_id``'s only
+        when given. CheckpointStoreUnavailable when the server fails."""
+        if run_id is not None and has_nul(run_id):
+            return []
+        async with self._pg.using(), self._pg.transaction() as conn:
+            if run_id is None:
+                found = await rows(conn, self._sql.list_all)
+            else:
+                found = await rows(conn, self._sql.list_run, (run_id,))
+        return [_info(r) for r in found]

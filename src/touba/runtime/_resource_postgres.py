@@ -1,0 +1,211 @@
+"""``PostgresResourceBinding``: business resources in a PostgreSQL table many workers share.
+
+Layout (schema version 1), every name derived from ``table`` and quoted with
+``psycopg.sql.Identifier``: ``<table>`` holds one row per item, keyed by
+(resource, scope, scope_key, key), the value as compact JSON text (as the
+other bindings keep it) and ``updated_at`` from the server's clock;
+``<table>_meta`` holds the schema version (a foreign table or another
+version is refused untouched, ConfigurationError). The key columns use the
+``"C"`` collation, so ``keys`` sorts by code point as Python and SQLite do,
+whatever the database's locale.
+
+Each operation is one statement in one READ COMMITTED transaction: ``put``
+is an upsert (of concurrent writers of one key, the last to commit wins and
+no write is half-applied), ``delete`` reports True to exactly one of
+concurrent deleters. PostgreSQL text cannot hold NUL: ``put`` refuses a
+resource, scope key or key containing ``\\x00`` with ConfigurationError
+(nothing is written); ``get``, ``delete`` and ``keys`` find nothing there.
+
+Errors: a connection or schema problem while opening raises
+``ConfigurationError``; a lost server, broken connection or pool timeout
+during use raises ``ResourceBindingUnavailable`` (transient), the driver's
+error chained. Not encrypted.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, LiteralString, Self
+
+try:
+    from psycopg import sql
+    from psycopg_pool import AsyncConnectionPool
+except ImportError as e:  # pragma: no cover - exercised in a test with psycopg hidden
+    raise ImportError(
+        "touba.runtime.PostgresResourceBinding needs psycopg 3 and psycopg-pool: "
+        'pip install "touba[postgres]"'
+    ) from e
+
+from touba.errors import ConfigurationError, ResourceBindingUnavailable
+from touba.history._model import JSON, canonical_json
+from touba.history._pg import OwnedPool, Schema, has_nul, row, rows, run, table_parts
+from touba.runtime._resources import ResourceAddress, ResourceItem
+
+__all__ = ["SCHEMA_VERSION", "PostgresResourceBinding"]
+
+SCHEMA_VERSION: Final = 1
+
+
+class _Statements:
+    """Every statement of the binding, composed once from the table's identifiers."""
+
+    def __init__(self, parts: tuple[str, ...]) -> None:
+        *schema, name = parts
+        t = sql.Identifier(*schema, name)
+
+        def q(text: LiteralString) -> sql.Composed:
+            return sql.SQL(text).format(t=t)
+
+        self.create = [
+            q(
+                "CREATE TABLE {t} ("
+                ' resource text COLLATE "C" NOT NULL,'
+                ' scope text COLLATE "C" NOT NULL,'
+                ' scope_key text COLLATE "C" NOT NULL,'
+                ' key text COLLATE "C" NOT NULL,'
+                " value text NOT NULL,"
+                " updated_at timestamptz NOT NULL,"
+                " PRIMARY KEY (resource, scope, scope_key, key))"
+            )
+        ]
+        self.get = q(
+            "SELECT value, updated_at FROM {t}"
+            " WHERE resource = %s AND scope = %s AND scope_key = %s AND key = %s"
+        )
+        self.put = q(
+            "INSERT INTO {t} (resource, scope, scope_key, key, value, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s, now())"
+            " ON CONFLICT (resource, scope, scope_key, key)"
+            " DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at"
+            " RETURNING updated_at"
+        )
+        self.delete = q(
+            "DELETE FROM {t} WHERE resource = %s AND scope = %s AND scope_key = %s AND key = %s"
+        )
+        self.keys = q(
+            "SELECT key FROM {t} WHERE resource = %s AND scope = %s AND scope_key = %s"
+            " AND starts_with(key, %s) ORDER BY key LIMIT %s"
+        )
+
+
+def _where(address: ResourceAddress) -> tuple[str, str, str]:
+    return (address.resource, address.scope, address.scope_key)
+
+
+def _unavailable(e: Exception) -> ResourceBindingUnavailable:
+    return ResourceBindingUnavailable(
+        f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; the "
+        "operation was rolled back unless the connection broke while it committed"
+    )
+
+
+class PostgresResourceBinding:
+    """Resources in PostgreSQL, durable and shared by every worker using the table.
+
+    Give exactly one of ``dsn`` (the binding creates, opens and closes its
+    own pool of 1 to 4 connections) or ``pool`` (a
+    ``psycopg_pool.AsyncConnectionPool`` you open and close). ``table`` is a
+    plain identifier, optionally schema-qualified; anything else raises
+    ConfigurationError at construction. Tables are created on first use, or
+    by ``await binding.open()`` (``async with`` opens too).
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        table: str = "touba_resources",
+    ) -> None:
+        parts = table_parts(table, example="touba_resources")
+        self._sql = _Statements(parts)
+        self._pg = OwnedPool(
+            "PostgresResourceBinding",
+            dsn=dsn,
+            pool=pool,
+            schema=Schema.of(parts, self._sql.create, version=SCHEMA_VERSION, what="resource"),
+            unavailable=_unavailable,
+        )
+        self.table = table
+
+    async def open(self) -> None:
+        """Connect and create (or check) the tables; idempotent, also done on first use.
+
+        ConfigurationError when the server cannot be reached (the driver's
+        error chained), the table is not touba's or of another schema version
+        (left untouched), or the binding is closed.
+        """
+        await self._pg.open()
+
+    async def close(self) -> None:
+        """Refuse new calls, let running ones finish, then close the pool if this binding
+        made it (a pool given by you stays open). Idempotent; later calls raise
+        ConfigurationError."""
+        await self._pg.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
+        """The item under ``key`` (a detached copy), or None.
+        ResourceBindingUnavailable when the server fails."""
+        if has_nul(*_where(address), key):
+            return None
+        async with self._pg.using(), self._pg.transaction() as conn:
+            found = await row(conn, self._sql.get, (*_where(address), key))
+        if found is None:
+            return None
+        text, at = found
+        return ResourceItem(key, json.loads(text), at.astimezone(UTC))
+
+    async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
+        """Store ``value`` under ``key``, replacing any value there, committed when this
+        returns; the item as stored (``updated_at`` from the server's clock).
+
+        ConfigurationError, with nothing written: ``value`` is not JSON data,
+        or a name or key holds NUL. ResourceBindingUnavailable when the
+        server fails.
+        """
+        try:
+            text = canonical_json(value)
+            text.encode("utf-8")
+        except (TypeError, ValueError) as e:
+            raise ConfigurationError(f"a resource value must be JSON data ({e})") from e
+        if has_nul(*_where(address), key):
+            raise ConfigurationError(
+                "PostgreSQL text cannot hold NUL (\\x00): the resource name, scope key and "
+                "key must not contain it; nothing was written"
+            )
+        async with self._pg.using(), self._pg.transaction() as conn:
+            found = await row(conn, self._sql.put, (*_where(address), key, text))
+        assert found is not None
+        at: datetime = found[0]
+        return ResourceItem(key, json.loads(text), at.astimezone(UTC))
+
+    async def delete(self, address: ResourceAddress, key: str) -> bool:
+        """Remove ``key``; False when it was not there (of concurrent deleters, exactly
+        one gets True). ResourceBindingUnavailable when the server fails."""
+        if has_nul(*_where(address), key):
+            return False
+        async with self._pg.using(), self._pg.transaction() as conn:
+            return await run(conn, self._sql.delete, (*_where(address), key)) > 0
+
+    async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
+        """The keys under ``address`` starting with ``prefix``, sorted by code point, at
+        most ``limit``. ResourceBindingUnavailable when the server fails."""
+        if has_nul(*_where(address), prefix):
+            return []
+        async with self._pg.using(), self._pg.transaction() as conn:
+            found = await rows(conn, self._sql.keys, (*_where(address), prefix, limit))
+        return [str(r[0]) for r in found]
