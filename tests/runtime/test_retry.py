@@ -331,14 +331,15 @@ async def test_a_worker_declared_stopped_while_alive_stops_at_its_next_write(
         zombie = asyncio.create_task(
             Runtime(slow_program(zombie_model), store).invoke("support", run_id="run-9")
         )
-        await started.wait()
-        release.set()  # the rescuer answers s1 as unknown; the zombie's lookup may end now
+        await started.wait()  # the zombie is inside its call, not holding the history
         rescuer_model = model(final("rescued"), history=history)
         other = slow_program(rescuer_model)
         [row] = await store.list(run_id="run-9")
         rescued = await Runtime(other, store).resume(row.checkpoint_id, worker_stopped=True)
         assert rescued.status == "completed"
         assert rescued.output == "rescued"
+        assert [e["call_id"] for e in rescued.trace.of_kind("call_outcome_unknown")] == ["s1"]
+        release.set()  # the zombie's call ends; its next write finds the journal claimed
         result = await zombie
         assert result.status == "failed"
         assert isinstance(result.error, InvocationBusy)
