@@ -53,3 +53,72 @@ def test_runtime_store_failures_are_retryable(cls: type[errors.ToubaError]) -> N
     error = cls("server gone")
     assert error.code == cls.__name__
     assert error.retryable
+
+
+RETRYABLE = {
+    "AgentDecisionProviderUnavailable",
+    "CheckpointStoreUnavailable",
+    "DecisionHistoryBusy",
+    "DecisionHistoryStoreUnavailable",
+    "InvocationBusy",
+    "MemoryStoreUnavailable",
+    "ProviderContextCountUnavailable",
+    "ResourceBindingUnavailable",
+}
+
+
+def _sample(cls: type[errors.ToubaError]) -> errors.ToubaError:
+    extra: dict[str, object] = {
+        "AgentDecisionProviderSchemaViolation": {"provider_error_code": "x"},
+        "AgentBudgetExceeded": {"max_decisions": 1},
+        "DecisionHistoryBusy": {"session_key": "k"},
+        "DecisionHistoryLimitExceeded": {"limit": "max_bytes"},
+        "ExtractionLeaseLost": {"job_id": "j"},
+        "FlowStepFailed": {"step": "s"},
+        "InvocationBusy": {"checkpoint_id": "c", "holder": {}},
+        "ResourceAccessDenied": {"resource": "r", "operation": "get", "reason": "no_scope_key"},
+    }.get(cls.__name__, {})
+    return cls("message", **extra)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n
+        for n in errors.__all__
+        if n.endswith(
+            (
+                "Error",
+                "Busy",
+                "Unavailable",
+                "Exceeded",
+                "Mismatch",
+                "Invalid",
+                "Unsafe",
+                "Unsupported",
+                "Violation",
+                "Lost",
+                "Failed",
+                "Denied",
+            )
+        )
+    ),
+)
+def test_which_errors_are_retryable_as_the_readme_says(name: str) -> None:
+    error = _sample(getattr(errors, name))
+    assert error.retryable is (name in RETRYABLE)
+
+
+@pytest.mark.parametrize(
+    ("limit", "retryable"),
+    [
+        ("max_sessions", True),
+        ("max_store_bytes", True),
+        ("max_messages", False),
+        ("max_bytes", False),
+        ("max_retained_bytes", False),
+    ],
+)
+def test_a_full_store_is_retryable_a_bound_of_the_step_is_not(limit: str, retryable: bool) -> None:
+    error = errors.DecisionHistoryLimitExceeded("full", limit=limit)  # type: ignore[arg-type]
+    assert error.retryable is retryable
