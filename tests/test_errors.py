@@ -68,7 +68,7 @@ RETRYABLE = {
 
 
 def _sample(cls: type[errors.ToubaError]) -> errors.ToubaError:
-    extra: dict[str, object] = {
+    extras: dict[str, dict[str, object]] = {
         "AgentDecisionProviderSchemaViolation": {"provider_error_code": "x"},
         "AgentBudgetExceeded": {"max_decisions": 1},
         "DecisionHistoryBusy": {"session_key": "k"},
@@ -77,8 +77,8 @@ def _sample(cls: type[errors.ToubaError]) -> errors.ToubaError:
         "FlowStepFailed": {"step": "s"},
         "InvocationBusy": {"checkpoint_id": "c", "holder": {}},
         "ResourceAccessDenied": {"resource": "r", "operation": "get", "reason": "no_scope_key"},
-    }.get(cls.__name__, {})
-    return cls("message", **extra)  # type: ignore[arg-type]
+    }
+    return cls("message", **extras.get(cls.__name__, {}))
 
 
 @pytest.mark.parametrize(
