@@ -19,6 +19,7 @@ runner = CliRunner()
 CONFIG = KeyEventsConfig(enabled=True, types=("refund", "account issue"))
 WORKER_MODEL = ScriptedProvider()
 APPROVAL_MODEL = ScriptedProvider()
+REFUNDS: list[str] = []
 
 
 def worker_program() -> Program:
@@ -214,11 +215,43 @@ def test_chat_asks_for_approval_then_stores_the_turn(db: Path) -> None:
     assert "agent> Refunded A1." in chatted
 
 
+def test_chat_offers_to_retry_a_turn_that_failed_after_its_calls_ran(db: Path) -> None:
+    def down(request: object, messages: object) -> dict[str, object]:
+        raise RuntimeError("503")
+
+    REFUNDS.clear()
+    APPROVAL_MODEL.add(
+        ScriptedProvider.call("refund", order_id="A2"), down, ScriptedProvider.final("Refunded A2.")
+    )
+    base = ["chat", "--db", str(db), "-p", "tests.cli.test_events_cli:approval_program"]
+    chatted = invoke(*base, "--agent", "support", input="Refund A2 please\ny\n\n")
+    assert "AgentDecisionProviderUnavailable" in chatted
+    assert "retry it? [Y/n]" in chatted
+    assert "agent> Refunded A2." in chatted
+    assert REFUNDS == ["A2"]  # the retry did not run the refund again
+
+
+def test_chat_exits_non_zero_when_a_failed_turn_is_not_retried(db: Path) -> None:
+    def down(request: object, messages: object) -> dict[str, object]:
+        raise RuntimeError("503")
+
+    REFUNDS.clear()
+    APPROVAL_MODEL.add(ScriptedProvider.call("refund", order_id="A3"), down)
+    base = ["chat", "--db", str(db), "-p", "tests.cli.test_events_cli:approval_program"]
+    result = runner.invoke(
+        app, [*base, "--agent", "support"], input="Refund A3\ny\nn\n", env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 1
+    assert "not retried" in result.output
+    assert REFUNDS == ["A3"]
+
+
 def approval_program() -> Program:
     program = Program()
 
     @program.capability(requires_approval=True)
     async def refund(order_id: str) -> str:
+        REFUNDS.append(order_id)
         return f"refunded {order_id}"
 
     program.agent("support", provider=APPROVAL_MODEL, capabilities=("refund",))

@@ -57,8 +57,18 @@ def _show(turn: ChatTurn) -> None:
 
 
 async def _approve(session: ChatSession, turn: ChatTurn) -> ChatTurn:
-    while turn.status == "awaiting_approval":
+    """Ask for each approval, and offer to retry a turn that failed retryably.
+
+    A retry resumes the turn's checkpoint: calls that ran are not run again.
+    Declining leaves the turn pending; the session then refuses new messages
+    until it is retried (in this process: the checkpoints live in its RAM).
+    """
+    while turn.result.checkpoint_id is not None:
         approvals: dict[str, bool] = {}
+        if turn.status == "failed":
+            answer = await _line("the turn failed after running calls; retry it? [Y/n] ")
+            if (answer or "y").lower() not in ("y", "yes"):
+                return turn
         for call in turn.result.pending:
             question = f"approve {call.name}({canonical_json(dict(call.arguments))})? [y/N] "
             answer = await _line(escape(question))
@@ -101,9 +111,8 @@ def chat(
     target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
-        # TODO(issue 8): checkpoints stay in RAM (approvals are answered inline). For a
-        # durable option, take SqliteCheckpointStore with --db and PostgresCheckpointStore
-        # (touba.runtime, being written) with --dsn, once the latter exists.
+        # Checkpoints stay in this process's RAM: approvals and retries are answered
+        # inline, in this conversation.
         runtime = Runtime(loaded)
         async with (
             open_memory(target.backend, prefix=target.prefix, create=True) as store,
@@ -144,6 +153,9 @@ def chat(
                 turn = await session.send(text)
                 _show(turn)
                 await _approve(session, turn)
+                if session.pending_checkpoint is not None:
+                    errors.print("the failed turn was not retried; it is lost with this process")
+                    raise typer.Exit(1)
             console.print(f"left; continue with --session {escape(session.session_id)}")
 
     try:
