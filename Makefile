@@ -34,6 +34,7 @@ pytest: install
 bench: install
 	$(BIN)/python bench/history_cost.py
 	$(BIN)/python bench/provider_cost.py
+	$(BIN)/python bench/chat_traffic.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
