@@ -176,6 +176,10 @@ def test_event_has_no_field_for_content() -> None:
         "reserve",
         "window",
         "fits",
+        "used_sessions",
+        "max_sessions",
+        "used_bytes",
+        "max_store_bytes",
     }
     assert not names & {"text", "messages", "arguments", "result", "results", "signature"}
 
