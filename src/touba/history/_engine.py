@@ -41,7 +41,7 @@ from touba.history._model import (
     message_to_dict,
 )
 from touba.history._record import check_head, new_head, now_iso
-from touba.history._store import LogSnapshot, LogWrite, Record, as_log_store
+from touba.history._store import LogSnapshot, LogWrite, Record, StoreUsage, as_log_store
 from touba.history._window import ExchangeSize, select_window
 
 __all__ = ["DecisionHistory", "HistoryWindow", "event_observer", "fingerprint_exchanges"]
@@ -176,7 +176,9 @@ class DecisionHistory:
             raise ConfigurationError("identity namespace differs from the history namespace")
         key = identity.key
 
-        async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, DecisionMessage]:
+        async def operation(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, DecisionMessage]:
             step = _Step(self, identity, key, snapshot)
             return await step.run(observations, generate, fit, data)
 
