@@ -42,7 +42,7 @@ from touba.history import (
     SummaryRequest,
 )
 from touba.history._model import message_to_dict
-from touba.history._store import LogOperation, LogSnapshot, LogWrite, Operation
+from touba.history._store import LogOperation, LogSnapshot, LogWrite, Operation, StoreUsage
 from touba.history._window import ExchangeSize
 
 NS = "tenant-a"
@@ -1237,9 +1237,11 @@ class CountingStore:
         return await self.inner.transact(key, operation)
 
     async def transact_log(self, key: str, operation: LogOperation[Any]) -> Any:
-        async def counted(snapshot: LogSnapshot | None) -> tuple[LogWrite | None, Any]:
+        async def counted(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite | None, Any]:
             wrapped = None if snapshot is None else CountingSnapshot(snapshot, self.reads)
-            return await operation(wrapped)
+            return await operation(wrapped, usage)
 
         return await self.inner.transact_log(key, counted)
 

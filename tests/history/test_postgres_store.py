@@ -35,7 +35,7 @@ from touba.errors import (
 )
 from touba.history import ConversationIdentity, MemoryHistoryStore
 from touba.history._record import RECORD_KIND, join_record, new_head
-from touba.history._store import LogSnapshot, LogWrite
+from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history.postgres import PostgresHistoryStore
 
 pytestmark = pytest.mark.postgres
@@ -121,7 +121,9 @@ def appender(
 ) -> Any:
     """A log operation appending ``messages`` (exchange None = a new exchange)."""
 
-    async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, int]:
+    async def operation(
+        snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite, int]:
         count = snapshot.exchange_count if snapshot else 0
         new_head_ = head or (snapshot.head if snapshot else new_head(identity()))
         append = [(count if index is None else index, m) for index, m in messages]
@@ -357,7 +359,7 @@ async def test_transact_log_matches_the_memory_store(make_store: Make) -> None:
         for store in stores:
             await store.transact_log("k", step)
 
-    async def look(snapshot: LogSnapshot | None) -> tuple[None, Any]:
+    async def look(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[None, Any]:
         assert snapshot is not None
         views = [snapshot.head, snapshot.exchange_count]
         for start in range(4):
@@ -570,10 +572,13 @@ async def test_crash_leaves_keys_busy_until_recovered(
         assert entry.reservation is not None
         assert entry.reservation["worker_id"] == "doomed"
         assert (entry.reservation["pid"], entry.reservation["host"]) == (pid, socket.gethostname())
-    # "new" had no record: a bare reservation, with no identity and holding no room.
+    # "new" had no record: a bare reservation, with no identity, holding its place.
     assert (new.key, new.identity, new.messages, new.bytes) == ("new", None, 0, 0)
     assert await store.list("ns") == []
-    await store.transact("other", put({"v": 1}))
+    assert (await store.usage()).sessions == 2
+    with pytest.raises(DecisionHistoryLimitExceeded) as caught:
+        await store.transact("other", put({"v": 1}))
+    assert caught.value.limit == "max_sessions"
 
     assert await store.recover("old", worker_stopped=True) is True
     assert await store.read("old") == {"saved": "before the crash"}
@@ -581,6 +586,7 @@ async def test_crash_leaves_keys_busy_until_recovered(
     assert await store.recover("new", worker_stopped=True) is True
     assert await store.recover("new", worker_stopped=True) is False
     assert await store.read("new") is None
+    await store.transact("other", put({"v": 1}))  # recovering "new" freed its place
     assert [c.key for c in await store.list()] == ["old", "other"]
 
 
@@ -634,19 +640,26 @@ async def test_two_workers_cannot_both_take_the_last_room(make_store: Make, limi
     options = {"max_sessions": 2} if limit == "max_sessions" else {"max_store_bytes": 270}
     a, b = make_store(**options), make_store(**options)
     await a.transact("first", put(record))
-    both_reserved = asyncio.Barrier(2)
+    inside: list[str] = []
+    release = asyncio.Event()
 
     async def fill(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
-        await both_reserved.wait()
+        inside.append("in")
+        if len(inside) == 2:
+            release.set()  # both hold a reservation: let them race to save
+        await release.wait()
         return record, "saved"
 
-    results = await asyncio.gather(
-        a.transact("x", fill), b.transact("y", fill), return_exceptions=True
-    )
+    tasks = [asyncio.create_task(a.transact("x", fill)), asyncio.create_task(b.transact("y", fill))]
+    await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    release.set()  # one was refused at its reservation: let the other save
+    results = await asyncio.gather(*tasks, return_exceptions=True)
     refused = [r for r in results if isinstance(r, DecisionHistoryLimitExceeded)]
     assert len(refused) == 1, results
     assert refused[0].limit == limit
     assert results.count("saved") == 1
+    # The last place is taken when reserving; bytes are known only when saving.
+    assert len(inside) == (1 if limit == "max_sessions" else 2)
     assert len(await a.list()) == 2
 
 

@@ -41,7 +41,7 @@ from touba.history import (
     MemoryHistoryStore,
     Observation,
 )
-from touba.history._store import LogSnapshot, LogWrite
+from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history._window import ExchangeSize
 from touba.history.redis import RedisHistoryStore
 
@@ -189,7 +189,7 @@ async def test_transact_log_appends_only_and_reads_only_the_tail(
     size = [len(json.dumps(x, separators=(",", ":"))) for x in m]
     head1 = {"kind": KIND, "version": 1, "identity": {"namespace": "ns"}, "n": 1}
 
-    async def first(snapshot: LogSnapshot | None) -> tuple[LogWrite, str]:
+    async def first(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[LogWrite, str]:
         assert snapshot is None
         return LogWrite(head1, [(0, m[0]), (0, m[1]), (1, m[2])]), "one"
 
@@ -200,7 +200,9 @@ async def test_transact_log_appends_only_and_reads_only_the_tail(
 
     head2 = {**head1, "n": 2}
 
-    async def second(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+    async def second(
+        snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite, None]:
         assert snapshot is not None
         assert snapshot.head == head1
         assert snapshot.exchange_count == 2
@@ -220,7 +222,9 @@ async def test_transact_log_appends_only_and_reads_only_the_tail(
     assert after[:3] == before  # older rows untouched, byte for byte
     assert await store.read("k") == {**head2, "exchanges": [[m[0], m[1]], [m[2], m[3]], [m[4]]]}
 
-    async def rewrite_old(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+    async def rewrite_old(
+        snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite, None]:
         return LogWrite(head2, [(0, {"late": True})]), None
 
     with pytest.raises(ValueError, match="exchange 0"):
@@ -233,7 +237,9 @@ async def test_transact_log_appends_only_and_reads_only_the_tail(
 async def test_transact_log_refuses_a_foreign_record(store: RedisHistoryStore) -> None:
     await save(store, "k", {"not": "touba"})
 
-    async def never(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+    async def never(
+        snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite, None]:
         raise AssertionError("must not run")
 
     with pytest.raises(DecisionHistoryRecordInvalid):
@@ -397,7 +403,7 @@ async def test_an_operation_that_raises_keeps_state_and_frees_the_key(
     messages = await one_key(raw, prefix, ":messages")
     rows = await raw.lrange(messages, 0, -1)
 
-    async def boom(snapshot: Any) -> Any:
+    async def boom(*_: Any) -> Any:
         raise KeyError("boom")
 
     with pytest.raises(KeyError, match="boom"):
@@ -533,7 +539,9 @@ async def test_full_store_refuses_atomically(url: str, prefix: str, raw: Redis) 
             await save(store, "k", record([big], [big]))
         assert caught.value.limit == "max_store_bytes"
 
-        async def append(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+        async def append(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, None]:
             assert snapshot is not None
             return LogWrite(snapshot.head, [(1, big), (2, big)]), None
 
@@ -551,24 +559,27 @@ async def test_two_creators_of_the_last_slot_one_wins(url: str, prefix: str) -> 
     ):
         await save(one, "existing", {"v": 0})
         claimed = 0
-        both = asyncio.Event()
+        release = asyncio.Event()
 
         async def create(snapshot: Record | None) -> tuple[Record, str]:
             nonlocal claimed
             assert snapshot is None
             claimed += 1
-            if claimed == 2:
-                both.set()
-            await both.wait()  # both hold their reservation before either commits
+            await release.wait()  # hold the reservation while the other one tries
             return {"v": 1}, "created"
 
-        results = await asyncio.gather(
-            one.transact("x", create), two.transact("y", create), return_exceptions=True
-        )
+        tasks = [
+            asyncio.create_task(one.transact("x", create)),
+            asyncio.create_task(two.transact("y", create)),
+        ]
+        await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        release.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         refused = [r for r in results if isinstance(r, DecisionHistoryLimitExceeded)]
         assert len(refused) == 1
         assert refused[0].limit == "max_sessions"
         assert results.count("created") == 1
+        assert claimed == 1  # the loser was refused when reserving, before its operation
         rows = await one.list()
         assert len(rows) == 2
         assert not any(r.active for r in rows)

@@ -36,7 +36,7 @@ from touba.history import (
     MemoryHistoryStore,
     Observation,
 )
-from touba.history._store import LogSnapshot, LogWrite
+from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history.sqlite import SqliteHistoryStore
 
 SUFFIXES = ("", "-wal", "-shm", "-journal")
@@ -101,7 +101,7 @@ def saving(record: dict[str, Any] | None, result: Any = None) -> Any:
     return operation
 
 
-async def failing(snapshot: Any) -> Any:
+async def failing(*_: Any) -> Any:
     raise RuntimeError("boom")
 
 
@@ -412,7 +412,9 @@ async def test_returning_none_deletes_and_delete_reports(db_path: Path) -> None:
 async def test_transact_log_appends_rows_without_rewriting(db_path: Path) -> None:
     async with SqliteHistoryStore(db_path) as store:
 
-        async def first(snapshot: LogSnapshot | None) -> tuple[LogWrite, str]:
+        async def first(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, str]:
             assert snapshot is None
             append = [(0, {"m": 0}), (0, {"m": 1}), (1, {"m": 2})]
             return LogWrite(head=dict(HEAD), append=append), "one"
@@ -421,7 +423,9 @@ async def test_transact_log_appends_rows_without_rewriting(db_path: Path) -> Non
         with raw(db_path) as conn:
             before = conn.execute("SELECT id, body FROM touba_history_messages").fetchall()
 
-        async def second(snapshot: LogSnapshot | None) -> tuple[LogWrite, str]:
+        async def second(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, str]:
             assert snapshot is not None
             assert snapshot.head == HEAD
             assert snapshot.exchange_count == 2
@@ -445,7 +449,9 @@ async def test_transact_log_appends_rows_without_rewriting(db_path: Path) -> Non
         [row] = await store.list("ns")
         assert (row.messages, row.identity, row.active) == (5, {"namespace": "ns"}, False)
 
-        async def rewrite(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+        async def rewrite(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, None]:
             return LogWrite(head=dict(HEAD), append=[(0, {"m": "rewrite"})]), None
 
         with pytest.raises(ValueError, match="append to exchange 0 refused"):
@@ -496,7 +502,9 @@ async def test_corrupt_rows_raise_and_are_kept(db_path: Path) -> None:
             with pytest.raises(DecisionHistoryRecordInvalid):
                 await store.transact(key, saving({"overwritten": True}))
 
-        async def tail(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+        async def tail(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, None]:
             assert snapshot is not None
             await snapshot.exchanges(0, 1)
             raise AssertionError("unreachable")
@@ -534,7 +542,7 @@ async def test_cancelled_operation_frees_the_key(db_path: Path) -> None:
         await store.transact("k", saving({"v": 1}))
         started = asyncio.Event()
 
-        async def forever(snapshot: Any) -> Any:
+        async def forever(*_: Any) -> Any:
             started.set()
             await asyncio.sleep(3600)
 
@@ -587,7 +595,7 @@ async def test_save_after_recovery_meanwhile_is_refused(db_path: Path) -> None:
         assert await two.read("k") == {"v": 1}
 
 
-async def test_max_sessions_refuses_and_ignores_bare_reservations(db_path: Path) -> None:
+async def test_max_sessions_counts_reservations_of_new_keys(db_path: Path) -> None:
     async with SqliteHistoryStore(db_path, max_sessions=1) as store:
         inside = asyncio.Event()
         leave = asyncio.Event()
@@ -595,21 +603,31 @@ async def test_max_sessions_refuses_and_ignores_bare_reservations(db_path: Path)
         async def hold(snapshot: Any) -> tuple[Any, None]:
             inside.set()
             await leave.wait()
-            return {"late": True}, None
+            return {"first": True}, None
 
-        task = asyncio.create_task(store.transact("late", hold))
+        task = asyncio.create_task(store.transact("first", hold))
         await inside.wait()
         [held] = await store.list()
-        assert (held.key, held.active, held.messages) == ("late", True, 0)
-        await store.transact("first", saving({"v": 1}))  # the reservation is no session
-        leave.set()
+        assert (held.key, held.active, held.messages) == ("first", True, 0)
+        ran: list[str] = []
+
+        async def never(snapshot: Any) -> tuple[Any, None]:
+            ran.append("late")
+            return {"late": True}, None
+
         with pytest.raises(DecisionHistoryLimitExceeded) as caught:
-            await task
+            await store.transact("late", never)  # "first" holds the only place
         assert caught.value.limit == "max_sessions"
+        assert ran == []
+        leave.set()
+        await task
         assert [row.key for row in await store.list()] == ["first"]
         assert await store.read("late") is None
-        assert await store.read("first") == {"v": 1}
+        assert await store.read("first") == {"first": True}
         await store.transact("first", saving({"v": 2}))  # replacing is not a new session
+        with pytest.raises(DecisionHistoryLimitExceeded):
+            await store.transact("late", never)
+        assert ran == []
 
 
 async def test_max_store_bytes_refuses_atomically(db_path: Path) -> None:
@@ -619,7 +637,9 @@ async def test_max_store_bytes_refuses_atomically(db_path: Path) -> None:
             await store.transact("k", saving({"v": "x" * 300}))
         assert caught.value.limit == "max_store_bytes"
 
-        async def grow(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+        async def grow(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, None]:
             return LogWrite(head=dict(HEAD), append=[(0, {"m": "y" * 300})]), None
 
         with pytest.raises(DecisionHistoryLimitExceeded):

@@ -26,6 +26,7 @@ __all__ = [
     "busy",
     "check_capacity",
     "check_limits_config",
+    "check_sessions",
     "encode_record",
     "iso",
     "require_worker_stopped",
@@ -115,19 +116,26 @@ def check_capacity(
     max_store_bytes: int,
 ) -> None:
     """Refuse a write that would overflow the store; never evict to make room."""
-    if is_new and sessions >= max_sessions:
-        raise DecisionHistoryLimitExceeded(
-            f"the store already holds max_sessions={max_sessions} conversations; nothing "
-            "was written. Delete finished conversations, wait for them to expire, or raise "
-            "max_sessions",
-            limit="max_sessions",
-        )
+    if is_new:
+        check_sessions(sessions, max_sessions)
     if store_bytes_after > max_store_bytes:
         raise DecisionHistoryLimitExceeded(
             f"this write would bring the store to {store_bytes_after} bytes, over "
             f"max_store_bytes={max_store_bytes}; nothing was written. Delete finished "
             "conversations or raise max_store_bytes",
             limit="max_store_bytes",
+        )
+
+
+def check_sessions(sessions: int, max_sessions: int) -> None:
+    """Refuse a new conversation when ``sessions`` places (records and reservations
+    of new keys) are already held; never evict to make room."""
+    if sessions >= max_sessions:
+        raise DecisionHistoryLimitExceeded(
+            f"the store already holds max_sessions={max_sessions} conversations; nothing "
+            "was written. Delete finished conversations, wait for them to expire, or raise "
+            "max_sessions",
+            limit="max_sessions",
         )
 
 

@@ -6,6 +6,28 @@ selects the window (bounded, complete exchanges only), optionally summarises
 what left it, lets the provider generate from that window, then appends the
 new decision. It reads only the tail of the conversation it needs and appends
 deltas, so the cost of a decision does not grow with retained history.
+
+Capacity is refused before anything is paid (no count request, no summary, no
+generation) whenever the refusal is already certain:
+
+- ``max_sessions``: a built-in store refuses to reserve a key without a record
+  when all its places are held; the operation never runs.
+- ``max_store_bytes``: the reservation reports the store's usage; the step
+  refuses when that usage, plus the observations it appends and the smallest
+  head it could save, already exceeds the bound.
+- ``max_retained_bytes``: the conversation's retained bytes plus the
+  observations.
+
+The decision's own message is only known after generation: one that pushes a
+bound over is refused when saving, after the model was paid. The save-time
+checks stay the atomic guarantee (concurrent writers may fill the store
+between reservation and save). A custom store offering only ``transact``
+reports no usage, so its own save is its only capacity check.
+
+When the reservation shows the store over 80 % of either limit, a
+``history_store_pressure`` event goes out (at most once a minute per store,
+see :mod:`touba.history._pressure`). It is emitted before any window exists,
+so its ``message_count`` and ``bytes`` are 0.
 """
 
 from __future__ import annotations
@@ -40,8 +62,9 @@ from touba.history._model import (
     message_from_dict,
     message_to_dict,
 )
+from touba.history._pressure import STORE_PRESSURE, under_pressure
 from touba.history._record import check_head, new_head, now_iso
-from touba.history._store import LogSnapshot, LogWrite, Record, as_log_store
+from touba.history._store import LogSnapshot, LogWrite, Record, StoreUsage, as_log_store
 from touba.history._window import ExchangeSize, select_window
 
 __all__ = ["DecisionHistory", "HistoryWindow", "event_observer", "fingerprint_exchanges"]
@@ -211,14 +234,40 @@ class DecisionHistory:
         (results the runtime obtained itself, e.g. a flow's earlier steps)
         opens a new exchange as a data message; it is refused with
         :class:`DecisionHistoryMismatch` while calls await observations.
+
+        Raises :class:`DecisionHistoryLimitExceeded` before ``fit`` or
+        ``generate`` is called when the store has no place for a new
+        conversation (``max_sessions``), when what this step is sure to write
+        cannot fit in the store (``max_store_bytes``) or in the conversation
+        (``max_retained_bytes``); after ``generate`` when the decision's own
+        bytes push a bound over. Nothing is written in either case.
         """
         key = self._key(identity)
 
-        async def operation(snapshot: LogSnapshot | None) -> tuple[LogWrite, DecisionMessage]:
-            step = _Step(self, identity, key, snapshot)
+        async def operation(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, DecisionMessage]:
+            if usage is not None:
+                await self._report_pressure(key, usage)
+            step = _Step(self, identity, key, snapshot, usage)
             return await step.run(observations, generate, fit, data)
 
         return await self._log.transact_log(key, operation)
+
+    async def _report_pressure(self, key: str, usage: StoreUsage) -> None:
+        if under_pressure(usage) and STORE_PRESSURE.admit(self.store):
+            await self.emit(
+                HistoryEvent(
+                    kind="history_store_pressure",
+                    session_key=key,
+                    message_count=0,  # emitted before the window exists
+                    bytes=0,
+                    used_sessions=usage.sessions,
+                    max_sessions=usage.max_sessions,
+                    used_bytes=usage.bytes,
+                    max_store_bytes=usage.max_store_bytes,
+                )
+            )
 
 
 class _Step:
@@ -228,18 +277,23 @@ class _Step:
         identity: ConversationIdentity,
         key: str,
         snapshot: LogSnapshot | None,
+        usage: StoreUsage | None = None,
     ) -> None:
         self.history = history
         self.config = history.config
         self.key = key
         self.snapshot = snapshot
+        self.usage = usage
         if snapshot is None:
             self.head = new_head(identity)
             self.count = 0
+            self.stored_head_bytes = 0
         else:
             self.head = snapshot.head
             check_head(self.head, identity, exchange_count=snapshot.exchange_count)
             self.count = snapshot.exchange_count
+            # The store measures the head as this same compact JSON.
+            self.stored_head_bytes = len(canonical_json(self.head).encode("utf-8"))
         self.appends: list[tuple[int, Record]] = []
         self.added = ExchangeSize(0, 0)
         self.summary_event: HistoryEvent | None = None
@@ -316,6 +370,7 @@ class _Step:
         current = self._open(observations, data) if data else self._answer(observations)
         current_size = self.added
         self._check_retained()
+        self._check_store_room()
 
         summarizing = self.config.summarize is not None
         summary_state = self.head.get("summary") if summarizing else None
@@ -424,6 +479,28 @@ class _Step:
                 limit="max_retained_bytes",
             )
 
+    def _check_store_room(self) -> None:
+        """Refuse now what the store will refuse at save whatever the model replies.
+
+        The least this step can leave in the store: its usage at reservation,
+        less this conversation's stored head, plus the smallest head it could
+        save (:func:`_head_floor_bytes`) and the observations it appends.
+        """
+        usage = self.usage
+        if usage is None:
+            return
+        floor = (
+            usage.bytes - self.stored_head_bytes + _head_floor_bytes(self.head) + self.added.bytes
+        )
+        if floor > usage.max_store_bytes:
+            raise DecisionHistoryLimitExceeded(
+                f"this decision would bring the store to at least {floor} bytes, over "
+                f"max_store_bytes={usage.max_store_bytes}, before the model's reply is even "
+                "counted; it was refused before any model call and nothing was written. "
+                "Delete finished conversations or raise max_store_bytes",
+                limit="max_store_bytes",
+            )
+
     async def _load(self, start: int, stop: int) -> list[list[Record]]:
         """Stored exchanges ``start`` .. ``stop - 1`` plus this step's appends."""
         stored_stop = min(stop, self.snapshot.exchange_count if self.snapshot else 0)
@@ -524,6 +601,17 @@ class _Step:
                 stats["messages"] + self.added.messages, stats["bytes"] + self.added.bytes
             ),
         )
+
+
+def _head_floor_bytes(head: Record) -> int:
+    """A lower bound of the bytes of the head a step saves, from its head now.
+
+    A step replaces ``pending``, ``summary`` and ``updated_at`` (any of them may
+    shrink) and only raises the ``stats`` counters; the other fields stay. The
+    head without those three fields is therefore never larger than the saved one.
+    """
+    kept = {k: v for k, v in head.items() if k not in ("pending", "summary", "updated_at")}
+    return len(canonical_json(kept).encode("utf-8", "surrogatepass"))
 
 
 def _summary_reserve(max_summary_bytes: int) -> ExchangeSize:

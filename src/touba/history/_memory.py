@@ -17,6 +17,7 @@ from touba.history._common import (
     busy,
     check_capacity,
     check_limits_config,
+    check_sessions,
     encode_json,
     encode_record,
     iso,
@@ -29,6 +30,7 @@ from touba.history._store import (
     Operation,
     Record,
     StoredConversation,
+    StoreUsage,
     check_appends,
 )
 from touba.history._window import ExchangeSize
@@ -84,7 +86,10 @@ class MemoryHistoryStore:
     Defaults follow the seed: 128 conversations, 32 MiB, one hour of
     inactivity. Expired entries are purged on the next access (this is not a
     secure erase of the process memory). A crash loses everything, so there
-    is no reservation to recover after one.
+    is no reservation to recover after one. A key without a record claims
+    its place among ``max_sessions`` when it is reserved: once the places are
+    taken, reserving a new key raises ``DecisionHistoryLimitExceeded`` before
+    its operation runs.
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class MemoryHistoryStore:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._active: dict[str, str] = {}
+        self._fresh: set[str] = set()  # reserved keys that have no record yet
         self._total_bytes = 0
         self._closed = False
 
@@ -141,19 +147,31 @@ class MemoryHistoryStore:
         self._purge(now)
         return self._entries.get(key)
 
-    def _reserve(self, key: str) -> tuple[str, _Entry | None]:
+    def _usage(self) -> StoreUsage:
+        return StoreUsage(
+            sessions=len(self._entries) + len(self._fresh),
+            max_sessions=self.max_sessions,
+            bytes=self._total_bytes,
+            max_store_bytes=self.max_store_bytes,
+        )
+
+    def _reserve(self, key: str) -> tuple[str, _Entry | None, StoreUsage]:
         with self._lock:
             entry = self._live(key, self._clock())
             if key in self._active:
                 raise busy(key)
+            if entry is None:  # a new conversation claims its place now
+                check_sessions(len(self._entries) + len(self._fresh), self.max_sessions)
+                self._fresh.add(key)
             token = uuid.uuid4().hex
             self._active[key] = token
-            return token, entry
+            return token, entry, self._usage()
 
     def _release(self, key: str, token: str) -> None:
         with self._lock:
             if self._active.get(key) == token:
                 del self._active[key]
+                self._fresh.discard(key)
 
     def _check_token(self, key: str, token: str) -> None:
         if self._active.get(key) != token:
@@ -176,11 +194,12 @@ class MemoryHistoryStore:
         entry.updated_at = now
         entry.expires_at = now + self.ttl_seconds
         self._entries[key] = entry
+        self._fresh.discard(key)  # its place is now held by the record
 
     # -- the contract -----------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
-        token, entry = self._reserve(key)
+        token, entry, _usage = self._reserve(key)
         try:
             record, result = await operation(None if entry is None else entry.record())
             with self._lock:
@@ -208,9 +227,9 @@ class MemoryHistoryStore:
             self._release(key, token)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
-        token, entry = self._reserve(key)
+        token, entry, usage = self._reserve(key)
         try:
-            write, result = await operation(None if entry is None else _Snapshot(entry))
+            write, result = await operation(None if entry is None else _Snapshot(entry), usage)
             if write is None:
                 return result
             with self._lock:
@@ -246,7 +265,19 @@ class MemoryHistoryStore:
         require_worker_stopped(worker_stopped)
         with self._lock:
             self._check_open()
+            self._fresh.discard(key)
             return self._active.pop(key, None) is not None
+
+    async def usage(self) -> StoreUsage:
+        """How full the store is now (expired entries purged first).
+
+        ``sessions`` counts stored conversations plus reservations of keys
+        that have no record yet; ``bytes`` what the records retain (UTF-8 JSON
+        of heads and messages).
+        """
+        with self._lock:
+            self._live("", self._clock())
+            return self._usage()
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         with self._lock:

@@ -113,11 +113,25 @@ class LogWrite:
     append: Sequence[tuple[int, Record]] = ()
 
 
-LogOperation = Callable[[LogSnapshot | None], Awaitable[tuple[LogWrite | None, T]]]
+LogOperation = Callable[
+    [LogSnapshot | None, StoreUsage | None], Awaitable[tuple[LogWrite | None, T]]
+]
+"""``operation(snapshot, usage)``: ``snapshot`` is None for a key without a record;
+``usage`` is how full the store was when the key was reserved (this reservation
+included), or None when the store cannot tell (custom adapters)."""
 
 
 @runtime_checkable
 class LogStore(Protocol):
+    """What built-in stores add to :class:`HistoryStore` for the history layer.
+
+    ``transact_log`` reserves ``key`` (a key without a record claims its place
+    among ``max_sessions`` there, or is refused with
+    ``DecisionHistoryLimitExceeded`` before ``operation`` runs), calls
+    ``operation(snapshot, usage)``, then appends its :class:`LogWrite` if the
+    reservation still holds and the store's bounds allow it.
+    """
+
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T: ...
 
 
@@ -181,6 +195,8 @@ class _TransactLog:
 
     Each operation then loads and saves the whole record: that is what the
     plain contract allows, and why built-in stores implement ``transact_log``.
+    Such a store reports no usage (the operation gets None): its own
+    ``transact`` is the only capacity check, when it saves.
     """
 
     def __init__(self, store: HistoryStore) -> None:
@@ -189,7 +205,7 @@ class _TransactLog:
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
         async def whole(record: Record | None) -> tuple[Record | None, T]:
             snapshot = None if record is None else RecordSnapshot.of(record)
-            write, result = await operation(snapshot)
+            write, result = await operation(snapshot, None)
             if write is None:
                 return record, result
             return (snapshot or RecordSnapshot({}, [])).apply(write), result

@@ -7,7 +7,8 @@ Layout, every name derived from ``table`` and quoted with
   as JSON text (the whole record when it does not have touba's shape), with
   its sizes, expiry and the reservation (``token``, ``worker_id``, ``pid``,
   ``host``, ``since``). A row whose ``head`` is NULL is a bare reservation of
-  a key that has no record yet; it never counts towards the limits.
+  a key that has no record yet; it holds that conversation's place among
+  ``max_sessions`` until it is saved or released.
 - ``<table>_messages``: the messages of touba records, one row each (``seq``
   within the conversation, ``exchange``, ``bytes``, JSON ``body``).
   ``transact_log`` only appends rows; snapshots read only the range asked.
@@ -19,7 +20,13 @@ reservation first (refusing at once with ``DecisionHistoryBusy`` when the key
 is reserved), runs the operation, then in one transaction checks that its
 token still matches, checks capacity and saves. The capacity checks of every
 worker sharing the table are serialised by a transaction-level advisory lock,
-so two workers cannot both fit under a limit. A crash leaves the reservation
+so two workers cannot both fit under a limit. Reserving a stored, live
+conversation is one ``UPDATE`` of its row and takes no such lock; reserving
+a key without a record (or an expired one) takes the advisory lock first,
+inserts the bare row and counts the places held, so two workers cannot both
+take the last place among ``max_sessions``. Either way the reservation reads
+the store's usage with one aggregate over the conversations table (one row
+per conversation, never the messages). A crash leaves the reservation
 in place: the key answers ``DecisionHistoryBusy`` until
 ``recover(key, worker_stopped=True)``. Expiry uses the server's clock;
 expired, unreserved conversations are purged on access.
@@ -65,6 +72,7 @@ from touba.history._common import (
     busy,
     check_capacity,
     check_limits_config,
+    check_sessions,
     encode_json,
     encode_record,
     require_worker_stopped,
@@ -82,6 +90,7 @@ from touba.history._store import (
     Operation,
     Record,
     StoredConversation,
+    StoreUsage,
     check_appends,
 )
 from touba.history._window import ExchangeSize
@@ -150,6 +159,11 @@ class _Statements:
         self.purge_key = q(
             "DELETE FROM {t} WHERE key = %s AND token IS NULL AND expires_at <= now()"
         )
+        self.claim_live = q(
+            "UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s, since = %s"
+            " WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
+            " RETURNING head, split, exchanges, messages, bytes"
+        )
         self.claim = q(
             "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since)"
             " VALUES (%s, %s, %s, %s, %s, %s)"
@@ -158,6 +172,12 @@ class _Statements:
             " since = EXCLUDED.since"
             " WHERE h.token IS NULL"
             " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes"
+        )
+        # Places held and bytes retained: reserved rows and live records (an
+        # expired, unreserved record is as good as purged).
+        self.usage = q(
+            "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}"
+            " WHERE token IS NOT NULL OR expires_at > now()"
         )
         self.holder = q("SELECT worker_id, pid, host, since FROM {t} WHERE key = %s")
         self.release_bare = q("DELETE FROM {t} WHERE key = %s AND token = %s AND head IS NULL")
@@ -259,7 +279,7 @@ def _identity(head: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class _Claim:
-    """What ``transact`` reserved: the token and the state it saw."""
+    """What ``transact`` reserved: the token, the state it saw, the store's usage."""
 
     token: str
     head: str | None
@@ -268,6 +288,7 @@ class _Claim:
     messages: int
     bytes: int
     rows: list[_Row]
+    usage: StoreUsage
 
     def record(self, key: str) -> Record | None:
         return _decode(key, self.head, self.split, self.rows)
@@ -319,7 +340,10 @@ class PostgresHistoryStore:
     open and close). Tables are created on first use, or by
     ``await store.open()``. Defaults: 128 conversations, 32 MiB, 24 hours of
     inactivity. ``worker_id`` names this worker in reservations (default
-    ``host:pid``), so an operator can find a crashed one.
+    ``host:pid``), so an operator can find a crashed one. Reserving a key that
+    has no record claims its place among ``max_sessions`` at once; when every
+    place is held (records and such reservations), it raises
+    ``DecisionHistoryLimitExceeded`` before the operation runs.
     """
 
     def __init__(
@@ -413,27 +437,47 @@ class PostgresHistoryStore:
 
     async def _claim_as(self, key: str, reservation: Reservation, load_messages: bool) -> _Claim:
         s = self._sql
+        holder = (
+            reservation.token,
+            reservation.worker_id,
+            reservation.pid,
+            reservation.host,
+            datetime.fromtimestamp(reservation.since, UTC),
+        )
+        # A live conversation keeps its place: reserving it updates its row only.
         async with self._transaction() as conn:
+            row = await _row(conn, s.claim_live, (*holder, key))
+            if row is not None:
+                return await self._claimed(conn, key, reservation, row, load_messages)
+        # A new key (or an expired or held one), in a transaction of its own: the
+        # UPDATE above may keep a lock on a row it rechecked without updating, which
+        # must not be held while waiting for the advisory lock. Places are counted
+        # under that lock, taken before any row lock, as saves take it.
+        async with self._transaction() as conn:
+            await _run(conn, s.advisory_lock, (self._capacity_key,))
             await _run(conn, s.purge_key, (key,))
-            row = await _row(
-                conn,
-                s.claim,
-                (
-                    key,
-                    reservation.token,
-                    reservation.worker_id,
-                    reservation.pid,
-                    reservation.host,
-                    datetime.fromtimestamp(reservation.since, UTC),
-                ),
-            )
+            row = await _row(conn, s.claim, (key, *holder))
             if row is None:
                 raise await _held(conn, s, key)
-            head, split, exchanges, messages, size = row
-            rows: list[_Row] = []
-            if load_messages and head is not None and split:
-                rows = await _rows(conn, s.all_messages, (key,))
-        return _Claim(reservation.token, head, split, exchanges, messages, size, rows)
+            return await self._claimed(conn, key, reservation, row, load_messages)
+
+    async def _claimed(
+        self, conn: _Conn, key: str, reservation: Reservation, row: _Row, load_messages: bool
+    ) -> _Claim:
+        """The claim of a reserved row, inside the reserving transaction."""
+        usage = await self._usage(conn)
+        head, split, exchanges, messages, size = row
+        if head is None:  # our new row is counted: refuse if it took one place too many
+            check_sessions(usage.sessions - 1, self.max_sessions)
+        rows: list[_Row] = []
+        if load_messages and head is not None and split:
+            rows = await _rows(conn, self._sql.all_messages, (key,))
+        return _Claim(reservation.token, head, split, exchanges, messages, size, rows, usage)
+
+    async def _usage(self, conn: _Conn) -> StoreUsage:
+        row = await _row(conn, self._sql.usage)
+        assert row is not None
+        return StoreUsage(int(row[0]), self.max_sessions, int(row[1]), self.max_store_bytes)
 
     async def _release(self, key: str, token: str) -> None:
         """Give the key back untouched (a bare reservation row goes away)."""
@@ -530,7 +574,7 @@ class PostgresHistoryStore:
             snapshot = None
             if claim.head is not None:
                 snapshot = _Snapshot(self, key, _loads(claim.head, key), claim)
-            write, result = await operation(snapshot)
+            write, result = await operation(snapshot, claim.usage)
             if write is None:
                 await self._release(key, claim.token)
             else:
@@ -582,6 +626,18 @@ class PostgresHistoryStore:
         async with self._using(), self._transaction() as conn:
             await _run(conn, self._sql.advisory_lock, (self._capacity_key,))
             return await _run(conn, self._sql.purge_all)
+
+    async def usage(self) -> StoreUsage:
+        """How full the table is now, over every worker sharing it.
+
+        ``sessions`` counts stored conversations plus reservations of keys that
+        have no record yet (a crashed worker's included, until ``recover``);
+        ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
+        Expired, unreserved conversations are not counted. One aggregate over
+        the conversations table, taking no lock.
+        """
+        async with self._using(), self._transaction() as conn:
+            return await self._usage(conn)
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Sizes and reservations, never content. Bare reservations (a key that had no

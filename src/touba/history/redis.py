@@ -8,7 +8,8 @@ session key (``<id>``), so any character (braces, colons, NUL, unicode) is safe
 in a session key and never reaches a key name::
 
     P = prefix + "{tag}:"
-    P + "sessions"              HASH  id -> bytes of its record (one field per record)
+    P + "sessions"              HASH  id -> bytes of its record (one field per record,
+                                      "0" for a reserved key that has no record yet)
     P + "bytes"                 STR   total bytes of all records
     P + "expiry"                ZSET  id -> expires_at (ms, server clock); lazy purge
     P + "held"                  ZSET  id -> since (ms): reserved conversations
@@ -24,15 +25,17 @@ decision appends rows (RPUSH) and reads only the tail it needs (LRANGE from an
 exchange's offset). Any other JSON dict is kept whole in ``head``.
 
 Every mutation is one Lua script, so it is atomic: claim (refuses at once when
-held), commit (token still ours, capacity, save, clear the reservation),
-release, recover, delete and the purge of expired, unreserved conversations
-that every script but release/recover runs first. Time is Redis's ``TIME``, so
-workers on hosts with skewed clocks agree on expiry. Redis's own key expiry is
-a backstop only: a conversation's keys expire a minute after its
-``expires_at`` and the store's own keys a minute after the last conversation's
-(neither while a key is reserved), so an abandoned prefix leaves nothing
-behind; the scripts tolerate keys it removed. Claim and commit are idempotent
-(same token), so a command that redis-py retries after a timeout is harmless.
+held; a key without a record takes its place among ``max_sessions`` in
+``sessions`` there, or is refused when they are all held), commit (token still
+ours, capacity, save, clear the reservation), release, recover, delete and the
+purge of expired, unreserved conversations that every script but
+release/recover runs first. Time is Redis's ``TIME``, so workers on hosts with
+skewed clocks agree on expiry. Redis's own key expiry is a backstop only: a
+conversation's keys expire a minute after its ``expires_at`` and the store's
+own keys a minute after the last conversation's (neither while a key is
+reserved), so an abandoned prefix leaves nothing behind; the scripts tolerate
+keys it removed. Claim and commit are idempotent (same token), so a command
+that redis-py retries after a timeout is harmless.
 Needs Redis 5 or later (scripts that read ``TIME`` and then write).
 """
 
@@ -62,6 +65,7 @@ from touba.history._common import (
     busy,
     check_capacity,
     check_limits_config,
+    check_sessions,
     encode_json,
     encode_record,
     iso,
@@ -74,6 +78,7 @@ from touba.history._store import (
     Operation,
     Record,
     StoredConversation,
+    StoreUsage,
     check_appends,
 )
 from touba.history._window import ExchangeSize
@@ -151,6 +156,11 @@ local function purge(now)
   return n
 end
 
+-- Places held (records and reserved new keys) and bytes retained.
+local function usage()
+  return {redis.call('HLEN', SESSIONS), tonumber(redis.call('GET', BYTES) or '0')}
+end
+
 local function holder(h)
   local v = redis.call('HMGET', h, 'worker_id', 'pid', 'host', 'since')
   return {'busy', v[1], v[2], v[3], v[4]}
@@ -180,6 +190,7 @@ local function finish(id)
   local expires = redis.call('HGET', h, 'expires_at')
   if not expires then
     redis.call('DEL', h)
+    redis.call('HDEL', SESSIONS, id)  -- the place a new key held
   elseif tonumber(expires) <= now_ms() then
     drop(id)
   else
@@ -190,7 +201,9 @@ local function finish(id)
 end
 """
 
-# ARGV: P, id, key_json, token, worker_id, pid, host, full
+# ARGV: P, id, key_json, token, worker_id, pid, host, full, max_sessions
+# Replies: busy + holder | limit, sessions | new, sessions, bytes |
+# found, sessions, bytes, head, split, exchange count, rows (when full)...
 _CLAIM: Final = (
     _PRELUDE
     + """
@@ -202,18 +215,25 @@ local token = redis.call('HGET', h, 'token')
 if token and token ~= ARGV[4] then
   return holder(h)
 end
+local head = redis.call('HGET', h, 'head')
 if not token then
+  if not head then  -- a new conversation claims its place now
+    local sessions = redis.call('HLEN', SESSIONS)
+    if sessions >= tonumber(ARGV[9]) then return {'limit', sessions} end
+    redis.call('HSET', SESSIONS, id, '0')
+  end
   redis.call('HSET', h, 'key', ARGV[3], 'token', ARGV[4], 'worker_id', ARGV[5],
              'pid', ARGV[6], 'host', ARGV[7], 'since', string.format('%d', now))
   redis.call('ZADD', HELD, now, id)
   for _, k in ipairs({h, m, x}) do redis.call('PERSIST', k) end
   store_backstop()
 end
-local head = redis.call('HGET', h, 'head')
+local used = usage()
 if not head then
-  return {'new'}
+  return {'new', used[1], used[2]}
 end
-local reply = {'found', head, redis.call('HGET', h, 'split'), redis.call('LLEN', x)}
+local reply = {'found', used[1], used[2], head, redis.call('HGET', h, 'split'),
+               redis.call('LLEN', x)}
 if ARGV[8] == '1' then
   for _, row in ipairs(redis.call('LRANGE', m, 0, -1)) do reply[#reply + 1] = row end
 end
@@ -352,6 +372,15 @@ if redis.call('HEXISTS', h, 'head') == 0 then return {'absent'} end
 drop(ARGV[2])
 store_backstop()
 return {'deleted'}
+"""
+)
+
+# ARGV: P. Returns sessions, bytes.
+_USAGE: Final = (
+    _PRELUDE
+    + """
+if purge(now_ms()) > 0 then store_backstop() end
+return usage()
 """
 )
 
@@ -510,6 +539,7 @@ class _Claim:
     split: bool = False
     exchange_count: int = 0
     rows: tuple[Any, ...] = ()
+    usage: StoreUsage | None = None
 
     def record(self) -> Record | None:
         if not self.found:
@@ -567,7 +597,10 @@ class RedisHistoryStore:
     Defaults: 128 conversations, 32 MiB, 24 hours of inactivity. A transaction
     reserves its conversation durably; after a crash the conversation answers
     :class:`~touba.errors.DecisionHistoryBusy` until
-    ``recover(key, worker_stopped=True)``.
+    ``recover(key, worker_stopped=True)``. Reserving a key that has no record
+    claims its place among ``max_sessions`` at once; when every place is held
+    (records and such reservations), it raises ``DecisionHistoryLimitExceeded``
+    before the operation runs.
     """
 
     def __init__(
@@ -628,6 +661,7 @@ class RedisHistoryStore:
         self._read_script = register(_READ)
         self._delete_script = register(_DELETE)
         self._purge_script = register(_PURGE)
+        self._usage_script = register(_USAGE)
         self._list_script = register(_LIST)
         self._exchanges = register(_EXCHANGES)
         self._closed = False
@@ -698,6 +732,7 @@ class RedisHistoryStore:
             reservation.pid,
             reservation.host,
             "1" if full else "0",
+            self.max_sessions,
         )
         try:
             reply = await self._conv(self._claim_script, keys, args, "a reservation")
@@ -707,18 +742,28 @@ class RedisHistoryStore:
         status = _text(reply[0])
         if status == "busy":
             raise self._busy(key, reply)
+        if status == "limit":
+            check_sessions(int(reply[1]), self.max_sessions)
+            raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_sessions raised
+                "the store is full; nothing was reserved", limit="max_sessions"
+            )
+        usage = self._usage_of(reply[1], reply[2])
         if status == "new":
-            return _Claim(key, keys, reservation.token, found=False)
+            return _Claim(key, keys, reservation.token, found=False, usage=usage)
         return _Claim(
             key,
             keys,
             reservation.token,
             found=True,
-            head=_text(reply[1]),
-            split=_text(reply[2]) == "1",
-            exchange_count=int(reply[3]),
-            rows=tuple(reply[4:]),
+            head=_text(reply[3]),
+            split=_text(reply[4]) == "1",
+            exchange_count=int(reply[5]),
+            rows=tuple(reply[6:]),
+            usage=usage,
         )
+
+    def _usage_of(self, sessions: Any, size: Any) -> StoreUsage:
+        return StoreUsage(int(sessions), self.max_sessions, int(size), self.max_store_bytes)
 
     async def _commit(
         self,
@@ -833,7 +878,8 @@ class RedisHistoryStore:
                     "the stored value under this session key is not a touba decision history "
                     "record; it was not modified. Use another namespace or delete the key"
                 )
-            write, result = await operation(_Snapshot(self, claim) if claim.found else None)
+            snapshot = _Snapshot(self, claim) if claim.found else None
+            write, result = await operation(snapshot, claim.usage)
             if write is None:
                 await self._release(claim)
                 return result
@@ -885,6 +931,18 @@ class RedisHistoryStore:
         """Purge expired, unreserved conversations now; return how many went."""
         reply = await self._run(self._purge_script, self._store_keys, (self._base,), "a purge")
         return int(reply)
+
+    async def usage(self) -> StoreUsage:
+        """How full the store is now, over every client sharing the prefix.
+
+        ``sessions`` counts stored conversations plus reservations of keys that
+        have no record yet (a crashed worker's included, until ``recover``);
+        ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
+        Expired conversations are purged first. Two reads of counters the
+        scripts keep, whatever the number of conversations.
+        """
+        reply = await self._run(self._usage_script, self._store_keys, (self._base,), "a usage")
+        return self._usage_of(reply[0], reply[1])
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Every live conversation (and reserved key), sizes and holder, no content."""

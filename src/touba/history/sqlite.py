@@ -6,7 +6,9 @@ Layout (schema version 1, recorded in ``touba_meta``):
   record when it is not touba-shaped, ``split = 0``), sizes, expiry, identity
   and namespace (for ``list``), and the reservation (``token``, ``worker_id``,
   ``pid``, ``host``, ``since``). ``head IS NULL`` marks a reservation on a key
-  that has no record yet: it counts as no session and vanishes when released.
+  that has no record yet: it holds that conversation's place among
+  ``max_sessions`` (taken in the reservation's write transaction, so two
+  processes cannot both take the last one) and vanishes when released.
 - ``touba_history_messages``: one row per message of a touba record (``key``,
   ``seq``, ``exchange``, ``bytes``, ``body``), indexed on ``(key, exchange,
   seq, bytes)``: a tail or its sizes cost the rows read, and a decision
@@ -30,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
@@ -40,6 +43,7 @@ from touba.history._common import (
     busy,
     check_capacity,
     check_limits_config,
+    check_sessions,
     encode_json,
     encode_record,
     iso,
@@ -53,6 +57,7 @@ from touba.history._store import (
     Operation,
     Record,
     StoredConversation,
+    StoreUsage,
     check_appends,
 )
 from touba.history._window import ExchangeSize
@@ -207,6 +212,14 @@ class _Db:
             raise busy(key, " (its reservation was recovered while this one ran; nothing saved)")
         return row[0], row[1], row[2], row[3]
 
+    def _usage(self) -> StoreUsage:
+        """Places held (records and reservations of new keys) and bytes retained;
+        one pass over the sessions table, never over the messages."""
+        sessions, total = self.q(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM touba_history_sessions"
+        ).fetchone()
+        return StoreUsage(sessions, self.store.max_sessions, total, self.store.max_store_bytes)
+
     def _admit(self, *, is_new: bool, old_bytes: int, new_bytes: int) -> None:
         sessions, total = self.q(
             "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM touba_history_sessions "
@@ -248,8 +261,16 @@ class _Db:
 
     # -- reservation ------------------------------------------------------------------
 
-    def reserve(self, key: str, reservation: Reservation, whole: bool) -> tuple[Any, int] | None:
-        """Reserve ``key``; return its record (``whole``) or head, and exchange count."""
+    def reserve(
+        self, key: str, reservation: Reservation, whole: bool
+    ) -> tuple[tuple[Any, int] | None, StoreUsage]:
+        """Reserve ``key``; return its record (``whole``) or head and exchange count
+        (None for a new key), and the store's usage with this reservation.
+
+        A new key takes its place among ``max_sessions`` in the same write
+        transaction (``BEGIN IMMEDIATE`` serialises every writer of the file),
+        or is refused with nothing reserved.
+        """
         with _transaction(self.conn):
             self._purge()
             row = self.q(
@@ -258,15 +279,19 @@ class _Db:
             ).fetchone()
             if row is not None and row[3] is not None:
                 raise busy(key)
-            self.q("INSERT OR IGNORE INTO touba_history_sessions (key) VALUES (?)", key)
+            usage = self._usage()
+            if row is None:
+                check_sessions(usage.sessions, self.store.max_sessions)
+                self.q("INSERT INTO touba_history_sessions (key) VALUES (?)", key)
+                usage = replace(usage, sessions=usage.sessions + 1)
             held = (reservation.worker_id, reservation.pid, reservation.host, reservation.since)
             self.q(_RESERVE, reservation.token, *held, key)
         if row is None or row[0] is None:
-            return None
+            return None, usage
         try:  # the key is ours now: read outside the write transaction
             if whole:
-                return self._record(key, row[0], row[1]), row[2]
-            return _parse(row[0], key, "the stored record"), row[2]
+                return (self._record(key, row[0], row[1]), row[2]), usage
+            return (_parse(row[0], key, "the stored record"), row[2]), usage
         except BaseException:
             self.release(key, reservation.token)
             raise
@@ -375,6 +400,11 @@ class _Db:
             self.q("DELETE FROM touba_history_sessions WHERE key = ?", key)
             return True
 
+    def usage(self) -> StoreUsage:
+        self.purge()
+        with _transaction(self.conn, "BEGIN"):
+            return self._usage()
+
     def listing(self, namespace: str | None) -> list[StoredConversation]:
         self.purge()
         rows = self.q(
@@ -451,7 +481,10 @@ class SqliteHistoryStore:
 
     The file is opened at construction (blocking briefly). A reservation
     outlives a crashed worker: the key answers ``DecisionHistoryBusy`` until
-    ``recover(key, worker_stopped=True)``. Expired conversations are purged
+    ``recover(key, worker_stopped=True)``. Reserving a key that has no record
+    claims its place among ``max_sessions`` at once; when every place is held
+    (records and such reservations), it raises ``DecisionHistoryLimitExceeded``
+    before the operation runs. Expired conversations are purged
     on the next access (not a secure erase); ``purge_expired()`` does it now.
     """
 
@@ -554,7 +587,9 @@ class SqliteHistoryStore:
         future.add_done_callback(_retrieve)
         return await asyncio.shield(future)
 
-    async def _reserve(self, key: str, reservation: Reservation, whole: bool) -> Any:
+    async def _reserve(
+        self, key: str, reservation: Reservation, whole: bool
+    ) -> tuple[tuple[Any, int] | None, StoreUsage]:
         try:
             return await self._run(key, lambda: self._db.reserve(key, reservation, whole))
         except asyncio.CancelledError:
@@ -579,7 +614,7 @@ class SqliteHistoryStore:
         with self._using():
             reservation = Reservation.new(self.worker_id)
             token = reservation.token
-            loaded = await self._reserve(key, reservation, whole=True)
+            loaded, _usage = await self._reserve(key, reservation, whole=True)
             try:
                 record, result = await operation(None if loaded is None else loaded[0])
                 await self._run(key, lambda: self._db.save_record(key, token, record))
@@ -592,10 +627,10 @@ class SqliteHistoryStore:
         with self._using():
             reservation = Reservation.new(self.worker_id)
             token = reservation.token
-            loaded = await self._reserve(key, reservation, whole=False)
+            loaded, usage = await self._reserve(key, reservation, whole=False)
             try:
                 write, result = await operation(
-                    None if loaded is None else _Snapshot(self, key, *loaded)
+                    None if loaded is None else _Snapshot(self, key, *loaded), usage
                 )
                 if write is None:
                     await self._run(key, lambda: self._db.release(key, token))
@@ -626,6 +661,17 @@ class SqliteHistoryStore:
         """Delete expired, unreserved conversations now; return how many."""
         with self._using():
             return await self._run("", self._db.purge)
+
+    async def usage(self) -> StoreUsage:
+        """How full the store is now, over every process sharing the file.
+
+        ``sessions`` counts stored conversations plus reservations of keys that
+        have no record yet (a crashed worker's included, until ``recover``);
+        ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
+        Expired conversations are purged first.
+        """
+        with self._using():
+            return await self._run("", self._db.usage)
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Sizes and reservations, never content. A key reserved before its first

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import copy
 import inspect
+import json
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -25,7 +26,14 @@ from touba.errors import ConfigurationError, DecisionHistoryBusy, DecisionHistor
 from touba.history._identity import ConversationIdentity
 from touba.history._model import message_bytes
 from touba.history._record import RECORD_KIND, join_record, new_head
-from touba.history._store import HistoryStore, LogSnapshot, LogStore, LogWrite, Record
+from touba.history._store import (
+    HistoryStore,
+    LogSnapshot,
+    LogStore,
+    LogWrite,
+    Record,
+    StoreUsage,
+)
 
 __all__ = [
     "CHECK_NAMES",
@@ -107,6 +115,11 @@ class _Recoverable(Protocol):
 @runtime_checkable
 class _Listable(Protocol):
     async def list(self, namespace: str | None = None) -> Sequence[Any]: ...
+
+
+@runtime_checkable
+class _Measurable(Protocol):
+    async def usage(self) -> StoreUsage: ...
 
 
 def _require(store: HistoryStore, capability: type, method: str) -> None:
@@ -862,7 +875,11 @@ async def check_list(store: HistoryStore) -> None:
 
 
 async def check_capacity(limited_factory: LimitedStoreFactory | None) -> None:
-    """A full store refuses atomically (``DecisionHistoryLimitExceeded``), evicting nothing."""
+    """A full store refuses atomically (``DecisionHistoryLimitExceeded``), evicting nothing.
+
+    A store may refuse a new key when reserving it or when saving it. Where the
+    store offers ``usage()`` (built-ins do), its figures are checked as well.
+    """
     if limited_factory is None:
         raise CheckSkipped(
             "no factory building the store with max_sessions/max_store_bytes was given"
@@ -876,14 +893,23 @@ async def check_capacity(limited_factory: LimitedStoreFactory | None) -> None:
         else:
             _fail(f"a write over {limit} must raise DecisionHistoryLimitExceeded")
 
+    async def absent_from_full(store: HistoryStore, key: str) -> None:
+        try:
+            await _expect_stored(store, key, None, "a refused new conversation must not be stored")
+        except DecisionHistoryLimitExceeded as e:
+            # Built-in stores refuse even to reserve a new key when full: it has no record.
+            _expect(e.limit == "max_sessions", f"reserving a new key raised limit={e.limit!r}")
+
     async with open_store(limited_factory(max_sessions=2, max_store_bytes=1024 * 1024)) as store:
         k1, k2, k3 = _key("cap-1"), _key("cap-2"), _key("cap-3")
         await _save(store, k1, {"one": 1})
         await _save(store, k2, {"two": 2})
+        await _expect_usage(store, sessions=2, max_sessions=2)
         await refused(store, k3, {"three": 3}, "max_sessions")
         await _expect_stored(store, k1, {"one": 1}, "a full store must evict nothing")
         await _expect_stored(store, k2, {"two": 2}, "a full store must evict nothing")
-        await _expect_stored(store, k3, None, "a refused new conversation must not be stored")
+        await absent_from_full(store, k3)
+        await _expect_usage(store, sessions=2, max_sessions=2)
         await _save(store, k1, {"one": "updated"})  # not a new session: allowed
         await _save(store, k2, None)
         await _save(store, k3, {"three": 3})  # room again after a deletion
@@ -898,6 +924,20 @@ async def check_capacity(limited_factory: LimitedStoreFactory | None) -> None:
         await _expect_stored(store, key, None, "a refused new conversation must not be stored")
         await refused(store, k1, {"pad": "a" * 9000}, "max_store_bytes")
         await _expect_stored(store, k1, small, "a refused update must keep the old record")
+        await _expect_usage(store, sessions=1, max_sessions=100, bytes=len(_json(small)))
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+async def _expect_usage(store: HistoryStore, **expected: int) -> None:
+    """``usage()``, where the store offers it (built-ins do), reports these figures."""
+    if not isinstance(store, _Measurable):
+        return
+    usage = await _within(store.usage(), STEP_TIMEOUT, "usage()")
+    got = {name: getattr(usage, name) for name in expected}
+    _expect(got == expected, f"usage() should report {expected}, got {got}")
 
 
 async def check_log_interface(store: HistoryStore, *, expect_busy_error: bool = True) -> None:
@@ -912,7 +952,9 @@ async def check_log_interface(store: HistoryStore, *, expect_busy_error: bool = 
     head = new_head(identity)
     m = _messages(5, "log")
 
-    async def create(snapshot: LogSnapshot | None) -> tuple[LogWrite, str]:
+    async def create(
+        snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite, str]:
         _expect(snapshot is None, "the log snapshot of a new key must be None")
         return LogWrite(head=copy.deepcopy(head), append=[(0, m[0]), (0, m[1]), (1, m[2])]), "r1"
 
@@ -923,7 +965,9 @@ async def check_log_interface(store: HistoryStore, *, expect_busy_error: bool = 
 
     head2 = {**head, "pending": [{"call_id": "c2", "name": "lookup"}]}
 
-    async def inspect_then_append(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+    async def inspect_then_append(
+        snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite, None]:
         _expect(snapshot is not None, "the log snapshot of a stored key is None")
         assert snapshot is not None
         _expect_same(head, snapshot.head, "the log snapshot's head")
@@ -945,7 +989,9 @@ async def check_log_interface(store: HistoryStore, *, expect_busy_error: bool = 
 
     for bad in ([(0, m[4])], [(3, m[4])]):
 
-        async def rewrite(snapshot: LogSnapshot | None, bad: Any = bad) -> tuple[LogWrite, None]:
+        async def rewrite(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None, bad: Any = bad
+        ) -> tuple[LogWrite, None]:
             return LogWrite(head=copy.deepcopy(head2), append=bad), None
 
         refused = False
@@ -956,13 +1002,13 @@ async def check_log_interface(store: HistoryStore, *, expect_busy_error: bool = 
         _expect(refused, f"appending to exchange {bad[0][0]} of a 2-exchange log was accepted")
         await _expect_stored(store, key, expected, "a refused append must change nothing")
 
-    async def nothing(snapshot: LogSnapshot | None) -> tuple[None, str]:
+    async def nothing(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[None, str]:
         return None, "kept"
 
     _expect(await store.transact_log(key, nothing) == "kept", "transact_log result")
     probe = _Probe("log operation failed")
 
-    async def fail(snapshot: LogSnapshot | None) -> tuple[LogWrite, None]:
+    async def fail(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[LogWrite, None]:
         assert snapshot is not None
         snapshot.head["stats"]["messages"] = -1
         (await snapshot.exchanges(0, 1))[0].clear()

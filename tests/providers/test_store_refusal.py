@@ -1,0 +1,157 @@
+"""A full store refuses a decision before the provider is paid, for every provider.
+
+Each provider runs with its context guard against its fake server; the
+server's request log shows that a refused decision sent nothing at all: no
+count request, no generation. (tests/history/test_capacity.py covers every
+store and limit with the OpenAI provider.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from google import genai
+from google.genai import types
+
+from touba.errors import DecisionHistoryLimitExceeded
+from touba.history import HistoryConfig, MemoryHistoryStore
+from touba.providers import CapabilitySpec, ContextConfig, DecisionRequest, Observation
+from touba.providers.anthropic import create_anthropic_decision_provider
+from touba.providers.gemini import create_gemini_decision_provider
+from touba.providers.openai import create_openai_decision_provider
+from touba.testing.fakes import (
+    FakeAnthropicServer,
+    FakeGeminiServer,
+    FakeOpenAIServer,
+    FakeProviderServer,
+    anthropic_text,
+    anthropic_tool_use,
+    gemini_function_call,
+    gemini_text,
+    openai_function_call,
+    openai_text,
+)
+
+LOOKUP = CapabilitySpec(
+    "lookup_order",
+    "Find an order",
+    {"type": "object", "properties": {"order_id": {"type": "string"}}},
+)
+GUARD = ContextConfig(context_window_tokens=100_000)
+
+
+@dataclass
+class Setup:
+    server: FakeProviderServer
+    provider: Any
+    script_call: Callable[[], None]
+    script_text: Callable[[str], None]
+
+
+Build = Callable[[AsyncExitStack, HistoryConfig], Awaitable[Setup]]
+
+
+async def _openai(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
+    server = stack.enter_context(FakeOpenAIServer())
+    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="k", max_retries=0)
+    stack.push_async_callback(client.close)
+    provider = create_openai_decision_provider(
+        model="gpt-test", client=client, history=history, context=GUARD, max_output_tokens=100
+    )
+    return Setup(
+        server,
+        provider,
+        lambda: server.script_response(openai_function_call("lookup_order", {"order_id": "A1"})),
+        lambda text: server.script_response(openai_text(text)),
+    )
+
+
+async def _anthropic(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
+    server = stack.enter_context(FakeAnthropicServer())
+    client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="k", max_retries=0)
+    stack.push_async_callback(client.close)
+    provider = create_anthropic_decision_provider(
+        model="claude-test", client=client, history=history, context=GUARD, max_output_tokens=100
+    )
+    return Setup(
+        server,
+        provider,
+        lambda: server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"})),
+        lambda text: server.script_response(anthropic_text(text)),
+    )
+
+
+async def _gemini(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
+    server = stack.enter_context(FakeGeminiServer())
+    options = types.HttpOptions(
+        base_url=server.base_url, retry_options=types.HttpRetryOptions(attempts=1)
+    )
+    client = genai.Client(api_key="k", http_options=options)
+    stack.callback(client.close)
+    stack.push_async_callback(client.aio.aclose)
+    provider = create_gemini_decision_provider(
+        model="gemini-test", client=client, history=history, context=GUARD, max_output_tokens=100
+    )
+    return Setup(
+        server,
+        provider,
+        lambda: server.script_response(gemini_function_call("lookup_order", {"order_id": "A1"})),
+        lambda text: server.script_response(gemini_text(text)),
+    )
+
+
+@pytest.fixture(params=[_openai, _anthropic, _gemini], ids=["openai", "anthropic", "gemini"])
+async def build(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[HistoryConfig], Any]]:
+    async with AsyncExitStack() as stack:
+
+        async def make(history: HistoryConfig) -> Setup:
+            built: Build = request.param
+            return await built(stack, history)
+
+        yield make
+
+
+def request(invocation: str, **kwargs: Any) -> DecisionRequest:
+    return DecisionRequest(
+        run_id="r1",
+        invocation_id=invocation,
+        agent_ref="support",
+        instructions="Help with orders.",
+        input="Where is order A1?",
+        capabilities=(LOOKUP,),
+        **kwargs,
+    )
+
+
+async def test_a_full_store_refuses_before_any_request(build: Any) -> None:
+    store = MemoryHistoryStore(max_sessions=2, max_store_bytes=6000)
+    setup: Setup = await build(HistoryConfig(store=store, namespace="t"))
+    server = setup.server
+    setup.script_call()
+    decision = await setup.provider.decide(request("i1"))
+    setup.script_text("done")
+    await setup.provider.decide(request("i2"))
+    paid = [r.endpoint for r in server.requests]
+    assert paid == [server.count_endpoint, server.generation_endpoint] * 2
+    before = [(row, await store.read(row.key)) for row in await store.list()]
+
+    (call,) = decision.calls
+    big = (Observation(call.call_id, call.name, call.arguments, "ok", {"pad": "x" * 6000}),)
+    refusals = {
+        "max_store_bytes": request("i1", observations=big),
+        "max_sessions": request("i3"),
+    }
+    setup.script_text("never generated")
+    for limit, refused in refusals.items():
+        with pytest.raises(DecisionHistoryLimitExceeded) as caught:
+            await setup.provider.decide(refused)
+        assert caught.value.limit == limit
+    assert [r.endpoint for r in server.requests] == paid  # nothing was sent
+    assert server.pending(server.generation_endpoint) == 1
+    assert [(row, await store.read(row.key)) for row in await store.list()] == before
