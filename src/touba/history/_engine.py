@@ -204,7 +204,7 @@ class DecisionHistory:
             await recover(key, worker_stopped=True)
 
         async def pending(
-            snapshot: LogSnapshot | None,
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
         ) -> tuple[LogWrite | None, tuple[tuple[str, str], ...]]:
             if snapshot is None:
                 return None, ()
