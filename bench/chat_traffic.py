@@ -61,6 +61,7 @@ class TrafficReport:
     max_running: int = 0
     over_running: int = 0  # samples holding more conversations than turns that could run
     seconds: float = 0.0
+    generations: int = 0  # decisions the model was asked for
 
     @property
     def turns_per_second(self) -> float:
@@ -149,6 +150,7 @@ async def run_traffic(
                     report.retried.append(f"{turn.result.error!r}")
                     turn = await session.resume()  # a retryable failure: retried, as an app does
                 report.turns += 1
+                report.generations += len(provider.sent)
                 provider.requests.clear()  # the script's records are not what is measured
                 provider.sent.clear()
                 error = turn.result.error

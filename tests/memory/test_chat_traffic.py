@@ -84,6 +84,7 @@ async def test_retained_chat_history_fills_the_default_store_and_says_why(
     )
     assert report.completed == 128
     assert report.refusals == 12
+    assert report.generations == 2 * 128  # the refused turns called no model
 
 
 async def test_the_max_sessions_refusal_under_a_chat_session_names_chat_turns(
