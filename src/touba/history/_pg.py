@@ -34,7 +34,8 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from types import TracebackType
+from typing import Any, Final, Self
 
 try:
     import psycopg
@@ -53,6 +54,7 @@ __all__ = [
     "FAILURES",
     "Conn",
     "OwnedPool",
+    "PooledStore",
     "Row",
     "Schema",
     "check_source",
@@ -379,3 +381,36 @@ class OwnedPool:
         except FAILURES as e:
             # The one place driver failures during use become touba errors.
             raise self._unavailable(e) from e
+
+
+class PooledStore:
+    """The lifecycle every PostgreSQL store shares, over its :class:`OwnedPool`."""
+
+    _pg: OwnedPool
+
+    async def open(self) -> None:
+        """Connect and create (or check) the tables; idempotent, also done on first use.
+
+        ConfigurationError when the server cannot be reached (the driver's
+        error chained), the tables are not touba's, or the store is closed; a
+        store may raise its own typed error for another schema version.
+        """
+        await self._pg.open()
+
+    async def close(self) -> None:
+        """Refuse new calls, let running ones finish, then close the pool if this store
+        made it (a pool given by you stays open). Idempotent; later calls raise
+        ConfigurationError."""
+        await self._pg.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

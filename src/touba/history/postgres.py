@@ -49,8 +49,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Final, LiteralString, Self, TypeVar
+from typing import Any, Final, LiteralString, TypeVar
 
 try:
     from psycopg import sql
@@ -78,7 +77,7 @@ from touba.history._common import (
     require_worker_stopped,
 )
 from touba.history._pg import Conn as _Conn
-from touba.history._pg import OwnedPool, Schema, lock_key, table_parts
+from touba.history._pg import OwnedPool, PooledStore, Schema, lock_key, table_parts
 from touba.history._pg import Row as _Row
 from touba.history._pg import row as _row
 from touba.history._pg import rows as _rows
@@ -332,7 +331,7 @@ def _group(rows: Sequence[_Row], key: str) -> list[list[Record]]:
 # -- the store ---------------------------------------------------------------------------
 
 
-class PostgresHistoryStore:
+class PostgresHistoryStore(PooledStore):
     """PostgreSQL store: durable reservations, bounded, expiring, refusing when full.
 
     Give exactly one of ``dsn`` (the store creates, opens and closes its own
@@ -383,33 +382,6 @@ class PostgresHistoryStore:
         self.ttl_seconds = float(ttl_seconds)
         self.worker_id = worker_id
         self._capacity_key = lock_key(f"touba.history.postgres:capacity:{table}")
-
-    # -- lifecycle ---------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def open(self) -> None:
-        """Connect and create (or check) the tables; idempotent, also done on first use.
-
-        Raises ConfigurationError when the server cannot be reached or the table
-        is not touba's, DecisionHistoryRecordInvalid for another schema version.
-        """
-        await self._pg.open()
-
-    async def close(self) -> None:
-        """Refuse new calls, let running ones save or release, then close the pool if
-        this store created it (a pool given by you stays open)."""
-        await self._pg.close()
 
     def _using(self) -> AbstractAsyncContextManager[None]:
         """One public call: refused once closing, awaited by ``close()`` otherwise."""

@@ -40,8 +40,7 @@ every touba PostgreSQL store shares (:mod:`touba.history._pg`).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Final, LiteralString, Self
+from typing import Any, Final, LiteralString
 
 try:
     from psycopg import sql
@@ -54,7 +53,17 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
 
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.history._model import JSON
-from touba.history._pg import OwnedPool, Row, Schema, has_nul, row, rows, run, table_parts
+from touba.history._pg import (
+    OwnedPool,
+    PooledStore,
+    Row,
+    Schema,
+    has_nul,
+    row,
+    rows,
+    run,
+    table_parts,
+)
 from touba.runtime._checkpoints import (
     CheckpointInfo,
     check_revision,
@@ -163,7 +172,7 @@ def _info(found: Row) -> CheckpointInfo:
     )
 
 
-class PostgresCheckpointStore:
+class PostgresCheckpointStore(PooledStore):
     """Checkpoints in PostgreSQL, durable and shared by every worker using the table.
 
     Give exactly one of ``dsn`` (the store creates, opens and closes its own
@@ -195,33 +204,6 @@ class PostgresCheckpointStore:
             unavailable=_unavailable,
         )
         self.table = table
-
-    async def open(self) -> None:
-        """Connect and create (or check) the tables; idempotent, also done on first use.
-
-        ConfigurationError when the server cannot be reached (the driver's
-        error chained), the table is not touba's or of another schema version
-        (left untouched), or the store is closed.
-        """
-        await self._pg.open()
-
-    async def close(self) -> None:
-        """Refuse new calls, let running ones finish, then close the pool if this store
-        made it (a pool given by you stays open). Idempotent; later calls raise
-        ConfigurationError."""
-        await self._pg.close()
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         """Store a new checkpoint, committed when this returns.

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Final, LiteralString, Self
+from typing import Any, Final, LiteralString
 
 try:
     from psycopg import sql
@@ -40,7 +39,7 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
 
 from touba.errors import ConfigurationError, ResourceBindingUnavailable
 from touba.history._model import JSON, canonical_json
-from touba.history._pg import OwnedPool, Schema, has_nul, row, rows, run, table_parts
+from touba.history._pg import OwnedPool, PooledStore, Schema, has_nul, row, rows, run, table_parts
 from touba.runtime._resources import ResourceAddress, ResourceItem
 
 __all__ = ["SCHEMA_VERSION", "PostgresResourceBinding"]
@@ -101,7 +100,7 @@ def _unavailable(e: Exception) -> ResourceBindingUnavailable:
     )
 
 
-class PostgresResourceBinding:
+class PostgresResourceBinding(PooledStore):
     """Resources in PostgreSQL, durable and shared by every worker using the table.
 
     Give exactly one of ``dsn`` (the binding creates, opens and closes its
@@ -129,33 +128,6 @@ class PostgresResourceBinding:
             unavailable=_unavailable,
         )
         self.table = table
-
-    async def open(self) -> None:
-        """Connect and create (or check) the tables; idempotent, also done on first use.
-
-        ConfigurationError when the server cannot be reached (the driver's
-        error chained), the table is not touba's or of another schema version
-        (left untouched), or the binding is closed.
-        """
-        await self._pg.open()
-
-    async def close(self) -> None:
-        """Refuse new calls, let running ones finish, then close the pool if this binding
-        made it (a pool given by you stays open). Idempotent; later calls raise
-        ConfigurationError."""
-        await self._pg.close()
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
         """The item under ``key`` (a detached copy), or None.
