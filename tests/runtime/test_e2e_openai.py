@@ -831,3 +831,45 @@ async def test_structured_interface_round_trip_through_the_runtime(
     assert '"status":"denied"' in results
     assert outputs(second) == {}
     assert_accepted(server)
+
+
+async def test_a_503_after_an_approved_payment_is_retried_from_another_worker_paying_once(
+    server: FakeOpenAIServer, private_dir: Path
+) -> None:
+    """Issue 8: the provider fails on the generation right after the approved call ran;
+    the checkpoint survives, and a resume in a third worker completes without paying again."""
+    paused, ran_before = await pause_in_worker(server, private_dir, durable_history=True)
+    assert ran_before == ["lookup I-1"]
+    server.script_error(503)
+
+    async def approve(runtime: Runtime) -> InvocationResult:
+        return await runtime.resume(paused.checkpoint_id or "", {"call_pay": True})
+
+    ran: list[str] = []
+    failed = await run_in_worker(server, private_dir, durable_history=True, ran=ran, act=approve)
+    assert failed.status == "failed"
+    assert failed.error is not None and failed.error.retryable
+    assert failed.checkpoint_id not in (None, paused.checkpoint_id)
+    assert ran == ["pay I-1"]
+
+    server.script_response(openai_text("Paid."))
+
+    async def retry(runtime: Runtime) -> InvocationResult:
+        return await runtime.resume(failed.checkpoint_id or "")
+
+    done = completed(
+        await run_in_worker(server, private_dir, durable_history=True, ran=ran, act=retry)
+    )
+    assert done.invocation_id == paused.invocation_id
+    assert ran == ["pay I-1"]  # exactly once across three workers
+    statuses = [r.status for r in server.requests_to("responses")]
+    assert statuses == [200, 503, 200]
+    last = generations(server)[-1]
+    assert outputs(last)["call_pay"] == {"status": "ok", "result": "paid"}
+    assert item_kinds(last)[1:] == [
+        ("reasoning", None),
+        ("function_call", "call_look"),
+        ("function_call", "call_pay"),
+        ("function_call_output", "call_look"),
+        ("function_call_output", "call_pay"),
+    ]
