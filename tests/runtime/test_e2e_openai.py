@@ -848,7 +848,8 @@ async def test_a_503_after_an_approved_payment_is_retried_from_another_worker_pa
     ran: list[str] = []
     failed = await run_in_worker(server, private_dir, durable_history=True, ran=ran, act=approve)
     assert failed.status == "failed"
-    assert failed.error is not None and failed.error.retryable
+    assert failed.error is not None
+    assert failed.error.retryable
     assert failed.checkpoint_id not in (None, paused.checkpoint_id)
     assert ran == ["pay I-1"]
 
