@@ -587,7 +587,9 @@ async def test_two_creators_of_the_last_slot_one_wins(url: str, prefix: str) -> 
 
 # -- keys, configuration, driver ----------------------------------------------------------
 
-ODD_KEYS = ["{", "}", "a:b", "{tag}:x", "é🙂中", "nul\x00byte", "*?[x]", "", "\ud800", "k" * 500]
+# Valid keys only: NUL, "" and lone surrogates are refused by every store alike
+# (tests/history/test_keys.py).
+ODD_KEYS = ["{", "}", "a:b", "{tag}:x", "é🙂中", "*?[x]", "\x01\n\t", "k" * 500]
 
 
 async def test_keys_with_odd_characters_are_safe(
@@ -668,3 +670,49 @@ def test_missing_redis_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "touba.history.redis")
     with pytest.raises(ImportError, match=r'pip install "touba\[redis\]"'):
         importlib.import_module("touba.history.redis")
+
+
+@pytest.mark.parametrize(
+    ("field", "tampered"),
+    [
+        ("head", "[1, 2, 3]"),
+        ("head", '"text"'),
+        ("head", '{"kind": "touba.decision_history", "x": NaN}'),
+    ],
+    ids=["array", "string", "nan"],
+)
+async def test_a_tampered_head_is_a_typed_record_error(
+    store: RedisHistoryStore, raw: Redis, prefix: str, field: str, tampered: str
+) -> None:
+    identity = ConversationIdentity("ns", "openai", "m", "native", "r", "i", "a")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="ns"))
+
+    async def generate(window: HistoryWindow) -> DecisionMessage:
+        return DecisionMessage(calls=(CapabilityCall("c1", "lookup", {}),))
+
+    await history.step(identity, [], generate)
+    await raw.hset(await one_key(raw, prefix, ":head"), field, tampered)
+    observation = Observation("c1", "lookup", {}, "ok", "done")
+    with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
+        await history.step(identity, [observation], generate)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
+        await store.transact(identity.key, put(None))
+    with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
+        await store.read(identity.key)
+    [row] = await store.list()
+    assert row.active is False  # refused without leaving the key held
+
+
+async def test_a_tampered_message_row_is_a_typed_record_error(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    await save(store, "k", record([{"a": 1}], [{"b": 2}]))
+    messages = await one_key(raw, prefix, ":messages")
+    for bad in ('{"not": "a row"}', "[0, 1]", '[0, 1, "not a message"]', "[99999999, 1, {}]"):
+        await raw.lset(messages, 0, bad)
+        with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
+            await store.read("k")
+        with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
+            await store.transact("k", put(None))
+    [row] = await store.list()
+    assert row.active is False

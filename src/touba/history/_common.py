@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from touba.errors import (
     ConfigurationError,
@@ -17,22 +17,56 @@ from touba.errors import (
     DecisionHistoryLimitExceeded,
     DecisionHistoryRecordInvalid,
 )
-from touba.history._model import canonical_json
+from touba.history._model import STORED_JSON_DEPTH, canonical_json, json_problem
 from touba.history._record import is_split_record, split_record
 
 __all__ = [
+    "MAX_KEY_BYTES",
     "EncodedRecord",
     "Reservation",
     "busy",
     "check_capacity",
+    "check_key",
     "check_limits_config",
     "check_sessions",
+    "encode_json",
     "encode_record",
     "iso",
     "require_worker_stopped",
 ]
 
 MiB = 1024 * 1024
+MAX_KEY_BYTES: Final = 512
+
+
+def check_key(key: object) -> str:
+    """The session key, as every built-in store accepts it, or ConfigurationError.
+
+    A non-empty ``str`` of at most 512 UTF-8 bytes, without NUL and without lone
+    surrogates: text that SQLite, PostgreSQL and Redis all keep exactly, so
+    that one key means the same conversation in every store (``123`` is not
+    ``"123"``). :func:`touba.history.conversation_key` always makes such keys.
+    """
+    if not isinstance(key, str):
+        raise ConfigurationError(
+            f"a session key must be a str, got {type(key).__name__}; use "
+            "touba.history.conversation_key(...) to make one"
+        )
+    if not key:
+        raise ConfigurationError("a session key must not be empty")
+    if "\x00" in key:
+        raise ConfigurationError("a session key must not contain NUL (\\x00)")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            "a session key must be valid Unicode text (it holds a lone surrogate)"
+        ) from None
+    if size > MAX_KEY_BYTES:
+        raise ConfigurationError(
+            f"a session key must be at most {MAX_KEY_BYTES} UTF-8 bytes, got {size}"
+        )
+    return key
 
 
 def iso(timestamp: float | None) -> str | None:
@@ -80,15 +114,17 @@ class EncodedRecord:
 
 
 def encode_json(value: Any, what: str) -> str:
-    """Compact JSON of ``value``, refusing what JSON or UTF-8 cannot hold."""
-    try:
-        text = canonical_json(value)
-        text.encode("utf-8")  # lone surrogates are str but not storable text
-    except (TypeError, ValueError) as e:
+    """Compact JSON of ``value``, refusing what JSON or UTF-8 cannot hold.
+
+    ``what`` names the value in the error (``"record"``, ``"message"``...);
+    :class:`DecisionHistoryRecordInvalid` names the path of the bad value.
+    """
+    problem = json_problem(value, what, max_depth=STORED_JSON_DEPTH)
+    if problem is not None:
         raise DecisionHistoryRecordInvalid(
-            f"{what} is not JSON-compatible ({type(e).__name__}: {e}); nothing was saved"
-        ) from e
-    return text
+            f"{problem}; a record must be JSON data, and nothing was saved"
+        )
+    return canonical_json(value)
 
 
 def encode_record(record: dict[str, Any]) -> EncodedRecord:
@@ -98,11 +134,14 @@ def encode_record(record: dict[str, Any]) -> EncodedRecord:
             f"an operation returned a {type(record).__name__}, not a dict record; nothing was saved"
         )
     if not is_split_record(record):
-        head = encode_json(record, "the record")
+        head = encode_json(record, "record")
         return EncodedRecord(head, False, [], 0, len(head.encode("utf-8")))
     head_dict, exchanges = split_record(record)
-    head = encode_json(head_dict, "the record head")
-    rows = [[encode_json(m, "a message") for m in ex] for ex in exchanges]
+    head = encode_json(head_dict, "record")
+    rows = [
+        [encode_json(m, f'record["exchanges"][{i}][{j}]') for j, m in enumerate(ex)]
+        for i, ex in enumerate(exchanges)
+    ]
     size = len(head.encode("utf-8")) + sum(len(m.encode("utf-8")) for ex in rows for m in ex)
     return EncodedRecord(head, True, rows, sum(len(ex) for ex in rows), size)
 

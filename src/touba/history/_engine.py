@@ -48,6 +48,7 @@ from touba.errors import (
 )
 from touba.history._config import HistoryConfig, HistoryEvent, SummaryRequest
 from touba.history._identity import ConversationIdentity
+from touba.history._integrity import check_decision, check_observations, check_window
 from touba.history._memory import MemoryHistoryStore
 from touba.history._model import (
     CapabilityCall,
@@ -241,7 +242,15 @@ class DecisionHistory:
         cannot fit in the store (``max_store_bytes``) or in the conversation
         (``max_retained_bytes``); after ``generate`` when the decision's own
         bytes push a bound over. Nothing is written in either case.
+
+        Raises :class:`ConfigurationError`, before anything is reserved, when an
+        observation is not JSON data (naming the path of the bad value, e.g.
+        ``observations[0].result["a"][3]``); :class:`DecisionHistoryRecordInvalid`
+        before ``fit`` or ``generate`` when the stored exchanges of the window
+        do not pair every call with its result (see
+        :mod:`touba.history._integrity`).
         """
+        check_observations(observations, data)
         key = self._key(identity)
 
         async def operation(
@@ -395,11 +404,13 @@ class _Step:
         if summarizing:
             summary, start = await self._summarize(start, through, sizes, first)
         window = await self._window(start, first, sizes, current, summary)
+        check_window(self.key, window.start, window.exchanges)
 
         if fit is not None:
             window = await fit(window)
         await self._announce(window, resumed_lost)
         decision = await generate(window)
+        check_decision(decision)
         stored = self._stored(decision)
         self._append(self.count, stored)
         self._check_retained()

@@ -16,6 +16,7 @@ from touba.history._common import (
     MiB,
     busy,
     check_capacity,
+    check_key,
     check_limits_config,
     check_sessions,
     encode_json,
@@ -156,6 +157,7 @@ class MemoryHistoryStore:
         )
 
     def _reserve(self, key: str) -> tuple[str, _Entry | None, StoreUsage]:
+        check_key(key)
         with self._lock:
             entry = self._live(key, self._clock())
             if key in self._active:
@@ -240,6 +242,9 @@ class MemoryHistoryStore:
             self._release(key, token)
 
     async def read(self, key: str) -> Record | None:
+        """A detached copy, or None if absent or expired; ``DecisionHistoryBusy`` while
+        a transaction holds it."""
+        check_key(key)
         with self._lock:
             entry = self._live(key, self._clock())
             if key in self._active:
@@ -247,6 +252,9 @@ class MemoryHistoryStore:
             return None if entry is None else entry.record()
 
     async def delete(self, key: str) -> bool:
+        """Delete an inactive conversation; False when absent, ``DecisionHistoryBusy``
+        while a transaction holds it."""
+        check_key(key)
         with self._lock:
             entry = self._live(key, self._clock())
             if key in self._active:
@@ -263,6 +271,7 @@ class MemoryHistoryStore:
         abandoned without finishing; its late save is then refused.
         """
         require_worker_stopped(worker_stopped)
+        check_key(key)
         with self._lock:
             self._check_open()
             self._fresh.discard(key)
@@ -310,9 +319,9 @@ def _identity(entry: _Entry) -> dict[str, str] | None:
 
 def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistoryStore) -> None:
     """Check then apply ``write`` in place (lock held); a refusal changes nothing."""
-    head = encode_json(write.head, "the record head")
+    head = encode_json(write.head, "head")
     check_appends(len(old.exchanges) if old else 0, write.append)
-    rows = [(index, encode_json(message, "a message")) for index, message in write.append]
+    rows = [(index, encode_json(message, "message")) for index, message in write.append]
     sizes = [len(row.encode("utf-8")) for _, row in rows]
     old_bytes = old.bytes if old else 0
     old_head_bytes = len(old.head.encode("utf-8")) if old else 0

@@ -10,9 +10,10 @@ produced it, and is only ever replayed to that same provider.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 from touba.errors import DecisionHistoryRecordInvalid
 
@@ -21,16 +22,20 @@ __all__ = [
     "DataMessage",
     "DecisionMessage",
     "JSON",
+    "MAX_JSON_DEPTH",
+    "STORED_JSON_DEPTH",
     "Message",
     "Observation",
     "ObservationStatus",
     "ResultMessage",
     "SummaryMessage",
     "canonical_json",
+    "json_problem",
     "message_bytes",
     "message_from_dict",
     "message_to_dict",
     "messages_bytes",
+    "parse_json",
 ]
 
 JSON: TypeAlias = Any
@@ -39,9 +44,137 @@ JSON: TypeAlias = Any
 ObservationStatus = Literal["ok", "error", "denied"]
 
 
+MAX_JSON_DEPTH: Final = 256
+"""How deeply a value given to touba (an observation's result, a resource value,
+a checkpoint's input) may nest lists and objects. Far below Python's recursion
+limit, so that encoding it, keeping it inside a record and reading it back
+never meets a ``RecursionError``."""
+
+STORED_JSON_DEPTH: Final = MAX_JSON_DEPTH + 64
+"""The same bound for a whole document a store keeps (a record, a checkpoint),
+which wraps such values in a few levels of its own."""
+
+# Python's int -> str conversion limit (sys.get_int_max_str_digits, 4300 digits by
+# default) makes json.dumps fail on huge ints; below this many bits it cannot.
+_SAFE_INT_BITS: Final = 14_000
+
+
 def canonical_json(value: JSON) -> str:
-    """The one serialisation used for sizes, fingerprints and storage."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """The one serialisation used for sizes, fingerprints and storage.
+
+    Strict JSON: NaN and ±Infinity raise ``ValueError`` (Python would write bare
+    ``NaN``, which strict parsers refuse). Check values with :func:`json_problem`
+    where they enter touba, to refuse them typed and by name.
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(text: str | bytes) -> JSON:
+    """``json.loads`` for stored text, refusing what touba never writes.
+
+    Python's parser accepts ``NaN`` and ``Infinity``, which JSON does not; this
+    raises ``ValueError`` for them, and for nesting too deep to read back
+    (``RecursionError`` becomes ``ValueError`` too), so that each store turns
+    any of these into its own typed error.
+    """
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError as e:
+        raise ValueError("the JSON text nests too deeply to be read") from e
+
+
+_Path = tuple[Any, str | int]  # (parent path or None, segment): built only on failure
+
+
+def _render(path: _Path) -> str:
+    parts: list[str] = []
+    node: _Path | None = path
+    while node is not None:
+        parent, segment = node
+        if parent is None:
+            parts.append(str(segment))
+        elif isinstance(segment, int):
+            parts.append(f"[{segment}]")
+        else:
+            shown = segment if len(segment) <= 40 else segment[:40] + "..."
+            parts.append("[" + json.dumps(shown) + "]")
+        node = parent
+    parts.reverse()
+    if len(parts) > 16:  # a path down a deep nesting: its start and its end say enough
+        parts = [*parts[:9], "...", *parts[-4:]]
+    return "".join(parts)
+
+
+def _not_text(value: str) -> bool:
+    """True for a str holding a lone surrogate: a str, but not storable UTF-8 text."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def json_problem(value: object, root: str, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """What makes ``value`` something touba cannot keep as JSON, or None when it can.
+
+    The answer names the first bad value by its path from ``root``, for
+    example ``observations[0].result["a"][3] is a set``. JSON data is None, a
+    bool, an int, a finite float, a str of valid Unicode (no lone surrogate),
+    a list or tuple of JSON data, or a dict with str keys and JSON values, at
+    most ``max_depth`` lists and dicts deep. Other mappings and sequences,
+    sets, bytes, objects, NaN and ±Infinity are refused: none of them comes
+    back from storage as it was given. The walk is iterative, so any nesting
+    is checked without recursion.
+    """
+    stack: list[tuple[object, int, _Path]] = [(value, 0, (None, root))]
+    while stack:
+        item, depth, path = stack.pop()
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            if _not_text(item):
+                return f"{_render(path)} is a str with a lone surrogate, which is not Unicode text"
+            continue
+        if isinstance(item, int):
+            if item.bit_length() > _SAFE_INT_BITS:
+                try:
+                    int.__repr__(item)
+                except ValueError:
+                    return f"{_render(path)} is an int too large to write as JSON"
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{_render(path)} is {item!r}, which JSON cannot represent"
+            continue
+        if isinstance(item, dict | list | tuple):
+            if depth >= max_depth:
+                return f"{_render(path)} nests lists and objects more than {max_depth} levels deep"
+            children: list[tuple[object, int, _Path]] = []
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        return (
+                            f"{_render(path)} has a key of type {type(key).__name__} "
+                            f"({key!r:.40}); JSON object keys are str"
+                        )
+                    if _not_text(key):
+                        return f"{_render(path)} has a key with a lone surrogate"
+                    children.append((child, depth + 1, (path, key)))
+            else:
+                children = [(child, depth + 1, (path, i)) for i, child in enumerate(item)]
+            stack.extend(reversed(children))  # report the first bad value in document order
+            continue
+        return (
+            f"{_render(path)} is a {type(item).__name__}, which is not JSON data (use dict, "
+            "list, str, int, float, bool or None)"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)

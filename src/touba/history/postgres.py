@@ -70,12 +70,14 @@ from touba.history._common import (
     Reservation,
     busy,
     check_capacity,
+    check_key,
     check_limits_config,
     check_sessions,
     encode_json,
     encode_record,
     require_worker_stopped,
 )
+from touba.history._model import parse_json
 from touba.history._pg import Conn as _Conn
 from touba.history._pg import OwnedPool, PooledStore, Schema, lock_key, table_parts
 from touba.history._pg import Row as _Row
@@ -239,7 +241,7 @@ class _Statements:
 def _loads(text: str, key: str) -> Record:
     """A stored head or message: always a JSON object, else the row is damaged."""
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except ValueError:
         value = None
     if not isinstance(value, dict):
@@ -272,7 +274,7 @@ def _identity(head: Mapping[str, Any]) -> tuple[str | None, str | None]:
     namespace = identity.get("namespace")
     return (
         namespace if isinstance(namespace, str) else None,
-        encode_json(identity, "the record identity"),
+        encode_json(identity, "identity"),
     )
 
 
@@ -520,10 +522,12 @@ class PostgresHistoryStore(PooledStore):
     # -- the contract -------------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
+        check_key(key)
         async with self._using():
             return await self._transact(key, operation)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        check_key(key)
         async with self._using():
             return await self._transact_log(key, operation)
 
@@ -558,6 +562,7 @@ class PostgresHistoryStore(PooledStore):
 
     async def read(self, key: str) -> Record | None:
         """A detached copy, or None if absent or expired; the TTL is not renewed."""
+        check_key(key)
         s = self._sql
         async with self._using(), self._transaction() as conn:
             await _run(conn, s.purge_key, (key,))
@@ -571,6 +576,9 @@ class PostgresHistoryStore(PooledStore):
         return _decode(key, head, split, rows)
 
     async def delete(self, key: str) -> bool:
+        """Delete an inactive conversation; False when absent. ``DecisionHistoryBusy``
+        while reserved."""
+        check_key(key)
         s = self._sql
         async with self._using(), self._transaction() as conn:
             await _run(conn, s.purge_key, (key,))
@@ -585,6 +593,7 @@ class PostgresHistoryStore(PooledStore):
     async def recover(self, key: str, *, worker_stopped: bool) -> bool:
         """Free a reservation left by a crashed worker; the saved record is untouched."""
         require_worker_stopped(worker_stopped)
+        check_key(key)
         async with self._using(), self._transaction() as conn:
             row = await _row(conn, self._sql.recover, (key,))
             if row is None:
@@ -719,12 +728,12 @@ def _whole(record: Record) -> _Write:
 
 def _appended(claim: _Claim, write: LogWrite) -> _Write:
     """A log write: a new head and messages after the stored ones (checked first)."""
-    head = encode_json(write.head, "the record head")
+    head = encode_json(write.head, "head")
     count = claim.exchanges if claim.split else 0
     check_appends(count, write.append)
     rows: list[tuple[int, int, int, str]] = []
     for index, message in write.append:
-        body = encode_json(message, "a message")
+        body = encode_json(message, "message")
         rows.append((claim.messages + len(rows), index, len(body.encode("utf-8")), body))
     namespace, identity = _identity(write.head)
     old_head = len(claim.head.encode("utf-8")) if claim.head is not None else 0

@@ -64,6 +64,7 @@ from touba.history._common import (
     Reservation,
     busy,
     check_capacity,
+    check_key,
     check_limits_config,
     check_sessions,
     encode_json,
@@ -71,6 +72,7 @@ from touba.history._common import (
     iso,
     require_worker_stopped,
 )
+from touba.history._model import parse_json
 from touba.history._record import join_record
 from touba.history._store import (
     LogOperation,
@@ -467,21 +469,43 @@ def _opt_text(value: Any) -> str | None:
     return None if value is None else _text(value)
 
 
+def _damaged(what: str) -> DecisionHistoryRecordInvalid:
+    return DecisionHistoryRecordInvalid(
+        f"{what} of this conversation in Redis is damaged; it was not modified. Inspect it "
+        "with `touba history show` or delete the conversation"
+    )
+
+
 def _loads(value: Any) -> Any:
     try:
-        return json.loads(_text(value))
+        return parse_json(_text(value))
     except (ValueError, UnicodeDecodeError) as e:
-        raise DecisionHistoryRecordInvalid(
-            "a stored row of this conversation is not valid JSON; it was not modified. "
-            "Inspect or delete the conversation"
-        ) from e
+        raise _damaged("a stored value (not valid JSON)") from e
+
+
+def _object(value: Any) -> Record:
+    """A stored head: always a JSON object (a record is a dict), else it was tampered with."""
+    parsed = _loads(value)
+    if not isinstance(parsed, dict):
+        raise _damaged(f"the stored head (a JSON {type(parsed).__name__}, not an object)")
+    return parsed
 
 
 def _group(rows: Sequence[Any], start: int = 0) -> list[list[Record]]:
     """Messages of rows ``[exchange, bytes, message]``, grouped by exchange."""
     exchanges: list[list[Record]] = []
     for raw in rows:
-        index, _size, message = _loads(raw)
+        row = _loads(raw)
+        if (
+            not isinstance(row, list)
+            or len(row) != 3
+            or isinstance(row[0], bool)
+            or not isinstance(row[0], int)
+            or not start <= row[0] < start + len(rows)
+            or not isinstance(row[2], dict)
+        ):
+            raise _damaged("a stored message row")
+        index, _size, message = row
         position = index - start
         while len(exchanges) <= position:
             exchanges.append([])
@@ -508,9 +532,7 @@ def _identity_fields(identity: Record | None) -> tuple[str, str]:
     if identity is None:
         return "", ""
     namespace = identity.get("namespace")
-    return encode_json(identity, "the record identity"), (
-        namespace if isinstance(namespace, str) else ""
-    )
+    return encode_json(identity, "identity"), (namespace if isinstance(namespace, str) else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,7 +566,7 @@ class _Claim:
     def record(self) -> Record | None:
         if not self.found:
             return None
-        head: Record = _loads(self.head)
+        head = _object(self.head)
         return join_record(head, _group(self.rows)) if self.split else head
 
 
@@ -557,7 +579,7 @@ class _Snapshot:
     def __init__(self, store: RedisHistoryStore, claim: _Claim) -> None:
         self._store = store
         self._claim = claim
-        self._head: Record = _loads(claim.head)
+        self._head = _object(claim.head)
 
     @property
     def head(self) -> Record:
@@ -689,8 +711,7 @@ class RedisHistoryStore:
     # -- internals ------------------------------------------------------------------
 
     def _keys(self, key: str) -> _Keys:
-        if not isinstance(key, str):
-            raise ConfigurationError(f"a session key must be a str, got {type(key).__name__}")
+        check_key(key)
         cid = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
         conv = f"{self._base}c:{cid}:"
         return _Keys(cid, (*self._store_keys, conv + "head", conv + "messages", conv + "exchanges"))
@@ -850,11 +871,11 @@ class RedisHistoryStore:
         await self._commit(claim, "put", encoded.head, _identity(record), args)
 
     async def _append(self, claim: _Claim, write: LogWrite) -> None:
-        head = encode_json(write.head, "the record head")
+        head = encode_json(write.head, "head")
         check_appends(claim.exchange_count, write.append)
         args: list[str | int] = [len(write.append)]
         for index, message in write.append:
-            size, row = _row(index, encode_json(message, "a message"))
+            size, row = _row(index, encode_json(message, "message"))
             args += [index, size, row]
         await self._commit(claim, "append", head, _identity(write.head), args)
 

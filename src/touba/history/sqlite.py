@@ -17,6 +17,16 @@ Layout (schema version 1, recorded in ``touba_meta``):
 Every SQLite call runs on one worker thread per store, which owns the
 connection; each call commits or rolls back before it returns, so no
 transaction is open while an operation (a model call) runs.
+
+Failures (:func:`_translate`, the one place ``sqlite3`` and OS errors become
+touba errors, chained): a file locked past the busy timeout is
+``DecisionHistoryBusy``; a corrupt file ``DecisionHistoryRecordInvalid``; a
+full disk, an I/O error, a read-only file system or a file that cannot be
+opened ``DecisionHistoryStoreUnavailable``, with the previous state kept
+(SQLite rolls the failed transaction back). When a failure strikes while a
+key is reserved, the store gives the key back at once, so the live worker
+can retry; only when that release cannot be written either does the key
+stay busy, and the error then says that ``recover`` is needed.
 """
 
 from __future__ import annotations
@@ -36,12 +46,18 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
-from touba.errors import ConfigurationError, DecisionHistoryBusy, DecisionHistoryRecordInvalid
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryBusy,
+    DecisionHistoryRecordInvalid,
+    DecisionHistoryStoreUnavailable,
+)
 from touba.history._common import (
     MiB,
     Reservation,
     busy,
     check_capacity,
+    check_key,
     check_limits_config,
     check_sessions,
     encode_json,
@@ -50,7 +66,9 @@ from touba.history._common import (
     require_worker_stopped,
 )
 from touba.history._files import open_private_sqlite
+from touba.history._model import parse_json
 from touba.history._record import join_record
+from touba.history._sqlite import describe, failure_kind, transaction
 from touba.history._store import (
     LogOperation,
     LogWrite,
@@ -121,21 +139,9 @@ def _check_schema(conn: sqlite3.Connection) -> None:
         )
 
 
-@contextmanager
-def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
-    conn.execute(begin)
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
 def _parse(text: str, key: str, what: str) -> Record:
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except ValueError:
         value = None
     if not isinstance(value, dict):
@@ -152,26 +158,46 @@ def _identity(head: Record) -> tuple[str | None, str | None]:
     if not isinstance(identity, dict):
         return None, None
     namespace = identity.get("namespace")
-    encoded = encode_json(identity, "the record identity")
+    encoded = encode_json(identity, "identity")
     return (namespace if isinstance(namespace, str) else None), encoded
 
 
-def _translate(error: sqlite3.Error, key: str) -> Exception | None:
-    """The typed error for a driver error, or None to let it through as is."""
-    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
-    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+def _translate(error: Exception, key: str) -> Exception:
+    """The typed error for a ``sqlite3`` or OS error: the one place they are converted."""
+    kind = failure_kind(error)
+    if kind is None:
+        return error
+    if kind == "locked":
         return DecisionHistoryBusy(
             f"the SQLite database stayed locked by another connection for over "
             f"{BUSY_TIMEOUT_SECONDS:g}s ({error}); the step that waited wrote nothing. Retry, "
             "and keep other writers' transactions short",
             session_key=key,
         )
-    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+    if kind == "corrupt":
         return DecisionHistoryRecordInvalid(
-            f"the SQLite file is corrupt or not a database ({error}); it was not modified. "
-            "Check filename, or restore the file from a backup"
+            f"the SQLite file is corrupt or not a database ({describe(error)}); it was not "
+            "modified. Check filename, or restore the file from a backup"
         )
-    return None
+    if kind == "misuse":
+        return ConfigurationError(
+            f"the SQLite connection cannot be used ({describe(error)}); with database=, keep "
+            "the connection open (made with check_same_thread=False) until the store is closed"
+        )
+    return DecisionHistoryStoreUnavailable(
+        f"the SQLite history store failed ({describe(error)}): the disk may be full, failing "
+        "or read-only. Nothing was saved and the previous state is kept; fix the disk, then "
+        "retry"
+    )
+
+
+def _stuck(key: str, error: BaseException) -> str:
+    return (
+        f"The reservation of conversation {key} could not be released either "
+        f"({describe(error)}): it answers DecisionHistoryBusy until you run "
+        f"store.recover(key, worker_stopped=True) (or `touba history recover {key}`) once the "
+        "disk works again"
+    )
 
 
 class _Db:
@@ -185,7 +211,7 @@ class _Db:
         return self.conn.execute(sql, args)
 
     def init_schema(self) -> None:
-        with _transaction(self.conn):
+        with transaction(self.conn):
             _check_schema(self.conn)
             for statement in _SCHEMA:
                 self.q(statement)
@@ -262,16 +288,17 @@ class _Db:
     # -- reservation ------------------------------------------------------------------
 
     def reserve(
-        self, key: str, reservation: Reservation, whole: bool
-    ) -> tuple[tuple[Any, int] | None, StoreUsage]:
-        """Reserve ``key``; return its record (``whole``) or head and exchange count
-        (None for a new key), and the store's usage with this reservation.
+        self, key: str, reservation: Reservation
+    ) -> tuple[tuple[str, bool, int] | None, StoreUsage]:
+        """Reserve ``key``; return its stored head, split flag and exchange count (None
+        for a key without a record), and the store's usage with this reservation.
 
         A new key takes its place among ``max_sessions`` in the same write
         transaction (``BEGIN IMMEDIATE`` serialises every writer of the file),
-        or is refused with nothing reserved.
+        or is refused with nothing reserved. The record itself is read by
+        :meth:`load`, once the reservation is committed.
         """
-        with _transaction(self.conn):
+        with transaction(self.conn):
             self._purge()
             row = self.q(
                 "SELECT head, split, exchanges, token FROM touba_history_sessions WHERE key = ?",
@@ -288,22 +315,23 @@ class _Db:
             self.q(_RESERVE, reservation.token, *held, key)
         if row is None or row[0] is None:
             return None, usage
-        try:  # the key is ours now: read outside the write transaction
-            if whole:
-                return (self._record(key, row[0], row[1]), row[2]), usage
-            return (_parse(row[0], key, "the stored record"), row[2]), usage
-        except BaseException:
-            self.release(key, reservation.token)
-            raise
+        return (row[0], bool(row[1]), row[2]), usage
+
+    def load(self, key: str, head: str, split: bool, whole: bool) -> Record:
+        """The reserved key's whole record (``whole``) or its head, outside any write
+        transaction (the reservation keeps other writers away)."""
+        if whole:
+            return self._record(key, head, split)
+        return _parse(head, key, "the stored record")
 
     def release(self, key: str, token: str) -> None:
-        with _transaction(self.conn):
+        with transaction(self.conn):
             sql = "DELETE FROM touba_history_sessions WHERE key = ? AND token = ? AND head IS NULL"
             self.q(sql, key, token)
             self.q(_UNRESERVE + "= ?", key, token)
 
     def recover(self, key: str) -> bool:
-        with _transaction(self.conn):
+        with transaction(self.conn):
             cleared = self.q(
                 "DELETE FROM touba_history_sessions WHERE key = ? AND head IS NULL "
                 "AND token IS NOT NULL",
@@ -317,7 +345,7 @@ class _Db:
     def save_record(self, key: str, token: str, record: Record | None) -> None:
         """Generic path: replace the whole record (``None`` deletes it)."""
         encoded = None if record is None else encode_record(record)
-        with _transaction(self.conn):
+        with transaction(self.conn):
             old_head, old_bytes, _, _ = self._owned(key, token)
             self.q("DELETE FROM touba_history_messages WHERE key = ?", key)
             if record is None or encoded is None:
@@ -335,9 +363,9 @@ class _Db:
 
     def save_log(self, key: str, token: str, write: LogWrite) -> None:
         """Append ``write``'s messages and replace the head; no row is rewritten."""
-        head = encode_json(write.head, "the record head")
-        bodies = [(index, encode_json(m, "a message")) for index, m in write.append]
-        with _transaction(self.conn):
+        head = encode_json(write.head, "head")
+        bodies = [(index, encode_json(m, "message")) for index, m in write.append]
+        with transaction(self.conn):
             old_head, old_bytes, messages, exchanges = self._owned(key, token)
             check_appends(exchanges, write.append)
             rows = [
@@ -364,7 +392,7 @@ class _Db:
         return [ExchangeSize(count, size) for count, size in rows]
 
     def exchanges(self, key: str, start: int, stop: int) -> list[list[Record]]:
-        with _transaction(self.conn, "BEGIN"):
+        with transaction(self.conn, "BEGIN"):
             return self._rows(key, start, stop)
 
     # -- the other operations ---------------------------------------------------------
@@ -372,12 +400,12 @@ class _Db:
     def purge(self) -> int:
         if not self.q(_EXPIRED_KEYS + " LIMIT 1", self.store._clock()).fetchone():
             return 0  # the common case stays read-only
-        with _transaction(self.conn):
+        with transaction(self.conn):
             return self._purge()
 
     def read(self, key: str) -> Record | None:
         self.purge()
-        with _transaction(self.conn, "BEGIN"):
+        with transaction(self.conn, "BEGIN"):
             row = self.q(
                 "SELECT head, split, token, expires_at FROM touba_history_sessions WHERE key = ?",
                 key,
@@ -389,7 +417,7 @@ class _Db:
             return self._record(key, row[0], row[1])
 
     def delete(self, key: str) -> bool:
-        with _transaction(self.conn):
+        with transaction(self.conn):
             self._purge()
             row = self.q("SELECT token FROM touba_history_sessions WHERE key = ?", key).fetchone()
             if row is None:
@@ -402,7 +430,7 @@ class _Db:
 
     def usage(self) -> StoreUsage:
         self.purge()
-        with _transaction(self.conn, "BEGIN"):
+        with transaction(self.conn, "BEGIN"):
             return self._usage()
 
     def listing(self, namespace: str | None) -> list[StoredConversation]:
@@ -550,11 +578,11 @@ class SqliteHistoryStore:
             db = _Db(conn, self)
             db.init_schema()
             return db
-        except BaseException as e:
+        except Exception as e:
             if self._owns_connection and conn is not None:
                 conn.close()
-            translated = _translate(e, "") if isinstance(e, sqlite3.Error) else None
-            if translated is None:
+            translated = _translate(e, "")
+            if translated is e:
                 raise
             raise translated from e
 
@@ -575,9 +603,9 @@ class SqliteHistoryStore:
     def _call(self, key: str, job: Callable[[], R]) -> R:
         try:
             return job()
-        except sqlite3.Error as e:
+        except Exception as e:
             translated = _translate(e, key)
-            if translated is None:
+            if translated is e:
                 raise
             raise translated from e
 
@@ -588,72 +616,124 @@ class SqliteHistoryStore:
         return await asyncio.shield(future)
 
     async def _reserve(
-        self, key: str, reservation: Reservation, whole: bool
-    ) -> tuple[tuple[Any, int] | None, StoreUsage]:
+        self, key: str, reservation: Reservation
+    ) -> tuple[tuple[str, bool, int] | None, StoreUsage]:
         try:
-            return await self._run(key, lambda: self._db.reserve(key, reservation, whole))
+            return await self._run(key, lambda: self._db.reserve(key, reservation))
         except asyncio.CancelledError:
             # The reservation may be taken anyway: free it right after (same thread, in order).
             self._executor.submit(self._call, key, lambda: self._db.release(key, reservation.token))
             raise
+        # Any other failure rolled the reservation's transaction back: nothing is held.
 
-    async def _release_quietly(self, key: str, token: str) -> None:
+    async def _released_after(self, error: BaseException, key: str, token: str) -> Exception | None:
+        """Give ``key`` back after ``error`` struck while it was reserved.
+
+        Returns None when the release was written (the key is free: the live
+        worker may retry), or when ``error`` is not the store's and stays the
+        error to raise (a note then says the key is held). When the store
+        failed and the release could not be written either, returns the
+        error to raise instead, whose message says that ``recover`` is needed.
+        """
         try:
             await self._run(key, lambda: self._db.release(key, token))
+            return None
         except Exception as e:
             logger.warning(
                 "could not release the reservation of %s (%s); it stays busy until "
                 "store.recover(key, worker_stopped=True)",
                 key,
-                type(e).__name__,
+                type(e.__cause__ or e).__name__,
             )
+            stuck = _stuck(key, e.__cause__ or e)
+            if isinstance(error, DecisionHistoryStoreUnavailable):
+                return DecisionHistoryStoreUnavailable(f"{error.message} {stuck}")
+            if isinstance(error, Exception):
+                error.add_note(stuck)
+            return None
 
     # -- the contract -------------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
+        """Run ``operation`` on the record of ``key`` under a durable reservation.
+
+        See :class:`~touba.history.HistoryStore`. Raises ``DecisionHistoryBusy``
+        (held, or the file stayed locked), ``DecisionHistoryLimitExceeded``,
+        ``DecisionHistoryRecordInvalid``, ``DecisionHistoryStoreUnavailable``
+        (disk full, I/O error, read-only file system: nothing saved, and the
+        key released when that can still be written) or what ``operation``
+        raises; ``ConfigurationError`` for an invalid key.
+        """
+        check_key(key)
         with self._using():
             reservation = Reservation.new(self.worker_id)
             token = reservation.token
-            loaded, _usage = await self._reserve(key, reservation, whole=True)
+            found, _usage = await self._reserve(key, reservation)
             try:
-                record, result = await operation(None if loaded is None else loaded[0])
+                loaded = None
+                if found is not None:
+                    head, split, _count = found
+                    loaded = await self._run(key, lambda: self._db.load(key, head, split, True))
+                record, result = await operation(loaded)
                 await self._run(key, lambda: self._db.save_record(key, token, record))
-            except BaseException:
-                await self._release_quietly(key, token)
-                raise
+            except BaseException as e:
+                replacement = await self._released_after(e, key, token)
+                if replacement is None:
+                    raise
+                raise replacement from e.__cause__
             return result
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact`` for the history layer: the head, rows on demand, appends only.
+
+        Raises as :meth:`transact` does.
+        """
+        check_key(key)
         with self._using():
             reservation = Reservation.new(self.worker_id)
             token = reservation.token
-            loaded, usage = await self._reserve(key, reservation, whole=False)
+            found, usage = await self._reserve(key, reservation)
             try:
-                write, result = await operation(
-                    None if loaded is None else _Snapshot(self, key, *loaded), usage
-                )
+                snapshot = None
+                if found is not None:
+                    text, split, count = found
+                    head = await self._run(key, lambda: self._db.load(key, text, split, False))
+                    snapshot = _Snapshot(self, key, head, count)
+                write, result = await operation(snapshot, usage)
                 if write is None:
                     await self._run(key, lambda: self._db.release(key, token))
                 else:
                     await self._run(key, lambda: self._db.save_log(key, token, write))
-            except BaseException:
-                await self._release_quietly(key, token)
-                raise
+            except BaseException as e:
+                replacement = await self._released_after(e, key, token)
+                if replacement is None:
+                    raise
+                raise replacement from e.__cause__
             return result
 
     async def read(self, key: str) -> Record | None:
-        """A detached copy of the record, or None if absent or expired (TTL not renewed)."""
+        """A detached copy of the record, or None if absent or expired (TTL not renewed).
+
+        ``DecisionHistoryBusy`` while reserved; ``DecisionHistoryStoreUnavailable``
+        when the file cannot be read."""
+        check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.read(key))
 
     async def delete(self, key: str) -> bool:
-        """Delete an inactive conversation; ``DecisionHistoryBusy`` if it is reserved."""
+        """Delete an inactive conversation; ``DecisionHistoryBusy`` if it is reserved,
+        ``DecisionHistoryStoreUnavailable`` (nothing deleted) when the disk fails."""
+        check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.delete(key))
 
     async def recover(self, key: str, *, worker_stopped: bool) -> bool:
-        """Free a reservation left by a stopped worker; the saved record is kept as is."""
+        """Free a reservation left by a stopped worker; the saved record is kept as is.
+
+        True when a reservation was freed. ``DecisionHistoryStoreUnavailable``
+        when it cannot be written (retry once the disk works)."""
         require_worker_stopped(worker_stopped)
+        check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.recover(key))
 
@@ -688,9 +768,11 @@ class SqliteHistoryStore:
         # A poll, not an asyncio.Event: the store may serve more than one event loop.
         while self._users:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        if self._owns_connection:
-            await self._run("", self._db.conn.close)
-        self._executor.shutdown(wait=True)
+        try:
+            if self._owns_connection:
+                await self._run("", self._db.conn.close)
+        finally:
+            self._executor.shutdown(wait=True)
 
     async def __aenter__(self) -> Self:
         return self
