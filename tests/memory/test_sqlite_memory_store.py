@@ -180,3 +180,19 @@ async def test_sessions_refuse_an_unknown_mode_and_a_foreign_reopen(private_dir:
         with pytest.raises(ConfigurationError, match="never opened"):
             await store.end_session("s-404")
         assert await store.list_sessions(limit=-1) == []
+
+
+async def test_nan_in_a_turn_or_a_job_result_is_refused_by_path(tmp_path: Path) -> None:
+    import math
+
+    from touba.errors import ConfigurationError
+    from touba.providers import TraceCall
+
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    async with SqliteMemoryStore(directory / "memory.sqlite") as store:
+        await store.open_session("s1", owner="user:u", agent_ref="a", mode="live")
+        call = TraceCall("c1", "measure", {"item": "A1"}, "ok", {"value": math.nan})
+        with pytest.raises(ConfigurationError, match=r'trace\[0\]\[0\]\["result"\]\["value"\]'):
+            await store.append_turn("s1", user="hi", replies=["ok"], trace=[[call]])
+        assert await store.recent_turns("s1", 5) == ()

@@ -12,7 +12,9 @@ and the runtime's checkpoint and resource stores; it sits in ``history`` as
 - **Failures.** :func:`failure_kind` sorts a ``sqlite3`` error (or an
   ``OSError`` met while opening the files) into what a store must say about
   it: ``"locked"`` (another connection held the file longer than the busy
-  timeout), ``"corrupt"`` (not a database, or a damaged one), ``"misuse"``
+  timeout), ``"not_a_database"`` (the file is something else), ``"corrupt"``
+  (SQLite read a malformed page: real damage, or a read that failed midway,
+  which libfiu shows SQLite reporting this way, so it may pass), ``"misuse"``
   (a closed connection, a wrong thread: fix the call) or ``"io"`` (disk full,
   I/O error, read-only file system, the file could not be opened: retry once
   the disk is fixed). Each store turns these into its own typed errors in
@@ -37,10 +39,9 @@ __all__ = [
     "transaction",
 ]
 
-FailureKind = Literal["locked", "corrupt", "misuse", "io"]
+FailureKind = Literal["locked", "not_a_database", "corrupt", "misuse", "io"]
 
 _LOCKED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
-_CORRUPT = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 
 
 def finish_leftover(conn: sqlite3.Connection) -> None:
@@ -79,7 +80,9 @@ def failure_kind(error: BaseException) -> FailureKind | None:
         code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
         if code in _LOCKED:
             return "locked"
-        if code in _CORRUPT:
+        if code == sqlite3.SQLITE_NOTADB:
+            return "not_a_database"
+        if code == sqlite3.SQLITE_CORRUPT:
             return "corrupt"
         return "io"
     if isinstance(error, OSError):

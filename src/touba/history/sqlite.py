@@ -174,20 +174,26 @@ def _translate(error: Exception, key: str) -> Exception:
             "and keep other writers' transactions short",
             session_key=key,
         )
-    if kind == "corrupt":
+    if kind == "not_a_database":
         return DecisionHistoryRecordInvalid(
-            f"the SQLite file is corrupt or not a database ({describe(error)}); it was not "
-            "modified. Check filename, or restore the file from a backup"
+            f"the SQLite file is not a database ({describe(error)}); it was not modified. "
+            "Check filename, or restore the file from a backup"
         )
     if kind == "misuse":
         return ConfigurationError(
             f"the SQLite connection cannot be used ({describe(error)}); with database=, keep "
             "the connection open (made with check_same_thread=False) until the store is closed"
         )
+    if kind == "corrupt":
+        return DecisionHistoryStoreUnavailable(
+            f"the SQLite history store read a damaged page ({describe(error)}): a failing disk "
+            "or real damage. Nothing was saved and the previous state is kept; retry, and if "
+            "it persists restore the file from a backup."
+        )
     return DecisionHistoryStoreUnavailable(
         f"the SQLite history store failed ({describe(error)}): the disk may be full, failing "
         "or read-only. Nothing was saved and the previous state is kept; fix the disk, then "
-        "retry"
+        "retry."
     )
 
 
@@ -196,7 +202,7 @@ def _stuck(key: str, error: BaseException) -> str:
         f"The reservation of conversation {key} could not be released either "
         f"({describe(error)}): it answers DecisionHistoryBusy until you run "
         f"store.recover(key, worker_stopped=True) (or `touba history recover {key}`) once the "
-        "disk works again"
+        "disk works again."
     )
 
 
@@ -633,7 +639,8 @@ class SqliteHistoryStore:
         worker may retry), or when ``error`` is not the store's and stays the
         error to raise (a note then says the key is held). When the store
         failed and the release could not be written either, returns the
-        error to raise instead, whose message says that ``recover`` is needed.
+        store's error to raise instead, restated with a message that says
+        ``recover`` is needed.
         """
         try:
             await self._run(key, lambda: self._db.release(key, token))
@@ -646,9 +653,15 @@ class SqliteHistoryStore:
                 type(e.__cause__ or e).__name__,
             )
             stuck = _stuck(key, e.__cause__ or e)
-            if isinstance(error, DecisionHistoryStoreUnavailable):
-                return DecisionHistoryStoreUnavailable(f"{error.message} {stuck}")
-            if isinstance(error, Exception):
+            if isinstance(error.__cause__, sqlite3.Error | OSError):  # made by _translate
+                if isinstance(error, DecisionHistoryBusy):
+                    return DecisionHistoryBusy(f"{error} {stuck}", session_key=key)
+                if isinstance(
+                    error,
+                    DecisionHistoryStoreUnavailable | DecisionHistoryRecordInvalid,
+                ):
+                    return type(error)(f"{error} {stuck}")
+            if isinstance(error, Exception):  # not the store's: its type and text stay
                 error.add_note(stuck)
             return None
 

@@ -11,13 +11,12 @@ column lists below; each backend fills them in once.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
-from touba.history._model import canonical_json
+from touba.history._model import STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
 from touba.memory._model import (
     ExtractedOp,
     ExtractionJob,
@@ -134,19 +133,18 @@ STATEMENTS: dict[str, str] = {
 }
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON, refusing what JSON or UTF-8 cannot hold."""
-    try:
-        text = canonical_json(value)
-        text.encode("utf-8")
-    except (TypeError, ValueError) as e:
-        raise ConfigurationError(f"value is not JSON-compatible ({e}); nothing was saved") from e
-    return text
+def dumps(value: Any, what: str = "value") -> str:
+    """Compact JSON, refusing what JSON or UTF-8 cannot hold (NaN and ±Infinity included):
+    ConfigurationError naming the path of the bad value from ``what``."""
+    problem = json_problem(value, what, max_depth=STORED_JSON_DEPTH)
+    if problem is not None:
+        raise ConfigurationError(f"{problem}; it must be JSON data, and nothing was saved")
+    return canonical_json(value)
 
 
 def _loads(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
+        return parse_json(text)
     except ValueError as e:
         raise MemoryStoreUnavailable(f"stored {what} is not JSON; repair or delete it") from e
 

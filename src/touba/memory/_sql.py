@@ -166,8 +166,8 @@ class SqlMemoryStore(ABC):
     ) -> StoredTurn:
         """Add the next turn of an open session; its index is given by the store."""
         # All three as JSON: PostgreSQL text cannot hold a NUL character, JSON escapes it.
-        user_json, replies_json = dumps(user), dumps(list(replies))
-        trace_json = dumps(trace_to_data(trace))
+        user_json, replies_json = dumps(user, "user"), dumps(list(replies), "replies")
+        trace_json = dumps(trace_to_data(trace), "trace")
 
         async def body(db: Db) -> StoredTurn:
             row = await db.one("next_turn", (session_id,))
@@ -349,7 +349,7 @@ class SqlMemoryStore(ABC):
         self, job_id: str, token: str, result: JSON, error: str | None, retry_at: datetime | None
     ) -> ExtractionJob:
         """Done (``error`` None), pending again at ``retry_at``, or failed for good."""
-        encoded = None if result is None else dumps(result)
+        encoded = None if result is None else dumps(result, "result")
 
         async def change(db: Db, job: ExtractionJob) -> None:
             status, next_at, message = "done", job.next_attempt_at, job.last_error

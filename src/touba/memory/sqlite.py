@@ -30,6 +30,7 @@ from typing import Any, Final, Self, TypeVar
 
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._files import open_private_sqlite
+from touba.history._sqlite import describe, failure_kind, finish_leftover, rollback_quietly
 from touba.memory._rows import COLUMNS, STATEMENTS, Row
 from touba.memory._sql import Db, SqlMemoryStore
 from touba.memory._store import Clock, check_clock, utc_now
@@ -92,14 +93,25 @@ def _check_schema(conn: sqlite3.Connection) -> None:
         )
 
 
-def _translate(error: sqlite3.Error) -> MemoryStoreUnavailable | None:
-    """The typed error for a failure of the file or the lock; None for a bug to surface."""
-    if isinstance(error, sqlite3.OperationalError) or type(error) is sqlite3.DatabaseError:
-        return MemoryStoreUnavailable(
-            f"the SQLite memory store failed ({error}); nothing was written. Retry; if it "
-            "persists, check the file (a long transaction elsewhere, disk full, corruption)"
-        )
-    return None
+def _translate(error: Exception) -> Exception:
+    """The typed error for a ``sqlite3`` or OS error: the one place they are converted."""
+    kind = failure_kind(error)
+    if kind is None:
+        return error
+    if kind == "misuse":
+        return ConfigurationError(f"the SQLite memory store's connection cannot be used ({error})")
+    cause = {
+        "locked": f"the file stayed locked by another connection for over "
+        f"{BUSY_TIMEOUT_SECONDS:g}s",
+        "not_a_database": "the file is not a database",
+        "corrupt": "a page read back damaged (a failing disk, or real damage: then restore "
+        "a backup)",
+        "io": "the disk may be full, failing or read-only",
+    }[kind]
+    return MemoryStoreUnavailable(
+        f"the SQLite memory store failed ({describe(error)}): {cause}. Nothing was written "
+        "and the previous state is kept; retry once that is fixed"
+    )
 
 
 def _lower(value: str | None) -> str | None:
@@ -128,11 +140,11 @@ def _open(filename: str | os.PathLike[str]) -> sqlite3.Connection:
             (_VERSION_NAME, str(SCHEMA_VERSION)),
         )
         conn.execute("COMMIT")
-    except BaseException as e:
+    except Exception as e:
         if conn is not None:
             conn.close()
-        translated = _translate(e) if isinstance(e, sqlite3.Error) else None
-        if translated is None:
+        translated = _translate(e)
+        if translated is e:
             raise
         raise translated from e
     return conn
@@ -177,6 +189,7 @@ class SqliteMemoryStore(SqlMemoryStore):
         self._lock = threading.Lock()
         self._users = 0
         self._closed = False
+        self._in_body = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="touba-memory-sqlite", daemon=True
@@ -220,25 +233,32 @@ class SqliteMemoryStore(SqlMemoryStore):
                 self._users -= 1
 
     async def _transaction(self, body: Callable[[Db], Awaitable[R]], write: bool) -> R:
-        """One transaction, on the store's thread; ``body`` awaits only the connection."""
+        """One transaction, on the store's thread; ``body`` awaits only the connection.
+
+        Like :func:`touba.history._sqlite.transaction`, for an async body: a failed
+        commit is rolled back, and a rollback that failed is finished first.
+        """
         conn = self._conn
-        if self._conn.in_transaction:  # a body suspended elsewhere: operations would interleave
+        if self._in_body:  # a body suspended elsewhere: operations would interleave
             raise RuntimeError("a SqliteMemoryStore transaction awaited something else")
+        self._in_body = True
         try:
+            finish_leftover(conn)
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 result = await body(self._db)
+                conn.execute("COMMIT")
             except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                rollback_quietly(conn)
                 raise
-            conn.execute("COMMIT")
             return result
-        except sqlite3.Error as e:
+        except Exception as e:
             translated = _translate(e)
-            if translated is None:
+            if translated is e:
                 raise
             raise translated from e
+        finally:
+            self._in_body = False
 
     # -- lifecycle -----------------------------------------------------------------------
 

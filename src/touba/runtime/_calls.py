@@ -2,7 +2,9 @@
 
 Async functions are awaited; sync ones run in a worker thread
 (``asyncio.to_thread``). The result is converted to JSON data
-(``pydantic_core.to_jsonable_python``: models, dataclasses, enums, dates).
+(``pydantic_core.to_jsonable_python``: models, dataclasses, enums, dates);
+what still is not JSON data (NaN, ±Infinity, nesting deeper than
+``MAX_JSON_DEPTH``) becomes an ``error`` observation naming where it is.
 An exception becomes an ``error`` observation whose text is the exception's
 type name and its message, cut at :data:`ERROR_TEXT_LIMIT` characters: the
 model and the trace see it, so a capability must not put secrets in the
@@ -17,7 +19,7 @@ from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from touba.history._model import CapabilityCall, Observation, canonical_json
+from touba.history._model import CapabilityCall, Observation, json_problem
 from touba.runtime._checks import Accepted
 
 __all__ = ["ERROR_TEXT_LIMIT", "error_text", "observe_call", "run_capability"]
@@ -52,8 +54,11 @@ async def observe_call(call: CapabilityCall, run: Callable[[], Awaitable[Any]]) 
         return Observation(call.call_id, call.name, arguments, "error", error=error_text(e))
     try:
         result = to_jsonable_python(value)
-        canonical_json(result)
-    except (PydanticSerializationError, TypeError, ValueError):
+    except (PydanticSerializationError, TypeError, ValueError, RecursionError):
         message = f"the capability returned a {type(value).__name__}, which is not JSON data"
+        return Observation(call.call_id, call.name, arguments, "error", error=message)
+    problem = json_problem(result, "result")  # NaN, ±Infinity, too deep, lone surrogates
+    if problem is not None:
+        message = f"the capability returned data that is not JSON: {problem}"
         return Observation(call.call_id, call.name, arguments, "error", error=message)
     return Observation(call.call_id, call.name, arguments, "ok", result=result)

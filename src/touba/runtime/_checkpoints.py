@@ -45,8 +45,8 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Literal, Protocol, Self, TypeVar, runtime_checkable
 
-from touba.errors import ConfigurationError
-from touba.history._model import JSON, canonical_json
+from touba.errors import CheckpointStoreUnavailable, ConfigurationError
+from touba.history._model import JSON, STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
 from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
 
 __all__ = [
@@ -157,15 +157,15 @@ def check_revision(revision: object) -> int:
 
 
 def encode_checkpoint(checkpoint: dict[str, JSON]) -> str:
-    """The canonical JSON text every store keeps; ConfigurationError when it is not JSON."""
-    try:
-        body = canonical_json(checkpoint)
-        body.encode("utf-8")  # a lone surrogate is not text any store can keep
-    except (TypeError, ValueError) as e:
+    """The canonical JSON text every store keeps; ConfigurationError when it is not JSON
+    data (naming the path of the bad value: a set, NaN, a lone surrogate...)."""
+    problem = json_problem(checkpoint, "checkpoint", max_depth=STORED_JSON_DEPTH)
+    if problem is not None:
         raise ConfigurationError(
-            f"a checkpoint must be JSON-serialisable ({e}); capabilities must return JSON data"
-        ) from e
-    return body
+            f"a checkpoint must be JSON data ({problem}); capabilities must return JSON data. "
+            "Nothing was written"
+        )
+    return canonical_json(checkpoint)
 
 
 def decode_checkpoint(body: str | None) -> dict[str, JSON] | None:
@@ -174,7 +174,7 @@ def decode_checkpoint(body: str | None) -> dict[str, JSON] | None:
     if body is None:
         return None
     try:
-        value = json.loads(body)
+        value = parse_json(body)
     except ValueError:
         value = None
     if not isinstance(value, dict):
@@ -375,9 +375,11 @@ class SqliteCheckpointStore:
     ConfigurationError at construction, untouched.
 
     Every write is one ``BEGIN IMMEDIATE`` transaction, so ``take`` and
-    ``replace`` are atomic across connections and processes. A connection
-    that waits longer than ``timeout`` seconds for the file's lock raises
-    ``sqlite3.OperationalError`` ("database is locked"), having changed nothing.
+    ``replace`` are atomic across connections and processes. Every SQLite
+    failure raises ``CheckpointStoreUnavailable`` (retryable), chained, having
+    changed nothing: the file stayed locked by another connection for longer
+    than ``timeout`` seconds, the disk is full or failing, the file system is
+    read-only, the file is corrupt.
     """
 
     durable = True
@@ -396,6 +398,7 @@ class SqliteCheckpointStore:
             timeout=timeout,
             check=_VERSION.check,
             build=_build,
+            unavailable=CheckpointStoreUnavailable,
         )
         self._db = self._sqlite.db
 
@@ -406,7 +409,8 @@ class SqliteCheckpointStore:
         """Store a new checkpoint, committed when this returns.
 
         ConfigurationError: the id exists (in any process's save), or the
-        checkpoint is not JSON data; nothing is written then.
+        checkpoint is not JSON data; CheckpointStoreUnavailable: the file failed
+        or stayed locked. Nothing is written then.
         """
         body = encode_checkpoint(checkpoint)
         await self._run(lambda: self._db.save(checkpoint_id, checkpoint, body))

@@ -4,6 +4,15 @@ Shared by the runtime's small SQLite stores (checkpoints, resources): the
 file is opened with :func:`~touba.history._files.open_private_sqlite` (0600
 files, symbolic links and unsafe directories refused), or a connection the
 host gives is used as is and left open.
+
+Errors: :meth:`OwnedSqlite.run` (and opening) is the one place where a
+``sqlite3`` error, or an OS error while opening, becomes the store's own
+typed error (``unavailable``: ``CheckpointStoreUnavailable``,
+``ResourceBindingUnavailable``), chained: a file locked past ``timeout``, a
+full or failing disk, a read-only file system, a corrupt file. Each write is
+one transaction that SQLite rolls back when it fails, so the previous state
+is kept. A misused connection (closed by its owner, wrong thread) is a
+``ConfigurationError``.
 """
 
 from __future__ import annotations
@@ -16,8 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from touba.errors import ConfigurationError
+from touba.errors import ConfigurationError, ToubaError
 from touba.history._files import open_private_sqlite
+from touba.history._sqlite import describe, failure_kind, transaction
 
 __all__ = ["OwnedSqlite", "SchemaVersion", "write"]
 
@@ -26,15 +36,9 @@ R = TypeVar("R")
 
 
 def write(conn: sqlite3.Connection, job: Callable[[], R]) -> R:
-    """Run ``job`` in one ``BEGIN IMMEDIATE`` transaction, rolled back if it raises."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = job()
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-    return result
+    """Run ``job`` in one ``BEGIN IMMEDIATE`` transaction, rolled back if anything fails."""
+    with transaction(conn):
+        return job()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,7 @@ class OwnedSqlite(Generic[D]):
         timeout: float,
         check: Callable[[sqlite3.Connection], None],
         build: Callable[[sqlite3.Connection], D],
+        unavailable: type[ToubaError],
     ) -> None:
         if (filename is None) == (database is None):
             raise ConfigurationError(
@@ -104,6 +109,8 @@ class OwnedSqlite(Generic[D]):
         if database is not None and not isinstance(database, sqlite3.Connection):
             raise ConfigurationError("database must be a sqlite3.Connection")
         self._owner = owner
+        self._timeout = timeout
+        self._unavailable = unavailable
         self._owns_connection = database is None
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"touba-{owner}")
@@ -123,21 +130,62 @@ class OwnedSqlite(Generic[D]):
         check: Callable[[sqlite3.Connection], None],
         build: Callable[[sqlite3.Connection], D],
     ) -> tuple[sqlite3.Connection, D]:
-        if conn is None:
-            assert filename is not None
-            conn = open_private_sqlite(filename, timeout=timeout, check=check)
         try:
-            return conn, build(conn)
-        except BaseException:
-            if self._owns_connection:
-                conn.close()
-            raise
+            if conn is None:
+                assert filename is not None
+                conn = open_private_sqlite(filename, timeout=timeout, check=check)
+            try:
+                return conn, build(conn)
+            except BaseException:
+                if self._owns_connection:
+                    conn.close()
+                raise
+        except Exception as e:
+            translated = self._translate(e)
+            if translated is e:
+                raise
+            raise translated from e
+
+    def _translate(self, error: Exception) -> Exception:
+        """The store's typed error for a ``sqlite3`` or OS error; other errors as they are."""
+        kind = failure_kind(error)
+        if kind is None:
+            return error
+        if kind == "misuse":
+            return ConfigurationError(
+                f"the {self._owner}'s SQLite connection cannot be used ({describe(error)}); "
+                "with database=, keep it open (made with check_same_thread=False) until the "
+                "store is closed"
+            )
+        cause = {
+            "locked": f"the file stayed locked by another connection for over {self._timeout:g}s",
+            "not_a_database": "the file is not a database",
+            "corrupt": "a page read back damaged (a failing disk, or real damage: then restore "
+            "a backup)",
+            "io": "the disk may be full, failing or read-only",
+        }[kind]
+        return self._unavailable(
+            f"the {self._owner} failed ({describe(error)}): {cause}. Nothing was written and "
+            "the previous state is kept; retry once that is fixed"
+        )
+
+    def _call(self, job: Callable[[], R]) -> R:
+        try:
+            return job()
+        except Exception as e:
+            translated = self._translate(e)
+            if translated is e:
+                raise
+            raise translated from e
 
     async def run(self, job: Callable[[], R]) -> R:
-        """Run ``job`` on the owning thread; once started it finishes even if cancelled."""
+        """Run ``job`` on the owning thread; once started it finishes even if cancelled.
+
+        ``sqlite3`` errors become the store's typed error (see the module docstring).
+        """
         if self._closed:
             raise ConfigurationError(f"this {self._owner} is closed; create a new one")
-        future = asyncio.get_running_loop().run_in_executor(self._executor, job)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._call, job)
         return await asyncio.shield(future)
 
     async def close(self) -> None:
@@ -145,6 +193,9 @@ class OwnedSqlite(Generic[D]):
         if self._closed:
             return
         self._closed = True
-        if self._owns_connection:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
-        self._executor.shutdown(wait=True)
+        try:
+            if self._owns_connection:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._executor, self._call, self._conn.close)
+        finally:
+            self._executor.shutdown(wait=True)

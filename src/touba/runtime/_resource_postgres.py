@@ -38,9 +38,9 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
     ) from e
 
 from touba.errors import ConfigurationError, ResourceBindingUnavailable
-from touba.history._model import JSON, canonical_json
+from touba.history._model import JSON
 from touba.history._pg import OwnedPool, PooledStore, Schema, has_nul, row, rows, run, table_parts
-from touba.runtime._resources import ResourceAddress, ResourceItem
+from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
 
 __all__ = ["SCHEMA_VERSION", "PostgresResourceBinding"]
 
@@ -149,11 +149,7 @@ class PostgresResourceBinding(PooledStore):
         or a name or key holds NUL. ResourceBindingUnavailable when the
         server fails.
         """
-        try:
-            text = canonical_json(value)
-            text.encode("utf-8")
-        except (TypeError, ValueError) as e:
-            raise ConfigurationError(f"a resource value must be JSON data ({e})") from e
+        text = encode_value(value)
         if has_nul(*_where(address), key):
             raise ConfigurationError(
                 "PostgreSQL text cannot hold NUL (\\x00): the resource name, scope key and "

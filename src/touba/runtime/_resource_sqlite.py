@@ -4,7 +4,9 @@ One row per item, keyed by (resource, scope, scope_key, key), the value as
 compact JSON text. The file is opened like every touba SQLite file
 (:func:`touba.history._files.open_private_sqlite`: 0600 files, no symbolic
 links, a private directory) and may be shared with the history and
-checkpoint stores. Not encrypted.
+checkpoint stores. Not encrypted. Every SQLite failure (the file locked past
+``timeout``, a full or failing disk, a read-only file system) raises
+``ResourceBindingUnavailable`` (retryable), chained, with nothing written.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Final, Self, TypeVar
 
-from touba.history._model import JSON, canonical_json
+from touba.errors import ResourceBindingUnavailable
+from touba.history._model import JSON
 from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
-from touba.runtime._resources import ResourceAddress, ResourceItem
+from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
 
 __all__ = ["SqliteResourceBinding"]
 
@@ -124,6 +127,7 @@ class SqliteResourceBinding:
             timeout=timeout,
             check=_VERSION.check,
             build=_build,
+            unavailable=ResourceBindingUnavailable,
         )
         self._db = self._sqlite.db
 
@@ -139,9 +143,10 @@ class SqliteResourceBinding:
 
     async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
         """Store ``value`` under ``key`` in one transaction, replacing any value there;
-        the item as stored. ``sqlite3.OperationalError`` ("database is locked") when
-        the file stays locked past ``timeout``, with nothing written."""
-        text, at = canonical_json(value), datetime.now(UTC)
+        the item as stored. ConfigurationError when ``value`` is not JSON data;
+        ResourceBindingUnavailable when the file fails or stays locked past
+        ``timeout``; nothing is written then."""
+        text, at = encode_value(value), datetime.now(UTC)
         await self._run(lambda: self._db.put(address, key, text, at.isoformat()))
         return ResourceItem(key, json.loads(text), at)
 

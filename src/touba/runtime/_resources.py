@@ -65,7 +65,7 @@ from datetime import UTC, datetime
 from typing import Final, Literal, Protocol, cast, get_args, runtime_checkable
 
 from touba.errors import ConfigurationError, ResourceAccessDenied, ResourceAccessReason
-from touba.history._model import JSON, canonical_json
+from touba.history._model import JSON, canonical_json, json_problem
 
 __all__ = [
     "MAX_KEY_CHARS",
@@ -80,6 +80,7 @@ __all__ = [
     "ResourceScope",
     "Resources",
     "check_binding",
+    "encode_value",
 ]
 
 ResourceScope = Literal["run", "session", "user", "agent"]
@@ -139,6 +140,17 @@ class ResourceBinding(Protocol):
     async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]: ...
 
 
+def encode_value(value: JSON) -> str:
+    """A resource value as the JSON text every binding keeps; ConfigurationError (naming
+    the path of the bad value) when it is not JSON data, NaN and ±Infinity included."""
+    problem = json_problem(value, "value")
+    if problem is not None:
+        raise ConfigurationError(
+            f"a resource value must be JSON data ({problem}); nothing was written"
+        )
+    return canonical_json(value)
+
+
 def check_binding(binding: object) -> ResourceBinding:
     if not all(callable(getattr(binding, m, None)) for m in ("get", "put", "delete", "keys")):
         raise ConfigurationError(
@@ -163,7 +175,7 @@ class MemoryResourceBinding:
 
     async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
         """Store ``value`` under ``key``, replacing any value there; the item as stored."""
-        text, at = canonical_json(value), datetime.now(UTC)
+        text, at = encode_value(value), datetime.now(UTC)
         self._items.setdefault(address, {})[key] = (text, at)
         return ResourceItem(key, json.loads(text), at)
 
@@ -239,10 +251,7 @@ class ResourceHandle:
     async def put(self, key: str, value: JSON, *, scope: str | None = None) -> None:
         """Store ``value`` (JSON data) under ``key``, replacing any value there."""
         _check_key(key)
-        try:
-            size = len(canonical_json(value).encode("utf-8"))
-        except (TypeError, ValueError) as e:
-            raise ConfigurationError(f"a resource value must be JSON data ({e})") from e
+        size = len(encode_value(value).encode("utf-8"))
         limit = self._definition.max_value_bytes
         if size > limit:
             raise ConfigurationError(

@@ -57,7 +57,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from touba.errors import ConfigurationError, InvocationBusy, ToubaError
-from touba.history._model import JSON, Observation, canonical_json
+from touba.history._model import JSON, Observation, json_problem
 from touba.runtime._checkpoints import (
     CheckpointStore,
     MemoryCheckpointStore,
@@ -165,10 +165,9 @@ class Runtime:
         """
         definition = self.agent(agent)
         context = check_context(context, self._program.capabilities)
-        try:
-            canonical_json(input)
-        except (TypeError, ValueError) as e:
-            raise ConfigurationError(f"input must be JSON data ({e})") from e
+        problem = json_problem(input, "input")
+        if problem is not None:
+            raise ConfigurationError(f"input must be JSON data ({problem})")
         if run_id is None:
             run_id = new_id()
         elif not isinstance(run_id, str) or not run_id:
