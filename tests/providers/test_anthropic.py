@@ -310,10 +310,87 @@ async def test_structured_forces_the_decision_tool_and_answers_it(
 
 
 async def test_structured_options_touba_owns_are_refused(client: anthropic.AsyncAnthropic) -> None:
-    with pytest.raises(ConfigurationError, match="thinking"):
-        make(client, decision_interface="structured", thinking=ENABLED)
     with pytest.raises(ConfigurationError, match="tool_choice"):
         make(client, decision_interface="structured", tool_choice={"type": "auto"})
+
+
+@pytest.mark.parametrize("thinking", [None, {"type": "disabled"}], ids=["absent", "disabled"])
+async def test_structured_without_thinking_forces_the_decision_tool(
+    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic, thinking: Any
+) -> None:
+    options = {} if thinking is None else {"thinking": thinking}
+    provider = make(client, decision_interface="structured", **options)
+    server.script_response(anthropic_tool_use("touba_decision", {"action": "final", "output": 1}))
+    assert (await provider.decide(request())).output == 1
+    (body,) = bodies(server)
+    assert body["tool_choice"]["type"] == "tool"
+    assert_accepted(server)
+
+
+@pytest.mark.parametrize("thinking", [ENABLED, ADAPTIVE], ids=["enabled", "adaptive"])
+async def test_structured_with_thinking_never_forces_a_tool(
+    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic, thinking: dict[str, Any]
+) -> None:
+    """The API refuses a forced tool choice with thinking on: the decision tool is
+    offered with ``auto``, and the results answer it, thinking blocks replayed."""
+    provider = make(
+        client, decision_interface="structured", thinking=thinking, max_output_tokens=2048
+    )
+    call = {"action": "call", "calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}]}
+    server.script_response(
+        anthropic_thinking("which order?"),
+        anthropic_tool_use("touba_decision", call, id="toolu_d1"),
+    )
+    first = await provider.decide(request())
+    server.script_response(
+        anthropic_thinking("shipped"),
+        anthropic_tool_use("touba_decision", {"action": "final", "output": "Shipped."}),
+    )
+    final = await provider.decide(request(observations=answer(first, "shipped")))
+    assert final.output == "Shipped."
+
+    one, two = bodies(server)
+    for body in (one, two):
+        assert body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+        assert [t["name"] for t in body["tools"]] == ["touba_decision"]
+    assert "touba_decision tool" in one["system"]
+    _, assistant, results = two["messages"]
+    assert kinds(assistant) == ["thinking", "tool_use"]
+    assert [b["tool_use_id"] for b in results["content"]] == ["toolu_d1"]
+    assert_accepted(server)
+
+
+async def test_structured_with_thinking_and_no_decision_call_is_a_schema_violation(
+    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+) -> None:
+    provider = make(client, decision_interface="structured", thinking=ADAPTIVE)
+    server.script_response(anthropic_thinking("hm"), anthropic_text("I think it shipped."))
+    with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
+        await provider.decide(request())
+    assert caught.value.provider_error_code == "missing_decision"
+
+
+@pytest.mark.parametrize("interface", ["native", "structured"])
+@pytest.mark.parametrize("thinking", [ENABLED, ADAPTIVE], ids=["enabled", "adaptive"])
+@pytest.mark.parametrize(
+    "choice", [{"type": "any"}, {"type": "tool", "name": "lookup_order"}], ids=["any", "tool"]
+)
+async def test_a_forced_tool_choice_with_thinking_is_refused_before_anything_is_sent(
+    client: anthropic.AsyncAnthropic, interface: str, thinking: Any, choice: Any
+) -> None:
+    with pytest.raises(ConfigurationError, match="tool_choice"):
+        make(client, decision_interface=interface, thinking=thinking, tool_choice=choice)
+
+
+async def test_native_tool_choice_auto_or_none_with_thinking_is_sent(
+    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+) -> None:
+    for choice in ({"type": "auto"}, {"type": "none"}):
+        provider = make(client, thinking=ADAPTIVE, tool_choice=choice)
+        server.script_response(anthropic_thinking("easy"), anthropic_text("Shipped."))
+        assert (await provider.decide(request())).output == "Shipped."
+        assert bodies(server)[-1]["tool_choice"] == choice
+    assert_accepted(server)
 
 
 # thinking blocks -----------------------------------------------------------

@@ -272,10 +272,11 @@ def scenarios(
 ) -> Scenario:
     thinking: Literal["enabled", "adaptive"] | None = None
     if vendor == "anthropic":
-        # enabled + structured (a forced tool) and enabled + opaque_refs are refused at
-        # construction (documented ConfigurationErrors), so they are not drawn.
+        # enabled + opaque_refs is refused at construction (a documented
+        # ConfigurationError), so it is not drawn. With thinking on, the structured
+        # interface offers its decision tool with tool_choice auto, never forced.
         allowed = [None, "adaptive"]
-        if interface == "native" and continuity == "inline":
+        if continuity == "inline":
             allowed.append("enabled")
         thinking = draw(st.sampled_from(allowed))
     count = draw(st.integers(1, 8))

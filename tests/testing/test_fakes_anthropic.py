@@ -321,6 +321,41 @@ def test_validators_are_pure_functions() -> None:
     ]
 
 
+FORCED = "Thinking may not be enabled when tool_choice forces tool use."
+
+
+@pytest.mark.parametrize(
+    ("thinking", "choice", "refused"),
+    [
+        ({"type": "enabled", "budget_tokens": 1024}, {"type": "any"}, True),
+        ({"type": "enabled", "budget_tokens": 1024}, {"type": "tool", "name": "search"}, True),
+        ({"type": "adaptive"}, {"type": "any"}, True),
+        ({"type": "adaptive"}, {"type": "tool", "name": "search"}, True),
+        ({"type": "enabled", "budget_tokens": 1024}, {"type": "auto"}, False),
+        ({"type": "adaptive"}, {"type": "auto"}, False),
+        ({"type": "adaptive"}, {"type": "none"}, False),
+        ({"type": "disabled"}, {"type": "tool", "name": "search"}, False),
+        (None, {"type": "any"}, False),
+    ],
+)
+def test_a_forced_tool_choice_is_refused_whenever_thinking_is_on(
+    thinking: Any, choice: Any, refused: bool
+) -> None:
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2048, "messages": [USER]}
+    body["tools"] = [{"name": "search", "input_schema": {"type": "object"}}]
+    body["tool_choice"] = choice
+    if thinking is not None:
+        body["thinking"] = thinking
+    problems = validate_anthropic_messages_request(body)
+    assert (FORCED in problems) is refused
+    assert (
+        FORCED
+        in validate_anthropic_count_tokens_request(
+            {k: v for k, v in body.items() if k != "max_tokens"}
+        )
+    ) is refused
+
+
 # scripted errors ------------------------------------------------------------
 
 

@@ -10,11 +10,25 @@ Interfaces. ``"native"``: capabilities are tools; a response with
 ``tool_use`` blocks is a call decision, one with text only is final (parsed
 as JSON when ``output_schema`` is set; the schema is stated in ``system``).
 ``"structured"``: one tool, ``touba_decision``, whose ``input_schema`` is
-``structured_schema(...)``, forced by ``tool_choice``. Structured outputs
-(``output_config.format``) were not chosen: their JSON Schema subset needs
-``additionalProperties: false`` on every object, which a decision with
-free-form capability arguments cannot satisfy. A forced tool is refused with
-``thinking.type == "enabled"``, so that pair is a ConfigurationError.
+``structured_schema(...)``. Structured outputs (``output_config.format``)
+were not chosen: their JSON Schema subset needs ``additionalProperties:
+false`` on every object, which a decision with free-form capability
+arguments cannot satisfy.
+
+Tool choice and thinking (decided here). The Messages API refuses a
+``tool_choice`` that forces tool use (``any`` or ``tool``) whenever thinking
+is on ("Thinking may not be enabled when tool_choice forces tool use"; the
+docs allow only ``auto`` and ``none`` with thinking). So the structured
+interface forces ``touba_decision`` only when thinking is off (``thinking``
+absent or ``{"type": "disabled"}``); with ``"enabled"`` or ``"adaptive"``
+thinking it offers that one tool with ``tool_choice={"type": "auto"}``, and
+the system prompt asks for it; an answer that does not call it is a
+``missing_decision`` (or ``empty_output``) schema violation, as a forced call
+that came back empty would be. A model that thinks when ``thinking`` is
+absent (a default some models have) is the host's to configure: pass its
+thinking mode explicitly. A ``tool_choice`` option of the host's that forces
+tool use together with thinking on is refused at construction
+(ConfigurationError), never sent.
 
 Thinking blocks and the prefix rule (decided here). Newer models ("preserved
 thinking") bind each thinking/redacted_thinking block's signature to its
@@ -229,11 +243,7 @@ class AnthropicWire(Wire):
         if tools:
             body["tools"] = tools
         if plan.interface == "structured":
-            body["tool_choice"] = {
-                "type": "tool",
-                "name": DECISION_TOOL,
-                "disable_parallel_tool_use": True,
-            }
+            body["tool_choice"] = _decision_choice(self._thinking)
         body["messages"] = render_messages(
             prior_turns=plan.prior_turns,
             request_input=request.input,
@@ -305,6 +315,18 @@ class AnthropicWire(Wire):
         return message, _usage(data)
 
 
+def _thinks(mode: ThinkingMode) -> bool:
+    """Whether thinking is on, which rules out a forced tool choice."""
+    return mode in ("enabled", "adaptive")
+
+
+def _decision_choice(mode: ThinkingMode) -> dict[str, Any]:
+    """The structured interface's tool choice (see the module docstring)."""
+    if _thinks(mode):
+        return {"type": "auto", "disable_parallel_tool_use": True}
+    return {"type": "tool", "name": DECISION_TOOL, "disable_parallel_tool_use": True}
+
+
 def _count_unavailable(error: BaseException) -> ProviderContextCountUnavailable:
     return ProviderContextCountUnavailable(
         f"messages.count_tokens failed ({_describe(error)}); nothing was generated. "
@@ -374,10 +396,13 @@ def _check_options(
         )
     if interface == "structured" and "tool_choice" in options:
         raise ConfigurationError("the structured interface sets tool_choice itself; remove it")
-    if interface == "structured" and mode == "enabled":
+    choice = options.get("tool_choice")
+    choice_type = choice.get("type") if isinstance(choice, Mapping) else None
+    if choice_type in ("any", "tool") and _thinks(mode):
         raise ConfigurationError(
-            "the structured interface forces its decision tool, which the Messages API refuses "
-            "with thinking type 'enabled'; use decision_interface='native' or 'adaptive' thinking"
+            f"tool_choice {choice_type!r} forces tool use, which the Messages API refuses "
+            f"with thinking type {mode!r}; use tool_choice {{'type': 'auto'}} (or 'none'), or "
+            "turn thinking off"
         )
     continuity = history.continuity if isinstance(history, HistoryConfig) else "inline"
     if mode == "enabled" and continuity == "opaque_refs":

@@ -266,10 +266,12 @@ def _check_final_thinking(body: JSONObject, turns: list[_Turn]) -> list[Rejectio
 
 
 def _check_forced_tool(body: JSONObject) -> list[Rejection]:
+    """With thinking on (``enabled`` or ``adaptive``), only ``tool_choice`` ``auto`` or
+    ``none`` is accepted: ``any`` and ``tool`` force tool use, which thinking cannot do."""
     thinking, choice = body.get("thinking"), body.get("tool_choice")
     if (
         isinstance(thinking, dict)
-        and thinking.get("type") == "enabled"
+        and thinking.get("type") in ("enabled", "adaptive")
         and isinstance(choice, dict)
         and choice.get("type") in ("any", "tool")
     ):
