@@ -150,11 +150,14 @@ class DecisionHistoryRecordInvalid(DecisionHistoryMismatch):
 
 
 class DecisionHistoryStoreUnavailable(ToubaError):
-    """The history store's server failed or could not be reached; nothing was saved.
+    """The history store's server or disk failed; nothing was saved.
 
-    Raised by the PostgreSQL and Redis stores for driver failures during use
-    (the driver's exception is chained). A conversation whose reservation
-    could not be released answers ``DecisionHistoryBusy`` until recovered.
+    Raised by the PostgreSQL and Redis stores for driver failures during use,
+    and by the SQLite store when its file fails (disk full, I/O error,
+    read-only file system, a file that cannot be opened); the driver's or the
+    OS's exception is chained and the previous state is kept. A conversation
+    whose reservation could not be released answers ``DecisionHistoryBusy``
+    until recovered; the SQLite store's message says so when that happens.
     """
 
     transient = True
@@ -258,24 +261,27 @@ class ResourceAccessDenied(ToubaError):
 
 
 class CheckpointStoreUnavailable(ToubaError):
-    """The checkpoint store's server failed or could not be reached.
+    """The checkpoint store's server or file failed, or stayed locked.
 
     Raised by ``touba.runtime.PostgresCheckpointStore`` for driver failures
-    during use (the driver's exception is chained). The operation's
-    transaction was rolled back, unless the connection broke during its
-    COMMIT: then it may have committed, and ``get``/``list`` tell which.
+    during use, and by ``SqliteCheckpointStore`` when its file fails or
+    another connection keeps it locked past ``timeout`` (the driver's
+    exception is chained). The operation's transaction was rolled back,
+    unless the connection broke during its COMMIT: then it may have
+    committed, and ``get``/``list`` tell which.
     """
 
     transient = True
 
 
 class ResourceBindingUnavailable(ToubaError):
-    """The resource binding's server failed or could not be reached.
+    """The resource binding's server or file failed, or stayed locked.
 
     Raised by ``touba.runtime.PostgresResourceBinding`` for driver failures
-    during use (the driver's exception is chained), inside the capability
-    that made the operation. As for checkpoints, the write was rolled back
-    unless the connection broke during its COMMIT.
+    during use, and by ``SqliteResourceBinding`` when its file fails or stays
+    locked past ``timeout`` (the driver's exception is chained), inside the
+    capability that made the operation. As for checkpoints, the write was
+    rolled back unless the connection broke during its COMMIT.
     """
 
     transient = True

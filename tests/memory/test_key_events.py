@@ -373,3 +373,16 @@ def test_the_memory_surface_is_sorted_and_names_what_the_spec_names() -> None:
         assert issubclass(getattr(errors, name), errors.ToubaError)
     with pytest.raises(AttributeError):
         _ = touba.memory.NoSuchThing
+
+
+@pytest.mark.parametrize("field", ["title", "details"])
+async def test_text_with_a_lone_surrogate_is_a_parameter_error(
+    service: KeyEventService, field: str
+) -> None:
+    """JSON from a model may decode to a lone surrogate, which no store can keep."""
+    text = {"title": "Refund order A1", "details": ""}
+    text[field] = "broken \ud800 text"
+    with pytest.raises(KeyEventInvalid, match="valid Unicode") as caught:
+        await service.create(ALICE, "refund", text["title"], text["details"], "s-1")
+    assert caught.value.parameter == field
+    assert await service.query(ALICE, include_closed=True) == []

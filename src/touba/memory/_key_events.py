@@ -40,6 +40,7 @@ MAX_TEXT_CHARS: Final = 200
 MAX_ID_CHARS: Final = 256
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _LINE_BREAK = re.compile(r"[\r\n]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _STATUSES = ", ".join(repr(s) for s in KEY_EVENT_STATUSES)
 
 
@@ -179,6 +180,8 @@ class KeyEventService:
         if _CONTROL.search(text) or (one_line and _LINE_BREAK.search(text)):
             kind = "line breaks or control characters" if one_line else "control characters"
             raise KeyEventInvalid(f"{name} must not contain {kind}", parameter=name)
+        if _SURROGATE.search(text):  # JSON "\ud800" decodes to one; no store can keep it
+            raise KeyEventInvalid(f"{name} must be valid Unicode text", parameter=name)
         return text
 
     def _title(self, value: object) -> str:
