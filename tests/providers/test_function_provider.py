@@ -1,6 +1,7 @@
 """The function provider: a host generator returning only a typed object."""
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -169,3 +170,31 @@ async def test_opaque_refs_replays_projected_arguments_never_raw_ones() -> None:
     assert "RAW" not in json.dumps(messages)
     (row,) = await store.list()
     assert "RAW" not in json.dumps(await store.read(row.key))
+
+
+async def test_without_history_non_json_values_are_refused_too() -> None:
+    """``history=False`` checks what ``DecisionHistory.step`` checks: observations before
+    the model is called, the decision after."""
+    calls: list[Any] = []
+
+    async def generate(messages: Any, schema: Any) -> dict[str, Any]:
+        calls.append(messages)
+        return {"action": "call", "calls": [{"name": "measure", "arguments": {"x": math.inf}}]}
+
+    provider = create_function_decision_provider(generate=generate, history=False)
+    spec = CapabilitySpec("measure", "Measure", {"type": "object"})
+    bad = Observation("c1", "measure", {}, "ok", {"reading": math.nan})
+    base: dict[str, Any] = {
+        "run_id": "r",
+        "invocation_id": "i",
+        "agent_ref": "a",
+        "instructions": "x",
+    }
+    with pytest.raises(ConfigurationError, match=r'observations\[0\]\.result\["reading"\]'):
+        await provider.decide(
+            DecisionRequest(**base, input="go", capabilities=(spec,), observations=(bad,))
+        )
+    assert calls == []
+    with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
+        await provider.decide(DecisionRequest(**base, input="go", capabilities=(spec,)))
+    assert caught.value.provider_error_code == "invalid_json"

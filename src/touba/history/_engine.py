@@ -48,7 +48,7 @@ from touba.errors import (
 )
 from touba.history._config import HistoryConfig, HistoryEvent, SummaryRequest
 from touba.history._identity import ConversationIdentity
-from touba.history._integrity import check_decision, check_observations, check_window
+from touba.history._integrity import check_decision_json, check_observations, check_window
 from touba.history._memory import MemoryHistoryStore
 from touba.history._model import (
     CapabilityCall,
@@ -410,7 +410,7 @@ class _Step:
             window = await fit(window)
         await self._announce(window, resumed_lost)
         decision = await generate(window)
-        check_decision(decision)
+        check_decision_json(decision)
         stored = self._stored(decision)
         self._append(self.count, stored)
         self._check_retained()

@@ -9,7 +9,7 @@
   bad value, e.g. ``observations[0].result["a"][3]``, raised before the
   conversation is even reserved. It is not a ``DecisionHistoryRecordInvalid``:
   nothing stored is wrong, and nothing was stored.
-- **A decision** (:func:`check_decision`): what the provider returned is kept
+- **A decision** (:func:`check_decision_json`): what the provider returned is kept
   in history, so it must be JSON data too; a model's arguments holding NaN
   (which Python's JSON parser accepts) are bad JSON, reported as
   ``AgentDecisionProviderSchemaViolation`` (``invalid_json``) and never stored.
@@ -46,7 +46,7 @@ from touba.history._model import (
     message_to_dict,
 )
 
-__all__ = ["check_decision", "check_observations", "check_window"]
+__all__ = ["check_decision_json", "check_observations", "check_window"]
 
 _STATUSES = ("ok", "error", "denied")
 
@@ -94,7 +94,7 @@ def check_observations(
                 )
 
 
-def check_decision(decision: DecisionMessage) -> None:
+def check_decision_json(decision: DecisionMessage) -> None:
     """Refuse a decision that history could not keep as JSON (see the module docstring)."""
     problem = json_problem(message_to_dict(decision), "decision")
     if problem is not None:

@@ -18,6 +18,7 @@ from touba.errors import ConfigurationError
 from touba.history._config import HistoryConfig, HistoryEvent
 from touba.history._engine import DecisionHistory, HistoryWindow
 from touba.history._identity import ConversationIdentity
+from touba.history._integrity import check_decision_json, check_observations
 from touba.history._model import (
     DataMessage,
     DecisionMessage,
@@ -220,10 +221,12 @@ class DecisionProvider:
 
         guard = fit if self._context is not None else None
         if self._history is None:
+            check_observations(request.observations, request.data)  # as history.step does
             window = _stateless_window(request)
             if guard is not None:
                 window = await guard(window)
             message = await generate(window)
+            check_decision_json(message)
         else:
             identity = self._identity(request)
             message = await self._history.step(
