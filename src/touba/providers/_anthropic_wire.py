@@ -55,7 +55,7 @@ __all__ = [
 
 PROVIDER = "anthropic"
 DECISION_TOOL = "touba_decision"
-"""The one tool of the structured interface, forced with ``tool_choice``."""
+"""The one tool of the structured interface (forced with ``tool_choice`` unless thinking is on)."""
 
 ThinkingMode = Literal["enabled", "adaptive", "disabled"] | None
 
@@ -248,7 +248,7 @@ def _exchange(
     if decision is None or not uses:
         builder.user([_text(results_text(results))])
         return
-    # Our structured decision was a forced tool call: its results answer it.
+    # Our structured decision was a call of the decision tool: its results answer it.
     text = results_text(results)
     builder.user([_tool_result(str(b.get("id")), text) for b in uses[:1]])
     builder.user([_tool_result(str(b.get("id")), "[touba: ignored]") for b in uses[1:]])
