@@ -40,8 +40,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from touba import _telemetry as telemetry
 from touba.errors import (
     ConfigurationError,
+    DecisionHistoryBusy,
     DecisionHistoryLimitExceeded,
     DecisionHistoryMismatch,
     DecisionHistorySummaryInvalid,
@@ -168,6 +170,7 @@ class DecisionHistory:
 
     async def emit(self, event: HistoryEvent) -> None:
         """Deliver ``event`` to ``on_event`` and to the caller's observer, if any."""
+        telemetry.history_event(event)
         for callback in (self.config.on_event, event_observer.get()):
             if callback is None:
                 continue
@@ -252,7 +255,19 @@ class DecisionHistory:
             step = _Step(self, identity, key, snapshot, usage)
             return await step.run(observations, generate, fit, data)
 
-        return await self._log.transact_log(key, operation)
+        with telemetry.span("touba.history.transaction", {"touba.session_key": key}):
+            try:
+                return await self._log.transact_log(key, operation)
+            except (
+                DecisionHistoryLimitExceeded,
+                DecisionHistoryBusy,
+                DecisionHistoryMismatch,
+            ) as e:
+                limit = getattr(e, "limit", None)
+                logger.info(
+                    "conversation %s refused: %s%s", key, e.code, f" ({limit})" if limit else ""
+                )
+                raise
 
     async def _report_pressure(self, key: str, usage: StoreUsage) -> None:
         if under_pressure(usage) and STORE_PRESSURE.admit(self.store):
@@ -531,9 +546,13 @@ class _Step:
                 max_bytes=config.max_summary_bytes,
             )
             assert config.summarize is not None
-            text: object = config.summarize(request)
-            if inspect.isawaitable(text):
-                text = await text
+            with telemetry.span(
+                "touba.history.summary",
+                {"touba.session_key": self.key, "touba.summary.new_exchanges": len(left)},
+            ):
+                text: object = config.summarize(request)
+                if inspect.isawaitable(text):
+                    text = await text
             if not isinstance(text, str) or not text.strip():
                 raise DecisionHistorySummaryInvalid(
                     "the summarize callback must return a non-empty str; nothing was written"

@@ -16,6 +16,7 @@ applies them. Nothing is lost on a crash:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -35,6 +36,8 @@ from touba.memory._model import (
 from touba.memory._store import MemoryStore
 
 __all__ = ["MAX_OPS", "ExtractionQueue", "Extractor", "extraction_schema", "op_id", "parse_ops"]
+
+logger = logging.getLogger("touba.memory")
 
 MAX_OPS: Final = 50
 Extractor = Callable[[ExtractionJob], Awaitable[Sequence[ExtractedOp]]]
@@ -244,7 +247,16 @@ class ExtractionQueue:
             retry_at = self.store.now() + timedelta(seconds=self.backoff(attempts))
         elif retry_at.tzinfo is None:
             raise ConfigurationError("retry_at must be a timezone-aware datetime")
-        return await self.store.fail_job(job_id, lease_token, str(error), retry_at)
+        failed = await self.store.fail_job(job_id, lease_token, str(error), retry_at)
+        if failed.status == "failed":  # the error text stays in the job: it may quote content
+            logger.warning(
+                "extraction job %s failed for good after %d attempt(s)", job_id, failed.attempts
+            )
+        else:
+            logger.info(
+                "extraction job %s: attempt %d failed, retried later", job_id, failed.attempts
+            )
+        return failed
 
     async def process(
         self, job: ExtractionJob, extract: Extractor, service: KeyEventService
