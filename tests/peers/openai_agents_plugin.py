@@ -141,9 +141,9 @@ class PeerSession(ToubaSession):
         _close_store(self.store)
 
 
-agents.SQLiteSession = PeerSession  # type: ignore[misc]
-agents.memory.SQLiteSession = PeerSession  # type: ignore[attr-defined]
-agents.memory.sqlite_session.SQLiteSession = PeerSession  # type: ignore[misc]
+setattr(agents, "SQLiteSession", PeerSession)  # noqa: B010 - swapped for the upstream tests
+setattr(agents.memory, "SQLiteSession", PeerSession)  # noqa: B010
+setattr(agents.memory.sqlite_session, "SQLiteSession", PeerSession)  # noqa: B010
 
 
 def _reason(item: pytest.Item) -> str | None:
@@ -155,7 +155,8 @@ def _reason(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    kept, dropped = [], []
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
         (dropped if _reason(item) else kept).append(item)
     if dropped:

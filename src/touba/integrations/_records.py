@@ -211,7 +211,8 @@ class Held(Generic[T]):
         self._outcome = loop.create_future()
         self._task = asyncio.create_task(self._store.transact(self._key, self._operation))
         try:
-            await asyncio.wait({self._task, self._loaded}, return_when=asyncio.FIRST_COMPLETED)
+            waited: set[asyncio.Future[Any]] = {self._task, self._loaded}
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

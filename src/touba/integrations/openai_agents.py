@@ -26,7 +26,9 @@ Behaviour decisions:
   than interleaving, and a worker that dies inside one leaves the session
   reserved until ``store.recover(session.session_key, worker_stopped=True)``.
   Each reads and rewrites the session's whole item list, bounded by
-  ``max_retained_bytes`` (8 MiB by default, refused atomically beyond).
+  ``max_retained_bytes`` (8 MiB by default, refused atomically beyond), and
+  counts as activity for the store's expiry (``ttl_seconds`` after the last
+  operation, reads included).
 - **Exchanges.** Items are grouped into exchanges as
   :mod:`touba.integrations._responses_items` defines them: a call and its
   output (by ``call_id``; MCP approvals by request id) are never separated, a
@@ -50,6 +52,7 @@ Behaviour decisions:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 from touba.errors import ConfigurationError
@@ -158,7 +161,7 @@ class ToubaSession(SessionABC):
         """
         resolved = resolve_session_limit(limit, self.session_settings)
 
-        async def read(record: Record | None) -> tuple[Record | None, list[Record]]:
+        async def read(record: Record | None) -> tuple[Record | None, list[Mapping[str, Any]]]:
             items = self._items(record)
             selected = select_items(
                 items, limit=resolved, max_messages=self._max_messages, max_bytes=self._max_bytes
