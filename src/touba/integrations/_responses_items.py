@@ -35,8 +35,9 @@ open program keeps its exchange together (rule 3) and a matching
 ``program_output`` joins it, but it does not make the exchange incomplete,
 since the model continues the program on the next request.
 
-An exchange is **complete** when no call in it is open, it does not end with
-a reasoning item, and no item in it is an output without its call. The last
+An exchange is **complete** when no call in it is open, no reasoning item in
+it is followed by an output or ends it, and no item in it is an output
+without its call. The last
 exchange may still be open (a call awaiting its result or an approval); any
 earlier exchange that is not complete stays incomplete for good (its calls
 were abandoned when a new input arrived). Incomplete exchanges are never
@@ -137,6 +138,8 @@ def exchanges(items: Sequence[Item]) -> list[Unit]:
             if current.open[key] > 0:  # type: ignore[index]
                 current.open[key] -= 1  # type: ignore[index]
             else:
+                current.orphan = True
+            if current.ends_with_reasoning:  # a reasoning item needs a model item after it
                 current.orphan = True
             current.after_reasoning = False
         elif kind == "input":
