@@ -28,7 +28,8 @@ Behaviour decisions:
   Each reads and rewrites the session's whole item list, bounded by
   ``max_retained_bytes`` (8 MiB by default, refused atomically beyond), and
   counts as activity for the store's expiry (``ttl_seconds`` after the last
-  operation, reads included).
+  operation, reads included). Reading a session that holds nothing takes no
+  place in the store (a built-in store's ``read``, then no transaction).
 - **Exchanges.** Items are grouped into exchanges as
   :mod:`touba.integrations._responses_items` defines them: a call and its
   output (by ``call_id``; MCP approvals by request id) are never separated, a
@@ -168,6 +169,9 @@ class ToubaSession(SessionABC):
             )
             return record, selected
 
+        peek = getattr(self.store, "read", None)
+        if callable(peek) and await peek(self.session_key) is None:
+            return []  # nothing stored: a read takes no place in a full store
         items = await self.store.transact(self.session_key, read)
         return items  # type: ignore[return-value]  # JSON dicts: the SDK's input items
 
