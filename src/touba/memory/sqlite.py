@@ -5,8 +5,10 @@ database and its ``-wal``, ``-shm`` and ``-journal`` files are created or
 reset to 0600 before SQLite opens them; symbolic links, foreign files and
 group- or other-writable directories are refused
 (``DecisionHistoryStorageUnsafe``). It may be the same file as a
-``SqliteHistoryStore``'s: the tables are ``touba_memory_*`` and the schema
-version sits in the shared ``touba_meta`` table under its own name.
+``SqliteHistoryStore``'s: the tables are ``touba_memory_*``
+(``touba_memory_configs`` holds the per-agent settings the memory panel
+saves) and the schema version sits in the shared ``touba_meta`` table under
+its own name; a version-1 file is migrated to version 2 in place when opened.
 
 One thread owns the connection and runs an event loop of its own: each
 operation (one transaction, :mod:`touba.memory._sql`) is submitted to it
