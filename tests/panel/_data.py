@@ -20,7 +20,7 @@ from touba.history import (
     Observation,
     SummaryRequest,
 )
-from touba.memory import KeyEventsConfig, KeyEventService, SqliteMemoryStore
+from touba.memory import KeyEventsConfig, KeyEventService
 from touba.providers._types import TraceCall
 
 HOSTILE = "<script>alert(1)</script>"
@@ -30,7 +30,7 @@ TYPES = ("refund", "account issue")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def seed_memory(memory: SqliteMemoryStore) -> dict[str, Any]:
+async def seed_memory(memory: Any) -> dict[str, Any]:
     """A live session of alice with hostile text everywhere, an anonymous and a preview one."""
     await memory.open_session("s-1", owner="user:alice", agent_ref="support", mode="live")
     call = TraceCall("c1", "lookup_order", {"order_id": HOSTILE_IMG}, "ok", {"note": HOSTILE})
