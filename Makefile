@@ -41,6 +41,7 @@ bench: install
 	$(BIN)/python bench/history_cost.py
 	$(BIN)/python bench/provider_cost.py
 	$(BIN)/python bench/chat_traffic.py
+	$(BIN)/python bench/panel_pages.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .peers

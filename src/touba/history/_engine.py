@@ -28,6 +28,10 @@ When the reservation shows the store over 80 % of either limit, a
 ``history_store_pressure`` event goes out (at most once a minute per store,
 see :mod:`touba.history._pressure`). It is emitted before any window exists,
 so its ``message_count`` and ``bytes`` are 0.
+
+Each saved decision also adds its figures (sizes, counts, the guard's verdict;
+never content) to a bounded ring in the record head, for the memory panel's
+plot (:mod:`touba.history._plot`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -64,6 +69,7 @@ from touba.history._model import (
     message_from_dict,
     message_to_dict,
 )
+from touba.history._plot import PLOT_KEY, DecisionPoint, add_point
 from touba.history._pressure import STORE_PRESSURE, under_pressure
 from touba.history._record import check_head, new_head, now_iso
 from touba.history._store import LogSnapshot, LogWrite, Record, StoreUsage, as_log_store
@@ -80,6 +86,10 @@ event_observer: ContextVar[Callable[[HistoryEvent], Any] | None] = ContextVar(
 decision so that the events land in that invocation's trace."""
 
 PRIVATE_NAMESPACE = "touba.private"
+
+_counting: ContextVar[_Step | None] = ContextVar("touba_history_counting", default=None)
+"""The step whose context guard is running in this task: it keeps the guard's
+last count for the decision's plot point."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +181,9 @@ class DecisionHistory:
     async def emit(self, event: HistoryEvent) -> None:
         """Deliver ``event`` to ``on_event`` and to the caller's observer, if any."""
         telemetry.history_event(event)
+        step = _counting.get()
+        if step is not None and event.kind == "provider_context_count":
+            step.count_seen(event)
         for callback in (self.config.on_event, event_observer.get()):
             if callback is None:
                 continue
@@ -312,6 +325,12 @@ class _Step:
         self.appends: list[tuple[int, Record]] = []
         self.added = ExchangeSize(0, 0)
         self.summary_event: HistoryEvent | None = None
+        self.counts: list[HistoryEvent] = []
+
+    def count_seen(self, event: HistoryEvent) -> None:
+        """A context-guard count of this decision (the last one is the verdict)."""
+        if event.session_key == self.key:
+            self.counts.append(event)
 
     def _append(self, index: int, message: Message) -> ExchangeSize:
         data = message_to_dict(message)
@@ -412,7 +431,11 @@ class _Step:
         window = await self._window(start, first, sizes, current, summary)
 
         if fit is not None:
-            window = await fit(window)
+            counting = _counting.set(self)
+            try:
+                window = await fit(window)
+            finally:
+                _counting.reset(counting)
         await self._announce(window, resumed_lost)
         decision = await generate(window)
         stored = self._stored(decision)
@@ -431,7 +454,29 @@ class _Step:
             else [{"call_id": c.call_id, "name": c.name} for c in decision.calls]
         )
         head["updated_at"] = now_iso()
+        add_point(head, self._point(head, window))
         return LogWrite(head=head, append=self.appends), decision
+
+    def _point(self, head: Record, window: HistoryWindow) -> DecisionPoint:
+        """This decision's figures for the plot (sizes and verdicts only)."""
+        stats, sent = head["stats"], window.size
+        last = self.counts[-1] if self.counts else None
+        return DecisionPoint(
+            decision=stats["exchanges"],
+            at=int(time.time()),
+            retained_messages=stats["messages"],
+            retained_bytes=stats["bytes"],
+            sent_messages=sent.messages,
+            sent_bytes=sent.bytes,
+            trimmed_exchanges=window.start,
+            summary_exchanges=window.summary.covered_exchanges if window.summary else 0,
+            new_summary=self.summary_event is not None,
+            guard_counts=len(self.counts),
+            guard_count=None if last is None else last.count,
+            guard_reserve=None if last is None else last.reserve,
+            guard_window=None if last is None else last.window,
+            guard_fits=None if last is None else last.fits,
+        )
 
     async def _announce(self, window: HistoryWindow, resumed_lost: bool) -> None:
         """Emit the events describing the window about to be sent."""
@@ -625,11 +670,13 @@ class _Step:
 def _head_floor_bytes(head: Record) -> int:
     """A lower bound of the bytes of the head a step saves, from its head now.
 
-    A step replaces ``pending``, ``summary`` and ``updated_at`` (any of them may
-    shrink) and only raises the ``stats`` counters; the other fields stay. The
-    head without those three fields is therefore never larger than the saved one.
+    A step replaces ``pending``, ``summary``, ``updated_at`` and ``plot`` (any of
+    them may shrink: the plot's ring drops its oldest point) and only raises the
+    ``stats`` counters; the other fields stay. The head without those fields is
+    therefore never larger than the saved one.
     """
-    kept = {k: v for k, v in head.items() if k not in ("pending", "summary", "updated_at")}
+    replaced = ("pending", "summary", "updated_at", PLOT_KEY)
+    kept = {k: v for k, v in head.items() if k not in replaced}
     return len(canonical_json(kept).encode("utf-8", "surrogatepass"))
 
 
