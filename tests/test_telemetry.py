@@ -271,3 +271,32 @@ async def test_lifecycle_is_logged_at_info_without_content(
     logged = "\n".join(text for _, _, text in messages)
     for secret in (SECRET_ORDER, "shipped", "where is my order"):
         assert secret not in logged
+
+
+async def test_a_recovered_reservation_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from touba.errors import DecisionHistoryBusy
+    from touba.history.sqlite import SqliteHistoryStore
+
+    caplog.set_level("INFO", logger="touba.history")
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def stuck(record: Any) -> tuple[Any, None]:
+        held.set()
+        await release.wait()
+        return {"any": "record"}, None
+
+    async with SqliteHistoryStore(tmp_path / "h.sqlite") as store:
+        task = asyncio.create_task(store.transact("key-1", stuck))
+        await held.wait()
+        assert await store.recover("key-1", worker_stopped=True)
+        release.set()
+        with pytest.raises(DecisionHistoryBusy):
+            await task  # the late save of the "crashed" worker is refused
+    assert any(
+        r.name == "touba.history" and "recovered the reservation of conversation key-1" in r.message
+        for r in caplog.records
+    )

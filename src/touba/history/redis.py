@@ -69,6 +69,7 @@ from touba.history._common import (
     encode_json,
     encode_record,
     iso,
+    recovered,
     require_worker_stopped,
 )
 from touba.history._record import join_record
@@ -925,7 +926,7 @@ class RedisHistoryStore:
         """
         require_worker_stopped(worker_stopped)
         freed = await self._conv(self._release_script, self._keys(key), ("",), "a recover")
-        return bool(freed == 1)
+        return recovered(key, freed == 1)
 
     async def purge_expired(self) -> int:
         """Purge expired, unreserved conversations now; return how many went."""
