@@ -270,3 +270,73 @@ async def test_runner_through_the_fake_openai_server_trims_without_orphans(
             "function_call_output",
         ]
         assert last_input[-1] == {"role": "user", "content": "Thanks!"}
+
+
+async def test_exclusive_holds_the_session_for_a_whole_run(store: Any) -> None:
+    """Two runs on one session: the second, while the first is inside its tool call
+    (between its model calls), is refused before it calls the model."""
+    import asyncio
+
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    @function_tool
+    async def slow_lookup(order_id: str) -> str:
+        """Look up an order, slowly."""
+        inside.set()
+        await release.wait()
+        return "shipped"
+
+    with FakeOpenAIServer() as srv:
+        client = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="sk-test", max_retries=0)
+        model = OpenAIResponsesModel(model="gpt-4.1-mini", openai_client=client)
+        agent = Agent(name="support", tools=[slow_lookup], model=model)
+        config = RunConfig(tracing_disabled=True)
+        srv.script_response(openai_function_call("slow_lookup", {"order_id": "A1"}))
+        srv.script_response(openai_text("A1 shipped."))
+        first_session = ToubaSession("user-1", store=store, namespace="ns")
+        second_session = ToubaSession("user-1", store=store, namespace="ns")  # another worker
+
+        async def first_run() -> Any:
+            async with first_session.exclusive():
+                return await Runner.run(
+                    agent, "Where is A1?", session=first_session, run_config=config
+                )
+
+        running = asyncio.create_task(first_run())
+        await inside.wait()
+        with pytest.raises(DecisionHistoryBusy):
+            async with second_session.exclusive():
+                await Runner.run(agent, "And B2?", session=second_session, run_config=config)
+        with pytest.raises(DecisionHistoryBusy):  # nor a run without exclusive()
+            await Runner.run(agent, "And B2?", session=second_session, run_config=config)
+        assert len(srv.requests_to("responses")) == 1  # only the first run's first call
+        release.set()
+        result = await running
+        await client.close()
+    assert result.final_output == "A1 shipped."
+    stored = await second_session.get_items()
+    assert stored[0] == {"role": "user", "content": "Where is A1?"}
+    assert [i.get("type") for i in stored[1:3]] == ["function_call", "function_call_output"]
+
+
+async def test_a_run_that_fails_inside_exclusive_saves_nothing(store: Any) -> None:
+    session = ToubaSession("s1", store=store, namespace="ns")
+    await session.add_items([user("before")])
+    seen: list[Any] = []
+
+    async def failing_run() -> None:
+        async with session.exclusive():
+            await session.add_items([user("during")])
+            seen.extend(await session.get_items())
+            raise RuntimeError("the run failed")
+
+    with pytest.raises(RuntimeError):
+        await failing_run()
+    assert seen == [user("before"), user("during")]
+    assert await session.get_items() == [user("before")]
+    async with session.exclusive():
+        with pytest.raises(ConfigurationError, match="already held"):
+            async with session.exclusive():
+                pass
+        await session.add_items([user("after")])
+    assert await session.get_items() == [user("before"), user("after")]

@@ -30,6 +30,14 @@ Behaviour decisions:
   counts as activity for the store's expiry (``ttl_seconds`` after the last
   operation, reads included). Reading a session that holds nothing takes no
   place in the store (a built-in store's ``read``, then no transaction).
+- **One run, one writer.** ``async with session.exclusive(): await
+  Runner.run(...)`` holds the session's reservation for the whole run: every
+  operation of the run works on the reserved record, saved in one atomic step
+  when the block ends cleanly (an exception saves nothing of the run), and a
+  second concurrent run, in this process or another, is refused with
+  ``DecisionHistoryBusy`` before it calls the model. A crash inside the block
+  leaves the session reserved until ``recover``. Without it, exclusivity is
+  per operation, as above.
 - **Exchanges.** Items are grouped into exchanges as
   :mod:`touba.integrations._responses_items` defines them: a call and its
   output (by ``call_id``; MCP approvals by request id) are never separated, a
@@ -53,13 +61,15 @@ Behaviour decisions:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
 
 from touba.errors import ConfigurationError
 from touba.history import HistoryStore
 from touba.integrations._cut import UNBOUNDED, check_bound
 from touba.integrations._records import (
+    Held,
     Record,
     check_id,
     check_store,
@@ -88,6 +98,7 @@ __all__ = ["ToubaSession"]
 
 KIND: Final = "touba.openai_agents.session"
 INTEGRATION: Final = "openai-agents"
+R = TypeVar("R")
 MiB: Final = 1024 * 1024
 
 
@@ -132,6 +143,41 @@ class ToubaSession(SessionABC):
             else SessionSettings()
         )
         self.session_key = conversation_store_key(self.namespace, INTEGRATION, self.session_id)
+        self._held: list[Record | None] | None = None  # the record reserved by exclusive()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[ToubaSession]:
+        """Hold this session for the block (a whole run): see "One run, one writer".
+
+        Raises ``DecisionHistoryBusy`` at once when another operation or run
+        holds it, ``ConfigurationError`` when this object already holds it;
+        a refused save at the end (capacity) raises as ``add_items`` does.
+        """
+        if self._held is not None:
+            raise ConfigurationError("this ToubaSession is already held by exclusive()")
+        cell: list[Record | None] = []
+
+        def load(snapshot: Record | None) -> None:
+            self._items(snapshot)  # refuse a record that is not this session's
+            cell.append(snapshot)
+
+        async with Held(self.store, self.session_key, load, lambda _old: cell[0]):
+            self._held = cell
+            try:
+                yield self
+            finally:
+                self._held = None
+
+    async def _apply(
+        self, operation: Callable[[Record | None], Awaitable[tuple[Record | None, R]]]
+    ) -> R:
+        """Run one operation: on the held record inside exclusive(), else in a transaction."""
+        held = self._held
+        if held is None:
+            return await self.store.transact(self.session_key, operation)
+        record, result = await operation(held[0])
+        held[0] = record
+        return result
 
     def _items(self, record: Record | None) -> list[Record]:
         return record_items(
@@ -170,9 +216,9 @@ class ToubaSession(SessionABC):
             return record, selected
 
         peek = getattr(self.store, "read", None)
-        if callable(peek) and await peek(self.session_key) is None:
+        if self._held is None and callable(peek) and await peek(self.session_key) is None:
             return []  # nothing stored: a read takes no place in a full store
-        items = await self.store.transact(self.session_key, read)
+        items = await self._apply(read)
         return items  # type: ignore[return-value]  # JSON dicts: the SDK's input items
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
@@ -190,7 +236,7 @@ class ToubaSession(SessionABC):
         async def append(record: Record | None) -> tuple[Record | None, None]:
             return self._record(record, [*self._items(record), *new]), None
 
-        await self.store.transact(self.session_key, append)
+        await self._apply(append)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the most recent item (``None`` when empty), in one transaction."""
@@ -202,7 +248,7 @@ class ToubaSession(SessionABC):
             last = items.pop()
             return self._record(record, items), last
 
-        item = await self.store.transact(self.session_key, pop)
+        item = await self._apply(pop)
         return item  # type: ignore[return-value]
 
     async def clear_session(self) -> None:
@@ -212,4 +258,4 @@ class ToubaSession(SessionABC):
             self._items(record)  # never delete a record that is not this session's
             return None, None
 
-        await self.store.transact(self.session_key, clear)
+        await self._apply(clear)
