@@ -83,7 +83,16 @@ _SUPPORTED = (
 # RuntimeError; a forward reference it cannot resolve is a NameError).
 _PYDANTIC_REFUSALS = (PydanticUserError, PydanticUndefinedAnnotation, TypeError, ValueError)
 _CUSTOM_MESSAGES = ("value_error", "assertion_error")
-_SCHEMA_KEYWORDS_WITH_SCHEMAS = ("items", "additionalProperties", "not", "contains", "if", "then")
+_SCHEMA_KEYWORDS_WITH_SCHEMAS = (
+    "items",
+    "additionalProperties",
+    "propertyNames",
+    "not",
+    "contains",
+    "if",
+    "then",
+    "else",
+)
 _SCHEMA_KEYWORDS_WITH_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_KEYWORDS_WITH_MAPS = ("properties", "patternProperties", "$defs", "dependentSchemas")
 _MAX_PROBLEMS = 3
