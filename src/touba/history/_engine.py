@@ -427,7 +427,7 @@ class _Step:
         )
         summary: SummaryMessage | None = None
         if summarizing:
-            summary, start = await self._summarize(start, through, sizes, first)
+            summary, start, first, sizes = await self._summarize(start, through, sizes, first)
         window = await self._window(start, first, sizes, current, summary)
 
         if fit is not None:
@@ -579,7 +579,13 @@ class _Step:
 
     async def _summarize(
         self, start: int, through: int, sizes: list[ExchangeSize], first: int
-    ) -> tuple[SummaryMessage | None, int]:
+    ) -> tuple[SummaryMessage | None, int, int, list[ExchangeSize]]:
+        """The summary to send and the window's ``start``, ``first`` and ``sizes``.
+
+        A summariser failure refuses the decision, or (``on_summary_failure=
+        "trim"``) leaves the summary state as it was and re-selects the window
+        as if no summariser were configured (:meth:`_without_summary`).
+        """
         config = self.config
         state = self.head.get("summary")
         previous = state["text"] if state else None
@@ -590,24 +596,17 @@ class _Step:
                 turns=tuple(tuple(_projected(m) for m in ex) for ex in left),
                 max_bytes=config.max_summary_bytes,
             )
-            assert config.summarize is not None
-            with telemetry.span(
-                "touba.history.summary",
-                {"touba.session_key": self.key, "touba.summary.new_exchanges": len(left)},
-            ):
-                text: object = config.summarize(request)
-                if inspect.isawaitable(text):
-                    text = await text
-            if not isinstance(text, str) or not text.strip():
-                raise DecisionHistorySummaryInvalid(
-                    "the summarize callback must return a non-empty str; nothing was written"
-                )
+            try:
+                with telemetry.span(
+                    "touba.history.summary",
+                    {"touba.session_key": self.key, "touba.summary.new_exchanges": len(left)},
+                ):
+                    text = await self._summary_text(request)
+            except Exception as e:
+                if config.on_summary_failure != "trim":
+                    raise
+                return await self._without_summary(e, sizes, first)
             size = len(text.encode("utf-8"))
-            if size > config.max_summary_bytes:
-                raise DecisionHistorySummaryInvalid(
-                    f"the summarize callback returned {size} bytes, over "
-                    f"max_summary_bytes={config.max_summary_bytes}; nothing was written"
-                )
             fingerprint = fingerprint_exchanges(state["fingerprint"] if state else None, left)
             state = {
                 "text": text,
@@ -626,7 +625,7 @@ class _Step:
                 summary_bytes=size,
             )
         if state is None:
-            return None, start
+            return None, start, first, sizes
         message = SummaryMessage(state["text"], state["through"], state["fingerprint"])
         # JSON escaping can make the message larger than reserved: keep the
         # bounds by leaving more exchanges out (they stay retained).
@@ -641,8 +640,54 @@ class _Step:
         if len(window) == 1 and (
             window[0].messages > budget.messages or window[0].bytes > budget.bytes
         ):
-            return None, start  # no room for the summary next to the minimum window
-        return message, start
+            return None, start, first, sizes  # no room for the summary next to the minimum
+        return message, start, first, sizes
+
+    async def _summary_text(self, request: SummaryRequest) -> str:
+        """The callback's summary, or DecisionHistorySummaryInvalid (or its own error)."""
+        config = self.config
+        assert config.summarize is not None
+        text: object = config.summarize(request)
+        if inspect.isawaitable(text):
+            text = await text
+        if not isinstance(text, str) or not text.strip():
+            raise DecisionHistorySummaryInvalid(
+                "the summarize callback must return a non-empty str; nothing was written"
+            )
+        size = len(text.encode("utf-8"))
+        if size > config.max_summary_bytes:
+            raise DecisionHistorySummaryInvalid(
+                f"the summarize callback returned {size} bytes, over "
+                f"max_summary_bytes={config.max_summary_bytes}; nothing was written"
+            )
+        return text
+
+    async def _without_summary(
+        self, error: Exception, sizes: list[ExchangeSize], first: int
+    ) -> tuple[None, int, int, list[ExchangeSize]]:
+        """``on_summary_failure="trim"``: this decision's window as if no summariser
+        were configured (no summary, no room reserved for one, exchanges a previous
+        summary covered eligible again); the stored summary state is unchanged."""
+        logger.warning(
+            "summarize failed (%s); this decision is trimmed without a summary",
+            getattr(error, "code", type(error).__name__),
+        )
+        config = self.config
+        plain_first = max(0, self.count - config.max_messages)
+        if plain_first < first:  # exchanges before a previous summary's end, all stored
+            assert self.snapshot is not None
+            older = await self.snapshot.sizes(plain_first)
+            sizes = older[: first - plain_first] + sizes
+        start = plain_first + select_window(
+            sizes, max_messages=config.max_messages, max_bytes=config.max_bytes
+        )
+        self.summary_event = HistoryEvent(  # announced with the window it ends up in
+            kind="decision_history_summary_failed",
+            session_key=self.key,
+            message_count=0,
+            bytes=0,
+        )
+        return None, start, plain_first, sizes
 
     async def _window(
         self,

@@ -377,7 +377,7 @@ class SqlMemoryStore(ABC):
         encoded = None if result is None else dumps(result)
 
         async def change(db: Db, job: ExtractionJob) -> None:
-            status, next_at, message = "done", job.next_attempt_at, job.last_error
+            status, next_at, message = "done", job.next_attempt_at, None  # old errors go
             if error is not None:
                 message = error[:MAX_ERROR_CHARS]
                 if retry_at is None or job.attempts >= job.max_attempts:

@@ -149,7 +149,8 @@ class MemoryStore(Protocol):
         """Record a leased job's ops once; return the recorded ones."""
 
     async def complete_job(self, job_id: str, lease_token: str, result: JSON) -> ExtractionJob:
-        """Mark a leased job done (``ExtractionLeaseLost`` if not leased)."""
+        """Mark a leased job done, with no error left from earlier attempts
+        (``ExtractionLeaseLost`` if not leased)."""
 
     async def fail_job(
         self, job_id: str, lease_token: str, error: str, retry_at: datetime | None

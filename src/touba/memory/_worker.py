@@ -34,7 +34,12 @@ from typing import Final
 from touba.errors import ConfigurationError
 from touba.history._model import JSON, canonical_json
 from touba.memory._config import MemoryConfig
-from touba.memory._extraction import ExtractionQueue, extraction_schema, parse_ops
+from touba.memory._extraction import (
+    ExtractionQueue,
+    describe_error,
+    extraction_schema,
+    parse_ops,
+)
 from touba.memory._key_events import KeyEventService, event_view
 from touba.memory._model import ExtractedOp, ExtractionJob, KeyEvent, StoredTurn
 from touba.memory._store import MemoryStore, resolve_memory_config
@@ -207,7 +212,7 @@ class ExtractionWorker:
         try:
             agent = self._agent(job)
         except ConfigurationError as e:
-            return await self.queue.fail(job.id, f"{e.code}: {e}", lease_token=job.lease_token)
+            return await self.queue.fail(job.id, describe_error(e), lease_token=job.lease_token)
         service = KeyEventService(self.store, (await self._config(agent)).key_events)
         return await self.queue.process(job, self.extract, service)
 
