@@ -1,12 +1,13 @@
 # Two entry points for a fresh machine with Python 3.11+ and make:
 #   make demo   -> creates .venv, installs touba with every extra, runs `touba demo`
 #   make test   -> same install, then lint, strict type check and the whole test suite
+#   make peers  -> same install, then openai-agents' own session tests against ToubaSession
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck pytest bench clean
+.PHONY: install demo test lint typecheck pytest peers bench clean
 
 install: $(STAMP)
 
@@ -31,10 +32,16 @@ typecheck: install
 pytest: install
 	$(BIN)/python -m pytest
 
+# Fetches the pinned openai-agents sdist into .peers/ (pip download) and runs its session
+# tests with SQLiteSession swapped for ToubaSession: tests/peers/run_openai_agents.py.
+peers: install
+	$(BIN)/python tests/peers/run_openai_agents.py
+
 bench: install
 	$(BIN)/python bench/history_cost.py
 	$(BIN)/python bench/provider_cost.py
 	$(BIN)/python bench/chat_traffic.py
+	$(BIN)/python bench/panel_pages.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .peers

@@ -1,6 +1,8 @@
 """The `touba` command: the demo runs offline, and `touba history` administers a store."""
 
 import asyncio
+import io
+import json
 import os
 import stat
 import subprocess
@@ -8,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from touba.cli import _common
 from touba.cli._app import app
 from touba.cli._history import _usage
 from touba.history import ConversationIdentity, StoredConversation, StoreUsage
@@ -192,3 +196,67 @@ async def test_history_ls_takes_the_usage_a_store_reports(seeded: tuple[Path, st
         rows = await store.list()
         expected = StoreUsage(1, 9, rows[0].bytes, 32 << 20)
         assert await _usage(store, None) == expected  # from list() until the store has usage()
+
+
+def _hold(db: Path, key: str) -> None:
+    """Leave ``key`` reserved by a worker killed mid-decision (a crash)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASH, str(db), key], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "holding"
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def test_history_ls_piped_prints_each_row_on_one_line_with_the_whole_key(
+    seeded: tuple[Path, str],
+) -> None:
+    db, key = seeded
+    narrow = runner.invoke(app, ["history", "ls", "--db", str(db)], env={"COLUMNS": "40"})
+    assert narrow.exit_code == 0, narrow.output
+    (row,) = [line for line in narrow.output.splitlines() if key in line]  # never cut
+    assert "│ ns " in row
+    assert "│ agent " in row
+    assert "…" not in narrow.output
+
+
+def test_history_ls_and_show_report_the_same_stored_bytes(seeded: tuple[Path, str]) -> None:
+    db, key = seeded
+    listed = runner.invoke(app, ["history", "ls", "--db", str(db), "--json"])
+    assert listed.exit_code == 0, listed.output
+    data = json.loads(listed.output)
+    (row,) = data["conversations"]
+    assert row["key"] == key
+    assert data["usage"]["stored_bytes"] == row["stored_bytes"]
+    shown = runner.invoke(app, ["history", "show", key, "--db", str(db)])
+    assert f"{row['stored_bytes']} stored bytes (10 message bytes)" in shown.output
+    table = runner.invoke(app, ["history", "ls", "--db", str(db)])
+    assert f"│ {row['stored_bytes']} " in table.output
+
+
+def test_history_rm_of_a_busy_conversation_points_to_recover(seeded: tuple[Path, str]) -> None:
+    db, key = seeded
+    _hold(db, key)
+    refused = runner.invoke(app, ["history", "rm", key, "--db", str(db)])
+    assert refused.exit_code == 1
+    assert "DecisionHistoryBusy" in refused.output
+    assert "touba history recover" in refused.output
+    runner.invoke(app, ["history", "recover", key, "--db", str(db), "--worker-stopped"])
+    assert "deleted" in runner.invoke(app, ["history", "rm", key, "--db", str(db)]).output
+
+
+def test_history_purge_shows_a_spinner_on_a_terminal_only(
+    seeded: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, _ = seeded
+    screen = io.StringIO()
+    monkeypatch.setattr(_common, "errors", Console(file=screen, force_terminal=True, width=80))
+    result = runner.invoke(app, ["history", "purge", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "purging expired conversations" in screen.getvalue()
+    assert "purging" not in result.output  # standard output stays clean

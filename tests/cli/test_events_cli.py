@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import os
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from touba import ChatSession, KeyEventsConfig, MemoryConfig
+from touba.cli import _common
 from touba.cli._app import app
 from touba.memory import ExtractionQueue, KeyEventService, SqliteMemoryStore, owner_for
 from touba.runtime import Program, Runtime
@@ -262,3 +268,93 @@ def other_program() -> Program:
     program = Program()
     program.agent("support", provider=WORKER_MODEL)
     return program
+
+
+def test_events_ls_show_and_jobs_print_json(db: Path) -> None:
+    refund_id, _ = asyncio.run(_seed(db))
+    listed = json.loads(invoke("events", "ls", "--db", str(db), "-u", "alice", "--all", "--json"))
+    assert listed["owner"] == "user:alice"
+    assert {e["id"] for e in listed["events"]} >= {refund_id}
+    shown = json.loads(invoke("events", "show", refund_id, "--db", str(db), "--json"))
+    assert (shown["status"], shown["details"]) == ("closed", "paid")
+    assert [c["new"] for u in shown["history"] for c in u["changes"]][:1] == ["in_progress"]
+    job_id = asyncio.run(_end_without_extracting(db))
+    jobs = json.loads(invoke("events", "jobs", "--db", str(db), "--json"))["jobs"]
+    assert [(j["id"], j["status"]) for j in jobs] == [(job_id, "pending")]
+    assert "lease_token" not in jobs[0]
+
+
+def test_a_done_job_no_longer_shows_an_error_of_an_earlier_attempt(db: Path) -> None:
+    job_id = asyncio.run(_end_without_extracting(db))
+    with closing(sqlite3.connect(db)) as conn, conn:  # a row written by an older touba
+        conn.execute(
+            "UPDATE touba_memory_jobs SET status = 'done', last_error = 'TimeoutError: old'"
+            " WHERE id = ?",
+            (job_id,),
+        )
+    listed = invoke("events", "jobs", "--db", str(db))
+    assert job_id in listed
+    assert "TimeoutError" not in listed
+    (job,) = json.loads(invoke("events", "jobs", "--db", str(db), "--json"))["jobs"]
+    assert job["last_error"] is None
+
+
+def test_events_ls_piped_never_cuts_an_id(db: Path) -> None:
+    refund_id, _ = asyncio.run(_seed(db))
+    result = runner.invoke(
+        app, ["events", "ls", "--db", str(db), "-u", "alice", "--all"], env={"COLUMNS": "30"}
+    )
+    assert any(refund_id in line for line in result.output.splitlines())
+
+
+def test_worker_once_over_many_jobs_shows_a_progress_bar_on_a_terminal(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for _ in range(3):
+        asyncio.run(_end_without_extracting(db))
+    for _ in range(3):
+        WORKER_MODEL.add(ScriptedProvider.final({"ops": []}))
+    screen = io.StringIO()
+    monkeypatch.setattr(_common, "errors", Console(file=screen, force_terminal=True, width=100))
+    ran = invoke(
+        "worker", "--db", str(db), "--once", "-p", "tests.cli.test_events_cli:worker_program"
+    )
+    assert "3 job attempt(s) run" in ran
+    assert "extraction jobs" in screen.getvalue()
+    assert "3/3" in screen.getvalue()
+
+
+def test_chat_handles_its_commands_itself(db: Path) -> None:
+    base = ["chat", "--db", str(db), "--program", "demo", "--agent", "support", "-u", "cy"]
+    chatted = invoke(*base, input="/help\n/nope\n/etc/hosts is empty\n/quit\n")
+    for command in ("/help", "/events", "/end", "/quit"):
+        assert f"  {command}: " in chatted
+    assert "unknown command /nope (not sent to the agent)" in chatted
+    assert "I was given 0 earlier turn(s)" in chatted  # only the last line was a message
+    assert chatted.count("agent>") == 1
+    assert "left; continue with --session" in chatted
+
+
+def test_chat_refuses_an_ended_session_before_its_banner(db: Path) -> None:
+    base = ["chat", "--db", str(db), "-p", "demo", "-a", "support", "-u", "di", "-s", "s-ended"]
+    assert "session ended" in invoke(*base, input="hello\n/end\n")
+    again = runner.invoke(app, base, input="hello again\n", env={"COLUMNS": "200"})
+    assert again.exit_code == 1
+    assert "session s-ended has ended" in again.output
+    assert "/help" not in again.output  # no banner, no prompt
+    assert "you>" not in again.output
+
+
+def test_chat_exits_non_zero_when_a_turn_failed(db: Path) -> None:
+    def down(request: object, messages: object) -> dict[str, object]:
+        raise RuntimeError("503")
+
+    APPROVAL_MODEL.add(down, ScriptedProvider.final("Back again."))
+    base = ["chat", "--db", str(db), "-p", "tests.cli.test_events_cli:approval_program"]
+    result = runner.invoke(
+        app, [*base, "--agent", "support"], input="hello\nstill there?\n", env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 1
+    assert "AgentDecisionProviderUnavailable" in result.output
+    assert "agent> Back again." in result.output  # the session went on
+    assert "1 turn(s) failed" in result.output

@@ -52,6 +52,7 @@ EVENT_FIELDS = {
     "history_window": set(),
     "history_trimmed": {"removed_exchanges", "removed_messages", "removed_bytes"},
     "decision_history_summary": {"covered_exchanges", "fingerprint", "summary_bytes"},
+    "decision_history_summary_failed": set(),
     "resumed_without_messages": set(),
 }
 COMMON_FIELDS = {"kind", "session_key", "message_count", "bytes"}
@@ -887,6 +888,107 @@ async def test_invalid_summary_is_refused_and_nothing_is_written(reply: Any) -> 
     assert len(summarize.requests) == 1
     assert await env.read() == before
     assert env.events == []
+
+
+class FailingSummarizer(Summarizer):
+    """Replies in order; an exception in the replies is raised instead."""
+
+    async def __call__(self, request: SummaryRequest) -> Any:
+        reply = await super().__call__(request)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+async def test_on_summary_failure_trim_sends_the_plain_window_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    failing = FailingSummarizer(RuntimeError("model down"))
+    env = Env(
+        max_messages=5,
+        max_bytes=100_000,
+        max_summary_bytes=200,
+        summarize=failing,
+        on_summary_failure="trim",
+    )
+    plain = Env(max_messages=5, max_bytes=100_000)  # the same script, no summariser at all
+    await run_turns(env, 3)
+    await run_turns(plain, 3)
+
+    window = await env.step(answer(calls("d2", "lookup")), decide(*calls("d3", "lookup")))
+    expected = await plain.step(answer(calls("d2", "lookup")), decide(*calls("d3", "lookup")))
+
+    assert len(failing.requests) == 1
+    assert window.summary is None
+    assert dicts(window) == dicts(expected)  # no room reserved for a summary either
+    assert (await env.read() or {})["summary"] is None
+    (failed,) = env.of_kind("decision_history_summary_failed")
+    assert (failed.message_count, failed.bytes) == window_weight(window)
+    assert [e.kind for e in env.events] == [
+        "decision_history_summary_failed",
+        "history_trimmed",
+        "history_window",
+    ]
+    assert_no_content(env.events, "model down", "raw", "done", "sig")
+    assert "summarize failed (RuntimeError)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [DecisionHistorySummaryInvalid("budget spent"), "", None, "é" * 101],
+    ids=["raises", "empty", "none", "too_long"],
+)
+async def test_after_a_failure_trim_keeps_the_summary_state_and_tries_again(
+    failure: Any,
+) -> None:
+    summarize = FailingSummarizer("first summary", failure, "third summary")
+    env = Env(
+        max_messages=5,
+        max_bytes=100_000,
+        max_summary_bytes=200,
+        summarize=summarize,
+        on_summary_failure="trim",
+    )
+    plain = Env(max_messages=5, max_bytes=100_000)
+    await run_turns(env, 4)  # the 4th decision summarises exchange 0
+    await run_turns(plain, 4)
+    first = (await env.read() or {})["summary"]
+    assert (first["text"], first["through"]) == ("first summary", 1)
+
+    window = await env.step(answer(calls("d3", "lookup")), decide(*calls("d4", "lookup")))
+    expected = await plain.step(answer(calls("d3", "lookup")), decide(*calls("d4", "lookup")))
+    assert window.summary is None
+    assert dicts(window) == dicts(expected)  # what a history without a summariser sends
+    assert (await env.read() or {})["summary"] == first  # unchanged
+    assert env.events[0].kind == "decision_history_summary_failed"
+
+    window = await env.step(answer(calls("d4", "lookup")), decide())
+    (request,) = summarize.requests[2:]
+    assert request.previous_summary == "first summary"  # tried again from where it was
+    assert window.summary is not None
+    assert window.summary.text == "third summary"
+    assert env.of_kind("decision_history_summary_failed") == []
+
+
+async def test_on_summary_failure_refuse_is_the_default() -> None:
+    assert HistoryConfig().on_summary_failure == "refuse"
+    env = Env(
+        max_messages=3,
+        max_bytes=100_000,
+        max_summary_bytes=200,
+        summarize=FailingSummarizer(RuntimeError("model down")),
+    )
+    await run_turns(env, 2)
+    before = await env.read()
+    with pytest.raises(RuntimeError, match="model down"):  # the callback's own error
+        await env.history.step(env.identity, answer(calls("d1", "lookup")), never)
+    assert await env.read() == before
+
+
+def test_on_summary_failure_must_be_refuse_or_trim() -> None:
+    bad: Any = "ignore"
+    with pytest.raises(ConfigurationError, match="on_summary_failure"):
+        HistoryConfig(on_summary_failure=bad)
 
 
 async def test_summary_at_exactly_max_summary_bytes_is_accepted() -> None:

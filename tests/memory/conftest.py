@@ -20,7 +20,7 @@ from tests._services import postgres_dsn
 from touba.memory._sql import SqlMemoryStore
 from touba.memory.sqlite import SqliteMemoryStore
 
-POSTGRES_TABLES = ("sessions", "turns", "events", "history", "jobs", "meta")
+POSTGRES_TABLES = ("sessions", "turns", "events", "history", "jobs", "configs", "meta")
 
 
 class FakeClock:

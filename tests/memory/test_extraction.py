@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -10,7 +10,12 @@ import jsonschema
 import pytest
 
 from tests.memory.conftest import FakeClock, MakeStore
-from touba.errors import ConfigurationError, ExtractionLeaseLost, KeyEventInvalid
+from touba.errors import (
+    AgentDecisionProviderSchemaViolation,
+    ConfigurationError,
+    ExtractionLeaseLost,
+    KeyEventInvalid,
+)
 from touba.memory import (
     CreateEventOp,
     ExtractionJob,
@@ -109,7 +114,7 @@ async def test_failures_back_off_exponentially_then_end_failed_and_visible(
         after = await queue.process(claimed, broken, service)
         assert after.status == "pending"
         assert after.next_attempt_at == clock.now + timedelta(seconds=delay)
-        assert after.last_error == "TimeoutError: the model did not answer"
+        assert after.last_error == "TimeoutError"  # not its text: it is not touba's
         clock.advance(delay - 1)
         assert await queue.claim("worker-a") is None  # not due yet
         clock.advance(1)
@@ -254,3 +259,74 @@ def test_queue_settings_are_checked(store: SqlMemoryStore) -> None:
         ExtractionQueue(store, lease_seconds=-1)
     with pytest.raises(ConfigurationError):
         ExtractionQueue(object())  # type: ignore[arg-type]
+
+
+def raising(error: Exception) -> Callable[[], Any]:
+    def fail() -> Any:
+        raise error
+
+    return fail
+
+
+@pytest.mark.parametrize(
+    ("failure", "kept"),
+    [
+        (
+            lambda: parse_ops([{"kind": "create", "titel": "SECRET model text"}]),
+            "KeyEventInvalid: op 0 is not a create (kind, type, title, details) or an update "
+            "(kind, event_id and any of status, title, details); its fields: kind, titel",
+        ),
+        (
+            lambda: parse_ops(["SECRET model text"]),
+            "KeyEventInvalid: op 0 is not a create (kind, type, title, details) or an update "
+            "(kind, event_id and any of status, title, details); it is a JSON string, not an "
+            "object",
+        ),
+        (
+            raising(
+                AgentDecisionProviderSchemaViolation(
+                    "SECRET model text", provider_error_code="output_schema_mismatch"
+                )
+            ),
+            "AgentDecisionProviderSchemaViolation: provider_error_code=output_schema_mismatch",
+        ),
+        (raising(RuntimeError("SECRET server text")), "RuntimeError"),
+    ],
+    ids=["bad_op", "not_an_object", "schema_violation", "other"],
+)
+async def test_last_error_keeps_diagnostic_codes_and_field_names_only(
+    store: SqlMemoryStore, failure: Any, kept: str
+) -> None:
+    queue = queue_of(store)
+    await enqueue(queue)
+    job = await queue.claim("worker-a")
+    assert job is not None
+
+    async def extract(job: ExtractionJob) -> Sequence[ExtractedOp]:
+        return tuple(failure())
+
+    after = await queue.process(job, extract, KeyEventService(store, CONFIG))
+    assert after.status == "pending"
+    assert after.last_error == kept
+    assert "SECRET" not in (after.last_error or "")
+
+
+async def test_a_job_done_after_a_failed_attempt_no_longer_shows_its_error(
+    store: SqlMemoryStore, clock: FakeClock
+) -> None:
+    queue = queue_of(store, base_delay_seconds=1)
+    job = await enqueue(queue)
+
+    async def broken(job: ExtractionJob) -> Sequence[ExtractedOp]:
+        raise TimeoutError
+
+    first = await queue.claim("worker-a")
+    assert first is not None
+    failed = await queue.process(first, broken, KeyEventService(store, CONFIG))
+    assert failed.last_error == "TimeoutError"
+    clock.advance(1)
+    second = await queue.claim("worker-a")
+    assert second is not None
+    done = await queue.process(second, extractor(OPS), KeyEventService(store, CONFIG))
+    assert (done.status, done.last_error) == ("done", None)
+    assert (await queue.get(job.id)).last_error is None  # type: ignore[union-attr]

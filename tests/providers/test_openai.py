@@ -40,7 +40,7 @@ from touba.providers import (
 )
 from touba.providers._base import Plan
 from touba.providers._framing import structured_instructions, structured_schema
-from touba.providers._openai_wire import COUNT_FIELDS, input_items
+from touba.providers._openai_wire import COUNT_FIELDS, input_items, strict_schema
 from touba.providers.openai import create_openai_decision_provider
 from touba.testing.fakes import (
     FakeOpenAIServer,
@@ -1023,3 +1023,56 @@ def test_structured_decision_without_items_replays_projected_json() -> None:
         "calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}],
     }
     assert '"call_id":"c1"' in items[2]["content"]
+
+
+# strict structured output --------------------------------------------------------------
+
+
+def test_strict_schema_closes_objects_and_refuses_what_strict_mode_would_change() -> None:
+    closed = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}
+        },
+        "required": ["a"],
+    }
+    assert strict_schema(closed) == {
+        "type": "object",
+        "properties": {
+            "a": {
+                "type": "object",
+                "properties": {"b": {"type": "string"}},
+                "required": ["b"],
+                "additionalProperties": False,
+            }
+        },
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    optional = {"type": "object", "properties": {"a": {"type": "string"}}}
+    open_object = {"type": "object", "properties": {}, "additionalProperties": True}
+    keyword = {"type": "string", "minLength": 1}
+    assert strict_schema(optional) is None  # optional -> nullable would change its meaning
+    assert strict_schema(open_object) is None
+    assert strict_schema(keyword) is None
+    assert strict_schema({}) is None
+    assert strict_schema({"type": "string", "format": "date"}) == {
+        "type": "string",
+        "format": "date",
+    }
+
+
+async def test_the_structured_interface_is_strict_only_when_its_schema_allows(
+    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+) -> None:
+    provider = create_openai_decision_provider(
+        model=MODEL, client=client, history=False, decision_interface="structured"
+    )
+    server.script_response(openai_text('{"action":"final","output":"done"}'))
+    server.script_response(openai_text('{"action":"final","output":{"n":1}}'))
+    await provider.decide(request(capabilities=(), output_schema={"type": "string"}))
+    await provider.decide(request(output_schema={"type": "object"}))  # capabilities: free args
+    strict, loose = (b["text"]["format"] for b in bodies(server))
+    assert strict["strict"] is True
+    assert loose["strict"] is False
+    assert loose["schema"] == structured_schema((LOOKUP, REFUND), {"type": "object"})

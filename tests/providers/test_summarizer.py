@@ -1,8 +1,13 @@
-"""ModelSummarizer: bounded, counted, honest about failures."""
+"""ModelSummarizer: bounded, counted, honest about failures, plain text where it can."""
 
 import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 
+import anthropic
+import openai
 import pytest
+from google import genai
+from google.genai import types as genai_types
 
 from touba.errors import ConfigurationError, DecisionHistorySummaryInvalid
 from touba.history import (
@@ -15,9 +20,23 @@ from touba.history import (
     Observation,
     SummaryRequest,
 )
-from touba.providers import create_function_decision_provider
+from touba.providers import (
+    create_anthropic_decision_provider,
+    create_function_decision_provider,
+    create_gemini_decision_provider,
+    create_openai_decision_provider,
+)
 from touba.providers.summarizer import ModelSummarizer
 from touba.testing import ScriptedProvider
+from touba.testing.fakes import (
+    FakeAnthropicServer,
+    FakeGeminiServer,
+    FakeOpenAIServer,
+    anthropic_text,
+    gemini_text,
+    openai_refusal,
+    openai_text,
+)
 
 REQUEST = SummaryRequest(
     previous_summary="Earlier: greeted.",
@@ -114,3 +133,150 @@ async def test_wired_into_a_history() -> None:
     assert summaries
     assert all("summary " not in str(e.to_dict()) for e in summaries)
     assert summarizer.usage.calls == len(summaries)
+
+
+# against the fake servers, through the official SDKs ---------------------------------------
+
+
+@pytest.fixture
+def openai_server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+async def openai_client(openai_server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
+    sdk = openai.AsyncOpenAI(
+        base_url=openai_server.base_url + "/v1", api_key="sk-test", max_retries=0
+    )
+    yield sdk
+    await sdk.close()
+
+
+async def test_native_providers_are_asked_for_plain_text(
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
+) -> None:
+    provider = create_openai_decision_provider(model="m", client=openai_client, history=False)
+    openai_server.script_response(openai_text("Order A1 was looked up: shipped."))
+    summarizer = ModelSummarizer(provider, max_calls=1)
+
+    assert await summarizer(REQUEST) == "Order A1 was looked up: shipped."
+    (body,) = [r.body for r in openai_server.requests_to("responses")]
+    assert "text" not in body  # no JSON format asked for: the answer is the text
+    assert "tools" not in body
+
+
+async def test_anthropic_and_gemini_are_asked_for_plain_text_too() -> None:
+    with FakeAnthropicServer() as srv:
+        sdk = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="k", max_retries=0)
+        provider = create_anthropic_decision_provider(model="claude", client=sdk, history=False)
+        srv.script_response(anthropic_text("Looked up A1."))
+        assert await ModelSummarizer(provider, max_calls=1)(REQUEST) == "Looked up A1."
+        (body,) = [r.body for r in srv.requests_to("messages")]
+        assert "tools" not in body
+        assert "JSON" not in str(body.get("system", ""))
+        await sdk.close()
+    with FakeGeminiServer() as gsrv:
+        client = genai.Client(
+            api_key="k",
+            http_options=genai_types.HttpOptions(
+                base_url=gsrv.base_url, retry_options=genai_types.HttpRetryOptions(attempts=1)
+            ),
+        )
+        provider = create_gemini_decision_provider(model="gemini", client=client, history=False)
+        gsrv.script_response(gemini_text("Looked up A1."))
+        assert await ModelSummarizer(provider, max_calls=1)(REQUEST) == "Looked up A1."
+        (body,) = [r.body for r in gsrv.requests]
+        assert "responseJsonSchema" not in body.get("generationConfig", {})
+        await client.aio.aclose()
+        client.close()
+
+
+async def test_the_structured_interface_asks_for_strict_structured_output(
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
+) -> None:
+    provider = create_openai_decision_provider(
+        model="m", client=openai_client, history=False, decision_interface="structured"
+    )
+    openai_server.script_response(openai_text('{"action":"final","output":"Looked up A1."}'))
+
+    assert await ModelSummarizer(provider, max_calls=1)(REQUEST) == "Looked up A1."
+    (body,) = [r.body for r in openai_server.requests_to("responses")]
+    assert body["text"]["format"]["strict"] is True
+    assert body["text"]["format"]["schema"] == {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ["final"]},
+            "output": {"type": "string"},
+        },
+        "required": ["action", "output"],
+        "additionalProperties": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("script", "cause"),
+    [
+        (
+            lambda srv: srv.script_response(openai_refusal("I will not.")),
+            "AgentDecisionProviderSchemaViolation, provider_error_code=refusal",
+        ),
+        (
+            lambda srv: srv.script_response(openai_text("   ")),
+            "AgentDecisionProviderSchemaViolation, provider_error_code=empty_output",
+        ),
+        (lambda srv: srv.script_error(503), "AgentDecisionProviderUnavailable"),
+    ],
+    ids=["refusal", "empty", "server_down"],
+)
+async def test_a_failure_names_its_cause_in_the_message(
+    openai_server: FakeOpenAIServer,
+    openai_client: openai.AsyncOpenAI,
+    script: Callable[[FakeOpenAIServer], None],
+    cause: str,
+) -> None:
+    provider = create_openai_decision_provider(model="m", client=openai_client, history=False)
+    script(openai_server)
+    summarizer = ModelSummarizer(provider, max_calls=1)
+    with pytest.raises(DecisionHistorySummaryInvalid) as raised:
+        await summarizer(REQUEST)
+    assert cause in raised.value.message
+    assert "I will not" not in raised.value.message  # codes only, never the model's text
+    assert summarizer.usage.failures == 1
+
+
+async def test_a_failing_model_summariser_degrades_to_plain_trimming_when_asked() -> None:
+    """``on_summary_failure="trim"``: the spent budget does not refuse the decisions."""
+    model = ScriptedProvider(ScriptedProvider.final("summary 0"), history=False)
+    summarizer = ModelSummarizer(model, max_calls=1)
+    events: list[HistoryEvent] = []
+    history = DecisionHistory(
+        HistoryConfig(
+            max_messages=6,
+            summarize=summarizer,
+            max_summary_bytes=200,
+            on_event=events.append,
+            on_summary_failure="trim",
+        )
+    )
+    identity = ConversationIdentity("touba.private", "p", "m", "native", "r", "i", "a")
+    observations: list[Observation] = []
+    windows = []
+    for n in range(6):
+
+        async def generate(window, n=n):
+            windows.append(window)
+            return DecisionMessage(calls=(CapabilityCall(f"c{n}", "f", {"n": n}),))
+
+        decision = await history.step(identity, observations, generate)
+        observations = [
+            Observation(c.call_id, c.name, c.arguments, "ok", n) for c in decision.calls
+        ]
+    kinds = [e.kind for e in events if e.kind.startswith("decision_history_summary")]
+    assert kinds == [
+        "decision_history_summary",
+        "decision_history_summary_failed",
+        "decision_history_summary_failed",
+    ]
+    assert windows[-1].summary is None
+    assert summarizer.usage.calls == 1

@@ -124,15 +124,26 @@ def test_typeddict_and_annotated_description() -> None:
     }
 
 
-def test_pydantic_models_hoist_their_defs() -> None:
+def test_pydantic_models_are_inlined_into_one_self_contained_schema() -> None:
     def f(order: Order, extra: Line | None = None) -> None:
         pass
 
     schema = schema_of(f)
-    assert "$defs" not in schema["properties"]["order"]
-    assert schema["properties"]["order"]["properties"]["lines"]["items"] == {"$ref": "#/$defs/Line"}
-    assert set(schema["$defs"]) == {"Line"}
-    assert schema["properties"]["extra"]["anyOf"][1] == {"type": "null"}
+    line = {
+        "type": "object",
+        "properties": {"sku": {"type": "string"}, "quantity": {"type": "integer", "default": 1}},
+        "required": ["sku"],
+    }
+    assert "$defs" not in schema
+    assert schema["properties"]["order"] == {
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string"},
+            "lines": {"type": "array", "items": line},
+        },
+        "required": ["order_id", "lines"],
+    }
+    assert schema["properties"]["extra"] == {"anyOf": [line, {"type": "null"}], "default": None}
 
 
 def test_schemas_are_valid_for_the_provider_catalog() -> None:
@@ -152,7 +163,7 @@ def test_schemas_are_valid_for_the_provider_catalog() -> None:
 
 @pytest.mark.parametrize(
     "annotation",
-    [object, Any, list, dict, dict[int, str], Callable[[int], int], type, complex, set[str]],
+    [object, Any, list, dict, set, dict[int, str], Callable[[int], int], type, complex],
     ids=str,
 )
 def test_unsupported_types_are_refused_at_definition(annotation: Any) -> None:
@@ -196,12 +207,13 @@ def test_unsupported_parameter_kinds_are_refused() -> None:
             Program().capability(function)
 
 
-def test_conflicting_model_names_are_refused() -> None:
+def test_two_models_with_one_name_each_keep_their_own_schema() -> None:
     def f(one: Wrapper1, two: Wrapper2) -> None:
         pass
 
-    with pytest.raises(ConfigurationError, match="both named"):
-        Program().capability(f)
+    properties = schema_of(f)["properties"]
+    assert properties["one"]["properties"]["item"]["properties"] == {"x": {"type": "integer"}}
+    assert properties["two"]["properties"]["item"]["properties"] == {"y": {"type": "string"}}
 
 
 def test_description_argument_wins_over_docstring() -> None:

@@ -1,11 +1,18 @@
 """``touba chat``: an interactive chat session in the terminal (one line, one turn).
 
-Lines are read from standard input. Commands: ``/events`` lists the key
-events the session sees, ``/end`` ends the session (``kind="agent"``/``"flow"``:
-its key events are extracted now, in-process, and the job stays queued for
-``touba worker`` if that fails), ``/quit`` or end of input leaves without
-ending it (continue it later with ``--session``). A call awaiting approval
-is asked about, ``y`` approving it.
+Lines are read from standard input. Commands, handled here and never sent
+to the model: ``/help`` lists them, ``/events`` lists the key events the
+session sees, ``/end`` ends the session (``kind="agent"``/``"flow"``: its key
+events are extracted now, in-process, and the job stays queued for ``touba
+worker`` if that fails), ``/quit`` or end of input leaves without ending it
+(continue it later with ``--session``). Any other ``/word`` alone on its
+line is refused as an unknown command; a line that only starts with ``/``
+("/etc/hosts is empty") is a message. A call awaiting approval is asked
+about, ``y`` approving it.
+
+An ended session is refused before anything else is printed. The command
+exits 1 when a turn failed (after the session goes on to its end: the other
+turns are kept) and 0 otherwise.
 
 The memory store (turns, key events, jobs) is a SQLite file (``--db``) or
 PostgreSQL (``--dsn`` or ``TOUBA_DSN``), created if absent. Checkpoints stay
@@ -15,6 +22,7 @@ in RAM: an approval is answered in the same process.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from typing import Annotated
 
@@ -27,10 +35,16 @@ from touba.cli._programs import ProgramOption, load_program
 from touba.cli._stores import DsnOption, open_memory
 from touba.cli._worker import report_job
 from touba.history._model import canonical_json
-from touba.memory import ChatSession, ChatTurn, ExtractionWorker
+from touba.memory import ChatSession, ChatTurn, ExtractionWorker, MemoryStore
 from touba.runtime import Runtime
 
-HELP = "/events: key events, /end: end the session, /quit: leave (the session stays open)"
+COMMANDS = {
+    "/help": "list these commands",
+    "/events": "the key events this session sees",
+    "/end": "end the session (key events of an agent or flow are extracted now)",
+    "/quit": "leave; the session stays open (continue it with --session)",
+}
+_COMMAND = re.compile(r"/\w+")
 
 
 async def _line(prompt: str) -> str | None:
@@ -76,6 +90,30 @@ async def _approve(session: ChatSession, turn: ChatTurn) -> ChatTurn:
         turn = await session.resume(approvals)
         _show(turn)
     return turn
+
+
+async def _command(session: ChatSession, text: str) -> None:
+    """``/help``, ``/events``, or an unknown command (never sent to the model)."""
+    if text == "/events":
+        await _events(session)
+    elif text == "/help":
+        for name, what in COMMANDS.items():
+            console.print(f"  {name}: {what}", markup=False)
+    else:
+        errors.print(
+            f"unknown command {escape(text)} (not sent to the agent); /help lists the commands"
+        )
+
+
+async def _end(runtime: Runtime, store: MemoryStore, session: ChatSession) -> None:
+    """End the session; an agent or flow's key events are extracted now (one attempt:
+    a retry is the worker's)."""
+    job = await session.end()
+    console.print("session ended")
+    if job is not None:
+        worker = ExtractionWorker(runtime, store, queue=session.queue)
+        done = await worker.run_job(job_id=job.id)
+        report_job(done if done is not None else job)
 
 
 async def _events(session: ChatSession) -> None:
@@ -126,37 +164,43 @@ def chat(
                 extract_in_background=False,
             ) as session,
         ):
+            if session.ended:
+                errors.print(
+                    f"session {escape(session.session_id)} has ended; start a new one "
+                    "(omit --session)"
+                )
+                raise typer.Exit(1)
             mode = "preview" if preview else "live"
             console.print(
                 f"session {escape(session.session_id)} ({mode}), agent {escape(agent)}, "
-                f"owner {escape(session.owner)}. {HELP}"
+                f"owner {escape(session.owner)}. Type /help for the commands."
             )
-            if session.ended:
-                errors.print("this session has ended; start a new one (omit --session)")
-                raise typer.Exit(1)
+            failed = 0
+            ended = False
             while (text := await _line("[bold]you>[/] ")) is not None:
                 if not text:
                     continue
-                if text == "/quit":
-                    break
-                if text == "/events":
-                    await _events(session)
+                if _COMMAND.fullmatch(text):
+                    if text == "/quit":
+                        break
+                    if text == "/end":
+                        await _end(runtime, store, session)
+                        ended = True
+                        break
+                    await _command(session, text)
                     continue
-                if text == "/end":
-                    job = await session.end()
-                    console.print("session ended")
-                    if job is not None:  # one attempt now; a retry is the worker's
-                        worker = ExtractionWorker(runtime, store, queue=session.queue)
-                        done = await worker.run_job(job_id=job.id)
-                        report_job(done if done is not None else job)
-                    return
                 turn = await session.send(text)
                 _show(turn)
-                await _approve(session, turn)
+                turn = await _approve(session, turn)
                 if session.pending_checkpoint is not None:
                     errors.print("the failed turn was not retried; it is lost with this process")
                     raise typer.Exit(1)
-            console.print(f"left; continue with --session {escape(session.session_id)}")
+                failed += turn.status == "failed"
+            if not ended:
+                console.print(f"left; continue with --session {escape(session.session_id)}")
+            if failed:
+                errors.print(f"{failed} turn(s) failed")
+                raise typer.Exit(1)
 
     try:
         target.backend.run(go())

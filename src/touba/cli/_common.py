@@ -1,4 +1,12 @@
-"""Helpers shared by the CLI commands: console, running a command, secret redaction.
+"""Helpers shared by the CLI commands: console, tables, JSON, progress, running a
+command, secret redaction.
+
+Output rules: a table on a terminal takes the terminal's width and folds a
+long cell rather than cutting it; piped, it is printed at its natural width,
+one row per line, so keys and ids are never cut (:func:`print_table`).
+``--json`` prints plain JSON (:func:`print_json`). Progress bars go to
+standard error and only on a terminal (:func:`progress`), so piped output
+stays clean.
 
 A connection string is never printed back with its secret. :func:`redact`
 masks the password of a DSN in URL form (``postgresql://user:***@host/db``,
@@ -12,10 +20,13 @@ it prints.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import re
 import stat
 from collections.abc import Coroutine, Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote
@@ -23,15 +34,27 @@ from urllib.parse import unquote
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
 
 from touba.errors import ToubaError
 
 T = TypeVar("T")
 
-console = Console()
-errors = Console(stderr=True)
+# Soft wrap: a long line (a key, a fingerprint) is never broken by touba; a
+# terminal wraps it for display, a pipe gets it whole.
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
 
 MASK = "***"
+_UNBOUNDED = 1_000_000
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _QUERY_SECRET = re.compile(r"[?&](?:ssl)?password=([^&#]*)", re.IGNORECASE)
 _KEYWORD_SECRET = re.compile(
@@ -124,3 +147,50 @@ def private_directory(path: Path) -> Path:
         )
         raise typer.Exit(1)
     return path
+
+
+def table(*columns: str, title: str | None = None) -> Table:
+    """A table whose cells fold instead of being cut with an ellipsis."""
+    out = Table(title=title)
+    for column in columns:
+        out.add_column(column, overflow="fold")
+    return out
+
+
+def print_table(shown: Table) -> None:
+    """Print ``shown`` at the terminal's width, or (piped) at its natural width."""
+    if console.is_terminal:
+        console.print(shown)
+        return
+    width = console.measure(shown, options=console.options.update_width(_UNBOUNDED)).maximum
+    Console(width=max(width, 1), highlight=False).print(shown)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+def print_json(value: Any) -> None:
+    """``value`` (JSON data, dataclasses, datetimes) as indented JSON on standard output."""
+    typer.echo(json.dumps(value, ensure_ascii=False, indent=2, default=_jsonable))
+
+
+def progress(*, total: bool) -> Progress:
+    """A progress display on standard error (a bar when ``total`` is known, else a
+    spinner), shown only on a terminal and cleared when done."""
+    columns = (
+        [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+        if total
+        else [SpinnerColumn(), TextColumn("{task.description}")]
+    )
+    return Progress(
+        *columns,
+        TimeElapsedColumn(),
+        console=errors,
+        transient=True,
+        disable=not errors.is_terminal,
+    )

@@ -23,7 +23,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from touba.cli._common import console, private_directory, run
+from touba.cli._common import console, print_table, private_directory, run
+from touba.cli._common import table as make_table
 from touba.errors import DecisionHistoryBusy
 from touba.history import HistoryConfig, SummaryRequest
 from touba.history.sqlite import SqliteHistoryStore
@@ -88,7 +89,7 @@ def _program(store: SqliteHistoryStore, resuming: bool, on_event: Any = None) ->
 
 
 def _events_table(result: InvocationResult) -> Table:
-    table = Table("history event", "messages", "bytes", "details", title="Trace (no content)")
+    table = make_table("history event", "messages", "bytes", "details", title="Trace (no content)")
     for entry in result.trace:
         if entry.kind != "history_event":
             continue
@@ -119,7 +120,7 @@ async def _first_process(directory: Path, run_id: str) -> InvocationResult:
     for entry in result.trace:
         if entry.kind == "call":
             console.print(f"[cyan]model[/] calls {entry.get('name')}({entry.get('arguments')})")
-    console.print(_events_table(result))
+    print_table(_events_table(result))
     return result
 
 

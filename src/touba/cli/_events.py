@@ -16,9 +16,8 @@ from typing import Annotated, cast
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from touba.cli._common import console, errors
+from touba.cli._common import console, errors, print_json, print_table, table
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -30,7 +29,7 @@ from touba.cli._stores import (
 )
 from touba.errors import ConfigurationError
 from touba.memory import KeyEvent, MemoryStore, owner_for
-from touba.memory._model import JobStatus
+from touba.memory._model import ExtractionJob, JobStatus
 
 app = typer.Typer(
     help="Inspect key events and extraction jobs of a memory store (SQLite or PostgreSQL).",
@@ -56,6 +55,7 @@ Session = Annotated[
     ),
 ]
 EventId = Annotated[str, typer.Argument(help="The event id (see `touba events ls`).")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +90,6 @@ async def _owner(store: MemoryStore, user: str | None, session: str | None) -> s
     return meta.owner if meta is not None else owner_for(None, session)
 
 
-def _table(*columns: str, title: str | None = None) -> Table:
-    """A table that folds long cells instead of cutting them (ids stay copyable)."""
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=column == "id")
-    return table
-
-
 def _when(event: KeyEvent) -> str:
     return event.updated_at.isoformat(timespec="seconds")
 
@@ -113,6 +105,7 @@ def ls(
         bool, typer.Option("--all", "-a", help="Include closed events.")
     ] = False,
     limit: Annotated[int, typer.Option("--limit", help="At most this many events.")] = 100,
+    raw: Json = False,
 ) -> None:
     """List the key events of a user or a session, most recently updated first."""
     target = memory_target(db, dsn, prefix)
@@ -123,9 +116,12 @@ def ls(
             events = await store.query_events(owner, include_closed=include_closed, limit=limit)
         if user is not None and session is not None:
             events = [e for e in events if e.session_id == session]
-        table = _table("id", "type", "status", "title", "updated", "session", title=escape(owner))
+        if raw:
+            print_json({"owner": owner, "events": events})
+            return
+        shown = table("id", "type", "status", "title", "updated", "session", title=escape(owner))
         for event in events:
-            table.add_row(
+            shown.add_row(
                 event.id,
                 escape(event.type),
                 event.status,
@@ -133,7 +129,7 @@ def ls(
                 _when(event),
                 escape(event.session_id),
             )
-        console.print(table)
+        print_table(shown)
         closed = "" if include_closed else " not closed (--all for every one)"
         console.print(f"{len(events)} event(s){closed} of {escape(owner)}")
 
@@ -170,6 +166,7 @@ def show(
     prefix: PrefixOption = None,
     user: User = None,
     session: Session = None,
+    raw: Json = False,
 ) -> None:
     """Show one key event with its update history."""
     target = memory_target(db, dsn, prefix)
@@ -184,22 +181,25 @@ def show(
         if found is None:
             errors.print(f"[bold red]no key event {escape(event_id)}[/]")
             raise typer.Exit(1)
+        if raw:
+            print_json(found)
+            return
         for field in ("id", "owner", "type", "status", "title", "session_id"):
             console.print(f"[bold]{field}[/]: {escape(str(getattr(found, field)))}")
         console.print(f"[bold]created[/]: {found.created_at.isoformat(timespec='seconds')}")
         console.print(f"[bold]updated[/]: {_when(found)}")
         console.print(f"[bold]details[/]: {escape(found.details)}")
-        table = _table("at", "session", "field", "old", "new", title="update history")
+        shown = table("at", "session", "field", "old", "new", title="update history")
         for update in found.history or ():
             for change in update.changes:
-                table.add_row(
+                shown.add_row(
                     update.at.isoformat(timespec="seconds"),
                     escape(update.session_id),
                     change.field,
                     escape(change.old),
                     escape(change.new),
                 )
-        console.print(table)
+        print_table(shown)
         console.print(f"{len(found.history or ())} update(s)")
 
     target.backend.run(go())
@@ -215,6 +215,7 @@ def jobs(
         typer.Option("--status", help="Only jobs in this status: pending, running, done, failed."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many jobs.")] = 100,
+    raw: Json = False,
 ) -> None:
     """List extraction jobs (kind agent/flow), most recently changed first."""
     target = memory_target(db, dsn, prefix)
@@ -226,21 +227,56 @@ def jobs(
     async def go() -> None:
         async with open_store(target) as store:
             found = await store.list_jobs(status=wanted, limit=limit)
-        table = _table("id", "session", "owner", "agent", "status", "attempts", "last error")
+        if raw:
+            print_json({"jobs": [_job(j) for j in found]})
+            return
+        shown = table("id", "session", "owner", "agent", "status", "attempts", "last error")
         for job in found:
-            table.add_row(
+            shown.add_row(
                 job.id,
                 escape(job.session_id),
                 escape(job.owner),
                 escape(job.agent_ref),
                 job.status,
                 f"{job.attempts}/{job.max_attempts}",
-                escape(job.last_error or ""),
+                escape(_last_error(job)),
             )
-        console.print(table)
+        print_table(shown)
         console.print(f"{len(found)} job(s)")
 
     target.backend.run(go())
+
+
+def _last_error(job: ExtractionJob) -> str:
+    """A done job's error is history: only a job still trying, or failed, shows one."""
+    return "" if job.status == "done" else job.last_error or ""
+
+
+def _job(job: ExtractionJob) -> dict[str, object]:
+    """A job as JSON: everything but its lease token (a worker's own credential)."""
+    data = {f: getattr(job, f) for f in _JOB_FIELDS}
+    data["last_error"] = _last_error(job) or None
+    return data
+
+
+_JOB_FIELDS = (
+    "id",
+    "session_id",
+    "owner",
+    "agent_ref",
+    "transcript_ref",
+    "status",
+    "attempts",
+    "max_attempts",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
+    "lease_owner",
+    "lease_expires_at",
+    "last_error",
+    "ops",
+    "result",
+)
 
 
 @app.command("requeue")

@@ -5,11 +5,17 @@ The store is a SQLite file (``--db``), PostgreSQL (``--dsn`` or ``TOUBA_DSN``,
 :mod:`touba.cli._stores`. ``ls`` also prints how full the store is against
 its limits, which live in the application, not in the store: give them with
 ``--max-sessions`` / ``--max-store-bytes`` when yours are not the defaults.
+
+Two sizes describe a conversation, and each command names both the same way:
+its **stored bytes** (what it takes in the store, head and rows, counted
+against ``max_store_bytes``; the ``bytes`` of ``store.list()``) and its
+**message bytes** (its messages by the measure of SPEC section 3, counted
+against ``max_retained_bytes``; the record's ``stats.bytes``). ``ls`` and
+``show`` report the same stored bytes for one conversation.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,9 +24,9 @@ from typing import Annotated, Any, Unpack
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from touba.cli._common import console, errors
+from touba.cli._common import console, errors, print_json, print_table, progress
+from touba.cli._common import table as make_table
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -31,6 +37,7 @@ from touba.cli._stores import (
     only_with,
     open_history,
 )
+from touba.errors import DecisionHistoryBusy
 from touba.history import StoredConversation, StoreUsage
 
 app = typer.Typer(
@@ -51,6 +58,7 @@ PrefixOption = Annotated[
 ]
 Namespace = Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")]
 Key = Annotated[str, typer.Argument(help="The session key (see `touba history ls`).")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +120,7 @@ def ls(
             "--max-store-bytes", min=1, help="The store's max_store_bytes (default 32 MiB)."
         ),
     ] = None,
+    raw: Json = False,
 ) -> None:
     """List conversations: identity, sizes, expiry and reservations (never content),
     then the store's usage against its limits."""
@@ -126,20 +135,23 @@ def ls(
         async with _open(target, **limits) as store:
             rows = await store.list(namespace)
             usage = await _usage(store, rows if namespace is None else None)
-        table = Table(
+        if raw:
+            print_json({"conversations": [_row(r) for r in rows], "usage": _usage_data(usage)})
+            return
+        shown = make_table(
             "key",
             "namespace",
             "agent",
             "invocation",
             "messages",
-            "bytes",
+            "stored bytes",
             "updated",
             "expires",
             "active",
         )
         for row in rows:
             identity = row.identity or {}
-            table.add_row(
+            shown.add_row(
                 escape(row.key),
                 escape(identity.get("namespace", "-")),
                 escape(identity.get("agent_ref", "-")),
@@ -150,7 +162,7 @@ def ls(
                 (row.expires_at or "-")[:19],
                 escape(_active(row.reservation)) if row.active else "no",
             )
-        console.print(table)
+        print_table(shown)
         console.print(f"{len(rows)} conversation(s)")
         console.print(
             f"store usage: {usage.sessions}/{usage.max_sessions} conversations, "
@@ -158,6 +170,28 @@ def ls(
         )
 
     target.backend.run(go())
+
+
+def _row(row: StoredConversation) -> dict[str, Any]:
+    return {
+        "key": row.key,
+        "identity": row.identity,
+        "messages": row.messages,
+        "stored_bytes": row.bytes,
+        "updated_at": row.updated_at,
+        "expires_at": row.expires_at,
+        "active": row.active,
+        "reservation": row.reservation,
+    }
+
+
+def _usage_data(usage: StoreUsage) -> dict[str, Any]:
+    return {
+        "conversations": usage.sessions,
+        "max_sessions": usage.max_sessions,
+        "stored_bytes": usage.bytes,
+        "max_store_bytes": usage.max_store_bytes,
+    }
 
 
 def _active(reservation: dict[str, Any] | None) -> str:
@@ -174,7 +208,9 @@ def show(
     redis_url: RedisUrlOption = None,
     table: TableOption = None,
     prefix: PrefixOption = None,
-    raw: Annotated[bool, typer.Option("--json", help="Print the whole record as JSON.")] = False,
+    raw: Annotated[
+        bool, typer.Option("--json", help="Print the whole record, as stored, as JSON.")
+    ] = False,
 ) -> None:
     """Show one conversation: identity, sizes, summary state and exchanges."""
     target = _target(db, dsn, redis_url, table, prefix)
@@ -182,19 +218,22 @@ def show(
     async def go() -> None:
         async with _open(target) as store:
             record = await store.read(key)
+            namespace = (record or {}).get("identity", {}).get("namespace")
+            listed = [r for r in await store.list(namespace) if r.key == key] if record else []
         if record is None:
             errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
             raise typer.Exit(1)
         if raw:
-            console.print_json(json.dumps(record, ensure_ascii=False))
+            print_json(record)
             return
         identity = record.get("identity", {})
         for field, value in identity.items():
             console.print(f"[bold]{escape(str(field))}[/]: {escape(str(value))}")
         stats = record.get("stats", {})
+        stored = f"{listed[0].bytes} stored bytes" if listed else "stored bytes unknown"
         console.print(
             f"[bold]retained[/]: {stats.get('exchanges')} exchanges, {stats.get('messages')} "
-            f"messages, {stats.get('bytes')} bytes; pending calls: "
+            f"messages, {stored} ({stats.get('bytes')} message bytes); pending calls: "
             f"{len(record.get('pending', []))}"
         )
         summary = record.get("summary")
@@ -203,11 +242,11 @@ def show(
                 f"[bold]summary[/]: covers {summary.get('through')} exchanges, "
                 f"{summary.get('bytes')} bytes, {escape(str(summary.get('fingerprint')))}"
             )
-        rows = Table("#", "messages", "decision", "results")
+        rows = make_table("#", "messages", "decision", "results")
         for index, exchange in enumerate(record.get("exchanges", [])):
             decision, results = _describe(exchange)
             rows.add_row(str(index), str(len(exchange)), escape(decision), escape(results))
-        console.print(rows)
+        print_table(rows)
 
     target.backend.run(go())
 
@@ -240,7 +279,16 @@ def rm(
 
     async def go() -> None:
         async with _open(target) as store:
-            deleted = await store.delete(key)
+            try:
+                deleted = await store.delete(key)
+            except DecisionHistoryBusy as e:
+                errors.print(
+                    f"[bold red]{e.code}[/]: conversation {escape(key)} is active: a worker "
+                    "holds it. Retry once it finishes. If that worker crashed, stop and check "
+                    "it, free the conversation with `touba history recover KEY` (same store "
+                    "options), then remove it"
+                )
+                raise typer.Exit(1) from e
         console.print("deleted" if deleted else f"no conversation {escape(key)}")
         if not deleted:
             raise typer.Exit(1)
@@ -297,7 +345,9 @@ def purge(
 
     async def go() -> None:
         async with _open(target) as store:
-            count = await store.purge_expired()
+            with progress(total=False) as shown:
+                shown.add_task("purging expired conversations", total=None)
+                count = await store.purge_expired()
         console.print(f"purged {count} expired conversation(s)")
 
     target.backend.run(go())

@@ -42,6 +42,7 @@ __all__ = [
     "Backend",
     "DsnOption",
     "HistoryAdmin",
+    "Kind",
     "Limits",
     "RedisUrlOption",
     "choose_backend",

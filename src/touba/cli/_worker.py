@@ -7,7 +7,8 @@ the job's agent's model for the ops (the agent comes from ``--program``) and
 applies them idempotently. A failed attempt is retried with backoff; a job
 out of attempts stays ``failed`` (``touba events jobs --status failed``).
 The store is a SQLite file (``--db``) or PostgreSQL (``--dsn`` or
-``TOUBA_DSN``), where workers on many hosts share one queue.
+``TOUBA_DSN``), where workers on many hosts share one queue. With ``--once``
+on a terminal, a progress bar counts the jobs due when it started.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console
+from touba.cli._common import console, progress
 from touba.cli._events import Db, PrefixOption, memory_target, open_store
 from touba.cli._programs import ProgramOption, load_program
 from touba.cli._stores import DsnOption
-from touba.memory import ExtractionJob, ExtractionWorker
+from touba.memory import ExtractionJob, ExtractionWorker, MemoryStore
+
+_DUE_SCAN = 10_000
 
 
 def report_job(job: ExtractionJob) -> None:
@@ -47,6 +50,14 @@ def report_job(job: ExtractionJob) -> None:
         console.print(job.last_error or "", markup=False)
 
 
+async def _due(store: MemoryStore) -> int:
+    """How many pending jobs are due now (the progress bar's total; an estimate,
+    since other workers may claim some, and leases may expire meanwhile)."""
+    now = store.now()
+    pending = await store.list_jobs(status="pending", limit=_DUE_SCAN)
+    return sum(job.next_attempt_at <= now for job in pending)
+
+
 def worker(
     db: Db = None,
     dsn: DsnOption = None,
@@ -65,13 +76,20 @@ def worker(
         async with open_store(target) as store:
             runner = ExtractionWorker(loaded, store)
             console.print(f"worker {escape(runner.worker_id)} on {escape(target.backend.shown)}")
+            if once:
+                count = 0
+                with progress(total=True) as shown:
+                    task = shown.add_task("extraction jobs", total=await _due(store) or None)
+                    while (job := await runner.run_job()) is not None:
+                        report_job(job)
+                        count += 1
+                        shown.advance(task)
+                console.print(f"{count} job attempt(s) run")
+                return
             while True:
                 jobs = await runner.run_due()
                 for job in jobs:
                     report_job(job)
-                if once:
-                    console.print(f"{len(jobs)} job attempt(s) run")
-                    return
                 if not jobs:
                     await asyncio.sleep(poll_seconds)
 

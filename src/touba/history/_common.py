@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -32,9 +33,11 @@ __all__ = [
     "encode_json",
     "encode_record",
     "iso",
+    "recovered",
     "require_worker_stopped",
 ]
 
+logger = logging.getLogger("touba.history")
 MiB = 1024 * 1024
 MAX_KEY_BYTES: Final = 512
 
@@ -82,6 +85,15 @@ def busy(key: str, detail: str = "") -> DecisionHistoryBusy:
         "store.recover(key, worker_stopped=True)",
         session_key=key,
     )
+
+
+def recovered(key: str, freed: bool) -> bool:
+    """Log a freed reservation (the lifecycle event an operator looks for); return ``freed``."""
+    if freed:
+        logger.info(
+            "recovered the reservation of conversation %s: its worker was declared stopped", key
+        )
+    return freed
 
 
 def require_worker_stopped(worker_stopped: bool) -> None:

@@ -18,14 +18,17 @@ __all__ = [
     "HistoryConfig",
     "HistoryEvent",
     "Summarizer",
+    "SummaryFailure",
     "SummaryRequest",
 ]
 
 Continuity = Literal["inline", "opaque_refs"]
+SummaryFailure = Literal["refuse", "trim"]
 EventKind = Literal[
     "history_window",
     "history_trimmed",
     "decision_history_summary",
+    "decision_history_summary_failed",
     "provider_context_count",
     "resumed_without_messages",
     "history_store_pressure",
@@ -57,6 +60,10 @@ class HistoryEvent:
     ``message_count`` and ``bytes`` describe the history window being sent
     (instructions, capability catalog and invocation input excluded). The
     other fields are set only for the kinds that define them.
+
+    ``decision_history_summary_failed`` (no extra field) says that the
+    summariser failed and, with ``HistoryConfig(on_summary_failure="trim")``,
+    this decision was sent without a summary, trimmed plainly.
     """
 
     kind: EventKind
@@ -91,7 +98,15 @@ def _positive(name: str, value: object) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HistoryConfig:
-    """Bounds, storage and options of a decision history (SPEC section 3)."""
+    """Bounds, storage and options of a decision history (SPEC section 3).
+
+    ``on_summary_failure`` decides what a decision does when ``summarize``
+    fails (raises, or returns no valid summary): ``"refuse"`` (the default)
+    refuses it with ``DecisionHistorySummaryInvalid``, nothing written;
+    ``"trim"`` sends it without a summary, its window chosen as if no
+    summariser were configured, keeps the previous summary state for the
+    next decision to try again, and emits ``decision_history_summary_failed``.
+    """
 
     max_messages: int = 128
     max_bytes: int = 262144
@@ -102,6 +117,7 @@ class HistoryConfig:
     summarize: Summarizer | None = None
     max_summary_bytes: int = 4096
     continuity: Continuity = "inline"
+    on_summary_failure: SummaryFailure = "refuse"
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_bytes", "max_retained_bytes", "max_summary_bytes"):
@@ -110,6 +126,11 @@ class HistoryConfig:
             raise ConfigurationError(
                 f"HistoryConfig.continuity must be 'inline' or 'opaque_refs', got "
                 f"{self.continuity!r}"
+            )
+        if self.on_summary_failure not in ("refuse", "trim"):
+            raise ConfigurationError(
+                "HistoryConfig.on_summary_failure must be 'refuse' or 'trim', got "
+                f"{self.on_summary_failure!r}"
             )
         if self.namespace is not None and (
             not isinstance(self.namespace, str) or not self.namespace

@@ -28,6 +28,10 @@ When the reservation shows the store over 80 % of either limit, a
 ``history_store_pressure`` event goes out (at most once a minute per store,
 see :mod:`touba.history._pressure`). It is emitted before any window exists,
 so its ``message_count`` and ``bytes`` are 0.
+
+Each saved decision also adds its figures (sizes, counts, the guard's verdict;
+never content) to a bounded ring in the record head, for the memory panel's
+plot (:mod:`touba.history._plot`).
 """
 
 from __future__ import annotations
@@ -35,13 +39,16 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from touba import _telemetry as telemetry
 from touba.errors import (
     ConfigurationError,
+    DecisionHistoryBusy,
     DecisionHistoryLimitExceeded,
     DecisionHistoryMismatch,
     DecisionHistorySummaryInvalid,
@@ -63,6 +70,7 @@ from touba.history._model import (
     message_from_dict,
     message_to_dict,
 )
+from touba.history._plot import PLOT_KEY, DecisionPoint, add_point
 from touba.history._pressure import STORE_PRESSURE, under_pressure
 from touba.history._record import check_head, new_head, now_iso
 from touba.history._store import LogSnapshot, LogWrite, Record, StoreUsage, as_log_store
@@ -79,6 +87,10 @@ event_observer: ContextVar[Callable[[HistoryEvent], Any] | None] = ContextVar(
 decision so that the events land in that invocation's trace."""
 
 PRIVATE_NAMESPACE = "touba.private"
+
+_counting: ContextVar[_Step | None] = ContextVar("touba_history_counting", default=None)
+"""The step whose context guard is running in this task: it keeps the guard's
+last count for the decision's plot point."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +181,10 @@ class DecisionHistory:
 
     async def emit(self, event: HistoryEvent) -> None:
         """Deliver ``event`` to ``on_event`` and to the caller's observer, if any."""
+        telemetry.history_event(event)
+        step = _counting.get()
+        if step is not None and event.kind == "provider_context_count":
+            step.count_seen(event)
         for callback in (self.config.on_event, event_observer.get()):
             if callback is None:
                 continue
@@ -261,7 +277,19 @@ class DecisionHistory:
             step = _Step(self, identity, key, snapshot, usage)
             return await step.run(observations, generate, fit, data)
 
-        return await self._log.transact_log(key, operation)
+        with telemetry.span("touba.history.transaction", {"touba.session_key": key}):
+            try:
+                return await self._log.transact_log(key, operation)
+            except (
+                DecisionHistoryLimitExceeded,
+                DecisionHistoryBusy,
+                DecisionHistoryMismatch,
+            ) as e:
+                limit = getattr(e, "limit", None)
+                logger.info(
+                    "conversation %s refused: %s%s", key, e.code, f" ({limit})" if limit else ""
+                )
+                raise
 
     async def _report_pressure(self, key: str, usage: StoreUsage) -> None:
         if under_pressure(usage) and STORE_PRESSURE.admit(self.store):
@@ -306,6 +334,12 @@ class _Step:
         self.appends: list[tuple[int, Record]] = []
         self.added = ExchangeSize(0, 0)
         self.summary_event: HistoryEvent | None = None
+        self.counts: list[HistoryEvent] = []
+
+    def count_seen(self, event: HistoryEvent) -> None:
+        """A context-guard count of this decision (the last one is the verdict)."""
+        if event.session_key == self.key:
+            self.counts.append(event)
 
     def _append(self, index: int, message: Message) -> ExchangeSize:
         data = message_to_dict(message)
@@ -402,12 +436,16 @@ class _Step:
         )
         summary: SummaryMessage | None = None
         if summarizing:
-            summary, start = await self._summarize(start, through, sizes, first)
+            summary, start, first, sizes = await self._summarize(start, through, sizes, first)
         window = await self._window(start, first, sizes, current, summary)
         check_window(self.key, window.start, window.exchanges)
 
         if fit is not None:
-            window = await fit(window)
+            counting = _counting.set(self)
+            try:
+                window = await fit(window)
+            finally:
+                _counting.reset(counting)
         await self._announce(window, resumed_lost)
         decision = await generate(window)
         check_decision_json(decision)
@@ -427,7 +465,29 @@ class _Step:
             else [{"call_id": c.call_id, "name": c.name} for c in decision.calls]
         )
         head["updated_at"] = now_iso()
+        add_point(head, self._point(head, window))
         return LogWrite(head=head, append=self.appends), decision
+
+    def _point(self, head: Record, window: HistoryWindow) -> DecisionPoint:
+        """This decision's figures for the plot (sizes and verdicts only)."""
+        stats, sent = head["stats"], window.size
+        last = self.counts[-1] if self.counts else None
+        return DecisionPoint(
+            decision=stats["exchanges"],
+            at=int(time.time()),
+            retained_messages=stats["messages"],
+            retained_bytes=stats["bytes"],
+            sent_messages=sent.messages,
+            sent_bytes=sent.bytes,
+            trimmed_exchanges=window.start,
+            summary_exchanges=window.summary.covered_exchanges if window.summary else 0,
+            new_summary=self.summary_event is not None,
+            guard_counts=len(self.counts),
+            guard_count=None if last is None else last.count,
+            guard_reserve=None if last is None else last.reserve,
+            guard_window=None if last is None else last.window,
+            guard_fits=None if last is None else last.fits,
+        )
 
     async def _announce(self, window: HistoryWindow, resumed_lost: bool) -> None:
         """Emit the events describing the window about to be sent."""
@@ -530,7 +590,13 @@ class _Step:
 
     async def _summarize(
         self, start: int, through: int, sizes: list[ExchangeSize], first: int
-    ) -> tuple[SummaryMessage | None, int]:
+    ) -> tuple[SummaryMessage | None, int, int, list[ExchangeSize]]:
+        """The summary to send and the window's ``start``, ``first`` and ``sizes``.
+
+        A summariser failure refuses the decision, or (``on_summary_failure=
+        "trim"``) leaves the summary state as it was and re-selects the window
+        as if no summariser were configured (:meth:`_without_summary`).
+        """
         config = self.config
         state = self.head.get("summary")
         previous = state["text"] if state else None
@@ -541,20 +607,17 @@ class _Step:
                 turns=tuple(tuple(_projected(m) for m in ex) for ex in left),
                 max_bytes=config.max_summary_bytes,
             )
-            assert config.summarize is not None
-            text: object = config.summarize(request)
-            if inspect.isawaitable(text):
-                text = await text
-            if not isinstance(text, str) or not text.strip():
-                raise DecisionHistorySummaryInvalid(
-                    "the summarize callback must return a non-empty str; nothing was written"
-                )
+            try:
+                with telemetry.span(
+                    "touba.history.summary",
+                    {"touba.session_key": self.key, "touba.summary.new_exchanges": len(left)},
+                ):
+                    text = await self._summary_text(request)
+            except Exception as e:
+                if config.on_summary_failure != "trim":
+                    raise
+                return await self._without_summary(e, sizes, first)
             size = len(text.encode("utf-8"))
-            if size > config.max_summary_bytes:
-                raise DecisionHistorySummaryInvalid(
-                    f"the summarize callback returned {size} bytes, over "
-                    f"max_summary_bytes={config.max_summary_bytes}; nothing was written"
-                )
             fingerprint = fingerprint_exchanges(state["fingerprint"] if state else None, left)
             state = {
                 "text": text,
@@ -573,7 +636,7 @@ class _Step:
                 summary_bytes=size,
             )
         if state is None:
-            return None, start
+            return None, start, first, sizes
         message = SummaryMessage(state["text"], state["through"], state["fingerprint"])
         # JSON escaping can make the message larger than reserved: keep the
         # bounds by leaving more exchanges out (they stay retained).
@@ -588,8 +651,54 @@ class _Step:
         if len(window) == 1 and (
             window[0].messages > budget.messages or window[0].bytes > budget.bytes
         ):
-            return None, start  # no room for the summary next to the minimum window
-        return message, start
+            return None, start, first, sizes  # no room for the summary next to the minimum
+        return message, start, first, sizes
+
+    async def _summary_text(self, request: SummaryRequest) -> str:
+        """The callback's summary, or DecisionHistorySummaryInvalid (or its own error)."""
+        config = self.config
+        assert config.summarize is not None
+        text: object = config.summarize(request)
+        if inspect.isawaitable(text):
+            text = await text
+        if not isinstance(text, str) or not text.strip():
+            raise DecisionHistorySummaryInvalid(
+                "the summarize callback must return a non-empty str; nothing was written"
+            )
+        size = len(text.encode("utf-8"))
+        if size > config.max_summary_bytes:
+            raise DecisionHistorySummaryInvalid(
+                f"the summarize callback returned {size} bytes, over "
+                f"max_summary_bytes={config.max_summary_bytes}; nothing was written"
+            )
+        return text
+
+    async def _without_summary(
+        self, error: Exception, sizes: list[ExchangeSize], first: int
+    ) -> tuple[None, int, int, list[ExchangeSize]]:
+        """``on_summary_failure="trim"``: this decision's window as if no summariser
+        were configured (no summary, no room reserved for one, exchanges a previous
+        summary covered eligible again); the stored summary state is unchanged."""
+        logger.warning(
+            "summarize failed (%s); this decision is trimmed without a summary",
+            getattr(error, "code", type(error).__name__),
+        )
+        config = self.config
+        plain_first = max(0, self.count - config.max_messages)
+        if plain_first < first:  # exchanges before a previous summary's end, all stored
+            assert self.snapshot is not None
+            older = await self.snapshot.sizes(plain_first)
+            sizes = older[: first - plain_first] + sizes
+        start = plain_first + select_window(
+            sizes, max_messages=config.max_messages, max_bytes=config.max_bytes
+        )
+        self.summary_event = HistoryEvent(  # announced with the window it ends up in
+            kind="decision_history_summary_failed",
+            session_key=self.key,
+            message_count=0,
+            bytes=0,
+        )
+        return None, start, plain_first, sizes
 
     async def _window(
         self,
@@ -617,11 +726,13 @@ class _Step:
 def _head_floor_bytes(head: Record) -> int:
     """A lower bound of the bytes of the head a step saves, from its head now.
 
-    A step replaces ``pending``, ``summary`` and ``updated_at`` (any of them may
-    shrink) and only raises the ``stats`` counters; the other fields stay. The
-    head without those three fields is therefore never larger than the saved one.
+    A step replaces ``pending``, ``summary``, ``updated_at`` and ``plot`` (any of
+    them may shrink: the plot's ring drops its oldest point) and only raises the
+    ``stats`` counters; the other fields stay. The head without those fields is
+    therefore never larger than the saved one.
     """
-    kept = {k: v for k, v in head.items() if k not in ("pending", "summary", "updated_at")}
+    replaced = ("pending", "summary", "updated_at", PLOT_KEY)
+    kept = {k: v for k, v in head.items() if k not in replaced}
     return len(canonical_json(kept).encode("utf-8", "surrogatepass"))
 
 

@@ -19,6 +19,7 @@ ACLs yourself.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sqlite3
 import stat
@@ -35,6 +36,8 @@ __all__ = [
     "open_private_sqlite",
     "verify_private_files",
 ]
+
+logger = logging.getLogger("touba.history")
 
 SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 _POSIX = os.name == "posix"
@@ -189,4 +192,5 @@ def open_private_sqlite(
     except BaseException:
         conn.close()
         raise
+    logger.info("opened SQLite file %s (0600, WAL, synchronous=FULL)", path)
     return conn

@@ -22,6 +22,7 @@ from touba.history._common import (
     encode_json,
     encode_record,
     iso,
+    recovered,
     require_worker_stopped,
 )
 from touba.history._record import join_record
@@ -275,7 +276,7 @@ class MemoryHistoryStore:
         with self._lock:
             self._check_open()
             self._fresh.discard(key)
-            return self._active.pop(key, None) is not None
+            return recovered(key, self._active.pop(key, None) is not None)
 
     async def usage(self) -> StoreUsage:
         """How full the store is now (expired entries purged first).

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -67,6 +68,7 @@ __all__ = [
     "table_parts",
 ]
 
+logger = logging.getLogger("touba.history")
 OPEN_TIMEOUT: Final = 10.0
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
 Row = tuple[Any, ...]
@@ -307,6 +309,7 @@ class OwnedPool:
                 ) from e
             raise
         self._ready = True
+        logger.info("%s opened table %s", self._owner, self._schema.table)
 
     async def close(self) -> None:
         """Refuse new calls, let running ones finish, then close the pool if it was

@@ -75,6 +75,7 @@ from touba.history._common import (
     check_sessions,
     encode_json,
     encode_record,
+    recovered,
     require_worker_stopped,
 )
 from touba.history._model import parse_json
@@ -600,7 +601,7 @@ class PostgresHistoryStore(PooledStore):
                 return False
             if row[0]:  # a bare reservation: the key had no record
                 await _run(conn, self._sql.delete, (key,))
-            return True
+        return recovered(key, True)
 
     async def purge_expired(self) -> int:
         """Delete every expired, unreserved conversation now; returns how many."""

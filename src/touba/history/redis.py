@@ -70,6 +70,7 @@ from touba.history._common import (
     encode_json,
     encode_record,
     iso,
+    recovered,
     require_worker_stopped,
 )
 from touba.history._model import parse_json
@@ -946,7 +947,7 @@ class RedisHistoryStore:
         """
         require_worker_stopped(worker_stopped)
         freed = await self._conv(self._release_script, self._keys(key), ("",), "a recover")
-        return bool(freed == 1)
+        return recovered(key, freed == 1)
 
     async def purge_expired(self) -> int:
         """Purge expired, unreserved conversations now; return how many went."""

@@ -63,6 +63,7 @@ from touba.history._common import (
     encode_json,
     encode_record,
     iso,
+    recovered,
     require_worker_stopped,
 )
 from touba.history._files import open_private_sqlite
@@ -748,7 +749,7 @@ class SqliteHistoryStore:
         require_worker_stopped(worker_stopped)
         check_key(key)
         with self._using():
-            return await self._run(key, lambda: self._db.recover(key))
+            return recovered(key, await self._run(key, lambda: self._db.recover(key)))
 
     async def purge_expired(self) -> int:
         """Delete expired, unreserved conversations now; return how many."""

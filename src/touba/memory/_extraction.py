@@ -8,7 +8,9 @@ applies them. Nothing is lost on a crash:
 - a worker that dies holding a lease leaves the job ``running``; once the
   lease expires another worker claims it again;
 - a failure is retried with exponential backoff, up to ``max_attempts``; the
-  job then ends ``failed``, listed with its last error until requeued;
+  job then ends ``failed``, listed with its last error until requeued. The
+  error is kept as diagnostic codes and field names (:func:`describe_error`),
+  never the model's output; a job that ends ``done`` keeps no error;
 - the extracted ops are recorded on the job before they are applied, and each
   one is applied under the op id ``<job id>:<index>`` stored with the event or
   update it made: a rerun applies the same ops and never duplicates an event.
@@ -16,6 +18,7 @@ applies them. Nothing is lost on a crash:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -34,9 +37,20 @@ from touba.memory._model import (
 )
 from touba.memory._store import MemoryStore
 
-__all__ = ["MAX_OPS", "ExtractionQueue", "Extractor", "extraction_schema", "op_id", "parse_ops"]
+__all__ = [
+    "MAX_OPS",
+    "ExtractionQueue",
+    "Extractor",
+    "describe_error",
+    "extraction_schema",
+    "op_id",
+    "parse_ops",
+]
+
+logger = logging.getLogger("touba.memory")
 
 MAX_OPS: Final = 50
+_MAX_FIELDS = 10
 Extractor = Callable[[ExtractionJob], Awaitable[Sequence[ExtractedOp]]]
 
 
@@ -69,10 +83,43 @@ def parse_ops(data: Any) -> tuple[ExtractedOp, ...]:
                 pass
         raise KeyEventInvalid(
             f"op {index} is not a create (kind, type, title, details) or an update (kind, "
-            f"event_id and any of status, title, details): {item!r:.200}",
+            f"event_id and any of status, title, details); {_fields(item)}",
             parameter="ops",
         )
     return tuple(ops)
+
+
+def _fields(item: object) -> str:
+    """What an op held, by its field names only (never the model's values)."""
+    if not isinstance(item, Mapping):
+        return f"it is a JSON {_json_kind(item)}, not an object"
+    names = sorted(str(k)[:40] for k in item)
+    shown = ", ".join(names[:_MAX_FIELDS]) + (", ..." if len(names) > _MAX_FIELDS else "")
+    return f"its fields: {shown or 'none'}"
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", type(None): "null"}.get(type(value), "value")
+
+
+def describe_error(error: BaseException) -> str:
+    """A failed attempt as ``last_error``: diagnostic codes and field names only.
+
+    A touba error gives its code, its ``provider_error_code`` or its
+    parameter, and its message (touba's own words, which never quote the
+    model's output); any other exception only its type, since its text is not
+    touba's and may quote anything (a server's answer, the model's output).
+    """
+    if not isinstance(error, ToubaError):
+        return type(error).__name__
+    code = getattr(error, "provider_error_code", None)
+    if code:
+        return f"{error.code}: provider_error_code={code}"
+    return f"{error.code}: {error.message}"
 
 
 def extraction_schema(types: Sequence[str]) -> dict[str, Any]:
@@ -111,11 +158,6 @@ def _positive(name: str, value: object, *, integer: bool = False) -> None:
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
         raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
-
-
-def _describe(error: Exception) -> str:
-    code = error.code if isinstance(error, ToubaError) else type(error).__name__
-    return f"{code}: {error}"
 
 
 class ExtractionQueue:
@@ -244,7 +286,16 @@ class ExtractionQueue:
             retry_at = self.store.now() + timedelta(seconds=self.backoff(attempts))
         elif retry_at.tzinfo is None:
             raise ConfigurationError("retry_at must be a timezone-aware datetime")
-        return await self.store.fail_job(job_id, lease_token, str(error), retry_at)
+        failed = await self.store.fail_job(job_id, lease_token, str(error), retry_at)
+        if failed.status == "failed":  # the error text stays in the job: it may quote content
+            logger.warning(
+                "extraction job %s failed for good after %d attempt(s)", job_id, failed.attempts
+            )
+        else:
+            logger.info(
+                "extraction job %s: attempt %d failed, retried later", job_id, failed.attempts
+            )
+        return failed
 
     async def process(
         self, job: ExtractionJob, extract: Extractor, service: KeyEventService
@@ -262,7 +313,7 @@ class ExtractionQueue:
         except ExtractionLeaseLost:
             raise
         except Exception as e:
-            return await self.fail(job.id, _describe(e), lease_token=token)
+            return await self.fail(job.id, describe_error(e), lease_token=token)
         return await self.complete(job.id, result, lease_token=token)
 
     async def requeue(self, job_id: str) -> ExtractionJob:

@@ -15,7 +15,13 @@ from typing import Any, Final
 from touba.errors import ConfigurationError, KeyEventInvalid
 from touba.history._model import JSON, canonical_json
 from touba.memory._config import KeyEventsConfig
-from touba.memory._model import KEY_EVENT_STATUSES, KeyEvent, KeyEventStatus
+from touba.memory._model import (
+    KEY_EVENT_ACTORS,
+    KEY_EVENT_STATUSES,
+    KeyEvent,
+    KeyEventActor,
+    KeyEventStatus,
+)
 from touba.memory._store import MemoryStore
 from touba.providers._types import CapabilitySpec
 
@@ -63,6 +69,13 @@ def _require_id(name: str, value: object) -> None:
             f"{name} must be a non-empty str of at most {MAX_ID_CHARS} characters "
             f"(None for an anonymous user), got {value!r}"
         )
+
+
+def _actor(actor: object) -> KeyEventActor:
+    for known in KEY_EVENT_ACTORS:
+        if actor == known:
+            return known
+    raise ConfigurationError(f"actor must be one of {KEY_EVENT_ACTORS}, got {actor!r}")
 
 
 def _check_owner(owner: object) -> str:
@@ -231,11 +244,14 @@ class KeyEventService:
         details: str | None = None,
         session_id: str,
         op_id: str | None = None,
+        actor: str = "model",
     ) -> KeyEvent:
-        """Change status, title or details; the change is recorded with ``session_id``."""
+        """Change status, title or details; the change is recorded with ``session_id``
+        and ``actor`` (``"operator"`` for an edit in the memory panel)."""
         self._writable()
         _check_owner(owner)
         _require_id("session_id", session_id)
+        writer = _actor(actor)
         if not isinstance(event_id, str) or not event_id or len(event_id) > MAX_ID_CHARS:
             raise _not_found(event_id)
         changes: dict[str, str] = {}
@@ -248,7 +264,7 @@ class KeyEventService:
         if not changes:
             raise KeyEventInvalid("give at least one of status, title or details to change")
         event = await self.store.update_event(
-            owner, event_id, changes, session_id=session_id, op_id=op_id
+            owner, event_id, changes, session_id=session_id, op_id=op_id, actor=writer
         )
         if event is None:
             raise _not_found(event_id)

@@ -16,6 +16,7 @@ from touba.history._model import JSON
 from touba.providers._types import TraceCall, Turn
 
 __all__ = [
+    "KEY_EVENT_ACTORS",
     "KEY_EVENT_STATUSES",
     "CreateEventOp",
     "ExtractedOp",
@@ -23,8 +24,10 @@ __all__ = [
     "FieldChange",
     "JobStatus",
     "KeyEvent",
+    "KeyEventActor",
     "KeyEventStatus",
     "KeyEventUpdate",
+    "OwnerSummary",
     "SessionMeta",
     "SessionMode",
     "StoredTurn",
@@ -40,6 +43,8 @@ SessionMode = Literal["live", "preview"]
 KeyEventStatus = Literal["open", "in_progress", "closed"]
 KEY_EVENT_STATUSES: tuple[KeyEventStatus, ...] = ("open", "in_progress", "closed")
 JobStatus = Literal["pending", "running", "done", "failed"]
+KeyEventActor = Literal["model", "operator"]
+KEY_EVENT_ACTORS: tuple[KeyEventActor, ...] = ("model", "operator")
 EventField = Literal["status", "title", "details"]
 
 
@@ -54,6 +59,19 @@ class SessionMeta:
     created_at: datetime
     ended_at: datetime | None = None
     turns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerSummary:
+    """One owner of sessions, as the memory panel lists them (counts, never content)."""
+
+    owner: str
+    sessions: int
+    turns: int
+    last_session_at: datetime
+    preview_sessions: int
+    events: int
+    open_events: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +102,18 @@ class FieldChange:
 
 @dataclass(frozen=True, slots=True)
 class KeyEventUpdate:
-    """One entry of an event's update history: what changed, when, in which session."""
+    """One entry of an event's update history: what changed, when, in which session.
+
+    ``actor``: ``"model"`` (a tool call or an extraction, in session
+    ``session_id``) or ``"operator"`` (an edit in the memory panel, whose
+    ``session_id`` is ``"panel"``).
+    """
 
     at: datetime
     session_id: str
     changes: tuple[FieldChange, ...]
     op_id: str | None = None
+    actor: KeyEventActor = "model"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,13 @@
 """The SQL both built-in stores run, and the codecs from their rows to the records.
 
 :data:`STATEMENTS` is the common subset of SQLite (>= 3.35) and PostgreSQL:
-``RETURNING``, ``ON CONFLICT DO NOTHING``, ``CAST(%s AS TEXT) IS NULL`` for
-optional filters, ``strpos`` and ``lower`` (SQLite gets Unicode-aware ones as
-functions). ``{sessions}``, ``{turns}``, ``{events}``, ``{history}`` and
-``{jobs}`` are table names, ``{for_update}`` and ``{skip_locked}`` row-lock
-clauses (empty in SQLite, whose writers are serialised), ``{*_cols}`` the
-column lists below; each backend fills them in once.
+``RETURNING``, ``ON CONFLICT DO NOTHING`` (and ``DO UPDATE ... excluded``),
+``CAST(%s AS TEXT) IS NULL`` for optional filters, ``strpos`` and ``lower``
+(SQLite gets Unicode-aware ones as functions). ``{sessions}``, ``{turns}``,
+``{events}``, ``{history}``, ``{jobs}`` and ``{configs}`` are table names,
+``{for_update}`` and ``{skip_locked}`` row-lock clauses (empty in SQLite,
+whose writers are serialised), ``{*_cols}`` the column lists below; each
+backend fills them in once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "dumps",
     "event_from_row",
     "job_from_row",
+    "loads",
     "ops_json",
     "session_from_row",
     "turn_from_row",
@@ -52,7 +54,7 @@ Ts = Callable[[Any], datetime]
 SESSION_COLUMNS = "session_id, owner, agent_ref, mode, created_at, ended_at, turns"
 TURN_COLUMNS = "session_id, idx, user_text, replies, trace, invocation_id, created_at"
 EVENT_COLUMNS = "id, owner, type, title, status, details, created_at, updated_at, session_id"
-HISTORY_COLUMNS = "at, session_id, changes, op_id"
+HISTORY_COLUMNS = "at, session_id, changes, op_id, actor"
 JOB_COLUMNS = (
     "id, session_id, owner, agent_ref, transcript_ref, status, attempts, max_attempts, "
     "next_attempt_at, created_at, updated_at, lease_owner, lease_token, lease_expires_at, "
@@ -72,7 +74,7 @@ COLUMNS = {
     "history_cols": HISTORY_COLUMNS,
     "job_cols": JOB_COLUMNS,
 }
-# {sessions} {turns} {events} {history} {jobs}: table names; {for_update} and
+# {sessions} {turns} {events} {history} {jobs} {configs}: table names; {for_update} and
 # {skip_locked}: row-lock clauses (empty in SQLite, whose writers are serialised).
 STATEMENTS: dict[str, str] = {
     "session": "SELECT {session_cols} FROM {sessions} WHERE session_id = %s",
@@ -80,7 +82,16 @@ STATEMENTS: dict[str, str] = {
     " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
     "end_session": "UPDATE {sessions} SET ended_at = COALESCE(ended_at, %s) WHERE session_id = %s",
     "list_sessions": "SELECT {session_cols} FROM {sessions}"
-    " WHERE CAST(%s AS TEXT) IS NULL OR owner = %s ORDER BY created_at DESC, session_id LIMIT %s",
+    " WHERE CAST(%s AS TEXT) IS NULL OR owner = %s ORDER BY created_at DESC, session_id"
+    " LIMIT %s OFFSET %s",
+    "count_sessions": "SELECT COUNT(*) FROM {sessions}"
+    " WHERE CAST(%s AS TEXT) IS NULL OR owner = %s",
+    "owners": "SELECT owner, COUNT(*), SUM(turns), MAX(created_at),"
+    " SUM(CASE WHEN mode = 'preview' THEN 1 ELSE 0 END) FROM {sessions}"
+    " GROUP BY owner ORDER BY MAX(created_at) DESC, owner LIMIT %s OFFSET %s",
+    "count_owners": "SELECT COUNT(DISTINCT owner) FROM {sessions}",
+    "owner_events": "SELECT COUNT(*), SUM(CASE WHEN status <> 'closed' THEN 1 ELSE 0 END)"
+    " FROM {events} WHERE owner = %s",
     "delete_turns": "DELETE FROM {turns} WHERE session_id = %s",
     "delete_session": "DELETE FROM {sessions} WHERE session_id = %s",
     "next_turn": "UPDATE {sessions} SET turns = turns + 1"
@@ -88,6 +99,8 @@ STATEMENTS: dict[str, str] = {
     "insert_turn": "INSERT INTO {turns} ({turn_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
     "recent_turns": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
     " ORDER BY idx DESC LIMIT %s",
+    "turns_page": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
+    " ORDER BY idx LIMIT %s OFFSET %s",
     "event_by_op": "SELECT {event_cols} FROM {events} WHERE op_id = %s",
     "event": "SELECT {event_cols} FROM {events} WHERE id = %s AND owner = %s",
     "event_locked": "SELECT {event_cols} FROM {events} WHERE id = %s AND owner = %s{for_update}",
@@ -99,14 +112,20 @@ STATEMENTS: dict[str, str] = {
     "update_event": "UPDATE {events} SET status = %s, title = %s, details = %s, updated_at = %s,"
     " touched = (SELECT COALESCE(MAX(e.touched), 0) + 1 FROM {events} e WHERE e.owner = %s)"
     " WHERE id = %s",
-    "insert_history": "INSERT INTO {history} (event_id, at, session_id, changes, op_id)"
-    " VALUES (%s, %s, %s, %s, %s)",
+    "insert_history": "INSERT INTO {history} (event_id, at, session_id, changes, op_id, actor)"
+    " VALUES (%s, %s, %s, %s, %s, %s)",
     "history": "SELECT {history_cols} FROM {history} WHERE event_id = %s ORDER BY seq",
     "query_events": "SELECT {event_cols} FROM {events} WHERE owner = %s"
     " AND (CAST(%s AS TEXT) IS NULL OR type = %s)"
     " AND (CAST(%s AS TEXT) IS NULL OR status = %s) AND (%s OR status <> 'closed')"
     " AND (CAST(%s AS TEXT) IS NULL OR strpos(lower(title), lower(%s)) > 0"
-    " OR strpos(lower(details), lower(%s)) > 0) ORDER BY touched DESC, id DESC LIMIT %s",
+    " OR strpos(lower(details), lower(%s)) > 0) ORDER BY touched DESC, id DESC"
+    " LIMIT %s OFFSET %s",
+    "count_events": "SELECT COUNT(*) FROM {events} WHERE owner = %s"
+    " AND (CAST(%s AS TEXT) IS NULL OR type = %s)"
+    " AND (CAST(%s AS TEXT) IS NULL OR status = %s) AND (%s OR status <> 'closed')"
+    " AND (CAST(%s AS TEXT) IS NULL OR strpos(lower(title), lower(%s)) > 0"
+    " OR strpos(lower(details), lower(%s)) > 0)",
     "insert_job": "INSERT INTO {jobs} (id, session_id, owner, agent_ref, transcript_ref, status,"
     " attempts, max_attempts, next_attempt_at, created_at, updated_at)"
     " VALUES (%s, %s, %s, %s, %s, 'pending', 0, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
@@ -129,7 +148,12 @@ STATEMENTS: dict[str, str] = {
     "requeue_job": "UPDATE {jobs} SET status = 'pending', attempts = 0, next_attempt_at = %s,"
     " updated_at = %s WHERE id = %s AND status = 'failed'",
     "list_jobs": "SELECT {job_cols} FROM {jobs} WHERE CAST(%s AS TEXT) IS NULL OR status = %s"
-    " ORDER BY updated_at DESC, id LIMIT %s",
+    " ORDER BY updated_at DESC, id LIMIT %s OFFSET %s",
+    "job_counts": "SELECT status, COUNT(*) FROM {jobs} GROUP BY status",
+    "load_config": "SELECT config FROM {configs} WHERE agent_ref = %s",
+    "save_config": "INSERT INTO {configs} (agent_ref, config, updated_at) VALUES (%s, %s, %s)"
+    " ON CONFLICT (agent_ref) DO UPDATE SET config = excluded.config,"
+    " updated_at = excluded.updated_at",
 }
 
 
@@ -142,7 +166,7 @@ def dumps(value: Any, what: str = "value") -> str:
     return canonical_json(value)
 
 
-def _loads(text: str, what: str) -> Any:
+def loads(text: str, what: str) -> Any:
     try:
         return parse_json(text)
     except ValueError as e:
@@ -157,9 +181,9 @@ def session_from_row(row: Sequence[Any], ts: Ts) -> SessionMeta:
 
 def turn_from_row(row: Sequence[Any], ts: Ts) -> StoredTurn:
     session_id, index, user, replies, trace, invocation_id, created = row
-    parsed_user, parsed_replies = _loads(user, "user message"), _loads(replies, "replies")
+    parsed_user, parsed_replies = loads(user, "user message"), loads(replies, "replies")
     try:
-        parsed_trace = trace_from_data(_loads(trace, "trace"))
+        parsed_trace = trace_from_data(loads(trace, "trace"))
     except ValueError as e:
         raise MemoryStoreUnavailable(f"turn {index} of session {session_id}: {e}") from e
     if not isinstance(parsed_user, str) or not isinstance(parsed_replies, list):
@@ -194,10 +218,14 @@ def event_from_row(
 
 
 def update_from_row(row: Sequence[Any], ts: Ts) -> KeyEventUpdate:
-    at, session_id, changes, op_id = row
-    parsed = _loads(changes, "event history")
+    at, session_id, changes, op_id, actor = row
+    parsed = loads(changes, "event history")
     return KeyEventUpdate(
-        ts(at), session_id, tuple(FieldChange(c[0], c[1], c[2]) for c in parsed), op_id
+        ts(at),
+        session_id,
+        tuple(FieldChange(c[0], c[1], c[2]) for c in parsed),
+        op_id,
+        "operator" if actor == "operator" else "model",
     )
 
 
@@ -215,7 +243,7 @@ def job_from_row(row: Sequence[Any], ts: Ts) -> ExtractionJob:
     parsed_ops = None
     if ops is not None:
         try:
-            parsed_ops = tuple(op_from_dict(op) for op in _loads(ops, "job ops"))
+            parsed_ops = tuple(op_from_dict(op) for op in loads(ops, "job ops"))
         except (ValueError, TypeError, AttributeError) as e:
             raise MemoryStoreUnavailable(f"extraction job {job_id} holds bad ops: {e}") from e
     return ExtractionJob(
@@ -235,5 +263,5 @@ def job_from_row(row: Sequence[Any], ts: Ts) -> ExtractionJob:
         lease_expires_at=None if lease_exp is None else ts(lease_exp),
         last_error=error,
         ops=parsed_ops,
-        result=None if result is None else _loads(result, "job result"),
+        result=None if result is None else loads(result, "job result"),
     )

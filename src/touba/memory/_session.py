@@ -22,6 +22,13 @@ session gives the runtime an :class:`~touba.runtime.InvocationContext`:
 
 Decisions (documented here because they are behaviour):
 
+- **Settings.** At the start of each turn (and of :meth:`ChatSession.end`)
+  the session reads its agent's settings saved in the memory store (by the
+  memory panel, ``store.save_memory_config``); saved settings win over the
+  program's ``MemoryConfig``, so a change applies from the next turn of every
+  running session, without a restart. A turn resumed after an approval keeps
+  the context it started with.
+
 - **Storage.** A turn is stored when its invocation ends: completed, or failed
   after running at least one call (its effects happened; the memory says so,
   with no reply). A turn that failed before any call is not stored: nothing
@@ -91,7 +98,7 @@ from touba.memory._key_events import (
     render_key_events_block,
 )
 from touba.memory._model import ExtractionJob, SessionMeta, SessionMode, StoredTurn
-from touba.memory._store import MemoryStore, check_mode
+from touba.memory._store import MemoryStore, check_mode, resolve_memory_config
 from touba.memory._window import select_prior_turns
 from touba.memory._worker import ExtractionWorker, new_worker_id
 from touba.providers._types import CapabilitySpec, TraceCall
@@ -275,6 +282,7 @@ class ChatSession:
         self.runtime = runtime
         self.agent = definition.name
         self.kind = definition.kind
+        self._program_config = definition.memory
         self.config = definition.memory if definition.memory is not None else MemoryConfig()
         self.user_id = user_id
         self.session_id = session_id
@@ -298,6 +306,20 @@ class ChatSession:
         self._stop = asyncio.Event()
         self._idle: asyncio.Task[None] | None = None
         self._last_active = 0.0
+
+    async def _refresh_config(self) -> None:
+        """Take the agent's saved settings, if they changed (see the module docstring)."""
+        config = await resolve_memory_config(self.store, self.agent, self._program_config)
+        if config == self.config:
+            return
+        events = KeyEventService(self.store, config.key_events, read_only=self.mode == "preview")
+        previous = self.config, self.events
+        self.config, self.events = config, events
+        try:
+            self._tools = self._key_event_tools()
+        except ConfigurationError:
+            self.config, self.events = previous
+            raise
 
     def _key_event_tools(self) -> tuple[InvocationTool, ...]:
         if self.mode == "preview" or self.kind != "loop" or not self.events.active:
@@ -369,6 +391,7 @@ class ChatSession:
             self._usable()
             await self.open()
             self._usable()
+            await self._refresh_config()
             context = await self._context()
             try:
                 result = await self.runtime.invoke(
@@ -407,6 +430,7 @@ class ChatSession:
                         f"chat session {self.session_id!r} has ended; its paused turn cannot be "
                         "stored. Resume it with runtime.resume if its calls must still run"
                     )
+                await self._refresh_config()
                 paused = _Paused(
                     await self._paused_user(checkpoint_id), checkpoint_id, await self._context()
                 )
@@ -528,6 +552,7 @@ class ChatSession:
                 "may refuse every call) before ending the session"
             )
         await self.open()
+        await self._refresh_config()
         meta = await self.store.end_session(self.session_id)
         self._meta, self._ended = meta, True
         self._stop_idle()

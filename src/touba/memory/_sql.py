@@ -16,13 +16,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
+from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._model import JSON
+from touba.memory._config import MemoryConfig, config_from_data, config_to_data
 from touba.memory._model import (
     ExtractedOp,
     ExtractionJob,
     JobStatus,
     KeyEvent,
+    KeyEventActor,
     KeyEventStatus,
+    OwnerSummary,
     SessionMeta,
     SessionMode,
     StoredTurn,
@@ -37,6 +41,7 @@ from touba.memory._rows import (
     dumps,
     event_from_row,
     job_from_row,
+    loads,
     ops_json,
     session_from_row,
     turn_from_row,
@@ -140,10 +145,11 @@ class SqlMemoryStore(ABC):
         return await self._atomic(body)
 
     async def list_sessions(
-        self, *, owner: str | None = None, limit: int = 100
+        self, *, owner: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[SessionMeta]:
-        """Sessions, newest first (all owners when ``owner`` is None)."""
-        rows = await self._read("list_sessions", (owner, owner, max(limit, 0)))
+        """Sessions, newest first (all owners when ``owner`` is None), from ``offset``."""
+        params = (owner, owner, max(limit, 0), max(offset, 0))
+        rows = await self._read("list_sessions", params)
         return [session_from_row(row, self._dec) for row in rows]
 
     async def delete_session(self, session_id: str) -> bool:
@@ -229,8 +235,12 @@ class SqlMemoryStore(ABC):
         *,
         session_id: str,
         op_id: str | None = None,
+        actor: KeyEventActor = "model",
     ) -> KeyEvent | None:
-        """Apply the changes that alter something and record them; None if not the owner's."""
+        """Apply the changes that alter something and record them as made by ``actor``;
+        None if not the owner's."""
+        if actor not in ("model", "operator"):
+            raise ConfigurationError(f"actor must be 'model' or 'operator', got {actor!r}")
 
         async def body(db: Db) -> KeyEvent | None:
             row = await db.one("event_locked", (event_id, owner))
@@ -248,7 +258,7 @@ class SqlMemoryStore(ABC):
                 new.get(name, getattr(event, name)) for name in ("status", "title", "details")
             ]
             await db.run("update_event", (*fields, self._enc(now), owner, event_id))
-            history = (event_id, self._enc(now), session_id, changes_json(diff), op_id)
+            history = (event_id, self._enc(now), session_id, changes_json(diff), op_id, actor)
             await db.run("insert_history", history)
             row = await db.one("event", (event_id, owner))
             assert row is not None
@@ -278,12 +288,27 @@ class SqlMemoryStore(ABC):
         text: str | None = None,
         include_closed: bool = False,
         limit: int = 20,
+        offset: int = 0,
     ) -> list[KeyEvent]:
-        """The owner's events, most recently updated first (history not loaded)."""
-        limit = max(limit, 0)
-        params = (owner, type, type, status, status, include_closed, text, text, text, limit)
-        rows = await self._read("query_events", params)
+        """The owner's events, most recently updated first (history not loaded), from
+        ``offset``."""
+        filters = (owner, type, type, status, status, include_closed, text, text, text)
+        rows = await self._read("query_events", (*filters, max(limit, 0), max(offset, 0)))
         return [event_from_row(row, self._dec) for row in rows]
+
+    async def count_events(
+        self,
+        owner: str,
+        *,
+        type: str | None = None,
+        status: KeyEventStatus | None = None,
+        text: str | None = None,
+        include_closed: bool = False,
+    ) -> int:
+        """How many events ``query_events`` would find with these filters and no limit."""
+        filters = (owner, type, type, status, status, include_closed, text, text, text)
+        rows = await self._read("count_events", filters)
+        return int(rows[0][0])
 
     # -- extraction jobs -----------------------------------------------------------------
 
@@ -352,7 +377,7 @@ class SqlMemoryStore(ABC):
         encoded = None if result is None else dumps(result, "result")
 
         async def change(db: Db, job: ExtractionJob) -> None:
-            status, next_at, message = "done", job.next_attempt_at, job.last_error
+            status, next_at, message = "done", job.next_attempt_at, None  # old errors go
             if error is not None:
                 message = error[:MAX_ERROR_CHARS]
                 if retry_at is None or job.attempts >= job.max_attempts:
@@ -393,8 +418,86 @@ class SqlMemoryStore(ABC):
         return job_from_row(rows[0], self._dec) if rows else None
 
     async def list_jobs(
-        self, *, status: JobStatus | None = None, limit: int = 100
+        self, *, status: JobStatus | None = None, limit: int = 100, offset: int = 0
     ) -> list[ExtractionJob]:
         """Jobs, most recently changed first; ``status="failed"`` shows what needs a look."""
-        rows = await self._read("list_jobs", (status, status, max(limit, 0)))
+        rows = await self._read("list_jobs", (status, status, max(limit, 0), max(offset, 0)))
         return [job_from_row(row, self._dec) for row in rows]
+
+    async def count_jobs(self) -> dict[str, int]:
+        """How many jobs there are of each status (statuses with none left out)."""
+        rows = await self._read("job_counts", ())
+        return {str(status): int(count) for status, count in rows}
+
+    # -- per-agent memory settings (the memory panel's) ----------------------------------
+
+    async def save_memory_config(self, agent_ref: str, config: MemoryConfig) -> None:
+        """Save ``agent_ref``'s settings, replacing any saved before. Every
+        ``ChatSession`` of that agent reads them at the start of its next turn."""
+        if not isinstance(agent_ref, str) or not agent_ref:
+            raise ConfigurationError(f"agent_ref must be a non-empty str, got {agent_ref!r}")
+        if not isinstance(config, MemoryConfig):
+            raise ConfigurationError("config must be a touba.MemoryConfig")
+        encoded = dumps(config_to_data(config))
+
+        async def body(db: Db) -> None:
+            await db.run("save_config", (agent_ref, encoded, self._enc(self.now())))
+
+        await self._atomic(body)
+
+    async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None:
+        """``agent_ref``'s saved settings, or None. Saved settings this touba cannot
+        read raise ``MemoryStoreUnavailable`` (save them again to repair)."""
+        rows = await self._read("load_config", (agent_ref,))
+        if not rows:
+            return None
+        try:
+            return config_from_data(loads(rows[0][0], "memory settings"))
+        except ValueError as e:
+            raise MemoryStoreUnavailable(
+                f"the saved memory settings of agent {agent_ref!r} are invalid ({e}); save "
+                "them again (touba panel)"
+            ) from e
+
+    # -- operator reads (the memory panel's lists: counts and pages) ---------------------
+
+    async def count_sessions(self, *, owner: str | None = None) -> int:
+        """How many sessions there are (of one owner, or of all)."""
+        rows = await self._read("count_sessions", (owner, owner))
+        return int(rows[0][0])
+
+    async def count_owners(self) -> int:
+        """How many owners have at least one session."""
+        rows = await self._read("count_owners", ())
+        return int(rows[0][0])
+
+    async def list_owners(self, *, limit: int = 50, offset: int = 0) -> list[OwnerSummary]:
+        """Owners of sessions, the one with the newest session first, with their counts."""
+
+        async def body(db: Db) -> list[OwnerSummary]:
+            found = await db.all("owners", (max(limit, 0), max(offset, 0)))
+            out = []
+            for owner, sessions, turns, last, previews in found:
+                counted = await db.one("owner_events", (owner,))
+                events, open_events = counted if counted is not None else (0, 0)
+                out.append(
+                    OwnerSummary(
+                        owner,
+                        int(sessions),
+                        int(turns or 0),
+                        self._dec(last),
+                        int(previews or 0),
+                        int(events or 0),
+                        int(open_events or 0),
+                    )
+                )
+            return out
+
+        return await self._atomic(body, write=False)
+
+    async def list_turns(
+        self, session_id: str, *, limit: int = 50, offset: int = 0
+    ) -> tuple[StoredTurn, ...]:
+        """Turns ``offset`` .. ``offset + limit - 1`` of a session, oldest first."""
+        rows = await self._read("turns_page", (session_id, max(limit, 0), max(offset, 0)))
+        return tuple(turn_from_row(row, self._dec) for row in rows)

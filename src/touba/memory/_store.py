@@ -17,11 +17,13 @@ from typing import Protocol, runtime_checkable
 
 from touba.errors import ConfigurationError, ExtractionLeaseLost
 from touba.history._model import JSON
+from touba.memory._config import MemoryConfig
 from touba.memory._model import (
     ExtractedOp,
     ExtractionJob,
     JobStatus,
     KeyEvent,
+    KeyEventActor,
     KeyEventStatus,
     SessionMeta,
     SessionMode,
@@ -31,6 +33,7 @@ from touba.providers._types import TraceCall
 
 __all__ = [
     "Clock",
+    "MemoryConfigStore",
     "MemoryStore",
     "check_clock",
     "check_mode",
@@ -41,6 +44,7 @@ __all__ = [
     "lease_lost",
     "new_event_id",
     "requeued_job",
+    "resolve_memory_config",
     "unknown_session",
     "utc_now",
 ]
@@ -108,8 +112,10 @@ class MemoryStore(Protocol):
         *,
         session_id: str,
         op_id: str | None = None,
+        actor: KeyEventActor = "model",
     ) -> KeyEvent | None:
-        """Apply real changes and record them; None if the id is not the owner's."""
+        """Apply real changes and record them (made by ``actor``); None if the id is not
+        the owner's."""
 
     async def get_event(self, owner: str, event_id: str) -> KeyEvent | None:
         """The event with its history; None if the id is not the owner's."""
@@ -143,7 +149,8 @@ class MemoryStore(Protocol):
         """Record a leased job's ops once; return the recorded ones."""
 
     async def complete_job(self, job_id: str, lease_token: str, result: JSON) -> ExtractionJob:
-        """Mark a leased job done (``ExtractionLeaseLost`` if not leased)."""
+        """Mark a leased job done, with no error left from earlier attempts
+        (``ExtractionLeaseLost`` if not leased)."""
 
     async def fail_job(
         self, job_id: str, lease_token: str, error: str, retry_at: datetime | None
@@ -165,7 +172,34 @@ class MemoryStore(Protocol):
         """Let running calls finish, then release connections (idempotent)."""
 
 
+@runtime_checkable
+class MemoryConfigStore(Protocol):
+    """A store that keeps per-agent memory settings (the built-in ones do).
+
+    The memory panel saves them; every :class:`~touba.ChatSession` and
+    extraction worker reads them, and saved settings win over the program's.
+    """
+
+    async def save_memory_config(self, agent_ref: str, config: MemoryConfig) -> None:
+        """Save ``agent_ref``'s settings (replacing any saved before), atomically."""
+
+    async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None:
+        """``agent_ref``'s saved settings, or None when none were saved."""
+
+
 # -- shared pieces -----------------------------------------------------------------------
+
+
+async def resolve_memory_config(
+    store: object, agent_ref: str, program_config: MemoryConfig | None
+) -> MemoryConfig:
+    """The settings an agent runs with now: those saved in ``store`` (the panel's) when
+    there are any, else the program's ``MemoryConfig``, else the defaults."""
+    if isinstance(store, MemoryConfigStore):
+        saved = await store.load_memory_config(agent_ref)
+        if saved is not None:
+            return saved
+    return program_config if program_config is not None else MemoryConfig()
 
 
 def utc_now() -> datetime:

@@ -19,6 +19,8 @@ A failure (provider error, invalid output, a job whose agent is not in the
 program) is a failed attempt, retried with backoff and finally ``failed``,
 with its last error (``ExtractionQueue.list("failed")``, ``touba events jobs``).
 An agent whose key events are not active (switch off or no type) yields no op.
+The agent's settings saved in the store (the memory panel's) win over the
+program's, as in :class:`~touba.ChatSession`.
 """
 
 from __future__ import annotations
@@ -32,10 +34,15 @@ from typing import Final
 from touba.errors import ConfigurationError
 from touba.history._model import JSON, canonical_json
 from touba.memory._config import MemoryConfig
-from touba.memory._extraction import ExtractionQueue, extraction_schema, parse_ops
+from touba.memory._extraction import (
+    ExtractionQueue,
+    describe_error,
+    extraction_schema,
+    parse_ops,
+)
 from touba.memory._key_events import KeyEventService, event_view
 from touba.memory._model import ExtractedOp, ExtractionJob, KeyEvent, StoredTurn
-from touba.memory._store import MemoryStore
+from touba.memory._store import MemoryStore, resolve_memory_config
 from touba.providers._types import DecisionRequest
 from touba.runtime._program import AgentDefinition, Program
 from touba.runtime._runtime import Runtime
@@ -173,14 +180,14 @@ class ExtractionWorker:
             )
         return agent
 
-    @staticmethod
-    def _config(agent: AgentDefinition) -> MemoryConfig:
-        return agent.memory if agent.memory is not None else MemoryConfig()
+    async def _config(self, agent: AgentDefinition) -> MemoryConfig:
+        """The agent's settings saved in the store (the panel's), else the program's."""
+        return await resolve_memory_config(self.store, agent.name, agent.memory)
 
     async def extract(self, job: ExtractionJob) -> tuple[ExtractedOp, ...]:
         """Ask the job's agent's model for the ops of its session (none when inactive)."""
         agent = self._agent(job)
-        config = self._config(agent).key_events
+        config = (await self._config(agent)).key_events
         if not config.active:
             return ()
         service = KeyEventService(self.store, config)
@@ -205,8 +212,8 @@ class ExtractionWorker:
         try:
             agent = self._agent(job)
         except ConfigurationError as e:
-            return await self.queue.fail(job.id, f"{e.code}: {e}", lease_token=job.lease_token)
-        service = KeyEventService(self.store, self._config(agent).key_events)
+            return await self.queue.fail(job.id, describe_error(e), lease_token=job.lease_token)
+        service = KeyEventService(self.store, (await self._config(agent)).key_events)
         return await self.queue.process(job, self.extract, service)
 
     async def run_due(self, *, limit: int | None = None) -> list[ExtractionJob]:

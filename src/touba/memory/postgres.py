@@ -1,7 +1,8 @@
 """``PostgresMemoryStore``: chat turns, key events and extraction jobs in PostgreSQL.
 
-Tables ``<prefix>_sessions``, ``_turns``, ``_events``, ``_history``, ``_jobs``
-and ``_meta`` (the schema version), every name quoted with
+Tables ``<prefix>_sessions``, ``_turns``, ``_events``, ``_history``, ``_jobs``,
+``_configs`` (per-agent settings) and ``_meta`` (the schema version; version 1
+tables are migrated to 2 in place), every name quoted with
 ``psycopg.sql.Identifier``; ``prefix`` may carry a schema (``app.touba_memory``).
 A table of that name without touba's ``_meta``, or of another schema version,
 is refused untouched. Each operation is one READ COMMITTED transaction; jobs
@@ -43,7 +44,7 @@ from touba.memory._store import Clock, check_clock, utc_now
 __all__ = ["SCHEMA_VERSION", "PostgresMemoryStore"]
 
 R = TypeVar("R")
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _OPEN_TIMEOUT: Final = 10.0
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 _Conn = AsyncConnection[Any]
@@ -62,7 +63,7 @@ _DDL: tuple[LiteralString, ...] = (
     "CREATE INDEX {events_idx} ON {events} (owner, touched)",
     "CREATE TABLE {history} (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
     " event_id text NOT NULL, at timestamptz NOT NULL, session_id text NOT NULL,"
-    " changes text NOT NULL, op_id text UNIQUE)",
+    " changes text NOT NULL, op_id text UNIQUE, actor text NOT NULL DEFAULT 'model')",
     "CREATE INDEX {history_idx} ON {history} (event_id, seq)",
     "CREATE TABLE {jobs} (id text PRIMARY KEY, session_id text NOT NULL, owner text NOT NULL,"
     " agent_ref text NOT NULL, transcript_ref text NOT NULL, status text NOT NULL,"
@@ -72,6 +73,17 @@ _DDL: tuple[LiteralString, ...] = (
     " lease_expires_at timestamptz, last_error text, ops text, result text)",
     "CREATE INDEX {jobs_idx} ON {jobs} (status, next_attempt_at)",
     "CREATE TABLE {meta} (name text PRIMARY KEY, value text NOT NULL)",
+)
+# Version 1 tables are brought to version 2 in place: the ``actor`` of each update
+# history row ("model" for the old ones), the per-agent settings table, list indexes.
+_MIGRATE_1_TO_2: tuple[LiteralString, ...] = (
+    "ALTER TABLE {history} ADD COLUMN actor text NOT NULL DEFAULT 'model'",
+)
+_DDL_2: tuple[LiteralString, ...] = (
+    "CREATE TABLE {configs} (agent_ref text PRIMARY KEY, config text NOT NULL,"
+    " updated_at timestamptz NOT NULL)",
+    "CREATE INDEX {sessions_created_idx} ON {sessions} (created_at)",
+    "CREATE INDEX {jobs_updated_idx} ON {jobs} (updated_at)",
 )
 
 
@@ -152,6 +164,8 @@ class PostgresMemoryStore(SqlMemoryStore):
         self._owns_pool = pool is None
         tables = {t: sql.Identifier(*schema, f"{name}_{t}") for t in _TABLE_NAMES}
         indexes = {f"{t}_idx": sql.Identifier(f"{name}_{t}_idx") for t in _TABLE_NAMES}
+        indexes["sessions_created_idx"] = sql.Identifier(f"{name}_sessions_created_idx")
+        indexes["jobs_updated_idx"] = sql.Identifier(f"{name}_jobs_updated_idx")
         self._names: dict[str, sql.Composable] = {**tables, **indexes}
         locks = {
             "for_update": sql.SQL(" FOR UPDATE"),
@@ -273,17 +287,23 @@ class PostgresMemoryStore(SqlMemoryStore):
                 "nothing was modified. Choose another prefix"
             )
         if meta is None:
-            for statement in _DDL:
+            for statement in (*_DDL, *_DDL_2):
                 await conn.execute(sql.SQL(statement).format(**names))
             insert = sql.SQL("INSERT INTO {} (name, value) VALUES ('schema_version', %s)")
             await conn.execute(insert.format(names["meta"]), (str(SCHEMA_VERSION),))
             return
         query = sql.SQL("SELECT value FROM {} WHERE name = 'schema_version'").format(names["meta"])
         row = await (await conn.execute(query)).fetchone()
+        if row is not None and row[0] == "1":
+            for statement in (*_MIGRATE_1_TO_2, *_DDL_2):
+                await conn.execute(sql.SQL(statement).format(**names))
+            update = sql.SQL("UPDATE {} SET value = %s WHERE name = 'schema_version'")
+            await conn.execute(update.format(names["meta"]), (str(SCHEMA_VERSION),))
+            return
         if row is None or row[0] != str(SCHEMA_VERSION):
             raise ConfigurationError(
                 f"tables {self.prefix}_* have chat memory schema version "
-                f"{None if row is None else row[0]!r}; this touba reads version "
+                f"{None if row is None else row[0]!r}; this touba reads versions 1 to "
                 f"{SCHEMA_VERSION}. Upgrade touba or choose another prefix; nothing was modified"
             )
 
@@ -315,4 +335,4 @@ class PostgresMemoryStore(SqlMemoryStore):
         await self.close()
 
 
-_TABLE_NAMES = ("sessions", "turns", "events", "history", "jobs", "meta")
+_TABLE_NAMES = ("sessions", "turns", "events", "history", "jobs", "configs", "meta")

@@ -5,8 +5,10 @@ database and its ``-wal``, ``-shm`` and ``-journal`` files are created or
 reset to 0600 before SQLite opens them; symbolic links, foreign files and
 group- or other-writable directories are refused
 (``DecisionHistoryStorageUnsafe``). It may be the same file as a
-``SqliteHistoryStore``'s: the tables are ``touba_memory_*`` and the schema
-version sits in the shared ``touba_meta`` table under its own name.
+``SqliteHistoryStore``'s: the tables are ``touba_memory_*``
+(``touba_memory_configs`` holds the per-agent settings the memory panel
+saves) and the schema version sits in the shared ``touba_meta`` table under
+its own name; a version-1 file is migrated to version 2 in place when opened.
 
 One thread owns the connection and runs an event loop of its own: each
 operation (one transaction, :mod:`touba.memory._sql`) is submitted to it
@@ -38,12 +40,16 @@ from touba.memory._store import Clock, check_clock, utc_now
 __all__ = ["SCHEMA_VERSION", "SqliteMemoryStore"]
 
 R = TypeVar("R")
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+# Versions this touba opens: 1 is migrated to 2 in place (the ``actor`` of each update
+# history row, "model" for the old ones, and the per-agent settings table).
+_READABLE = ("1", str(SCHEMA_VERSION))
 BUSY_TIMEOUT_SECONDS: Final = 5.0
 _VERSION_NAME = "memory_schema_version"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TABLES = {
-    name: f"touba_memory_{name}" for name in ("sessions", "turns", "events", "history", "jobs")
+    name: f"touba_memory_{name}"
+    for name in ("sessions", "turns", "events", "history", "jobs", "configs")
 }
 _SQL = {
     name: text.format(**_TABLES, **COLUMNS, for_update="", skip_locked="").replace("%s", "?")
@@ -56,6 +62,8 @@ _SCHEMA = (
         created_at INTEGER NOT NULL, ended_at INTEGER, turns INTEGER NOT NULL DEFAULT 0)""",
     "CREATE INDEX IF NOT EXISTS touba_memory_sessions_owner "
     "ON touba_memory_sessions (owner, created_at)",
+    "CREATE INDEX IF NOT EXISTS touba_memory_sessions_created "
+    "ON touba_memory_sessions (created_at)",
     """CREATE TABLE IF NOT EXISTS touba_memory_turns (session_id TEXT NOT NULL,
         idx INTEGER NOT NULL, user_text TEXT NOT NULL, replies TEXT NOT NULL,
         trace TEXT NOT NULL, invocation_id TEXT, created_at INTEGER NOT NULL,
@@ -67,7 +75,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS touba_memory_events_owner ON touba_memory_events (owner, touched)",
     """CREATE TABLE IF NOT EXISTS touba_memory_history (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL, at INTEGER NOT NULL,
-        session_id TEXT NOT NULL, changes TEXT NOT NULL, op_id TEXT UNIQUE)""",
+        session_id TEXT NOT NULL, changes TEXT NOT NULL, op_id TEXT UNIQUE,
+        actor TEXT NOT NULL DEFAULT 'model')""",
     "CREATE INDEX IF NOT EXISTS touba_memory_history_event ON touba_memory_history (event_id, seq)",
     """CREATE TABLE IF NOT EXISTS touba_memory_jobs (id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL, owner TEXT NOT NULL, agent_ref TEXT NOT NULL,
@@ -77,6 +86,12 @@ _SCHEMA = (
         lease_token TEXT, lease_expires_at INTEGER, last_error TEXT, ops TEXT, result TEXT)""",
     "CREATE INDEX IF NOT EXISTS touba_memory_jobs_due "
     "ON touba_memory_jobs (status, next_attempt_at)",
+    "CREATE INDEX IF NOT EXISTS touba_memory_jobs_updated ON touba_memory_jobs (updated_at)",
+    """CREATE TABLE IF NOT EXISTS touba_memory_configs (agent_ref TEXT PRIMARY KEY,
+        config TEXT NOT NULL, updated_at INTEGER NOT NULL)""",
+)
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE touba_memory_history ADD COLUMN actor TEXT NOT NULL DEFAULT 'model'",
 )
 
 
@@ -86,11 +101,24 @@ def _check_schema(conn: sqlite3.Connection) -> None:
     if not conn.execute(sql).fetchone():
         return
     row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
-    if row is not None and row[0] != str(SCHEMA_VERSION):
+    if row is not None and row[0] not in _READABLE:
         raise ConfigurationError(
             f"this SQLite file holds chat memory schema version {row[0]!r}; this touba reads "
-            f"version {SCHEMA_VERSION}. Upgrade touba or use another file; it was not modified"
+            f"versions 1 to {SCHEMA_VERSION}. Upgrade touba or use another file; it was not "
+            "modified"
         )
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a version-1 file to the current version, inside the opening transaction."""
+    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
+    if row is None or row[0] == str(SCHEMA_VERSION):
+        return
+    for statement in _MIGRATE_1_TO_2:
+        conn.execute(statement)
+    conn.execute(
+        "UPDATE touba_meta SET value = ? WHERE name = ?", (str(SCHEMA_VERSION), _VERSION_NAME)
+    )
 
 
 def _translate(error: Exception) -> Exception:
@@ -139,6 +167,7 @@ def _open(filename: str | os.PathLike[str]) -> sqlite3.Connection:
             "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
             (_VERSION_NAME, str(SCHEMA_VERSION)),
         )
+        _migrate(conn)
         conn.execute("COMMIT")
     except Exception as e:
         if conn is not None:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from touba import _telemetry as telemetry
 from touba.errors import ConfigurationError
 from touba.history._config import HistoryConfig, HistoryEvent
 from touba.history._engine import DecisionHistory, HistoryWindow
@@ -199,7 +200,39 @@ class DecisionProvider:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    @property
+    def _telemetry_name(self) -> str:
+        return telemetry.PROVIDER_NAMES.get(self.provider, self.provider)
+
     async def decide(self, request: DecisionRequest) -> Decision:
+        """One decision: one history transaction, the guard's counts, one generation.
+
+        Traced as a ``chat {model}`` span (see :mod:`touba._telemetry`).
+        """
+        with telemetry.span(
+            f"chat {self.model}",
+            kind="client",
+            decision=True,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": self._telemetry_name,
+                "gen_ai.request.model": self.model,
+                "touba.decision_interface": self.decision_interface,
+            },
+        ) as span:
+            decision = await self._decide(request)
+            telemetry.set_attributes(
+                span,
+                {
+                    "gen_ai.usage.input_tokens": decision.usage.input_tokens,
+                    "gen_ai.usage.output_tokens": decision.usage.output_tokens,
+                    "touba.calls": len(decision.calls),
+                    "touba.final": not decision.calls,
+                },
+            )
+            return decision
+
+    async def _decide(self, request: DecisionRequest) -> Decision:
         check_catalog(request.capabilities)
         if request.output_schema is not None:
             schema_validator(request.output_schema, "output_schema")
@@ -302,7 +335,16 @@ class DecisionProvider:
             return rendered[drop]
 
         async def measure(drop: int) -> int:
-            count = await self._wire.count(body(drop))
+            with telemetry.span(
+                f"count_tokens {self.model}",
+                kind="client",
+                attributes={
+                    "gen_ai.operation.name": "count_tokens",
+                    "gen_ai.provider.name": self._telemetry_name,
+                    "gen_ai.request.model": self.model,
+                },
+            ):
+                count = await self._wire.count(body(drop))
             reserve = reserve_tokens(count, context, max_output)
             size = plan.dropping(drop).window.size
             await self._emit(

@@ -110,7 +110,20 @@ def structured_schema(
     ``{"action": "final", "output": ...}``. Capability arguments and the output
     are checked by touba against their own schemas after parsing, so this
     schema stays valid for every provider's structured-output dialect.
+    With no capability, only a final decision can be valid, and the schema
+    says just that (``output`` required, nothing else allowed), which a
+    strict structured-output mode can enforce (see ``_openai_wire``).
     """
+    if not capabilities:
+        return {
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["final"]},
+                "output": dict(output_schema) if output_schema is not None else {},
+            },
+            "required": ["action", "output"],
+            "additionalProperties": False,
+        }
     names = [c.name for c in capabilities]
     call: dict[str, Any] = {
         "type": "object",

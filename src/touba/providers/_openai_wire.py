@@ -52,6 +52,7 @@ __all__ = [
     "input_items",
     "instructions",
     "parse_response",
+    "strict_schema",
     "text_format",
 ]
 
@@ -107,7 +108,13 @@ def text_format(request: DecisionRequest, interface: DecisionInterface) -> Item 
     """
     if interface == "structured":
         schema = structured_schema(request.capabilities, request.output_schema)
-        return {"type": "json_schema", "name": DECISION_FORMAT, "schema": schema, "strict": False}
+        strict = strict_schema(schema)
+        return {
+            "type": "json_schema",
+            "name": DECISION_FORMAT,
+            "schema": schema if strict is None else strict,
+            "strict": strict is not None,
+        }
     if request.output_schema is None:
         return None
     return {
@@ -121,6 +128,87 @@ def text_format(request: DecisionRequest, interface: DecisionInterface) -> Item 
         },
         "strict": False,
     }
+
+
+_STRICT_KEYWORDS = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "anyOf",
+        "enum",
+        "const",
+        "description",
+        "title",
+        "$ref",
+        "$defs",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minItems",
+        "maxItems",
+    }
+)
+_STRICT_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
+)
+
+
+def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``schema`` in the dialect of OpenAI's strict mode, or None when it has no
+    equivalent there.
+
+    Strict mode wants every object closed (``additionalProperties: false``)
+    with all its properties required, and knows a subset of the keywords.
+    touba only closes objects (what the model may write then still matches
+    ``schema``); a schema with an optional property, an open object, a
+    schema-less value (``{}``) or a keyword strict mode lacks stays non-strict,
+    because making it strict would change what it accepts (optional turned
+    nullable means ``null`` where ``schema`` wants the key absent). Capability
+    tools are never strict (see :func:`function_tools`).
+    """
+
+    def convert(node: Any) -> Any:
+        if not isinstance(node, Mapping) or not node or set(node) - _STRICT_KEYWORDS:
+            raise _NotStrict
+        if not {"type", "anyOf", "$ref", "enum", "const"} & set(node):
+            raise _NotStrict
+        if "format" in node and node["format"] not in _STRICT_FORMATS:
+            raise _NotStrict
+        out = dict(node)
+        kinds = node.get("type")
+        if kinds == "object" or (isinstance(kinds, list) and "object" in kinds):
+            properties = node.get("properties")
+            if not isinstance(properties, Mapping) or node.get("additionalProperties", False):
+                raise _NotStrict
+            if set(node.get("required", ())) != set(properties):
+                raise _NotStrict
+            out["properties"] = {k: convert(v) for k, v in properties.items()}
+            out["required"] = list(properties)
+            out["additionalProperties"] = False
+        if "items" in node:
+            out["items"] = convert(node["items"])
+        if "anyOf" in node:
+            out["anyOf"] = [convert(v) for v in node["anyOf"]]
+        if "$defs" in node:
+            out["$defs"] = {k: convert(v) for k, v in node["$defs"].items()}
+        return out
+
+    try:
+        converted: dict[str, Any] = convert(schema)
+    except _NotStrict:
+        return None
+    return converted
+
+
+class _NotStrict(Exception):
+    pass
 
 
 def instructions(request: DecisionRequest, interface: DecisionInterface) -> str:

@@ -6,6 +6,16 @@ usage where the host can read it, and never pretends: when the budget is
 spent or the model fails, the decision is refused with
 ``DecisionHistorySummaryInvalid`` rather than sent with a stale summary that
 claims to cover exchanges it never saw.
+
+It asks for plain text wherever the provider gives text: on the ``native``
+interface the request has no output schema, and the model's text is the
+summary. The ``structured`` interface must answer JSON; there the summary is
+the final decision's ``output``, a string, and the decision schema has no
+call in it, so a provider with a strict structured-output mode enforces it
+(OpenAI's ``strict: true``). A failure says why in its message: the error
+code of the provider's refusal and its ``provider_error_code`` (never the
+model's text). ``HistoryConfig(on_summary_failure="trim")`` makes a failure
+degrade to plain trimming instead of refusing the decision.
 """
 
 from __future__ import annotations
@@ -85,13 +95,16 @@ class ModelSummarizer:
             "previous_summary": request.previous_summary,
             "exchanges_that_left_the_window": [list(t) for t in request.turns],
         }
+        structured = self.provider.decision_interface == "structured"
         try:
             decision = await asyncio.wait_for(
                 self.provider.decide(
                     DecisionRequest(
                         instructions=self.instructions.format(max_bytes=request.max_bytes),
                         input="[untrusted data to summarise]\n" + canonical_json(data),
-                        output_schema={"type": "string", "minLength": 1},
+                        # Plain text where the provider gives text; a JSON string in the
+                        # structured interface (emptiness is checked below).
+                        output_schema={"type": "string"} if structured else None,
                     )
                 ),
                 timeout=self.timeout_seconds,
@@ -99,14 +112,18 @@ class ModelSummarizer:
         except (ToubaError, TimeoutError) as e:
             self.usage.failures += 1
             raise DecisionHistorySummaryInvalid(
-                f"the summariser's model call failed ({type(e).__name__}); nothing was written"
+                f"the summariser's model call failed ({_cause(e, self.timeout_seconds)}); "
+                "nothing was written. Check the summariser's provider, or set "
+                'HistoryConfig(on_summary_failure="trim") to trim without a summary then'
             ) from e
         self.usage.input_tokens += decision.usage.input_tokens or 0
         self.usage.output_tokens += decision.usage.output_tokens or 0
         text = decision.output if isinstance(decision.output, str) else decision.text
         if not isinstance(text, str) or not text.strip():
             self.usage.failures += 1
-            raise DecisionHistorySummaryInvalid("the summariser's model returned no text")
+            raise DecisionHistorySummaryInvalid(
+                "the summariser's model returned no text (empty_output); nothing was written"
+            )
         return self._bounded(text.strip(), request.max_bytes)
 
     def _bounded(self, text: str, max_bytes: int) -> str:
@@ -115,3 +132,12 @@ class ModelSummarizer:
             return text
         self.usage.truncated += 1
         return encoded[:max_bytes].decode("utf-8", "ignore").rstrip()
+
+
+def _cause(error: BaseException, timeout: float) -> str:
+    """What failed, by its codes only: the model's text and the server's are never shown."""
+    if isinstance(error, TimeoutError):
+        return f"TimeoutError: no answer within {timeout:g} s"
+    code = getattr(error, "provider_error_code", None)
+    name = getattr(error, "code", type(error).__name__)
+    return f"{name}, provider_error_code={code}" if code else str(name)

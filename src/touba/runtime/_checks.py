@@ -2,12 +2,13 @@
 
 Pure functions of the program, the agent, the call and the calls used so
 far. In order: the capability is in the agent's catalog, its permissions
-are granted to the agent, its arguments are valid (JSON Schema, then the
-annotated Python types), and its ``max_calls`` budget is not used up. A
-refusal is a :class:`Denial`, sent back to the model as a ``denied``
-observation; its message names the rule, never an argument's value. (Two
-more reasons come from elsewhere: ``not_approved`` when a reviewer refuses,
-``calls_not_allowed`` when a flow's model step proposes a call.)
+are granted to the agent, its arguments are valid (checked and converted by
+the capability's parameter type, see :mod:`touba.runtime._schema`), and its
+``max_calls`` budget is not used up. A refusal is a :class:`Denial`, sent
+back to the model as a ``denied`` observation; its message names the rule
+and the fields, never an argument's value. (Two more reasons come from
+elsewhere: ``not_approved`` when a reviewer refuses, ``calls_not_allowed``
+when a flow's model step proposes a call.)
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
 from touba.history._model import CapabilityCall
-from touba.providers._validate import schema_validator
 from touba.runtime._program import AgentDefinition, CapabilityDefinition
 from touba.runtime._schema import ArgumentError
 
@@ -47,22 +45,6 @@ class Accepted:
     kwargs: dict[str, Any]
 
 
-def _where(error: Any) -> str:
-    path = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return f"{path} fails {error.validator!r}"
-
-
-def _type_errors(error: ArgumentError) -> str:
-    """Where and which rule, from pydantic's error list; never the value."""
-    cause = error.cause
-    if isinstance(cause, ValidationError):
-        return "; ".join(
-            "/".join(str(p) for p in (error.parameter, *e["loc"])) + f" ({e['type']})"
-            for e in cause.errors()[:3]
-        )
-    return f"{error.parameter} ({type(cause).__name__})"
-
-
 def check_call(
     capabilities: Mapping[str, CapabilityDefinition],
     agent: AgentDefinition,
@@ -87,21 +69,13 @@ def check_call(
     given: object = call.arguments  # a custom provider may send anything
     if not isinstance(given, Mapping):
         return Denial("invalid_arguments", f"arguments of {call.name!r} must be an object")
-    arguments = dict(given)
-    errors = sorted(
-        schema_validator(capability.parameters.schema, call.name).iter_errors(arguments), key=str
-    )
-    if errors:
-        return Denial(
-            "invalid_arguments",
-            f"arguments of {call.name!r} do not match its schema: {_where(errors[0])}",
-        )
     try:
-        kwargs = capability.parameters.convert(arguments)
+        kwargs = capability.parameters.validate(given)
     except ArgumentError as e:
         return Denial(
             "invalid_arguments",
-            f"arguments of {call.name!r} were refused by its parameter types: {_type_errors(e)}",
+            f"arguments of {call.name!r} do not match its parameters: {e}; call it again "
+            "with arguments its schema allows",
         )
     limit = capability.max_calls
     if limit is not None and used.get(call.name, 0) >= limit:

@@ -72,7 +72,7 @@ class InvocationTool:
         return CapabilityDefinition(
             name=self.spec.name,
             description=self.spec.description,
-            parameters=ParameterSchema(schema=dict(self.spec.parameters), converters={}),
+            parameters=ParameterSchema.from_json_schema(self.spec.parameters),
             permissions=(),
             max_calls=None,
             requires_approval=False,

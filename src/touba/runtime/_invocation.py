@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
+from touba import _telemetry as telemetry
 from touba.errors import (
     AgentBudgetExceeded,
     AgentDecisionProviderSchemaViolation,
@@ -35,7 +36,7 @@ from touba.errors import (
 )
 from touba.history._config import HistoryEvent
 from touba.history._engine import event_observer
-from touba.history._model import JSON, CapabilityCall, Observation
+from touba.history._model import JSON, CapabilityCall, Observation, canonical_json
 from touba.providers._types import Decision, DecisionRequest
 from touba.providers._validate import schema_validator
 from touba.runtime._calls import observe_call, run_capability
@@ -95,6 +96,10 @@ def deny(
     identity = (state.run_id, state.invocation_id, state.agent_ref)
     trace.add(
         "denial", *identity, call_id=call.call_id, name=call.name, reason=reason, error=message
+    )
+    telemetry.current_event(
+        "touba.denial",
+        {"touba.call_id": call.call_id, "gen_ai.tool.name": call.name, "touba.reason": reason},
     )
     denied = Observation(call.call_id, call.name, dict(call.arguments), "denied", error=message)
     return observe(trace, state, denied)
@@ -345,6 +350,10 @@ class Invocation:
                     name=call.name,
                     arguments=dict(call.arguments),
                 )
+                telemetry.current_event(
+                    "touba.approval_requested",
+                    {"touba.call_id": call.call_id, "gen_ai.tool.name": call.name},
+                )
                 frame.items[call.call_id] = PendingApproval(call)
                 continue
             accepted.append((call, checked))
@@ -421,11 +430,29 @@ class Invocation:
         used[call.name] = used.get(call.name, 0) + 1
         self.note("call", call_id=call.call_id, name=call.name, arguments=dict(call.arguments))
         if accepted.capability.delegate is not None:
-            return self._delegate(call, accepted.capability)
+            return _traced_call(call, self._delegate(call, accepted.capability))
         tool = self.tools.get(call.name)
         if tool is not None:
-            return self._run_tool(call, tool)
-        return self._execute(call, accepted)
+            return _traced_call(call, self._run_tool(call, tool))
+        return _traced_call(call, self._execute(call, accepted))
+
+    async def traced(self, run: Callable[[], Awaitable[Outcome]], *, resumed: bool) -> Outcome:
+        """``run()`` inside this invocation's ``invoke_agent`` span."""
+        state = self.state
+        attributes: dict[str, object] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": state.agent_ref,
+            "gen_ai.conversation.id": state.run_id,
+            "touba.invocation_id": state.invocation_id,
+            "touba.resumed": resumed,
+        }
+        with telemetry.span(f"invoke_agent {state.agent_ref}", attributes) as span:
+            outcome = await run()
+            ended: dict[str, object] = {"touba.status": outcome.status}
+            if outcome.error is not None:
+                ended["touba.error_code"] = outcome.error.code
+            telemetry.set_attributes(span, ended)
+            return outcome
 
     async def _execute(self, call: CapabilityCall, accepted: Accepted) -> Observation:
         parameter = accepted.capability.parameters.resources
@@ -496,7 +523,7 @@ class Invocation:
         child.note(
             "invocation_started", input=state.input, parent_invocation_id=self.state.invocation_id
         )
-        return self._child_answer(call, child, await child.run())
+        return self._child_answer(call, child, await child.traced(child.run, resumed=False))
 
     def _child_answer(self, call: CapabilityCall, child: Invocation, outcome: Outcome) -> Answer:
         self.note(
@@ -710,4 +737,29 @@ class Invocation:
     async def _resume_child(
         self, call: CapabilityCall, child: Invocation, paused: Paused
     ) -> Answer:
-        return self._child_answer(call, child, await child.resume(paused))
+        outcome = await child.traced(lambda: child.resume(paused), resumed=True)
+        return self._child_answer(call, child, outcome)
+
+
+async def _traced_call(call: CapabilityCall, job: Awaitable[Answer]) -> Answer:
+    """``job`` (one call) inside its ``execute_tool`` span."""
+    attributes: dict[str, object] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": call.name,
+        "gen_ai.tool.call.id": call.call_id,
+    }
+    content = telemetry.capture_content()
+    if content:
+        attributes["gen_ai.tool.call.arguments"] = canonical_json(dict(call.arguments))
+    with telemetry.span(f"execute_tool {call.name}", attributes) as span:
+        answer = await job
+        if isinstance(answer, PendingChild):
+            telemetry.set_attributes(span, {"touba.call.status": "awaiting_approval"})
+            return answer
+        ended: dict[str, object] = {"touba.call.status": answer.status}
+        if content:
+            ended["gen_ai.tool.call.result"] = canonical_json(
+                answer.result if answer.status == "ok" else answer.error
+            )
+        telemetry.set_attributes(span, ended)
+        return answer

@@ -15,7 +15,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar, overload
+from typing import Annotated, Any, Literal, TypeVar, overload
+
+from pydantic import Field
 
 from touba.errors import ConfigurationError
 from touba.history._model import JSON
@@ -24,7 +26,7 @@ from touba.providers._types import CapabilitySpec
 from touba.providers._validate import schema_validator
 from touba.runtime._flow import CallStep, Flow, Step, compile_flow
 from touba.runtime._resources import SCOPES, ResourceDefinition, ResourceScope
-from touba.runtime._schema import ParameterSchema, parameters_schema
+from touba.runtime._schema import ParameterSchema, parameters_from_fields, parameters_schema
 
 __all__ = ["AgentDefinition", "AgentKind", "CapabilityDefinition", "Program"]
 
@@ -106,13 +108,8 @@ def _is_async(function: Callable[..., Any]) -> bool:
 
 
 def _delegate_parameters(agent: str) -> ParameterSchema:
-    schema: dict[str, JSON] = {
-        "type": "object",
-        "properties": {"input": {"type": "string", "description": f"The task for {agent}."}},
-        "required": ["input"],
-        "additionalProperties": False,
-    }
-    return ParameterSchema(schema=schema, converters={})
+    task = Annotated[str, Field(description=f"The task for {agent}.")]
+    return parameters_from_fields({"input": (task, inspect.Parameter.empty)}, f"agent {agent!r}")
 
 
 class Program:

@@ -196,7 +196,9 @@ class Runtime:
                 prior_turns=len(context.prior_turns),
                 tools=list(context.tool_names),
             )
-        return await self._finish(invocation, await invocation.run())
+        return await self._finish(
+            invocation, await invocation.traced(invocation.run, resumed=False)
+        )
 
     def _root(
         self,
@@ -262,6 +264,12 @@ class Runtime:
         recovering = status_of(stored) == "running"
         if recovering:
             await self._check_running(checkpoint_id, stored, worker_stopped)
+            holder = stored.get("holder")
+            logger.info(
+                "taking over checkpoint %s from stopped worker %r",
+                checkpoint_id,
+                holder.get("worker_id") if isinstance(holder, dict) else None,
+            )
         trace = Trace.from_dicts(stored.get("trace") or [])
         tree = decide_approvals(paused, approvals, trace)
         journal = Journal(
@@ -274,15 +282,16 @@ class Runtime:
             raise self._gone(checkpoint_id)
         agent = self.agent(paused.state.agent_ref)
         invocation = self._root(agent, tree.state, trace, context, journal)
-        outcome: Outcome | None = None
-        if recovering:
-            try:
-                await self._recover_histories(tree, trace)
-            except ToubaError as e:
-                outcome = invocation.fail(e)
-        if outcome is None:
-            outcome = await invocation.resume(tree)
-        return await self._finish(invocation, outcome)
+
+        async def go_on() -> Outcome:
+            if recovering:
+                try:
+                    await self._recover_histories(tree, trace)
+                except ToubaError as e:
+                    return invocation.fail(e)
+            return await invocation.resume(tree)
+
+        return await self._finish(invocation, await invocation.traced(go_on, resumed=True))
 
     async def _check_running(
         self, checkpoint_id: str, stored: Mapping[str, JSON], worker_stopped: bool
@@ -371,6 +380,12 @@ class Runtime:
                     e.code,
                 )
             else:
+                logger.info(
+                    "invocation %s failed with %s after calls ran; checkpoint %s resumes it",
+                    state.invocation_id,
+                    error.code,
+                    checkpoint_id,
+                )
                 return replace(result, checkpoint_id=checkpoint_id, trace=trace.copy())
         else:
             try:

@@ -1,0 +1,230 @@
+"""``touba panel``: serve the web memory panel over the application's stores.
+
+- Stores: the memory store is ``--db PATH`` or ``--dsn DSN`` (``TOUBA_DSN``,
+  ``--prefix``), as for ``touba events``; the decision-history store, optional,
+  is one of ``--history-db PATH``, ``--history-dsn DSN`` (``--history-table``)
+  or ``--redis-url URL`` (``--history-prefix``), with the application's
+  ``--max-sessions`` / ``--max-store-bytes`` for its usage. Neither is
+  created: a missing one is an error, as for every administration command.
+- ``--program module:attr`` gives the agents (their names, kinds, the
+  program's ``MemoryConfig``, and the model the preview box runs).
+- It binds ``--host`` (127.0.0.1) and ``--port`` (8765; 0 picks a free one)
+  and refuses a host that is not loopback unless ``--allow-remote`` says a
+  TLS proxy is in front.
+- The access token is ``TOUBA_PANEL_TOKEN``, or a random one printed once as
+  the URL to open (``http://127.0.0.1:PORT/?token=...``). Request lines are
+  logged without their query string, so the token is never logged.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from touba.cli._common import errors
+from touba.cli._events import Db, PrefixOption, memory_target
+from touba.cli._programs import ProgramOption, load_program
+from touba.cli._stores import (
+    Backend,
+    DsnOption,
+    HistoryAdmin,
+    Kind,
+    Limits,
+    RedisUrlOption,
+    open_history,
+    open_memory,
+)
+
+__all__ = ["TOKEN_ENV", "panel"]
+
+TOKEN_ENV = "TOUBA_PANEL_TOKEN"  # noqa: S105 - the name of the variable, not a secret
+
+
+def _usage(message: str) -> typer.Exit:
+    errors.print(f"[bold red]usage[/]: {message}")
+    return typer.Exit(2)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _history_backend(
+    history_db: Path | None, history_dsn: str | None, redis_url: str | None
+) -> Backend | None:
+    offered: tuple[tuple[str, Kind, str | None], ...] = (
+        ("--history-db", "sqlite", None if history_db is None else str(history_db)),
+        ("--history-dsn", "postgresql", history_dsn),
+        ("--redis-url", "redis", redis_url),
+    )
+    given = [(name, Backend(kind, value)) for name, kind, value in offered if value]
+    if len(given) > 1:
+        names = " and ".join(name for name, _ in given)
+        raise _usage(f"give at most one history store; got {names}")
+    return given[0][1] if given else None
+
+
+@asynccontextmanager
+async def _maybe_history(
+    backend: Backend | None, table: str | None, prefix: str | None, limits: Limits
+) -> AsyncIterator[HistoryAdmin | None]:
+    if backend is None:
+        yield None
+        return
+    async with open_history(backend, table=table, prefix=prefix, **limits) as store:
+        yield store
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        errors.print(f"[bold red]cannot listen on {host}:{port}[/]: {e}")
+        raise typer.Exit(1) from e
+    return sock
+
+
+def _logging() -> None:
+    logger = logging.getLogger("touba.panel")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+def panel(
+    db: Db = None,
+    dsn: DsnOption = None,
+    prefix: PrefixOption = None,
+    history_db: Annotated[
+        Path | None, typer.Option("--history-db", help="Path of the SQLite history file.")
+    ] = None,
+    history_dsn: Annotated[
+        str | None,
+        typer.Option("--history-dsn", help="A PostgreSQL DSN of the decision-history store."),
+    ] = None,
+    redis_url: RedisUrlOption = None,
+    history_table: Annotated[
+        str | None,
+        typer.Option("--history-table", help="With --history-dsn: the table (touba_history)."),
+    ] = None,
+    history_prefix: Annotated[
+        str | None,
+        typer.Option("--history-prefix", help="With --redis-url: the key prefix ('touba:')."),
+    ] = None,
+    max_sessions: Annotated[
+        int | None,
+        typer.Option("--max-sessions", min=1, help="The history store's max_sessions (128)."),
+    ] = None,
+    max_store_bytes: Annotated[
+        int | None,
+        typer.Option("--max-store-bytes", min=1, help="The history store's max_store_bytes."),
+    ] = None,
+    program: ProgramOption = None,
+    host: Annotated[
+        str, typer.Option("--host", help="The address to bind (loopback unless --allow-remote).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="The port (0: a free one).")
+    ] = 8765,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote",
+            help="Serve a non-loopback --host: only behind a TLS proxy (the cookie is Secure).",
+        ),
+    ] = False,
+) -> None:
+    """Serve the web memory panel: settings, users, key events, conversations, jobs."""
+    if not _loopback(host) and not allow_remote:
+        raise _usage(
+            f"--host {host} is not a loopback address: the panel shows conversation data and "
+            "its token would travel in clear. Put a TLS proxy in front and pass "
+            "--allow-remote, or keep --host 127.0.0.1"
+        )
+    target = memory_target(db, dsn, prefix)
+    history = _history_backend(history_db, history_dsn, redis_url)
+    if history_table is not None and (history is None or history.kind != "postgresql"):
+        raise _usage("--history-table applies to --history-dsn only")
+    if history_prefix is not None and (history is None or history.kind != "redis"):
+        raise _usage("--history-prefix applies to --redis-url only")
+    limits = Limits()
+    if max_sessions is not None:
+        limits["max_sessions"] = max_sessions
+    if max_store_bytes is not None:
+        limits["max_store_bytes"] = max_store_bytes
+    loaded = load_program(program)
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and len(token) < 16:
+        raise _usage(f"{TOKEN_ENV} must hold at least 16 characters")
+
+    try:
+        import uvicorn
+
+        from touba.panel import create_app
+        from touba.panel._auth import new_token
+    except ImportError as e:
+        errors.print(f"[bold red]{e}[/]")
+        raise typer.Exit(2) from e
+
+    async def go() -> None:
+        async with AsyncExitStack() as stack:
+            memory: Any = await stack.enter_async_context(
+                open_memory(target.backend, prefix=target.prefix)
+            )
+            history_store = await stack.enter_async_context(
+                _maybe_history(history, history_table, history_prefix, limits)
+            )
+            secret = token or new_token()
+            hosts = ("127.0.0.1", "localhost", "::1", "[::1]", host)
+            app = create_app(
+                loaded,
+                memory,
+                history_store,
+                token=secret,
+                allow_remote=allow_remote,
+                allowed_hosts=hosts,
+            )
+            sock = _listen(host, port)
+            bound = sock.getsockname()[1]
+            shown = f"[{host.strip('[]')}]" if ":" in host else host
+            scheme = "http"  # what it listens on; with --allow-remote, TLS is the proxy's
+            if token is None:
+                url = f"{scheme}://{shown}:{bound}/?token={secret}"
+                print(f"touba panel: open {url}", flush=True)  # the one place the token shows
+            else:
+                print(
+                    f"touba panel: open {scheme}://{shown}:{bound}/ (token: ${TOKEN_ENV})",
+                    flush=True,
+                )
+            _logging()
+            config = uvicorn.Config(
+                app, log_level="warning", access_log=False, lifespan="off", proxy_headers=False
+            )
+            server = uvicorn.Server(config)
+            await server.serve(sockets=[sock])
+
+    secrets = tuple(b.address for b in (target.backend, history) if b and b.kind != "sqlite")
+    from touba.cli._common import run
+
+    run(go(), secret=secrets)

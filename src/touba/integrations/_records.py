@@ -1,0 +1,241 @@
+"""How the integrations keep a framework's messages in a touba store.
+
+One conversation (an Agents SDK session, a pydantic-ai conversation) is one
+record of a :class:`~touba.history.HistoryStore`, under a key made by touba's
+own :func:`~touba.history.conversation_key` from the namespace, the
+integration's name and the conversation id (the other identity fields are
+empty, so it never collides with a decision-history conversation, whose run,
+invocation and agent are never empty). The record is::
+
+    {"kind": "touba.<integration>", "version": 1, "namespace": ..., "conversation_id": ...,
+     "items": [<the framework's messages as JSON>, ...], "bytes": int,
+     "created_at": iso8601, "updated_at": iso8601}
+
+Every change is one ``store.transact``: the store's reservation makes it
+exclusive (a concurrent operation on the same key is refused at once with
+``DecisionHistoryBusy``), survives a crashed worker until
+``store.recover(key, worker_stopped=True)``, and its capacity, expiry and
+file protections apply unchanged. The whole record is read and written by
+each operation: a stored item list is a plain JSON value any store can hold,
+at a cost that grows with the conversation, which ``max_retained_bytes``
+bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, Generic, TypeVar
+
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryMismatch,
+    DecisionHistoryRecordInvalid,
+)
+from touba.history import HistoryStore, conversation_key, message_bytes
+from touba.history._model import canonical_json
+
+__all__ = [
+    "RECORD_VERSION",
+    "Held",
+    "Record",
+    "check_id",
+    "check_store",
+    "conversation_store_key",
+    "dump_items",
+    "new_record",
+    "record_items",
+]
+
+RECORD_VERSION: Final = 1
+Record = dict[str, Any]
+T = TypeVar("T")
+
+
+def check_id(name: str, value: object) -> str:
+    """A non-empty str, refused early with ``ConfigurationError`` otherwise."""
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{name} must be a non-empty str, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigurationError(f"{name} is not valid Unicode text ({e.reason})") from e
+    return value
+
+
+def check_store(store: object) -> HistoryStore:
+    if not isinstance(store, HistoryStore):
+        raise ConfigurationError(
+            f"store must be a touba HistoryStore (SqliteHistoryStore, PostgresHistoryStore, "
+            f"RedisHistoryStore, MemoryHistoryStore or your own), got {type(store).__name__}"
+        )
+    return store
+
+
+def conversation_store_key(namespace: str, integration: str, conversation_id: str) -> str:
+    """The store key of one integration conversation (touba's key function)."""
+    return conversation_key(namespace, integration, "", "conversation", conversation_id, "", "")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def dump_items(items: Sequence[object], what: str) -> list[Record]:
+    """JSON-compatible private copies of ``items``; ``TypeError`` naming the first that is not."""
+    copies: list[Record] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise TypeError(f"{what} {index} is a {type(item).__name__}, not a JSON object")
+        try:
+            text = canonical_json(item)
+            text.encode("utf-8")
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{what} {index} is not JSON-compatible ({e}); nothing saved") from e
+        copies.append(json.loads(text))
+    return copies
+
+
+def record_items(
+    record: Record | None, *, kind: str, namespace: str, conversation_id: str
+) -> list[Record]:
+    """The items of a stored record (``[]`` when there is none), after checking it is ours."""
+    if record is None:
+        return []
+    if record.get("kind") != kind:
+        raise DecisionHistoryRecordInvalid(
+            f"the value stored under this conversation's key is not a {kind} record; it was "
+            "not modified. Use another namespace, or delete the key"
+        )
+    if record.get("version") != RECORD_VERSION:
+        raise DecisionHistoryRecordInvalid(
+            f"the stored {kind} record has version {record.get('version')!r}; this touba reads "
+            f"version {RECORD_VERSION}. Upgrade touba (or delete the record); it was not modified"
+        )
+    items = record.get("items")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise DecisionHistoryRecordInvalid(
+            f"the stored {kind} record is corrupt (its items are not a list of objects); it "
+            "was not modified. Inspect it with `touba history show`"
+        )
+    if record.get("namespace") != namespace or record.get("conversation_id") != conversation_id:
+        raise DecisionHistoryMismatch(
+            "the record found under this key belongs to another conversation; it was not modified"
+        )
+    return items
+
+
+def new_record(
+    old: Record | None,
+    items: list[Record],
+    *,
+    kind: str,
+    namespace: str,
+    conversation_id: str,
+    max_retained_bytes: int,
+) -> Record:
+    """The record holding ``items``, refused whole when it would exceed ``max_retained_bytes``."""
+    size = sum(message_bytes(i) for i in items)
+    if size > max_retained_bytes:
+        raise DecisionHistoryLimitExceeded(
+            f"this conversation would retain {size} bytes, over max_retained_bytes="
+            f"{max_retained_bytes}; nothing was written. Clear or shorten the conversation, or "
+            "raise max_retained_bytes",
+            limit="max_retained_bytes",
+        )
+    stamp = _now()
+    return {
+        "kind": kind,
+        "version": RECORD_VERSION,
+        "namespace": namespace,
+        "conversation_id": conversation_id,
+        "items": items,
+        "bytes": size,
+        "created_at": (old or {}).get("created_at", stamp),
+        "updated_at": stamp,
+    }
+
+
+class _Abandon(Exception):
+    """Tells a held transaction to keep the stored state."""
+
+
+class Held(Generic[T]):
+    """One ``store.transact`` held open across a block of the caller's code.
+
+    ``async with Held(store, key, load) as value:`` reserves ``key`` (or
+    raises ``DecisionHistoryBusy`` at once), gives ``load(snapshot)``'s value,
+    and on a clean exit saves the record :meth:`commit` was given, in the
+    store's one atomic step that also clears the reservation. An exception
+    (or cancellation) in the block keeps the stored state and releases the
+    key; a crashed process leaves the key reserved until
+    ``store.recover(key, worker_stopped=True)``. The store's transaction runs
+    in a task this object owns and awaits before leaving the block.
+    """
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        key: str,
+        load: Callable[[Record | None], T],
+        save: Callable[[Record | None], Record | None],
+    ) -> None:
+        self._store = store
+        self._key = key
+        self._load = load
+        self._save = save
+        self._task: asyncio.Task[None] | None = None
+        self._loaded: asyncio.Future[T] | None = None
+        self._outcome: asyncio.Future[None] | None = None
+
+    async def _operation(self, snapshot: Record | None) -> tuple[Record | None, None]:
+        assert self._loaded is not None
+        assert self._outcome is not None
+        try:
+            value = self._load(snapshot)
+        except BaseException as e:
+            self._loaded.set_exception(e)
+            raise
+        self._loaded.set_result(value)
+        await self._outcome  # raises _Abandon (or is cancelled) to keep the old state
+        return self._save(snapshot), None
+
+    async def __aenter__(self) -> T:
+        loop = asyncio.get_running_loop()
+        self._loaded = loop.create_future()
+        self._outcome = loop.create_future()
+        self._task = asyncio.create_task(self._store.transact(self._key, self._operation))
+        try:
+            waited: set[asyncio.Future[Any]] = {self._task, self._loaded}
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            raise
+        if not self._loaded.done():  # the store refused before loading: busy, full, closed
+            self._task.result()
+            raise AssertionError("the store's transaction ended without running the operation")
+        if self._loaded.exception() is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        return self._loaded.result()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._task is not None
+        assert self._outcome is not None
+        if exc is None:
+            self._outcome.set_result(None)
+            await self._task  # the save's own refusal (capacity, busy) surfaces here
+            return
+        self._outcome.set_exception(_Abandon())
+        with contextlib.suppress(_Abandon):
+            await self._task

@@ -1,0 +1,626 @@
+"""The panel's pages (GET) and actions (POST, each checked for its CSRF token).
+
+Every action answers with a redirect to the page it came from and a one-shot
+message (Post/Redirect/Get), except a settings form with errors, which is
+shown again with the messages next to its fields (status 400), and the
+preview box, which answers a ``fetch`` with the updated transcript.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import HTTPException
+from fastapi.responses import RedirectResponse
+
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryBusy,
+    KeyEventInvalid,
+    ToubaError,
+)
+from touba.history._plot import PLOT_POINTS, read_points
+from touba.memory import ChatSession, KeyEventsConfig, KeyEventService, MemoryConfig
+from touba.memory._model import KEY_EVENT_STATUSES, JobStatus, KeyEventStatus
+from touba.panel._app import Panel, set_cookie
+from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
+from touba.panel._forms import SettingsForm, parse_settings
+from touba.panel._stores import history_usage
+from touba.panel._svg import render_plot
+from touba.runtime import AgentDefinition
+
+__all__ = ["PAGE_SIZE", "router"]
+
+logger = logging.getLogger("touba.panel")
+
+PAGE_SIZE: Final = 50
+EXCHANGES_PER_PAGE: Final = 20
+MAX_SHOWN_CHARS: Final = 4000
+PANEL_SESSION: Final = "panel"
+FETCH_HEADER: Final = "x-touba-fetch"
+JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("pending", "running", "done", "failed")
+
+router = APIRouter()
+T = TypeVar("T")
+
+
+# -- plumbing ----------------------------------------------------------------------------
+
+
+def _panel(request: Request) -> Panel:
+    panel: Panel = request.app.state.panel
+    return panel
+
+
+def _operator(request: Request) -> OperatorSession:
+    session: OperatorSession | None = getattr(request.state, "operator", None)
+    if session is None:
+        raise HTTPException(401, "Log in with the panel's token first.")
+    return session
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The POSTed form, after checking its CSRF token (403 when missing or wrong)."""
+    session = _operator(request)
+    data = await request.form()
+    form = {k: v for k, v in data.items() if isinstance(v, str)}
+    candidate = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
+    if not PanelAuth.csrf_matches(session, candidate):
+        raise HTTPException(
+            403,
+            "The form's CSRF token is missing or wrong (an old page, or a request from "
+            "another site); nothing was changed. Reload the page and try again.",
+        )
+    return form
+
+
+def _back(path: str, *, anchor: str | None = None, **query: str | int | None) -> RedirectResponse:
+    """A 303 to ``path`` with ``query`` (empty values left out) and ``#anchor``."""
+    kept = {k: v for k, v in query.items() if v not in (None, "")}
+    target = path + ("?" + urlencode(kept) if kept else "") + (f"#{anchor}" if anchor else "")
+    return RedirectResponse(target, status_code=303)
+
+
+def _page_number(request: Request) -> int:
+    raw = request.query_params.get("page", "1")
+    return int(raw) if raw.isdigit() and 0 < int(raw) < 1_000_000 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a list: its items, its number, and whether more follow."""
+
+    items: list[T]
+    number: int
+    has_next: bool
+    total: int | None = None
+
+    @property
+    def last(self) -> int | None:
+        if self.total is None:
+            return None
+        return max((self.total + PAGE_SIZE - 1) // PAGE_SIZE, 1)
+
+
+def _paged(items: list[T], number: int, total: int | None = None) -> Page[T]:
+    """A page from a read of ``PAGE_SIZE + 1`` items (the extra one says more follow)."""
+    return Page(items[:PAGE_SIZE], number, len(items) > PAGE_SIZE, total)
+
+
+def _agent(panel: Panel, name: str) -> AgentDefinition:
+    agent = panel.program.agents.get(name)
+    if agent is None:
+        raise HTTPException(404, f"No agent named {name!r} in this program.")
+    return agent
+
+
+async def _settings(panel: Panel, agent: AgentDefinition) -> tuple[MemoryConfig, str]:
+    """The agent's settings now, and where they come from."""
+    saved = await panel.memory.load_memory_config(agent.name)
+    if saved is not None:
+        return saved, "saved"
+    if agent.memory is not None:
+        return agent.memory, "program"
+    return MemoryConfig(), "defaults"
+
+
+def _shown(value: Any) -> str:
+    """JSON-ish text of a stored value, cut to a readable size (escaped by the template)."""
+    if isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, ensure_ascii=False)
+        if len(text) > 100:
+            text = json.dumps(value, ensure_ascii=False, indent=1)
+    if len(text) > MAX_SHOWN_CHARS:
+        return text[:MAX_SHOWN_CHARS] + f"… ({len(text) - MAX_SHOWN_CHARS} more characters)"
+    return text
+
+
+def _anonymous(owner: str) -> bool:
+    return owner.startswith("session:")
+
+
+# -- login ---------------------------------------------------------------------------------
+
+
+@router.get("/login")
+async def login_page(request: Request) -> Response:
+    panel = _panel(request)
+    if getattr(request.state, "operator", None) is not None:
+        return _back("/")
+    return panel.render(request, "login.html", 401, problem=None)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    panel = _panel(request)
+    data = await request.form()
+    token = data.get("token")
+    if not isinstance(token, str) or not panel.auth.token_matches(token.strip()):
+        return panel.render(request, "login.html", 401, problem="That token is not valid.")
+    response = _back("/")
+    set_cookie(panel, response, panel.auth.login())
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    panel = _panel(request)
+    await _form(request)
+    panel.auth.logout(_operator(request).session_id)
+    response = _back("/login")
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+# -- overview and agents -------------------------------------------------------------------
+
+
+@router.get("/")
+async def home(request: Request) -> Response:
+    panel = _panel(request)
+    agents = []
+    for agent in panel.program.agents.values():
+        config, source = await _settings(panel, agent)
+        agents.append({"agent": agent, "config": config, "source": source})
+    memory = panel.memory
+    counts = {
+        "sessions": await memory.count_sessions(),
+        "owners": await memory.count_owners(),
+        "jobs": await memory.count_jobs(),
+    }
+    usage = await history_usage(panel.history) if panel.history is not None else None
+    return panel.render(request, "home.html", agents=agents, counts=counts, usage=usage)
+
+
+async def _agent_page(
+    request: Request, panel: Panel, agent: AgentDefinition, form: SettingsForm | None, status: int
+) -> Response:
+    config, source = await _settings(panel, agent)
+    session = _operator(request)
+    preview_id = session.previews.get(agent.name)
+    turns = await panel.memory.list_turns(preview_id, limit=PAGE_SIZE) if preview_id else ()
+    return panel.render(
+        request,
+        "agent.html",
+        status,
+        agent=agent,
+        config=config,
+        source=source,
+        form=form or SettingsForm.of(config),
+        preview_turns=turns,
+        preview_id=preview_id,
+    )
+
+
+@router.get("/agents/{name}")
+async def agent_page(request: Request, name: str) -> Response:
+    panel = _panel(request)
+    return await _agent_page(request, panel, _agent(panel, name), None, 200)
+
+
+@router.post("/agents/{name}/memory")
+async def save_settings(request: Request, name: str) -> Response:
+    panel = _panel(request)
+    agent = _agent(panel, name)
+    form = await _form(request)
+    config, shown = parse_settings(form)
+    if config is None:
+        return await _agent_page(request, panel, agent, shown, 400)
+    await panel.memory.save_memory_config(agent.name, config)
+    logger.info("memory settings of agent %s saved", agent.name)
+    _operator(request).flash(
+        "ok", f"Saved. Sessions of {agent.name} use these settings from their next turn."
+    )
+    return _back(f"/agents/{agent.name}")
+
+
+@router.post("/agents/{name}/preview")
+async def preview(request: Request, name: str) -> Response:
+    panel = _panel(request)
+    agent = _agent(panel, name)
+    form = await _form(request)
+    session = _operator(request)
+    if form.get("reset"):
+        session.previews.pop(agent.name, None)
+        return _back(f"/agents/{agent.name}", anchor="preview")
+    text = form.get("message", "")
+    problem = None
+    if text.strip():
+        preview_id = session.previews.setdefault(agent.name, f"preview-{uuid.uuid4().hex}")
+        problem = await _run_preview(panel, agent, preview_id, text)
+    else:
+        problem = "Type a message first."
+    preview_id_now = session.previews.get(agent.name)
+    if request.headers.get(FETCH_HEADER):
+        turns = (
+            await panel.memory.list_turns(preview_id_now, limit=PAGE_SIZE)
+            if (preview_id_now)
+            else ()
+        )
+        return panel.render(
+            request, "_preview.html", 200, preview_turns=turns, problem=problem, agent=agent
+        )
+    if problem:
+        session.flash("error", problem)
+    return _back(f"/agents/{agent.name}", anchor="preview")
+
+
+async def _run_preview(
+    panel: Panel, agent: AgentDefinition, preview_id: str, text: str
+) -> str | None:
+    """One preview turn; calls awaiting approval are refused (a preview approves nothing)."""
+    try:
+        async with ChatSession(
+            panel.preview_runtime(),
+            agent.name,
+            None,
+            preview_id,
+            store=panel.memory,
+            mode="preview",
+            extract_in_background=False,
+        ) as chat:
+            turn = await chat.send(text)
+            while turn.status == "awaiting_approval":
+                turn = await chat.resume({c.call_id: False for c in turn.result.pending})
+    except ToubaError as e:
+        return f"{e.code}: {e.message}"
+    error = turn.result.error
+    if turn.status == "failed" and error is not None:
+        return f"{error.code}: {error.message}"
+    return None
+
+
+# -- users, sessions, turns ----------------------------------------------------------------
+
+
+@router.get("/users")
+async def users(request: Request) -> Response:
+    panel = _panel(request)
+    number = _page_number(request)
+    found = await panel.memory.list_owners(limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE)
+    total = await panel.memory.count_owners()
+    return panel.render(request, "users.html", page=_paged(found, number, total))
+
+
+@router.get("/user")
+async def user(request: Request) -> Response:
+    panel = _panel(request)
+    owner = request.query_params.get("owner", "").strip()
+    if not owner:
+        return _back("/users")
+    number = _page_number(request)
+    found = await panel.memory.list_sessions(
+        owner=owner, limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE
+    )
+    total = await panel.memory.count_sessions(owner=owner)
+    open_events = await panel.memory.count_events(owner)
+    all_events = await panel.memory.count_events(owner, include_closed=True)
+    return panel.render(
+        request,
+        "user.html",
+        owner=owner,
+        anonymous=_anonymous(owner),
+        page=_paged(found, number, total),
+        open_events=open_events,
+        all_events=all_events,
+    )
+
+
+@router.get("/session")
+async def session_page(request: Request) -> Response:
+    panel = _panel(request)
+    session_id = request.query_params.get("id", "")
+    meta = await panel.memory.get_session(session_id) if session_id else None
+    if meta is None:
+        raise HTTPException(404, "No such chat session (it may have been deleted).")
+    number = _page_number(request)
+    turns = await panel.memory.list_turns(
+        session_id, limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE
+    )
+    return panel.render(
+        request,
+        "session.html",
+        meta=meta,
+        anonymous=_anonymous(meta.owner),
+        page=_paged(list(turns), number, meta.turns),
+        shown=_shown,
+    )
+
+
+# -- key events ----------------------------------------------------------------------------
+
+
+def _status_filter(raw: str | None) -> KeyEventStatus | None:
+    for status in KEY_EVENT_STATUSES:
+        if raw == status:
+            return status
+    return None
+
+
+@router.get("/events")
+async def events(request: Request) -> Response:
+    panel = _panel(request)
+    params = request.query_params
+    owner = params.get("owner", "").strip()
+    type_ = params.get("type") or None
+    status = _status_filter(params.get("status"))
+    text = (params.get("text") or "").strip() or None
+    closed = params.get("closed") == "1"
+    filters = {"type": type_, "status": status, "text": text, "include_closed": closed}
+    page = None
+    if owner:
+        number = _page_number(request)
+        include_closed = closed or status == "closed"
+        found = await panel.memory.query_events(
+            owner,
+            type=type_,
+            status=status,
+            text=text,
+            include_closed=include_closed,
+            limit=PAGE_SIZE + 1,
+            offset=(number - 1) * PAGE_SIZE,
+        )
+        total = await panel.memory.count_events(
+            owner, type=type_, status=status, text=text, include_closed=include_closed
+        )
+        page = _paged(found, number, total)
+    return panel.render(
+        request,
+        "events.html",
+        owner=owner,
+        anonymous=_anonymous(owner),
+        filters=filters,
+        statuses=KEY_EVENT_STATUSES,
+        page=page,
+    )
+
+
+async def _event_page(
+    request: Request,
+    panel: Panel,
+    owner: str,
+    event_id: str,
+    errors: dict[str, str] | None = None,
+    values: dict[str, str] | None = None,
+) -> Response:
+    event = await panel.memory.get_event(owner, event_id) if owner and event_id else None
+    if event is None:
+        raise HTTPException(404, "No such key event for this owner.")
+    return panel.render(
+        request,
+        "event.html",
+        400 if errors else 200,
+        event=event,
+        statuses=KEY_EVENT_STATUSES,
+        errors=errors or {},
+        values=values or {"status": event.status, "title": event.title, "details": event.details},
+        anonymous=_anonymous(owner),
+    )
+
+
+@router.get("/event")
+async def event_page(request: Request) -> Response:
+    panel = _panel(request)
+    params = request.query_params
+    return await _event_page(request, panel, params.get("owner", ""), params.get("id", ""))
+
+
+@router.post("/event/edit")
+async def edit_event(request: Request) -> Response:
+    panel = _panel(request)
+    form = await _form(request)
+    owner, event_id = form.get("owner", ""), form.get("id", "")
+    values = {k: form.get(k, "") for k in ("status", "title", "details")}
+    # Only the fields are validated here (lengths, statuses): an operator edits any type.
+    service = KeyEventService(panel.memory, KeyEventsConfig())
+    try:
+        updated = await service.update(
+            owner,
+            event_id,
+            status=values["status"],
+            title=values["title"],
+            details=values["details"].replace("\r\n", "\n"),
+            session_id=PANEL_SESSION,
+            actor="operator",
+        )
+    except KeyEventInvalid as e:
+        field = e.parameter if e.parameter in values else "form"
+        if e.parameter == "event_id":
+            raise HTTPException(404, "No such key event for this owner.") from e
+        return await _event_page(request, panel, owner, event_id, {field: e.message}, values)
+    except ConfigurationError as e:
+        raise HTTPException(400, e.message) from e
+    logger.info("key event %s edited by the operator", updated.id)
+    _operator(request).flash("ok", "Saved; the change is recorded as made by the operator.")
+    return _back("/event", owner=owner, id=event_id)
+
+
+# -- decision-history conversations ------------------------------------------------------
+
+
+def _history(panel: Panel) -> Any:
+    if panel.history is None:
+        raise HTTPException(
+            404,
+            "No decision-history store was given: start the panel with --history-db, "
+            "--history-dsn or --redis-url.",
+        )
+    return panel.history
+
+
+@router.get("/conversations")
+async def conversations(request: Request) -> Response:
+    panel = _panel(request)
+    if panel.history is None:
+        return panel.render(request, "conversations.html", page=None, usage=None)
+    number = _page_number(request)
+    rows = await panel.history.list()
+    rows.sort(key=lambda r: r.updated_at, reverse=True)
+    usage = await history_usage(panel.history, rows)
+    start = (number - 1) * PAGE_SIZE
+    page = _paged(rows[start : start + PAGE_SIZE + 1], number, len(rows))
+    return panel.render(request, "conversations.html", page=page, usage=usage)
+
+
+@router.get("/conversation")
+async def conversation(request: Request) -> Response:
+    panel = _panel(request)
+    store = _history(panel)
+    key = request.query_params.get("key", "")
+    listed = next((row for row in await store.list() if row.key == key), None)
+    if listed is None:
+        raise HTTPException(404, "No such conversation (absent or expired).")
+    record = None
+    busy = False
+    if not listed.active:
+        try:
+            record = await store.read(key)
+        except DecisionHistoryBusy:
+            busy = True
+    else:
+        busy = True
+    exchanges: list[Any] = []
+    number = _page_number(request)
+    pages = 1
+    points = []
+    if record is not None:
+        every = record.get("exchanges")
+        every = every if isinstance(every, list) else []
+        pages = max((len(every) + EXCHANGES_PER_PAGE - 1) // EXCHANGES_PER_PAGE, 1)
+        number = min(number, pages)
+        start = (number - 1) * EXCHANGES_PER_PAGE
+        exchanges = list(enumerate(every[start : start + EXCHANGES_PER_PAGE], start))
+        points = read_points(record)
+    return panel.render(
+        request,
+        "conversation.html",
+        row=listed,
+        record=record,
+        busy=busy,
+        exchanges=exchanges,
+        number=number,
+        pages=pages,
+        plot=render_plot(points),
+        points=points,
+        ring=PLOT_POINTS,
+        shown=_shown,
+    )
+
+
+@router.get("/conversation/recover")
+async def recover_page(request: Request) -> Response:
+    panel = _panel(request)
+    store = _history(panel)
+    key = request.query_params.get("key", "")
+    listed = next((row for row in await store.list() if row.key == key), None)
+    if listed is None:
+        raise HTTPException(404, "No such conversation (absent or expired).")
+    return panel.render(request, "recover.html", row=listed)
+
+
+@router.post("/conversation/recover")
+async def recover(request: Request) -> Response:
+    panel = _panel(request)
+    store = _history(panel)
+    form = await _form(request)
+    key = form.get("key", "")
+    session = _operator(request)
+    if form.get("worker_stopped") != "yes":
+        session.flash(
+            "error",
+            "Nothing done: confirm that you stopped and checked the worker that holds the "
+            "reservation.",
+        )
+        return _back("/conversation/recover", key=key)
+    freed = await store.recover(key, worker_stopped=True)
+    logger.info("reservation of a conversation %s by the operator", "freed" if freed else "absent")
+    session.flash(
+        "ok" if freed else "error",
+        "Reservation freed: the conversation is available again (storage only; check any "
+        "uncertain business effect yourself)."
+        if freed
+        else "There was no reservation on that conversation.",
+    )
+    return _back("/conversation", key=key)
+
+
+@router.post("/conversation/delete")
+async def delete_conversation(request: Request) -> Response:
+    panel = _panel(request)
+    store = _history(panel)
+    form = await _form(request)
+    key = form.get("key", "")
+    session = _operator(request)
+    try:
+        deleted = await store.delete(key)
+    except DecisionHistoryBusy:
+        session.flash("error", "That conversation is active (reserved); it was not deleted.")
+        return _back("/conversation", key=key)
+    session.flash("ok" if deleted else "error", "Deleted." if deleted else "No such conversation.")
+    return _back("/conversations")
+
+
+# -- extraction jobs -------------------------------------------------------------------------
+
+
+@router.get("/jobs")
+async def jobs(request: Request) -> Response:
+    panel = _panel(request)
+    raw = request.query_params.get("status")
+    status = next((s for s in JOB_STATUSES if s == raw), None)
+    number = _page_number(request)
+    found = await panel.memory.list_jobs(
+        status=status, limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE
+    )
+    counts = await panel.memory.count_jobs()
+    total = counts.get(status, 0) if status else sum(counts.values())
+    return panel.render(
+        request,
+        "jobs.html",
+        page=_paged(found, number, total),
+        status=status,
+        statuses=JOB_STATUSES,
+        counts=counts,
+    )
+
+
+@router.post("/jobs/requeue")
+async def requeue(request: Request) -> Response:
+    panel = _panel(request)
+    form = await _form(request)
+    session = _operator(request)
+    try:
+        job = await panel.memory.requeue_job(form.get("id", ""))
+    except ConfigurationError as e:
+        session.flash("error", e.message)
+    else:
+        session.flash("ok", f"Job {job.id} is pending again, with fresh attempts.")
+    return _back("/jobs", status=form.get("status") or None)

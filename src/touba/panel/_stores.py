@@ -1,0 +1,117 @@
+"""What the panel needs of the stores it is given, as protocols (the built-in ones fit)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from touba.history import StoredConversation, StoreUsage
+from touba.memory import (
+    ExtractionJob,
+    KeyEvent,
+    MemoryConfig,
+    MemoryStore,
+    SessionMeta,
+    StoredTurn,
+)
+from touba.memory._model import JobStatus, KeyEventActor, KeyEventStatus, OwnerSummary
+
+__all__ = ["HistoryView", "MemoryAdmin", "history_usage"]
+
+
+class MemoryAdmin(MemoryStore, Protocol):
+    """A memory store with saved settings and the operator's paged reads
+    (``SqliteMemoryStore`` and ``PostgresMemoryStore``)."""
+
+    async def save_memory_config(self, agent_ref: str, config: MemoryConfig) -> None: ...
+
+    async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None: ...
+
+    async def count_sessions(self, *, owner: str | None = None) -> int: ...
+
+    async def count_owners(self) -> int: ...
+
+    async def list_owners(self, *, limit: int = 50, offset: int = 0) -> list[OwnerSummary]: ...
+
+    async def list_sessions(
+        self, *, owner: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[SessionMeta]: ...
+
+    async def list_turns(
+        self, session_id: str, *, limit: int = 50, offset: int = 0
+    ) -> tuple[StoredTurn, ...]: ...
+
+    async def query_events(
+        self,
+        owner: str,
+        *,
+        type: str | None = None,
+        status: KeyEventStatus | None = None,
+        text: str | None = None,
+        include_closed: bool = False,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[KeyEvent]: ...
+
+    async def count_events(
+        self,
+        owner: str,
+        *,
+        type: str | None = None,
+        status: KeyEventStatus | None = None,
+        text: str | None = None,
+        include_closed: bool = False,
+    ) -> int: ...
+
+    async def update_event(
+        self,
+        owner: str,
+        event_id: str,
+        changes: Mapping[str, str],
+        *,
+        session_id: str,
+        op_id: str | None = None,
+        actor: KeyEventActor = "model",
+    ) -> KeyEvent | None: ...
+
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, limit: int = 100, offset: int = 0
+    ) -> list[ExtractionJob]: ...
+
+    async def count_jobs(self) -> dict[str, int]: ...
+
+
+class HistoryView(Protocol):
+    """A built-in decision-history store, as the panel administers it."""
+
+    @property
+    def max_sessions(self) -> int: ...
+
+    @property
+    def max_store_bytes(self) -> int: ...
+
+    async def read(self, key: str) -> dict[str, Any] | None: ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    async def recover(self, key: str, *, worker_stopped: bool) -> bool: ...
+
+    async def list(self, namespace: str | None = None) -> list[StoredConversation]: ...
+
+
+async def history_usage(
+    store: HistoryView, rows: list[StoredConversation] | None = None
+) -> StoreUsage:
+    """``store.usage()`` where the store has it, else the same figures from ``list()``."""
+    usage = getattr(store, "usage", None)
+    if callable(usage):
+        found = await usage()
+        if isinstance(found, StoreUsage):
+            return found
+    every = rows if rows is not None else await store.list()
+    return StoreUsage(
+        sessions=len(every),
+        max_sessions=store.max_sessions,
+        bytes=sum(row.bytes for row in every),
+        max_store_bytes=store.max_store_bytes,
+    )

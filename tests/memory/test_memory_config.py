@@ -1,0 +1,179 @@
+"""Per-agent memory settings in both memory stores, and the version-1 schema migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.memory.conftest import FakeClock, MakeStore
+from touba.errors import ConfigurationError, MemoryStoreUnavailable
+from touba.memory import KeyEventsConfig, KeyEventService, MemoryConfig, SqliteMemoryStore
+from touba.memory._config import config_from_data, config_to_data
+from touba.memory._store import MemoryConfigStore, resolve_memory_config
+
+CONFIG = MemoryConfig(
+    short_term_turns=12,
+    full_context_turns=0,
+    key_events=KeyEventsConfig(enabled=True, types=("refund", " Account issue ")),
+)
+
+
+async def test_settings_round_trip_per_agent_and_survive_a_reopen(make_store: MakeStore) -> None:
+    store = make_store()
+    assert isinstance(store, MemoryConfigStore)
+    assert await store.load_memory_config("support") is None
+    await store.save_memory_config("support", CONFIG)
+    await store.save_memory_config("other", MemoryConfig())
+    assert await store.load_memory_config("support") == CONFIG
+    changed = MemoryConfig(short_term_turns=0, full_context_turns=5)
+    await store.save_memory_config("support", changed)  # replaces
+    again = make_store()
+    assert await again.load_memory_config("support") == changed
+    assert await again.load_memory_config("other") == MemoryConfig()
+
+
+async def test_saving_refuses_what_is_not_a_memory_config(make_store: MakeStore) -> None:
+    store = make_store()
+    with pytest.raises(ConfigurationError, match=r"touba\.MemoryConfig"):
+        await store.save_memory_config("support", {"short_term_turns": 3})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="agent_ref"):
+        await store.save_memory_config("", CONFIG)
+
+
+async def test_saved_settings_win_over_the_programs(make_store: MakeStore) -> None:
+    store = make_store()
+    program = MemoryConfig(short_term_turns=3)
+    assert await resolve_memory_config(store, "support", program) == program
+    assert await resolve_memory_config(store, "support", None) == MemoryConfig()
+    await store.save_memory_config("support", CONFIG)
+    assert await resolve_memory_config(store, "support", program) == CONFIG
+    assert await resolve_memory_config(object(), "support", program) == program
+
+
+def test_the_stored_shape_is_plain_json_and_validated_on_the_way_back() -> None:
+    data = config_to_data(CONFIG)
+    assert data == {
+        "short_term_turns": 12,
+        "full_context_turns": 0,
+        "key_events": {"enabled": True, "types": ["refund", " Account issue "]},
+    }
+    assert config_from_data(data) == CONFIG
+    with pytest.raises(ConfigurationError, match="from 0 to 5"):
+        config_from_data({**data, "full_context_turns": 9})
+    with pytest.raises(ValueError, match="JSON object"):
+        config_from_data([1])
+
+
+async def test_unreadable_saved_settings_are_a_typed_error(
+    private_dir: Path, clock: FakeClock
+) -> None:
+    path = private_dir / "memory.db"
+    async with SqliteMemoryStore(path, clock=clock) as store:
+        await store.save_memory_config("support", CONFIG)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE touba_memory_configs SET config = '{\"full_context_turns\": 9}'")
+    conn.commit()
+    conn.close()
+    async with SqliteMemoryStore(path, clock=clock) as store:
+        with pytest.raises(MemoryStoreUnavailable, match="save them again"):
+            await store.load_memory_config("support")
+
+
+async def test_the_update_history_names_its_actor(make_store: MakeStore) -> None:
+    store = make_store()
+    service = KeyEventService(store, KeyEventsConfig(enabled=True, types=("refund",)))
+    event = await service.create("user:u", "refund", "Refund D4", "", "s-1")
+    await service.update("user:u", event.id, status="in_progress", session_id="s-1")
+    await service.update(
+        "user:u", event.id, title="Refund D4 (ok)", session_id="panel", actor="operator"
+    )
+    found = await store.get_event("user:u", event.id)
+    assert found is not None
+    assert found.history is not None
+    assert [(u.actor, u.session_id) for u in found.history] == [
+        ("model", "s-1"),
+        ("operator", "panel"),
+    ]
+    with pytest.raises(ConfigurationError, match="actor"):
+        await service.update("user:u", event.id, status="closed", session_id="s", actor="x")
+
+
+# -- version 1 files and tables ------------------------------------------------------------
+
+
+def _downgrade_sqlite(path: Path) -> None:
+    """Make the file exactly what touba's schema version 1 wrote."""
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE touba_memory_configs")
+    conn.execute("DROP INDEX touba_memory_sessions_created")
+    conn.execute("DROP INDEX touba_memory_jobs_updated")
+    conn.execute("ALTER TABLE touba_memory_history DROP COLUMN actor")
+    conn.execute("UPDATE touba_meta SET value = '1' WHERE name = 'memory_schema_version'")
+    conn.commit()
+    conn.close()
+
+
+async def test_a_version_1_sqlite_file_is_migrated_in_place_and_keeps_its_data(
+    private_dir: Path, clock: FakeClock
+) -> None:
+    path = private_dir / "memory.db"
+    async with SqliteMemoryStore(path, clock=clock) as store:
+        await store.open_session("s-1", owner="user:u", agent_ref="support", mode="live")
+        await store.append_turn("s-1", user="hi", replies=["hello"])
+        service = KeyEventService(store, KeyEventsConfig(enabled=True, types=("refund",)))
+        event = await service.create("user:u", "refund", "Refund", "", "s-1")
+        await service.update("user:u", event.id, status="closed", session_id="s-1")
+    _downgrade_sqlite(path)
+    async with SqliteMemoryStore(path, clock=clock) as store:
+        [turn] = await store.recent_turns("s-1", 5)
+        assert (turn.user, turn.replies) == ("hi", ("hello",))
+        found = await store.get_event("user:u", event.id)
+        assert found is not None
+        assert found.history is not None
+        assert [u.actor for u in found.history] == ["model"]
+        await store.save_memory_config("support", CONFIG)
+        assert await store.load_memory_config("support") == CONFIG
+    conn = sqlite3.connect(path)
+    version = conn.execute(
+        "SELECT value FROM touba_meta WHERE name = 'memory_schema_version'"
+    ).fetchone()
+    conn.close()
+    assert version == ("2",)
+
+
+@pytest.mark.postgres
+async def test_version_1_postgresql_tables_are_migrated_in_place(
+    pg_prefix: tuple[str, str], clock: FakeClock
+) -> None:
+    import psycopg
+    from psycopg import sql
+
+    from touba.memory.postgres import PostgresMemoryStore
+
+    dsn, prefix = pg_prefix
+    async with PostgresMemoryStore(dsn, prefix=prefix, clock=clock) as store:
+        service = KeyEventService(store, KeyEventsConfig(enabled=True, types=("refund",)))
+        event = await service.create("user:u", "refund", "Refund", "", "s-1")
+        await service.update("user:u", event.id, status="closed", session_id="s-1")
+
+    def name(table: str) -> sql.Identifier:
+        return sql.Identifier(f"{prefix}_{table}")
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE {}").format(name("configs")))
+        conn.execute(sql.SQL("DROP INDEX {}").format(name("sessions_created_idx")))
+        conn.execute(sql.SQL("DROP INDEX {}").format(name("jobs_updated_idx")))
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN actor").format(name("history")))
+        conn.execute(sql.SQL("UPDATE {} SET value = '1'").format(name("meta")))
+    async with PostgresMemoryStore(dsn, prefix=prefix, clock=clock) as store:
+        found = await store.get_event("user:u", event.id)
+        assert found is not None
+        assert found.history is not None
+        assert [u.actor for u in found.history] == ["model"]
+        await store.save_memory_config("support", CONFIG)
+        assert await store.load_memory_config("support") == CONFIG
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(sql.SQL("SELECT value FROM {}").format(name("meta"))).fetchone()
+    assert row == ("2",)
