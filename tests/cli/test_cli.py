@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from touba.cli import _common
 from touba.cli._app import app
-from touba.cli._history import _usage
 from touba.history import ConversationIdentity, StoredConversation, StoreUsage
 from touba.history._record import join_record, new_head
 from touba.history.sqlite import SqliteHistoryStore
@@ -183,19 +182,16 @@ def test_history_ls_prints_the_store_usage_against_its_limits(seeded: tuple[Path
     assert f"store usage: {len(found)}/128 conversations, {used}/1000 bytes" in listed.output
 
 
-async def test_history_ls_takes_the_usage_a_store_reports(seeded: tuple[Path, str]) -> None:
+async def test_the_usage_history_ls_prints_agrees_with_the_listed_rows(
+    seeded: tuple[Path, str],
+) -> None:
+    """``touba history ls`` prints ``store.usage()``; it must agree with ``list()``."""
     db, _ = seeded
-
-    class Reporting(SqliteHistoryStore):
-        async def usage(self) -> StoreUsage:
-            return StoreUsage(sessions=3, max_sessions=4, bytes=5, max_store_bytes=6)
-
-    async with Reporting(db) as reporting:
-        assert await _usage(reporting, None) == StoreUsage(3, 4, 5, 6)
     async with SqliteHistoryStore(db, max_sessions=9) as store:
         rows = await store.list()
-        expected = StoreUsage(1, 9, rows[0].bytes, 32 << 20)
-        assert await _usage(store, None) == expected  # from list() until the store has usage()
+        assert await store.usage() == StoreUsage(
+            len(rows), 9, sum(row.bytes for row in rows), 32 << 20
+        )
 
 
 def _hold(db: Path, key: str) -> None:

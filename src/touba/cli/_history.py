@@ -86,22 +86,6 @@ async def _open(target: _Target, **limits: Unpack[Limits]) -> AsyncIterator[Hist
         yield store
 
 
-async def _usage(store: HistoryAdmin, rows: list[StoredConversation] | None) -> StoreUsage:
-    """``store.usage()`` where the store has it, else the same figures from ``list()``."""
-    usage = getattr(store, "usage", None)
-    if callable(usage):
-        found = await usage()
-        if isinstance(found, StoreUsage):
-            return found
-    every = rows if rows is not None else await store.list()
-    return StoreUsage(
-        sessions=len(every),
-        max_sessions=store.max_sessions,
-        bytes=sum(row.bytes for row in every),
-        max_store_bytes=store.max_store_bytes,
-    )
-
-
 @app.command("ls")
 def ls(
     db: Db = None,
@@ -134,7 +118,7 @@ def ls(
     async def go() -> None:
         async with _open(target, **limits) as store:
             rows = await store.list(namespace)
-            usage = await _usage(store, rows if namespace is None else None)
+            usage = await store.usage()
         if raw:
             print_json({"conversations": [_row(r) for r in rows], "usage": _usage_data(usage)})
             return

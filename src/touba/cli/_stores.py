@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, TypeVar, Unpack
 
 import typer
 from rich.markup import escape
@@ -31,7 +31,7 @@ from rich.markup import escape
 from touba.cli._common import errors, run, scrub
 from touba.cli._common import redact as redact_address
 from touba.errors import ToubaError
-from touba.history import StoredConversation
+from touba.history._store import AdminStore
 from touba.memory import MemoryStore, SqliteMemoryStore
 
 if TYPE_CHECKING:
@@ -221,24 +221,8 @@ class Limits(TypedDict, total=False):
     max_store_bytes: int
 
 
-class HistoryAdmin(Protocol):
-    """What ``touba history`` needs of a built-in history store."""
-
-    @property
-    def max_sessions(self) -> int: ...
-
-    @property
-    def max_store_bytes(self) -> int: ...
-
-    async def read(self, key: str) -> dict[str, Any] | None: ...
-
-    async def delete(self, key: str) -> bool: ...
-
-    async def recover(self, key: str, *, worker_stopped: bool) -> bool: ...
-
-    async def purge_expired(self) -> int: ...
-
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]: ...
+HistoryAdmin = AdminStore
+"""What ``touba history`` needs of a built-in history store."""
 
 
 @asynccontextmanager

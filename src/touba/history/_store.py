@@ -24,6 +24,7 @@ __all__ = [
     "LogStore",
     "LogWrite",
     "Operation",
+    "AdminStore",
     "StoreUsage",
     "StoredConversation",
     "as_log_store",
@@ -79,6 +80,28 @@ class StoreUsage:
     def fraction(self) -> float:
         """The larger of the two fill ratios (1.0 = full)."""
         return max(self.sessions / self.max_sessions, self.bytes / self.max_store_bytes)
+
+
+class AdminStore(Protocol):
+    """What an operator's tools (``touba history``, the panel) use of a built-in store."""
+
+    @property
+    def max_sessions(self) -> int: ...
+
+    @property
+    def max_store_bytes(self) -> int: ...
+
+    async def read(self, key: str) -> Record | None: ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    async def recover(self, key: str, *, worker_stopped: bool) -> bool: ...
+
+    async def purge_expired(self) -> int: ...
+
+    async def list(self, namespace: str | None = None) -> list[StoredConversation]: ...
+
+    async def usage(self) -> StoreUsage: ...
 
 
 class LogSnapshot(Protocol):

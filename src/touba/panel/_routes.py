@@ -31,7 +31,6 @@ from touba.memory._model import KEY_EVENT_STATUSES, JobStatus, KeyEventStatus
 from touba.panel._app import Panel, set_cookie
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
 from touba.panel._forms import SettingsForm, parse_settings
-from touba.panel._stores import history_usage
 from touba.panel._svg import render_plot
 from touba.runtime import AgentDefinition
 
@@ -196,7 +195,7 @@ async def home(request: Request) -> Response:
         "owners": await memory.count_owners(),
         "jobs": await memory.count_jobs(),
     }
-    usage = await history_usage(panel.history) if panel.history is not None else None
+    usage = await panel.history.usage() if panel.history is not None else None
     return panel.render(request, "home.html", agents=agents, counts=counts, usage=usage)
 
 
@@ -484,7 +483,7 @@ async def conversations(request: Request) -> Response:
     number = _page_number(request)
     rows = await panel.history.list()
     rows.sort(key=lambda r: r.updated_at, reverse=True)
-    usage = await history_usage(panel.history, rows)
+    usage = await panel.history.usage()
     start = (number - 1) * PAGE_SIZE
     page = _paged(rows[start : start + PAGE_SIZE + 1], number, len(rows))
     return panel.render(request, "conversations.html", page=page, usage=usage)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
-from touba.history import StoredConversation, StoreUsage
+from touba.history._store import AdminStore
 from touba.memory import (
     ExtractionJob,
     KeyEvent,
@@ -16,7 +16,7 @@ from touba.memory import (
 )
 from touba.memory._model import JobStatus, KeyEventActor, KeyEventStatus, OwnerSummary
 
-__all__ = ["HistoryView", "MemoryAdmin", "history_usage"]
+__all__ = ["HistoryView", "MemoryAdmin"]
 
 
 class MemoryAdmin(MemoryStore, Protocol):
@@ -81,37 +81,5 @@ class MemoryAdmin(MemoryStore, Protocol):
     async def count_jobs(self) -> dict[str, int]: ...
 
 
-class HistoryView(Protocol):
-    """A built-in decision-history store, as the panel administers it."""
-
-    @property
-    def max_sessions(self) -> int: ...
-
-    @property
-    def max_store_bytes(self) -> int: ...
-
-    async def read(self, key: str) -> dict[str, Any] | None: ...
-
-    async def delete(self, key: str) -> bool: ...
-
-    async def recover(self, key: str, *, worker_stopped: bool) -> bool: ...
-
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]: ...
-
-
-async def history_usage(
-    store: HistoryView, rows: list[StoredConversation] | None = None
-) -> StoreUsage:
-    """``store.usage()`` where the store has it, else the same figures from ``list()``."""
-    usage = getattr(store, "usage", None)
-    if callable(usage):
-        found = await usage()
-        if isinstance(found, StoreUsage):
-            return found
-    every = rows if rows is not None else await store.list()
-    return StoreUsage(
-        sessions=len(every),
-        max_sessions=store.max_sessions,
-        bytes=sum(row.bytes for row in every),
-        max_store_bytes=store.max_store_bytes,
-    )
+HistoryView = AdminStore
+"""A built-in decision-history store, as the panel administers it."""
