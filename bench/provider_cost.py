@@ -533,9 +533,7 @@ async def _raw_run(names: list[str], rounds: int, report: Callable[[str], None])
                 touba_fake.append(server.handler_seconds - before)
                 assert server.last is not None
                 path, headers, body = server.last
-                sent = {
-                    k: v for k, v in headers.items() if k not in ("host", "content-length")
-                }
+                sent = {k: v for k, v in headers.items() if k not in ("host", "content-length")}
                 vendor.script(conversation.step + 1_000_000)
                 before = server.handler_seconds
                 started = time.perf_counter()
