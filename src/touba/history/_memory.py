@@ -90,8 +90,10 @@ class MemoryHistoryStore:
     is no reservation to recover after one. A key without a record claims
     its place among ``max_sessions`` when it is reserved: once the places are
     taken, reserving a new key raises ``DecisionHistoryLimitExceeded`` before
-    its operation runs.
+    its operation runs. Its ``transact_log`` honours ``LogWrite.drop_last``.
     """
+
+    log_drops = True
 
     def __init__(
         self,
@@ -302,6 +304,24 @@ class MemoryHistoryStore:
             return rows
 
 
+def _dropping(entry: _Entry | None, count: int) -> list[tuple[int, bool]]:
+    """The ``count`` newest messages of ``entry``, newest first, as (bytes, whether
+    their exchange is left empty); ``ValueError`` when it holds fewer."""
+    plan: list[tuple[int, bool]] = []
+    exchanges = entry.exchanges if entry else []
+    index, position = len(exchanges) - 1, None
+    while len(plan) < count:
+        if index < 0:
+            raise ValueError(f"drop_last={count} refused: the conversation holds fewer messages")
+        exchange = exchanges[index]
+        position = len(exchange) - 1 if position is None else position - 1
+        if position < 0:
+            index, position = index - 1, None
+            continue
+        plan.append((len(exchange[position].encode("utf-8")), position == 0))
+    return plan
+
+
 def _identity(entry: _Entry) -> dict[str, str] | None:
     if not entry.split:
         return None
@@ -312,15 +332,25 @@ def _identity(entry: _Entry) -> dict[str, str] | None:
 def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistoryStore) -> None:
     """Check then apply ``write`` in place (lock held); a refusal changes nothing."""
     head = encode_json(write.head, "the record head")
-    check_appends(len(old.exchanges) if old else 0, write.append)
+    drop = _dropping(old, write.drop_last)
+    kept = (len(old.exchanges) if old else 0) - sum(1 for _, emptied in drop if emptied)
+    check_appends(kept, write.append)
     rows = [(index, encode_json(message, "a message")) for index, message in write.append]
     sizes = [len(row.encode("utf-8")) for _, row in rows]
     old_bytes = old.bytes if old else 0
     old_head_bytes = len(old.head.encode("utf-8")) if old else 0
-    new_bytes = old_bytes - old_head_bytes + len(head.encode("utf-8")) + sum(sizes)
+    dropped = sum(size for size, _ in drop)
+    new_bytes = old_bytes - old_head_bytes + len(head.encode("utf-8")) + sum(sizes) - dropped
     entry = old or _Entry(head=head, split=True)
     store._admit(key, new_bytes, old)
     entry.head, entry.split, entry.bytes = head, True, new_bytes
+    for size, emptied in drop:
+        entry.exchanges[-1].pop()
+        entry.sizes[-1] = ExchangeSize(entry.sizes[-1].messages - 1, entry.sizes[-1].bytes - size)
+        if emptied:
+            entry.exchanges.pop()
+            entry.sizes.pop()
+    entry.messages -= len(drop)
     for (index, row), size in zip(rows, sizes, strict=True):
         if index == len(entry.exchanges):
             entry.exchanges.append([])
