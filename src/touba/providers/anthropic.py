@@ -67,6 +67,7 @@ from touba.errors import (
 )
 from touba.history._config import HistoryConfig
 from touba.history._model import DecisionMessage, canonical_json
+from touba.providers._anthropic_post import send_count, send_message
 from touba.providers._anthropic_wire import (
     DECISION_TOOL,
     ThinkingMode,
@@ -251,10 +252,7 @@ class AnthropicWire(Wire):
     async def count(self, body: dict[str, Any]) -> int:
         params = {k: v for k, v in body.items() if k in COUNT_PARAMS}
         try:
-            raw = await self._client.messages.with_raw_response.count_tokens(
-                **params, **self._request_options
-            )
-            data = json.loads(await raw.read())
+            data = json.loads(await send_count(self._client, params, self._request_options))
         except (TypeError, ValueError) as e:
             if not isinstance(e, json.JSONDecodeError):
                 raise _refused_locally(e) from e
@@ -275,10 +273,7 @@ class AnthropicWire(Wire):
             params["extra_body"] = extra
         sdk = _sdk()
         try:
-            raw = await self._client.messages.with_raw_response.create(
-                **params, **self._request_options
-            )
-            payload = await raw.read()
+            payload = await send_message(self._client, body, params, self._request_options)
         except sdk.APIStatusError as e:
             raise AgentDecisionProviderUnavailable(
                 f"the Messages API answered HTTP {e.status_code} ({_describe(e)}); no decision "
