@@ -577,6 +577,26 @@ class _Step:
                 loaded[position].append(message)
         return loaded
 
+    async def _messages(self, start: int, stop: int) -> tuple[tuple[Message, ...], ...]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1``, this step's
+        appends included. A snapshot offering ``messages`` (the RAM store: parsed
+        once, frozen, shared) saves parsing what it holds; others give dicts."""
+        stored = getattr(self.snapshot, "messages", None)
+        if stored is None:
+            loaded = await self._load(start, stop)
+            return tuple(tuple(message_from_dict(m) for m in ex) for ex in loaded)
+        assert self.snapshot is not None
+        stored_stop = min(stop, self.snapshot.exchange_count)
+        window: list[list[Message]] = (
+            await stored(start, stored_stop) if start < stored_stop else []
+        )
+        for index, message in self.appends:
+            if start <= index < stop:
+                while len(window) <= index - start:
+                    window.append([])
+                window[index - start].append(message_from_dict(message))
+        return tuple(tuple(exchange) for exchange in window)
+
     async def _summarize(
         self, start: int, through: int, sizes: list[ExchangeSize], first: int
     ) -> tuple[SummaryMessage | None, int, int, list[ExchangeSize]]:
@@ -697,8 +717,7 @@ class _Step:
         current: tuple[ResultMessage | DataMessage, ...],
         summary: SummaryMessage | None,
     ) -> HistoryWindow:
-        loaded = await self._load(start, self.count)
-        exchanges = tuple(tuple(message_from_dict(m) for m in ex) for ex in loaded)
+        exchanges = await self._messages(start, self.count)
         stats = self.head["stats"]
         return HistoryWindow(
             session_key=self.key,

@@ -1,4 +1,14 @@
-"""``MemoryHistoryStore``: conversations in the RAM of one process."""
+"""``MemoryHistoryStore``: conversations in the RAM of one process.
+
+Messages are kept as their compact JSON (what the bounds measure, and what
+``read`` and ``transact`` parse into private copies). The neutral messages of
+the exchanges a decision's window reads are also kept, parsed once and
+frozen (:mod:`touba.history._frozen`: their dicts and lists refuse changes),
+and handed to every later decision as they are (``_Snapshot.messages``):
+a window costs no parsing of what the store already holds. That cache holds
+the exchanges the last window read, is dropped for an exchange a write
+changes, and forgets exchanges older than the window.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +34,8 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
+from touba.history._frozen import freeze
+from touba.history._model import Message, message_from_dict
 from touba.history._record import join_record
 from touba.history._store import (
     LogOperation,
@@ -51,6 +63,7 @@ class _Entry:
     bytes: int = 0
     updated_at: float = 0.0
     expires_at: float = 0.0
+    parsed: dict[int, list[Message]] = field(default_factory=dict)  # frozen, shared
 
     def record(self) -> Record:
         head: Record = json.loads(self.head)
@@ -79,6 +92,23 @@ class _Snapshot:
 
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
         return [[json.loads(m) for m in ex] for ex in self._entry.exchanges[start:stop]]
+
+    async def messages(self, start: int, stop: int) -> list[list[Message]]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1``, shared and
+        read-only (see the module docstring); the lists are the caller's."""
+        entry = self._entry
+        cache = entry.parsed
+        for index in [i for i in cache if i < start]:
+            del cache[index]  # left the window
+        out: list[list[Message]] = []
+        for index in range(start, min(stop, len(entry.exchanges))):
+            messages = cache.get(index)
+            if messages is None:
+                rows = entry.exchanges[index]
+                messages = [message_from_dict(freeze(json.loads(m))) for m in rows]
+                cache[index] = messages
+            out.append(list(messages))
+        return out
 
 
 class MemoryHistoryStore:
@@ -344,6 +374,10 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
     entry = old or _Entry(head=head, split=True)
     store._admit(key, new_bytes, old)
     entry.head, entry.split, entry.bytes = head, True, new_bytes
+    dropped_from = len(entry.exchanges) - len(drop)  # no exchange before it loses a message
+    changed = {index for index, _ in rows}
+    for index in [i for i in entry.parsed if i in changed or (drop and i >= dropped_from)]:
+        del entry.parsed[index]  # its messages change below
     for size, emptied in drop:
         entry.exchanges[-1].pop()
         entry.sizes[-1] = ExchangeSize(entry.sizes[-1].messages - 1, entry.sizes[-1].bytes - size)
