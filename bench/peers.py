@@ -178,6 +178,10 @@ class Conversation(Protocol):
 
     async def seed(self) -> None: ...
 
+    def prepare(self) -> None:
+        """Build the next decision's messages (not timed)."""
+        ...
+
     async def decide(self) -> None: ...
 
 
@@ -191,6 +195,7 @@ class ToubaConversation:
     retained: int = 0
     step: int = 0
     pending: CapabilityCall | None = None
+    next: tuple[Observation, DecisionMessage] | None = None
 
     async def seed(self) -> None:
         store = self.history.store
@@ -222,11 +227,17 @@ class ToubaConversation:
         self.retained = head["stats"]["messages"]
         self.step = exchanges + 1
         self.pending = last.calls[0]
+        self.next = None
+
+    def prepare(self) -> None:
+        assert self.pending is not None
+        self.next = (touba_observation(self.pending), touba_decision(self.step))
 
     async def decide(self) -> None:
-        assert self.pending is not None
-        observation = touba_observation(self.pending)
-        decision = touba_decision(self.step)
+        if self.next is None:
+            self.prepare()
+        assert self.next is not None
+        (observation, decision), self.next = self.next, None
         self.step += 1
 
         async def generate(window: HistoryWindow) -> DecisionMessage:
@@ -245,6 +256,7 @@ class AgentsConversation:
     size: int
     retained: int = 0
     step: int = 0
+    next: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     async def seed(self) -> None:
         await self.session.clear_session()
@@ -258,11 +270,19 @@ class AgentsConversation:
         await self.session.add_items(items)
         self.retained = len(items)
         self.step = n + 1
+        self.next = None
+
+    def prepare(self) -> None:
+        self.next = (agents_output(self.step - 1), agents_call(self.step))
 
     async def decide(self) -> None:
-        await self.session.add_items([agents_output(self.step - 1)])
+        if self.next is None:
+            self.prepare()
+        assert self.next is not None
+        (result, decision), self.next = self.next, None
+        await self.session.add_items([result])
         await self.session.get_items(limit=WINDOW)
-        await self.session.add_items([agents_call(self.step)])
+        await self.session.add_items([decision])
         self.step += 1
         self.retained += 2
 
@@ -276,6 +296,10 @@ class FloorConversation:
         self.size = size
         self.retained = 0
         self.step = 0
+        self.next: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+    def prepare(self) -> None:
+        self.next = (agents_output(self.step), agents_call(self.step))
 
     async def seed(self) -> None:
         def seed() -> None:
@@ -290,14 +314,14 @@ class FloorConversation:
         await asyncio.to_thread(seed)
         self.retained = self.size
         self.step = self.size
+        self.next = None
 
     async def decide(self) -> None:
-        result, decision, conv, conn = (
-            agents_output(self.step),
-            agents_call(self.step),
-            self.conv,
-            self.conn,
-        )
+        if self.next is None:
+            self.prepare()
+        assert self.next is not None
+        (result, decision), self.next = self.next, None
+        conv, conn = self.conv, self.conn
 
         def work() -> list[Any]:
             conn.execute("BEGIN IMMEDIATE")
@@ -338,11 +362,18 @@ class LangGraphConversation:
         self.retained = 0
         self.step = 0
         self.thread = ""
+        self.next: Any = None
+
+    def prepare(self) -> None:
+        from langchain_core.messages import ToolMessage
+
+        self.next = _tool(self.step - 1, ToolMessage)
 
     async def seed(self) -> None:
         from langchain_core.messages import AIMessage, ToolMessage
 
         self.thread = uuid.uuid4().hex
+        self.next = None
         messages: list[Any] = []
         n = 0
         while len(messages) < self.size - 3:
@@ -363,9 +394,10 @@ class LangGraphConversation:
         )
 
     async def decide(self) -> None:
-        from langchain_core.messages import ToolMessage
-
-        await self._invoke([_tool(self.step - 1, ToolMessage)])
+        if self.next is None:
+            self.prepare()
+        message, self.next = self.next, None
+        await self._invoke([message])
         self.step += 1
         self.retained += 2
 
@@ -711,6 +743,7 @@ async def _make(b: Backend, system: str, size: int, name: str) -> Conversation |
 async def _timed(conversation: Conversation, size: int) -> float:
     if conversation.retained > size * 1.1 + 2:  # keep N what the row says (not timed)
         await conversation.seed()
+    conversation.prepare()
     started = time.perf_counter()
     await conversation.decide()
     return time.perf_counter() - started

@@ -119,12 +119,23 @@ class HistoryWindow:
 
     @property
     def size(self) -> ExchangeSize:
-        total = ExchangeSize(0, 0)
-        if self.summary is not None:
-            total = ExchangeSize(1, message_bytes(self.summary))
-        for size in self.sizes:
-            total = total + size
-        return total
+        summary = self.summary_size
+        messages = sum(size.messages for size in self.sizes)
+        return ExchangeSize(summary.messages + messages, summary.bytes + self.exchanges_bytes)
+
+    @property
+    def summary_size(self) -> ExchangeSize:
+        """What the summary weighs (nothing without one)."""
+        return (
+            ExchangeSize(0, 0)
+            if self.summary is None
+            else ExchangeSize(1, message_bytes(self.summary))
+        )
+
+    @property
+    def exchanges_bytes(self) -> int:
+        """What the exchanges weigh, summary excluded."""
+        return sum(size.bytes for size in self.sizes)
 
     @property
     def droppable(self) -> int:
@@ -486,9 +497,8 @@ class _Step:
             # Like every event, it weighs the window being sent, summary included.
             await emit(replace(self.summary_event, message_count=size.messages, bytes=size.bytes))
         if window.start > 0:
-            sent = ExchangeSize(0, 0)
-            for exchange_size in window.sizes:
-                sent = sent + exchange_size
+            summary = window.summary_size
+            sent = ExchangeSize(size.messages - summary.messages, size.bytes - summary.bytes)
             await emit(
                 HistoryEvent(
                     kind="history_trimmed",
