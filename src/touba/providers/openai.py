@@ -152,7 +152,7 @@ class OpenAIWire(Wire):
         self._include = list(self._options.pop("include", None) or [])
         if ENCRYPTED_REASONING not in self._include:
             self._include.append(ENCRYPTED_REASONING)
-        self._request_options = _request_options()
+        self._request_options = request_options()
 
     def refuse_server_state(self) -> None:
         """Without the guard, server-side conversation state is still refused."""
@@ -237,7 +237,7 @@ class OpenAIWire(Wire):
         return parse_response(data, interface=self.interface, wrapped_output=wrapped)
 
 
-def _request_options() -> Any:
+def request_options() -> Any:
     """The request options the SDK's typed Responses methods send: the API-key auth
     scope only (never an admin key), where the SDK has auth scopes."""
     try:
