@@ -1,10 +1,11 @@
 """Anthropic Messages API decision provider (``touba[anthropic]``).
 
-``create_anthropic_decision_provider`` drives ``client.messages.create``
+``create_anthropic_decision_provider`` posts to ``/v1/messages``
 (non-streaming, ``max_tokens=max_output_tokens``) on an
 ``anthropic.AsyncAnthropic``; the context guard counts the same body with
-``client.messages.count_tokens``, built from that endpoint's allow-list of
-parameters. Conversion lives in ``_anthropic_wire``.
+``/v1/messages/count_tokens``, built from that endpoint's allow-list of
+parameters. Conversion lives in ``_anthropic_wire``, the SDK call in
+``_anthropic_post`` (the client's ``post``; the typed methods for platform clients).
 
 Interfaces. ``"native"``: capabilities are tools; a response with
 ``tool_use`` blocks is a call decision, one with text only is final (parsed
