@@ -2,10 +2,12 @@
 #   make demo   -> creates .venv, installs touba with every extra, runs `touba demo`
 #   make test   -> same install, then lint, strict type check and the whole test suite
 #   make peers  -> same install, then openai-agents' own session tests against ToubaSession
+#   make bench  -> same install plus the `bench` extra, then every script of bench/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: install demo test lint typecheck pytest peers bench clean
 
@@ -37,7 +39,13 @@ pytest: install
 peers: install
 	$(BIN)/python tests/peers/run_openai_agents.py
 
-bench: install
+# The peers bench/peers.py compares touba with come from the `bench` extra.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[all,dev,bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/history_cost.py
 	$(BIN)/python bench/provider_cost.py
 	$(BIN)/python bench/chat_traffic.py

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import statistics
 import time
@@ -94,12 +95,14 @@ LOOKUP = CapabilitySpec(
 
 
 class _Timed(FakeProviderServer):
-    """Adds the time spent in the request handler, and counts requests per endpoint."""
+    """Adds the time spent in the request handler, and keeps the last request as sent."""
 
     handler_seconds: float = 0.0
+    last: tuple[str, dict[str, str], bytes] | None = None
 
     def _handle(self, method: str, raw_path: str, headers: dict[str, str], raw: bytes) -> Reply:
         started = time.perf_counter()
+        self.last = (raw_path, headers, raw)
         try:
             return super()._handle(method, raw_path, headers, raw)
         finally:
@@ -499,12 +502,90 @@ def _table(conversations: list[Conversation], rounds: int, report: Callable[[str
         )
 
 
+# touba against a raw HTTP post of the same body -------------------------------------------
+
+RAW_WINDOW = 20  # exchanges in the window: the issue's 20-exchange body
+
+
+async def _raw_run(names: list[str], rounds: int, report: Callable[[str], None]) -> None:
+    """Per provider: a touba decision (no guard) against a raw post of the body it sent."""
+    import httpx2
+
+    vendors = await _vendors(names)
+    http = httpx2.AsyncClient(timeout=30)
+    rows: list[tuple[str, list[float], list[float], list[float], list[float], list[float]]] = []
+    try:
+        for vendor in vendors:
+            store = MemoryHistoryStore(max_sessions=8, max_store_bytes=1024 * MiB)
+            conversation = await _conversation(vendor, store, "raw", 100, RAW_WINDOW, None)
+            for _ in range(RAW_WINDOW + 2):  # the window holds real decisions only
+                await conversation.decide(record=False)
+            server = vendor.server
+            touba: list[float] = []
+            touba_fake: list[float] = []
+            wire: list[float] = []
+            raw: list[float] = []
+            raw_fake: list[float] = []
+            for _ in range(rounds):
+                before, io = server.handler_seconds, conversation.io_seconds
+                started = time.perf_counter()
+                await conversation.decide(record=False)
+                touba.append(time.perf_counter() - started)
+                touba_fake.append(server.handler_seconds - before)
+                wire.append(conversation.io_seconds - io)
+                assert server.last is not None
+                path, headers, body = server.last
+                sent = {k: v for k, v in headers.items() if k not in ("host", "content-length")}
+                vendor.script(conversation.step + 1_000_000)
+                before = server.handler_seconds
+                started = time.perf_counter()
+                response = await http.post(server.base_url + path, content=body, headers=sent)
+                json.loads(response.content)
+                raw.append(time.perf_counter() - started)
+                raw_fake.append(server.handler_seconds - before)
+                if response.status_code != 200:
+                    raise SystemExit(f"{vendor.name}: the raw post got {response.status_code}")
+            rows.append((vendor.name, touba, touba_fake, wire, raw, raw_fake))
+    finally:
+        await http.aclose()
+        for vendor in vendors:
+            await vendor.close()
+            vendor.server.close()
+    report(
+        f"\ntouba against a raw HTTP post (httpx2, keep-alive) of the very bytes touba's SDK call "
+        f"sent: no guard, a {RAW_WINDOW}-exchange window, history in RAM, {rounds} interleaved "
+        "rounds, median ms.\nwire = touba's call of the vendor (the SDK client's request and "
+        "touba's parse of the answer); decide = the whole decision (history step, render, "
+        "wire, checks); raw = the post and json.loads of the answer. Ratios over raw."
+    )
+    header = (
+        f"{'provider':<11}{'raw':>7}{'wire':>7}{'wire/raw':>9}{'decide':>8}{'decide/raw':>11}"
+        f"{'(fake)':>8}"
+    )
+    report(header)
+    report("-" * len(header))
+    for name, touba, touba_fake, wire, raw, raw_fake in rows:
+        wall_t, wall_r = statistics.median(touba), statistics.median(raw)
+        wire_t = statistics.median(wire)
+        fake = statistics.median(raw_fake + touba_fake)
+        report(
+            f"{name:<11}{wall_r * 1e3:>7.2f}{wire_t * 1e3:>7.2f}{wire_t / wall_r:>9.2f}"
+            f"{wall_t * 1e3:>8.2f}{wall_t / wall_r:>11.2f}{fake * 1e3:>8.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--providers", default="openai,anthropic,gemini,compatible")
+    parser.add_argument(
+        "--only-raw", action="store_true", help="only the table against a raw HTTP post"
+    )
     args = parser.parse_args()
-    asyncio.run(_run(args.providers.split(","), args.rounds, print))
+    names = args.providers.split(",")
+    if not args.only_raw:
+        asyncio.run(_run(names, args.rounds, print))
+    asyncio.run(_raw_run(names, max(args.rounds, 30), print))
 
 
 if __name__ == "__main__":

@@ -120,12 +120,23 @@ class HistoryWindow:
 
     @property
     def size(self) -> ExchangeSize:
-        total = ExchangeSize(0, 0)
-        if self.summary is not None:
-            total = ExchangeSize(1, message_bytes(self.summary))
-        for size in self.sizes:
-            total = total + size
-        return total
+        summary = self.summary_size
+        messages = sum(size.messages for size in self.sizes)
+        return ExchangeSize(summary.messages + messages, summary.bytes + self.exchanges_bytes)
+
+    @property
+    def summary_size(self) -> ExchangeSize:
+        """What the summary weighs (nothing without one)."""
+        return (
+            ExchangeSize(0, 0)
+            if self.summary is None
+            else ExchangeSize(1, message_bytes(self.summary))
+        )
+
+    @property
+    def exchanges_bytes(self) -> int:
+        """What the exchanges weigh, summary excluded."""
+        return sum(size.bytes for size in self.sizes)
 
     @property
     def droppable(self) -> int:
@@ -497,9 +508,8 @@ class _Step:
             # Like every event, it weighs the window being sent, summary included.
             await emit(replace(self.summary_event, message_count=size.messages, bytes=size.bytes))
         if window.start > 0:
-            sent = ExchangeSize(0, 0)
-            for exchange_size in window.sizes:
-                sent = sent + exchange_size
+            summary = window.summary_size
+            sent = ExchangeSize(size.messages - summary.messages, size.bytes - summary.bytes)
             await emit(
                 HistoryEvent(
                     kind="history_trimmed",
@@ -587,6 +597,26 @@ class _Step:
                     loaded.append([])
                 loaded[position].append(message)
         return loaded
+
+    async def _messages(self, start: int, stop: int) -> tuple[tuple[Message, ...], ...]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1``, this step's
+        appends included. A snapshot offering ``messages`` (the RAM store: parsed
+        once, frozen, shared) saves parsing what it holds; others give dicts."""
+        stored = getattr(self.snapshot, "messages", None)
+        if stored is None:
+            loaded = await self._load(start, stop)
+            return tuple(tuple(message_from_dict(m) for m in ex) for ex in loaded)
+        assert self.snapshot is not None
+        stored_stop = min(stop, self.snapshot.exchange_count)
+        window: list[list[Message]] = (
+            await stored(start, stored_stop) if start < stored_stop else []
+        )
+        for index, message in self.appends:
+            if start <= index < stop:
+                while len(window) <= index - start:
+                    window.append([])
+                window[index - start].append(message_from_dict(message))
+        return tuple(tuple(exchange) for exchange in window)
 
     async def _summarize(
         self, start: int, through: int, sizes: list[ExchangeSize], first: int
@@ -708,8 +738,7 @@ class _Step:
         current: tuple[ResultMessage | DataMessage, ...],
         summary: SummaryMessage | None,
     ) -> HistoryWindow:
-        loaded = await self._load(start, self.count)
-        exchanges = tuple(tuple(message_from_dict(m) for m in ex) for ex in loaded)
+        exchanges = await self._messages(start, self.count)
         stats = self.head["stats"]
         return HistoryWindow(
             session_key=self.key,

@@ -1,4 +1,14 @@
-"""``MemoryHistoryStore``: conversations in the RAM of one process."""
+"""``MemoryHistoryStore``: conversations in the RAM of one process.
+
+Messages are kept as their compact JSON (what the bounds measure, and what
+``read`` and ``transact`` parse into private copies). The neutral messages of
+the exchanges a decision's window reads are also kept, parsed once and
+frozen (:mod:`touba.history._frozen`: their dicts and lists refuse changes),
+and handed to every later decision as they are (``_Snapshot.messages``):
+a window costs no parsing of what the store already holds. That cache holds
+the exchanges the last window read, is dropped for an exchange a write
+changes, and forgets exchanges older than the window.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +35,8 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
+from touba.history._frozen import freeze
+from touba.history._model import Message, message_from_dict
 from touba.history._record import join_record
 from touba.history._store import (
     LogOperation,
@@ -52,6 +64,7 @@ class _Entry:
     bytes: int = 0
     updated_at: float = 0.0
     expires_at: float = 0.0
+    parsed: dict[int, list[Message]] = field(default_factory=dict)  # frozen, shared
 
     def record(self) -> Record:
         head: Record = json.loads(self.head)
@@ -81,6 +94,23 @@ class _Snapshot:
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
         return [[json.loads(m) for m in ex] for ex in self._entry.exchanges[start:stop]]
 
+    async def messages(self, start: int, stop: int) -> list[list[Message]]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1``, shared and
+        read-only (see the module docstring); the lists are the caller's."""
+        entry = self._entry
+        cache = entry.parsed
+        for index in [i for i in cache if i < start]:
+            del cache[index]  # left the window
+        out: list[list[Message]] = []
+        for index in range(start, min(stop, len(entry.exchanges))):
+            messages = cache.get(index)
+            if messages is None:
+                rows = entry.exchanges[index]
+                messages = [message_from_dict(freeze(json.loads(m))) for m in rows]
+                cache[index] = messages
+            out.append(list(messages))
+        return out
+
 
 class MemoryHistoryStore:
     """RAM store for one process: bounded, expiring, refusing when full.
@@ -91,8 +121,10 @@ class MemoryHistoryStore:
     is no reservation to recover after one. A key without a record claims
     its place among ``max_sessions`` when it is reserved: once the places are
     taken, reserving a new key raises ``DecisionHistoryLimitExceeded`` before
-    its operation runs.
+    its operation runs. Its ``transact_log`` honours ``LogWrite.drop_last``.
     """
+
+    log_drops = True
 
     def __init__(
         self,
@@ -311,6 +343,24 @@ class MemoryHistoryStore:
             return rows
 
 
+def _dropping(entry: _Entry | None, count: int) -> list[tuple[int, bool]]:
+    """The ``count`` newest messages of ``entry``, newest first, as (bytes, whether
+    their exchange is left empty); ``ValueError`` when it holds fewer."""
+    plan: list[tuple[int, bool]] = []
+    exchanges = entry.exchanges if entry else []
+    index, position = len(exchanges) - 1, None
+    while len(plan) < count:
+        if index < 0:
+            raise ValueError(f"drop_last={count} refused: the conversation holds fewer messages")
+        exchange = exchanges[index]
+        position = len(exchange) - 1 if position is None else position - 1
+        if position < 0:
+            index, position = index - 1, None
+            continue
+        plan.append((len(exchange[position].encode("utf-8")), position == 0))
+    return plan
+
+
 def _identity(entry: _Entry) -> dict[str, str] | None:
     if not entry.split:
         return None
@@ -321,15 +371,29 @@ def _identity(entry: _Entry) -> dict[str, str] | None:
 def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistoryStore) -> None:
     """Check then apply ``write`` in place (lock held); a refusal changes nothing."""
     head = encode_json(write.head, "head")
-    check_appends(len(old.exchanges) if old else 0, write.append)
+    drop = _dropping(old, write.drop_last)
+    kept = (len(old.exchanges) if old else 0) - sum(1 for _, emptied in drop if emptied)
+    check_appends(kept, write.append)
     rows = [(index, encode_json(message, "message")) for index, message in write.append]
     sizes = [len(row.encode("utf-8")) for _, row in rows]
     old_bytes = old.bytes if old else 0
     old_head_bytes = len(old.head.encode("utf-8")) if old else 0
-    new_bytes = old_bytes - old_head_bytes + len(head.encode("utf-8")) + sum(sizes)
+    dropped = sum(size for size, _ in drop)
+    new_bytes = old_bytes - old_head_bytes + len(head.encode("utf-8")) + sum(sizes) - dropped
     entry = old or _Entry(head=head, split=True)
     store._admit(key, new_bytes, old)
     entry.head, entry.split, entry.bytes = head, True, new_bytes
+    dropped_from = len(entry.exchanges) - len(drop)  # no exchange before it loses a message
+    changed = {index for index, _ in rows}
+    for index in [i for i in entry.parsed if i in changed or (drop and i >= dropped_from)]:
+        del entry.parsed[index]  # its messages change below
+    for size, emptied in drop:
+        entry.exchanges[-1].pop()
+        entry.sizes[-1] = ExchangeSize(entry.sizes[-1].messages - 1, entry.sizes[-1].bytes - size)
+        if emptied:
+            entry.exchanges.pop()
+            entry.sizes.pop()
+    entry.messages -= len(drop)
     for (index, row), size in zip(rows, sizes, strict=True):
         if index == len(entry.exchanges):
             entry.exchanges.append([])

@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 RECORD_KIND: Final = "touba.decision_history"
+TOUBA_KINDS: Final = "touba."  # the kinds of touba's own records
 RECORD_VERSION: Final = 1
 
 
@@ -119,10 +120,17 @@ def check_head(
 
 
 def is_split_record(record: Mapping[str, Any]) -> bool:
-    """Whether a record has touba's shape, so a store may keep its messages as rows."""
+    """Whether a record has touba's shape, so a store may keep its messages as rows.
+
+    touba's own records (a ``kind`` starting with ``touba.``: decision history,
+    and the integrations' conversations, see :mod:`touba.integrations`) whose
+    ``exchanges`` are lists of message objects; anything else is kept whole.
+    """
     exchanges = record.get("exchanges")
+    kind = record.get("kind")
     return (
-        record.get("kind") == RECORD_KIND
+        isinstance(kind, str)
+        and kind.startswith(TOUBA_KINDS)
         and isinstance(exchanges, list)
         and all(
             isinstance(ex, list) and ex and all(isinstance(m, dict) for m in ex) for ex in exchanges

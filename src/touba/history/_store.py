@@ -28,6 +28,7 @@ __all__ = [
     "StoreUsage",
     "StoredConversation",
     "as_log_store",
+    "log_drops",
 ]
 
 T = TypeVar("T")
@@ -126,14 +127,19 @@ class LogSnapshot(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LogWrite:
-    """What one transaction changes: a new head and messages appended.
+    """What one transaction changes: a new head, messages dropped, messages appended.
 
+    ``drop_last`` removes that many of the newest messages first (an exchange
+    left without messages goes too). Only stores whose ``log_drops``
+    attribute is True honour it (the RAM store, and custom adapters through
+    ``transact``); a caller checks :func:`log_drops` before sending one.
     Each appended message names its exchange, which must be the last
-    existing exchange or the ones right after it, in order.
+    existing exchange (after the drop) or the ones right after it, in order.
     """
 
     head: Record
     append: Sequence[tuple[int, Record]] = ()
+    drop_last: int = 0
 
 
 LogOperation = Callable[
@@ -156,6 +162,28 @@ class LogStore(Protocol):
     """
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T: ...
+
+
+def log_drops(store: HistoryStore) -> bool:
+    """Whether ``store``'s ``transact_log`` honours ``LogWrite.drop_last``."""
+    return getattr(as_log_store(store), "log_drops", False) is True
+
+
+def drop_newest(exchanges: list[list[Record]], count: int) -> list[Record]:
+    """Remove the ``count`` newest messages of ``exchanges`` in place (an exchange
+    left empty goes too); return them, oldest first. ``ValueError`` when there are
+    fewer messages than that."""
+    if count > sum(len(ex) for ex in exchanges):
+        raise ValueError(f"drop_last={count} refused: the conversation holds fewer messages")
+    dropped: list[Record] = []
+    for _ in range(count):
+        while not exchanges[-1]:
+            exchanges.pop()
+        dropped.append(exchanges[-1].pop())
+        if not exchanges[-1]:
+            exchanges.pop()
+    dropped.reverse()
+    return dropped
 
 
 def check_appends(exchange_count: int, append: Sequence[tuple[int, Record]]) -> None:
@@ -204,8 +232,9 @@ class RecordSnapshot:
         return self._exchanges[start:stop]
 
     def apply(self, write: LogWrite) -> Record:
-        check_appends(len(self._exchanges), write.append)
         exchanges = self._exchanges
+        drop_newest(exchanges, write.drop_last)
+        check_appends(len(exchanges), write.append)
         for index, message in write.append:
             if index == len(exchanges):
                 exchanges.append([])
@@ -221,6 +250,8 @@ class _TransactLog:
     Such a store reports no usage (the operation gets None): its own
     ``transact`` is the only capacity check, when it saves.
     """
+
+    log_drops = True  # the whole record is rewritten anyway
 
     def __init__(self, store: HistoryStore) -> None:
         self._store = store

@@ -20,16 +20,23 @@ Behaviour decisions:
   (``DecisionHistoryLimitExceeded``, nothing written), expiry, namespaces that
   never see each other's sessions.
 - **One transaction per operation.** ``get_items``, ``add_items``,
-  ``pop_item`` and ``clear_session`` each run as one ``store.transact``: an
+  ``pop_item`` and ``clear_session`` each run as one store transaction: an
   operation that meets another in progress on the same session (another
   worker, another run) is refused at once with ``DecisionHistoryBusy`` rather
   than interleaving, and a worker that dies inside one leaves the session
   reserved until ``store.recover(session.session_key, worker_stopped=True)``.
-  Each reads and rewrites the session's whole item list, bounded by
-  ``max_retained_bytes`` (8 MiB by default, refused atomically beyond), and
-  counts as activity for the store's expiry (``ttl_seconds`` after the last
-  operation, reads included). Reading a session that holds nothing takes no
-  place in the store (a built-in store's ``read``, then no transaction).
+  Each counts as activity for the store's expiry (``ttl_seconds`` after the
+  last operation, reads included). The session retains at most
+  ``max_retained_bytes`` (8 MiB by default, refused atomically beyond).
+- **What an operation costs.** On a built-in store the session is an
+  append-only log of exchanges (:mod:`touba.integrations._items_log`):
+  ``add_items`` reads the last exchange and appends, ``get_items`` reads the
+  sizes of the exchanges its bounds can reach and the items it returns, and
+  ``pop_item`` drops the newest item on the RAM store; none of them loads or
+  rewrites the whole history. ``pop_item`` on the durable stores,
+  ``clear_session``, ``exclusive()`` and a custom ``HistoryStore`` (which
+  only offers ``transact``) read and write the whole record. Reading a
+  session that holds nothing takes no place in a full store.
 - **One run, one writer.** ``async with session.exclusive(): await
   Runner.run(...)`` holds the session's reservation for the whole run: every
   operation of the run works on the reserved record, saved in one atomic step
@@ -61,13 +68,33 @@ Behaviour decisions:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
-from touba.errors import ConfigurationError
+from touba.errors import ConfigurationError, DecisionHistoryLimitExceeded
 from touba.history import HistoryStore
+from touba.history._store import (
+    LogOperation,
+    LogSnapshot,
+    LogStore,
+    LogWrite,
+    StoreUsage,
+    log_drops,
+)
 from touba.integrations._cut import UNBOUNDED, check_bound
+from touba.integrations._items_log import (
+    Legacy,
+    check_head,
+    new_head,
+    plan_append,
+    plan_pop,
+    plan_read,
+    record_of,
+    select,
+    whole_items,
+)
 from touba.integrations._records import (
     Held,
     Record,
@@ -75,8 +102,6 @@ from touba.integrations._records import (
     check_store,
     conversation_store_key,
     dump_items,
-    new_record,
-    record_items,
 )
 from touba.integrations._responses_items import select_items
 
@@ -180,14 +205,12 @@ class ToubaSession(SessionABC):
         return result
 
     def _items(self, record: Record | None) -> list[Record]:
-        return record_items(
+        return whole_items(
             record, kind=KIND, namespace=self.namespace, conversation_id=self.session_id
         )
 
     def _record(self, old: Record | None, items: list[Record]) -> Record | None:
-        if not items:
-            return None  # an empty session takes no place in the store
-        return new_record(
+        return record_of(  # None: an empty session takes no place in the store
             old,
             items,
             kind=KIND,
@@ -195,6 +218,15 @@ class ToubaSession(SessionABC):
             conversation_id=self.session_id,
             max_retained_bytes=self.max_retained_bytes,
         )
+
+    def _check(self, head: Record) -> None:
+        check_head(head, kind=KIND, namespace=self.namespace, conversation_id=self.session_id)
+
+    def _log(self) -> LogStore | None:
+        """The store's append-only interface, outside exclusive() (built-in stores)."""
+        if self._held is None and isinstance(self.store, LogStore):
+            return self.store
+        return None
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's history for a run: whole complete exchanges, oldest first.
@@ -207,13 +239,22 @@ class ToubaSession(SessionABC):
         cannot read.
         """
         resolved = resolve_session_limit(limit, self.session_settings)
+        bounds = {"max_messages": self._max_messages, "max_bytes": self._max_bytes}
+        log = self._log()
+        if log is not None:
+            try:
+                tail = await log.transact_log(self.session_key, self._read_tail(resolved))
+            except Legacy:
+                pass
+            except DecisionHistoryLimitExceeded as e:
+                if e.limit != "max_sessions":
+                    raise
+                return []  # a full store refused a key without a record: nothing stored
+            else:
+                return tail  # type: ignore[return-value]  # JSON dicts: the SDK's items
 
         async def read(record: Record | None) -> tuple[Record | None, list[Mapping[str, Any]]]:
-            items = self._items(record)
-            selected = select_items(
-                items, limit=resolved, max_messages=self._max_messages, max_bytes=self._max_bytes
-            )
-            return record, selected
+            return record, select_items(self._items(record), limit=resolved, **bounds)
 
         peek = getattr(self.store, "read", None)
         if self._held is None and callable(peek) and await peek(self.session_key) is None:
@@ -221,25 +262,94 @@ class ToubaSession(SessionABC):
         items = await self._apply(read)
         return items  # type: ignore[return-value]  # JSON dicts: the SDK's input items
 
+    def _read_tail(self, limit: int | None) -> LogOperation[list[Record]]:
+        """Read only the exchanges the bounds can reach; renew the expiry."""
+
+        async def read(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite | None, list[Record]]:
+            if snapshot is None:
+                return None, []  # nothing stored: the reservation is released
+            head = snapshot.head
+            self._check(head)
+            count = snapshot.exchange_count
+            bounds = {"max_messages": self._max_messages, "max_bytes": self._max_bytes}
+            first = plan_read(head, count, limit=limit, **bounds)
+            sizes = await snapshot.sizes(first) if count else []
+            chosen = select(head, first, sizes, limit=limit, **bounds)
+            if not chosen:
+                return LogWrite(head=head), []
+            loaded = await snapshot.exchanges(chosen[0], count)
+            wanted = set(chosen)
+            items = [item for n, ex in enumerate(loaded, chosen[0]) if n in wanted for item in ex]
+            return LogWrite(head=head), items  # an unchanged head: the read is activity
+
+        return read
+
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` atomically: all of them are saved, or none.
 
-        Raises ``TypeError`` when an item is not a JSON object,
-        ``DecisionHistoryLimitExceeded`` when the session would exceed
-        ``max_retained_bytes`` or the store is full, ``DecisionHistoryBusy``
-        while another operation holds the session.
+        On a built-in store only the last exchange is read and the new items
+        are appended, whatever the session's length. Raises ``TypeError`` when
+        an item is not a JSON object, ``DecisionHistoryLimitExceeded`` when the
+        session would exceed ``max_retained_bytes`` or the store is full,
+        ``DecisionHistoryBusy`` while another operation holds the session.
         """
         new = dump_items(items, "item")
         if not new:
             return
+        log = self._log()
+        if log is not None:
+
+            async def append_log(
+                snapshot: LogSnapshot | None, usage: StoreUsage | None
+            ) -> tuple[LogWrite, None]:
+                head, count, last = await self._last(snapshot)
+                plan = plan_append(
+                    head, count, last, new, max_retained_bytes=self.max_retained_bytes
+                )
+                return LogWrite(head=plan.head, append=plan.rows), None
+
+            with contextlib.suppress(Legacy):
+                await log.transact_log(self.session_key, append_log)
+                return
 
         async def append(record: Record | None) -> tuple[Record | None, None]:
             return self._record(record, [*self._items(record), *new]), None
 
         await self._apply(append)
 
+    async def _last(self, snapshot: LogSnapshot | None) -> tuple[Record, int, list[Record]]:
+        """The head (checked), the exchange count and the last exchange's items."""
+        if snapshot is None:
+            return new_head(KIND, self.namespace, self.session_id), 0, []
+        head = snapshot.head
+        self._check(head)
+        count = snapshot.exchange_count
+        last = (await snapshot.exchanges(count - 1, count))[0] if count else []
+        return head, count, last
+
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the most recent item (``None`` when empty), in one transaction."""
+        log = self._log()
+        if log is not None and log_drops(self.store):
+
+            async def pop_log(
+                snapshot: LogSnapshot | None, usage: StoreUsage | None
+            ) -> tuple[LogWrite | None, Record | None]:
+                head, count, last = await self._last(snapshot)
+                if snapshot is None or not last:
+                    return None, None
+                if head["items"] <= 1:
+                    raise Legacy  # the session empties: its record leaves the store
+                popped, item = plan_pop(head, count, last)
+                return LogWrite(head=popped, drop_last=1), item
+
+            with contextlib.suppress(Legacy):
+                item = await log.transact_log(self.session_key, pop_log)
+                return item  # type: ignore[return-value]
+        # TODO(issue 11, phase B): SQLite, PostgreSQL and Redis do not honour
+        # LogWrite.drop_last yet, so popping rewrites the whole record there.
 
         async def pop(record: Record | None) -> tuple[Record | None, Record | None]:
             items = self._items(record)

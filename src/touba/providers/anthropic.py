@@ -1,10 +1,11 @@
 """Anthropic Messages API decision provider (``touba[anthropic]``).
 
-``create_anthropic_decision_provider`` drives ``client.messages.create``
+``create_anthropic_decision_provider`` posts to ``/v1/messages``
 (non-streaming, ``max_tokens=max_output_tokens``) on an
 ``anthropic.AsyncAnthropic``; the context guard counts the same body with
-``client.messages.count_tokens``, built from that endpoint's allow-list of
-parameters. Conversion lives in ``_anthropic_wire``.
+``/v1/messages/count_tokens``, built from that endpoint's allow-list of
+parameters. Conversion lives in ``_anthropic_wire``, the SDK call in
+``_anthropic_post`` (the client's ``post``; the typed methods for platform clients).
 
 Interfaces. ``"native"``: capabilities are tools; a response with
 ``tool_use`` blocks is a call decision, one with text only is final (parsed
@@ -81,6 +82,7 @@ from touba.errors import (
 )
 from touba.history._config import HistoryConfig
 from touba.history._model import DecisionMessage, canonical_json
+from touba.providers._anthropic_post import send_count, send_message
 from touba.providers._anthropic_wire import (
     DECISION_TOOL,
     ThinkingMode,
@@ -261,10 +263,7 @@ class AnthropicWire(Wire):
     async def count(self, body: dict[str, Any]) -> int:
         params = {k: v for k, v in body.items() if k in COUNT_PARAMS}
         try:
-            raw = await self._client.messages.with_raw_response.count_tokens(
-                **params, **self._request_options
-            )
-            data = json.loads(await raw.read())
+            data = json.loads(await send_count(self._client, params, self._request_options))
         except (TypeError, ValueError) as e:
             if not isinstance(e, json.JSONDecodeError):
                 raise _refused_locally(e) from e
@@ -285,10 +284,7 @@ class AnthropicWire(Wire):
             params["extra_body"] = extra
         sdk = _sdk()
         try:
-            raw = await self._client.messages.with_raw_response.create(
-                **params, **self._request_options
-            )
-            payload = await raw.read()
+            payload = await send_message(self._client, body, params, self._request_options)
         except sdk.APIStatusError as e:
             raise AgentDecisionProviderUnavailable(
                 f"the Messages API answered HTTP {e.status_code} ({_describe(e)}); no decision "

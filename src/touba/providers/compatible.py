@@ -45,8 +45,6 @@ settings ``timeout`` (seconds) and ``default_headers``, and
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import re
 import uuid
@@ -87,6 +85,7 @@ from touba.providers._framing import (
 )
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 from touba.providers._validate import schema_validator
+from touba.providers.openai import request_options
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -127,7 +126,6 @@ _TOOL_OPTIONS = frozenset({"parallel_tool_calls", "tool_choice"})
 
 _LEGACY = frozenset({"function_call", "functions"})
 
-_REQUEST_ONLY = frozenset({"extra_body", "extra_headers", "extra_query", "self", "timeout"})
 
 _FENCE = re.compile(r"\A```[\w+-]*[ \t]*\n(.*)\n[ \t]*```\Z", re.DOTALL)
 
@@ -483,15 +481,6 @@ def _display_url(base_url: str) -> str:
     return f"{parts.scheme}://{host}{parts.path}"
 
 
-@functools.cache
-def _create_parameters() -> frozenset[str]:
-    """The body fields ``chat.completions.create`` takes as keywords."""
-    from openai.resources.chat.completions import AsyncCompletions
-
-    names = inspect.signature(AsyncCompletions.create).parameters
-    return frozenset(names) - _REQUEST_ONLY
-
-
 def _status_hint(status: int) -> str:
     if status in (401, 403):
         return "pass api_key= (or default_headers=) as the server expects"
@@ -599,13 +588,17 @@ class CompatibleWire(Wire):
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
         import openai
 
-        known = _create_parameters()
-        kwargs = {key: value for key, value in body.items() if key in known}
-        extra = {key: value for key, value in body.items() if key not in known}
         where = _display_url(self._base_url)
+        # the typed method's auth scope: the API key only, never an admin key
+        options: Any = {**request_options(), "headers": self._request_headers()}
         try:
-            completion = await self._sdk_client().chat.completions.create(
-                **kwargs, extra_body=extra or None, extra_headers=self._request_headers()
+            # The rendered body as it is, through the client's low-level post: the typed
+            # chat.completions.create would transform it again into the same JSON.
+            text = await self._sdk_client().post(
+                "/chat/completions",
+                body=dict(body),
+                cast_to=str,
+                options=options,
             )
         except openai.APIStatusError as e:
             code = getattr(e, "code", None)
@@ -630,7 +623,10 @@ class CompatibleWire(Wire):
             raise AgentDecisionProviderUnavailable(
                 f"the openai SDK failed talking to {where} ({type(e).__name__}); nothing was stored"
             ) from e
-        data = completion.to_dict() if isinstance(completion, openai.BaseModel) else None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None  # parse_completion names what is missing
         output_schema = body.output_schema if isinstance(body, _Body) else None
         return parse_completion(data, interface=self.interface, output_schema=output_schema)
 

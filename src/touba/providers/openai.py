@@ -1,8 +1,14 @@
 """The OpenAI decision provider, over the Responses API (SPEC section 2).
 
-``create_openai_decision_provider`` drives ``client.responses.create`` (never
-streaming) through the official ``openai`` SDK, and counts requests for the
-context guard with ``client.responses.input_tokens.count``. Every request
+``create_openai_decision_provider`` posts to ``/responses`` (never streaming)
+through the official ``openai`` SDK, and counts requests for the context guard
+with ``/responses/input_tokens``. Both go through the client's low-level
+``post`` with the body touba rendered and checked, not through
+``client.responses.create``: the typed method would re-transform that body
+(about eight times the cost of the request itself) into the same JSON. The
+client's base URL, auth (the same ``bearer_auth`` scope as the typed methods),
+headers, timeout, retries policy, transport and error classes are the SDK's
+as they are. Every request
 carries the full conversation explicitly: ``store=False`` with
 ``include=["reasoning.encrypted_content"]``, so reasoning items come back
 self-contained and are replayed untouched; no server-side state (stored
@@ -146,6 +152,7 @@ class OpenAIWire(Wire):
         self._include = list(self._options.pop("include", None) or [])
         if ENCRYPTED_REASONING not in self._include:
             self._include.append(ENCRYPTED_REASONING)
+        self._request_options = request_options()
 
     def refuse_server_state(self) -> None:
         """Without the guard, server-side conversation state is still refused."""
@@ -201,10 +208,16 @@ class OpenAIWire(Wire):
 
     async def count(self, body: dict[str, Any]) -> int:
         try:
-            result = await self._client.responses.input_tokens.count(**count_body(body))
+            text = await self._client.post(
+                "/responses/input_tokens",
+                body=count_body(body),
+                cast_to=str,
+                options=self._request_options,
+            )
+            result = json.loads(text)
         except Exception as e:
             _raise_sdk_error(e, counting=True)
-        value = getattr(result, "input_tokens", None)
+        value = result.get("input_tokens") if isinstance(result, dict) else None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ProviderContextCountUnavailable(
                 "OpenAI's input-token count answered without a valid input_tokens field; "
@@ -214,12 +227,26 @@ class OpenAIWire(Wire):
 
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
         try:
-            raw = await self._generation_client.responses.with_raw_response.create(**body)
-            data = json.loads(raw.text)
+            text = await self._generation_client.post(
+                "/responses", body=body, cast_to=str, options=self._request_options
+            )
+            data = json.loads(text)
         except Exception as e:
             _raise_sdk_error(e, counting=False)
         wrapped = body.get("text", {}).get("format", {}).get("name") == OUTPUT_FORMAT
         return parse_response(data, interface=self.interface, wrapped_output=wrapped)
+
+
+def request_options() -> Any:
+    """The request options the SDK's typed Responses methods send: the API-key auth
+    scope only (never an admin key), where the SDK has auth scopes."""
+    try:
+        from openai._base_client import make_request_options
+    except ImportError:  # pragma: no cover - an SDK without the helper: its defaults
+        return {}
+    if "security" not in inspect.signature(make_request_options).parameters:
+        return {}  # pragma: no cover - an SDK before auth scopes
+    return make_request_options(security={"bearer_auth": True})
 
 
 def _raise_sdk_error(error: Exception, *, counting: bool) -> NoReturn:

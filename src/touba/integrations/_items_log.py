@@ -1,0 +1,260 @@
+"""An Agents SDK session's items as an append-only log of exchanges (record version 2).
+
+A session record is::
+
+    {"kind": "touba.openai_agents.session", "version": 2, "namespace": ..., "conversation_id": ...,
+     "exchanges": [[item, ...], ...],  # the items grouped as _responses_items groups them
+     "incomplete": [int, ...],         # indices of the exchanges that are not complete
+     "items": int, "bytes": int, "created_at": iso8601, "updated_at": iso8601}
+
+The grouping only ever changes its last exchange: an item joins the last
+exchange or opens a new one, and an earlier exchange's completeness is
+final once a later one opens (:mod:`touba.integrations._responses_items`).
+So a built-in store keeps the exchanges as appended rows (the record is one
+of touba's own, see :func:`touba.history._record.is_split_record`), and:
+
+- ``add_items`` reads the last exchange only, regroups it with the new items
+  and appends them (:func:`plan_append`);
+- ``get_items`` reads the sizes of the exchanges a bound can reach, then the
+  messages of those it returns (:func:`plan_read`), never the whole list;
+- ``pop_item`` drops the newest item (``LogWrite.drop_last``) where the
+  store offers it (:func:`plan_pop`).
+
+Version 1 records (``"items": [...]`` in one piece) are read as they are and
+rewritten in version 2 by the next write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from touba.errors import (
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryMismatch,
+    DecisionHistoryRecordInvalid,
+)
+from touba.history import ExchangeSize, message_bytes
+from touba.integrations._cut import UNBOUNDED, fit_suffix
+from touba.integrations._records import record_items
+from touba.integrations._responses_items import exchanges as group
+
+__all__ = [
+    "LOG_VERSION",
+    "Legacy",
+    "check_head",
+    "new_head",
+    "plan_append",
+    "plan_pop",
+    "plan_read",
+    "record_of",
+    "select",
+    "whole_items",
+]
+
+LOG_VERSION: Final = 2
+Record = dict[str, Any]
+Item = Mapping[str, Any]
+
+
+class Legacy(Exception):
+    """A version 1 record met on the log path: the operation takes the whole-record path."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def new_head(kind: str, namespace: str, conversation_id: str) -> Record:
+    stamp = _now()
+    return {
+        "kind": kind,
+        "version": LOG_VERSION,
+        "namespace": namespace,
+        "conversation_id": conversation_id,
+        "incomplete": [],
+        "items": 0,
+        "bytes": 0,
+        "created_at": stamp,
+        "updated_at": stamp,
+    }
+
+
+def _invalid(kind: str, what: str) -> DecisionHistoryRecordInvalid:
+    return DecisionHistoryRecordInvalid(
+        f"the stored {kind} record is corrupt ({what}); it was not modified. Inspect it with "
+        "`touba history show`"
+    )
+
+
+def check_head(head: Mapping[str, Any], *, kind: str, namespace: str, conversation_id: str) -> None:
+    """Refuse a record that is not this session's, or that this touba cannot read.
+
+    Raises :class:`Legacy` for a version 1 record (read whole, rewritten).
+    """
+    if head.get("kind") != kind:
+        raise DecisionHistoryRecordInvalid(
+            f"the value stored under this conversation's key is not a {kind} record; it was "
+            "not modified. Use another namespace, or delete the key"
+        )
+    version = head.get("version")
+    if version == 1:
+        raise Legacy
+    if version != LOG_VERSION:
+        raise DecisionHistoryRecordInvalid(
+            f"the stored {kind} record has version {version!r}; this touba reads versions 1 "
+            f"and {LOG_VERSION}. Upgrade touba (or delete the record); it was not modified"
+        )
+    incomplete = head.get("incomplete")
+    if (
+        not isinstance(incomplete, list)
+        or not all(isinstance(i, int) for i in incomplete)
+        or not all(isinstance(head.get(k), int) for k in ("items", "bytes"))
+    ):
+        raise _invalid(kind, "its incomplete, items or bytes fields")
+    if head.get("namespace") != namespace or head.get("conversation_id") != conversation_id:
+        raise DecisionHistoryMismatch(
+            "the record found under this key belongs to another conversation; it was not modified"
+        )
+
+
+def whole_items(
+    record: Record | None, *, kind: str, namespace: str, conversation_id: str
+) -> list[Record]:
+    """The items of a whole record of either version (``[]`` for None), checked."""
+    if record is None:
+        return []
+    try:
+        check_head(record, kind=kind, namespace=namespace, conversation_id=conversation_id)
+    except Legacy:
+        return record_items(record, kind=kind, namespace=namespace, conversation_id=conversation_id)
+    exchanges = record.get("exchanges")
+    if not isinstance(exchanges, list) or not all(
+        isinstance(ex, list) and all(isinstance(i, dict) for i in ex) for ex in exchanges
+    ):
+        raise _invalid(kind, "its exchanges are not lists of objects")
+    return [item for exchange in exchanges for item in exchange]
+
+
+def record_of(
+    old: Record | None,
+    items: list[Record],
+    *,
+    kind: str,
+    namespace: str,
+    conversation_id: str,
+    max_retained_bytes: int,
+) -> Record | None:
+    """The version 2 record holding ``items`` (None when empty), refused whole past
+    ``max_retained_bytes``."""
+    if not items:
+        return None
+    size = sum(message_bytes(i) for i in items)
+    _check_retained(size, max_retained_bytes)
+    units = group(items)
+    head = new_head(kind, namespace, conversation_id)
+    head["created_at"] = (old or {}).get("created_at", head["created_at"])
+    head["incomplete"] = [n for n, unit in enumerate(units) if not unit.complete]
+    head["items"] = len(items)
+    head["bytes"] = size
+    head["exchanges"] = [list(items[u.start : u.stop]) for u in units]
+    return head
+
+
+def _check_retained(size: int, max_retained_bytes: int) -> None:
+    if size > max_retained_bytes:
+        raise DecisionHistoryLimitExceeded(
+            f"this conversation would retain {size} bytes, over max_retained_bytes="
+            f"{max_retained_bytes}; nothing was written. Clear or shorten the conversation, or "
+            "raise max_retained_bytes",
+            limit="max_retained_bytes",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    head: Record
+    rows: list[tuple[int, Record]]
+
+
+def plan_append(
+    head: Record,
+    count: int,
+    last: Sequence[Record],
+    new: Sequence[Record],
+    *,
+    max_retained_bytes: int,
+) -> Append:
+    """Append ``new`` to a log of ``count`` exchanges whose last holds ``last``."""
+    size = head["bytes"] + sum(message_bytes(i) for i in new)
+    _check_retained(size, max_retained_bytes)
+    base = max(count - 1, 0)
+    units = group([*last, *new])
+    rows: list[tuple[int, Record]] = []
+    incomplete = [i for i in head["incomplete"] if i < base]
+    for offset, unit in enumerate(units):
+        if not unit.complete:
+            incomplete.append(base + offset)
+        first = max(unit.start, len(last))
+        rows.extend((base + offset, new[p - len(last)]) for p in range(first, unit.stop))
+    out = dict(head)
+    out.update(incomplete=incomplete, items=head["items"] + len(new), bytes=size, updated_at=_now())
+    return Append(out, rows)
+
+
+def plan_pop(head: Record, count: int, last: Sequence[Record]) -> tuple[Record, Record]:
+    """The head after the newest item (the last of ``last``) is dropped, and that item."""
+    item = last[-1]
+    rest = list(last[:-1])
+    index = count - 1
+    incomplete = [i for i in head["incomplete"] if i < index]
+    if rest and not group(rest)[0].complete:
+        incomplete.append(index)
+    out = dict(head)
+    out.update(
+        incomplete=incomplete,
+        items=head["items"] - 1,
+        bytes=head["bytes"] - message_bytes(item),
+        updated_at=_now(),
+    )
+    return out, item
+
+
+def plan_read(
+    head: Record, count: int, *, limit: int | None, max_messages: int, max_bytes: int
+) -> int:
+    """The first exchange whose sizes a read needs: no bound reaches further back.
+
+    Each exchange holds at least one item, so ``limit`` or ``max_messages`` items
+    never span more complete exchanges than that; incomplete ones are skipped. The
+    last complete exchange is always read: it must fit the bounds, even for ``limit=0``.
+    """
+    reach = min(UNBOUNDED if limit is None else max(limit, 1), max_messages)
+    if reach == UNBOUNDED:
+        return 0
+    return max(0, count - reach - len(head["incomplete"]))
+
+
+def select(
+    head: Record,
+    first: int,
+    sizes: Sequence[ExchangeSize],
+    *,
+    limit: int | None,
+    max_messages: int,
+    max_bytes: int,
+) -> list[int]:
+    """The exchanges to return, oldest first, by :func:`select_items`'s rules."""
+    incomplete = set(head["incomplete"])
+    complete = [first + n for n in range(len(sizes)) if first + n not in incomplete]
+    weights = [sizes[n - first] for n in complete]
+    start = fit_suffix(weights, max_messages=max_messages, max_bytes=max_bytes, required=True)
+    if limit is not None:
+        if limit <= 0:
+            return []
+        start += fit_suffix(
+            weights[start:], max_messages=limit, max_bytes=UNBOUNDED, required=False
+        )
+    return complete[start:]

@@ -1,0 +1,97 @@
+"""The RAM store's parsed window: shared between decisions, read-only, never stale."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from touba.history import (
+    CapabilityCall,
+    ConversationIdentity,
+    DecisionHistory,
+    DecisionMessage,
+    HistoryConfig,
+    HistoryWindow,
+    MemoryHistoryStore,
+    Observation,
+)
+from touba.history._frozen import FrozenDict, FrozenList, freeze, thaw
+
+IDENTITY = ConversationIdentity("ns", "p", "m", "native", "run", "inv", "agent")
+
+
+def test_frozen_values_refuse_changes_and_copy_to_plain_ones() -> None:
+    value = freeze({"a": [1, {"b": 2}], "c": "x"})
+    assert isinstance(value, FrozenDict)
+    assert isinstance(value["a"], FrozenList)
+    assert value == {"a": [1, {"b": 2}], "c": "x"}
+    assert json.dumps(value) == '{"a": [1, {"b": 2}], "c": "x"}'
+    for change in (
+        lambda: value.__setitem__("c", "y"),
+        lambda: value.update(c="y"),
+        lambda: value["a"].append(3),
+        lambda: value["a"][1].pop("b"),
+        lambda: value["a"].sort(),
+    ):
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    plain = copy.deepcopy(value)
+    assert type(plain) is dict
+    assert type(plain["a"]) is list
+    assert type(plain["a"][1]) is dict
+    assert thaw(value) == plain
+    assert type(copy.copy(value)) is dict
+
+
+async def test_a_window_reader_cannot_change_what_the_next_decision_reads() -> None:
+    async with MemoryHistoryStore() as store:
+        history = DecisionHistory(HistoryConfig(store=store, namespace="ns", max_messages=8))
+        seen: list[Any] = []
+        pending = CapabilityCall("c0", "lookup", {"order": {"id": "A0"}})
+
+        async def first(window: HistoryWindow) -> DecisionMessage:
+            return DecisionMessage(calls=(pending,))
+
+        await history.step(IDENTITY, [], first)
+        for n in range(1, 6):
+            call = CapabilityCall(f"c{n}", "lookup", {"order": {"id": f"A{n}"}})
+
+            async def generate(window: HistoryWindow, call: CapabilityCall = call) -> Any:
+                decisions = [m for ex in window.exchanges for m in ex if m.kind == "decision"]
+                seen.append([dict(d.calls[0].arguments["order"]) for d in decisions])
+                with pytest.raises(TypeError):
+                    decisions[0].calls[0].arguments["order"]["id"] = "changed by a reader"
+                return DecisionMessage(calls=(call,))
+
+            observation = Observation(pending.call_id, "lookup", pending.arguments, "ok", {"n": n})
+            await history.step(IDENTITY, [observation], generate)
+            pending = call
+        assert seen[-1] == [{"id": f"A{n}"} for n in range(1, 5)]  # 4 exchanges fit 8 messages
+        record = await store.read(IDENTITY.key)
+        assert record is not None
+        assert record["exchanges"][0][0]["calls"][0]["arguments"] == {"order": {"id": "A0"}}
+        assert record["exchanges"][-2][-1]["result"] == {"n": 5}  # the result appended last
+
+
+async def test_a_rewritten_record_is_read_fresh() -> None:
+    async with MemoryHistoryStore() as store:
+        history = DecisionHistory(HistoryConfig(store=store, namespace="ns"))
+        texts: list[list[str | None]] = []
+
+        async def decide(window: HistoryWindow) -> DecisionMessage:
+            texts.append([m.text for ex in window.exchanges for m in ex if m.kind == "decision"])
+            return DecisionMessage(text="final", final=True)
+
+        await history.step(IDENTITY, [], decide)
+        await history.step(IDENTITY, [], decide)
+
+        async def rewrite(record: Any) -> tuple[Any, None]:
+            record["exchanges"][0][0]["text"] = "rewritten"
+            return record, None
+
+        await store.transact(IDENTITY.key, rewrite)
+        await history.step(IDENTITY, [], decide)
+        assert texts == [[], ["final"], ["rewritten", "final"]]
