@@ -11,7 +11,7 @@ Printed: median microseconds per decision and the ratio to the 10-exchange
 conversation. A window bound of 16 messages keeps the window identical at
 every size, so the ratio shows growth with *retained* history alone.
 
-    .venv/bin/python bench/history_cost.py [--rounds 200] [--stores memory,sqlite]
+    .venv/bin/python bench/history_cost.py [--rounds 200] [--stores memory,sqlite,postgres,redis]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import tempfile
 import time
@@ -42,6 +43,8 @@ from touba.history._model import ResultMessage, message_bytes, message_to_dict
 from touba.history._record import join_record, new_head
 
 SIZES = (10, 100, 1_000, 10_000)
+POSTGRES_DSN = os.environ.get("TOUBA_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TOUBA_REDIS_URL", "redis://127.0.0.1:6379/0")
 NAMESPACE = "bench"
 
 
@@ -116,8 +119,50 @@ async def _store(kind: str, directory: Path) -> AsyncIterator[Any]:
 
         async with SqliteHistoryStore(directory / "bench.sqlite", **limits) as store:
             yield store
+    elif kind == "postgres":
+        import uuid
+
+        from touba.history.postgres import PostgresHistoryStore
+
+        table = f"bench_{uuid.uuid4().hex[:12]}"
+        async with PostgresHistoryStore(POSTGRES_DSN, table=table, **limits) as store:
+            try:
+                yield store
+            finally:
+                await _drop_tables(store, table)
+    elif kind == "redis":
+        import uuid
+
+        from touba.history.redis import RedisHistoryStore
+
+        prefix = f"bench-{uuid.uuid4().hex[:12]}:"
+        async with RedisHistoryStore(REDIS_URL, prefix=prefix, **limits) as store:
+            yield store
     else:
         raise SystemExit(f"unknown store {kind!r}")
+
+
+async def _drop_tables(store: Any, table: str) -> None:
+    async with store._pg.transaction() as conn:
+        for suffix in ("_messages", "_usage", "_meta", ""):
+            await conn.execute(f"DROP TABLE IF EXISTS {table}{suffix} CASCADE")
+
+
+class _Counted:
+    """Counts the transactions a PostgreSQL store opens (its one ``transaction`` door)."""
+
+    def __init__(self, store: Any) -> None:
+        self.count = 0
+        pool = getattr(store, "_pg", None)
+        if pool is None:
+            return
+        original = pool.transaction
+
+        def counted() -> Any:
+            self.count += 1
+            return original()
+
+        pool.transaction = counted
 
 
 async def _run(kind: str, rounds: int, max_messages: int, report: Callable[[str], None]) -> None:
@@ -138,6 +183,7 @@ async def _run(kind: str, rounds: int, max_messages: int, report: Callable[[str]
                 for _ in range(5):
                     await conversation.decide()
             timings: dict[int, list[float]] = {size: [] for size in SIZES}
+            counted = _Counted(store)
             for _ in range(rounds):
                 for size, conversation in conversations.items():
                     timings[size].append(await conversation.decide())
@@ -148,6 +194,9 @@ async def _run(kind: str, rounds: int, max_messages: int, report: Callable[[str]
         median = statistics.median(timings[size])
         window = conversations[size].window_messages
         report(f"{size:>20,} {window:>12} {median * 1e6:>10.0f} {median / base:>7.2f}")
+    if counted.count:
+        per = counted.count / (rounds * len(SIZES))
+        report(f"transactions per decision: {per:.2f}")
 
 
 def main() -> None:

@@ -56,6 +56,7 @@ def _tables(name: str) -> list[sql.Identifier]:
         sql.Identifier(f"{name}_messages"),
         sql.Identifier(name),
         sql.Identifier(f"{name}_meta"),
+        sql.Identifier(f"{name}_usage"),
     ]
 
 
@@ -65,6 +66,9 @@ def table(dsn: str) -> Iterator[str]:
     yield name
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(_tables(name))))
+        conn.execute(
+            sql.SQL("DROP FUNCTION IF EXISTS {}").format(sql.Identifier(f"{name}_usage_count"))
+        )
 
 
 Make = Callable[..., PostgresHistoryStore]
@@ -86,9 +90,9 @@ async def make_store(dsn: str, table: str) -> AsyncIterator[Make]:
 
 
 async def query(dsn: str, statement: str, table: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Run ``statement`` with ``{t}``/``{m}``/``{meta}`` naming the test's tables."""
-    m, t, meta = _tables(table)
-    composed = sql.SQL(statement).format(t=t, m=m, meta=meta)
+    """Run ``statement`` with ``{t}``/``{m}``/``{meta}``/``{u}`` naming the test's tables."""
+    m, t, meta, u = _tables(table)
+    composed = sql.SQL(statement).format(t=t, m=m, meta=meta, u=u)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(composed, params)
         return await cur.fetchall() if cur.description else []
@@ -191,7 +195,101 @@ async def test_tables_are_created_once_even_by_concurrent_opens(
     stores = [make_store() for _ in range(3)]
     await asyncio.gather(*(s.open() for s in stores))
     rows = await query(dsn, "SELECT name, value FROM {meta}", table)
-    assert rows == [("schema_version", "1")]
+    assert rows == [("schema_version", "2")]
+
+
+async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
+    """The usage row, checked against the aggregate over the conversations table."""
+    [counted] = await query(dsn, "SELECT sessions, bytes FROM {u}", table)
+    [summed] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
+    assert counted == summed
+    return int(counted[0]), int(counted[1])
+
+
+async def test_a_version_1_table_is_upgraded_in_place_with_its_usage_counted(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    async with make_store() as store:
+        await store.transact("plain", put({"v": 1}))
+        await store.transact_log("log", appender((None, {"m": 1}), (0, {"m": 2})))
+    # Back to the version-1 layout: no usage row, no triggers.
+    await query(dsn, "DROP TABLE {u}", table)
+    name = sql.Identifier(f"{table}_usage_count")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(name))
+    await query(dsn, "UPDATE {meta} SET value = '1'", table)
+    async with make_store() as store:
+        assert await store.read("plain") == {"v": 1}
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("2",)]
+        sessions, _ = await _usage_matches_rows(dsn, table)
+        assert sessions == 2
+        await store.transact_log("log", appender((None, {"m": 3})))
+        await _usage_matches_rows(dsn, table)
+
+
+async def test_the_usage_row_follows_every_statement(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store(ttl_seconds=0.5)
+    await store.transact("a", put({"v": 1}))
+    await store.transact_log("b", appender((None, {"m": "x" * 100})))
+    await store.transact_log("b", appender((None, {"m": "y"})))
+    await store.transact("a", put({"v": "longer"}))
+    assert await _usage_matches_rows(dsn, table) == (2, (await store.usage()).bytes)
+    await store.transact("c", put(None))  # a new key, deleted: its place is given back
+    with pytest.raises(RuntimeError):
+        await store.transact("d", _raising)
+    assert (await _usage_matches_rows(dsn, table))[0] == 2
+    assert await store.delete("a")
+    assert (await _usage_matches_rows(dsn, table))[0] == 1
+    await asyncio.sleep(0.6)
+    assert await store.purge_expired() == 1
+    assert await _usage_matches_rows(dsn, table) == (0, 0)
+
+
+async def _raising(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any] | None, None]:
+    raise RuntimeError("operation failed")
+
+
+async def test_a_decision_takes_two_transactions_and_reads_the_tail_ahead(
+    make_store: Make,
+) -> None:
+    from touba.history import (
+        CapabilityCall,
+        DecisionHistory,
+        DecisionMessage,
+        HistoryConfig,
+        HistoryWindow,
+        Observation,
+    )
+
+    store = make_store()
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    who = identity("n")
+    windows: list[int] = []
+    opened = 0
+    original = store._pg.transaction
+
+    def counted() -> Any:  # counts what the store opens; runs the real transaction
+        nonlocal opened
+        opened += 1
+        return original()
+
+    store._pg.transaction = counted  # type: ignore[method-assign]
+    observations: list[Observation] = []
+    for step in range(8):
+
+        async def generate(window: HistoryWindow, step: int = step) -> DecisionMessage:
+            windows.append(len(window.messages))
+            return DecisionMessage(calls=(CapabilityCall(f"c{step}", "f", {"n": step}),))
+
+        opened = 0
+        await history.step(who, observations, generate)
+        observations = [Observation(f"c{step}", "f", {"n": step}, "ok", {"r": step})]
+        if step >= 2:  # once the store has seen how much of the tail is read
+            assert opened == 2, step
+    assert windows[-1] == 6
+    assert (await store.read(who.key)) is not None
 
 
 async def test_newer_schema_version_is_refused_untouched(
@@ -199,8 +297,8 @@ async def test_newer_schema_version_is_refused_untouched(
 ) -> None:
     async with make_store() as store:
         await store.transact("k", put({"v": 1}))
-    await query(dsn, "UPDATE {meta} SET value = '2'", table)
-    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '2'"):
+    await query(dsn, "UPDATE {meta} SET value = '3'", table)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '3'"):
         await make_store().read("k")
     assert await query(dsn, "SELECT key, head FROM {t}", table) == [("k", '{"v":1}')]
 
@@ -218,7 +316,12 @@ async def test_schema_qualified_table(dsn: str) -> None:
                 " ORDER BY table_name",
                 (schema,),
             )
-            assert await cur.fetchall() == [("history",), ("history_messages",), ("history_meta",)]
+            assert await cur.fetchall() == [
+                ("history",),
+                ("history_messages",),
+                ("history_meta",),
+                ("history_usage",),
+            ]
         finally:
             await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 

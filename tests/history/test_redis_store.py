@@ -716,3 +716,41 @@ async def test_a_tampered_message_row_is_a_typed_record_error(
             await store.transact("k", put(None))
     [row] = await store.list()
     assert row.active is False
+
+
+async def test_a_decision_is_two_round_trips_and_reads_the_right_tail(
+    store: RedisHistoryStore,
+) -> None:
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    trips = 0
+    run, lrange = store._run, store._lrange
+
+    async def counted_run(*args: Any) -> Any:  # counts round trips; runs the real call
+        nonlocal trips
+        trips += 1
+        return await run(*args)
+
+    async def counted_lrange(*args: Any) -> Any:
+        nonlocal trips
+        trips += 1
+        return await lrange(*args)
+
+    store._run = counted_run  # type: ignore[method-assign,assignment]
+    store._lrange = counted_lrange  # type: ignore[method-assign,assignment]
+    seen: list[list[str | None]] = []
+    observations: list[Observation] = []
+    for step in range(10):
+
+        async def generate(window: HistoryWindow, step: int = step) -> DecisionMessage:
+            seen.append([m.text for m in window.messages if isinstance(m, DecisionMessage)])
+            call = CapabilityCall(f"c{step}", "f", {})
+            return DecisionMessage(text=f"d{step}", calls=(call,))
+
+        trips = 0
+        await history.step(who, observations, generate)
+        observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
+        if step >= 2:  # once the store has seen how much of the tail is read
+            assert trips == 2, step
+    for step, texts in enumerate(seen):
+        assert texts == [f"d{n}" for n in range(max(0, step - 3), step)]

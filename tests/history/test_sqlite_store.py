@@ -782,3 +782,57 @@ async def test_reservation_survives_a_killed_worker_until_recover(db_path: Path,
         else:  # the bare reservation is gone with its row
             assert await store.read("k") is None
             assert await store.list() == []
+
+
+# -- reading ahead -----------------------------------------------------------------------
+
+
+async def test_two_stores_on_one_file_alternating_decisions_see_each_others_saves(
+    db_path: Path,
+) -> None:
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    seen: list[list[str | None]] = []
+    async with SqliteHistoryStore(db_path) as one, SqliteHistoryStore(db_path) as two:
+        histories = [
+            DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+            for store in (one, two)
+        ]
+        observations: list[Observation] = []
+        for step in range(12):
+
+            async def generate(window: HistoryWindow, step: int = step) -> DecisionMessage:
+                seen.append([m.text for m in window.messages if isinstance(m, DecisionMessage)])
+                call = CapabilityCall(f"c{step}", "f", {})
+                return DecisionMessage(text=f"d{step}", calls=(call,))
+
+            await histories[step % 2].step(who, observations, generate)
+            observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
+    # Each window holds the decisions of both stores, up to the one just before.
+    for step, texts in enumerate(seen):
+        assert texts == [f"d{n}" for n in range(max(0, step - 3), step)]
+
+
+async def test_a_decision_costs_two_hops_to_the_store_thread(db_path: Path) -> None:
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    async with SqliteHistoryStore(db_path) as store:
+        history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+        hops = 0
+        original = store._run
+
+        async def counted(key: str, job: Any) -> Any:  # counts hops; runs the real job
+            nonlocal hops
+            hops += 1
+            return await original(key, job)
+
+        store._run = counted  # type: ignore[method-assign]
+        observations: list[Observation] = []
+        for step in range(8):
+
+            async def generate(window: HistoryWindow, step: int = step) -> DecisionMessage:
+                return DecisionMessage(calls=(CapabilityCall(f"c{step}", "f", {}),))
+
+            hops = 0
+            await history.step(who, observations, generate)
+            observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
+            if step >= 2:  # once the store has seen how much of the tail is read
+                assert hops == 2, step

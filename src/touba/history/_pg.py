@@ -14,8 +14,10 @@ layer with a PostgreSQL store, as :mod:`touba.history._files` does for SQLite.
   its timeout, then a pool of 1 to 4 connections that the store closes.
 - **Schema.** ``<table>_meta`` holds the schema version. Tables are created
   on first use under a transaction-level advisory lock, so concurrent
-  openers create them once. A table of that name without its ``_meta``, or
-  of another version, is refused and left untouched.
+  openers create them once. A table of an older version that the store
+  knows how to migrate is upgraded in place, in that same transaction; a
+  table of that name without its ``_meta``, or of another version, is
+  refused and left untouched.
 - **Transactions.** Each call is one READ COMMITTED transaction, whatever
   the connection's default.
 - **Errors.** A driver error while opening is a ``ConfigurationError``; a
@@ -32,9 +34,9 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -176,6 +178,7 @@ class Schema:
     what: str
     lock: int
     mismatch: type[ToubaError] = ConfigurationError
+    migrations: Mapping[int, Sequence[Query]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -186,9 +189,11 @@ class Schema:
         version: int,
         what: str,
         mismatch: type[ToubaError] = ConfigurationError,
+        migrations: Mapping[int, Sequence[Query]] | None = None,
     ) -> Schema:
         """The schema whose main table is ``parts`` (``create`` makes every table but
-        ``<table>_meta``, which :meth:`prepare` makes)."""
+        ``<table>_meta``, which :meth:`prepare` makes). ``migrations[v]`` turns tables
+        of version ``v`` into version ``v + 1`` in place."""
         *schema, name = parts
         table = ".".join(parts)
         return cls(
@@ -200,6 +205,7 @@ class Schema:
             what=what,
             lock=lock_key(f"touba.{what}.postgres:schema:{table}"),
             mismatch=mismatch,
+            migrations=dict(migrations or {}),
         )
 
     async def prepare(self, conn: Conn, owner: str) -> None:
@@ -233,12 +239,26 @@ class Schema:
         query = sql.SQL("SELECT value FROM {} WHERE name = 'schema_version'").format(self.meta)
         stored = await row(conn, query)
         version = None if stored is None else stored[0]
+        if version is not None and version.isdigit() and self._upgradable(int(version)):
+            for step in range(int(version), self.version):
+                for statement in self.migrations[step]:
+                    await run(conn, statement)
+            update = sql.SQL("UPDATE {} SET value = %s WHERE name = 'schema_version'")
+            await run(conn, update.format(self.meta), (str(self.version),))
+            logger.info("upgraded table %s to schema version %s", self.table, self.version)
+            return
         if version != str(self.version):
             raise self.mismatch(
                 f"table {self.table!r} has touba {self.what} schema version {version!r}; this "
                 f"touba reads version {self.version}. Upgrade touba or use another table; "
                 "nothing was modified"
             )
+
+    def _upgradable(self, version: int) -> bool:
+        """True when ``migrations`` lead from ``version`` to this one."""
+        return version < self.version and all(
+            v in self.migrations for v in range(version, self.version)
+        )
 
 
 class OwnedPool:

@@ -12,24 +12,31 @@ Layout, every name derived from ``table`` and quoted with
 - ``<table>_messages``: the messages of touba records, one row each (``seq``
   within the conversation, ``exchange``, ``bytes``, JSON ``body``).
   ``transact_log`` only appends rows; snapshots read only the range asked.
-- ``<table>_meta``: the schema version. A table of another version, or a
-  table of that name that is not touba's, is refused untouched.
+- ``<table>_usage``: one row, the places held (rows of ``<table>``) and the
+  bytes they retain, kept exact by statement triggers on ``<table>`` in the
+  transaction of every statement that changes them.
+- ``<table>_meta``: the schema version (2; a version-1 table gains its
+  usage row and triggers in place when first opened). A table of another
+  version, or a table of that name that is not touba's, is refused untouched.
 
-No transaction stays open while ``operation`` runs. ``transact`` commits a
-reservation first (refusing at once with ``DecisionHistoryBusy`` when the key
-is reserved), runs the operation, then in one transaction checks that its
-token still matches, checks capacity and saves. The capacity checks of every
-worker sharing the table are serialised by a transaction-level advisory lock,
-so two workers cannot both fit under a limit. Reserving a stored, live
-conversation is one ``UPDATE`` of its row and takes no such lock; reserving
-a key without a record (or an expired one) takes the advisory lock first,
-inserts the bare row and counts the places held, so two workers cannot both
-take the last place among ``max_sessions``. Either way the reservation reads
-the store's usage with one aggregate over the conversations table (one row
-per conversation, never the messages). A crash leaves the reservation
-in place: the key answers ``DecisionHistoryBusy`` until
-``recover(key, worker_stopped=True)``. Expiry uses the server's clock;
-expired, unreserved conversations are purged on access.
+No transaction stays open while ``operation`` runs. A decision takes two
+transactions: ``transact_log`` commits a reservation (refusing at once with
+``DecisionHistoryBusy`` when the key is reserved) and in the same
+transaction reads the usage row and the conversation's tail as far back as
+the history layer read lately (older exchanges, when asked, are read
+separately); then one transaction checks that its token still matches,
+saves, checks capacity on the usage row and releases. Reserving a stored,
+live conversation updates its row only. Capacity needs no lock wider than
+that: a write that changes the places or the bytes held locks the usage row
+through its trigger until it commits, and checks the row after its own
+change, so two workers cannot both fit under a limit (a new key is counted
+when it is reserved, so two cannot take the last place). A crash leaves the
+reservation in place: the key answers ``DecisionHistoryBusy`` until
+``recover(key, worker_stopped=True)``. Expiry uses the server's clock. An
+expired, unreserved conversation is purged when its key is accessed; every
+expired row is purged at most once a minute per store object, and whenever
+the store is 80% full or a write would not fit otherwise, always before the
+transaction locks the usage row, so expired rows never refuse a write.
 
 Errors: a connection or schema problem met while opening raises
 ``ConfigurationError`` chained to the driver error; a driver failure during
@@ -43,9 +50,11 @@ PostgreSQL stores (:mod:`touba.history._pg`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -80,7 +89,7 @@ from touba.history._common import (
 )
 from touba.history._model import parse_json
 from touba.history._pg import Conn as _Conn
-from touba.history._pg import OwnedPool, PooledStore, Schema, lock_key, table_parts
+from touba.history._pg import OwnedPool, PooledStore, Schema, table_parts
 from touba.history._pg import Row as _Row
 from touba.history._pg import row as _row
 from touba.history._pg import rows as _rows
@@ -101,7 +110,10 @@ __all__ = ["PostgresHistoryStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired row, per store object
+PURGE_NEAR_FULL: Final = 0.8  # ... or at each access while the store is this full
+MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
 
 
 # -- names and statements ----------------------------------------------------------------
@@ -125,6 +137,12 @@ class _Statements:
         def q(text: LiteralString) -> sql.Composed:
             return sql.SQL(text).format(**names)
 
+        u = sql.Identifier(*schema, f"{name}_usage")
+        self.usage_table = u
+        names["u"] = u
+        names["count"] = sql.Identifier(*schema, f"{name}_usage_count")
+        for event in ("ins", "upd", "del"):
+            names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
         self.create = [
             q(
                 "CREATE TABLE {t} ("
@@ -156,6 +174,46 @@ class _Statements:
             ),
             q("CREATE INDEX {m_ex} ON {m} (key, exchange)"),
         ]
+        # Version 2: the places held and the bytes retained, kept in one row by
+        # statement triggers on {t}, so that every statement (reserve, save,
+        # release, delete, recover, purge) keeps them exact in its own
+        # transaction, and a capacity check reads one row instead of summing.
+        self.add_usage = [
+            q("CREATE TABLE {u} (sessions bigint NOT NULL, bytes bigint NOT NULL)"),
+            q("INSERT INTO {u} SELECT count(*), coalesce(sum(bytes), 0) FROM {t}"),
+            q(
+                "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+                " DECLARE n bigint := 0; b bigint := 0;"
+                " BEGIN"
+                "  IF TG_OP = 'INSERT' THEN"
+                "   SELECT count(*), coalesce(sum(bytes), 0) INTO n, b FROM new_rows;"
+                "  ELSIF TG_OP = 'DELETE' THEN"
+                "   SELECT -count(*), -coalesce(sum(bytes), 0) INTO n, b FROM old_rows;"
+                "  ELSE"
+                "   SELECT coalesce(sum(bytes), 0) INTO b FROM new_rows;"
+                "   b := b - (SELECT coalesce(sum(bytes), 0) FROM old_rows);"
+                "  END IF;"
+                "  IF n <> 0 OR b <> 0 THEN"
+                "   UPDATE {u} SET sessions = sessions + n, bytes = bytes + b;"
+                "  END IF;"
+                "  RETURN NULL;"
+                " END $touba$"
+            ),
+            q(
+                "CREATE TRIGGER {tr_ins} AFTER INSERT ON {t} REFERENCING NEW TABLE AS new_rows"
+                " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
+            ),
+            q(
+                "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t}"
+                " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+                " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
+            ),
+            q(
+                "CREATE TRIGGER {tr_del} AFTER DELETE ON {t} REFERENCING OLD TABLE AS old_rows"
+                " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
+            ),
+        ]
+        self.create += self.add_usage
 
         # Reservation.
         self.purge_key = q(
@@ -175,12 +233,8 @@ class _Statements:
             " WHERE h.token IS NULL"
             " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes"
         )
-        # Places held and bytes retained: reserved rows and live records (an
-        # expired, unreserved record is as good as purged).
-        self.usage = q(
-            "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}"
-            " WHERE token IS NOT NULL OR expires_at > now()"
-        )
+        # Places held and bytes retained: every row, until expired ones are purged.
+        self.usage = q("SELECT sessions, bytes FROM {u}")
         self.holder = q("SELECT worker_id, pid, host, since FROM {t} WHERE key = %s")
         self.release_bare = q("DELETE FROM {t} WHERE key = %s AND token = %s AND head IS NULL")
         self.release = q(
@@ -193,14 +247,10 @@ class _Statements:
         )
 
         # Saving.
-        self.advisory_lock = sql.SQL("SELECT pg_advisory_xact_lock(%s)")
         self.purge_all = q("DELETE FROM {t} WHERE token IS NULL AND expires_at <= now()")
         self.lock_row = q(
             "SELECT token, head, split, exchanges, messages, bytes FROM {t}"
             " WHERE key = %s FOR UPDATE"
-        )
-        self.others = q(
-            "SELECT count(*), coalesce(sum(bytes), 0) FROM {t} WHERE head IS NOT NULL AND key <> %s"
         )
         self.delete_messages = q("DELETE FROM {m} WHERE key = %s")
         self.insert_message = q(
@@ -221,6 +271,9 @@ class _Statements:
         self.range_messages = q(
             "SELECT exchange, body FROM {m}"
             " WHERE key = %s AND exchange >= %s AND exchange < %s ORDER BY seq"
+        )
+        self.tail = q(
+            "SELECT exchange, bytes, body FROM {m} WHERE key = %s AND exchange >= %s ORDER BY seq"
         )
         self.range_sizes = q(
             "SELECT count(*), sum(bytes) FROM {m} WHERE key = %s AND exchange >= %s"
@@ -289,7 +342,8 @@ class _Claim:
     exchanges: int
     messages: int
     bytes: int
-    rows: list[_Row]
+    rows: list[_Row]  # every (exchange, body) for transact; the tail's for transact_log
+    tail: int  # transact_log: the first exchange whose (exchange, bytes, body) rows are read
     usage: StoreUsage
 
     def record(self, key: str) -> Record | None:
@@ -376,6 +430,7 @@ class PostgresHistoryStore(PooledStore):
                 version=SCHEMA_VERSION,
                 what="history",
                 mismatch=DecisionHistoryRecordInvalid,
+                migrations={1: self._sql.add_usage},
             ),
             unavailable=_unavailable,
         )
@@ -384,7 +439,10 @@ class PostgresHistoryStore(PooledStore):
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = float(ttl_seconds)
         self.worker_id = worker_id
-        self._capacity_key = lock_key(f"touba.history.postgres:capacity:{table}")
+        self._purged_at = -math.inf  # time.monotonic() of this object's last full purge
+        # How many trailing exchanges the history layer read of a conversation
+        # lately: a reservation reads that many ahead, in its own transaction.
+        self._tail_hint = 0
 
     def _using(self) -> AbstractAsyncContextManager[None]:
         """One public call: refused once closing, awaited by ``close()`` otherwise."""
@@ -423,36 +481,72 @@ class PostgresHistoryStore(PooledStore):
         async with self._transaction() as conn:
             row = await _row(conn, s.claim_live, (*holder, key))
             if row is not None:
-                return await self._claimed(conn, key, reservation, row, load_messages)
+                usage = await self._usage(conn, purge=self._purge_wanted)
+                return await self._claimed(conn, key, reservation, row, usage, load_messages)
         # A new key (or an expired or held one), in a transaction of its own: the
-        # UPDATE above may keep a lock on a row it rechecked without updating, which
-        # must not be held while waiting for the advisory lock. Places are counted
-        # under that lock, taken before any row lock, as saves take it.
+        # UPDATE above may keep a lock on a row it rechecked without updating. The
+        # usage row is locked by the insert of the new row (its trigger counts it),
+        # so reservers of new keys take the last place one at a time; a purge, when
+        # one is due, runs first, before this transaction holds that lock.
         async with self._transaction() as conn:
-            await _run(conn, s.advisory_lock, (self._capacity_key,))
+            await self._usage(conn, purge=lambda u: self._purge_wanted(u, sessions=1))
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.claim, (key, *holder))
             if row is None:
                 raise await _held(conn, s, key)
-            return await self._claimed(conn, key, reservation, row, load_messages)
+            usage = await self._usage(conn)
+            return await self._claimed(conn, key, reservation, row, usage, load_messages)
 
     async def _claimed(
-        self, conn: _Conn, key: str, reservation: Reservation, row: _Row, load_messages: bool
+        self,
+        conn: _Conn,
+        key: str,
+        reservation: Reservation,
+        row: _Row,
+        usage: StoreUsage,
+        load_messages: bool,
     ) -> _Claim:
         """The claim of a reserved row, inside the reserving transaction."""
-        usage = await self._usage(conn)
         head, split, exchanges, messages, size = row
         if head is None:  # our new row is counted: refuse if it took one place too many
             check_sessions(usage.sessions - 1, self.max_sessions)
         rows: list[_Row] = []
-        if load_messages and head is not None and split:
-            rows = await _rows(conn, self._sql.all_messages, (key,))
-        return _Claim(reservation.token, head, split, exchanges, messages, size, rows, usage)
+        tail = exchanges
+        if head is not None and split:
+            if load_messages:
+                rows = await _rows(conn, self._sql.all_messages, (key,))
+            elif self._tail_hint and exchanges:
+                tail = max(0, exchanges - self._tail_hint)
+                rows = await _rows(conn, self._sql.tail, (key, tail))
+        return _Claim(reservation.token, head, split, exchanges, messages, size, rows, tail, usage)
 
-    async def _usage(self, conn: _Conn) -> StoreUsage:
+    def _purge_wanted(self, usage: StoreUsage, *, sessions: int = 0, bytes: int = 0) -> bool:
+        """Purge every expired row now? Once a minute, or when the store is nearly full
+        (or this write would not fit), so that expired rows never refuse a write."""
+        return (
+            time.monotonic() - self._purged_at >= PURGE_INTERVAL
+            or usage.fraction >= PURGE_NEAR_FULL
+            or usage.sessions + sessions > usage.max_sessions
+            or usage.bytes + bytes > usage.max_store_bytes
+        )
+
+    async def _usage(
+        self, conn: _Conn, *, purge: Callable[[StoreUsage], bool] | None = None
+    ) -> StoreUsage:
+        """The usage row; first purging every expired row when ``purge(usage)`` says so.
+
+        A purge must come before the transaction locks the usage row (any write
+        to a conversation row does, by its trigger), as a purge locks rows
+        while waiting for that lock otherwise.
+        """
         row = await _row(conn, self._sql.usage)
         assert row is not None
-        return StoreUsage(int(row[0]), self.max_sessions, int(row[1]), self.max_store_bytes)
+        usage = StoreUsage(int(row[0]), self.max_sessions, int(row[1]), self.max_store_bytes)
+        if purge is not None and purge(usage):
+            self._purged_at = time.monotonic()
+            if await _run(conn, self._sql.purge_all):
+                return await self._usage(conn)
+        return usage
 
     async def _release(self, key: str, token: str) -> None:
         """Give the key back untouched (a bare reservation row goes away)."""
@@ -475,22 +569,13 @@ class PostgresHistoryStore(PooledStore):
         """Check token and capacity, then write, in one transaction."""
         s = self._sql
         async with self._transaction() as conn:
-            # The advisory lock comes before any row lock, in every transaction that
-            # takes it, so capacity checks queue up without deadlocking.
-            await _run(conn, s.advisory_lock, (self._capacity_key,))
-            await _run(conn, s.purge_all)
             current = await _row(conn, s.lock_row, (key,))
             if current is None or current[0] != token:
                 raise _recovered(key)
-            row = await _row(conn, s.others, (key,))
-            assert row is not None
-            sessions, others_bytes = row
-            check_capacity(
-                is_new=current[1] is None,
-                sessions=sessions,
-                max_sessions=self.max_sessions,
-                store_bytes_after=int(others_bytes) + write.bytes,
-                max_store_bytes=self.max_store_bytes,
+            is_new = current[1] is None
+            growth = write.bytes - int(current[5])
+            await self._usage(
+                conn, purge=lambda u: self._purge_wanted(u, sessions=int(is_new), bytes=growth)
             )
             if write.rewrite and current[4]:
                 await _run(conn, s.delete_messages, (key,))
@@ -508,6 +593,15 @@ class PostgresHistoryStore(PooledStore):
                     self.ttl_seconds,
                     key,
                 ),
+            )
+            # Exact now: this transaction holds the usage row since the save's trigger.
+            usage = await self._usage(conn)
+            check_capacity(
+                is_new=is_new,
+                sessions=usage.sessions - 1,
+                max_sessions=self.max_sessions,
+                store_bytes_after=usage.bytes,
+                max_store_bytes=self.max_store_bytes,
             )
             if write.rows:
                 async with conn.cursor() as cur:
@@ -606,7 +700,7 @@ class PostgresHistoryStore(PooledStore):
     async def purge_expired(self) -> int:
         """Delete every expired, unreserved conversation now; returns how many."""
         async with self._using(), self._transaction() as conn:
-            await _run(conn, self._sql.advisory_lock, (self._capacity_key,))
+            self._purged_at = time.monotonic()
             return await _run(conn, self._sql.purge_all)
 
     async def usage(self) -> StoreUsage:
@@ -615,18 +709,18 @@ class PostgresHistoryStore(PooledStore):
         ``sessions`` counts stored conversations plus reservations of keys that
         have no record yet (a crashed worker's included, until ``recover``);
         ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
-        Expired, unreserved conversations are not counted. One aggregate over
-        the conversations table, taking no lock.
+        Expired, unreserved conversations are not counted (they are purged
+        first). The figures are one row that triggers keep exact.
         """
         async with self._using(), self._transaction() as conn:
-            return await self._usage(conn)
+            return await self._usage(conn, purge=lambda _: True)
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Sizes and reservations, never content. Bare reservations (a key that had no
         record when its worker crashed) are listed only without ``namespace``."""
         s = self._sql
         async with self._using(), self._transaction() as conn:
-            await _run(conn, s.advisory_lock, (self._capacity_key,))
+            self._purged_at = time.monotonic()
             await _run(conn, s.purge_all)
             if namespace is None:
                 rows = await _rows(conn, s.list_all)
@@ -655,13 +749,16 @@ class PostgresHistoryStore(PooledStore):
 
 
 class _Snapshot:
-    """The reserved conversation, read range by range while the operation runs."""
+    """The reserved conversation: its tail as read with the reservation, older
+    exchanges range by range while the operation runs."""
 
     def __init__(self, store: PostgresHistoryStore, key: str, head: Record, claim: _Claim):
         self._store = store
         self._key = key
         self._head = head
         self._count = claim.exchanges if claim.split else 0
+        self._tail = claim.tail
+        self._rows = claim.rows  # (exchange, bytes, body) of exchanges tail ..
 
     @property
     def head(self) -> Record:
@@ -671,9 +768,33 @@ class _Snapshot:
     def exchange_count(self) -> int:
         return self._count
 
+    def _wants(self, start: int) -> bool:
+        """True when ``start`` lies in the tail read ahead; remember how far back the
+        history layer reads, plus one exchange: a conversation shorter than its
+        window is read from its start, one exchange further back each decision."""
+        store = self._store
+        store._tail_hint = min(MAX_TAIL, max(store._tail_hint, self._count - start + 1))
+        return start >= self._tail
+
     async def sizes(self, start: int) -> list[ExchangeSize]:
         if start >= self._count:
             return []
+        if self._wants(start):
+            sizes: list[ExchangeSize] = []
+            current: int | None = None
+            messages = size = 0
+            for exchange, nbytes, _body in self._rows:
+                if exchange < start:
+                    continue
+                if exchange != current:
+                    if current is not None:
+                        sizes.append(ExchangeSize(messages, size))
+                    current, messages, size = exchange, 0, 0
+                messages += 1
+                size += nbytes
+            if current is not None:
+                sizes.append(ExchangeSize(messages, size))
+            return sizes
         async with self._store._transaction() as conn:
             rows = await _rows(conn, self._store._sql.range_sizes, (self._key, start))
         return [ExchangeSize(messages, int(size)) for messages, size in rows]
@@ -681,6 +802,9 @@ class _Snapshot:
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
         if start >= min(stop, self._count):
             return []
+        if self._wants(start):
+            wanted = [(e, body) for e, _bytes, body in self._rows if start <= e < stop]
+            return _group(wanted, self._key)
         async with self._store._transaction() as conn:
             rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
         return _group(rows, self._key)

@@ -22,7 +22,9 @@ in a session key and never reaches a key name::
 
 A touba record keeps its head in the head hash and its messages as rows; a
 decision appends rows (RPUSH) and reads only the tail it needs (LRANGE from an
-exchange's offset). Any other JSON dict is kept whole in ``head``.
+exchange's offset). The claim script returns that tail with the reservation
+(as far back as the history layer read lately), so a decision is two round
+trips: claim, commit. Any other JSON dict is kept whole in ``head``.
 
 Every mutation is one Lua script, so it is atomic: claim (refuses at once when
 held; a key without a record takes its place among ``max_sessions`` in
@@ -98,6 +100,8 @@ if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
 __all__ = ["RedisHistoryStore"]
+
+MAX_TAIL: Final = 1024  # most exchanges read ahead with a claim
 
 T = TypeVar("T")
 logger = logging.getLogger("touba.history")
@@ -237,8 +241,18 @@ if not head then
 end
 local reply = {'found', used[1], used[2], head, redis.call('HGET', h, 'split'),
                redis.call('LLEN', x)}
-if ARGV[8] == '1' then
+if ARGV[8] == 'all' then
   for _, row in ipairs(redis.call('LRANGE', m, 0, -1)) do reply[#reply + 1] = row end
+else  -- the last ARGV[8] exchanges: their entries, then their rows
+  local tail = tonumber(ARGV[8])
+  local entries = {}
+  if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
+  reply[#reply + 1] = #entries
+  for _, entry in ipairs(entries) do reply[#reply + 1] = entry end
+  if #entries > 0 then
+    local first = tonumber(string.match(entries[1], '^(%d+):'))
+    for _, row in ipairs(redis.call('LRANGE', m, first, -1)) do reply[#reply + 1] = row end
+  end
 end
 return reply
 """
@@ -561,7 +575,8 @@ class _Claim:
     head: str = ""
     split: bool = False
     exchange_count: int = 0
-    rows: tuple[Any, ...] = ()
+    rows: tuple[Any, ...] = ()  # every row (transact), or the rows of ``entries``
+    entries: tuple[Any, ...] = ()  # transact_log: the tail's "first:count:bytes" entries
     usage: StoreUsage | None = None
 
     def record(self) -> Record | None:
@@ -581,6 +596,18 @@ class _Snapshot:
         self._store = store
         self._claim = claim
         self._head = _object(claim.head)
+        # The tail read with the claim: exchange entries (first row, messages, bytes).
+        self._tail = claim.exchange_count - len(claim.entries)
+        self._entries = [tuple(int(v) for v in _text(e).split(":")) for e in claim.entries]
+
+    def _wants(self, start: int) -> bool:
+        """True when ``start`` lies in the tail read ahead; remember how far back the
+        history layer reads, plus one exchange: a conversation shorter than its
+        window is read from its start, one exchange further back each decision."""
+        store = self._store
+        count = self._claim.exchange_count
+        store._tail_hint = min(MAX_TAIL, max(store._tail_hint, count - start + 1))
+        return start >= self._tail
 
     @property
     def head(self) -> Record:
@@ -594,6 +621,8 @@ class _Snapshot:
         count = self._claim.exchange_count
         if start >= count:
             return []
+        if self._wants(start):
+            return [ExchangeSize(n, b) for _f, n, b in self._entries[start - self._tail :]]
         entries = await self._store._lrange(self._claim.keys.exchanges, start, count - 1)
         sizes = []
         for entry in entries:
@@ -605,6 +634,11 @@ class _Snapshot:
         stop = min(stop, self._claim.exchange_count)
         if start >= stop:
             return []
+        if self._wants(start):
+            base = self._entries[0][0]
+            first = self._entries[start - self._tail][0] - base
+            last_first, last_count, _ = self._entries[stop - 1 - self._tail]
+            return _group(self._claim.rows[first : last_first - base + last_count], start)
         keys = self._claim.keys
         rows = await self._store._run(
             self._store._exchanges, (keys.messages, keys.exchanges), (start, stop), "a read"
@@ -673,6 +707,9 @@ class RedisHistoryStore:
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id
+        # How many trailing exchanges the history layer read lately: a claim
+        # reads that many ahead, in the same script.
+        self._tail_hint = 0
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
         tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         self._base = f"{prefix}{{{tag}}}:"
@@ -753,7 +790,7 @@ class RedisHistoryStore:
             reservation.worker_id,
             reservation.pid,
             reservation.host,
-            "1" if full else "0",
+            "all" if full else str(self._tail_hint),
             self.max_sessions,
         )
         try:
@@ -772,6 +809,10 @@ class RedisHistoryStore:
         usage = self._usage_of(reply[1], reply[2])
         if status == "new":
             return _Claim(key, keys, reservation.token, found=False, usage=usage)
+        entries: tuple[Any, ...] = ()
+        rows = tuple(reply[6:])
+        if not full:
+            entries, rows = rows[1 : 1 + int(rows[0])], rows[1 + int(rows[0]) :]
         return _Claim(
             key,
             keys,
@@ -780,7 +821,8 @@ class RedisHistoryStore:
             head=_text(reply[3]),
             split=_text(reply[4]) == "1",
             exchange_count=int(reply[5]),
-            rows=tuple(reply[6:]),
+            rows=rows,
+            entries=entries,
             usage=usage,
         )
 

@@ -16,7 +16,11 @@ Layout (schema version 1, recorded in ``touba_meta``):
 
 Every SQLite call runs on one worker thread per store, which owns the
 connection; each call commits or rolls back before it returns, so no
-transaction is open while an operation (a model call) runs.
+transaction is open while an operation (a model call) runs. A decision is
+two calls: the reservation, which in its write transaction also reads the
+conversation's tail as far back as the history layer read lately (older
+rows, when asked, cost a call each), and the save. Nothing is kept between
+decisions, so processes sharing the file always see each other's saves.
 
 Failures (:func:`_translate`, the one place ``sqlite3`` and OS errors become
 touba errors, chained): a file locked past the busy timeout is
@@ -89,6 +93,7 @@ logger = logging.getLogger("touba.history")
 
 SCHEMA_VERSION: Final = 1
 BUSY_TIMEOUT_SECONDS: Final = 5.0
+MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
 _VERSION_NAME = "history_schema_version"
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -295,10 +300,12 @@ class _Db:
     # -- reservation ------------------------------------------------------------------
 
     def reserve(
-        self, key: str, reservation: Reservation
-    ) -> tuple[tuple[str, bool, int] | None, StoreUsage]:
+        self, key: str, reservation: Reservation, tail: int = 0
+    ) -> tuple[tuple[str, bool, int] | None, StoreUsage, list[tuple[int, int, str]]]:
         """Reserve ``key``; return its stored head, split flag and exchange count (None
-        for a key without a record), and the store's usage with this reservation.
+        for a key without a record), the store's usage with this reservation, and
+        the ``(exchange, bytes, body)`` rows of its last ``tail`` exchanges (read in
+        the reserving transaction, so a failure there reserves nothing).
 
         A new key takes its place among ``max_sessions`` in the same write
         transaction (``BEGIN IMMEDIATE`` serialises every writer of the file),
@@ -320,9 +327,17 @@ class _Db:
                 usage = replace(usage, sessions=usage.sessions + 1)
             held = (reservation.worker_id, reservation.pid, reservation.host, reservation.since)
             self.q(_RESERVE, reservation.token, *held, key)
+            rows: list[tuple[int, int, str]] = []
+            if tail and row is not None and row[0] is not None and row[1] and row[2]:
+                rows = self.q(
+                    "SELECT exchange, bytes, body FROM touba_history_messages "
+                    "WHERE key = ? AND exchange >= ? ORDER BY exchange, seq",
+                    key,
+                    max(0, row[2] - tail),
+                ).fetchall()
         if row is None or row[0] is None:
-            return None, usage
-        return (row[0], bool(row[1]), row[2]), usage
+            return None, usage, []
+        return (row[0], bool(row[1]), row[2]), usage, rows
 
     def load(self, key: str, head: str, split: bool, whole: bool) -> Record:
         """The reserved key's whole record (``whole``) or its head, outside any write
@@ -472,13 +487,33 @@ class _Db:
 
 
 class _Snapshot:
-    """A reserved conversation as ``transact_log`` shows it: head now, rows on demand."""
+    """A reserved conversation as ``transact_log`` shows it: the head and the tail read
+    with the reservation (so a decision costs two hops to the store's thread: reserve,
+    save), older rows on demand."""
 
-    def __init__(self, store: SqliteHistoryStore, key: str, head: Record, count: int) -> None:
+    def __init__(
+        self,
+        store: SqliteHistoryStore,
+        key: str,
+        head: Record,
+        count: int,
+        rows: list[tuple[int, int, str]],
+        tail: int,
+    ) -> None:
         self._store = store
         self._key = key
         self._head = head
         self._count = count
+        self._rows = rows  # (exchange, bytes, body) of exchanges self._tail ..
+        self._tail = tail
+
+    def _wants(self, start: int) -> bool:
+        """True when ``start`` lies in the tail read ahead; remember how far back the
+        history layer reads, plus one exchange: a conversation shorter than its
+        window is read from its start, one exchange further back each decision."""
+        store = self._store
+        store._tail_hint = min(MAX_TAIL, max(store._tail_hint, self._count - start + 1))
+        return start >= self._tail
 
     @property
     def head(self) -> Record:
@@ -489,10 +524,26 @@ class _Snapshot:
         return self._count
 
     async def sizes(self, start: int) -> list[ExchangeSize]:
+        if self._wants(start):
+            sizes: dict[int, list[int]] = {}
+            for exchange, size, _body in self._rows:
+                if exchange >= start:
+                    weight = sizes.setdefault(exchange, [0, 0])
+                    weight[0] += 1
+                    weight[1] += size
+            return [ExchangeSize(n, b) for n, b in sizes.values()]
         db = self._store._db
         return await self._store._run(self._key, lambda: db.sizes(self._key, start))
 
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        if self._wants(start):
+            out: list[list[Record]] = []
+            for exchange, _size, body in self._rows:
+                if start <= exchange < stop:
+                    while len(out) <= exchange - start:
+                        out.append([])
+                    out[exchange - start].append(_parse(body, self._key, "a message"))
+            return out
         db = self._store._db
         return await self._store._run(self._key, lambda: db.exchanges(self._key, start, stop))
 
@@ -550,6 +601,9 @@ class SqliteHistoryStore:
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        # How many trailing exchanges the history layer read lately: a
+        # reservation reads that many ahead, in its own transaction.
+        self._tail_hint = 0
         self._clock = clock
         self._owns_connection = database is None
         self._lock = threading.Lock()
@@ -623,10 +677,10 @@ class SqliteHistoryStore:
         return await asyncio.shield(future)
 
     async def _reserve(
-        self, key: str, reservation: Reservation
-    ) -> tuple[tuple[str, bool, int] | None, StoreUsage]:
+        self, key: str, reservation: Reservation, tail: int = 0
+    ) -> tuple[tuple[str, bool, int] | None, StoreUsage, list[tuple[int, int, str]]]:
         try:
-            return await self._run(key, lambda: self._db.reserve(key, reservation))
+            return await self._run(key, lambda: self._db.reserve(key, reservation, tail))
         except asyncio.CancelledError:
             # The reservation may be taken anyway: free it right after (same thread, in order).
             self._executor.submit(self._call, key, lambda: self._db.release(key, reservation.token))
@@ -682,7 +736,7 @@ class SqliteHistoryStore:
         with self._using():
             reservation = Reservation.new(self.worker_id)
             token = reservation.token
-            found, _usage = await self._reserve(key, reservation)
+            found, _usage, _rows = await self._reserve(key, reservation)
             try:
                 loaded = None
                 if found is not None:
@@ -706,13 +760,15 @@ class SqliteHistoryStore:
         with self._using():
             reservation = Reservation.new(self.worker_id)
             token = reservation.token
-            found, usage = await self._reserve(key, reservation)
+            hint = self._tail_hint
+            found, usage, rows = await self._reserve(key, reservation, hint)
             try:
                 snapshot = None
                 if found is not None:
                     text, split, count = found
-                    head = await self._run(key, lambda: self._db.load(key, text, split, False))
-                    snapshot = _Snapshot(self, key, head, count)
+                    head = _parse(text, key, "the stored record")
+                    tail = max(0, count - hint) if hint and split else count
+                    snapshot = _Snapshot(self, key, head, count, rows, tail)
                 write, result = await operation(snapshot, usage)
                 if write is None:
                     await self._run(key, lambda: self._db.release(key, token))
