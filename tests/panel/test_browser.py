@@ -208,6 +208,7 @@ async def test_recover_a_reservation_left_by_a_sigkilled_worker(
         await page.goto(served.base + f"/conversation?key={key}")
         assert await page.locator(".badge.busy").count() == 1
         await page.click("text=Recover the reservation")
+        await page.wait_for_url("**/conversation/recover?key=*")
         assert "Stop the worker that holds it" in await page.inner_text("main")
         await shots.take(page, "recover")
         await page.check("input[name=worker_stopped]")
@@ -224,7 +225,9 @@ async def test_a_conversation_page_shows_its_plot(browser: Any, files: Path, sho
         page = await logged_in(browser, served)
         await page.goto(served.base + "/conversations")
         await page.locator("table.list a").first.click()
+        await page.wait_for_url("**/conversation?key=*")  # the click navigates
         svg = page.locator("svg.plot")
+        await svg.first.wait_for()
         assert await svg.count() == 1
         box = await svg.bounding_box()
         assert box is not None
@@ -279,7 +282,7 @@ async def test_refused_without_the_token_or_the_csrf_token(browser: Any, files: 
         assert status == 403  # the session cookie alone is not enough
         await page.evaluate("document.querySelector('form.settings [name=csrf]').value = 'x'")
         await page.click("form.settings button[type=submit]")
-        assert "CSRF token is missing or wrong" in await page.inner_text("main")
+        await page.wait_for_selector("text=CSRF token is missing or wrong")
     async with SqliteMemoryStore(files / "memory.sqlite") as store:
         assert await store.load_memory_config("support") is None  # nothing was changed
 
