@@ -11,6 +11,7 @@ an older touba.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,23 @@ def test_json_problem_accepts_json_data_and_tuples() -> None:
     assert json_problem(nested(MAX_JSON_DEPTH - 1), "v") is None
     assert json_problem(nested(MAX_JSON_DEPTH + 1), "v") is not None
     assert json_problem(10**5000, "v") == "v is an int too large to write as JSON"
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"a": [1, float("nan")]}, 'message["a"][1]'),
+        ({"a": {1, 2}}, 'message["a"]'),
+        ({"a": "\ud800"}, 'message["a"]'),
+    ],
+)
+def test_the_log_path_encoder_refuses_by_path_what_it_cannot_store(
+    value: object, named: str
+) -> None:
+    """The fast encoder of checked log writes still refuses, typed and by path."""
+    from touba.errors import DecisionHistoryRecordInvalid
+    from touba.history._common import encode_checked_json, encode_json
+
+    with pytest.raises(DecisionHistoryRecordInvalid, match=re.escape(named)):
+        encode_checked_json(value, "message")
+    assert encode_checked_json({"a": [1, 2.5, "é"]}, "m") == encode_json({"a": [1, 2.5, "é"]}, "m")

@@ -30,6 +30,7 @@ __all__ = [
     "check_key",
     "check_limits_config",
     "check_sessions",
+    "encode_checked_json",
     "encode_json",
     "encode_record",
     "iso",
@@ -123,6 +124,23 @@ class EncodedRecord:
     exchanges: list[list[str]]
     messages: int
     bytes: int
+
+
+def encode_checked_json(value: Any, what: str) -> str:
+    """:func:`encode_json` for what the history layer built from checked values.
+
+    The log path's heads and messages come from observations, decisions and
+    data that ``DecisionHistory.step`` (and the integrations) refused by path
+    where they entered, so the walk is skipped: JSON encoding and UTF-8 still
+    refuse anything unstorable, and only then is the value walked, for the
+    path in the error. Per-decision cost stays that of encoding.
+    """
+    try:
+        text = canonical_json(value)
+        text.encode("utf-8")  # a lone surrogate encodes to JSON but is no text
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        return encode_json(value, what)
+    return text
 
 
 def encode_json(value: Any, what: str) -> str:

@@ -29,7 +29,7 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
-    encode_json,
+    encode_checked_json,
     encode_record,
     iso,
     recovered,
@@ -370,11 +370,11 @@ def _identity(entry: _Entry) -> dict[str, str] | None:
 
 def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistoryStore) -> None:
     """Check then apply ``write`` in place (lock held); a refusal changes nothing."""
-    head = encode_json(write.head, "head")
+    head = encode_checked_json(write.head, "head")
     drop = _dropping(old, write.drop_last)
     kept = (len(old.exchanges) if old else 0) - sum(1 for _, emptied in drop if emptied)
     check_appends(kept, write.append)
-    rows = [(index, encode_json(message, "message")) for index, message in write.append]
+    rows = [(index, encode_checked_json(message, "message")) for index, message in write.append]
     sizes = [len(row.encode("utf-8")) for _, row in rows]
     old_bytes = old.bytes if old else 0
     old_head_bytes = len(old.head.encode("utf-8")) if old else 0

@@ -82,6 +82,7 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
+    encode_checked_json,
     encode_json,
     encode_record,
     recovered,
@@ -853,12 +854,12 @@ def _whole(record: Record) -> _Write:
 
 def _appended(claim: _Claim, write: LogWrite) -> _Write:
     """A log write: a new head and messages after the stored ones (checked first)."""
-    head = encode_json(write.head, "head")
+    head = encode_checked_json(write.head, "head")
     count = claim.exchanges if claim.split else 0
     check_appends(count, write.append)
     rows: list[tuple[int, int, int, str]] = []
     for index, message in write.append:
-        body = encode_json(message, "message")
+        body = encode_checked_json(message, "message")
         rows.append((claim.messages + len(rows), index, len(body.encode("utf-8")), body))
     namespace, identity = _identity(write.head)
     old_head = len(claim.head.encode("utf-8")) if claim.head is not None else 0

@@ -69,6 +69,7 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
+    encode_checked_json,
     encode_json,
     encode_record,
     iso,
@@ -914,11 +915,11 @@ class RedisHistoryStore:
         await self._commit(claim, "put", encoded.head, _identity(record), args)
 
     async def _append(self, claim: _Claim, write: LogWrite) -> None:
-        head = encode_json(write.head, "head")
+        head = encode_checked_json(write.head, "head")
         check_appends(claim.exchange_count, write.append)
         args: list[str | int] = [len(write.append)]
         for index, message in write.append:
-            size, row = _row(index, encode_json(message, "message"))
+            size, row = _row(index, encode_checked_json(message, "message"))
             args += [index, size, row]
         await self._commit(claim, "append", head, _identity(write.head), args)
 

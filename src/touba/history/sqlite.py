@@ -64,6 +64,7 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
+    encode_checked_json,
     encode_json,
     encode_record,
     iso,
@@ -385,8 +386,8 @@ class _Db:
 
     def save_log(self, key: str, token: str, write: LogWrite) -> None:
         """Append ``write``'s messages and replace the head; no row is rewritten."""
-        head = encode_json(write.head, "head")
-        bodies = [(index, encode_json(m, "message")) for index, m in write.append]
+        head = encode_checked_json(write.head, "head")
+        bodies = [(index, encode_checked_json(m, "message")) for index, m in write.append]
         with transaction(self.conn):
             old_head, old_bytes, messages, exchanges = self._owned(key, token)
             check_appends(exchanges, write.append)

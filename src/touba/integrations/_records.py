@@ -38,7 +38,7 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
 )
 from touba.history import HistoryStore, conversation_key, message_bytes
-from touba.history._model import canonical_json
+from touba.history._model import canonical_json, json_problem
 
 __all__ = [
     "RECORD_VERSION",
@@ -92,6 +92,9 @@ def dump_items(items: Sequence[object], what: str) -> list[Record]:
     for index, item in enumerate(items):
         if not isinstance(item, Mapping):
             raise TypeError(f"{what} {index} is a {type(item).__name__}, not a JSON object")
+        problem = json_problem(item, f"{what} {index}")  # nesting bounded as the history's
+        if problem is not None:
+            raise TypeError(f"{problem}; nothing saved")
         try:
             text = canonical_json(item)
             text.encode("utf-8")
