@@ -22,7 +22,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.history._stores import DURABLE, KINDS, Stores, state
+from tests.history._stores import Stores, state
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import (
     ConversationIdentity,
@@ -47,22 +47,6 @@ LOOKUP = CapabilitySpec(
     "Find an order",
     {"type": "object", "properties": {"order_id": {"type": "string"}}},
 )
-
-
-@pytest.fixture(params=KINDS)
-async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    built = Stores(request.param, tmp_path)
-    built.prepare()
-    yield built
-    await built.cleanup()
-
-
-@pytest.fixture(params=DURABLE)
-async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    built = Stores(request.param, tmp_path)
-    built.prepare()
-    yield built
-    await built.cleanup()
 
 
 # -- the provider ------------------------------------------------------------------------

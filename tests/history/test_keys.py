@@ -8,13 +8,11 @@ and leaves nothing behind: no row, no reservation, no misleading Busy later.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.history._stores import KINDS, Stores, state
+from tests.history._stores import Stores, state
 from touba.errors import ConfigurationError
 from touba.history._common import MAX_KEY_BYTES, check_key
 
@@ -30,14 +28,6 @@ BAD_KEYS: list[Any] = [
     "é" * (MAX_KEY_BYTES // 2 + 1),  # 514 bytes in 257 characters
 ]
 GOOD_KEYS = ["k" * MAX_KEY_BYTES, "é" * (MAX_KEY_BYTES // 2), "{tag}:x", "\x01\n", "123"]
-
-
-@pytest.fixture(params=KINDS)
-async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    built = Stores(request.param, tmp_path)
-    built.prepare()
-    yield built
-    await built.cleanup()
 
 
 async def _op(snapshot: Any) -> tuple[dict[str, Any], None]:

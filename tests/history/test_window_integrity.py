@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from tests._services import postgres_dsn
-from tests.history._stores import DURABLE, Stores, state
+from tests.history._stores import Stores, state
 from touba.errors import DecisionHistoryRecordInvalid
 from touba.history import (
     CapabilityCall,
@@ -48,14 +48,6 @@ LOOKUP = CapabilitySpec(
     "Find an order",
     {"type": "object", "properties": {"order_id": {"type": "string"}}},
 )
-
-
-@pytest.fixture(params=DURABLE)
-async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    built = Stores(request.param, tmp_path)
-    built.prepare()
-    yield built
-    await built.cleanup()
 
 
 @pytest.fixture
