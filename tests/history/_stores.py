@@ -17,8 +17,16 @@ import pytest
 
 from tests._services import postgres_dsn, redis_url
 from touba.history import MemoryHistoryStore
+from touba.providers import CapabilitySpec
 
-__all__ = ["DURABLE", "KINDS", "Stores", "build", "state"]
+__all__ = ["DURABLE", "KINDS", "LOOKUP", "Stores", "build", "state"]
+
+# The capability the provider-level tests offer.
+LOOKUP = CapabilitySpec(
+    "lookup_order",
+    "Find an order",
+    {"type": "object", "properties": {"order_id": {"type": "string"}}},
+)
 
 KINDS = [
     "memory",

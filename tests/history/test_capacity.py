@@ -15,14 +15,14 @@ import asyncio
 import gc
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.history._stores import Stores, state
+from tests.history._stores import LOOKUP, Stores, state
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import (
     ConversationIdentity,
@@ -37,32 +37,14 @@ from touba.history import (
 )
 from touba.history._engine import event_observer
 from touba.history._pressure import STORE_PRESSURE, PressureGate, under_pressure
-from touba.providers import CapabilitySpec, ContextConfig, DecisionRequest, Observation
+from touba.providers import ContextConfig, DecisionRequest, Observation
 from touba.providers.openai import create_openai_decision_provider
 from touba.testing.fakes import FakeOpenAIServer, openai_function_call, openai_text
 
 NS = "capacity"
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {"type": "object", "properties": {"order_id": {"type": "string"}}},
-)
 
 
 # -- the provider ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="sk-test", max_retries=0)
-    yield sdk
-    await sdk.close()
 
 
 def guarded(client: openai.AsyncOpenAI, store: HistoryStore, **config: Any) -> Any:

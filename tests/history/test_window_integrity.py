@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from tests._services import postgres_dsn
-from tests.history._stores import Stores, state
+from tests.history._stores import LOOKUP, Stores, state
 from touba.errors import DecisionHistoryRecordInvalid
 from touba.history import (
     CapabilityCall,
@@ -38,29 +38,11 @@ from touba.history import (
 )
 from touba.history._integrity import check_window
 from touba.history.sqlite import SqliteHistoryStore
-from touba.providers import CapabilitySpec, ContextConfig, DecisionRequest
+from touba.providers import ContextConfig, DecisionRequest
 from touba.providers.openai import create_openai_decision_provider
 from touba.testing.fakes import FakeOpenAIServer, openai_function_call, openai_text
 
 NS = "integrity"
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {"type": "object", "properties": {"order_id": {"type": "string"}}},
-)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="sk-test", max_retries=0)
-    yield sdk
-    await sdk.close()
 
 
 def request(**kwargs: Any) -> DecisionRequest:
