@@ -414,10 +414,10 @@ def _last_count(events: list[HistoryEvent]) -> int:
 
 async def _vendors(names: list[str]) -> list[Vendor]:
     makers: Mapping[str, Callable[[], Awaitable[Vendor]]] = {
-        "openai": lambda: _openai(TimedOpenAI().start()),
-        "anthropic": lambda: _anthropic(TimedAnthropic().start()),
-        "gemini": lambda: _gemini(TimedGemini().start()),
-        "compatible": lambda: _compatible(TimedOpenAI().start()),
+        "openai": lambda: _openai(TimedOpenAI(keep_alive=True).start()),
+        "anthropic": lambda: _anthropic(TimedAnthropic(keep_alive=True).start()),
+        "gemini": lambda: _gemini(TimedGemini(keep_alive=True).start()),
+        "compatible": lambda: _compatible(TimedOpenAI(keep_alive=True).start()),
     }
     unknown = set(names) - set(makers)
     if unknown:

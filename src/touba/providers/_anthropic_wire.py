@@ -266,7 +266,7 @@ def _continuation(messages: list[dict[str, Any]]) -> int | None:
 
 def _strip_stale(
     builder: _Builder, system: Any, tools: Any, thinking: ThinkingMode
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], str]:
     """Drop thinking blocks whose prefix changed since they were produced.
 
     A thinking block is valid only after exactly the prefix it was generated
@@ -288,7 +288,7 @@ def _strip_stale(
                 kept = [b for b in message["content"] if b.get("type") not in _THINKING]
                 message["content"] = kept or bound.fallback
         _feed(digest, message)
-    return messages
+    return messages, "sha256:" + str(digest.hexdigest())
 
 
 def render_messages(
@@ -301,8 +301,9 @@ def render_messages(
     system: Any,
     tools: Any,
     thinking: ThinkingMode,
-) -> list[dict[str, Any]]:
-    """The ``messages`` array, in SPEC order, valid for the Messages API."""
+) -> tuple[list[dict[str, Any]], str]:
+    """The ``messages`` array, in SPEC order, valid for the Messages API, and its
+    :func:`prefix_digest` (computed on the way: the array is hashed once)."""
     projected = {
         m.call_id: m.arguments
         for exchange in exchanges

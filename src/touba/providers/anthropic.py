@@ -170,9 +170,26 @@ def _sdk() -> Any:
 
 
 class _Body(dict[str, Any]):
-    """A rendered request body that remembers what parsing its answer needs."""
+    """A rendered request body that remembers what parsing its answer needs.
+
+    ``prefix`` is the :func:`prefix_digest` of the body as rendered, valid while
+    its ``system``, ``tools`` and ``messages`` are the very objects it hashed.
+    """
 
     output_schema: Mapping[str, Any] | None = None
+    prefix: tuple[str, Any, Any, Any] | None = None
+
+    def prefix_digest(self) -> str:
+        known = self.prefix
+        if known is not None:
+            digest, system, tools, messages = known
+            if (
+                self.get("system") is system
+                and self.get("tools") is tools
+                and self.get("messages") is messages
+            ):
+                return digest
+        return prefix_digest(self.get("system"), self.get("tools"), self["messages"])
 
 
 class AnthropicWire(Wire):
@@ -246,7 +263,7 @@ class AnthropicWire(Wire):
             body["tools"] = tools
         if plan.interface == "structured":
             body["tool_choice"] = _decision_choice(self._thinking)
-        body["messages"] = render_messages(
+        messages, digest = render_messages(
             prior_turns=plan.prior_turns,
             request_input=request.input,
             summary=plan.summary,
@@ -256,8 +273,11 @@ class AnthropicWire(Wire):
             tools=body.get("tools"),
             thinking=self._thinking,
         )
+        body["messages"] = messages
+        system_sent, tools_sent = body.get("system"), body.get("tools")
         body.update(self._body_options)
         body.output_schema = request.output_schema
+        body.prefix = (digest, system_sent, tools_sent, messages)
         return body
 
     async def count(self, body: dict[str, Any]) -> int:
@@ -305,8 +325,11 @@ class AnthropicWire(Wire):
                 "the Messages API answered with a body that is not JSON",
                 provider_error_code="malformed_response",
             ) from e
-        prefix = prefix_digest(body.get("system"), body.get("tools"), body["messages"])
-        schema = body.output_schema if isinstance(body, _Body) else None
+        if isinstance(body, _Body):
+            prefix, schema = body.prefix_digest(), body.output_schema
+        else:
+            prefix = prefix_digest(body.get("system"), body.get("tools"), body["messages"])
+            schema = None
         message = parse_message(data, interface=self.interface, output_schema=schema, prefix=prefix)
         return message, _usage(data)
 

@@ -8,9 +8,11 @@ routing, validation, rendering of scripted replies and error bodies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -125,12 +127,35 @@ class Scripted:
 
 
 class _HTTPServer(ThreadingHTTPServer):
+    """Keeps connections alive (HTTP/1.1), as a vendor's API does; ``close_clients``
+    ends the idle ones so that closing the server never waits for a client."""
+
     daemon_threads = False
     block_on_close = True
 
     def __init__(self, fake: FakeProviderServer) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.fake = fake
+        self._clients: set[socket.socket] = set()
+        self._clients_lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._clients_lock:
+            self._clients.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._clients_lock:
+                self._clients.discard(request)
+
+    def close_clients(self) -> None:
+        """Shut every open connection down: a handler waiting for the next request
+        on a kept-alive connection reads end of file and returns."""
+        with self._clients_lock:
+            clients = list(self._clients)
+        for client in clients:
+            with contextlib.suppress(OSError):  # already closed by the client
+                client.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: object, client_address: object) -> None:
         """Client disconnects are expected (timeouts in tests): stay quiet."""
@@ -139,6 +164,9 @@ class _HTTPServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30
+    # Headers and body leave in two writes: without TCP_NODELAY the second waits for
+    # the client's delayed ACK (40 ms) on a kept-alive connection.
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def do_GET(self) -> None:
@@ -160,12 +188,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.send_header("Connection", "close")
+        if not fake.keep_alive or fake._closing.is_set():
+            self.send_header("Connection", "close")
+            self.close_connection = True
         for key, value in reply.headers.items():
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
-        self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the per-request stderr log."""
@@ -177,7 +206,10 @@ class FakeProviderServer:
     Use as a context manager (``with FakeOpenAIServer() as srv:``) or call
     ``start()``/``close()``. Unscripted generations answer 500; unscripted
     counts answer ``count_tokens(body)`` (default :func:`estimate_tokens`).
-    ``validate=False`` turns the wire validators off.
+    ``validate=False`` turns the wire validators off. ``keep_alive=True`` keeps
+    each client connection open between requests, as a vendor's API does (what a
+    benchmark of the request path wants); by default every answer closes its
+    connection, so a test that never closes its SDK client leaks no socket.
     """
 
     provider: ClassVar[str]
@@ -190,10 +222,12 @@ class FakeProviderServer:
         *,
         count_tokens: CountTokens | None = None,
         validate: bool = True,
+        keep_alive: bool = False,
         secret: bytes | None = None,
     ) -> None:
         self.count_tokens: CountTokens = count_tokens or estimate_tokens
         self.validate = validate
+        self.keep_alive = keep_alive
         self.ledger = IssueLedger(secret)
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {name: deque() for name in self.endpoints}
@@ -225,6 +259,7 @@ class FakeProviderServer:
         if httpd is None:
             return
         httpd.shutdown()
+        httpd.close_clients()
         httpd.server_close()
         if self._thread is not None:
             self._thread.join()
