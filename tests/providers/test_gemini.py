@@ -930,3 +930,29 @@ def test_missing_sdk_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "google.genai", None)
     with pytest.raises(ImportError, match=r'pip install "touba\[gemini\]"'):
         create_gemini_decision_provider(model=MODEL)
+
+
+@pytest.mark.parametrize("extra_body", [None, {"generationConfig": {"temperature": 0.25}}])
+def test_the_sdk_edits_a_copy_of_the_body_never_the_rendered_one(
+    server: FakeGeminiServer, extra_body: dict[str, Any] | None
+) -> None:
+    # The SDK's request builder drops top-level "_" keys and merges the client's
+    # extra_body into nested objects of the dict it is given: touba hands it a copy.
+    sdk = make_client(server.base_url, **({"extra_body": extra_body} if extra_body else {}))
+    wire = gemini(sdk)._wire
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "generationConfig": {"maxOutputTokens": 5},
+        "_query": {"x": "1"},
+    }
+    before = json.loads(json.dumps(body))
+    sent = wire._sendable(body)
+    request = sdk.aio._api_client._build_request("post", f"models/{MODEL}:generateContent", sent)
+    assert body == before
+    assert isinstance(request.data, dict)
+    assert "_query" not in request.data
+    config = request.data["generationConfig"]
+    assert config == (
+        {"maxOutputTokens": 5, "temperature": 0.25} if extra_body else before["generationConfig"]
+    )
+    sdk.close()

@@ -20,7 +20,6 @@ stay the SDK's. Posting the rendered dict, rather than rebuilding it through
 
 from __future__ import annotations
 
-import copy
 import importlib
 import json
 import re
@@ -144,15 +143,24 @@ class GeminiWire(Wire):
         schema = body.output_schema if isinstance(body, GeminiBody) else None
         return parse_response(data, structured=self.interface == "structured", output_schema=schema)
 
+    def _sendable(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy of ``body`` the SDK may edit: it drops top-level ``_`` keys (a
+        shallow copy suffices) and merges the client's ``http_options.extra_body``
+        into nested objects (then a deep copy, by a JSON round trip: the body is
+        JSON)."""
+        if getattr(getattr(self._api, "_http_options", None), "extra_body", None):
+            copied: dict[str, Any] = json.loads(json.dumps(dict(body)))
+            return copied
+        return dict(body)
+
     async def _post(self, method: str, body: Mapping[str, Any]) -> Any:
         """POST through the SDK's client; every SDK failure is converted here, chained."""
         from google.genai import errors
 
         counting = method == "countTokens"
         try:
-            # The SDK edits the dict it is given (it merges extra_body, drops "_" keys).
             response = await self._api.async_request(
-                "post", f"{self._resource}:{method}", copy.deepcopy(dict(body))
+                "post", f"{self._resource}:{method}", self._sendable(body)
             )
             return json.loads(response.body or "")
         except errors.APIError as e:
