@@ -198,16 +198,17 @@ local function store_backstop()
   for _, k in ipairs({SESSIONS, BYTES, EXPIRY}) do redis.call('PEXPIREAT', k, at) end
 end
 
--- Clear the reservation of id; restore the backstop expiry of its record.
-local function finish(id)
+-- Clear the reservation of id; restore the backstop expiry of its record
+-- (``saved``: the expires_at a commit just wrote, in the future).
+local function finish(id, saved)
   local h, m, x = conv(id)
   redis.call('HDEL', h, unpack(HOLDER))
   redis.call('ZREM', HELD, id)
-  local expires = redis.call('HGET', h, 'expires_at')
+  local expires = saved or redis.call('HGET', h, 'expires_at')
   if not expires then
     redis.call('DEL', h)
     redis.call('HDEL', SESSIONS, id)  -- the place a new key held
-  elseif tonumber(expires) <= now_ms() then
+  elseif not saved and tonumber(expires) <= now_ms() then
     drop(id)
   else
     local at = string.format('%d', tonumber(expires) + GRACE)
@@ -233,11 +234,11 @@ local id = ARGV[2]
 local h, m, x = KEYS[5], KEYS[6], KEYS[7]
 local now = now_ms()
 purge(now)
-local token = redis.call('HGET', h, 'token')
+local stored = redis.call('HMGET', h, 'token', 'head', 'split', 'last_token')
+local token, head = stored[1], stored[2]
 if token and token ~= ARGV[4] then
   return holder(h)
 end
-local head = redis.call('HGET', h, 'head')
 if not token then
   if not head then  -- a new conversation claims its place now
     local sessions = redis.call('HLEN', SESSIONS)
@@ -254,9 +255,9 @@ local used = usage()
 if not head then
   return {'new', used[1], used[2]}
 end
-local version = redis.call('HGET', h, 'last_token') or ''
-local reply = {'found', used[1], used[2], head, redis.call('HGET', h, 'split'),
-               redis.call('LLEN', x), version, redis.call('LLEN', m)}
+local version = stored[4] or ''
+local reply = {'found', used[1], used[2], head, stored[3], redis.call('LLEN', x), version,
+               redis.call('LLEN', m)}
 if ARGV[8] == 'all' or (version ~= '' and ARGV[10] == version) then return reply end
 local entries = {}
 local tail = tonumber(ARGV[8])
@@ -276,8 +277,9 @@ _COMMIT: Final = (
     + """
 local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
 local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-if redis.call('HGET', h, 'token') ~= token then
-  if redis.call('HGET', h, 'last_token') == token then return {'ok'} end
+local held = redis.call('HMGET', h, 'token', 'last_token', 'messages')
+if held[1] ~= token then
+  if held[2] == token then return {'ok'} end
   return {'stale'}
 end
 local now = now_ms()
@@ -307,10 +309,9 @@ else
     end
     added = added + tonumber(ARGV[13 + 3 * i])
   end
-  local old_head = redis.call('HGET', h, 'head') or ''
   split = '1'
-  messages = tonumber(redis.call('HGET', h, 'messages') or '0') + n
-  new_bytes = old_bytes - #old_head + #ARGV[8] + added
+  messages = tonumber(held[3] or '0') + n
+  new_bytes = old_bytes - redis.call('HSTRLEN', h, 'head') + #ARGV[8] + added
 end
 
 local sessions = redis.call('HLEN', SESSIONS)
@@ -330,20 +331,33 @@ if mode == 'put' then
   for i = last + 1, #ARGV, 1000 do
     redis.call('RPUSH', m, unpack(ARGV, i, math.min(i + 999, #ARGV)))
   end
-else
+else  -- messages into the last stored exchange, then into the ones this opens
   local nmsg = redis.call('LLEN', m)
+  local grown, grown_bytes, opened, rows = 0, 0, {}, {}
   for i = 0, n - 1 do
     local index, size = tonumber(ARGV[12 + 3 * i]), tonumber(ARGV[13 + 3 * i])
     if index == count then
-      redis.call('RPUSH', x, string.format('%d:1:%d', nmsg, size))
+      opened[#opened + 1] = {nmsg + #rows, 1, size}
       count = count + 1
+    elseif #opened > 0 then
+      local e = opened[#opened]
+      e[2], e[3] = e[2] + 1, e[3] + size
     else
-      local f, k, b = string.match(redis.call('LINDEX', x, -1), '^(%d+):(%d+):(%d+)$')
-      redis.call('LSET', x, -1,
-                 string.format('%d:%d:%d', tonumber(f), tonumber(k) + 1, tonumber(b) + size))
+      grown, grown_bytes = grown + 1, grown_bytes + size
     end
-    redis.call('RPUSH', m, ARGV[14 + 3 * i])
-    nmsg = nmsg + 1
+    rows[#rows + 1] = ARGV[14 + 3 * i]
+  end
+  if grown > 0 then
+    local f, k, b = string.match(redis.call('LINDEX', x, -1), '^(%d+):(%d+):(%d+)$')
+    redis.call('LSET', x, -1, string.format('%d:%d:%d', tonumber(f), tonumber(k) + grown,
+                                            tonumber(b) + grown_bytes))
+  end
+  for i, e in ipairs(opened) do opened[i] = string.format('%d:%d:%d', e[1], e[2], e[3]) end
+  for i = 1, #opened, 1000 do
+    redis.call('RPUSH', x, unpack(opened, i, math.min(i + 999, #opened)))
+  end
+  for i = 1, #rows, 1000 do
+    redis.call('RPUSH', m, unpack(rows, i, math.min(i + 999, #rows)))
   end
 end
 
@@ -355,7 +369,7 @@ redis.call('HSET', h, 'head', ARGV[8], 'split', split,
 redis.call('HSET', SESSIONS, id, string.format('%d', new_bytes))
 redis.call('INCRBY', BYTES, string.format('%d', new_bytes - old_bytes))
 redis.call('ZADD', EXPIRY, expires, id)
-finish(id)
+finish(id, expires)
 return {'ok'}
 """
 )
@@ -885,8 +899,9 @@ class RedisHistoryStore:
             self.max_sessions,
             known,
         )
-        # The window read last, plus what a decision appends since.
-        tail = min(MAX_ROWS, self._rows_hint + self._appended_hint)
+        # The window read last, plus what a decision appends since (none for a
+        # caller that holds the rows of version ``known``).
+        tail = 0 if known else min(MAX_ROWS, self._rows_hint + self._appended_hint)
         rows = (keys.messages, 0, -1) if full else (keys.messages, -tail, -1) if tail else None
         try:
             reply = await self._conv(self._claim_script, keys, args, "a reservation", rows)
