@@ -988,3 +988,25 @@ async def test_a_damaged_exchange_entry_is_a_typed_error_and_frees_the_key(
         await decide(history, who, texts)
     [row] = await store.list()
     assert row.active is False
+
+
+async def test_a_claim_loads_its_script_when_the_server_lacks_it(
+    store: RedisHistoryStore,
+) -> None:
+    from touba.history.redis import _CLAIM
+
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(3):
+        await decide(history, who, texts)
+    # A script the server has never seen (as after a restart or SCRIPT FLUSH): the
+    # pipelined claim gets NOSCRIPT, loads it and runs again.
+    fresh = f"{_CLAIM}\n-- {uuid.uuid4().hex}\n"
+    store._claim_script = store._client.register_script(fresh)
+    assert await store._client.script_exists(store._claim_script.sha) == [False]
+    claims = claims_of(store)
+    await decide(history, who, texts)
+    assert await store._client.script_exists(store._claim_script.sha) == [True]
+    assert len(claims[0].rows) == claims[0].row_count == 5  # pipelined with the claim
+    assert texts[-1] == ["d0", "d1", "d2"]

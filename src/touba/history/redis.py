@@ -704,17 +704,22 @@ class _Snapshot:
         stop = min(stop, count)
         if start >= stop:
             return []
-        if start >= self._loaded:
-            e, sized, offset = self._entries, self._sized, self._offset
-            first = e[3 * (start - sized)] - offset
-            last = 3 * (stop - 1 - sized)
-            rows = self._claim.rows[first : e[last] + e[last + 1] - offset]
-        else:
+        loaded = self._loaded
+        rows: list[Any] = []
+        if start < loaded:  # what the claim did not bring: one round trip
             keys = self._claim.keys
             raw = await self._store._run(
-                self._store._exchanges, (keys.messages, keys.exchanges), (start, stop), "a read"
+                self._store._exchanges,
+                (keys.messages, keys.exchanges),
+                (start, min(stop, loaded)),
+                "a read",
             )
             rows = _parse_rows(raw)
+        if stop > loaded:
+            e, sized, offset = self._entries, self._sized, self._offset
+            first = e[3 * (max(start, loaded) - sized)] - offset
+            last = 3 * (stop - 1 - sized)
+            rows += self._claim.rows[first : e[last] + e[last + 1] - offset]
         if stop == count:
             self._learn(start, len(rows))
         return _group(rows, start)
