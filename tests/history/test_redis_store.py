@@ -754,3 +754,259 @@ async def test_a_decision_is_two_round_trips_and_reads_the_right_tail(
             assert trips == 2, step
     for step, texts in enumerate(seen):
         assert texts == [f"d{n}" for n in range(max(0, step - 3), step)]
+
+
+# -- what a claim carries, and versions -----------------------------------------------------
+
+
+def conversation(exchanges: int) -> Record:
+    """A record of ``exchanges`` exchanges of two messages (the last one: one)."""
+    rows: list[list[Record]] = [[{"n": n, "m": 0}, {"n": n, "m": 1}] for n in range(exchanges)]
+    rows[-1].pop()
+    return record(*rows)
+
+
+def claims_of(store: RedisHistoryStore) -> list[Any]:
+    """Every claim ``store`` makes from now on, as it came back from Redis."""
+    seen: list[Any] = []
+    claim = store._claim
+
+    async def recorded(key: str, **options: Any) -> Any:
+        result = await claim(key, **options)
+        seen.append(result)
+        return result
+
+    store._claim = recorded  # type: ignore[method-assign]
+    return seen
+
+
+def decider(texts: list[list[str | None]]) -> Callable[[HistoryWindow], Awaitable[DecisionMessage]]:
+    """A model that records the decision texts of each window and calls ``f``."""
+
+    async def generate(window: HistoryWindow) -> DecisionMessage:
+        texts.append([m.text for m in window.messages if isinstance(m, DecisionMessage)])
+        step = len(texts) - 1
+        return DecisionMessage(text=f"d{step}", calls=(CapabilityCall(f"c{step}", "f", {}),))
+
+    return generate
+
+
+async def decide(history: DecisionHistory, who: ConversationIdentity, texts: list[Any]) -> None:
+    pending = f"c{len(texts) - 1}"
+    observations = [Observation(pending, "f", {}, "ok", {"r": len(texts)})] if texts else []
+    await history.step(who, observations, decider(texts))
+
+
+async def test_the_claim_carries_the_window_whatever_was_read_before(
+    store: RedisHistoryStore,
+) -> None:
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(60):
+        await decide(history, who, texts)
+
+    async def look_back(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+        assert snapshot is not None  # read far back, as a summary's exchanges are
+        old = await snapshot.exchanges(0, snapshot.exchange_count - 1)
+        return LogWrite(head=snapshot.head), len(old)
+
+    assert await store.transact_log(who.key, look_back) == 59
+    claims = claims_of(store)
+    for _ in range(5):
+        await decide(history, who, texts)
+    # The 5 stored messages a window reads (its sixth is the result the decision
+    # appends), plus the two a decision appends: not the 119 read before.
+    assert [len(c.rows) for c in claims] == [5 + 2] * 5
+    assert all(len(c.entries) // 3 <= 6 + 1 for c in claims)  # sizes of 6 exchanges, plus one
+    for step, seen in enumerate(texts):  # every window was the right one
+        assert seen == [f"d{n}" for n in range(max(0, step - 3), step)]
+
+
+async def test_a_conversation_growing_into_its_window_is_read_with_the_claim(
+    store: RedisHistoryStore,
+) -> None:
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=40))
+    texts: list[list[str | None]] = []
+    await decide(history, who, texts)
+    await decide(history, who, texts)
+    claims = claims_of(store)
+    for _ in range(15):
+        await decide(history, who, texts)
+    # Each claim brought the whole conversation (it fits its window), and only it.
+    assert [len(c.rows) for c in claims] == [c.row_count for c in claims]
+    assert [c.row_count for c in claims] == [3 + 2 * n for n in range(15)]
+    for step, seen in enumerate(texts):
+        assert seen == [f"d{n}" for n in range(step)]
+
+
+async def test_reads_beyond_what_the_claim_brought_are_right(store: RedisHistoryStore) -> None:
+    from touba.history._store import RecordSnapshot
+
+    value = conversation(50)
+    await save(store, "k", value)
+    truth = RecordSnapshot.of(value)
+    store._entries_hint, store._rows_hint, store._appended_hint = 10, 7, 0
+
+    async def check(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+        assert snapshot is not None
+        assert snapshot.exchange_count == 50
+        for start in (0, 1, 39, 40, 41, 45, 49, 50):
+            assert await snapshot.sizes(start) == await truth.sizes(start), start
+        for start, stop in [(0, 50), (0, 3), (10, 44), (43, 47), (44, 50), (49, 50), (3, 99)]:
+            assert await snapshot.exchanges(start, stop) == await truth.exchanges(start, stop)
+        return None, None
+
+    claims = claims_of(store)
+    await store.transact_log("k", check)
+    (claim,) = claims
+    assert len(claim.entries) // 3 == 10
+    assert len(claim.rows) == 7
+    [row] = await store.list()
+    assert row.active is False
+
+
+async def test_a_version_changes_on_every_save_and_never_repeats(
+    store: RedisHistoryStore,
+) -> None:
+    claims = claims_of(store)
+    versions = []
+
+    async def append(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+        assert snapshot is not None
+        count = snapshot.exchange_count
+        return LogWrite(head=snapshot.head, append=[(count, {"n": count})]), None
+
+    async def nothing(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+        return None, None
+
+    for _ in range(2):
+        await save(store, "k", conversation(3))  # the same content each time
+        for _ in range(3):
+            await store.transact_log("k", append)
+        await store.transact_log("k", nothing)  # released: no save, the same version
+        await store.read("k")
+        await store.transact_log("k", nothing)
+        versions.append([c.version for c in claims])
+        claims.clear()
+        assert await store.delete("k")
+    for run in versions:
+        # transact's claim of the new key (no version), the appends' three claims
+        # after three saves, then the fourth save's version, seen twice
+        assert len(run) == 6
+        assert run[0] == ""
+        assert len(set(run[1:5])) == 4
+        assert run[4] == run[5]
+        assert all(len(v) == 32 for v in run[1:])
+    first, second = versions
+    assert not set(first[1:]) & set(second[1:])  # re-created: no version comes back
+
+
+async def test_the_version_is_the_saving_reservation_token(store: RedisHistoryStore) -> None:
+    claims = claims_of(store)
+    await save(store, "k", conversation(2))
+    await save(store, "k", conversation(4))
+    await store.transact("k", put(conversation(4)))
+    saver, *later = claims
+    assert later[0].version == saver.token
+    assert later[1].version == later[0].token
+
+
+async def test_a_known_version_brings_no_rows_and_reads_stay_right(
+    store: RedisHistoryStore,
+) -> None:
+    from touba.history._store import RecordSnapshot
+    from touba.history.redis import _Snapshot
+
+    value = conversation(30)
+    await save(store, "k", value)
+    store._entries_hint, store._rows_hint, store._appended_hint = 12, 20, 2
+    first = await store._claim("k", full=False)
+    assert not first.cached
+    assert len(first.rows) == 22
+    assert first.version
+    await store._release(first)
+
+    known = await store._claim("k", full=False, known=first.version)
+    assert known.cached
+    assert known.version == first.version
+    assert not known.rows
+    assert not known.entries
+    assert known.exchange_count == 30
+    assert known.row_count == 59
+    assert known.head == first.head
+    truth = RecordSnapshot.of(value)
+    snapshot = _Snapshot(store, known)  # without a copy, it reads from Redis: still right
+    assert await snapshot.sizes(0) == await truth.sizes(0)
+    assert await snapshot.exchanges(0, 30) == await truth.exchanges(0, 30)
+    assert await snapshot.exchanges(25, 30) == await truth.exchanges(25, 30)
+    await store._release(known)
+
+    await save(store, "k", conversation(31))  # another save: that version is gone
+    store._entries_hint = 12  # (the reads above taught it to bring everything)
+    stale = await store._claim("k", full=False, known=first.version)
+    assert not stale.cached
+    assert stale.version != first.version
+    assert stale.exchange_count == 31
+    assert len(stale.entries) // 3 == 12
+    assert not stale.rows  # a caller with a copy asks for no rows; it reads what it lacks
+    await store._release(stale)
+    [row] = await store.list()
+    assert row.active is False
+
+
+async def test_two_store_objects_on_one_server_never_see_stale_windows(
+    url: str, prefix: str
+) -> None:
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    async with (
+        RedisHistoryStore(url, prefix=prefix) as one,
+        RedisHistoryStore(url, prefix=prefix) as two,
+    ):
+        small = DecisionHistory(HistoryConfig(store=one, namespace="n", max_messages=6))
+        large = DecisionHistory(HistoryConfig(store=two, namespace="n", max_messages=14))
+        texts: list[list[str | None]] = []
+        order = [small, large, large, small, small, small, large] * 6
+        for history in order:
+            await decide(history, who, texts)
+        for step, (history, seen) in enumerate(zip(order, texts, strict=True)):
+            depth = 3 if history is small else 7  # exchanges of two messages in the window
+            assert seen == [f"d{n}" for n in range(max(0, step - depth), step)], step
+
+
+async def test_a_damaged_exchange_entry_is_a_typed_error_and_frees_the_key(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(4):
+        await decide(history, who, texts)
+    await raw.lset(await one_key(raw, prefix, ":exchanges"), -2, "not:an entry")
+    with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
+        await decide(history, who, texts)
+    [row] = await store.list()
+    assert row.active is False
+
+
+async def test_a_claim_loads_its_script_when_the_server_lacks_it(
+    store: RedisHistoryStore,
+) -> None:
+    from touba.history.redis import _CLAIM
+
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(3):
+        await decide(history, who, texts)
+    # A script the server has never seen (as after a restart or SCRIPT FLUSH): the
+    # pipelined claim gets NOSCRIPT, loads it and runs again.
+    fresh = f"{_CLAIM}\n-- {uuid.uuid4().hex}\n"
+    store._claim_script = store._client.register_script(fresh)
+    assert await store._client.script_exists(store._claim_script.sha) == [False]
+    claims = claims_of(store)
+    await decide(history, who, texts)
+    assert await store._client.script_exists(store._claim_script.sha) == [True]
+    assert len(claims[0].rows) == claims[0].row_count == 5  # pipelined with the claim
+    assert texts[-1] == ["d0", "d1", "d2"]

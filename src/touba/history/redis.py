@@ -15,16 +15,23 @@ in a session key and never reaches a key name::
     P + "held"                  ZSET  id -> since (ms): reserved conversations
     P + "c:<id>:head"           HASH  key (JSON), head (JSON), split, messages, bytes,
                                       updated_at, expires_at, identity, namespace,
-                                      last_token; while reserved: token, worker_id,
-                                      pid, host, since
+                                      last_token (the record's version: the token
+                                      of the reservation that saved it); while
+                                      reserved: token, worker_id, pid, host, since
     P + "c:<id>:messages"       LIST  one row per message: "[exchange,bytes,message]"
     P + "c:<id>:exchanges"      LIST  one entry per exchange: "first:count:bytes"
 
 A touba record keeps its head in the head hash and its messages as rows; a
-decision appends rows (RPUSH) and reads only the tail it needs (LRANGE from an
-exchange's offset). The claim script returns that tail with the reservation
-(as far back as the history layer read lately), so a decision is two round
-trips: claim, commit. Any other JSON dict is kept whole in ``head``.
+decision appends rows (RPUSH) and reads only the tail it needs. The claim
+script returns, with the reservation, the entries of the last exchanges the
+history layer weighed lately, and an LRANGE pipelined after it (same round
+trip) the last rows of the window it read lately plus what a decision
+appends; a read further back costs a round trip. So a decision is two round
+trips, claim and commit, and what the claim carries is bounded by the window,
+not by how far back anything was read. Any other JSON dict is kept whole in
+``head``. A record's version changes on every save and never repeats (a
+deleted and re-created key included): a claim given the version a client
+holds returns neither entries nor rows when it is still current.
 
 Every mutation is one Lua script, so it is atomic: claim (refuses at once when
 held; a key without a record takes its place among ``max_sessions`` in
@@ -50,7 +57,7 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
@@ -91,7 +98,7 @@ from touba.history._window import ExchangeSize
 
 try:
     import redis.asyncio as aioredis
-    from redis.exceptions import RedisError
+    from redis.exceptions import NoScriptError, RedisError
 except ImportError as e:  # pragma: no cover - exercised by a test that hides redis
     raise ImportError(
         'touba.history.redis needs redis-py; install it with: pip install "touba[redis]"'
@@ -102,7 +109,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisHistoryStore"]
 
-MAX_TAIL: Final = 1024  # most exchanges read ahead with a claim
+MAX_TAIL: Final = 1024  # most exchange entries read ahead with a claim
+MAX_ROWS: Final = 1024  # most messages read ahead with a claim
 
 T = TypeVar("T")
 logger = logging.getLogger("touba.history")
@@ -121,7 +129,7 @@ local P = ARGV[1]
 local SESSIONS, BYTES, EXPIRY, HELD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local GRACE = 60000
 local RECORD = {'head', 'split', 'messages', 'bytes', 'updated_at', 'expires_at',
-                'identity', 'namespace'}
+                'identity', 'namespace', 'last_token'}
 local HOLDER = {'token', 'worker_id', 'pid', 'host', 'since'}
 
 local function now_ms()
@@ -190,16 +198,17 @@ local function store_backstop()
   for _, k in ipairs({SESSIONS, BYTES, EXPIRY}) do redis.call('PEXPIREAT', k, at) end
 end
 
--- Clear the reservation of id; restore the backstop expiry of its record.
-local function finish(id)
+-- Clear the reservation of id; restore the backstop expiry of its record
+-- (``saved``: the expires_at a commit just wrote, in the future).
+local function finish(id, saved)
   local h, m, x = conv(id)
   redis.call('HDEL', h, unpack(HOLDER))
   redis.call('ZREM', HELD, id)
-  local expires = redis.call('HGET', h, 'expires_at')
+  local expires = saved or redis.call('HGET', h, 'expires_at')
   if not expires then
     redis.call('DEL', h)
     redis.call('HDEL', SESSIONS, id)  -- the place a new key held
-  elseif tonumber(expires) <= now_ms() then
+  elseif not saved and tonumber(expires) <= now_ms() then
     drop(id)
   else
     local at = string.format('%d', tonumber(expires) + GRACE)
@@ -209,9 +218,15 @@ local function finish(id)
 end
 """
 
-# ARGV: P, id, key_json, token, worker_id, pid, host, full, max_sessions
+# ARGV: P, id, key_json, token, worker_id, pid, host, entries ("all" for the whole
+# record, else how many trailing exchange entries), max_sessions, known version ("").
 # Replies: busy + holder | limit, sessions | new, sessions, bytes |
-# found, sessions, bytes, head, split, exchange count, rows (when full)...
+# found, sessions, bytes, head, split, exchange count, version, row count, then
+# (transact_log, unless the version is the known one) the entry count and the
+# entries as one JSON array of first,count,bytes triples. The rows themselves
+# never pass through Lua (copying them into Lua and back costs more than the
+# whole read): the client reads them with an LRANGE pipelined after the claim,
+# which sees the lists the claim saw since they stay as they are while reserved.
 _CLAIM: Final = (
     _PRELUDE
     + """
@@ -219,11 +234,11 @@ local id = ARGV[2]
 local h, m, x = KEYS[5], KEYS[6], KEYS[7]
 local now = now_ms()
 purge(now)
-local token = redis.call('HGET', h, 'token')
+local stored = redis.call('HMGET', h, 'token', 'head', 'split', 'last_token')
+local token, head = stored[1], stored[2]
 if token and token ~= ARGV[4] then
   return holder(h)
 end
-local head = redis.call('HGET', h, 'head')
 if not token then
   if not head then  -- a new conversation claims its place now
     local sessions = redis.call('HLEN', SESSIONS)
@@ -240,21 +255,14 @@ local used = usage()
 if not head then
   return {'new', used[1], used[2]}
 end
-local reply = {'found', used[1], used[2], head, redis.call('HGET', h, 'split'),
-               redis.call('LLEN', x)}
-if ARGV[8] == 'all' then
-  for _, row in ipairs(redis.call('LRANGE', m, 0, -1)) do reply[#reply + 1] = row end
-else  -- the last ARGV[8] exchanges: their entries, then their rows
-  local tail = tonumber(ARGV[8])
-  local entries = {}
-  if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
-  reply[#reply + 1] = #entries
-  for _, entry in ipairs(entries) do reply[#reply + 1] = entry end
-  if #entries > 0 then
-    local first = tonumber(string.match(entries[1], '^(%d+):'))
-    for _, row in ipairs(redis.call('LRANGE', m, first, -1)) do reply[#reply + 1] = row end
-  end
-end
+local version = stored[4] or ''
+local reply = {'found', used[1], used[2], head, stored[3], redis.call('LLEN', x), version,
+               redis.call('LLEN', m)}
+if ARGV[8] == 'all' or (version ~= '' and ARGV[10] == version) then return reply end
+local entries = {}
+local tail = tonumber(ARGV[8])
+if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
+reply[9], reply[10] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
 return reply
 """
 )
@@ -269,8 +277,9 @@ _COMMIT: Final = (
     + """
 local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
 local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-if redis.call('HGET', h, 'token') ~= token then
-  if redis.call('HGET', h, 'last_token') == token then return {'ok'} end
+local held = redis.call('HMGET', h, 'token', 'last_token', 'messages')
+if held[1] ~= token then
+  if held[2] == token then return {'ok'} end
   return {'stale'}
 end
 local now = now_ms()
@@ -300,10 +309,9 @@ else
     end
     added = added + tonumber(ARGV[13 + 3 * i])
   end
-  local old_head = redis.call('HGET', h, 'head') or ''
   split = '1'
-  messages = tonumber(redis.call('HGET', h, 'messages') or '0') + n
-  new_bytes = old_bytes - #old_head + #ARGV[8] + added
+  messages = tonumber(held[3] or '0') + n
+  new_bytes = old_bytes - redis.call('HSTRLEN', h, 'head') + #ARGV[8] + added
 end
 
 local sessions = redis.call('HLEN', SESSIONS)
@@ -323,20 +331,33 @@ if mode == 'put' then
   for i = last + 1, #ARGV, 1000 do
     redis.call('RPUSH', m, unpack(ARGV, i, math.min(i + 999, #ARGV)))
   end
-else
+else  -- messages into the last stored exchange, then into the ones this opens
   local nmsg = redis.call('LLEN', m)
+  local grown, grown_bytes, opened, rows = 0, 0, {}, {}
   for i = 0, n - 1 do
     local index, size = tonumber(ARGV[12 + 3 * i]), tonumber(ARGV[13 + 3 * i])
     if index == count then
-      redis.call('RPUSH', x, string.format('%d:1:%d', nmsg, size))
+      opened[#opened + 1] = {nmsg + #rows, 1, size}
       count = count + 1
+    elseif #opened > 0 then
+      local e = opened[#opened]
+      e[2], e[3] = e[2] + 1, e[3] + size
     else
-      local f, k, b = string.match(redis.call('LINDEX', x, -1), '^(%d+):(%d+):(%d+)$')
-      redis.call('LSET', x, -1,
-                 string.format('%d:%d:%d', tonumber(f), tonumber(k) + 1, tonumber(b) + size))
+      grown, grown_bytes = grown + 1, grown_bytes + size
     end
-    redis.call('RPUSH', m, ARGV[14 + 3 * i])
-    nmsg = nmsg + 1
+    rows[#rows + 1] = ARGV[14 + 3 * i]
+  end
+  if grown > 0 then
+    local f, k, b = string.match(redis.call('LINDEX', x, -1), '^(%d+):(%d+):(%d+)$')
+    redis.call('LSET', x, -1, string.format('%d:%d:%d', tonumber(f), tonumber(k) + grown,
+                                            tonumber(b) + grown_bytes))
+  end
+  for i, e in ipairs(opened) do opened[i] = string.format('%d:%d:%d', e[1], e[2], e[3]) end
+  for i = 1, #opened, 1000 do
+    redis.call('RPUSH', x, unpack(opened, i, math.min(i + 999, #opened)))
+  end
+  for i = 1, #rows, 1000 do
+    redis.call('RPUSH', m, unpack(rows, i, math.min(i + 999, #rows)))
   end
 end
 
@@ -348,7 +369,7 @@ redis.call('HSET', h, 'head', ARGV[8], 'split', split,
 redis.call('HSET', SESSIONS, id, string.format('%d', new_bytes))
 redis.call('INCRBY', BYTES, string.format('%d', new_bytes - old_bytes))
 redis.call('ZADD', EXPIRY, expires, id)
-finish(id)
+finish(id, expires)
 return {'ok'}
 """
 )
@@ -507,25 +528,49 @@ def _object(value: Any) -> Record:
     return parsed
 
 
+def _parse_rows(raw: Sequence[Any]) -> list[Any]:
+    """Rows ``[exchange, bytes, message]`` as stored: parsed in one go when every
+    one is a JSON value of its own, else each one (so that only a damaged row
+    raises, when it is the one asked for)."""
+    if not raw:
+        return []
+    bulk = isinstance(raw[0], bytes)  # else a client that decodes responses
+    text = b"[" + b",".join(raw) + b"]" if bulk else "[" + ",".join(raw) + "]"
+    try:
+        rows = parse_json(text)
+    except (ValueError, UnicodeDecodeError):
+        rows = None
+    if isinstance(rows, list) and len(rows) == len(raw):
+        return rows
+    return [_Unparsed(row) for row in raw]
+
+
+@dataclass(frozen=True, slots=True)
+class _Unparsed:
+    """A row left as stored because rows around it could not be parsed together."""
+
+    raw: Any
+
+
 def _group(rows: Sequence[Any], start: int = 0) -> list[list[Record]]:
-    """Messages of rows ``[exchange, bytes, message]``, grouped by exchange."""
+    """Messages of parsed rows ``[exchange, bytes, message]``, grouped by exchange."""
     exchanges: list[list[Record]] = []
-    for raw in rows:
-        row = _loads(raw)
+    stop = start + len(rows)
+    for row in rows:
+        if type(row) is _Unparsed:
+            row = _loads(row.raw)
         if (
-            not isinstance(row, list)
+            type(row) is not list
             or len(row) != 3
-            or isinstance(row[0], bool)
-            or not isinstance(row[0], int)
-            or not start <= row[0] < start + len(rows)
-            or not isinstance(row[2], dict)
+            or type(row[0]) is not int
+            or not start <= row[0] < stop
+            or type(row[2]) is not dict
         ):
             raise _damaged("a stored message row")
-        index, _size, message = row
-        position = index - start
+        position = row[0] - start
         while len(exchanges) <= position:
             exchanges.append([])
-        exchanges[position].append(message)
+        exchanges[position].append(row[2])
     return exchanges
 
 
@@ -576,8 +621,11 @@ class _Claim:
     head: str = ""
     split: bool = False
     exchange_count: int = 0
-    rows: tuple[Any, ...] = ()  # every row (transact), or the rows of ``entries``
-    entries: tuple[Any, ...] = ()  # transact_log: the tail's "first:count:bytes" entries
+    version: str = ""  # the token of the save that wrote the record ("" for none)
+    row_count: int = 0  # rows the conversation holds
+    rows: Sequence[Any] = ()  # parsed: every row (transact), or the last rows (transact_log)
+    entries: Sequence[int] = ()  # transact_log: first, count, bytes of the last exchanges
+    cached: bool = False  # transact_log: the known version was current; no entries, no rows
     usage: StoreUsage | None = None
 
     def record(self) -> Record | None:
@@ -590,25 +638,42 @@ class _Claim:
 class _Snapshot:
     """A conversation inside one transaction: reads only the tail it is asked for.
 
-    Its lists cannot change under it: the reservation is held until commit.
+    The claim brought the entries (first row, messages, bytes) of the last
+    exchanges and the last rows; a read outside them costs a round trip. The
+    lists cannot change under it: the reservation is held until commit.
     """
 
     def __init__(self, store: RedisHistoryStore, claim: _Claim) -> None:
         self._store = store
         self._claim = claim
         self._head = _object(claim.head)
-        # The tail read with the claim: exchange entries (first row, messages, bytes).
-        self._tail = claim.exchange_count - len(claim.entries)
-        self._entries = [tuple(int(v) for v in _text(e).split(":")) for e in claim.entries]
+        count = claim.exchange_count
+        entries = self._entries = claim.entries
+        self._sized = count - len(entries) // 3  # the first exchange with an entry here
+        # The rows held are the list's last ones, from row ``_offset``; the first
+        # exchange all of whose rows are held is ``_loaded``.
+        self._offset = claim.row_count - len(claim.rows)
+        loaded = count
+        at = len(entries) - 3
+        while at >= 0 and entries[at] >= self._offset:
+            loaded -= 1
+            at -= 3
+        self._loaded = loaded
 
-    def _wants(self, start: int) -> bool:
-        """True when ``start`` lies in the tail read ahead; remember how far back the
-        history layer reads, plus one exchange: a conversation shorter than its
-        window is read from its start, one exchange further back each decision."""
+    def _learn(self, start: int, rows: int | None = None) -> None:
+        """Remember how far back the history layer reads, for the next claims.
+
+        Entries: as many exchanges as read, plus one (a conversation shorter than
+        its window is read from its start, one exchange further back each
+        decision). Rows: only a read that reaches the last exchange counts, i.e.
+        the window; a look-back (a summary's exchanges) costs a round trip and
+        leaves the hint alone, so the claim stays bounded by the window.
+        """
         store = self._store
-        count = self._claim.exchange_count
-        store._tail_hint = min(MAX_TAIL, max(store._tail_hint, count - start + 1))
-        return start >= self._tail
+        depth = self._claim.exchange_count - start + 1
+        store._entries_hint = min(MAX_TAIL, max(store._entries_hint, depth))
+        if rows is not None:
+            store._rows_hint = min(MAX_ROWS, max(store._rows_hint, rows))
 
     @property
     def head(self) -> Record:
@@ -622,8 +687,11 @@ class _Snapshot:
         count = self._claim.exchange_count
         if start >= count:
             return []
-        if self._wants(start):
-            return [ExchangeSize(n, b) for _f, n, b in self._entries[start - self._tail :]]
+        self._learn(start)
+        if start >= self._sized:
+            e = self._entries
+            at = 3 * (start - self._sized)
+            return [ExchangeSize(e[i + 1], e[i + 2]) for i in range(at, len(e), 3)]
         entries = await self._store._lrange(self._claim.keys.exchanges, start, count - 1)
         sizes = []
         for entry in entries:
@@ -632,18 +700,28 @@ class _Snapshot:
         return sizes
 
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
-        stop = min(stop, self._claim.exchange_count)
+        count = self._claim.exchange_count
+        stop = min(stop, count)
         if start >= stop:
             return []
-        if self._wants(start):
-            base = self._entries[0][0]
-            first = self._entries[start - self._tail][0] - base
-            last_first, last_count, _ = self._entries[stop - 1 - self._tail]
-            return _group(self._claim.rows[first : last_first - base + last_count], start)
-        keys = self._claim.keys
-        rows = await self._store._run(
-            self._store._exchanges, (keys.messages, keys.exchanges), (start, stop), "a read"
-        )
+        loaded = self._loaded
+        rows: list[Any] = []
+        if start < loaded:  # what the claim did not bring: one round trip
+            keys = self._claim.keys
+            raw = await self._store._run(
+                self._store._exchanges,
+                (keys.messages, keys.exchanges),
+                (start, min(stop, loaded)),
+                "a read",
+            )
+            rows = _parse_rows(raw)
+        if stop > loaded:
+            e, sized, offset = self._entries, self._sized, self._offset
+            first = e[3 * (max(start, loaded) - sized)] - offset
+            last = 3 * (stop - 1 - sized)
+            rows += self._claim.rows[first : e[last] + e[last + 1] - offset]
+        if stop == count:
+            self._learn(start, len(rows))
         return _group(rows, start)
 
 
@@ -708,9 +786,11 @@ class RedisHistoryStore:
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id
-        # How many trailing exchanges the history layer read lately: a claim
-        # reads that many ahead, in the same script.
-        self._tail_hint = 0
+        # How far back the history layer read lately (exchanges for their sizes,
+        # messages of the window): a claim reads that much ahead, in the same script.
+        self._entries_hint = 0
+        self._rows_hint = 0
+        self._appended_hint = 0  # most messages one transact_log appended
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
         tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         self._base = f"{prefix}{{{tag}}}:"
@@ -760,11 +840,32 @@ class RedisHistoryStore:
             raise ConfigurationError("this RedisHistoryStore is closed; create a new one")
 
     async def _run(
-        self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int], what: str
+        self,
+        script: AsyncScript,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        what: str,
+        rows: tuple[str, int, int] | None = None,
     ) -> Any:
+        """One round trip: ``script``; with ``rows`` (list, start, stop), an LRANGE
+        pipelined after it, and the reply is ``(script reply, rows)``."""
         self._check_open()
         with _driver_errors(what):
-            return await script(keys=keys, args=args)
+            if rows is None:
+                return await script(keys=keys, args=args)
+            for attempt in (1, 2):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.lrange(*rows)
+                    reply, listed = await pipe.execute(raise_on_error=False)
+                if isinstance(reply, NoScriptError) and attempt == 1:
+                    await self._client.script_load(script.script)  # e.g. after a restart
+                    continue
+                for outcome in (reply, listed):
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                return reply, listed
+            raise AssertionError("unreachable")  # pragma: no cover
 
     async def _lrange(self, name: str, start: int, stop: int) -> list[Any]:
         self._check_open()
@@ -772,16 +873,24 @@ class RedisHistoryStore:
             return list(await self._client.lrange(name, start, stop))
 
     async def _conv(
-        self, script: AsyncScript, keys: _Keys, args: Sequence[str | int], what: str
+        self,
+        script: AsyncScript,
+        keys: _Keys,
+        args: Sequence[str | int],
+        what: str,
+        rows: tuple[str, int, int] | None = None,
     ) -> Any:
-        return await self._run(script, keys.all, (self._base, keys.id, *args), what)
+        return await self._run(script, keys.all, (self._base, keys.id, *args), what, rows)
 
     def _busy(self, key: str, reply: Sequence[Any]) -> ToubaError:
         worker, pid, host, since = (_opt_text(v) for v in reply[1:5])
         held = f" (held by worker {worker}, pid {pid} on {host} since {_ms_iso(since)})"
         return busy(key, held)
 
-    async def _claim(self, key: str, *, full: bool) -> _Claim:
+    async def _claim(self, key: str, *, full: bool, known: str = "") -> _Claim:
+        """Reserve ``key`` and bring its head with every row (``full``), or with the
+        tail the history layer reads: the entries of its last exchanges and rows
+        enough for the window (none of either when ``known`` is the stored version)."""
         keys = self._keys(key)
         worker = self.worker_id or f"{socket.gethostname()}:{os.getpid()}"
         reservation = Reservation.new(worker)
@@ -791,14 +900,22 @@ class RedisHistoryStore:
             reservation.worker_id,
             reservation.pid,
             reservation.host,
-            "all" if full else str(self._tail_hint),
+            "all" if full else str(self._entries_hint),
             self.max_sessions,
+            known,
         )
+        # The window read last, plus what a decision appends since (none for a
+        # caller that holds the rows of version ``known``).
+        tail = 0 if known else min(MAX_ROWS, self._rows_hint + self._appended_hint)
+        rows = (keys.messages, 0, -1) if full else (keys.messages, -tail, -1) if tail else None
         try:
-            reply = await self._conv(self._claim_script, keys, args, "a reservation")
+            reply = await self._conv(self._claim_script, keys, args, "a reservation", rows)
         except DecisionHistoryStoreUnavailable:  # it may have run: do not leave the key held
             await self._release(_Claim(key, keys, reservation.token, found=False))
             raise
+        listed: Sequence[Any] = ()
+        if rows is not None:
+            reply, listed = reply
         status = _text(reply[0])
         if status == "busy":
             raise self._busy(key, reply)
@@ -810,11 +927,7 @@ class RedisHistoryStore:
         usage = self._usage_of(reply[1], reply[2])
         if status == "new":
             return _Claim(key, keys, reservation.token, found=False, usage=usage)
-        entries: tuple[Any, ...] = ()
-        rows = tuple(reply[6:])
-        if not full:
-            entries, rows = rows[1 : 1 + int(rows[0])], rows[1 + int(rows[0]) :]
-        return _Claim(
+        claim = _Claim(
             key,
             keys,
             reservation.token,
@@ -822,10 +935,26 @@ class RedisHistoryStore:
             head=_text(reply[3]),
             split=_text(reply[4]) == "1",
             exchange_count=int(reply[5]),
-            rows=rows,
-            entries=entries,
+            version=_text(reply[6]),
+            row_count=int(reply[7]),
             usage=usage,
         )
+        if full:
+            return replace(claim, rows=_parse_rows(listed))
+        if len(reply) == 8:
+            return replace(claim, cached=True)
+        try:
+            entries = _loads(reply[9])
+            if (
+                not isinstance(entries, list)
+                or len(entries) != 3 * int(reply[8])
+                or (entries and set(map(type, entries)) != {int})
+            ):
+                raise _damaged("an exchange entry")
+        except BaseException:  # refused without leaving the key held
+            await self._release(claim)
+            raise
+        return replace(claim, entries=entries, rows=_parse_rows(listed))
 
     def _usage_of(self, sessions: Any, size: Any) -> StoreUsage:
         return StoreUsage(int(sessions), self.max_sessions, int(size), self.max_store_bytes)
@@ -917,6 +1046,7 @@ class RedisHistoryStore:
     async def _append(self, claim: _Claim, write: LogWrite) -> None:
         head = encode_checked_json(write.head, "head")
         check_appends(claim.exchange_count, write.append)
+        self._appended_hint = min(MAX_ROWS, max(self._appended_hint, len(write.append)))
         args: list[str | int] = [len(write.append)]
         for index, message in write.append:
             size, row = _row(index, encode_checked_json(message, "message"))
@@ -970,7 +1100,7 @@ class RedisHistoryStore:
             found=True,
             head=_text(reply[1]),
             split=_text(reply[2]) == "1",
-            rows=tuple(reply[3:]),
+            rows=_parse_rows(reply[3:]),
         )
         return stored.record()
 
