@@ -340,8 +340,14 @@ class _Step:
             self.head = snapshot.head
             check_head(self.head, identity, exchange_count=snapshot.exchange_count)
             self.count = snapshot.exchange_count
-            # The store measures the head as this same compact JSON.
-            self.stored_head_bytes = len(canonical_json(self.head).encode("utf-8"))
+            # The store measures the head as this same compact JSON; a snapshot
+            # that read it as text says how long it was (no second encoding).
+            stored = getattr(snapshot, "head_bytes", None)
+            self.stored_head_bytes = (
+                stored
+                if isinstance(stored, int)
+                else len(canonical_json(self.head).encode("utf-8"))
+            )
         self.appends: list[tuple[int, Record]] = []
         self.added = ExchangeSize(0, 0)
         self.summary_event: HistoryEvent | None = None

@@ -101,6 +101,7 @@ comes back with a new version).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -239,8 +240,17 @@ def identity_columns(head: Record) -> tuple[str | None, str | None]:
     identity = head.get("identity")
     if not isinstance(identity, dict):
         return None, None
+    items = tuple(identity.items())
+    if all(isinstance(value, str) for _name, value in items):  # touba's: the same each save
+        return _identity_of(items)
     namespace = identity.get("namespace")
     return (namespace if isinstance(namespace, str) else None), encode_json(identity, "identity")
+
+
+@functools.lru_cache(maxsize=1024)
+def _identity_of(items: tuple[tuple[str, str], ...]) -> tuple[str | None, str]:
+    identity = dict(items)
+    return identity.get("namespace"), encode_json(identity, "identity")
 
 
 def _dense(sizes: Sizes, start: int, stop: int) -> list[ExchangeSize]:

@@ -65,7 +65,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from types import TracebackType
@@ -100,7 +99,7 @@ from touba.history._reserving import (
     Write,
     parse_object,
 )
-from touba.history._sqlite import describe, failure_kind, transaction
+from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
 from touba.history._store import (
     LogOperation,
     Operation,
@@ -566,7 +565,7 @@ class _Backend:
         except asyncio.CancelledError:
             # The reservation may be taken anyway: free it right after (same thread, in order).
             token = reservation.token
-            store._executor.submit(store._call, key, lambda: store._db.release(key, token))
+            store._thread.submit(lambda: store._call(key, lambda: store._db.release(key, token)))
             raise
         # Any other failure rolled the reservation's transaction back: nothing is held.
 
@@ -589,11 +588,6 @@ class _Backend:
     async def read_rows(self, key: str, start: int, stop: int) -> Rows:
         store = self._store
         return await store._run(key, lambda: store._db.rows(key, start, stop))
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()  # its caller may be gone (cancelled): do not report it as lost
 
 
 class SqliteHistoryStore:
@@ -653,11 +647,11 @@ class SqliteHistoryStore:
         self._users = 0
         self._closed = False
         # One thread owns the connection and runs every SQLite call, in order.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="touba-sqlite")
+        self._thread = OwnedThread("touba-sqlite")
         try:
-            self._db = self._executor.submit(self._open, filename, database).result()
+            self._db = self._thread.call(lambda: self._open(filename, database))
         except BaseException:
-            self._executor.shutdown(wait=True)
+            self._thread.shutdown()
             raise
         self._reservations = Reservations(_Backend(self), self.worker_id)
 
@@ -719,9 +713,7 @@ class SqliteHistoryStore:
 
     async def _run(self, key: str, job: Callable[[], R]) -> R:
         """Run ``job`` on the store's thread; once started it finishes even if we are cancelled."""
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._call, key, job)
-        future.add_done_callback(_retrieve)
-        return await asyncio.shield(future)
+        return await self._thread.run(lambda: self._call(key, job))
 
     # -- the contract -------------------------------------------------------------------
 
@@ -811,7 +803,7 @@ class SqliteHistoryStore:
             if self._owns_connection:
                 await self._run("", self._db.conn.close)
         finally:
-            self._executor.shutdown(wait=True)
+            self._thread.shutdown()
 
     async def __aenter__(self) -> Self:
         return self
