@@ -299,6 +299,7 @@ class _Tail:
         "sizes",
         "sizes_first",
         "version",
+        "well_formed",
     )
 
     def __init__(
@@ -319,6 +320,8 @@ class _Tail:
         self.records = records
         self.body_bytes = body_bytes
         self.messages: list[list[Message] | None] = [None] * len(records)
+        # Exchanges held whose messages passed the window check (see _integrity).
+        self.well_formed: set[int] = set()
 
     @classmethod
     def empty(cls, version: str) -> _Tail:
@@ -346,6 +349,7 @@ class _Tail:
             cut = first - self.bodies_first
             del self.records[:cut], self.body_bytes[:cut], self.messages[:cut]
             self.bodies_first = first
+            self.well_formed = {i for i in self.well_formed if i >= first}
 
     def prepend_sizes(self, start: int, older: list[ExchangeSize]) -> None:
         self.sizes[:0] = older
@@ -386,6 +390,7 @@ class _Tail:
                 self.records[position].append(freeze(parse_json(body)))
                 self.body_bytes[position] += size
                 self.messages[position] = None
+            self.well_formed.discard(exchange)
         self.version = version
 
 
@@ -649,6 +654,12 @@ class _Snapshot:
     @property
     def exchange_count(self) -> int:
         return self._count
+
+    @property
+    def well_formed(self) -> set[int]:
+        """Stored exchanges whose shared messages passed the window check, unchanged
+        since (the history layer reads and adds to it; see ``_integrity``)."""
+        return set() if self._tail is None else self._tail.well_formed
 
     async def sizes(self, start: int) -> list[ExchangeSize]:
         """Sizes of exchanges ``start`` .. end, oldest first (a new list)."""
