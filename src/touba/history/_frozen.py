@@ -6,13 +6,16 @@ them. :func:`freeze` turns a parsed JSON value into one whose dicts and lists
 refuse every change (``TypeError``), while still being ``dict`` and ``list``
 for ``isinstance`` and for ``json.dumps``. ``copy.copy``, ``copy.deepcopy``
 and ``dict(...)`` / ``list(...)`` give plain, mutable copies.
+:func:`parse_frozen` parses stored JSON text straight into such values (the
+parser builds each object frozen, so nothing is walked a second time).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, NoReturn
 
-__all__ = ["FrozenDict", "FrozenList", "freeze", "thaw"]
+__all__ = ["FrozenDict", "FrozenList", "freeze", "parse_frozen", "thaw"]
 
 
 def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
@@ -82,3 +85,30 @@ def thaw(value: Any) -> Any:
     if isinstance(value, list):
         return [thaw(item) for item in value]
     return value
+
+
+def _frozen_list(items: list[Any]) -> FrozenList:
+    return FrozenList([_frozen_list(item) if type(item) is list else item for item in items])
+
+
+def _frozen_object(pairs: list[tuple[str, Any]]) -> FrozenDict:
+    # Nested objects come frozen from the parser already; only lists are left.
+    return FrozenDict([(k, _frozen_list(v)) if type(v) is list else (k, v) for k, v in pairs])
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_frozen_object)
+
+
+def parse_frozen(text: str) -> Any:
+    """``freeze(parse_json(text))`` in one pass, as strict as
+    :func:`touba.history._model.parse_json` (``ValueError`` for NaN, Infinity,
+    nesting too deep, or text that is not JSON)."""
+    try:
+        value = _DECODER.decode(text)
+    except RecursionError as e:
+        raise ValueError("the JSON text nests too deeply to be read") from e
+    return _frozen_list(value) if type(value) is list else value

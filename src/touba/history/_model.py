@@ -73,6 +73,9 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def parse_json(text: str | bytes) -> JSON:
     """``json.loads`` for stored text, refusing what touba never writes.
 
@@ -82,6 +85,8 @@ def parse_json(text: str | bytes) -> JSON:
     any of these into its own typed error.
     """
     try:
+        if isinstance(text, str):
+            return _DECODER.decode(text)
         return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError as e:
         raise ValueError("the JSON text nests too deeply to be read") from e

@@ -115,7 +115,7 @@ from touba.errors import (
     DecisionHistoryStoreUnavailable,
 )
 from touba.history._common import Reservation, encode_checked_json, encode_json, encode_record
-from touba.history._frozen import freeze, thaw
+from touba.history._frozen import parse_frozen, thaw
 from touba.history._model import Message, message_from_dict, parse_json
 from touba.history._record import join_record
 from touba.history._sqlite import describe
@@ -228,11 +228,15 @@ def parse_object(text: str, key: str, what: str, label: str) -> Record:
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        raise DecisionHistoryRecordInvalid(
-            f"{what} of conversation {key} in the {label} store is not a JSON object; it was "
-            f"not modified. Inspect it with `touba history show {key}` or delete it"
-        )
+        raise _damaged(key, what, label)
     return value
+
+
+def _damaged(key: str, what: str, label: str) -> DecisionHistoryRecordInvalid:
+    return DecisionHistoryRecordInvalid(
+        f"{what} of conversation {key} in the {label} store is not a JSON object; it was "
+        f"not modified. Inspect it with `touba history show {key}` or delete it"
+    )
 
 
 def identity_columns(head: Record) -> tuple[str | None, str | None]:
@@ -262,6 +266,17 @@ def _dense(sizes: Sizes, start: int, stop: int) -> list[ExchangeSize]:
     return out
 
 
+def _frozen_object_of(body: str, key: str, label: str) -> Record:
+    """A stored message, parsed frozen; DecisionHistoryRecordInvalid unless an object."""
+    try:
+        value = parse_frozen(body)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise _damaged(key, "a message", label)
+    return value
+
+
 def _grouped(
     rows: Rows, start: int, stop: int, key: str, label: str
 ) -> tuple[list[list[Record]], list[int]]:
@@ -276,7 +291,7 @@ def _grouped(
                 f"{exchange}, outside {start} .. {stop - 1}; it was not modified. Inspect it "
                 f"with `touba history show {key}` or delete it"
             )
-        out[exchange - start].append(freeze(parse_object(body, key, "a message", label)))
+        out[exchange - start].append(_frozen_object_of(body, key, label))
         sizes[exchange - start] += size
     return out, sizes
 
@@ -387,7 +402,7 @@ class _Tail:
                 )
             if exchange >= self.bodies_first:
                 position = exchange - self.bodies_first
-                self.records[position].append(freeze(parse_json(body)))
+                self.records[position].append(parse_frozen(body))
                 self.body_bytes[position] += size
                 self.messages[position] = None
             self.well_formed.discard(exchange)
