@@ -103,7 +103,7 @@ def spy_reserve(store: SqliteHistoryStore) -> list[Reserved]:
         seen.append(reserved)
         return reserved
 
-    store._db.reserve = reserve  # type: ignore[method-assign]
+    store._db.reserve = reserve  # type: ignore[method-assign,assignment]
     return seen
 
 
@@ -286,11 +286,11 @@ async def test_cached_messages_are_read_only_and_equal_a_fresh_read(db_path: Pat
         assert isinstance(decision, DecisionMessage)
         assert isinstance(answer, ResultMessage)
         with pytest.raises(TypeError):
-            answer.result["v"].append(3)  # type: ignore[index]
+            answer.result["v"].append(3)
         with pytest.raises(TypeError):
-            answer.result["v"][1]["w"] = 3  # type: ignore[index]
+            answer.result["v"][1]["w"] = 3
         with pytest.raises(TypeError):
-            decision.calls[0].arguments["a"] = 2
+            decision.calls[0].arguments["a"] = 2  # type: ignore[index]
         cached[0].append(answer)  # the lists themselves are the caller's
         copies[0][1]["result"]["v"].append("mine")  # exchanges() gives private copies
 
@@ -412,7 +412,7 @@ def build_v1(path: Path, records: dict[str, Any], now: float) -> None:
             split = isinstance(exchanges, list) and record.get("kind", "").startswith("touba.")
             head = {k: v for k, v in record.items() if k != "exchanges"} if split else record
             head_text = _compact(head)
-            rows = []
+            rows: list[tuple[str, int, int, int, str]] = []
             if split:
                 for index, exchange in enumerate(exchanges):
                     for message in exchange:
