@@ -4,9 +4,11 @@
 store (SQLite, PostgreSQL, Redis): reserve the key, show the operation its
 conversation, then save if the reservation still holds, or release it; on
 any failure release it, and when that release cannot be written either,
-say that ``recover`` is needed. The store supplies only the primitives of
-:class:`Backend`; its other calls (``read``, ``delete``, ``recover``,
-``list``, ``usage``, ``purge_expired``) stay its own.
+restate the store's error to say that ``recover`` is needed (an error that
+is not the store's keeps its type and gets a note). A store builds one
+``Reservations(backend, worker_id)`` and its ``transact`` / ``transact_log``
+check the key, then delegate. ``read``, ``delete``, ``recover``, ``list``,
+``usage`` and ``purge_expired`` stay the store's own.
 
 **The tail cache.** A decision reads the tail of its conversation: the sizes
 of the exchanges the window may hold, the messages of those it sends. Each
@@ -16,14 +18,17 @@ neutral messages built from them are shared by every reader), tagged with
 the conversation's *version*: the token of the reservation whose save wrote
 the stored state. Every save, by any process, stores a new version, so a
 reservation that sends the version it holds gets no rows back when nothing
-changed, and the whole tail when anything did (another process saved, the
-key was deleted and created again: a token is never reused, so a stale tail
-can never match). After a successful save the tail holds what it held plus
-the messages appended, parsed from the very text that was stored, so it
-equals a fresh read; a failure of any kind (a refused or failed save, an
-operation that raised) drops the conversation from the cache. A tail is
-taken out of the cache for the length of a reservation and put back when
-it ends, so no two reservations share one.
+changed, and the tail when anything did (another process saved, the key was
+deleted and created again: a token is never reused, so a stale tail never
+matches). After a successful save the tail holds what it held plus the
+messages appended, parsed from the very text that was stored, so it equals
+a fresh read; a failure of any kind (a refused or failed save, an operation
+that raised) drops the conversation from the cache. A tail is taken out of
+the cache for the length of a reservation and put back when it ends, so no
+two reservations share one. Snapshots also serve ``messages(start, stop)``
+(the shared neutral messages, which the history engine uses instead of
+parsing), ``head_bytes`` (the stored head's length) and ``well_formed`` (the
+exchanges the window check passed, see :mod:`touba.history._integrity`).
 
 **Bound.** The cache holds at most :data:`CACHE_CONVERSATIONS` conversations
 (least recently used first out) and at most :data:`CACHE_BYTES` bytes of
@@ -38,65 +43,81 @@ snapshot of this store object was asked for lately, plus one (a
 conversation shorter than its window is read from its start, one exchange
 further back each decision), at most :data:`MAX_TAIL`. A reservation reads
 that much with the reserving call; an older range, when asked, costs one
-call to :meth:`Backend.read_sizes` or :meth:`Backend.read_rows`.
+call to ``Backend.read_sizes`` or ``Backend.read_rows`` (and joins the tail).
+A decision whose tail is cached or read ahead costs two backend calls:
+``reserve``, then ``save`` (or ``release``).
 
-**The primitives** (:class:`Backend`; every method may raise the store's
-own typed errors, translated from its driver's, chained with ``raise ...
-from``; ``driver_errors`` names the driver's exception types)::
+**The primitives** (:class:`Backend`). Each is one round trip to the store
+(one transaction, one script) and atomic. Every method may raise the store's
+typed errors (its driver's exceptions translated in one place, chained with
+``raise ... from``, so that ``error.__cause__`` is an instance of
+``driver_errors``); ``label`` names the store in messages. The stored state
+of a key: a *head* (JSON text), ``split`` (True: a touba record whose
+messages are rows; False: any other JSON object, kept whole in ``head``, no
+rows, ``exchanges == 0``), its *rows* (one per message: ``seq`` 0.. in order
+within the conversation, ``exchange``, ``bytes`` = UTF-8 length of
+``body``, ``body`` = the message's compact JSON), the totals
+(``exchanges``, ``messages``, ``bytes`` = head bytes + message bytes), an
+expiry, a *version* (text or NULL) and the reservation (``token``,
+``worker_id``, ``pid``, ``host``, ``since``; a reservation of a key without
+a record is a *bare* one: it holds a place among ``max_sessions``). The
+version must change with every change of the key's rows (the head is read
+at every reservation), by a touba save (which stores its token) or by
+anyone else where the backend can see it (SQLite and PostgreSQL: a trigger on the messages table sets it to
+NULL; a backend that cannot see edits made behind its back, as Redis with
+other clients, says so in its docstring). Usage (places held, records plus
+bare reservations; bytes retained) must be readable in O(1)::
 
-    reserve(key, reservation, read: Read) -> Reserved
-        One atomic step: refuse with DecisionHistoryBusy when `key` is reserved;
-        treat a stored record whose expiry has passed as absent (delete it);
-        for a key without a record, refuse with DecisionHistoryLimitExceeded
-        (check_sessions) when the places held (records plus reservations of keys
-        without one) are max_sessions, else take a place (a bare reservation);
-        write the reservation (its token, worker_id, pid, host, since) durably.
-        Return the stored state and the store's usage including this
-        reservation. With read.whole, `rows` is every message of the record;
-        otherwise, when the stored version equals read.cached (never when
-        read.cached is None), `sizes` and `rows` are None; else `sizes` covers
-        exchanges max(0, exchanges - read.sizes) .. exchanges - 1 and `rows`
-        exchanges max(0, exchanges - read.bodies) .. exchanges - 1 (read.bodies
-        <= read.sizes). On return the key is held by reservation.token; when it
-        raises, nothing is held: a backend whose failure may leave the
-        reservation written (a lost commit reply, a cancellation while the
-        step runs) releases it itself before raising.
+    reserve(key, reservation: Reservation, read: Read) -> Reserved
+        Refuse with DecisionHistoryBusy (busy(key, ...)) when `key` is reserved.
+        A stored record whose expiry has passed is treated as absent (delete
+        it). A key without a record: refuse with DecisionHistoryLimitExceeded
+        (check_sessions(places held, max_sessions)) when every place is held,
+        else take one (a bare reservation). Write the reservation durably.
+        Return Reserved(head, split, exchanges, messages, bytes, version, usage,
+        sizes, rows): head None for a key without a record (then sizes and rows
+        are None); usage counts this reservation. With read.whole: rows = every
+        row (exchange, bytes, body) ordered by (exchange, seq), sizes unused.
+        Otherwise, when read.cached is not None and equals the stored version:
+        sizes = rows = None (nothing read); else sizes = (exchange, messages,
+        bytes) of exchanges max(0, exchanges - read.sizes) .. exchanges - 1 and
+        rows = those of exchanges max(0, exchanges - read.bodies) ..
+        exchanges - 1 (read.bodies <= read.sizes). On return `key` is held by
+        reservation.token; when it raises, nothing is held: a failure that may
+        have left the reservation written (a lost commit reply, a cancellation
+        while the call runs) is the backend's to release before it raises.
+        Purge every expired record at most once a minute, or when the store is
+        80 % full or this reservation would not fit otherwise.
     save(key, token, write: Write) -> None
-        One atomic step: refuse with DecisionHistoryBusy (" (its reservation was
-        recovered while this one ran; nothing saved)") unless `token` still holds
-        `key`; with write.rewrite drop every stored message first; append
-        write.rows (seq, exchange, bytes, body) in order; store write.head,
-        write.split, the namespace and identity columns, the totals (exchanges,
-        messages, bytes), a fresh expiry, and `token` as the record's version;
-        clear the reservation. Refuse with DecisionHistoryLimitExceeded
-        (check_capacity) when the store would hold more than max_store_bytes
-        (write.growth is the change of this record's bytes), or, for
-        write.is_new, more than max_sessions records. Expired records never
-        refuse a write: purge them first when the write would not fit
-        otherwise. A refusal or failure changes nothing.
+        Refuse with DecisionHistoryBusy (busy(key, " (its reservation was
+        recovered while this one ran; nothing saved)")) unless `token` holds
+        `key`. With write.rewrite drop the stored rows first. Append write.rows
+        (seq, exchange, bytes, body) as given. Store write.head, write.split,
+        write.namespace and write.identity (for list), write.exchanges,
+        write.messages, write.bytes, a fresh expiry (now + ttl), `token` as the
+        version; clear the reservation. Then refuse with
+        DecisionHistoryLimitExceeded (check_capacity(is_new=write.is_new,
+        sessions=places held less this key's, store_bytes_after=bytes held))
+        when the store would exceed max_store_bytes, or max_sessions for
+        write.is_new; expired records never refuse a write: when it would not
+        fit, purge them first (write.growth = write.bytes less the record's
+        bytes before, to decide without reading). A refusal changes nothing.
     delete(key, token) -> None
-        Atomically delete the record and the reservation of `key` if `token`
-        still holds it, else DecisionHistoryBusy as for save.
+        Delete the record, its rows and the reservation if `token` holds `key`,
+        else DecisionHistoryBusy as for save.
     release(key, token) -> None
-        Clear the reservation if `token` holds it (a bare reservation goes away
-        with its place); otherwise do nothing. Never raises for a token that
-        does not hold the key.
+        Clear the reservation if `token` holds `key` (a bare reservation goes
+        away with its place); otherwise do nothing, without raising.
     read_sizes(key, start, stop) -> [(exchange, messages, bytes), ...]
+        Of the reserved key's exchanges start .. stop - 1, ordered by exchange
+        (an exchange without messages may be left out).
     read_rows(key, start, stop) -> [(exchange, bytes, body), ...]
-        The reserved key's exchanges start .. stop - 1: per exchange its message
-        count and bytes, ordered by exchange (an exchange without messages may
-        be left out); or its messages as stored (the compact JSON text `body`
-        and its UTF-8 length `bytes`), ordered by exchange then seq.
+        The rows of the reserved key's exchanges start .. stop - 1, ordered by
+        (exchange, seq).
 
-``Reserved.version`` is what ``save`` stored (None for a record written
-before versions existed: it never matches). Sizes and bytes are touba's
-measure: UTF-8 bytes of the compact JSON (``bytes`` of a record = its head's
-plus its messages'). A record without touba's shape (``split`` False) is
-kept whole in ``head`` with no rows and ``exchanges == 0``.
-
-Purging expired records, ``read``, ``list`` and the other calls are the
-backend's own; the cache needs nothing from them (a deleted or purged key
-comes back with a new version).
+``driver_errors`` (a tuple of exception types) and ``label`` are attributes.
+:func:`parse_object` and :func:`identity_columns` are the stores' shared
+helpers for heads and the identity columns.
 """
 
 from __future__ import annotations
@@ -137,6 +158,8 @@ __all__ = [
     "Read",
     "Reservations",
     "Reserved",
+    "Rows",
+    "Sizes",
     "TailCache",
     "Write",
     "identity_columns",
@@ -534,27 +557,34 @@ class Reservations:
                 head = parse_object(reserved.head, key, "the stored record", self.backend.label)
                 snapshot = _Snapshot(self, key, head, len(reserved.head.encode("utf-8")), tail)
             write, result = await operation(snapshot, reserved.usage)
+            encoded = None
             if write is None:
                 await self.backend.release(key, token)
-                if tail is not None:
-                    self._keep(key, tail)
-                return result
-            encoded = _appended(reserved, write)
-            await self.backend.save(key, token, encoded)
-            if tail is None:
-                tail = _Tail.empty(token)
-            tail.append(token, encoded.rows)
-            self._keep(key, tail)
+            else:
+                encoded = _appended(reserved, write)
+                await self.backend.save(key, token, encoded)
         except BaseException as e:
             replacement = await self._fail(e, key, token)
             if replacement is None:
                 raise
             raise replacement from e.__cause__
+        self._keep(key, tail, token, encoded)
         return result
 
-    def _keep(self, key: str, tail: _Tail) -> None:
-        tail.trim(self.sizes_hint, self.bodies_hint)
-        self.cache.put(key, tail)
+    def _keep(self, key: str, tail: _Tail | None, token: str, saved: Write | None) -> None:
+        """Cache the tail once the reservation ended well: with the messages ``saved``
+        appended (then at version ``token``), or as it was read."""
+        try:
+            if saved is not None:
+                tail = tail or _Tail.empty(token)
+                tail.append(token, saved.rows)
+            if tail is None or not tail.version:  # stored without a version: never matched
+                return
+            tail.trim(self.sizes_hint, self.bodies_hint)
+            self.cache.put(key, tail)
+        except Exception as e:  # the decision is saved; only the cache is lost
+            logger.warning("could not cache the tail of %s (%s)", key, type(e).__name__)
+            self.cache.drop(key)
 
     async def _tail(self, key: str, reserved: Reserved, read: Read, held: _Tail | None) -> _Tail:
         """The tail of the reserved state: ``held`` when the backend said it matches,
