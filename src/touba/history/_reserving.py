@@ -63,10 +63,11 @@ expiry, a *version* (text or NULL) and the reservation (``token``,
 a record is a *bare* one: it holds a place among ``max_sessions``). The
 version must change with every change of the key's rows (the head is read
 at every reservation), by a touba save (which stores its token) or by
-anyone else where the backend can see it (SQLite and PostgreSQL: a trigger on the messages table sets it to
-NULL; a backend that cannot see edits made behind its back, as Redis with
-other clients, says so in its docstring). Usage (places held, records plus
-bare reservations; bytes retained) must be readable in O(1)::
+anyone else where the backend can see it (SQLite and PostgreSQL: a trigger
+on the messages table sets it to NULL; a backend that cannot see edits made
+behind its back, as Redis with other clients, says so in its docstring).
+Usage (places held, records plus bare reservations; bytes retained) must be
+readable in O(1)::
 
     reserve(key, reservation: Reservation, read: Read) -> Reserved
         Refuse with DecisionHistoryBusy (busy(key, ...)) when `key` is reserved.
@@ -79,13 +80,14 @@ bare reservations; bytes retained) must be readable in O(1)::
         are None); usage counts this reservation. With read.whole: rows = every
         row (exchange, bytes, body) ordered by (exchange, seq), sizes unused.
         Otherwise, when read.cached is not None and equals the stored version:
-        sizes = rows = None (nothing read); else sizes = (exchange, messages,
-        bytes) of exchanges max(0, exchanges - read.sizes) .. exchanges - 1 and
-        rows = those of exchanges max(0, exchanges - read.bodies) ..
-        exchanges - 1 (read.bodies <= read.sizes). On return `key` is held by
-        reservation.token; when it raises, nothing is held: a failure that may
-        have left the reservation written (a lost commit reply, a cancellation
-        while the call runs) is the backend's to release before it raises.
+        sizes = rows = None (nothing read); else rows = the rows of exchanges
+        max(0, exchanges - read.bodies) .. exchanges - 1 and sizes = (exchange,
+        messages, bytes) of the exchanges before those whose rows are read,
+        from max(0, exchanges - read.sizes) on (read.bodies <= read.sizes).
+        On return `key` is held by reservation.token; when it raises, nothing
+        is held: a failure that may have left the reservation written (a lost
+        commit reply, a cancellation while the call runs) is the backend's to
+        release before it raises.
         Purge every expired record at most once a minute, or when the store is
         80 % full or this reservation would not fit otherwise.
     save(key, token, write: Write) -> None
@@ -591,24 +593,24 @@ class Reservations:
         else the one read with the reservation."""
         count = reserved.exchanges
         label = self.backend.label
+        sizes_first = max(0, count - read.sizes)
+        bodies_first = max(0, count - read.bodies)
         if reserved.sizes is None or reserved.rows is None:
             if held is not None and held.version == reserved.version and held.count == count:
                 return held
             # Not what was asked (a backend must send rows on a mismatch): read them.
-            sizes_first = max(0, count - read.sizes)
-            bodies_first = max(0, count - read.bodies)
-            sizes: Sizes = await self.backend.read_sizes(key, sizes_first, count)
+            sizes: Sizes = await self.backend.read_sizes(key, sizes_first, bodies_first)
             rows: Rows = await self.backend.read_rows(key, bodies_first, count)
         else:
             sizes, rows = reserved.sizes, reserved.rows
-            sizes_first = max(0, count - read.sizes)
-            bodies_first = max(0, count - read.bodies)
         records, body_bytes = _grouped(rows, bodies_first, count, key, label)
+        weights = _dense(sizes, sizes_first, bodies_first)
+        weights += [ExchangeSize(len(ex), b) for ex, b in zip(records, body_bytes, strict=True)]
         return _Tail(
             reserved.version or "",  # "" never equals a token: never matched again
             count,
             sizes_first,
-            _dense(sizes, sizes_first, count),
+            weights,
             bodies_first,
             records,
             body_bytes,

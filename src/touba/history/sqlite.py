@@ -400,8 +400,9 @@ class _Db:
             elif read.cached is not None and read.cached == version:
                 sizes = rows = None
             else:
-                sizes = self._sizes(key, max(0, exchanges - read.sizes), exchanges)
-                rows = self._rows(key, max(0, exchanges - read.bodies), exchanges)
+                bodies = max(0, exchanges - read.bodies)
+                sizes = self._sizes(key, max(0, exchanges - read.sizes), bodies)
+                rows = self._rows(key, bodies, exchanges)
             return Reserved(
                 head, bool(split), exchanges, messages, size, version, usage, sizes, rows
             )
