@@ -304,6 +304,32 @@ async def test_cached_messages_are_read_only_and_equal_a_fresh_read(db_path: Pat
         }
 
 
+async def test_a_record_saved_whole_leaves_its_tail_cached(db_path: Path) -> None:
+    exchanges = [[{"kind": "data", "observations": [], "n": n}] for n in range(6)]
+    record = {"kind": "touba.test", "exchanges": exchanges}
+    async with SqliteHistoryStore(db_path) as store, SqliteHistoryStore(db_path) as fresh:
+        await _append(store, "warm", [{"m": 0}])
+        seen: list[Any] = []
+
+        async def look(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[None, None]:
+            assert snapshot is not None
+            seen.append((await snapshot.sizes(3), await snapshot.exchanges(3, 6)))
+            return None, None
+
+        await store.transact_log("warm", look)  # the store now reads 3 exchanges back
+
+        async def put(_: Any) -> tuple[Any, None]:
+            return record, None
+
+        await store.transact("k", put)
+        spied = spy_reserve(store)
+        await store.transact_log("k", look)
+        assert spied[0].rows is None  # served from what transact saved
+        await fresh.transact_log("k", look)  # read from the file
+        assert seen[-1] == seen[-2]
+        assert seen[-1][1] == exchanges[3:]
+
+
 async def test_the_cache_bound_holds(db_path: Path) -> None:
     message = {"kind": "data", "observations": [], "pad": "x" * 200}
     async with SqliteHistoryStore(db_path, max_sessions=64) as store:

@@ -21,8 +21,9 @@ reservation that sends the version it holds gets no rows back when nothing
 changed, and the tail when anything did (another process saved, the key was
 deleted and created again: a token is never reused, so a stale tail never
 matches). After a successful save the tail holds what it held plus the
-messages appended, parsed from the very text that was stored, so it equals
-a fresh read; a failure of any kind (a refused or failed save, an operation
+messages appended (after ``transact``, the last exchanges of the record it
+saved), parsed from the very text that was stored, so it equals a fresh
+read; a failure of any kind (a refused or failed save, an operation
 that raised) drops the conversation from the cache. A tail is taken out of
 the cache for the length of a reservation and put back when it ends, so no
 two reservations share one. Snapshots also serve ``messages(start, stop)``
@@ -410,6 +411,24 @@ class _Tail:
             self.messages[position] = messages
         return messages
 
+    @classmethod
+    def written(cls, version: str, write: Write, sizes_first: int, bodies_first: int) -> _Tail:
+        """The tail of a whole record just saved (``write.rewrite``), parsed from the
+        text stored: sizes from exchange ``sizes_first``, messages from ``bodies_first``."""
+        count = write.exchanges
+        sizes = [(0, 0)] * (count - sizes_first)
+        records: list[list[Record]] = [[] for _ in range(count - bodies_first)]
+        body_bytes = [0] * (count - bodies_first)
+        for _seq, exchange, size, body in write.rows:
+            if exchange >= sizes_first:
+                messages, total = sizes[exchange - sizes_first]
+                sizes[exchange - sizes_first] = (messages + 1, total + size)
+            if exchange >= bodies_first:
+                records[exchange - bodies_first].append(parse_frozen(body))
+                body_bytes[exchange - bodies_first] += size
+        weights = [ExchangeSize(messages, total) for messages, total in sizes]
+        return cls(version, count, sizes_first, weights, bodies_first, records, body_bytes)
+
     def append(self, version: str, rows: Sequence[tuple[int, int, int, str]]) -> None:
         """Add the messages a save appended, parsed from the text it stored; the
         tail is then at ``version``."""
@@ -516,6 +535,7 @@ class Reservations:
         token = reservation.token
         self.cache.drop(key)
         reserved = await self.backend.reserve(key, reservation, Read(whole=True))
+        written = None
         try:
             loaded = self._record(key, reserved)
             record, result = await operation(loaded)
@@ -525,12 +545,15 @@ class Reservations:
                 else:
                     await self.backend.delete(key, token)
             else:
-                await self.backend.save(key, token, _whole(record, reserved))
+                written = _whole(record, reserved)
+                await self.backend.save(key, token, written)
         except BaseException as e:
             replacement = await self._fail(e, key, token)
             if replacement is None:
                 raise
             raise replacement from e.__cause__
+        if written is not None and written.split:  # its tail, as a log write leaves it
+            self._keep(key, None, token, written)
         return result
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
@@ -577,7 +600,11 @@ class Reservations:
         """Cache the tail once the reservation ended well: with the messages ``saved``
         appended (then at version ``token``), or as it was read."""
         try:
-            if saved is not None:
+            if saved is not None and saved.rewrite:
+                sizes = max(0, saved.exchanges - self.sizes_hint)
+                bodies = max(0, saved.exchanges - self.bodies_hint)
+                tail = _Tail.written(token, saved, sizes, bodies)
+            elif saved is not None:
                 tail = tail or _Tail.empty(token)
                 tail.append(token, saved.rows)
             if tail is None or not tail.version:  # stored without a version: never matched
