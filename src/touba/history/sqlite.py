@@ -199,9 +199,12 @@ _INSERT_MESSAGE = """INSERT INTO touba_history_messages (conv, seq, exchange, by
     VALUES (?, ?, ?, ?, ?)"""
 _RESERVE = """UPDATE touba_history_sessions
     SET token = ?, worker_id = ?, pid = ?, host = ?, since = ? WHERE id = ?"""
-_SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?, namespace = ?, identity = ?,
+_SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?,
     exchanges = ?, messages = ?, bytes = ?, updated_at = ?, expires_at = ?, version = ?,
     token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL WHERE id = ?"""
+# Only when they change: setting the namespace rewrites its index entry even when equal.
+_SAVE_IDENTITY = """UPDATE touba_history_sessions SET namespace = ?, identity = ?
+    WHERE id = ? AND (namespace IS NOT ? OR identity IS NOT ?)"""
 _UNRESERVE = """UPDATE touba_history_sessions
     SET token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL
     WHERE key = ? AND token """
@@ -424,11 +427,17 @@ class _Db:
                 [(conv, seq, exchange, size, body) for seq, exchange, size, body in write.rows],
             )
             self.q(
+                _SAVE_IDENTITY,
+                write.namespace,
+                write.identity,
+                conv,
+                write.namespace,
+                write.identity,
+            )
+            self.q(
                 _SAVE,
                 write.head,
                 write.split,
-                write.namespace,
-                write.identity,
                 write.exchanges,
                 write.messages,
                 write.bytes,
