@@ -7,7 +7,8 @@ refuse every change (``TypeError``), while still being ``dict`` and ``list``
 for ``isinstance`` and for ``json.dumps``. ``copy.copy``, ``copy.deepcopy``
 and ``dict(...)`` / ``list(...)`` give plain, mutable copies.
 :func:`parse_frozen` parses stored JSON text straight into such values (the
-parser builds each object frozen, so nothing is walked a second time).
+parser builds each object frozen; only lists, when the text has any, are
+frozen after).
 """
 
 from __future__ import annotations
@@ -87,20 +88,28 @@ def thaw(value: Any) -> Any:
     return value
 
 
-def _frozen_list(items: list[Any]) -> FrozenList:
-    return FrozenList([_frozen_list(item) if type(item) is list else item for item in items])
-
-
-def _frozen_object(pairs: list[tuple[str, Any]]) -> FrozenDict:
-    # Nested objects come frozen from the parser already; only lists are left.
-    return FrozenDict([(k, _frozen_list(v)) if type(v) is list else (k, v) for k, v in pairs])
+def _lists_frozen(value: Any) -> Any:
+    """``value`` (a list, or a FrozenDict) with its lists made read-only too."""
+    if type(value) is list:
+        return FrozenList(
+            [_lists_frozen(v) if type(v) is list or type(v) is FrozenDict else v for v in value]
+        )
+    changed: dict[str, Any] | None = None
+    for key, item in value.items():
+        if type(item) is list or type(item) is FrozenDict:
+            new = _lists_frozen(item)
+            if new is not item:
+                changed = dict(value) if changed is None else changed
+                changed[key] = new
+    return value if changed is None else FrozenDict(changed)
 
 
 def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_frozen_object)
+# The parser builds every object as a FrozenDict itself (no Python call per object).
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=FrozenDict)
 
 
 def parse_frozen(text: str) -> Any:
@@ -109,6 +118,8 @@ def parse_frozen(text: str) -> Any:
     nesting too deep, or text that is not JSON)."""
     try:
         value = _DECODER.decode(text)
+        if "[" in text and (type(value) is list or type(value) is FrozenDict):
+            return _lists_frozen(value)
     except RecursionError as e:
         raise ValueError("the JSON text nests too deeply to be read") from e
-    return _frozen_list(value) if type(value) is list else value
+    return value  # no "[" in the text: no list anywhere
