@@ -334,14 +334,19 @@ def _arguments(data: Mapping[str, JSON]) -> dict[str, JSON]:
     return value
 
 
+def _is_mapping(value: object) -> bool:
+    # dict first: parsed JSON is one, and the ABC check costs a call through abc.
+    return isinstance(value, (dict, Mapping))  # the tuple stops at dict
+
+
 def message_from_dict(data: Mapping[str, JSON]) -> Message:
     """Rebuild a message from its stored form; corrupt data is a typed error."""
-    if not isinstance(data, Mapping):
+    if not _is_mapping(data):
         raise DecisionHistoryRecordInvalid("stored message is not an object")
     kind = data.get("kind")
     if kind == "decision":
         raw_calls = data.get("calls", [])
-        if not isinstance(raw_calls, list) or not all(isinstance(c, Mapping) for c in raw_calls):
+        if not isinstance(raw_calls, list) or not all(_is_mapping(c) for c in raw_calls):
             raise DecisionHistoryRecordInvalid("stored decision calls are not a list of objects")
         calls = tuple(
             CapabilityCall(_str(c, "call_id"), _str(c, "name"), _arguments(c)) for c in raw_calls
