@@ -79,8 +79,8 @@ class Rows:
         if self.kind == "sqlite":
             with sqlite3.connect(self.where[0]) as conn:
                 found = conn.execute(
-                    "SELECT id, exchange, body FROM touba_history_messages WHERE key = ? "
-                    "ORDER BY exchange, seq",
+                    "SELECT id, exchange, body FROM touba_history_messages WHERE conv = "
+                    "(SELECT id FROM touba_history_sessions WHERE key = ?) ORDER BY exchange, seq",
                     (self.key,),
                 ).fetchall()
             return [(i, ex, json.loads(body)) for i, ex, body in found]

@@ -340,8 +340,14 @@ class _Step:
             self.head = snapshot.head
             check_head(self.head, identity, exchange_count=snapshot.exchange_count)
             self.count = snapshot.exchange_count
-            # The store measures the head as this same compact JSON.
-            self.stored_head_bytes = len(canonical_json(self.head).encode("utf-8"))
+            # The store measures the head as this same compact JSON; a snapshot
+            # that read it as text says how long it was (no second encoding).
+            stored = getattr(snapshot, "head_bytes", None)
+            self.stored_head_bytes = (
+                stored
+                if isinstance(stored, int)
+                else len(canonical_json(self.head).encode("utf-8"))
+            )
         self.appends: list[tuple[int, Record]] = []
         self.added = ExchangeSize(0, 0)
         self.summary_event: HistoryEvent | None = None
@@ -449,7 +455,7 @@ class _Step:
         if summarizing:
             summary, start, first, sizes = await self._summarize(start, through, sizes, first)
         window = await self._window(start, first, sizes, current, summary)
-        check_window(self.key, window.start, window.exchanges)
+        self._check_window(window)
 
         if fit is not None:
             counting = _counting.set(self)
@@ -617,6 +623,23 @@ class _Step:
                     window.append([])
                 window[index - start].append(message_from_dict(message))
         return tuple(tuple(exchange) for exchange in window)
+
+    def _check_window(self, window: HistoryWindow) -> None:
+        """Refuse a window a provider would reject (:func:`check_window`).
+
+        A snapshot offering ``well_formed`` (the SQLite store's cached tail: a
+        mutable set of exchange indices) remembers the stored exchanges that
+        passed, unchanged by this step, so that later decisions skip them.
+        """
+        known = getattr(self.snapshot, "well_formed", None)
+        if not isinstance(known, set):
+            check_window(self.key, window.start, window.exchanges)
+            return
+        check_window(self.key, window.start, window.exchanges, known)
+        assert self.snapshot is not None
+        changed = {index for index, _message in self.appends}
+        stored = min(self.snapshot.exchange_count, window.start + len(window.exchanges))
+        known.update(i for i in range(window.start, stored) if i not in changed)
 
     async def _summarize(
         self, start: int, through: int, sizes: list[ExchangeSize], first: int

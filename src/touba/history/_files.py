@@ -161,11 +161,14 @@ def open_private_sqlite(
     *,
     timeout: float = 5.0,
     check: Callable[[sqlite3.Connection], None] | None = None,
+    page_size: int | None = None,
 ) -> sqlite3.Connection:
     """Open a SQLite file safely, in WAL mode with ``synchronous=FULL``.
 
     ``check`` runs on the new connection before anything is written (to
-    refuse an unknown schema version without touching the file). The
+    refuse an unknown schema version without touching the file).
+    ``page_size`` applies to a file that holds nothing yet (SQLite keeps an
+    existing file's page size). The
     connection is in autocommit mode (``isolation_level=None``): begin and
     commit explicitly. ``timeout`` is SQLite's busy timeout, in seconds.
     Call it from the thread that will own the connection.
@@ -179,6 +182,8 @@ def open_private_sqlite(
     try:
         if check is not None:
             check(conn)
+        if page_size is not None:
+            conn.execute(f"PRAGMA page_size={int(page_size)}")
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise ConfigurationError(

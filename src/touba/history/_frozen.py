@@ -6,13 +6,17 @@ them. :func:`freeze` turns a parsed JSON value into one whose dicts and lists
 refuse every change (``TypeError``), while still being ``dict`` and ``list``
 for ``isinstance`` and for ``json.dumps``. ``copy.copy``, ``copy.deepcopy``
 and ``dict(...)`` / ``list(...)`` give plain, mutable copies.
+:func:`parse_frozen` parses stored JSON text straight into such values (the
+parser builds each object frozen; only lists, when the text has any, are
+frozen after).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, NoReturn
 
-__all__ = ["FrozenDict", "FrozenList", "freeze", "thaw"]
+__all__ = ["FrozenDict", "FrozenList", "freeze", "parse_frozen", "thaw"]
 
 
 def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
@@ -82,3 +86,40 @@ def thaw(value: Any) -> Any:
     if isinstance(value, list):
         return [thaw(item) for item in value]
     return value
+
+
+def _lists_frozen(value: Any) -> Any:
+    """``value`` (a list, or a FrozenDict) with its lists made read-only too."""
+    if type(value) is list:
+        return FrozenList(
+            [_lists_frozen(v) if type(v) is list or type(v) is FrozenDict else v for v in value]
+        )
+    changed: dict[str, Any] | None = None
+    for key, item in value.items():
+        if type(item) is list or type(item) is FrozenDict:
+            new = _lists_frozen(item)
+            if new is not item:
+                changed = dict(value) if changed is None else changed
+                changed[key] = new
+    return value if changed is None else FrozenDict(changed)
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+# The parser builds every object as a FrozenDict itself (no Python call per object).
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=FrozenDict)
+
+
+def parse_frozen(text: str) -> Any:
+    """``freeze(parse_json(text))`` in one pass, as strict as
+    :func:`touba.history._model.parse_json` (``ValueError`` for NaN, Infinity,
+    nesting too deep, or text that is not JSON)."""
+    try:
+        value = _DECODER.decode(text)
+        if "[" in text and (type(value) is list or type(value) is FrozenDict):
+            return _lists_frozen(value)
+    except RecursionError as e:
+        raise ValueError("the JSON text nests too deeply to be read") from e
+    return value  # no "[" in the text: no list anywhere

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from touba.errors import ConfigurationError
 
@@ -45,7 +46,7 @@ class ConversationIdentity:
 
     @property
     def key(self) -> str:
-        return conversation_key(*self.as_tuple())
+        return _key(self.as_tuple())
 
     def as_tuple(self) -> tuple[str, str, str, str, str, str, str]:
         return (
@@ -59,7 +60,7 @@ class ConversationIdentity:
         )
 
     def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+        return dict(zip(IDENTITY_FIELDS, self.as_tuple(), strict=True))
 
 
 def _check_field(name: str, value: object) -> None:
@@ -99,3 +100,10 @@ def conversation_key(
     digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     ns = hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:12]
     return f"th1:{ns}:{digest}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _key(fields: tuple[str, str, str, str, str, str, str]) -> str:
+    """:func:`conversation_key` of an identity's fields (checked when it was made),
+    computed once per identity: each decision asks for it."""
+    return conversation_key(*fields)

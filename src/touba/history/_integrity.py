@@ -23,12 +23,14 @@
   read as a retryable outage. It is refused with
   ``DecisionHistoryRecordInvalid`` naming the conversation: no request is
   sent and nothing is appended. The check reads only the window (O(window)),
-  never the retained history.
+  never the retained history; a store that keeps messages between decisions
+  remembers which of its unchanged exchanges passed it (``known``), so they
+  are not checked again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 from touba.errors import (
@@ -135,12 +137,21 @@ def _exchange_problem(exchange: Sequence[Message]) -> str | None:
     return None
 
 
-def check_window(session_key: str, start: int, exchanges: Sequence[Sequence[Message]]) -> None:
+def check_window(
+    session_key: str,
+    start: int,
+    exchanges: Sequence[Sequence[Message]],
+    known: Container[int] = (),
+) -> None:
     """Refuse a window a provider would reject (see the module docstring).
 
-    ``start`` is the index of the first exchange, to name the damaged one.
+    ``start`` is the index of the first exchange, to name the damaged one;
+    exchanges whose index is in ``known`` passed this check before, unchanged
+    since, and are skipped.
     """
     for offset, exchange in enumerate(exchanges):
+        if start + offset in known:
+            continue
         problem = _exchange_problem(exchange)
         if problem is not None:
             raise DecisionHistoryRecordInvalid(

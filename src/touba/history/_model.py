@@ -73,6 +73,9 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def parse_json(text: str | bytes) -> JSON:
     """``json.loads`` for stored text, refusing what touba never writes.
 
@@ -82,6 +85,8 @@ def parse_json(text: str | bytes) -> JSON:
     any of these into its own typed error.
     """
     try:
+        if isinstance(text, str):
+            return _DECODER.decode(text)
         return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError as e:
         raise ValueError("the JSON text nests too deeply to be read") from e
@@ -329,14 +334,19 @@ def _arguments(data: Mapping[str, JSON]) -> dict[str, JSON]:
     return value
 
 
+def _is_mapping(value: object) -> bool:
+    # dict first: parsed JSON is one, and the ABC check costs a call through abc.
+    return isinstance(value, (dict, Mapping))  # the tuple stops at dict
+
+
 def message_from_dict(data: Mapping[str, JSON]) -> Message:
     """Rebuild a message from its stored form; corrupt data is a typed error."""
-    if not isinstance(data, Mapping):
+    if not _is_mapping(data):
         raise DecisionHistoryRecordInvalid("stored message is not an object")
     kind = data.get("kind")
     if kind == "decision":
         raw_calls = data.get("calls", [])
-        if not isinstance(raw_calls, list) or not all(isinstance(c, Mapping) for c in raw_calls):
+        if not isinstance(raw_calls, list) or not all(_is_mapping(c) for c in raw_calls):
             raise DecisionHistoryRecordInvalid("stored decision calls are not a list of objects")
         calls = tuple(
             CapabilityCall(_str(c, "call_id"), _str(c, "name"), _arguments(c)) for c in raw_calls

@@ -17,7 +17,7 @@ refuse a record.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 __all__ = ["PLOT_FIELDS", "PLOT_KEY", "PLOT_POINTS", "DecisionPoint", "add_point", "read_points"]
@@ -69,7 +69,7 @@ def add_point(head: dict[str, Any], point: DecisionPoint) -> None:
         points = list(found) if isinstance(found, list) else []
         total = plot.get("decisions")
         decisions = total if isinstance(total, int) and not isinstance(total, bool) else 0
-    points.append(list(astuple(point)))
+    points.append([getattr(point, name) for name in PLOT_FIELDS])  # numbers: no deep copy
     head[PLOT_KEY] = {"decisions": max(decisions, point.decision), "points": points[-PLOT_POINTS:]}
 
 

@@ -20,18 +20,29 @@ and the runtime's checkpoint and resource stores; it sits in ``history`` as
   the disk is fixed). Each store turns these into its own typed errors in
   one place, chained with ``raise ... from``; SQLite rolls back a failed
   statement or commit, so the previous state is what remains.
+- **The owned thread.** :class:`OwnedThread` runs a store's SQLite calls, in
+  order, on one thread of its own (the connection's owner). An event loop
+  awaits a call through one future that the thread settles directly: a call
+  costs one wake-up each way, and once handed over it runs to its end even
+  if the caller is cancelled (its result is then dropped).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
+import queue
 import sqlite3
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 __all__ = [
     "FailureKind",
+    "OwnedThread",
     "describe",
     "failure_kind",
     "finish_leftover",
@@ -40,6 +51,7 @@ __all__ = [
 ]
 
 FailureKind = Literal["locked", "not_a_database", "corrupt", "misuse", "io"]
+R = TypeVar("R")
 
 _LOCKED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
@@ -96,3 +108,77 @@ def describe(error: BaseException) -> str:
     if name is None and isinstance(error, OSError) and error.errno is not None:
         name = errno.errorcode.get(error.errno)
     return f"{type(error).__name__}{f' {name}' if name else ''}: {error}"
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # its caller was cancelled: the result is dropped
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+class OwnedThread:
+    """One thread running jobs in the order they are handed over (see the module docstring).
+
+    A daemon thread: a store that was never closed does not hold the
+    interpreter at exit (SQLite recovers an interrupted transaction on the next
+    open).
+    """
+
+    def __init__(self, name: str) -> None:
+        Job = tuple[Callable[[Any, BaseException | None], None], Callable[[], Any]]
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            done, job = item
+            try:
+                result, error = job(), None
+            except BaseException as e:  # handed to the caller, raised there
+                result, error = None, e
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed: no one waits
+                done(result, error)
+            del item, done, job, result, error  # hold nothing while idle
+
+    def call(self, job: Callable[[], R]) -> R:
+        """Run ``job`` on the thread and wait for it, blocking (from another thread)."""
+        future: Future[R] = Future()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+        self._jobs.put((done, job))
+        return future.result()
+
+    async def run(self, job: Callable[[], R]) -> R:
+        """Run ``job`` on the thread; once handed over it runs to its end, even if the
+        caller is cancelled."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+        self._jobs.put((done, job))
+        return await future
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        """Hand ``job`` over without waiting for it (its failure is dropped)."""
+        self._jobs.put((_ignore, job))
+
+    def shutdown(self) -> None:
+        """Run what was handed over, then stop the thread (waits for it)."""
+        self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+def _ignore(result: Any, error: BaseException | None) -> None:
+    pass

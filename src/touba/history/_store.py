@@ -106,7 +106,14 @@ class AdminStore(Protocol):
 
 
 class LogSnapshot(Protocol):
-    """A conversation as the history layer sees it inside one transaction."""
+    """A conversation as the history layer sees it inside one transaction.
+
+    A built-in store's snapshot may offer more, which the history engine uses
+    when present: ``messages(start, stop)`` (the neutral messages, parsed once,
+    frozen and shared), ``head_bytes`` (the stored head's UTF-8 length) and
+    ``well_formed`` (a set of exchange indices whose shared messages passed the
+    window check, unchanged since; the engine adds to it).
+    """
 
     @property
     def head(self) -> Record:

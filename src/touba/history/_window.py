@@ -56,12 +56,13 @@ def select_window(
         )
     budget_messages = max_messages - reserve.messages
     budget_bytes = max_bytes - reserve.bytes
-    total = last
+    messages, size = last.messages, last.bytes
     start = len(sizes) - 1
     while start > 0:
-        candidate = total + sizes[start - 1]
-        if candidate.messages > budget_messages or candidate.bytes > budget_bytes:
+        before = sizes[start - 1]
+        messages += before.messages
+        size += before.bytes
+        if messages > budget_messages or size > budget_bytes:
             break
-        total = candidate
         start -= 1
     return start

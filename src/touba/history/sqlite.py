@@ -1,26 +1,47 @@
 """``SqliteHistoryStore``: conversations in a SQLite file that processes may share.
 
-Layout (schema version 1, recorded in ``touba_meta``):
+Layout (schema version 2, recorded in ``touba_meta``):
 
-- ``touba_history_sessions``: one row per key: the record's head (the whole
-  record when it is not touba-shaped, ``split = 0``), sizes, expiry, identity
-  and namespace (for ``list``), and the reservation (``token``, ``worker_id``,
-  ``pid``, ``host``, ``since``). ``head IS NULL`` marks a reservation on a key
-  that has no record yet: it holds that conversation's place among
-  ``max_sessions`` (taken in the reservation's write transaction, so two
-  processes cannot both take the last one) and vanishes when released.
-- ``touba_history_messages``: one row per message of a touba record (``key``,
-  ``seq``, ``exchange``, ``bytes``, ``body``), indexed on ``(key, exchange,
-  seq, bytes)``: a tail or its sizes cost the rows read, and a decision
-  appends rows without rewriting any.
+- ``touba_history_sessions``: one row per key, with a compact integer ``id``:
+  the record's head (the whole record when it is not touba-shaped,
+  ``split = 0``), sizes, expiry, identity and namespace (for ``list``), the
+  record's ``version`` (the token of the reservation that saved it) and the
+  reservation (``token``, ``worker_id``, ``pid``, ``host``, ``since``).
+  ``head IS NULL`` marks a reservation on a key that has no record yet: it
+  holds that conversation's place among ``max_sessions`` (taken in the
+  reservation's write transaction, so two processes cannot both take the last
+  one) and vanishes when released.
+- ``touba_history_messages``: one row per message of a touba record (``conv``,
+  the conversation's id, ``seq``, ``exchange``, ``bytes``, ``body``), indexed on
+  ``(conv, exchange, seq, bytes)``: a tail or its sizes cost the rows read, and
+  a decision appends rows without rewriting any.
+- ``touba_history_usage``: one row, the places held (rows of the sessions
+  table) and the bytes they retain, kept exact by triggers in the transaction
+  of every statement that changes them, so capacity costs one row read
+  whatever the number of conversations (``BEGIN IMMEDIATE`` already
+  serialises the writers of the file). Deleting a conversation's row deletes
+  its messages (a trigger too), and any change to a conversation's messages,
+  whoever makes it, clears its ``version``.
+
+New files use 8 KiB pages (1 KiB messages fill them with little waste); a
+file of version 1 (key text in every message row and index entry) is
+migrated in place, in one transaction, when first opened; a file of another
+version is refused untouched. Upgrade every process sharing a file together.
 
 Every SQLite call runs on one worker thread per store, which owns the
 connection; each call commits or rolls back before it returns, so no
 transaction is open while an operation (a model call) runs. A decision is
-two calls: the reservation, which in its write transaction also reads the
-conversation's tail as far back as the history layer read lately (older
-rows, when asked, cost a call each), and the save. Nothing is kept between
-decisions, so processes sharing the file always see each other's saves.
+two calls (:mod:`touba.history._reserving` runs the protocol): the
+reservation, which in its write transaction also reads the conversation's
+tail unless this store object holds it at the stored version already, and
+the save. Processes sharing the file see each other's saves: a save by any
+of them changes the version.
+
+Expired conversations: a key whose record expired is purged when it is
+reserved or deleted; every expired, unreserved record is purged at most once
+a minute per store object (by its clock), whenever the store is 80 % full or
+a write would not fit otherwise (so expired records never refuse a write),
+and by ``usage``, ``list`` and ``purge_expired``.
 
 Failures (:func:`_translate`, the one place ``sqlite3`` and OS errors become
 touba errors, chained): a file locked past the busy timeout is
@@ -37,14 +58,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import math
 import os
 import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from types import TracebackType
@@ -64,68 +84,147 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
-    encode_checked_json,
-    encode_json,
-    encode_record,
     iso,
     recovered,
     require_worker_stopped,
 )
 from touba.history._files import open_private_sqlite
-from touba.history._model import parse_json
 from touba.history._record import join_record
-from touba.history._sqlite import describe, failure_kind, transaction
+from touba.history._reserving import (
+    Read,
+    Reservations,
+    Reserved,
+    Rows,
+    Sizes,
+    Write,
+    parse_object,
+)
+from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
 from touba.history._store import (
     LogOperation,
-    LogWrite,
     Operation,
     Record,
     StoredConversation,
     StoreUsage,
-    check_appends,
 )
-from touba.history._window import ExchangeSize
 
 __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-logger = logging.getLogger("touba.history")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 BUSY_TIMEOUT_SECONDS: Final = 5.0
-MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
+PAGE_SIZE: Final = 8192  # bytes per page of a new file
+PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired record
+PURGE_NEAR_FULL: Final = 0.8  # ... or at each write while the store is this full
 _VERSION_NAME = "history_schema_version"
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+_LABEL = "SQLite"
+_NO_END = 2**62
+
+_META = "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+_TABLES = (
     """CREATE TABLE IF NOT EXISTS touba_history_sessions (
-        key TEXT PRIMARY KEY, head TEXT, split INTEGER NOT NULL DEFAULT 0,
-        namespace TEXT, identity TEXT, exchanges INTEGER NOT NULL DEFAULT 0,
-        messages INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0,
-        updated_at REAL, expires_at REAL,
+        id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, head TEXT,
+        split INTEGER NOT NULL DEFAULT 0, namespace TEXT, identity TEXT,
+        exchanges INTEGER NOT NULL DEFAULT 0, messages INTEGER NOT NULL DEFAULT 0,
+        bytes INTEGER NOT NULL DEFAULT 0, updated_at REAL, expires_at REAL, version TEXT,
         token TEXT, worker_id TEXT, pid INTEGER, host TEXT, since REAL)""",
     "CREATE INDEX IF NOT EXISTS touba_history_sessions_expiry "
     "ON touba_history_sessions (expires_at)",
     "CREATE INDEX IF NOT EXISTS touba_history_sessions_namespace "
     "ON touba_history_sessions (namespace)",
     """CREATE TABLE IF NOT EXISTS touba_history_messages (
-        id INTEGER PRIMARY KEY, key TEXT NOT NULL, seq INTEGER NOT NULL,
+        id INTEGER PRIMARY KEY, conv INTEGER NOT NULL, seq INTEGER NOT NULL,
         exchange INTEGER NOT NULL, bytes INTEGER NOT NULL, body TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS touba_history_messages_tail "
-    "ON touba_history_messages (key, exchange, seq, bytes)",
+    "ON touba_history_messages (conv, exchange, seq, bytes)",
 )
-_EXPIRED_KEYS = """SELECT key FROM touba_history_sessions
-    WHERE head IS NOT NULL AND token IS NULL AND expires_at <= ?"""
-_INSERT_MESSAGE = """INSERT INTO touba_history_messages (key, seq, exchange, bytes, body)
+# Created once the sessions table holds its rows (the usage row counts them).
+_DERIVED = (
+    """CREATE TABLE IF NOT EXISTS touba_history_usage (
+        id INTEGER PRIMARY KEY CHECK (id = 0), sessions INTEGER NOT NULL,
+        bytes INTEGER NOT NULL)""",
+    "INSERT OR IGNORE INTO touba_history_usage "
+    "SELECT 0, COUNT(*), COALESCE(SUM(bytes), 0) FROM touba_history_sessions",
+    """CREATE TRIGGER IF NOT EXISTS touba_history_sessions_added
+        AFTER INSERT ON touba_history_sessions BEGIN
+        UPDATE touba_history_usage SET sessions = sessions + 1, bytes = bytes + NEW.bytes;
+        END""",
+    """CREATE TRIGGER IF NOT EXISTS touba_history_sessions_resized
+        AFTER UPDATE OF bytes ON touba_history_sessions WHEN NEW.bytes IS NOT OLD.bytes BEGIN
+        UPDATE touba_history_usage SET bytes = bytes + NEW.bytes - OLD.bytes;
+        END""",
+    """CREATE TRIGGER IF NOT EXISTS touba_history_sessions_removed
+        AFTER DELETE ON touba_history_sessions BEGIN
+        UPDATE touba_history_usage SET sessions = sessions - 1, bytes = bytes - OLD.bytes;
+        DELETE FROM touba_history_messages WHERE conv = OLD.id;
+        END""",
+    """CREATE TRIGGER IF NOT EXISTS touba_history_messages_inserted
+        AFTER INSERT ON touba_history_messages BEGIN
+        UPDATE touba_history_sessions SET version = NULL WHERE id = NEW.conv;
+        END""",
+    """CREATE TRIGGER IF NOT EXISTS touba_history_messages_updated
+        AFTER UPDATE ON touba_history_messages BEGIN
+        UPDATE touba_history_sessions SET version = NULL WHERE id = NEW.conv;
+        END""",
+    """CREATE TRIGGER IF NOT EXISTS touba_history_messages_deleted
+        AFTER DELETE ON touba_history_messages BEGIN
+        UPDATE touba_history_sessions SET version = NULL WHERE id = OLD.conv;
+        END""",
+)
+_V1_COLUMNS = (
+    "key, head, split, namespace, identity, exchanges, messages, bytes, updated_at, "
+    "expires_at, token, worker_id, pid, host, since"
+)
+# Version 1 kept the key text in every message row and index entry.
+_MIGRATE_FROM_V1 = (
+    "DROP INDEX IF EXISTS touba_history_sessions_expiry",
+    "DROP INDEX IF EXISTS touba_history_sessions_namespace",
+    "DROP INDEX IF EXISTS touba_history_messages_tail",
+    "ALTER TABLE touba_history_sessions RENAME TO touba_history_sessions_v1",
+    "ALTER TABLE touba_history_messages RENAME TO touba_history_messages_v1",
+    *_TABLES,
+    f"INSERT INTO touba_history_sessions ({_V1_COLUMNS}) "  # noqa: S608 - constant text
+    f"SELECT {_V1_COLUMNS} FROM touba_history_sessions_v1 ORDER BY rowid",
+    "INSERT INTO touba_history_messages (conv, seq, exchange, bytes, body) "
+    "SELECT s.id, m.seq, m.exchange, m.bytes, m.body FROM touba_history_messages_v1 AS m "
+    "JOIN touba_history_sessions AS s ON s.key = m.key ORDER BY m.id",
+    "DROP TABLE touba_history_messages_v1",
+    "DROP TABLE touba_history_sessions_v1",
+    *_DERIVED,
+)
+
+_INSERT_MESSAGE = """INSERT INTO touba_history_messages (conv, seq, exchange, bytes, body)
     VALUES (?, ?, ?, ?, ?)"""
 _RESERVE = """UPDATE touba_history_sessions
-    SET token = ?, worker_id = ?, pid = ?, host = ?, since = ? WHERE key = ?"""
-_SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?, namespace = ?, identity = ?,
-    exchanges = ?, messages = ?, bytes = ?, updated_at = ?, expires_at = ?,
-    token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL WHERE key = ?"""
+    SET token = ?, worker_id = ?, pid = ?, host = ?, since = ? WHERE id = ?"""
+_SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?,
+    exchanges = ?, messages = ?, bytes = ?, updated_at = ?, expires_at = ?, version = ?,
+    token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL WHERE id = ?"""
+# Only when they change: setting the namespace rewrites its index entry even when equal.
+_SAVE_IDENTITY = """UPDATE touba_history_sessions SET namespace = ?, identity = ?
+    WHERE id = ? AND (namespace IS NOT ? OR identity IS NOT ?)"""
 _UNRESERVE = """UPDATE touba_history_sessions
     SET token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL
     WHERE key = ? AND token """
+_EXPIRED = "head IS NOT NULL AND token IS NULL AND expires_at <= ?"
+_CONV = "(SELECT id FROM touba_history_sessions WHERE key = ?)"
+_SIZES = f"""SELECT exchange, COUNT(*), SUM(bytes) FROM touba_history_messages
+    WHERE conv = {_CONV} AND exchange >= ? AND exchange < ?
+    GROUP BY exchange ORDER BY exchange"""  # noqa: S608 - constant text
+_ROWS = f"""SELECT exchange, bytes, body FROM touba_history_messages
+    WHERE conv = {_CONV} AND exchange >= ? AND exchange < ?
+    ORDER BY exchange, seq"""  # noqa: S608 - constant text
+
+
+def _stored_version(conn: sqlite3.Connection) -> str | None:
+    """The history schema version a file records (None for a file without touba's tables)."""
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
+    if not conn.execute(sql).fetchone():
+        return None
+    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _check_schema(conn: sqlite3.Connection) -> None:
@@ -134,39 +233,13 @@ def _check_schema(conn: sqlite3.Connection) -> None:
     ``DecisionHistoryRecordInvalid``, as for a record of a future version: the
     stored data is unreadable here, which no change of configuration fixes.
     """
-    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
-    if not conn.execute(sql).fetchone():
-        return
-    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
-    if row is not None and row[0] != str(SCHEMA_VERSION):
+    version = _stored_version(conn)
+    if version is not None and version not in ("1", str(SCHEMA_VERSION)):
         raise DecisionHistoryRecordInvalid(
-            f"this SQLite file holds decision history schema version {row[0]!r}; this touba "
-            f"reads version {SCHEMA_VERSION}. Upgrade touba or use another file; the file was "
-            "not modified"
+            f"this SQLite file holds decision history schema version {version!r}; this touba "
+            f"reads versions 1 and {SCHEMA_VERSION}. Upgrade touba or use another file; the "
+            "file was not modified"
         )
-
-
-def _parse(text: str, key: str, what: str) -> Record:
-    try:
-        value = parse_json(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise DecisionHistoryRecordInvalid(
-            f"{what} of conversation {key} in the SQLite store is not a JSON object; it was "
-            f"not modified. Inspect it with `touba history show {key}` or delete it"
-        )
-    return value
-
-
-def _identity(head: Record) -> tuple[str | None, str | None]:
-    """Namespace and identity JSON of a touba head (``None`` otherwise)."""
-    identity = head.get("identity")
-    if not isinstance(identity, dict):
-        return None, None
-    namespace = identity.get("namespace")
-    encoded = encode_json(identity, "identity")
-    return (namespace if isinstance(namespace, str) else None), encoded
 
 
 def _translate(error: Exception, key: str) -> Exception:
@@ -204,13 +277,8 @@ def _translate(error: Exception, key: str) -> Exception:
     )
 
 
-def _stuck(key: str, error: BaseException) -> str:
-    return (
-        f"The reservation of conversation {key} could not be released either "
-        f"({describe(error)}): it answers DecisionHistoryBusy until you run "
-        f"store.recover(key, worker_stopped=True) (or `touba history recover {key}`) once the "
-        "disk works again."
-    )
+def _recovered_meanwhile(key: str) -> DecisionHistoryBusy:
+    return busy(key, " (its reservation was recovered while this one ran; nothing saved)")
 
 
 class _Db:
@@ -219,139 +287,196 @@ class _Db:
     def __init__(self, conn: sqlite3.Connection, store: SqliteHistoryStore) -> None:
         self.conn = conn
         self.store = store
+        self.purged_at = -math.inf  # the store's clock at its last purge of every expired row
 
     def q(self, sql: str, *args: Any) -> sqlite3.Cursor:
         return self.conn.execute(sql, args)
 
     def init_schema(self) -> None:
+        """Create the tables, or migrate a version-1 file, in one transaction."""
         with transaction(self.conn):
             _check_schema(self.conn)
-            for statement in _SCHEMA:
+            version = _stored_version(self.conn)
+            if version == str(SCHEMA_VERSION):
+                return
+            self.q(_META)
+            for statement in _MIGRATE_FROM_V1 if version == "1" else (*_TABLES, *_DERIVED):
                 self.q(statement)
-            sql = "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)"
-            self.q(sql, _VERSION_NAME, str(SCHEMA_VERSION))
+            self.q(
+                "INSERT OR REPLACE INTO touba_meta (name, value) VALUES (?, ?)",
+                _VERSION_NAME,
+                str(SCHEMA_VERSION),
+            )
 
-    # -- helpers (inside a write transaction) ---------------------------------------
-
-    def _purge(self) -> int:
-        now = self.store._clock()
-        self.q("DELETE FROM touba_history_messages WHERE key IN (" + _EXPIRED_KEYS + ")", now)  # noqa: S608
-        sql = "DELETE FROM touba_history_sessions WHERE key IN (" + _EXPIRED_KEYS + ")"  # noqa: S608
-        return self.q(sql, now).rowcount
-
-    def _owned(self, key: str, token: str) -> tuple[str | None, int, int, int]:
-        """Head, bytes, messages, exchanges of a key this token still reserves."""
-        row = self.q(
-            "SELECT head, bytes, messages, exchanges FROM touba_history_sessions "
-            "WHERE key = ? AND token = ?",
-            key,
-            token,
-        ).fetchone()
-        if row is None:
-            raise busy(key, " (its reservation was recovered while this one ran; nothing saved)")
-        return row[0], row[1], row[2], row[3]
+    # -- helpers (inside a transaction) -----------------------------------------------
 
     def _usage(self) -> StoreUsage:
-        """Places held (records and reservations of new keys) and bytes retained;
-        one pass over the sessions table, never over the messages."""
-        sessions, total = self.q(
-            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM touba_history_sessions"
-        ).fetchone()
+        """Places held (records and reservations of new keys) and bytes retained."""
+        sessions, total = self.q("SELECT sessions, bytes FROM touba_history_usage").fetchone()
         return StoreUsage(sessions, self.store.max_sessions, total, self.store.max_store_bytes)
 
-    def _admit(self, *, is_new: bool, old_bytes: int, new_bytes: int) -> None:
-        sessions, total = self.q(
-            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM touba_history_sessions "
-            "WHERE head IS NOT NULL"
-        ).fetchone()
-        check_capacity(
-            is_new=is_new,
-            sessions=sessions,
-            max_sessions=self.store.max_sessions,
-            store_bytes_after=total - old_bytes + new_bytes,
-            max_store_bytes=self.store.max_store_bytes,
+    def _purge_wanted(self, usage: StoreUsage, now: float, *, sessions: int = 0) -> bool:
+        """Purge every expired record now? Once a minute, when the store is nearly
+        full, or when what is about to be written would not fit otherwise."""
+        return (
+            not 0 <= now - self.purged_at < PURGE_INTERVAL
+            or usage.fraction >= PURGE_NEAR_FULL
+            or usage.sessions + sessions > usage.max_sessions
+            or usage.bytes > usage.max_store_bytes
         )
 
-    def _save(self, key: str, head: str, split: Record | None, sizes: tuple[int, ...]) -> None:
-        """Store a head (``split``: the touba head it encodes), sizes (exchanges,
-        messages, bytes) and a fresh expiry; clear the reservation."""
-        now = self.store._clock()
-        namespace, identity = _identity(split or {})
-        values = (head, split is not None, namespace, identity, *sizes)
-        self.q(_SAVE, *values, now, now + self.store.ttl_seconds, key)
+    def _purge_all(self, now: float) -> int:
+        self.purged_at = now
+        return self.q(f"DELETE FROM touba_history_sessions WHERE {_EXPIRED}", now).rowcount  # noqa: S608
 
-    def _rows(self, key: str, start: int, stop: int = 2**62) -> list[list[Record]]:
-        exchanges: list[list[Record]] = []
-        for exchange, body in self.q(
-            "SELECT exchange, body FROM touba_history_messages "
-            "WHERE key = ? AND exchange >= ? AND exchange < ? ORDER BY exchange, seq",
-            key,
-            start,
-            stop,
-        ):
-            while len(exchanges) <= exchange - start:
+    def _sizes(self, key: str, start: int, stop: int) -> Sizes:
+        return self.q(_SIZES, key, start, stop).fetchall() if start < stop else []
+
+    def _rows(self, key: str, start: int, stop: int) -> Rows:
+        return self.q(_ROWS, key, start, stop).fetchall() if start < stop else []
+
+    def _record(self, key: str, head: str, split: bool, count: int) -> Record:
+        parsed = parse_object(head, key, "the stored record", _LABEL)
+        if not split:
+            return parsed
+        rows = self._rows(key, 0, _NO_END)
+        exchanges: list[list[Record]] = [[] for _ in range(count)]
+        for exchange, _size, body in rows:
+            while len(exchanges) <= exchange:
                 exchanges.append([])
-            exchanges[exchange - start].append(_parse(body, key, "a message"))
-        return exchanges
+            exchanges[exchange].append(parse_object(body, key, "a message", _LABEL))
+        return join_record(parsed, exchanges)
 
-    def _record(self, key: str, head: str, split: bool) -> Record:
-        parsed = _parse(head, key, "the stored record")
-        return join_record(parsed, self._rows(key, 0)) if split else parsed
+    # -- the primitives of the reservation protocol -------------------------------------
 
-    # -- reservation ------------------------------------------------------------------
+    def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """Reserve ``key`` and read what ``read`` asks, in one write transaction
+        (see :class:`touba.history._reserving.Backend`): a failure reserves nothing.
 
-    def reserve(
-        self, key: str, reservation: Reservation, tail: int = 0
-    ) -> tuple[tuple[str, bool, int] | None, StoreUsage, list[tuple[int, int, str]]]:
-        """Reserve ``key``; return its stored head, split flag and exchange count (None
-        for a key without a record), the store's usage with this reservation, and
-        the ``(exchange, bytes, body)`` rows of its last ``tail`` exchanges (read in
-        the reserving transaction, so a failure there reserves nothing).
-
-        A new key takes its place among ``max_sessions`` in the same write
-        transaction (``BEGIN IMMEDIATE`` serialises every writer of the file),
-        or is refused with nothing reserved. The record itself is read by
-        :meth:`load`, once the reservation is committed.
+        A new key takes its place among ``max_sessions`` in that transaction
+        (``BEGIN IMMEDIATE`` serialises every writer of the file), or is refused
+        with nothing reserved.
         """
+        held = (
+            reservation.token,
+            reservation.worker_id,
+            reservation.pid,
+            reservation.host,
+            reservation.since,
+        )
         with transaction(self.conn):
-            self._purge()
+            now = self.store._clock()
             row = self.q(
-                "SELECT head, split, exchanges, token FROM touba_history_sessions WHERE key = ?",
+                "SELECT id, head, split, exchanges, messages, bytes, version, token, expires_at "
+                "FROM touba_history_sessions WHERE key = ?",
                 key,
             ).fetchone()
-            if row is not None and row[3] is not None:
+            if row is not None and row[7] is not None:
                 raise busy(key)
+            if row is not None and row[1] is not None and row[8] <= now:  # expired: gone
+                self.q("DELETE FROM touba_history_sessions WHERE id = ?", row[0])
+                row = None
             usage = self._usage()
+            if self._purge_wanted(usage, now, sessions=int(row is None)):
+                self._purge_all(now)
+                usage = self._usage()
             if row is None:
                 check_sessions(usage.sessions, self.store.max_sessions)
-                self.q("INSERT INTO touba_history_sessions (key) VALUES (?)", key)
-                usage = replace(usage, sessions=usage.sessions + 1)
-            held = (reservation.worker_id, reservation.pid, reservation.host, reservation.since)
-            self.q(_RESERVE, reservation.token, *held, key)
-            rows: list[tuple[int, int, str]] = []
-            if tail and row is not None and row[0] is not None and row[1] and row[2]:
-                rows = self.q(
-                    "SELECT exchange, bytes, body FROM touba_history_messages "
-                    "WHERE key = ? AND exchange >= ? ORDER BY exchange, seq",
+                self.q(
+                    "INSERT INTO touba_history_sessions (key, token, worker_id, pid, host, since) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
                     key,
-                    max(0, row[2] - tail),
-                ).fetchall()
-        if row is None or row[0] is None:
-            return None, usage, []
-        return (row[0], bool(row[1]), row[2]), usage, rows
+                    *held,
+                )
+                return Reserved(
+                    None, False, 0, 0, 0, None, replace(usage, sessions=usage.sessions + 1)
+                )
+            conv, head, split, exchanges, messages, size, version = row[:7]
+            self.q(_RESERVE, *held, conv)
+            if head is None:  # a place held without a record (nothing to read)
+                return Reserved(None, False, 0, 0, 0, None, usage)
+            exchanges = exchanges if split else 0
+            sizes: Sizes | None = []
+            rows: Rows | None = []
+            if read.whole:
+                rows = self._rows(key, 0, _NO_END)
+            elif read.cached is not None and read.cached == version:
+                sizes = rows = None
+            else:
+                bodies = max(0, exchanges - read.bodies)
+                sizes = self._sizes(key, max(0, exchanges - read.sizes), bodies)
+                rows = self._rows(key, bodies, exchanges)
+            return Reserved(
+                head, bool(split), exchanges, messages, size, version, usage, sizes, rows
+            )
 
-    def load(self, key: str, head: str, split: bool, whole: bool) -> Record:
-        """The reserved key's whole record (``whole``) or its head, outside any write
-        transaction (the reservation keeps other writers away)."""
-        if whole:
-            return self._record(key, head, split)
-        return _parse(head, key, "the stored record")
+    def save(self, key: str, token: str, write: Write) -> None:
+        """Check the token, write, check capacity on the exact usage row: one transaction."""
+        with transaction(self.conn):
+            row = self.q(
+                "SELECT id, token FROM touba_history_sessions WHERE key = ?", key
+            ).fetchone()
+            if row is None or row[1] != token:
+                raise _recovered_meanwhile(key)
+            conv = row[0]
+            now = self.store._clock()
+            if write.rewrite:
+                self.q("DELETE FROM touba_history_messages WHERE conv = ?", conv)
+            self.conn.executemany(
+                _INSERT_MESSAGE,
+                [(conv, seq, exchange, size, body) for seq, exchange, size, body in write.rows],
+            )
+            self.q(
+                _SAVE_IDENTITY,
+                write.namespace,
+                write.identity,
+                conv,
+                write.namespace,
+                write.identity,
+            )
+            self.q(
+                _SAVE,
+                write.head,
+                write.split,
+                write.exchanges,
+                write.messages,
+                write.bytes,
+                now,
+                now + self.store.ttl_seconds,
+                token,
+                conv,
+            )
+            usage = self._usage()  # exact: the triggers counted this write
+            if self._purge_wanted(usage, now):
+                self._purge_all(now)
+                usage = self._usage()
+            check_capacity(
+                is_new=write.is_new,
+                sessions=usage.sessions - 1,  # this key's place is counted since it was reserved
+                max_sessions=self.store.max_sessions,
+                store_bytes_after=usage.bytes,
+                max_store_bytes=self.store.max_store_bytes,
+            )
+
+    def delete_reserved(self, key: str, token: str) -> None:
+        with transaction(self.conn):
+            sql = "DELETE FROM touba_history_sessions WHERE key = ? AND token = ?"
+            if not self.q(sql, key, token).rowcount:
+                raise _recovered_meanwhile(key)
 
     def release(self, key: str, token: str) -> None:
         with transaction(self.conn):
             sql = "DELETE FROM touba_history_sessions WHERE key = ? AND token = ? AND head IS NULL"
-            self.q(sql, key, token)
-            self.q(_UNRESERVE + "= ?", key, token)
+            if not self.q(sql, key, token).rowcount:
+                self.q(_UNRESERVE + "= ?", key, token)
+
+    def sizes(self, key: str, start: int, stop: int) -> Sizes:
+        return self._sizes(key, start, stop)
+
+    def rows(self, key: str, start: int, stop: int) -> Rows:
+        return self._rows(key, start, stop)
+
+    # -- the other operations ---------------------------------------------------------
 
     def recover(self, key: str) -> bool:
         with transaction(self.conn):
@@ -363,98 +488,44 @@ class _Db:
             cleared += self.q(_UNRESERVE + "IS NOT NULL", key).rowcount
         return cleared > 0
 
-    # -- saves ------------------------------------------------------------------------
-
-    def save_record(self, key: str, token: str, record: Record | None) -> None:
-        """Generic path: replace the whole record (``None`` deletes it)."""
-        encoded = None if record is None else encode_record(record)
-        with transaction(self.conn):
-            old_head, old_bytes, _, _ = self._owned(key, token)
-            self.q("DELETE FROM touba_history_messages WHERE key = ?", key)
-            if record is None or encoded is None:
-                self.q("DELETE FROM touba_history_sessions WHERE key = ?", key)
-                return
-            self._purge()
-            self._admit(is_new=old_head is None, old_bytes=old_bytes, new_bytes=encoded.bytes)
-            rows: list[tuple[str, int, int, int, str]] = []
-            for index, exchange in enumerate(encoded.exchanges):
-                for body in exchange:
-                    rows.append((key, len(rows), index, len(body.encode("utf-8")), body))
-            self.conn.executemany(_INSERT_MESSAGE, rows)
-            sizes = (len(encoded.exchanges), encoded.messages, encoded.bytes)
-            self._save(key, encoded.head, record if encoded.split else None, sizes)
-
-    def save_log(self, key: str, token: str, write: LogWrite) -> None:
-        """Append ``write``'s messages and replace the head; no row is rewritten."""
-        head = encode_checked_json(write.head, "head")
-        bodies = [(index, encode_checked_json(m, "message")) for index, m in write.append]
-        with transaction(self.conn):
-            old_head, old_bytes, messages, exchanges = self._owned(key, token)
-            check_appends(exchanges, write.append)
-            rows = [
-                (key, messages + n, index, len(body.encode("utf-8")), body)
-                for n, (index, body) in enumerate(bodies)
-            ]
-            kept = old_bytes - len(old_head.encode("utf-8")) if old_head is not None else 0
-            new_bytes = kept + len(head.encode("utf-8")) + sum(row[3] for row in rows)
-            self._purge()
-            self._admit(is_new=old_head is None, old_bytes=old_bytes, new_bytes=new_bytes)
-            self.conn.executemany(_INSERT_MESSAGE, rows)
-            count = max([exchanges] + [index + 1 for index, _ in bodies])
-            self._save(key, head, write.head, (count, messages + len(rows), new_bytes))
-
-    # -- reads during a log transaction (the key is reserved) -------------------------
-
-    def sizes(self, key: str, start: int) -> list[ExchangeSize]:
-        rows = self.q(
-            "SELECT COUNT(*), SUM(bytes) FROM touba_history_messages "
-            "WHERE key = ? AND exchange >= ? GROUP BY exchange ORDER BY exchange",
-            key,
-            start,
-        )
-        return [ExchangeSize(count, size) for count, size in rows]
-
-    def exchanges(self, key: str, start: int, stop: int) -> list[list[Record]]:
-        with transaction(self.conn, "BEGIN"):
-            return self._rows(key, start, stop)
-
-    # -- the other operations ---------------------------------------------------------
-
     def purge(self) -> int:
-        if not self.q(_EXPIRED_KEYS + " LIMIT 1", self.store._clock()).fetchone():
+        now = self.store._clock()
+        sql = f"SELECT 1 FROM touba_history_sessions WHERE {_EXPIRED} LIMIT 1"  # noqa: S608
+        if not self.q(sql, now).fetchone():
+            self.purged_at = now
             return 0  # the common case stays read-only
         with transaction(self.conn):
-            return self._purge()
+            return self._purge_all(now)
 
     def read(self, key: str) -> Record | None:
-        self.purge()
         with transaction(self.conn, "BEGIN"):
             row = self.q(
-                "SELECT head, split, token, expires_at FROM touba_history_sessions WHERE key = ?",
+                "SELECT head, split, exchanges, token, expires_at FROM touba_history_sessions "
+                "WHERE key = ?",
                 key,
             ).fetchone()
-            if row is not None and row[2] is not None:
+            if row is not None and row[3] is not None:
                 raise busy(key)
-            if row is None or row[0] is None or row[3] <= self.store._clock():
+            if row is None or row[0] is None or row[4] <= self.store._clock():
                 return None
-            return self._record(key, row[0], row[1])
+            return self._record(key, row[0], bool(row[1]), row[2])
 
     def delete(self, key: str) -> bool:
         with transaction(self.conn):
-            self._purge()
-            row = self.q("SELECT token FROM touba_history_sessions WHERE key = ?", key).fetchone()
+            row = self.q(
+                "SELECT id, head, token, expires_at FROM touba_history_sessions WHERE key = ?",
+                key,
+            ).fetchone()
             if row is None:
                 return False
-            if row[0] is not None:
+            if row[2] is not None:
                 raise busy(key)
-            self.q("DELETE FROM touba_history_messages WHERE key = ?", key)
-            self.q("DELETE FROM touba_history_sessions WHERE key = ?", key)
-            return True
+            self.q("DELETE FROM touba_history_sessions WHERE id = ?", row[0])
+            return row[1] is not None and row[3] > self.store._clock()  # expired: purged
 
     def usage(self) -> StoreUsage:
         self.purge()
-        with transaction(self.conn, "BEGIN"):
-            return self._usage()
+        return self._usage()
 
     def listing(self, namespace: str | None) -> list[StoredConversation]:
         self.purge()
@@ -487,71 +558,46 @@ class _Db:
         return out
 
 
-class _Snapshot:
-    """A reserved conversation as ``transact_log`` shows it: the head and the tail read
-    with the reservation (so a decision costs two hops to the store's thread: reserve,
-    save), older rows on demand."""
+class _Backend:
+    """The protocol's primitives (:class:`touba.history._reserving.Backend`): each one
+    call to the store's thread."""
 
-    def __init__(
-        self,
-        store: SqliteHistoryStore,
-        key: str,
-        head: Record,
-        count: int,
-        rows: list[tuple[int, int, str]],
-        tail: int,
-    ) -> None:
+    driver_errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
+    label = _LABEL
+
+    def __init__(self, store: SqliteHistoryStore) -> None:
         self._store = store
-        self._key = key
-        self._head = head
-        self._count = count
-        self._rows = rows  # (exchange, bytes, body) of exchanges self._tail ..
-        self._tail = tail
 
-    def _wants(self, start: int) -> bool:
-        """True when ``start`` lies in the tail read ahead; remember how far back the
-        history layer reads, plus one exchange: a conversation shorter than its
-        window is read from its start, one exchange further back each decision."""
+    async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
         store = self._store
-        store._tail_hint = min(MAX_TAIL, max(store._tail_hint, self._count - start + 1))
-        return start >= self._tail
+        try:
+            return await store._run(key, lambda: store._db.reserve(key, reservation, read))
+        except asyncio.CancelledError:
+            # The reservation may be taken anyway: free it right after (same thread, in order).
+            token = reservation.token
+            store._thread.submit(lambda: store._call(key, lambda: store._db.release(key, token)))
+            raise
+        # Any other failure rolled the reservation's transaction back: nothing is held.
 
-    @property
-    def head(self) -> Record:
-        return self._head
+    async def save(self, key: str, token: str, write: Write) -> None:
+        store = self._store
+        await store._run(key, lambda: store._db.save(key, token, write))
 
-    @property
-    def exchange_count(self) -> int:
-        return self._count
+    async def delete(self, key: str, token: str) -> None:
+        store = self._store
+        await store._run(key, lambda: store._db.delete_reserved(key, token))
 
-    async def sizes(self, start: int) -> list[ExchangeSize]:
-        if self._wants(start):
-            sizes: dict[int, list[int]] = {}
-            for exchange, size, _body in self._rows:
-                if exchange >= start:
-                    weight = sizes.setdefault(exchange, [0, 0])
-                    weight[0] += 1
-                    weight[1] += size
-            return [ExchangeSize(n, b) for n, b in sizes.values()]
-        db = self._store._db
-        return await self._store._run(self._key, lambda: db.sizes(self._key, start))
+    async def release(self, key: str, token: str) -> None:
+        store = self._store
+        await store._run(key, lambda: store._db.release(key, token))
 
-    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
-        if self._wants(start):
-            out: list[list[Record]] = []
-            for exchange, _size, body in self._rows:
-                if start <= exchange < stop:
-                    while len(out) <= exchange - start:
-                        out.append([])
-                    out[exchange - start].append(_parse(body, self._key, "a message"))
-            return out
-        db = self._store._db
-        return await self._store._run(self._key, lambda: db.exchanges(self._key, start, stop))
+    async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
+        store = self._store
+        return await store._run(key, lambda: store._db.sizes(key, start, stop))
 
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()  # its caller may be gone (cancelled): do not report it as lost
+    async def read_rows(self, key: str, start: int, stop: int) -> Rows:
+        store = self._store
+        return await store._run(key, lambda: store._db.rows(key, start, stop))
 
 
 class SqliteHistoryStore:
@@ -571,8 +617,11 @@ class SqliteHistoryStore:
     ``recover(key, worker_stopped=True)``. Reserving a key that has no record
     claims its place among ``max_sessions`` at once; when every place is held
     (records and such reservations), it raises ``DecisionHistoryLimitExceeded``
-    before the operation runs. Expired conversations are purged
-    on the next access (not a secure erase); ``purge_expired()`` does it now.
+    before the operation runs. Expired conversations are purged as the
+    module docstring says (not a secure erase); ``purge_expired()`` does it
+    now. Each store object keeps the parsed tails of the conversations it
+    decided lately (:mod:`touba.history._reserving`: bounded, checked against
+    the stored version at every reservation).
     """
 
     def __init__(
@@ -602,21 +651,19 @@ class SqliteHistoryStore:
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
-        # How many trailing exchanges the history layer read lately: a
-        # reservation reads that many ahead, in its own transaction.
-        self._tail_hint = 0
         self._clock = clock
         self._owns_connection = database is None
         self._lock = threading.Lock()
         self._users = 0
         self._closed = False
         # One thread owns the connection and runs every SQLite call, in order.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="touba-sqlite")
+        self._thread = OwnedThread("touba-sqlite")
         try:
-            self._db = self._executor.submit(self._open, filename, database).result()
+            self._db = self._thread.call(lambda: self._open(filename, database))
         except BaseException:
-            self._executor.shutdown(wait=True)
+            self._thread.shutdown()
             raise
+        self._reservations = Reservations(_Backend(self), self.worker_id)
 
     def _open(
         self, filename: str | os.PathLike[str] | None, conn: sqlite3.Connection | None
@@ -625,7 +672,10 @@ class SqliteHistoryStore:
             if conn is None:
                 assert filename is not None
                 conn = open_private_sqlite(
-                    filename, timeout=BUSY_TIMEOUT_SECONDS, check=_check_schema
+                    filename,
+                    timeout=BUSY_TIMEOUT_SECONDS,
+                    check=_check_schema,
+                    page_size=PAGE_SIZE,
                 )
             else:
                 try:
@@ -673,53 +723,7 @@ class SqliteHistoryStore:
 
     async def _run(self, key: str, job: Callable[[], R]) -> R:
         """Run ``job`` on the store's thread; once started it finishes even if we are cancelled."""
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._call, key, job)
-        future.add_done_callback(_retrieve)
-        return await asyncio.shield(future)
-
-    async def _reserve(
-        self, key: str, reservation: Reservation, tail: int = 0
-    ) -> tuple[tuple[str, bool, int] | None, StoreUsage, list[tuple[int, int, str]]]:
-        try:
-            return await self._run(key, lambda: self._db.reserve(key, reservation, tail))
-        except asyncio.CancelledError:
-            # The reservation may be taken anyway: free it right after (same thread, in order).
-            self._executor.submit(self._call, key, lambda: self._db.release(key, reservation.token))
-            raise
-        # Any other failure rolled the reservation's transaction back: nothing is held.
-
-    async def _released_after(self, error: BaseException, key: str, token: str) -> Exception | None:
-        """Give ``key`` back after ``error`` struck while it was reserved.
-
-        Returns None when the release was written (the key is free: the live
-        worker may retry), or when ``error`` is not the store's and stays the
-        error to raise (a note then says the key is held). When the store
-        failed and the release could not be written either, returns the
-        store's error to raise instead, restated with a message that says
-        ``recover`` is needed.
-        """
-        try:
-            await self._run(key, lambda: self._db.release(key, token))
-            return None
-        except Exception as e:
-            logger.warning(
-                "could not release the reservation of %s (%s); it stays busy until "
-                "store.recover(key, worker_stopped=True)",
-                key,
-                type(e.__cause__ or e).__name__,
-            )
-            stuck = _stuck(key, e.__cause__ or e)
-            if isinstance(error.__cause__, sqlite3.Error | OSError):  # made by _translate
-                if isinstance(error, DecisionHistoryBusy):
-                    return DecisionHistoryBusy(f"{error} {stuck}", session_key=key)
-                if isinstance(
-                    error,
-                    DecisionHistoryStoreUnavailable | DecisionHistoryRecordInvalid,
-                ):
-                    return type(error)(f"{error} {stuck}")
-            if isinstance(error, Exception):  # not the store's: its type and text stay
-                error.add_note(stuck)
-            return None
+        return await self._thread.run(lambda: self._call(key, job))
 
     # -- the contract -------------------------------------------------------------------
 
@@ -735,52 +739,18 @@ class SqliteHistoryStore:
         """
         check_key(key)
         with self._using():
-            reservation = Reservation.new(self.worker_id)
-            token = reservation.token
-            found, _usage, _rows = await self._reserve(key, reservation)
-            try:
-                loaded = None
-                if found is not None:
-                    head, split, _count = found
-                    loaded = await self._run(key, lambda: self._db.load(key, head, split, True))
-                record, result = await operation(loaded)
-                await self._run(key, lambda: self._db.save_record(key, token, record))
-            except BaseException as e:
-                replacement = await self._released_after(e, key, token)
-                if replacement is None:
-                    raise
-                raise replacement from e.__cause__
-            return result
+            return await self._reservations.transact(key, operation)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
-        """``transact`` for the history layer: the head, rows on demand, appends only.
+        """``transact`` for the history layer: the head, the tail, appends only.
 
-        Raises as :meth:`transact` does.
+        Two calls to the store's thread (reserve, save) when this store object
+        holds the conversation's tail or read as much of it lately. Raises as
+        :meth:`transact` does.
         """
         check_key(key)
         with self._using():
-            reservation = Reservation.new(self.worker_id)
-            token = reservation.token
-            hint = self._tail_hint
-            found, usage, rows = await self._reserve(key, reservation, hint)
-            try:
-                snapshot = None
-                if found is not None:
-                    text, split, count = found
-                    head = _parse(text, key, "the stored record")
-                    tail = max(0, count - hint) if hint and split else count
-                    snapshot = _Snapshot(self, key, head, count, rows, tail)
-                write, result = await operation(snapshot, usage)
-                if write is None:
-                    await self._run(key, lambda: self._db.release(key, token))
-                else:
-                    await self._run(key, lambda: self._db.save_log(key, token, write))
-            except BaseException as e:
-                replacement = await self._released_after(e, key, token)
-                if replacement is None:
-                    raise
-                raise replacement from e.__cause__
-            return result
+            return await self._reservations.transact_log(key, operation)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy of the record, or None if absent or expired (TTL not renewed).
@@ -843,7 +813,7 @@ class SqliteHistoryStore:
             if self._owns_connection:
                 await self._run("", self._db.conn.close)
         finally:
-            self._executor.shutdown(wait=True)
+            self._thread.shutdown()
 
     async def __aenter__(self) -> Self:
         return self

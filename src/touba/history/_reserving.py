@@ -1,0 +1,838 @@
+"""The reservation protocol of the durable stores, written once over a backend's primitives.
+
+:class:`Reservations` runs ``transact`` and ``transact_log`` for a durable
+store (SQLite, PostgreSQL, Redis): reserve the key, show the operation its
+conversation, then save if the reservation still holds, or release it; on
+any failure release it, and when that release cannot be written either,
+restate the store's error to say that ``recover`` is needed (an error that
+is not the store's keeps its type and gets a note). A store builds one
+``Reservations(backend, worker_id)`` and its ``transact`` / ``transact_log``
+check the key, then delegate. ``read``, ``delete``, ``recover``, ``list``,
+``usage`` and ``purge_expired`` stay the store's own.
+
+**The tail cache.** A decision reads the tail of its conversation: the sizes
+of the exchanges the window may hold, the messages of those it sends. Each
+store object keeps that tail between decisions, parsed and frozen
+(:mod:`touba.history._frozen`: its dicts and lists refuse changes, and the
+neutral messages built from them are shared by every reader), tagged with
+the conversation's *version*: the token of the reservation whose save wrote
+the stored state. Every save, by any process, stores a new version, so a
+reservation that sends the version it holds gets no rows back when nothing
+changed, and the tail when anything did (another process saved, the key was
+deleted and created again: a token is never reused, so a stale tail never
+matches). After a successful save the tail holds what it held plus the
+messages appended (after ``transact``, the last exchanges of the record it
+saved), parsed from the very text that was stored, so it equals a fresh
+read; a failure of any kind (a refused or failed save, an operation
+that raised) drops the conversation from the cache. A tail is taken out of
+the cache for the length of a reservation and put back when it ends, so no
+two reservations share one. Snapshots also serve ``messages(start, stop)``
+(the shared neutral messages, which the history engine uses instead of
+parsing), ``head_bytes`` (the stored head's length) and ``well_formed`` (the
+exchanges the window check passed, see :mod:`touba.history._integrity`).
+
+**Bound.** The cache holds at most :data:`CACHE_CONVERSATIONS` conversations
+(least recently used first out) and at most :data:`CACHE_BYTES` bytes of
+message JSON over all of them (parsed, a message takes about twice its JSON
+in memory); each conversation holds only the tail the history layer read
+lately (the read-ahead hints below, at most :data:`MAX_TAIL` exchanges). A
+tail larger than :data:`CACHE_BYTES` is not kept.
+
+**Read-ahead hints.** How far back the history layer reads, in exchanges
+from the end: one hint for sizes, one for message bodies, each the most any
+snapshot of this store object was asked for lately, plus one (a
+conversation shorter than its window is read from its start, one exchange
+further back each decision), at most :data:`MAX_TAIL`. A reservation reads
+that much with the reserving call; an older range, when asked, costs one
+call to ``Backend.read_sizes`` or ``Backend.read_rows`` (and joins the tail).
+A decision whose tail is cached or read ahead costs two backend calls:
+``reserve``, then ``save`` (or ``release``).
+
+**The primitives** (:class:`Backend`). Each is one round trip to the store
+(one transaction, one script) and atomic. Every method may raise the store's
+typed errors (its driver's exceptions translated in one place, chained with
+``raise ... from``, so that ``error.__cause__`` is an instance of
+``driver_errors``); ``label`` names the store in messages. The stored state
+of a key: a *head* (JSON text), ``split`` (True: a touba record whose
+messages are rows; False: any other JSON object, kept whole in ``head``, no
+rows, ``exchanges == 0``), its *rows* (one per message: ``seq`` 0.. in order
+within the conversation, ``exchange``, ``bytes`` = UTF-8 length of
+``body``, ``body`` = the message's compact JSON), the totals
+(``exchanges``, ``messages``, ``bytes`` = head bytes + message bytes), an
+expiry, a *version* (text or NULL) and the reservation (``token``,
+``worker_id``, ``pid``, ``host``, ``since``; a reservation of a key without
+a record is a *bare* one: it holds a place among ``max_sessions``). The
+version must change with every change of the key's rows (the head is read
+at every reservation), by a touba save (which stores its token) or by
+anyone else where the backend can see it (SQLite and PostgreSQL: a trigger
+on the messages table sets it to NULL; a backend that cannot see edits made
+behind its back, as Redis with other clients, says so in its docstring).
+Usage (places held, records plus bare reservations; bytes retained) must be
+readable in O(1)::
+
+    reserve(key, reservation: Reservation, read: Read) -> Reserved
+        Refuse with DecisionHistoryBusy (busy(key, ...)) when `key` is reserved.
+        A stored record whose expiry has passed is treated as absent (delete
+        it). A key without a record: refuse with DecisionHistoryLimitExceeded
+        (check_sessions(places held, max_sessions)) when every place is held,
+        else take one (a bare reservation). Write the reservation durably.
+        Return Reserved(head, split, exchanges, messages, bytes, version, usage,
+        sizes, rows): head None for a key without a record (then sizes and rows
+        are None); usage counts this reservation. With read.whole: rows = every
+        row (exchange, bytes, body) ordered by (exchange, seq), sizes unused.
+        Otherwise, when read.cached is not None and equals the stored version:
+        sizes = rows = None (nothing read); else rows = the rows of exchanges
+        max(0, exchanges - read.bodies) .. exchanges - 1 and sizes = (exchange,
+        messages, bytes) of the exchanges before those whose rows are read,
+        from max(0, exchanges - read.sizes) on (read.bodies <= read.sizes).
+        On return `key` is held by reservation.token; when it raises, nothing
+        is held: a failure that may have left the reservation written (a lost
+        commit reply, a cancellation while the call runs) is the backend's to
+        release before it raises.
+        Purge every expired record at most once a minute, or when the store is
+        80 % full or this reservation would not fit otherwise.
+    save(key, token, write: Write) -> None
+        Refuse with DecisionHistoryBusy (busy(key, " (its reservation was
+        recovered while this one ran; nothing saved)")) unless `token` holds
+        `key`. With write.rewrite drop the stored rows first. Append write.rows
+        (seq, exchange, bytes, body) as given. Store write.head, write.split,
+        write.namespace and write.identity (for list), write.exchanges,
+        write.messages, write.bytes, a fresh expiry (now + ttl), `token` as the
+        version; clear the reservation. Then refuse with
+        DecisionHistoryLimitExceeded (check_capacity(is_new=write.is_new,
+        sessions=places held less this key's, store_bytes_after=bytes held))
+        when the store would exceed max_store_bytes, or max_sessions for
+        write.is_new; expired records never refuse a write: when it would not
+        fit, purge them first (write.growth = write.bytes less the record's
+        bytes before, to decide without reading). A refusal changes nothing.
+    delete(key, token) -> None
+        Delete the record, its rows and the reservation if `token` holds `key`,
+        else DecisionHistoryBusy as for save.
+    release(key, token) -> None
+        Clear the reservation if `token` holds `key` (a bare reservation goes
+        away with its place); otherwise do nothing, without raising.
+    read_sizes(key, start, stop) -> [(exchange, messages, bytes), ...]
+        Of the reserved key's exchanges start .. stop - 1, ordered by exchange
+        (an exchange without messages may be left out).
+    read_rows(key, start, stop) -> [(exchange, bytes, body), ...]
+        The rows of the reserved key's exchanges start .. stop - 1, ordered by
+        (exchange, seq).
+
+``driver_errors`` (a tuple of exception types) and ``label`` are attributes.
+:func:`parse_object` and :func:`identity_columns` are the stores' shared
+helpers for heads and the identity columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol, TypeVar
+
+from touba.errors import (
+    DecisionHistoryBusy,
+    DecisionHistoryRecordInvalid,
+    DecisionHistoryStoreUnavailable,
+)
+from touba.history._common import Reservation, encode_checked_json, encode_json, encode_record
+from touba.history._frozen import parse_frozen, thaw
+from touba.history._model import Message, message_from_dict, parse_json
+from touba.history._record import join_record
+from touba.history._sqlite import describe
+from touba.history._store import (
+    LogOperation,
+    LogWrite,
+    Operation,
+    Record,
+    StoreUsage,
+    check_appends,
+)
+from touba.history._window import ExchangeSize
+
+__all__ = [
+    "CACHE_BYTES",
+    "CACHE_CONVERSATIONS",
+    "MAX_TAIL",
+    "Backend",
+    "Read",
+    "Reservations",
+    "Reserved",
+    "Rows",
+    "Sizes",
+    "TailCache",
+    "Write",
+    "identity_columns",
+    "parse_object",
+]
+
+T = TypeVar("T")
+logger = logging.getLogger("touba.history")
+
+MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
+CACHE_CONVERSATIONS: Final = 256  # conversations whose tail a store object keeps
+CACHE_BYTES: Final = 32 * 1024 * 1024  # message JSON bytes kept over all of them
+
+Rows = Sequence[tuple[int, int, str]]  # (exchange, bytes, body)
+Sizes = Sequence[tuple[int, int, int]]  # (exchange, messages, bytes)
+
+
+# -- what passes between the protocol and a backend --------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What a reservation reads with it (see the module docstring)."""
+
+    whole: bool = False  # every message (``transact``); the cache is not used
+    cached: str | None = None  # the version whose tail the caller holds
+    sizes: int = 0  # sizes of this many trailing exchanges
+    bodies: int = 0  # messages of this many trailing exchanges (<= sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """The stored state of a key just reserved, and the store's usage with it."""
+
+    head: str | None  # the head JSON (the whole record when not split); None: no record
+    split: bool
+    exchanges: int
+    messages: int
+    bytes: int
+    version: str | None
+    usage: StoreUsage
+    sizes: Sizes | None = None  # None: read.cached matched (and not read.whole)
+    rows: Rows | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A new state for a reserved key, encoded and measured (see ``Backend.save``)."""
+
+    head: str
+    split: bool
+    namespace: str | None
+    identity: str | None
+    exchanges: int
+    messages: int
+    bytes: int
+    rows: Sequence[tuple[int, int, int, str]]  # (seq, exchange, bytes, body)
+    rewrite: bool  # drop the stored messages first (``transact``), or only append
+    is_new: bool  # the key had no record: its place was held by the reservation
+    growth: int  # ``bytes`` less what the record retained before
+
+
+class Backend(Protocol):
+    """The primitives a durable store supplies; see the module docstring."""
+
+    driver_errors: tuple[type[BaseException], ...]
+    label: str  # the store's name in messages ("SQLite", "PostgreSQL", "Redis")
+
+    async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved: ...
+
+    async def save(self, key: str, token: str, write: Write) -> None: ...
+
+    async def delete(self, key: str, token: str) -> None: ...
+
+    async def release(self, key: str, token: str) -> None: ...
+
+    async def read_sizes(self, key: str, start: int, stop: int) -> Sizes: ...
+
+    async def read_rows(self, key: str, start: int, stop: int) -> Rows: ...
+
+
+# -- helpers the backends share ----------------------------------------------------------
+
+
+def parse_object(text: str, key: str, what: str, label: str) -> Record:
+    """Stored JSON text that must be an object, or DecisionHistoryRecordInvalid."""
+    try:
+        value = parse_json(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise _damaged(key, what, label)
+    return value
+
+
+def _damaged(key: str, what: str, label: str) -> DecisionHistoryRecordInvalid:
+    return DecisionHistoryRecordInvalid(
+        f"{what} of conversation {key} in the {label} store is not a JSON object; it was "
+        f"not modified. Inspect it with `touba history show {key}` or delete it"
+    )
+
+
+def identity_columns(head: Record) -> tuple[str | None, str | None]:
+    """Namespace and identity JSON of a touba head, for ``list`` (None otherwise)."""
+    identity = head.get("identity")
+    if not isinstance(identity, dict):
+        return None, None
+    items = tuple(identity.items())
+    if all(isinstance(value, str) for _name, value in items):  # touba's: the same each save
+        return _identity_of(items)
+    namespace = identity.get("namespace")
+    return (namespace if isinstance(namespace, str) else None), encode_json(identity, "identity")
+
+
+@functools.lru_cache(maxsize=1024)
+def _identity_of(items: tuple[tuple[str, str], ...]) -> tuple[str | None, str]:
+    identity = dict(items)
+    return identity.get("namespace"), encode_json(identity, "identity")
+
+
+def _dense(sizes: Sizes, start: int, stop: int) -> list[ExchangeSize]:
+    """One size per exchange ``start`` .. ``stop - 1`` (0 for one without messages)."""
+    out = [ExchangeSize(0, 0)] * (stop - start)
+    for exchange, messages, size in sizes:
+        if start <= exchange < stop:
+            out[exchange - start] = ExchangeSize(messages, size)
+    return out
+
+
+def _frozen_object_of(body: str, key: str, label: str) -> Record:
+    """A stored message, parsed frozen; DecisionHistoryRecordInvalid unless an object."""
+    try:
+        value = parse_frozen(body)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise _damaged(key, "a message", label)
+    return value
+
+
+def _grouped(
+    rows: Rows, start: int, stop: int, key: str, label: str
+) -> tuple[list[list[Record]], list[int]]:
+    """Messages of exchanges ``start`` .. ``stop - 1``, parsed and frozen, and the
+    JSON bytes of each exchange."""
+    out: list[list[Record]] = [[] for _ in range(stop - start)]
+    sizes = [0] * (stop - start)
+    for exchange, size, body in rows:
+        if not start <= exchange < stop:
+            raise DecisionHistoryRecordInvalid(
+                f"a message of conversation {key} in the {label} store names exchange "
+                f"{exchange}, outside {start} .. {stop - 1}; it was not modified. Inspect it "
+                f"with `touba history show {key}` or delete it"
+            )
+        out[exchange - start].append(_frozen_object_of(body, key, label))
+        sizes[exchange - start] += size
+    return out, sizes
+
+
+# -- the tail of one conversation, and the cache of them ----------------------------------
+
+
+class _Tail:
+    """The parsed tail of one conversation at one version, owned by one reservation at
+    a time: the sizes of exchanges ``sizes_first`` .. ``count - 1``, and the frozen
+    messages of exchanges ``bodies_first`` .. ``count - 1`` with their JSON bytes and
+    the neutral messages built from them on first use."""
+
+    __slots__ = (
+        "bodies_first",
+        "body_bytes",
+        "count",
+        "messages",
+        "records",
+        "sizes",
+        "sizes_first",
+        "version",
+        "well_formed",
+    )
+
+    def __init__(
+        self,
+        version: str,
+        count: int,
+        sizes_first: int,
+        sizes: list[ExchangeSize],
+        bodies_first: int,
+        records: list[list[Record]],
+        body_bytes: list[int],
+    ) -> None:
+        self.version = version
+        self.count = count
+        self.sizes_first = sizes_first
+        self.sizes = sizes
+        self.bodies_first = bodies_first
+        self.records = records
+        self.body_bytes = body_bytes
+        self.messages: list[list[Message] | None] = [None] * len(records)
+        # Exchanges held whose messages passed the window check (see _integrity).
+        self.well_formed: set[int] = set()
+
+    @classmethod
+    def empty(cls, version: str) -> _Tail:
+        return cls(version, 0, 0, [], 0, [], [])
+
+    @property
+    def bytes(self) -> int:
+        """Message JSON bytes held."""
+        return sum(self.body_bytes)
+
+    def covers(self, sizes: int, bodies: int) -> bool:
+        """Whether it holds what a reservation reading these hints would read."""
+        return self.sizes_first <= max(0, self.count - sizes) and self.bodies_first <= max(
+            0, self.count - bodies
+        )
+
+    def trim(self, sizes: int, bodies: int) -> None:
+        """Forget what lies before the hints."""
+        first = max(0, self.count - sizes)
+        if first > self.sizes_first:
+            del self.sizes[: first - self.sizes_first]
+            self.sizes_first = first
+        first = max(0, self.count - bodies)
+        if first > self.bodies_first:
+            cut = first - self.bodies_first
+            del self.records[:cut], self.body_bytes[:cut], self.messages[:cut]
+            self.bodies_first = first
+            self.well_formed = {i for i in self.well_formed if i >= first}
+
+    def prepend_sizes(self, start: int, older: list[ExchangeSize]) -> None:
+        self.sizes[:0] = older
+        self.sizes_first = start
+
+    def prepend_records(self, start: int, older: list[list[Record]], sizes: list[int]) -> None:
+        self.records[:0] = older
+        self.body_bytes[:0] = sizes
+        self.messages[:0] = [None] * len(older)
+        self.bodies_first = start
+
+    def neutral(self, index: int) -> list[Message]:
+        """The neutral messages of exchange ``index`` (held), built once."""
+        position = index - self.bodies_first
+        messages = self.messages[position]
+        if messages is None:
+            messages = [message_from_dict(m) for m in self.records[position]]
+            self.messages[position] = messages
+        return messages
+
+    @classmethod
+    def written(cls, version: str, write: Write, sizes_first: int, bodies_first: int) -> _Tail:
+        """The tail of a whole record just saved (``write.rewrite``), parsed from the
+        text stored: sizes from exchange ``sizes_first``, messages from ``bodies_first``."""
+        count = write.exchanges
+        sizes = [(0, 0)] * (count - sizes_first)
+        records: list[list[Record]] = [[] for _ in range(count - bodies_first)]
+        body_bytes = [0] * (count - bodies_first)
+        for _seq, exchange, size, body in write.rows:
+            if exchange >= sizes_first:
+                messages, total = sizes[exchange - sizes_first]
+                sizes[exchange - sizes_first] = (messages + 1, total + size)
+            if exchange >= bodies_first:
+                records[exchange - bodies_first].append(parse_frozen(body))
+                body_bytes[exchange - bodies_first] += size
+        weights = [ExchangeSize(messages, total) for messages, total in sizes]
+        return cls(version, count, sizes_first, weights, bodies_first, records, body_bytes)
+
+    def append(self, version: str, rows: Sequence[tuple[int, int, int, str]]) -> None:
+        """Add the messages a save appended, parsed from the text it stored; the
+        tail is then at ``version``."""
+        for _seq, exchange, size, body in rows:
+            if exchange == self.count:
+                self.count += 1
+                self.sizes.append(ExchangeSize(0, 0))
+                self.records.append([])
+                self.body_bytes.append(0)
+                self.messages.append(None)
+            if exchange >= self.sizes_first:
+                old = self.sizes[exchange - self.sizes_first]
+                self.sizes[exchange - self.sizes_first] = ExchangeSize(
+                    old.messages + 1, old.bytes + size
+                )
+            if exchange >= self.bodies_first:
+                position = exchange - self.bodies_first
+                self.records[position].append(parse_frozen(body))
+                self.body_bytes[position] += size
+                self.messages[position] = None
+            self.well_formed.discard(exchange)
+        self.version = version
+
+
+class TailCache:
+    """Parsed tails of conversations, least recently used first out (see the module
+    docstring for the bound). Safe to use from several threads."""
+
+    def __init__(
+        self, *, conversations: int = CACHE_CONVERSATIONS, max_bytes: int = CACHE_BYTES
+    ) -> None:
+        self.max_conversations = conversations
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._tails: OrderedDict[str, _Tail] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._tails)
+
+    @property
+    def bytes(self) -> int:
+        """Message JSON bytes held now."""
+        return self._bytes
+
+    def take(self, key: str) -> _Tail | None:
+        """Remove and return the tail of ``key``, if held."""
+        with self._lock:
+            tail = self._tails.pop(key, None)
+            if tail is not None:
+                self._bytes -= tail.bytes
+            return tail
+
+    def put(self, key: str, tail: _Tail) -> None:
+        """Keep ``tail`` as the newest; evict the oldest beyond the bound."""
+        with self._lock:
+            old = self._tails.pop(key, None)
+            if old is not None:
+                self._bytes -= old.bytes
+            if tail.bytes > self.max_bytes:
+                return
+            self._tails[key] = tail
+            self._bytes += tail.bytes
+            while len(self._tails) > self.max_conversations or self._bytes > self.max_bytes:
+                _key, evicted = self._tails.popitem(last=False)
+                self._bytes -= evicted.bytes
+
+    def drop(self, key: str) -> None:
+        self.take(key)
+
+    def peek(self, key: str) -> _Tail | None:
+        """The tail of ``key`` without taking it (for tests and inspection)."""
+        with self._lock:
+            return self._tails.get(key)
+
+
+# -- the protocol ------------------------------------------------------------------------
+
+
+class Reservations:
+    """``transact`` and ``transact_log`` over one backend, with its tail cache."""
+
+    def __init__(self, backend: Backend, worker_id: str, cache: TailCache | None = None) -> None:
+        self.backend = backend
+        self.worker_id = worker_id
+        self.cache = cache if cache is not None else TailCache()
+        # How many trailing exchanges the history layer read lately (see the docstring).
+        self.sizes_hint = 0
+        self.bodies_hint = 0
+
+    def want(self, sizes: int = 0, bodies: int = 0) -> None:
+        """Widen the hints to what a snapshot was asked for."""
+        if sizes > self.sizes_hint:
+            self.sizes_hint = min(MAX_TAIL, sizes)
+        if bodies > self.bodies_hint:
+            self.bodies_hint = min(MAX_TAIL, bodies)
+            self.sizes_hint = max(self.sizes_hint, self.bodies_hint)
+
+    async def transact(self, key: str, operation: Operation[T]) -> T:
+        """Reserve ``key``, give ``operation`` a private copy of its whole record,
+        save what it returns (``None`` deletes). Raises what the backend and
+        ``operation`` raise; the key is released after any failure."""
+        reservation = Reservation.new(self.worker_id)
+        token = reservation.token
+        self.cache.drop(key)
+        reserved = await self.backend.reserve(key, reservation, Read(whole=True))
+        written = None
+        try:
+            loaded = self._record(key, reserved)
+            record, result = await operation(loaded)
+            if record is None:
+                if reserved.head is None:
+                    await self.backend.release(key, token)
+                else:
+                    await self.backend.delete(key, token)
+            else:
+                written = _whole(record, reserved)
+                await self.backend.save(key, token, written)
+        except BaseException as e:
+            replacement = await self._fail(e, key, token)
+            if replacement is None:
+                raise
+            raise replacement from e.__cause__
+        if written is not None and written.split:  # its tail, as a log write leaves it
+            self._keep(key, None, token, written)
+        return result
+
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        """Reserve ``key``, call ``operation(snapshot, usage)``, then save its
+        :class:`~touba.history.LogWrite` (or release when it returns None). Raises
+        what the backend and ``operation`` raise; the key is released after any
+        failure, and the conversation's cached tail dropped."""
+        reservation = Reservation.new(self.worker_id)
+        token = reservation.token
+        tail = self.cache.take(key)
+        if tail is not None and not tail.covers(self.sizes_hint, self.bodies_hint):
+            tail = None
+        read = Read(
+            cached=None if tail is None else tail.version,
+            sizes=self.sizes_hint,
+            bodies=self.bodies_hint,
+        )
+        reserved = await self.backend.reserve(key, reservation, read)
+        try:
+            snapshot = None
+            if reserved.head is not None:
+                if reserved.split:
+                    tail = await self._tail(key, reserved, read, tail)
+                else:
+                    tail = None
+                head = parse_object(reserved.head, key, "the stored record", self.backend.label)
+                snapshot = _Snapshot(self, key, head, len(reserved.head.encode("utf-8")), tail)
+            write, result = await operation(snapshot, reserved.usage)
+            encoded = None
+            if write is None:
+                await self.backend.release(key, token)
+            else:
+                encoded = _appended(reserved, write)
+                await self.backend.save(key, token, encoded)
+        except BaseException as e:
+            replacement = await self._fail(e, key, token)
+            if replacement is None:
+                raise
+            raise replacement from e.__cause__
+        self._keep(key, tail, token, encoded)
+        return result
+
+    def _keep(self, key: str, tail: _Tail | None, token: str, saved: Write | None) -> None:
+        """Cache the tail once the reservation ended well: with the messages ``saved``
+        appended (then at version ``token``), or as it was read."""
+        try:
+            if saved is not None and saved.rewrite:
+                sizes = max(0, saved.exchanges - self.sizes_hint)
+                bodies = max(0, saved.exchanges - self.bodies_hint)
+                tail = _Tail.written(token, saved, sizes, bodies)
+            elif saved is not None:
+                tail = tail or _Tail.empty(token)
+                tail.append(token, saved.rows)
+            if tail is None or not tail.version:  # stored without a version: never matched
+                return
+            tail.trim(self.sizes_hint, self.bodies_hint)
+            self.cache.put(key, tail)
+        except Exception as e:  # the decision is saved; only the cache is lost
+            logger.warning("could not cache the tail of %s (%s)", key, type(e).__name__)
+            self.cache.drop(key)
+
+    async def _tail(self, key: str, reserved: Reserved, read: Read, held: _Tail | None) -> _Tail:
+        """The tail of the reserved state: ``held`` when the backend said it matches,
+        else the one read with the reservation."""
+        count = reserved.exchanges
+        label = self.backend.label
+        sizes_first = max(0, count - read.sizes)
+        bodies_first = max(0, count - read.bodies)
+        if reserved.sizes is None or reserved.rows is None:
+            if held is not None and held.version == reserved.version and held.count == count:
+                return held
+            # Not what was asked (a backend must send rows on a mismatch): read them.
+            sizes: Sizes = await self.backend.read_sizes(key, sizes_first, bodies_first)
+            rows: Rows = await self.backend.read_rows(key, bodies_first, count)
+        else:
+            sizes, rows = reserved.sizes, reserved.rows
+        records, body_bytes = _grouped(rows, bodies_first, count, key, label)
+        weights = _dense(sizes, sizes_first, bodies_first)
+        weights += [ExchangeSize(len(ex), b) for ex, b in zip(records, body_bytes, strict=True)]
+        return _Tail(
+            reserved.version or "",  # "" never equals a token: never matched again
+            count,
+            sizes_first,
+            weights,
+            bodies_first,
+            records,
+            body_bytes,
+        )
+
+    def _record(self, key: str, reserved: Reserved) -> Record | None:
+        """The whole record of a reservation made with ``Read(whole=True)``."""
+        if reserved.head is None:
+            return None
+        label = self.backend.label
+        head = parse_object(reserved.head, key, "the stored record", label)
+        if not reserved.split:
+            return head
+        count = max([reserved.exchanges, *(e + 1 for e, _s, _b in reserved.rows or ())])
+        exchanges: list[list[Record]] = [[] for _ in range(count)]
+        for exchange, _size, body in reserved.rows or ():
+            exchanges[exchange].append(parse_object(body, key, "a message", label))
+        return join_record(head, exchanges)
+
+    async def _fail(self, error: BaseException, key: str, token: str) -> Exception | None:
+        """After ``error`` struck while ``key`` was reserved: forget its tail and give
+        the key back (see :meth:`_released_after` for what is returned)."""
+        self.cache.drop(key)
+        return await self._released_after(error, key, token)
+
+    async def _released_after(self, error: BaseException, key: str, token: str) -> Exception | None:
+        """Give ``key`` back after ``error``.
+
+        Returns None when the release was written (the key is free: the live
+        worker may retry), or when ``error`` is not the store's and stays the
+        error to raise (a note then says the key is held). When the store
+        failed and the release could not be written either, returns the
+        store's error to raise instead, restated with a message that says
+        ``recover`` is needed.
+        """
+        try:
+            await self.backend.release(key, token)
+            return None
+        except Exception as e:
+            cause = e.__cause__ or e
+            logger.warning(
+                "could not release the reservation of %s (%s); it stays busy until "
+                "store.recover(key, worker_stopped=True)",
+                key,
+                type(cause).__name__,
+            )
+            stuck = _stuck(key, cause)
+            if isinstance(error.__cause__, self.backend.driver_errors):  # a store failure
+                if isinstance(error, DecisionHistoryBusy):
+                    return DecisionHistoryBusy(f"{error} {stuck}", session_key=key)
+                if isinstance(
+                    error, DecisionHistoryStoreUnavailable | DecisionHistoryRecordInvalid
+                ):
+                    return type(error)(f"{error} {stuck}")
+            if isinstance(error, Exception):  # not the store's: its type and text stay
+                error.add_note(stuck)
+            return None
+
+
+def _stuck(key: str, error: BaseException) -> str:
+    return (
+        f"The reservation of conversation {key} could not be released either "
+        f"({describe(error)}): it answers DecisionHistoryBusy until you run "
+        f"store.recover(key, worker_stopped=True) (or `touba history recover {key}`) once the "
+        "store works again."
+    )
+
+
+class _Snapshot:
+    """A reserved conversation as ``transact_log`` shows it: the head (a private
+    copy), and the tail from the cache or the reservation; older ranges cost a
+    backend call each (and join the tail)."""
+
+    def __init__(
+        self, owner: Reservations, key: str, head: Record, head_bytes: int, tail: _Tail | None
+    ) -> None:
+        self._owner = owner
+        self._key = key
+        self._head = head
+        self.head_bytes = head_bytes  # what the store measures the stored head as
+        self._tail = tail
+        self._count = 0 if tail is None else tail.count
+
+    @property
+    def head(self) -> Record:
+        return self._head
+
+    @property
+    def exchange_count(self) -> int:
+        return self._count
+
+    @property
+    def well_formed(self) -> set[int]:
+        """Stored exchanges whose shared messages passed the window check, unchanged
+        since (the history layer reads and adds to it; see ``_integrity``)."""
+        return set() if self._tail is None else self._tail.well_formed
+
+    async def sizes(self, start: int) -> list[ExchangeSize]:
+        """Sizes of exchanges ``start`` .. end, oldest first (a new list)."""
+        start = max(start, 0)
+        tail = self._tail
+        if tail is None or start >= self._count:
+            return []
+        self._owner.want(sizes=self._count - start + 1)
+        if start < tail.sizes_first:
+            backend = self._owner.backend
+            older = await backend.read_sizes(self._key, start, tail.sizes_first)
+            tail.prepend_sizes(start, _dense(older, start, tail.sizes_first))
+        return tail.sizes[start - tail.sizes_first :]
+
+    async def _held(self, start: int, stop: int) -> _Tail | None:
+        """The tail, holding the bodies of ``start`` .. ``stop - 1`` (None: nothing to read)."""
+        tail = self._tail
+        if tail is None or start >= stop:
+            return None
+        self._owner.want(bodies=self._count - start + 1)
+        if start < tail.bodies_first:
+            backend = self._owner.backend
+            rows = await backend.read_rows(self._key, start, tail.bodies_first)
+            older, sizes = _grouped(rows, start, tail.bodies_first, self._key, backend.label)
+            tail.prepend_records(start, older, sizes)
+        return tail
+
+    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
+        """Private copies of the messages of exchanges ``start`` .. ``stop - 1``."""
+        start, stop = max(start, 0), min(stop, self._count)
+        tail = await self._held(start, stop)
+        if tail is None:
+            return []
+        first = tail.bodies_first
+        return [[thaw(m) for m in ex] for ex in tail.records[start - first : stop - first]]
+
+    async def messages(self, start: int, stop: int) -> list[list[Message]]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1``: shared and
+        read-only (see the module docstring); the lists are the caller's."""
+        start, stop = max(start, 0), min(stop, self._count)
+        tail = await self._held(start, stop)
+        if tail is None:
+            return []
+        return [list(tail.neutral(index)) for index in range(start, stop)]
+
+
+# -- encoding writes ---------------------------------------------------------------------
+
+
+def _appended(reserved: Reserved, write: LogWrite) -> Write:
+    """A log write: a new head and messages after the stored ones (checked first)."""
+    if write.drop_last:
+        raise ValueError(
+            "drop_last refused: this store only appends (check log_drops(store) first); "
+            "nothing was saved"
+        )
+    count = reserved.exchanges if reserved.split else 0
+    check_appends(count, write.append)
+    head = encode_checked_json(write.head, "head")
+    rows: list[tuple[int, int, int, str]] = []
+    stored = reserved.messages if reserved.split else 0
+    for index, message in write.append:
+        body = encode_checked_json(message, "message")
+        rows.append((stored + len(rows), index, len(body.encode("utf-8")), body))
+    namespace, identity = identity_columns(write.head)
+    kept = reserved.bytes - len(reserved.head.encode("utf-8")) if reserved.head is not None else 0
+    total = kept + len(head.encode("utf-8")) + sum(row[2] for row in rows)
+    return Write(
+        head=head,
+        split=True,
+        namespace=namespace,
+        identity=identity,
+        exchanges=max([count, *(index + 1 for index, _ in write.append)]),
+        messages=stored + len(rows),
+        bytes=total,
+        rows=rows,
+        rewrite=False,
+        is_new=reserved.head is None,
+        growth=total - reserved.bytes,
+    )
+
+
+def _whole(record: Record, reserved: Reserved) -> Write:
+    """A record returned to ``transact``, replacing whatever was stored."""
+    encoded = encode_record(record)
+    namespace, identity = identity_columns(record) if encoded.split else (None, None)
+    rows: list[tuple[int, int, int, str]] = []
+    for exchange, messages in enumerate(encoded.exchanges):
+        rows.extend((len(rows), exchange, len(body.encode("utf-8")), body) for body in messages)
+    return Write(
+        head=encoded.head,
+        split=encoded.split,
+        namespace=namespace,
+        identity=identity,
+        exchanges=len(encoded.exchanges),
+        messages=encoded.messages,
+        bytes=encoded.bytes,
+        rows=rows,
+        rewrite=True,
+        is_new=reserved.head is None,
+        growth=encoded.bytes - reserved.bytes,
+    )
