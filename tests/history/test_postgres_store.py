@@ -195,36 +195,107 @@ async def test_tables_are_created_once_even_by_concurrent_opens(
     stores = [make_store() for _ in range(3)]
     await asyncio.gather(*(s.open() for s in stores))
     rows = await query(dsn, "SELECT name, value FROM {meta}", table)
-    assert rows == [("schema_version", "2")]
+    assert rows == [("schema_version", "3")]
 
 
 async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
-    """The usage row, checked against the aggregate over the conversations table."""
-    [counted] = await query(dsn, "SELECT sessions, bytes FROM {u}", table)
-    [summed] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
-    assert counted == summed
+    """The sums of the usage counters, checked against the aggregate over the
+    conversations table, and each shard's against its own conversations."""
+    summed = "SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}"
+    [counted] = await query(dsn, summed, table)
+    [actual] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
+    assert counted == actual
+    by_shard = await query(
+        dsn,
+        "SELECT u.shard, u.sessions, u.bytes, count(h.key), coalesce(sum(h.bytes), 0)"
+        " FROM {u} AS u LEFT JOIN {t} AS h ON hashtext(h.key) & 63 = u.shard"
+        " GROUP BY u.shard ORDER BY u.shard",
+        table,
+    )
+    assert [r[0] for r in by_shard] == list(range(64))
+    assert all(r[1:3] == r[3:5] for r in by_shard), by_shard
     return int(counted[0]), int(counted[1])
 
 
-async def test_a_version_1_table_is_upgraded_in_place_with_its_usage_counted(
-    make_store: Make, dsn: str, table: str
+# The version-2 layout (one usage row kept by triggers), as touba 2 created it.
+VERSION_2_USAGE = [
+    "DROP TRIGGER {ins} ON {t}",
+    "DROP TRIGGER {upd} ON {t}",
+    "DROP TRIGGER {delete} ON {t}",
+    "DROP FUNCTION {count}()",
+    "DROP TABLE {u}",
+    "CREATE TABLE {u} (sessions bigint NOT NULL, bytes bigint NOT NULL)",
+    "INSERT INTO {u} SELECT count(*), coalesce(sum(bytes), 0) FROM {t}",
+    "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+    " DECLARE n bigint := 0; b bigint := 0;"
+    " BEGIN"
+    "  IF TG_OP = 'INSERT' THEN"
+    "   SELECT count(*), coalesce(sum(bytes), 0) INTO n, b FROM new_rows;"
+    "  ELSIF TG_OP = 'DELETE' THEN"
+    "   SELECT -count(*), -coalesce(sum(bytes), 0) INTO n, b FROM old_rows;"
+    "  ELSE"
+    "   SELECT coalesce(sum(bytes), 0) INTO b FROM new_rows;"
+    "   b := b - (SELECT coalesce(sum(bytes), 0) FROM old_rows);"
+    "  END IF;"
+    "  IF n <> 0 OR b <> 0 THEN"
+    "   UPDATE {u} SET sessions = sessions + n, bytes = bytes + b;"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$",
+    "CREATE TRIGGER {ins} AFTER INSERT ON {t} REFERENCING NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+    "CREATE TRIGGER {upd} AFTER UPDATE ON {t}"
+    " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+    "CREATE TRIGGER {delete} AFTER DELETE ON {t} REFERENCING OLD TABLE AS old_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+    "UPDATE {meta} SET value = '2'",
+]
+
+
+async def _back_to_version(dsn: str, table: str, version: int) -> None:
+    """Turn the test's tables back into the layout of schema ``version`` (1 or 2)."""
+    m, t, meta, u = _tables(table)
+    names = {
+        "t": t,
+        "m": m,
+        "meta": meta,
+        "u": u,
+        "count": sql.Identifier(f"{table}_usage_count"),
+        **{k: sql.Identifier(f"{table}_usage_{k[:3]}") for k in ("ins", "upd", "delete")},
+    }
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        for statement in VERSION_2_USAGE:
+            await conn.execute(sql.SQL(statement).format(**names))  # type: ignore[arg-type]
+        if version == 1:  # no usage row, no triggers
+            await conn.execute(sql.SQL("DROP TABLE {}").format(u))
+            await conn.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(names["count"]))
+            await conn.execute(sql.SQL("UPDATE {} SET value = '1'").format(meta))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
+    make_store: Make, dsn: str, table: str, version: int
 ) -> None:
     async with make_store() as store:
         await store.transact("plain", put({"v": 1}))
         await store.transact_log("log", appender((None, {"m": 1}), (0, {"m": 2})))
-    # Back to the version-1 layout: no usage row, no triggers.
-    await query(dsn, "DROP TABLE {u}", table)
-    name = sql.Identifier(f"{table}_usage_count")
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(name))
-    await query(dsn, "UPDATE {meta} SET value = '1'", table)
-    async with make_store() as store:
+        await store.transact("gone", put({"v": 2}))
+        await store.transact("gone", put(None))
+    await _back_to_version(dsn, table, version)
+    assert await query(dsn, "SELECT value FROM {meta}", table) == [(str(version),)]
+    if version == 2:
+        assert await query(dsn, "SELECT sessions FROM {u}", table) == [(2,)]
+    async with make_store(max_sessions=3) as store:
         assert await store.read("plain") == {"v": 1}
-        assert await query(dsn, "SELECT value FROM {meta}", table) == [("2",)]
-        sessions, _ = await _usage_matches_rows(dsn, table)
-        assert sessions == 2
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("3",)]
+        sessions, size = await _usage_matches_rows(dsn, table)
+        assert (sessions, size) == (2, (await store.usage()).bytes)
         await store.transact_log("log", appender((None, {"m": 3})))
-        await _usage_matches_rows(dsn, table)
+        await store.transact("third", put({"v": 3}))
+        with pytest.raises(DecisionHistoryLimitExceeded):
+            await store.transact("fourth", put({"v": 4}))
+        assert await _usage_matches_rows(dsn, table) == (3, (await store.usage()).bytes)
 
 
 async def test_the_usage_row_follows_every_statement(
@@ -297,8 +368,8 @@ async def test_newer_schema_version_is_refused_untouched(
 ) -> None:
     async with make_store() as store:
         await store.transact("k", put({"v": 1}))
-    await query(dsn, "UPDATE {meta} SET value = '3'", table)
-    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '3'"):
+    await query(dsn, "UPDATE {meta} SET value = '4'", table)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '4'"):
         await make_store().read("k")
     assert await query(dsn, "SELECT key, head FROM {t}", table) == [("k", '{"v":1}')]
 
