@@ -266,7 +266,7 @@ async def _back_to_version(dsn: str, table: str, version: int) -> None:
     }
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         for statement in VERSION_2_USAGE:
-            await conn.execute(sql.SQL(statement).format(**names))  # type: ignore[arg-type]
+            await conn.execute(sql.SQL(statement).format(**names))
         if version == 1:  # no usage row, no triggers
             await conn.execute(sql.SQL("DROP TABLE {}").format(u))
             await conn.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(names["count"]))
