@@ -8,6 +8,7 @@ where that is a failure (see ``tests/_services.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import importlib
 import os
@@ -16,6 +17,7 @@ import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -316,6 +318,109 @@ async def test_the_usage_row_follows_every_statement(
     await asyncio.sleep(0.6)
     assert await store.purge_expired() == 1
     assert await _usage_matches_rows(dsn, table) == (0, 0)
+
+
+# Random operations on a small, often full store; run by tasks here and in a child.
+RANDOM_WORKER = """
+import asyncio, sys
+from tests.history.test_postgres_store import random_operations
+from touba.history.postgres import PostgresHistoryStore
+
+async def main(dsn, table, seed):
+    store = PostgresHistoryStore(dsn, table=table, **LIMITS)
+    await random_operations(store, int(seed), tasks=4)
+    await store.close()
+    print("done", flush=True)
+
+LIMITS = {"max_sessions": 12, "max_store_bytes": 6000, "ttl_seconds": 0.3}
+asyncio.run(main(*sys.argv[1:]))
+"""
+RANDOM_LIMITS = {"max_sessions": 12, "max_store_bytes": 6000, "ttl_seconds": 0.3}
+
+
+async def random_operations(store: PostgresHistoryStore, seed: int, *, tasks: int) -> None:
+    """``tasks`` tasks each running 60 random operations on 16 keys of ``store``: saves
+    that grow or shrink, appends, deletions through ``transact``, failed operations,
+    releases of new keys, deletes, reads, purges. Refusals and busy keys are expected."""
+    import random
+
+    from touba.errors import DecisionHistoryBusy
+
+    async def one(rng: random.Random) -> None:
+        key = f"k{rng.randrange(16)}"
+        kind = rng.randrange(8)
+        size = rng.randrange(20, 900)
+        if kind == 0:
+            await store.transact(key, put({"pad": "a" * size}))
+        elif kind == 1:
+            await store.transact(key, put(None))
+        elif kind == 2:
+            await store.transact_log(key, appender((None, {"pad": "b" * size})))
+        elif kind == 3:
+            with contextlib.suppress(RuntimeError):
+                await store.transact(key, _raising)
+        elif kind == 4:
+            await store.transact_log(key, _releasing)
+        elif kind == 5:
+            await store.delete(key)
+        elif kind == 6:
+            await store.read(key)
+        else:
+            await store.purge_expired()
+
+    async def run(task: int) -> None:
+        rng = random.Random(seed * 100 + task)
+        for _ in range(60):
+            with contextlib.suppress(
+                DecisionHistoryLimitExceeded, DecisionHistoryBusy, DecisionHistoryRecordInvalid
+            ):
+                await one(rng)
+            await asyncio.sleep(rng.random() * 0.005)
+
+    await asyncio.gather(*(run(task) for task in range(tasks)))
+
+
+async def _releasing(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[None, None]:
+    return None, None
+
+
+async def test_usage_stays_exact_under_random_concurrent_operations_from_two_processes(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store(**RANDOM_LIMITS)
+    await store.open()
+    child = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-c", RANDOM_WORKER, dsn, table, "2"],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        await random_operations(store, 1, tasks=4)
+        out, errors = await asyncio.wait_for(child.communicate(), 120)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert out == b"done\n", errors.decode()
+    usage = await store.usage()  # purges expired rows first
+    [(count, size)] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
+    assert (usage.sessions, usage.bytes) == (count, size)
+    assert usage.sessions <= 12
+    assert usage.bytes <= 6000
+    assert await _usage_matches_rows(dsn, table) == (count, size)
+    # What each shard holds plus its room is the limit the room was shared out under.
+    [(seats, room, max_sessions, max_bytes)] = await query(
+        dsn,
+        "SELECT sum(sessions + seats), sum(bytes + room), min(max_sessions), min(max_bytes)"
+        " FROM {u}",
+        table,
+    )
+    assert (seats, room) == (max_sessions or seats, max_bytes or room)
+    assert max_sessions in (None, 12)
+    assert max_bytes in (None, 6000)
+    # The triggers and the limits did run: some operations were refused or shared out.
+    assert max_sessions is not None or max_bytes is not None
 
 
 async def _raising(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any] | None, None]:
