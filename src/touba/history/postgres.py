@@ -23,13 +23,13 @@ Layout, every name derived from ``table`` and quoted with
   version, or a table of that name that is not touba's, is refused untouched.
 
 No transaction stays open while ``operation`` runs. A decision takes two
-transactions: ``transact_log`` commits a reservation (refusing at once with
-``DecisionHistoryBusy`` when the key is reserved) and in the same
-transaction reads the usage and the conversation's tail as far back as the
+transactions of one statement each: ``transact_log`` commits a reservation
+(refusing at once with ``DecisionHistoryBusy`` when the key is reserved)
+that also reads the usage and the conversation's tail as far back as the
 history layer read lately (older exchanges, when asked, are read
-separately); then one transaction checks that its token still matches,
-saves within its shard's room and releases. Reserving a stored, live
-conversation updates its row only. A crash leaves the reservation in place:
+separately); then one statement saves the head if its token still matches,
+takes the growth from its shard's room, appends the messages and releases.
+Reserving a stored, live conversation updates its row only. A crash leaves the reservation in place:
 the key answers ``DecisionHistoryBusy`` until ``recover(key,
 worker_stopped=True)``. Expiry uses the server's clock.
 
@@ -135,6 +135,7 @@ SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(ke
 PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired row, per store object
 PURGE_NEAR_FULL: Final = 0.8  # ... or at each access while the store is this full
 MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
+ALL_EXCHANGES: Final = 2**31 - 1  # read ahead by transact: every exchange
 
 
 # -- names and statements ----------------------------------------------------------------
@@ -297,13 +298,23 @@ class _Statements:
             "DELETE FROM {t} AS h USING {shared}"
             " WHERE h.key = %s AND h.token IS NULL AND h.expires_at <= now()"
         )
-        # RETURNING reads the usage too (this conversation is counted already).
+        # Reserves a live conversation and reads, in the same statement, the
+        # usage (this conversation counted) and its last ``%s`` exchanges: first
+        # the row (seq -1: head, split, exchanges, messages, bytes, sessions and
+        # bytes of the store), then (seq, exchange, body, bytes) of each message.
         self.claim_live = q(
-            "UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s, since = %s"
-            " WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
-            " RETURNING head, split, exchanges, messages, bytes,"
-            " (SELECT coalesce(sum(u.sessions), 0) FROM {u} AS u),"
-            " (SELECT coalesce(sum(u.bytes), 0) FROM {u} AS u)"
+            "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
+            "  since = %s"
+            "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
+            "  RETURNING key, head, split, exchanges, messages, bytes)"
+            " SELECT -1, NULL, c.head, c.split, c.exchanges, c.messages, c.bytes,"
+            "  (SELECT coalesce(sum(u.sessions), 0) FROM {u} AS u),"
+            "  (SELECT coalesce(sum(u.bytes), 0) FROM {u} AS u) FROM c"
+            " UNION ALL"
+            " SELECT m.seq, m.exchange, m.body, NULL, NULL, NULL, m.bytes, NULL, NULL"
+            "  FROM c JOIN {m} AS m ON m.key = c.key"
+            "  WHERE c.split AND m.exchange >= c.exchanges - %s"
+            " ORDER BY 1"
         )
         self.claim = q(
             "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since)"
@@ -338,9 +349,6 @@ class _Statements:
             " FROM {t} AS h, {shared} WHERE h.key = %s FOR UPDATE OF h"
         )
         self.delete_messages = q("DELETE FROM {m} WHERE key = %s")
-        self.insert_message = q(
-            "INSERT INTO {m} (key, seq, exchange, bytes, body) VALUES (%s, %s, %s, %s, %s)"
-        )
         self.save = q(
             "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
             " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
@@ -355,6 +363,28 @@ class _Statements:
             " RETURNING shard) "
         )
         self.save_in_room = taken + self.save + sql.SQL(" AND EXISTS (SELECT FROM taken)")
+        # One statement per appended decision, each step gated on the one before
+        # (so the row is locked before its shard): the row saved if this
+        # reservation still holds it, then its growth taken from its shard's room
+        # when it grows, then its messages added. Returns (saved, taken).
+        self.append = q(
+            "WITH saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
+            "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
+            "  expires_at = now() + make_interval(secs => %s), token = NULL,"
+            "  worker_id = NULL, pid = NULL, host = NULL, since = NULL FROM {shared}"
+            "  WHERE h.key = %s AND h.token = %s RETURNING h.key),"
+            " taken AS (UPDATE {u} SET room = room - %s"
+            "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
+            "  AND max_bytes <= %s AND EXISTS (SELECT FROM saved) RETURNING shard),"
+            " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
+            "  SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::int[], %s::text[])"
+            "  WHERE EXISTS (SELECT FROM saved))"
+            " SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM taken)"
+        )
+        self.insert_messages = q(
+            "INSERT INTO {m} (key, seq, exchange, bytes, body)"
+            " SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::int[], %s::text[])"
+        )
         self.delete_reserved = q(
             "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s AND h.token = %s"
         )
@@ -457,6 +487,7 @@ class _Write:
     bytes: int
     rows: list[tuple[int, int, int, str]]  # seq, exchange, bytes, body
     rewrite: bool  # drop the stored messages first (transact), or only append
+    stored_bytes: int | None = None  # a log write: the bytes stored when reserved
 
 
 def _decode(key: str, head: str | None, split: bool, rows: Sequence[_Row]) -> Record | None:
@@ -465,6 +496,11 @@ def _decode(key: str, head: str | None, split: bool, rows: Sequence[_Row]) -> Re
         return None
     record = _loads(head, key)
     return join_record(record, _group(rows, key)) if split else record
+
+
+def _columns(rows: Sequence[tuple[int, int, int, str]]) -> tuple[list[Any], ...]:
+    """(seq, exchange, bytes, body) rows as four arrays, for ``unnest``."""
+    return tuple(list(column) for column in zip(*rows, strict=True)) or ([], [], [], [])
 
 
 def _group(rows: Sequence[_Row], key: str) -> list[list[Record]]:
@@ -572,14 +608,29 @@ class PostgresHistoryStore(PooledStore):
             datetime.fromtimestamp(reservation.since, UTC),
         )
         # A live conversation keeps its place: reserving it updates its row only,
-        # and reads the usage and the tail in the same transaction.
+        # and reads the usage and the tail (or every message) in the same statement.
+        reach = ALL_EXCHANGES if load_messages else self._tail_hint
         async with self._transaction() as conn:
-            live = await _row(conn, s.claim_live, (*holder, key))
-            if live is not None:
-                *row, sessions, size = live
-                usage = self._usage_of(sessions, size)
-                claim = await self._claimed(conn, key, reservation, row, usage, load_messages)
-        if live is None:
+            found = await _rows(conn, s.claim_live, (*holder, key, reach))
+        if found:
+            _, _, head, split, exchanges, messages, size, sessions, used = found[0]
+            tail = max(0, exchanges - reach) if split else exchanges
+            rows: list[_Row] = [
+                (r[1], r[2]) if load_messages else (r[1], r[6], r[2])  # exchange, [bytes,] body
+                for r in found[1:]
+            ]
+            claim = _Claim(
+                reservation.token,
+                head,
+                split,
+                exchanges,
+                messages,
+                size,
+                rows,
+                tail,
+                self._usage_of(sessions, used),
+            )
+        else:
             # A new key (or an expired or held one), in a transaction of its own:
             # the UPDATE above may keep a lock on a row it rechecked without updating.
             claim = await self._in_room(
@@ -726,6 +777,8 @@ class PostgresHistoryStore(PooledStore):
         await self._in_room(lambda exact: self._save_once(key, token, write, exact))
 
     async def _save_once(self, key: str, token: str, write: _Write, exact: bool) -> None:
+        if write.stored_bytes is not None and not exact:
+            return await self._append(key, token, write, write.bytes - write.stored_bytes)
         s = self._sql
         async with self._transaction() as conn:
             if exact:
@@ -764,10 +817,39 @@ class PostgresHistoryStore(PooledStore):
                 )
                 await self._share(conn, usage)
             if write.rows:
-                async with conn.cursor() as cur:
-                    await cur.executemany(
-                        s.insert_message, [(key, *message) for message in write.rows]
-                    )
+                await _run(conn, s.insert_messages, (key, *_columns(write.rows)))
+
+    async def _append(self, key: str, token: str, write: _Write, growth: int) -> None:
+        """A log write in one statement, within its shard's room (``_NoRoom`` if not)."""
+        async with self._transaction() as conn:
+            row = await _row(
+                conn,
+                self._sql.append,
+                (
+                    write.namespace,
+                    write.identity,
+                    write.head,
+                    write.exchanges,
+                    write.messages,
+                    write.bytes,
+                    self.ttl_seconds,
+                    key,
+                    token,
+                    growth,
+                    growth,
+                    key,
+                    growth,
+                    self.max_store_bytes,
+                    key,
+                    *_columns(write.rows),
+                ),
+            )
+            assert row is not None
+            saved, taken = row
+            if not saved:
+                raise _recovered(key)
+            if growth > 0 and not taken:
+                raise _NoRoom
 
     async def _delete_reserved(self, key: str, token: str) -> None:
         async with self._transaction() as conn:
@@ -1037,4 +1119,5 @@ def _appended(claim: _Claim, write: LogWrite) -> _Write:
         bytes=claim.bytes - old_head + len(head.encode("utf-8")) + sum(r[2] for r in rows),
         rows=rows,
         rewrite=False,
+        stored_bytes=claim.bytes,
     )
