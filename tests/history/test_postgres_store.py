@@ -468,6 +468,43 @@ async def test_a_decision_takes_two_transactions_and_reads_the_tail_ahead(
     assert (await store.read(who.key)) is not None
 
 
+async def test_a_window_is_parsed_once_shared_read_only_and_never_stale(
+    make_store: Make,
+) -> None:
+    from touba.history import DecisionHistory, DecisionMessage, HistoryConfig, HistoryWindow
+
+    a, b = make_store(), make_store()  # two workers on the same table
+    history = DecisionHistory(HistoryConfig(store=a, namespace="n", max_messages=8))
+    who = identity("n")
+    windows: list[HistoryWindow] = []
+
+    async def decide(window: HistoryWindow) -> DecisionMessage:
+        windows.append(window)
+        decisions = [m for ex in window.exchanges for m in ex if isinstance(m, DecisionMessage)]
+        if decisions:
+            with pytest.raises(TypeError, match="read-only"):
+                decisions[0].output["changed"] = True
+        return DecisionMessage(text=f"d{len(windows)}", output={"n": len(windows)}, final=True)
+
+    for _ in range(4):
+        await history.step(who, [], decide)
+    first, second = windows[-2].exchanges[0][0], windows[-1].exchanges[0][0]
+    assert isinstance(first, DecisionMessage)
+    assert isinstance(second, DecisionMessage)
+    assert first.text == second.text == "d1"
+    assert second is first  # parsed once, then reused from the same stored text
+
+    async def rewrite(record: Any) -> tuple[Any, None]:
+        record["exchanges"][0][0]["text"] = "rewritten by another worker"
+        return record, None
+
+    await b.transact(who.key, rewrite)
+    await history.step(who, [], decide)
+    texts = [m.text for ex in windows[-1].exchanges for m in ex if isinstance(m, DecisionMessage)]
+    assert texts == ["rewritten by another worker", "d2", "d3", "d4"]
+    assert windows[-1].exchanges[1][0] is windows[-2].exchanges[1][0]  # unchanged: reused
+
+
 async def test_newer_schema_version_is_refused_untouched(
     make_store: Make, dsn: str, table: str
 ) -> None:

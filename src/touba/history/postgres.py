@@ -72,6 +72,7 @@ import math
 import os
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
@@ -107,7 +108,8 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
-from touba.history._model import parse_json
+from touba.history._frozen import freeze
+from touba.history._model import Message, message_from_dict, parse_json
 from touba.history._pg import Conn as _Conn
 from touba.history._pg import OwnedPool, PooledStore, Schema, lock_key, table_parts
 from touba.history._pg import Row as _Row
@@ -135,6 +137,7 @@ SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(ke
 PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired row, per store object
 PURGE_NEAR_FULL: Final = 0.8  # ... or at each access while the store is this full
 MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
+PARSED_KEYS: Final = 32  # conversations whose window's parsed messages a store object keeps
 ALL_EXCHANGES: Final = 2**31 - 1  # read ahead by transact: every exchange
 
 
@@ -573,6 +576,10 @@ class PostgresHistoryStore(PooledStore):
         # How many trailing exchanges the history layer read of a conversation
         # lately: a reservation reads that many ahead, in its own transaction.
         self._tail_hint = 0
+        # The neutral messages of the exchanges windows read lately, per key (the
+        # PARSED_KEYS most recent), each with the stored bodies it was parsed from.
+        self._parsed: OrderedDict[str, dict[int, tuple[list[str], list[Message]]]]
+        self._parsed = OrderedDict()
 
     def _using(self) -> AbstractAsyncContextManager[None]:
         """One public call: refused once closing, awaited by ``close()`` otherwise."""
@@ -689,6 +696,27 @@ class PostgresHistoryStore(PooledStore):
                 tail = max(0, exchanges - self._tail_hint)
                 rows = await _rows(conn, self._sql.tail, (key, tail))
         return _Claim(reservation.token, head, split, exchanges, messages, size, rows, tail, usage)
+
+    def _parse(self, key: str, start: int, rows: Sequence[_Row]) -> list[list[Message]]:
+        """``(exchange, body)`` rows from ``start`` on as neutral messages, reusing
+        those parsed from the same bodies (see :meth:`_Snapshot.messages`)."""
+        cache = self._parsed.pop(key, {})
+        self._parsed[key] = cache  # the most recent
+        while len(self._parsed) > PARSED_KEYS:
+            self._parsed.popitem(last=False)
+        for index in [i for i in cache if i < start]:
+            del cache[index]  # left the window
+        bodies: dict[int, list[str]] = {}
+        for exchange, body in rows:
+            bodies.setdefault(exchange, []).append(body)
+        out: list[list[Message]] = []
+        for exchange, texts in bodies.items():
+            cached = cache.get(exchange)
+            if cached is None or cached[0] != texts:
+                parsed = [message_from_dict(freeze(_loads(text, key))) for text in texts]
+                cached = cache[exchange] = (texts, parsed)
+            out.append(list(cached[1]))
+        return out
 
     # -- capacity -----------------------------------------------------------------------
 
@@ -1051,6 +1079,19 @@ class _Snapshot:
         async with self._store._transaction() as conn:
             rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
         return _group(rows, self._key)
+
+    async def messages(self, start: int, stop: int) -> list[list[Message]]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1``, frozen and
+        shared: an exchange whose stored bodies are the text it was parsed from last
+        time (compared on every read, so never stale) is not parsed again."""
+        if start >= min(stop, self._count):
+            return []
+        if self._wants(start):
+            rows = [(e, body) for e, _bytes, body in self._rows if start <= e < stop]
+        else:
+            async with self._store._transaction() as conn:
+                rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
+        return self._store._parse(self._key, start, rows)
 
 
 def _parsed_identity(text: str | None) -> dict[str, str] | None:
