@@ -68,9 +68,9 @@ def table(dsn: str) -> Iterator[str]:
     yield name
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(_tables(name))))
-        conn.execute(
-            sql.SQL("DROP FUNCTION IF EXISTS {}").format(sql.Identifier(f"{name}_usage_count"))
-        )
+        for function in ("usage_count", "usage_count_row"):
+            name_ = sql.Identifier(f"{name}_{function}")
+            conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}").format(name_))
 
 
 Make = Callable[..., PostgresHistoryStore]
@@ -225,6 +225,7 @@ VERSION_2_USAGE = [
     "DROP TRIGGER {upd} ON {t}",
     "DROP TRIGGER {delete} ON {t}",
     "DROP FUNCTION {count}()",
+    "DROP FUNCTION {count_row}()",
     "DROP TABLE {u}",
     "CREATE TABLE {u} (sessions bigint NOT NULL, bytes bigint NOT NULL)",
     "INSERT INTO {u} SELECT count(*), coalesce(sum(bytes), 0) FROM {t}",
@@ -264,6 +265,7 @@ async def _back_to_version(dsn: str, table: str, version: int) -> None:
         "meta": meta,
         "u": u,
         "count": sql.Identifier(f"{table}_usage_count"),
+        "count_row": sql.Identifier(f"{table}_usage_count_row"),
         **{k: sql.Identifier(f"{table}_usage_{k[:3]}") for k in ("ins", "upd", "delete")},
     }
     async with await psycopg.AsyncConnection.connect(dsn) as conn:

@@ -14,8 +14,8 @@ Layout, every name derived from ``table`` and quoted with
   ``transact_log`` only appends rows; snapshots read only the range asked.
 - ``<table>_usage``: 64 counter rows (shards); a conversation is counted in
   the shard its key hashes to (``hashtext(key) & 63``). Each holds the places
-  and bytes of its conversations, kept exact by statement triggers on
-  ``<table>`` in the transaction of every statement that changes them, so
+  and bytes of its conversations, kept exact by triggers on ``<table>`` in
+  the transaction of every statement that changes them, so
   ``usage()`` is their sum; and the room the shard may still grow by on its
   own (``seats``, ``room``) with the limits it was shared out under.
 - ``<table>_meta``: the schema version (3; a version-1 or version-2 table gains
@@ -166,6 +166,7 @@ class _Statements:
         self.usage_table = u
         names["u"] = u
         names["count"] = sql.Identifier(*schema, f"{name}_usage_count")
+        names["count_row"] = sql.Identifier(*schema, f"{name}_usage_count_row")
         for event in ("ins", "upd", "del"):
             names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
         names["mask"] = sql.Literal(SHARDS - 1)
@@ -208,7 +209,7 @@ class _Statements:
             q("CREATE INDEX {m_ex} ON {m} (key, exchange)"),
         ]
         # Version 3: SHARDS counter rows, each the places held and the bytes
-        # retained by the conversations whose key hashes to it, kept by statement
+        # retained by the conversations whose key hashes to it, kept by
         # triggers on {t} in the transaction of every statement that changes
         # them; with the room the shard may still grow by on its own (``seats``,
         # ``room``) and the limits that room was shared out under (NULL: none, so
@@ -225,8 +226,9 @@ class _Statements:
                 " FROM generate_series(0, {mask}) AS s"
                 " LEFT JOIN {t} AS h ON hashtext(h.key) & {mask} = s GROUP BY s"
             ),
-            # Shards are updated in ascending order (a purge touches several), and
-            # what a statement frees goes back to its shard's room.
+            # Rows inserted or deleted are counted per statement, their shards
+            # updated in ascending order (a purge touches several); what a
+            # statement frees goes back to its shard's room.
             q(
                 "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
                 " DECLARE d record;"
@@ -237,20 +239,31 @@ class _Statements:
                 "    UPDATE {u} SET sessions = sessions + d.n, bytes = bytes + d.b"
                 "     WHERE shard = d.shard;"
                 "   END LOOP;"
-                "  ELSIF TG_OP = 'DELETE' THEN"
+                "  ELSE"
                 "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
                 "     sum(bytes) AS b FROM old_rows GROUP BY 1 ORDER BY 1 LOOP"
                 "    UPDATE {u} SET sessions = sessions - d.n, bytes = bytes - d.b,"
                 "     seats = seats + d.n, room = room + d.b WHERE shard = d.shard;"
                 "   END LOOP;"
+                "  END IF;"
+                "  RETURN NULL;"
+                " END $touba$"
+            ),
+            # A row updated is counted only when its bytes change (a save; never a
+            # reservation or a release): one row, one shard.
+            q(
+                "CREATE FUNCTION {count_row}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+                " BEGIN"
+                "  IF OLD.key = NEW.key THEN"
+                "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes,"
+                "    room = room + greatest(OLD.bytes - NEW.bytes, 0)"
+                "    WHERE shard = hashtext(NEW.key) & {mask};"
                 "  ELSE"
-                "   FOR d IN SELECT c.shard, sum(c.b) AS b FROM ("
-                "     SELECT hashtext(key) & {mask} AS shard, bytes AS b FROM new_rows"
-                "     UNION ALL SELECT hashtext(key) & {mask}, -bytes FROM old_rows) AS c"
-                "     GROUP BY 1 HAVING sum(c.b) <> 0 ORDER BY 1 LOOP"
-                "    UPDATE {u} SET bytes = bytes + d.b, room = room + greatest(-d.b, 0)"
-                "     WHERE shard = d.shard;"
-                "   END LOOP;"
+                "   UPDATE {u} SET sessions = sessions - 1, bytes = bytes - OLD.bytes,"
+                "    seats = seats + 1, room = room + OLD.bytes"
+                "    WHERE shard = hashtext(OLD.key) & {mask};"
+                "   UPDATE {u} SET sessions = sessions + 1, bytes = bytes + NEW.bytes"
+                "    WHERE shard = hashtext(NEW.key) & {mask};"
                 "  END IF;"
                 "  RETURN NULL;"
                 " END $touba$"
@@ -260,9 +273,9 @@ class _Statements:
                 " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
             ),
             q(
-                "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t}"
-                " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
-                " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
+                "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t} FOR EACH ROW"
+                " WHEN (OLD.bytes <> NEW.bytes OR OLD.key <> NEW.key)"
+                " EXECUTE FUNCTION {count_row}()"
             ),
             q(
                 "CREATE TRIGGER {tr_del} AFTER DELETE ON {t} REFERENCING OLD TABLE AS old_rows"
@@ -276,6 +289,7 @@ class _Statements:
             q("DROP TRIGGER IF EXISTS {tr_upd} ON {t}"),
             q("DROP TRIGGER IF EXISTS {tr_del} ON {t}"),
             q("DROP FUNCTION IF EXISTS {count}()"),
+            q("DROP FUNCTION IF EXISTS {count_row}()"),
             q("DROP TABLE IF EXISTS {u}"),
             *self.shard_usage,
         ]
@@ -311,8 +325,9 @@ class _Statements:
             "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
             "  RETURNING key, head, split, exchanges, messages, bytes)"
             " SELECT -1, NULL, c.head, c.split, c.exchanges, c.messages, c.bytes,"
-            "  (SELECT coalesce(sum(u.sessions), 0) FROM {u} AS u),"
-            "  (SELECT coalesce(sum(u.bytes), 0) FROM {u} AS u) FROM c"
+            "  u.sessions, u.bytes FROM c,"
+            "  (SELECT coalesce(sum(sessions), 0) AS sessions,"
+            "   coalesce(sum(bytes), 0) AS bytes FROM {u}) AS u"
             " UNION ALL"
             " SELECT m.seq, m.exchange, m.body, NULL, NULL, NULL, m.bytes, NULL, NULL"
             "  FROM c JOIN {m} AS m ON m.key = c.key"
