@@ -1026,6 +1026,28 @@ async def test_purge_spares_reserved_sessions_and_saving_renews(
     assert [c.key for c in await store.list()] == ["held"]
 
 
+@pytest.mark.parametrize("limit", ["max_sessions", "max_store_bytes"])
+async def test_expired_rows_never_refuse_a_write(
+    make_store: Make, dsn: str, table: str, limit: str
+) -> None:
+    """A write that fits only without the expired rows is accepted: the exact check
+    purges them before refusing (this store object purged on its first access, so
+    not its once-a-minute purge)."""
+    options = {"max_sessions": 2} if limit == "max_sessions" else {"max_store_bytes": 300}
+    store = make_store(ttl_seconds=0.5, **options)
+    record = {"x": "a" * 150}  # 158 bytes: one fits under 300, not two
+    await store.transact("a", put(record))
+    if limit == "max_sessions":
+        await store.transact("b", put(record))
+    await asyncio.sleep(0.7)
+    assert await query(dsn, "SELECT count(*) FROM {t}", table) == [
+        (2 if limit == "max_sessions" else 1,)
+    ]
+    await store.transact("c", put(record))
+    assert [c.key for c in await store.list()] == ["c"]
+    assert await _usage_matches_rows(dsn, table) == (1, 158)
+
+
 # -- listing and lifecycle ---------------------------------------------------------------
 
 
