@@ -29,9 +29,14 @@ that also reads the usage and the conversation's tail as far back as the
 history layer read lately (older exchanges, when asked, are read
 separately); then one statement saves the head if its token still matches,
 takes the growth from its shard's room, appends the messages and releases.
-Reserving a stored, live conversation updates its row only. A crash leaves the reservation in place:
-the key answers ``DecisionHistoryBusy`` until ``recover(key,
-worker_stopped=True)``. Expiry uses the server's clock.
+Reserving a stored, live conversation updates its row only. The neutral
+messages of the exchanges a window reads are parsed once per store object
+(the 32 most recent conversations) and shared frozen with later decisions,
+each exchange reused only while the bodies the database returns are the
+text it was parsed from: never stale, even when another worker rewrote it.
+A crash leaves the reservation in place: the key answers
+``DecisionHistoryBusy`` until ``recover(key, worker_stopped=True)``. Expiry
+uses the server's clock.
 
 Capacity without a store-wide lock on every write (escrow): every committed
 state keeps, for each limit a shard's room was shared out under, the sum over
