@@ -277,6 +277,118 @@ async def test_the_last_place_has_one_winner_across_processes(durable: Stores) -
                 await child.wait()
 
 
+BYTES_CHILD = """
+import asyncio, sys
+from tests.history._stores import build
+from touba.errors import DecisionHistoryLimitExceeded
+
+async def main(kind, key, size, limit, *where):
+    loop = asyncio.get_running_loop()
+    store = build(kind, *where, max_store_bytes=int(limit))
+    await store.usage()  # connected and ready
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)
+
+    async def hold(snapshot):
+        print("in", flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)
+        return {"pad": "a" * int(size)}, None
+
+    try:
+        await store.transact(key, hold)
+        print("saved", flush=True)
+    except DecisionHistoryLimitExceeded as e:
+        print("refused", e.limit, flush=True)
+    await store.close()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("both_fit", [False, True])
+async def test_the_last_bytes_have_one_winner_across_processes(
+    durable: Stores, both_fit: bool
+) -> None:
+    """Two processes save at once into what is left of max_store_bytes: when only one
+    record fits, exactly one is saved; when both fit, neither is refused. On
+    PostgreSQL the two keys are counted in different shards, so the race is between
+    two shards' rooms."""
+    limit, first = 10_000, 9_000 - 10  # {"pad": "a" * n} is n + 10 bytes
+    size = 400 if both_fit else 600  # 1,000 bytes free: two of 410, or one of 610
+    where = durable.location("bytes")
+    store = durable("bytes", max_store_bytes=limit)
+    await store.transact("first", lambda _: _put({"pad": "a" * first}))
+    assert (await store.usage()).bytes == 9_000
+    keys = ("x", "y")
+    if durable.kind == "postgres":
+        shards = await _shards(durable, keys)
+        assert len(set(shards)) == 2, shards
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            BYTES_CHILD,
+            durable.kind,
+            key,
+            str(size),
+            str(limit),
+            *where,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=Path(__file__).parents[2],
+        )
+        for key in keys
+    ]
+
+    async def say_and_read(word: bytes) -> list[str]:
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(word)
+        await asyncio.gather(*(child.stdin.drain() for child in children if child.stdin))
+        lines = []
+        for child in children:
+            assert child.stdout is not None
+            lines.append((await asyncio.wait_for(child.stdout.readline(), 30)).decode().strip())
+        return lines
+
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert await asyncio.wait_for(child.stdout.readline(), 30) == b"ready\n"
+        assert await say_and_read(b"go\n") == ["in", "in"]  # both hold a reservation
+        outcomes = await say_and_read(b"save\n")  # then save as close together as they get
+        for child in children:
+            await child.wait()
+            assert child.returncode == 0
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    saved = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome == "saved"]
+    if both_fit:
+        assert outcomes == ["saved", "saved"]
+    else:
+        assert sorted(outcomes) == ["refused max_store_bytes", "saved"], outcomes
+    usage = await store.usage()
+    assert usage.bytes == 9_000 + len(saved) * (size + 10) <= limit
+    assert sorted(row.key for row in await store.list()) == sorted(["first", *saved])
+
+
+async def _put(record: dict[str, Any]) -> tuple[dict[str, Any], None]:
+    return record, None
+
+
+async def _shards(durable: Stores, keys: tuple[str, ...]) -> list[int]:
+    """The usage shard each key is counted in (PostgreSQL)."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(durable.location("bytes")[0]) as conn:
+        query = "SELECT hashtext(k) & 63 FROM unnest(%s::text[]) AS k"
+        cur = await conn.execute(query, [list(keys)])
+        return [row[0] for row in await cur.fetchall()]
+
+
 # -- usage ---------------------------------------------------------------------------------
 
 

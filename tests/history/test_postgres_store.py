@@ -8,6 +8,7 @@ where that is a failure (see ``tests/_services.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import importlib
 import os
@@ -16,6 +17,7 @@ import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -66,9 +68,9 @@ def table(dsn: str) -> Iterator[str]:
     yield name
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(_tables(name))))
-        conn.execute(
-            sql.SQL("DROP FUNCTION IF EXISTS {}").format(sql.Identifier(f"{name}_usage_count"))
-        )
+        for function in ("usage_count", "usage_count_row"):
+            name_ = sql.Identifier(f"{name}_{function}")
+            conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}").format(name_))
 
 
 Make = Callable[..., PostgresHistoryStore]
@@ -195,36 +197,109 @@ async def test_tables_are_created_once_even_by_concurrent_opens(
     stores = [make_store() for _ in range(3)]
     await asyncio.gather(*(s.open() for s in stores))
     rows = await query(dsn, "SELECT name, value FROM {meta}", table)
-    assert rows == [("schema_version", "2")]
+    assert rows == [("schema_version", "3")]
 
 
 async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
-    """The usage row, checked against the aggregate over the conversations table."""
-    [counted] = await query(dsn, "SELECT sessions, bytes FROM {u}", table)
-    [summed] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
-    assert counted == summed
+    """The sums of the usage counters, checked against the aggregate over the
+    conversations table, and each shard's against its own conversations."""
+    summed = "SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}"
+    [counted] = await query(dsn, summed, table)
+    [actual] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
+    assert counted == actual
+    by_shard = await query(
+        dsn,
+        "SELECT u.shard, u.sessions, u.bytes, count(h.key), coalesce(sum(h.bytes), 0)"
+        " FROM {u} AS u LEFT JOIN {t} AS h ON hashtext(h.key) & 63 = u.shard"
+        " GROUP BY u.shard ORDER BY u.shard",
+        table,
+    )
+    assert [r[0] for r in by_shard] == list(range(64))
+    assert all(r[1:3] == r[3:5] for r in by_shard), by_shard
     return int(counted[0]), int(counted[1])
 
 
-async def test_a_version_1_table_is_upgraded_in_place_with_its_usage_counted(
-    make_store: Make, dsn: str, table: str
+# The version-2 layout (one usage row kept by triggers), as touba 2 created it.
+VERSION_2_USAGE = [
+    "DROP TRIGGER {ins} ON {t}",
+    "DROP TRIGGER {upd} ON {t}",
+    "DROP TRIGGER {delete} ON {t}",
+    "DROP FUNCTION {count}()",
+    "DROP FUNCTION {count_row}()",
+    "DROP TABLE {u}",
+    "CREATE TABLE {u} (sessions bigint NOT NULL, bytes bigint NOT NULL)",
+    "INSERT INTO {u} SELECT count(*), coalesce(sum(bytes), 0) FROM {t}",
+    "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+    " DECLARE n bigint := 0; b bigint := 0;"
+    " BEGIN"
+    "  IF TG_OP = 'INSERT' THEN"
+    "   SELECT count(*), coalesce(sum(bytes), 0) INTO n, b FROM new_rows;"
+    "  ELSIF TG_OP = 'DELETE' THEN"
+    "   SELECT -count(*), -coalesce(sum(bytes), 0) INTO n, b FROM old_rows;"
+    "  ELSE"
+    "   SELECT coalesce(sum(bytes), 0) INTO b FROM new_rows;"
+    "   b := b - (SELECT coalesce(sum(bytes), 0) FROM old_rows);"
+    "  END IF;"
+    "  IF n <> 0 OR b <> 0 THEN"
+    "   UPDATE {u} SET sessions = sessions + n, bytes = bytes + b;"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$",
+    "CREATE TRIGGER {ins} AFTER INSERT ON {t} REFERENCING NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+    "CREATE TRIGGER {upd} AFTER UPDATE ON {t}"
+    " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+    "CREATE TRIGGER {delete} AFTER DELETE ON {t} REFERENCING OLD TABLE AS old_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+    "UPDATE {meta} SET value = '2'",
+]
+
+
+async def _back_to_version(dsn: str, table: str, version: int) -> None:
+    """Turn the test's tables back into the layout of schema ``version`` (1 or 2)."""
+    m, t, meta, u = _tables(table)
+    names = {
+        "t": t,
+        "m": m,
+        "meta": meta,
+        "u": u,
+        "count": sql.Identifier(f"{table}_usage_count"),
+        "count_row": sql.Identifier(f"{table}_usage_count_row"),
+        **{k: sql.Identifier(f"{table}_usage_{k[:3]}") for k in ("ins", "upd", "delete")},
+    }
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        for statement in VERSION_2_USAGE:
+            await conn.execute(sql.SQL(statement).format(**names))
+        if version == 1:  # no usage row, no triggers
+            await conn.execute(sql.SQL("DROP TABLE {}").format(u))
+            await conn.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(names["count"]))
+            await conn.execute(sql.SQL("UPDATE {} SET value = '1'").format(meta))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
+    make_store: Make, dsn: str, table: str, version: int
 ) -> None:
     async with make_store() as store:
         await store.transact("plain", put({"v": 1}))
         await store.transact_log("log", appender((None, {"m": 1}), (0, {"m": 2})))
-    # Back to the version-1 layout: no usage row, no triggers.
-    await query(dsn, "DROP TABLE {u}", table)
-    name = sql.Identifier(f"{table}_usage_count")
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(name))
-    await query(dsn, "UPDATE {meta} SET value = '1'", table)
-    async with make_store() as store:
+        await store.transact("gone", put({"v": 2}))
+        await store.transact("gone", put(None))
+    await _back_to_version(dsn, table, version)
+    assert await query(dsn, "SELECT value FROM {meta}", table) == [(str(version),)]
+    if version == 2:
+        assert await query(dsn, "SELECT sessions FROM {u}", table) == [(2,)]
+    async with make_store(max_sessions=3) as store:
         assert await store.read("plain") == {"v": 1}
-        assert await query(dsn, "SELECT value FROM {meta}", table) == [("2",)]
-        sessions, _ = await _usage_matches_rows(dsn, table)
-        assert sessions == 2
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("3",)]
+        sessions, size = await _usage_matches_rows(dsn, table)
+        assert (sessions, size) == (2, (await store.usage()).bytes)
         await store.transact_log("log", appender((None, {"m": 3})))
-        await _usage_matches_rows(dsn, table)
+        await store.transact("third", put({"v": 3}))
+        with pytest.raises(DecisionHistoryLimitExceeded):
+            await store.transact("fourth", put({"v": 4}))
+        assert await _usage_matches_rows(dsn, table) == (3, (await store.usage()).bytes)
 
 
 async def test_the_usage_row_follows_every_statement(
@@ -245,6 +320,109 @@ async def test_the_usage_row_follows_every_statement(
     await asyncio.sleep(0.6)
     assert await store.purge_expired() == 1
     assert await _usage_matches_rows(dsn, table) == (0, 0)
+
+
+# Random operations on a small, often full store; run by tasks here and in a child.
+RANDOM_WORKER = """
+import asyncio, sys
+from tests.history.test_postgres_store import random_operations
+from touba.history.postgres import PostgresHistoryStore
+
+async def main(dsn, table, seed):
+    store = PostgresHistoryStore(dsn, table=table, **LIMITS)
+    await random_operations(store, int(seed), tasks=4)
+    await store.close()
+    print("done", flush=True)
+
+LIMITS = {"max_sessions": 12, "max_store_bytes": 6000, "ttl_seconds": 0.3}
+asyncio.run(main(*sys.argv[1:]))
+"""
+RANDOM_LIMITS = {"max_sessions": 12, "max_store_bytes": 6000, "ttl_seconds": 0.3}
+
+
+async def random_operations(store: PostgresHistoryStore, seed: int, *, tasks: int) -> None:
+    """``tasks`` tasks each running 60 random operations on 16 keys of ``store``: saves
+    that grow or shrink, appends, deletions through ``transact``, failed operations,
+    releases of new keys, deletes, reads, purges. Refusals and busy keys are expected."""
+    import random
+
+    from touba.errors import DecisionHistoryBusy
+
+    async def one(rng: random.Random) -> None:
+        key = f"k{rng.randrange(16)}"
+        kind = rng.randrange(8)
+        size = rng.randrange(20, 900)
+        if kind == 0:
+            await store.transact(key, put({"pad": "a" * size}))
+        elif kind == 1:
+            await store.transact(key, put(None))
+        elif kind == 2:
+            await store.transact_log(key, appender((None, {"pad": "b" * size})))
+        elif kind == 3:
+            with contextlib.suppress(RuntimeError):
+                await store.transact(key, _raising)
+        elif kind == 4:
+            await store.transact_log(key, _releasing)
+        elif kind == 5:
+            await store.delete(key)
+        elif kind == 6:
+            await store.read(key)
+        else:
+            await store.purge_expired()
+
+    async def run(task: int) -> None:
+        rng = random.Random(seed * 100 + task)
+        for _ in range(60):
+            with contextlib.suppress(
+                DecisionHistoryLimitExceeded, DecisionHistoryBusy, DecisionHistoryRecordInvalid
+            ):
+                await one(rng)
+            await asyncio.sleep(rng.random() * 0.005)
+
+    await asyncio.gather(*(run(task) for task in range(tasks)))
+
+
+async def _releasing(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[None, None]:
+    return None, None
+
+
+async def test_usage_stays_exact_under_random_concurrent_operations_from_two_processes(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    store = make_store(**RANDOM_LIMITS)
+    await store.open()
+    child = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-c", RANDOM_WORKER, dsn, table, "2"],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        await random_operations(store, 1, tasks=4)
+        out, errors = await asyncio.wait_for(child.communicate(), 120)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert out == b"done\n", errors.decode()
+    usage = await store.usage()  # purges expired rows first
+    [(count, size)] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
+    assert (usage.sessions, usage.bytes) == (count, size)
+    assert usage.sessions <= 12
+    assert usage.bytes <= 6000
+    assert await _usage_matches_rows(dsn, table) == (count, size)
+    # What each shard holds plus its room is the limit the room was shared out under.
+    [(seats, room, max_sessions, max_bytes)] = await query(
+        dsn,
+        "SELECT sum(sessions + seats), sum(bytes + room), min(max_sessions), min(max_bytes)"
+        " FROM {u}",
+        table,
+    )
+    assert (seats, room) == (max_sessions or seats, max_bytes or room)
+    assert max_sessions in (None, 12)
+    assert max_bytes in (None, 6000)
+    # The triggers and the limits did run: some operations were refused or shared out.
+    assert max_sessions is not None or max_bytes is not None
 
 
 async def _raising(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any] | None, None]:
@@ -292,13 +470,50 @@ async def test_a_decision_takes_two_transactions_and_reads_the_tail_ahead(
     assert (await store.read(who.key)) is not None
 
 
+async def test_a_window_is_parsed_once_shared_read_only_and_never_stale(
+    make_store: Make,
+) -> None:
+    from touba.history import DecisionHistory, DecisionMessage, HistoryConfig, HistoryWindow
+
+    a, b = make_store(), make_store()  # two workers on the same table
+    history = DecisionHistory(HistoryConfig(store=a, namespace="n", max_messages=8))
+    who = identity("n")
+    windows: list[HistoryWindow] = []
+
+    async def decide(window: HistoryWindow) -> DecisionMessage:
+        windows.append(window)
+        decisions = [m for ex in window.exchanges for m in ex if isinstance(m, DecisionMessage)]
+        if decisions:
+            with pytest.raises(TypeError, match="read-only"):
+                decisions[0].output["changed"] = True
+        return DecisionMessage(text=f"d{len(windows)}", output={"n": len(windows)}, final=True)
+
+    for _ in range(4):
+        await history.step(who, [], decide)
+    first, second = windows[-2].exchanges[0][0], windows[-1].exchanges[0][0]
+    assert isinstance(first, DecisionMessage)
+    assert isinstance(second, DecisionMessage)
+    assert first.text == second.text == "d1"
+    assert second is first  # parsed once, then reused from the same stored text
+
+    async def rewrite(record: Any) -> tuple[Any, None]:
+        record["exchanges"][0][0]["text"] = "rewritten by another worker"
+        return record, None
+
+    await b.transact(who.key, rewrite)
+    await history.step(who, [], decide)
+    texts = [m.text for ex in windows[-1].exchanges for m in ex if isinstance(m, DecisionMessage)]
+    assert texts == ["rewritten by another worker", "d2", "d3", "d4"]
+    assert windows[-1].exchanges[1][0] is windows[-2].exchanges[1][0]  # unchanged: reused
+
+
 async def test_newer_schema_version_is_refused_untouched(
     make_store: Make, dsn: str, table: str
 ) -> None:
     async with make_store() as store:
         await store.transact("k", put({"v": 1}))
-    await query(dsn, "UPDATE {meta} SET value = '3'", table)
-    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '3'"):
+    await query(dsn, "UPDATE {meta} SET value = '4'", table)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '4'"):
         await make_store().read("k")
     assert await query(dsn, "SELECT key, head FROM {t}", table) == [("k", '{"v":1}')]
 
@@ -809,6 +1024,28 @@ async def test_purge_spares_reserved_sessions_and_saving_renews(
     await task
     assert await store.read("held") == {"v": 1}
     assert [c.key for c in await store.list()] == ["held"]
+
+
+@pytest.mark.parametrize("limit", ["max_sessions", "max_store_bytes"])
+async def test_expired_rows_never_refuse_a_write(
+    make_store: Make, dsn: str, table: str, limit: str
+) -> None:
+    """A write that fits only without the expired rows is accepted: the exact check
+    purges them before refusing (this store object purged on its first access, so
+    not its once-a-minute purge)."""
+    options = {"max_sessions": 2} if limit == "max_sessions" else {"max_store_bytes": 300}
+    store = make_store(ttl_seconds=0.5, **options)
+    record = {"x": "a" * 150}  # 158 bytes: one fits under 300, not two
+    await store.transact("a", put(record))
+    if limit == "max_sessions":
+        await store.transact("b", put(record))
+    await asyncio.sleep(0.7)
+    assert await query(dsn, "SELECT count(*) FROM {t}", table) == [
+        (2 if limit == "max_sessions" else 1,)
+    ]
+    await store.transact("c", put(record))
+    assert [c.key for c in await store.list()] == ["c"]
+    assert await _usage_matches_rows(dsn, table) == (1, 158)
 
 
 # -- listing and lifecycle ---------------------------------------------------------------

@@ -12,31 +12,54 @@ Layout, every name derived from ``table`` and quoted with
 - ``<table>_messages``: the messages of touba records, one row each (``seq``
   within the conversation, ``exchange``, ``bytes``, JSON ``body``).
   ``transact_log`` only appends rows; snapshots read only the range asked.
-- ``<table>_usage``: one row, the places held (rows of ``<table>``) and the
-  bytes they retain, kept exact by statement triggers on ``<table>`` in the
-  transaction of every statement that changes them.
-- ``<table>_meta``: the schema version (2; a version-1 table gains its
-  usage row and triggers in place when first opened). A table of another
+- ``<table>_usage``: 64 counter rows (shards); a conversation is counted in
+  the shard its key hashes to (``hashtext(key) & 63``). Each holds the places
+  and bytes of its conversations, kept exact by triggers on ``<table>`` in
+  the transaction of every statement that changes them, so
+  ``usage()`` is their sum; and the room the shard may still grow by on its
+  own (``seats``, ``room``) with the limits it was shared out under.
+- ``<table>_meta``: the schema version (3; a version-1 or version-2 table gains
+  the shards and their triggers in place when first opened). A table of another
   version, or a table of that name that is not touba's, is refused untouched.
 
 No transaction stays open while ``operation`` runs. A decision takes two
-transactions: ``transact_log`` commits a reservation (refusing at once with
-``DecisionHistoryBusy`` when the key is reserved) and in the same
-transaction reads the usage row and the conversation's tail as far back as
-the history layer read lately (older exchanges, when asked, are read
-separately); then one transaction checks that its token still matches,
-saves, checks capacity on the usage row and releases. Reserving a stored,
-live conversation updates its row only. Capacity needs no lock wider than
-that: a write that changes the places or the bytes held locks the usage row
-through its trigger until it commits, and checks the row after its own
-change, so two workers cannot both fit under a limit (a new key is counted
-when it is reserved, so two cannot take the last place). A crash leaves the
-reservation in place: the key answers ``DecisionHistoryBusy`` until
-``recover(key, worker_stopped=True)``. Expiry uses the server's clock. An
-expired, unreserved conversation is purged when its key is accessed; every
-expired row is purged at most once a minute per store object, and whenever
-the store is 80% full or a write would not fit otherwise, always before the
-transaction locks the usage row, so expired rows never refuse a write.
+transactions of one statement each: ``transact_log`` commits a reservation
+(refusing at once with ``DecisionHistoryBusy`` when the key is reserved)
+that also reads the usage and the conversation's tail as far back as the
+history layer read lately (older exchanges, when asked, are read
+separately); then one statement saves the head if its token still matches,
+takes the growth from its shard's room, appends the messages and releases.
+Reserving a stored, live conversation updates its row only. The neutral
+messages of the exchanges a window reads are parsed once per store object
+(the 32 most recent conversations) and shared frozen with later decisions,
+each exchange reused only while the bodies the database returns are the
+text it was parsed from: never stale, even when another worker rewrote it.
+A crash leaves the reservation in place: the key answers
+``DecisionHistoryBusy`` until ``recover(key, worker_stopped=True)``. Expiry
+uses the server's clock.
+
+Capacity without a store-wide lock on every write (escrow): every committed
+state keeps, for each limit a shard's room was shared out under, the sum over
+shards of (what is held + room) equal to that limit. A write that grows its
+shard (a new key's place, a save's bytes) takes the growth from that shard's
+room in its own transaction, under that row's lock and only when the room was
+shared out under limits no larger than its own; what a statement frees goes
+back to its shard's room. Each keeps its row's sum, so whatever commits in
+whatever order, what is held never exceeds the limit: two writers racing for
+the last place or the last bytes cannot both fit, and writers of different
+shards never wait for each other. A growth its shard has no room for is
+checked exactly instead: under an exclusive advisory lock that every writer of
+the counters holds shared (taken before its row locks, so there are no
+deadlocks), the transaction sees the exact sums, refuses the write if it does
+not fit, and otherwise shares out all that is free again. That happens on the
+first writes, when limits differ between workers, and near the limits, where
+rooms run short; a refusal is made only after expired rows were purged.
+
+Expired, unreserved rows no other transaction holds are purged at most once a
+minute per store object, and after each reservation while the store is 80%
+full (so the usage an operation is given, and pressure events, leave them
+out), in a transaction of their own; an expired, unreserved conversation is
+also purged when its key is accessed.
 
 Errors: a connection or schema problem met while opening raises
 ``ConfigurationError`` chained to the driver error; a driver failure during
@@ -54,9 +77,10 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final, LiteralString, TypeVar
 
@@ -70,6 +94,7 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
 
 from touba.errors import (
     ConfigurationError,
+    DecisionHistoryLimitExceeded,
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
     ToubaError,
@@ -88,9 +113,10 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
-from touba.history._model import parse_json
+from touba.history._frozen import freeze
+from touba.history._model import Message, message_from_dict, parse_json
 from touba.history._pg import Conn as _Conn
-from touba.history._pg import OwnedPool, PooledStore, Schema, table_parts
+from touba.history._pg import OwnedPool, PooledStore, Schema, lock_key, table_parts
 from touba.history._pg import Row as _Row
 from touba.history._pg import row as _row
 from touba.history._pg import rows as _rows
@@ -111,10 +137,13 @@ __all__ = ["PostgresHistoryStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
+SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(key) & 63)
 PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired row, per store object
 PURGE_NEAR_FULL: Final = 0.8  # ... or at each access while the store is this full
 MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
+PARSED_KEYS: Final = 32  # conversations whose window's parsed messages a store object keeps
+ALL_EXCHANGES: Final = 2**31 - 1  # read ahead by transact: every exchange
 
 
 # -- names and statements ----------------------------------------------------------------
@@ -128,7 +157,7 @@ class _Statements:
         t = sql.Identifier(*schema, name)
         m = sql.Identifier(*schema, f"{name}_messages")
         self.table, self.messages_table = t, m
-        names = {
+        names: dict[str, sql.Composable] = {
             "t": t,
             "m": m,
             "t_exp": sql.Identifier(f"{name}_exp_idx"),
@@ -142,8 +171,17 @@ class _Statements:
         self.usage_table = u
         names["u"] = u
         names["count"] = sql.Identifier(*schema, f"{name}_usage_count")
+        names["count_row"] = sql.Identifier(*schema, f"{name}_usage_count_row")
         for event in ("ins", "upd", "del"):
             names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
+        names["mask"] = sql.Literal(SHARDS - 1)
+        names["lock"] = sql.Literal(lock_key(f"touba.history.postgres:usage:{'.'.join(parts)}"))
+        # Taken before any row lock by every statement that can change the
+        # counters (see the module docstring); folded into such a statement as
+        # ``USING {shared}``, it costs no round trip of its own.
+        names["shared"] = sql.SQL("(SELECT pg_advisory_xact_lock_shared({})) AS g").format(
+            names["lock"]
+        )
         self.create = [
             q(
                 "CREATE TABLE {t} ("
@@ -175,27 +213,62 @@ class _Statements:
             ),
             q("CREATE INDEX {m_ex} ON {m} (key, exchange)"),
         ]
-        # Version 2: the places held and the bytes retained, kept in one row by
-        # statement triggers on {t}, so that every statement (reserve, save,
-        # release, delete, recover, purge) keeps them exact in its own
-        # transaction, and a capacity check reads one row instead of summing.
-        self.add_usage = [
-            q("CREATE TABLE {u} (sessions bigint NOT NULL, bytes bigint NOT NULL)"),
-            q("INSERT INTO {u} SELECT count(*), coalesce(sum(bytes), 0) FROM {t}"),
+        # Version 3: SHARDS counter rows, each the places held and the bytes
+        # retained by the conversations whose key hashes to it, kept by
+        # triggers on {t} in the transaction of every statement that changes
+        # them; with the room the shard may still grow by on its own (``seats``,
+        # ``room``) and the limits that room was shared out under (NULL: none, so
+        # every growth is checked exactly).
+        self.shard_usage = [
+            q(
+                "CREATE TABLE {u} (shard integer PRIMARY KEY, sessions bigint NOT NULL,"
+                " bytes bigint NOT NULL, seats bigint NOT NULL DEFAULT 0,"
+                " room bigint NOT NULL DEFAULT 0, max_sessions bigint, max_bytes bigint)"
+            ),
+            q(
+                "INSERT INTO {u} (shard, sessions, bytes)"
+                " SELECT s, count(h.key), coalesce(sum(h.bytes), 0)"
+                " FROM generate_series(0, {mask}) AS s"
+                " LEFT JOIN {t} AS h ON hashtext(h.key) & {mask} = s GROUP BY s"
+            ),
+            # Rows inserted or deleted are counted per statement, their shards
+            # updated in ascending order (a purge touches several); what a
+            # statement frees goes back to its shard's room.
             q(
                 "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
-                " DECLARE n bigint := 0; b bigint := 0;"
+                " DECLARE d record;"
                 " BEGIN"
                 "  IF TG_OP = 'INSERT' THEN"
-                "   SELECT count(*), coalesce(sum(bytes), 0) INTO n, b FROM new_rows;"
-                "  ELSIF TG_OP = 'DELETE' THEN"
-                "   SELECT -count(*), -coalesce(sum(bytes), 0) INTO n, b FROM old_rows;"
+                "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
+                "     sum(bytes) AS b FROM new_rows GROUP BY 1 ORDER BY 1 LOOP"
+                "    UPDATE {u} SET sessions = sessions + d.n, bytes = bytes + d.b"
+                "     WHERE shard = d.shard;"
+                "   END LOOP;"
                 "  ELSE"
-                "   SELECT coalesce(sum(bytes), 0) INTO b FROM new_rows;"
-                "   b := b - (SELECT coalesce(sum(bytes), 0) FROM old_rows);"
+                "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
+                "     sum(bytes) AS b FROM old_rows GROUP BY 1 ORDER BY 1 LOOP"
+                "    UPDATE {u} SET sessions = sessions - d.n, bytes = bytes - d.b,"
+                "     seats = seats + d.n, room = room + d.b WHERE shard = d.shard;"
+                "   END LOOP;"
                 "  END IF;"
-                "  IF n <> 0 OR b <> 0 THEN"
-                "   UPDATE {u} SET sessions = sessions + n, bytes = bytes + b;"
+                "  RETURN NULL;"
+                " END $touba$"
+            ),
+            # A row updated is counted only when its bytes change (a save; never a
+            # reservation or a release): one row, one shard.
+            q(
+                "CREATE FUNCTION {count_row}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+                " BEGIN"
+                "  IF OLD.key = NEW.key THEN"
+                "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes,"
+                "    room = room + greatest(OLD.bytes - NEW.bytes, 0)"
+                "    WHERE shard = hashtext(NEW.key) & {mask};"
+                "  ELSE"
+                "   UPDATE {u} SET sessions = sessions - 1, bytes = bytes - OLD.bytes,"
+                "    seats = seats + 1, room = room + OLD.bytes"
+                "    WHERE shard = hashtext(OLD.key) & {mask};"
+                "   UPDATE {u} SET sessions = sessions + 1, bytes = bytes + NEW.bytes"
+                "    WHERE shard = hashtext(NEW.key) & {mask};"
                 "  END IF;"
                 "  RETURN NULL;"
                 " END $touba$"
@@ -205,39 +278,81 @@ class _Statements:
                 " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
             ),
             q(
-                "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t}"
-                " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
-                " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
+                "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t} FOR EACH ROW"
+                " WHEN (OLD.bytes <> NEW.bytes OR OLD.key <> NEW.key)"
+                " EXECUTE FUNCTION {count_row}()"
             ),
             q(
                 "CREATE TRIGGER {tr_del} AFTER DELETE ON {t} REFERENCING OLD TABLE AS old_rows"
                 " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
             ),
         ]
-        self.create += self.add_usage
+        self.create += self.shard_usage
+        # Version 1 had no counters, version 2 a single row: both gain the shards.
+        self.upgrade = [
+            q("DROP TRIGGER IF EXISTS {tr_ins} ON {t}"),
+            q("DROP TRIGGER IF EXISTS {tr_upd} ON {t}"),
+            q("DROP TRIGGER IF EXISTS {tr_del} ON {t}"),
+            q("DROP FUNCTION IF EXISTS {count}()"),
+            q("DROP FUNCTION IF EXISTS {count_row}()"),
+            q("DROP TABLE IF EXISTS {u}"),
+            *self.shard_usage,
+        ]
+
+        # Capacity.
+        self.lock_shared = q("SELECT pg_advisory_xact_lock_shared({lock})")
+        self.lock_exclusive = q("SELECT pg_advisory_xact_lock({lock})")
+        self.usage = q("SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}")
+        self.take_seat = q(
+            "UPDATE {u} SET seats = seats - 1"
+            " WHERE shard = hashtext(%s) & {mask} AND seats >= 1 AND max_sessions <= %s"
+        )
+        # Shares out what is free: ``seats`` and ``room`` to each shard, one more to
+        # the first ones for the remainder, under these limits (NULL: the store
+        # holds more than that limit, so there is no room to share).
+        self.share = q(
+            "UPDATE {u} SET seats = %s + (shard < %s)::int, room = %s + (shard < %s)::int,"
+            " max_sessions = %s, max_bytes = %s"
+        )
 
         # Reservation.
         self.purge_key = q(
-            "DELETE FROM {t} WHERE key = %s AND token IS NULL AND expires_at <= now()"
+            "DELETE FROM {t} AS h USING {shared}"
+            " WHERE h.key = %s AND h.token IS NULL AND h.expires_at <= now()"
         )
+        # Reserves a live conversation and reads, in the same statement, the
+        # usage (this conversation counted) and its last ``%s`` exchanges: first
+        # the row (seq -1: head, split, exchanges, messages, bytes, sessions and
+        # bytes of the store), then (seq, exchange, body, bytes) of each message.
         self.claim_live = q(
-            "UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s, since = %s"
-            " WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
-            " RETURNING head, split, exchanges, messages, bytes"
+            "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
+            "  since = %s"
+            "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
+            "  RETURNING key, head, split, exchanges, messages, bytes)"
+            " SELECT -1, NULL, c.head, c.split, c.exchanges, c.messages, c.bytes,"
+            "  u.sessions, u.bytes FROM c,"
+            "  (SELECT coalesce(sum(sessions), 0) AS sessions,"
+            "   coalesce(sum(bytes), 0) AS bytes FROM {u}) AS u"
+            " UNION ALL"
+            " SELECT m.seq, m.exchange, m.body, NULL, NULL, NULL, m.bytes, NULL, NULL"
+            "  FROM c JOIN {m} AS m ON m.key = c.key"
+            "  WHERE c.split AND m.exchange >= c.exchanges - %s"
+            " ORDER BY 1"
         )
         self.claim = q(
             "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since)"
-            " VALUES (%s, %s, %s, %s, %s, %s)"
+            " SELECT %s, %s, %s, %s, %s, %s FROM {shared}"
             " ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
             " worker_id = EXCLUDED.worker_id, pid = EXCLUDED.pid, host = EXCLUDED.host,"
             " since = EXCLUDED.since"
             " WHERE h.token IS NULL"
             " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes"
         )
-        # Places held and bytes retained: every row, until expired ones are purged.
-        self.usage = q("SELECT sessions, bytes FROM {u}")
         self.holder = q("SELECT worker_id, pid, host, since FROM {t} WHERE key = %s")
-        self.release_bare = q("DELETE FROM {t} WHERE key = %s AND token = %s AND head IS NULL")
+        self.release_bare = q(
+            "DELETE FROM {t} AS h USING {shared}"
+            " WHERE h.key = %s AND h.token = %s AND h.head IS NULL"
+        )
         self.release = q(
             "UPDATE {t} SET token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
             " since = NULL WHERE key = %s AND token = %s"
@@ -248,15 +363,15 @@ class _Statements:
         )
 
         # Saving.
-        self.purge_all = q("DELETE FROM {t} WHERE token IS NULL AND expires_at <= now()")
+        self.purge_all = q(
+            "DELETE FROM {t} WHERE key IN (SELECT key FROM {t}"
+            " WHERE token IS NULL AND expires_at <= now() FOR UPDATE SKIP LOCKED)"
+        )
         self.lock_row = q(
-            "SELECT token, head, split, exchanges, messages, bytes FROM {t}"
-            " WHERE key = %s FOR UPDATE"
+            "SELECT h.token, h.head, h.split, h.exchanges, h.messages, h.bytes"
+            " FROM {t} AS h, {shared} WHERE h.key = %s FOR UPDATE OF h"
         )
         self.delete_messages = q("DELETE FROM {m} WHERE key = %s")
-        self.insert_message = q(
-            "INSERT INTO {m} (key, seq, exchange, bytes, body) VALUES (%s, %s, %s, %s, %s)"
-        )
         self.save = q(
             "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
             " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
@@ -264,7 +379,38 @@ class _Statements:
             " token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL"
             " WHERE key = %s"
         )
-        self.delete_reserved = q("DELETE FROM {t} WHERE key = %s AND token = %s")
+        # A save that grows, taking its growth from its shard's room (no row: no room).
+        taken = q(
+            "WITH taken AS (UPDATE {u} SET room = room - %s"
+            " WHERE shard = hashtext(%s) & {mask} AND room >= %s AND max_bytes <= %s"
+            " RETURNING shard) "
+        )
+        self.save_in_room = taken + self.save + sql.SQL(" AND EXISTS (SELECT FROM taken)")
+        # One statement per appended decision, each step gated on the one before
+        # (so the row is locked before its shard): the row saved if this
+        # reservation still holds it, then its growth taken from its shard's room
+        # when it grows, then its messages added. Returns (saved, taken).
+        self.append = q(
+            "WITH saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
+            "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
+            "  expires_at = now() + make_interval(secs => %s), token = NULL,"
+            "  worker_id = NULL, pid = NULL, host = NULL, since = NULL FROM {shared}"
+            "  WHERE h.key = %s AND h.token = %s RETURNING h.key),"
+            " taken AS (UPDATE {u} SET room = room - %s"
+            "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
+            "  AND max_bytes <= %s AND EXISTS (SELECT FROM saved) RETURNING shard),"
+            " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
+            "  SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::int[], %s::text[])"
+            "  WHERE EXISTS (SELECT FROM saved))"
+            " SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM taken)"
+        )
+        self.insert_messages = q(
+            "INSERT INTO {m} (key, seq, exchange, bytes, body)"
+            " SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::int[], %s::text[])"
+        )
+        self.delete_reserved = q(
+            "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s AND h.token = %s"
+        )
 
         # Reading.
         self.read_row = q("SELECT token, head, split FROM {t} WHERE key = %s FOR SHARE")
@@ -281,7 +427,7 @@ class _Statements:
             " GROUP BY exchange ORDER BY exchange"
         )
         self.delete_row = q("SELECT token FROM {t} WHERE key = %s FOR UPDATE")
-        self.delete = q("DELETE FROM {t} WHERE key = %s")
+        self.delete = q("DELETE FROM {t} AS h USING {shared} WHERE h.key = %s")
         columns = (
             "SELECT key, identity, messages, bytes, updated_at, expires_at, token IS NOT NULL,"
             " worker_id, pid, host, since FROM {t}"
@@ -364,6 +510,7 @@ class _Write:
     bytes: int
     rows: list[tuple[int, int, int, str]]  # seq, exchange, bytes, body
     rewrite: bool  # drop the stored messages first (transact), or only append
+    stored_bytes: int | None = None  # a log write: the bytes stored when reserved
 
 
 def _decode(key: str, head: str | None, split: bool, rows: Sequence[_Row]) -> Record | None:
@@ -372,6 +519,11 @@ def _decode(key: str, head: str | None, split: bool, rows: Sequence[_Row]) -> Re
         return None
     record = _loads(head, key)
     return join_record(record, _group(rows, key)) if split else record
+
+
+def _columns(rows: Sequence[tuple[int, int, int, str]]) -> tuple[list[Any], ...]:
+    """(seq, exchange, bytes, body) rows as four arrays, for ``unnest``."""
+    return tuple(list(column) for column in zip(*rows, strict=True)) or ([], [], [], [])
 
 
 def _group(rows: Sequence[_Row], key: str) -> list[list[Record]]:
@@ -431,7 +583,7 @@ class PostgresHistoryStore(PooledStore):
                 version=SCHEMA_VERSION,
                 what="history",
                 mismatch=DecisionHistoryRecordInvalid,
-                migrations={1: self._sql.add_usage},
+                migrations={1: [], 2: self._sql.upgrade},
             ),
             unavailable=_unavailable,
         )
@@ -444,6 +596,10 @@ class PostgresHistoryStore(PooledStore):
         # How many trailing exchanges the history layer read of a conversation
         # lately: a reservation reads that many ahead, in its own transaction.
         self._tail_hint = 0
+        # The neutral messages of the exchanges windows read lately, per key (the
+        # PARSED_KEYS most recent), each with the stored bodies it was parsed from.
+        self._parsed: OrderedDict[str, dict[int, tuple[list[str], list[Message]]]]
+        self._parsed = OrderedDict()
 
     def _using(self) -> AbstractAsyncContextManager[None]:
         """One public call: refused once closing, awaited by ``close()`` otherwise."""
@@ -478,24 +634,66 @@ class PostgresHistoryStore(PooledStore):
             reservation.host,
             datetime.fromtimestamp(reservation.since, UTC),
         )
-        # A live conversation keeps its place: reserving it updates its row only.
+        # A live conversation keeps its place: reserving it updates its row only,
+        # and reads the usage and the tail (or every message) in the same statement.
+        reach = ALL_EXCHANGES if load_messages else self._tail_hint
         async with self._transaction() as conn:
-            row = await _row(conn, s.claim_live, (*holder, key))
-            if row is not None:
-                usage = await self._usage(conn, purge=self._purge_wanted)
-                return await self._claimed(conn, key, reservation, row, usage, load_messages)
-        # A new key (or an expired or held one), in a transaction of its own: the
-        # UPDATE above may keep a lock on a row it rechecked without updating. The
-        # usage row is locked by the insert of the new row (its trigger counts it),
-        # so reservers of new keys take the last place one at a time; a purge, when
-        # one is due, runs first, before this transaction holds that lock.
+            found = await _rows(conn, s.claim_live, (*holder, key, reach))
+        if found:
+            _, _, head, split, exchanges, messages, size, sessions, used = found[0]
+            tail = max(0, exchanges - reach) if split else exchanges
+            rows: list[_Row] = [
+                (r[1], r[2]) if load_messages else (r[1], r[6], r[2])  # exchange, [bytes,] body
+                for r in found[1:]
+            ]
+            claim = _Claim(
+                reservation.token,
+                head,
+                split,
+                exchanges,
+                messages,
+                size,
+                rows,
+                tail,
+                self._usage_of(sessions, used),
+            )
+        else:
+            # A new key (or an expired or held one), in a transaction of its own:
+            # the UPDATE above may keep a lock on a row it rechecked without updating.
+            claim = await self._in_room(
+                lambda exact: self._claim_new(key, reservation, holder, load_messages, exact)
+            )
+        if self._purge_wanted(claim.usage):
+            # The operation is given the usage without expired rows; ours is reserved.
+            await self._purge()
+            async with self._transaction() as conn:
+                claim = replace(claim, usage=await self._usage(conn))
+        return claim
+
+    async def _claim_new(
+        self,
+        key: str,
+        reservation: Reservation,
+        holder: tuple[Any, ...],
+        load_messages: bool,
+        exact: bool,
+    ) -> _Claim:
+        """Reserve a key that had no live, unreserved row: a new key takes a place."""
+        s = self._sql
         async with self._transaction() as conn:
-            await self._usage(conn, purge=lambda u: self._purge_wanted(u, sessions=1))
+            if exact:
+                await _run(conn, s.lock_exclusive)
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.claim, (key, *holder))
             if row is None:
                 raise await _held(conn, s, key)
+            new = row[0] is None  # a new row: its place comes from its shard's seats
+            if new and not exact and not await _run(conn, s.take_seat, (key, self.max_sessions)):
+                raise _NoRoom
             usage = await self._usage(conn)
+            if new and exact:  # our new row is counted: refuse one too many
+                check_sessions(usage.sessions - 1, self.max_sessions)
+                await self._share(conn, usage)
             return await self._claimed(conn, key, reservation, row, usage, load_messages)
 
     async def _claimed(
@@ -503,14 +701,12 @@ class PostgresHistoryStore(PooledStore):
         conn: _Conn,
         key: str,
         reservation: Reservation,
-        row: _Row,
+        row: Sequence[Any],
         usage: StoreUsage,
         load_messages: bool,
     ) -> _Claim:
         """The claim of a reserved row, inside the reserving transaction."""
         head, split, exchanges, messages, size = row
-        if head is None:  # our new row is counted: refuse if it took one place too many
-            check_sessions(usage.sessions - 1, self.max_sessions)
         rows: list[_Row] = []
         tail = exchanges
         if head is not None and split:
@@ -521,33 +717,91 @@ class PostgresHistoryStore(PooledStore):
                 rows = await _rows(conn, self._sql.tail, (key, tail))
         return _Claim(reservation.token, head, split, exchanges, messages, size, rows, tail, usage)
 
-    def _purge_wanted(self, usage: StoreUsage, *, sessions: int = 0, bytes: int = 0) -> bool:
-        """Purge every expired row now? Once a minute, or when the store is nearly full
-        (or this write would not fit), so that expired rows never refuse a write."""
+    def _parse(self, key: str, start: int, rows: Sequence[_Row]) -> list[list[Message]]:
+        """``(exchange, body)`` rows from ``start`` on as neutral messages, reusing
+        those parsed from the same bodies (see :meth:`_Snapshot.messages`)."""
+        cache = self._parsed.pop(key, {})
+        self._parsed[key] = cache  # the most recent
+        while len(self._parsed) > PARSED_KEYS:
+            self._parsed.popitem(last=False)
+        for index in [i for i in cache if i < start]:
+            del cache[index]  # left the window
+        bodies: dict[int, list[str]] = {}
+        for exchange, body in rows:
+            bodies.setdefault(exchange, []).append(body)
+        out: list[list[Message]] = []
+        for exchange, texts in bodies.items():
+            cached = cache.get(exchange)
+            if cached is None or cached[0] != texts:
+                parsed = [message_from_dict(freeze(_loads(text, key))) for text in texts]
+                cached = cache[exchange] = (texts, parsed)
+            out.append(list(cached[1]))
+        return out
+
+    # -- capacity -----------------------------------------------------------------------
+
+    def _usage_of(self, sessions: int, size: int) -> StoreUsage:
+        return StoreUsage(int(sessions), self.max_sessions, int(size), self.max_store_bytes)
+
+    async def _usage(self, conn: _Conn) -> StoreUsage:
+        """The sum of the counters, as this transaction sees them."""
+        row = await _row(conn, self._sql.usage)
+        assert row is not None
+        return self._usage_of(*row)
+
+    async def _in_room(self, attempt: Callable[[bool], Awaitable[T]]) -> T:
+        """``attempt(exact=False)``, within its shard's room; when that lacks room,
+        ``attempt(exact=True)``, which checks the sums under the exclusive lock and
+        shares out the room again; when that refuses, once more after purging
+        expired rows, so that expired rows never refuse a write."""
+        try:
+            return await attempt(False)
+        except _NoRoom:
+            pass
+        try:
+            return await attempt(True)
+        except DecisionHistoryLimitExceeded:
+            if not await self._purge():
+                raise
+        return await attempt(True)
+
+    async def _share(self, conn: _Conn, usage: StoreUsage) -> None:
+        """Share what ``usage`` leaves free among the shards, under this store's
+        limits; inside the transaction holding the exclusive lock."""
+        free_sessions = self.max_sessions - usage.sessions
+        free_bytes = self.max_store_bytes - usage.bytes
+        seats, extra_seats = divmod(max(free_sessions, 0), SHARDS)
+        room, extra_room = divmod(max(free_bytes, 0), SHARDS)
+        await _run(
+            conn,
+            self._sql.share,
+            (
+                seats,
+                extra_seats,
+                room,
+                extra_room,
+                self.max_sessions if free_sessions >= 0 else None,
+                self.max_store_bytes if free_bytes >= 0 else None,
+            ),
+        )
+
+    def _purge_wanted(self, usage: StoreUsage) -> bool:
+        """Purge every expired row now? Once a minute, or when the store is nearly full."""
         return (
             time.monotonic() - self._purged_at >= PURGE_INTERVAL
             or usage.fraction >= PURGE_NEAR_FULL
-            or usage.sessions + sessions > usage.max_sessions
-            or usage.bytes + bytes > usage.max_store_bytes
         )
 
-    async def _usage(
-        self, conn: _Conn, *, purge: Callable[[StoreUsage], bool] | None = None
-    ) -> StoreUsage:
-        """The usage row; first purging every expired row when ``purge(usage)`` says so.
+    async def _purge(self) -> int:
+        """Delete every expired, unreserved row no one has locked, in a transaction
+        of its own; how many."""
+        async with self._transaction() as conn:
+            return await self._purge_in(conn)
 
-        A purge must come before the transaction locks the usage row (any write
-        to a conversation row does, by its trigger), as a purge locks rows
-        while waiting for that lock otherwise.
-        """
-        row = await _row(conn, self._sql.usage)
-        assert row is not None
-        usage = StoreUsage(int(row[0]), self.max_sessions, int(row[1]), self.max_store_bytes)
-        if purge is not None and purge(usage):
-            self._purged_at = time.monotonic()
-            if await _run(conn, self._sql.purge_all):
-                return await self._usage(conn)
-        return usage
+    async def _purge_in(self, conn: _Conn) -> int:
+        self._purged_at = time.monotonic()
+        await _run(conn, self._sql.lock_shared)
+        return await _run(conn, self._sql.purge_all)
 
     async def _release(self, key: str, token: str) -> None:
         """Give the key back untouched (a bare reservation row goes away)."""
@@ -568,47 +822,82 @@ class PostgresHistoryStore(PooledStore):
 
     async def _save(self, key: str, token: str, write: _Write) -> None:
         """Check token and capacity, then write, in one transaction."""
+        await self._in_room(lambda exact: self._save_once(key, token, write, exact))
+
+    async def _save_once(self, key: str, token: str, write: _Write, exact: bool) -> None:
+        if write.stored_bytes is not None and not exact:
+            return await self._append(key, token, write, write.bytes - write.stored_bytes)
         s = self._sql
         async with self._transaction() as conn:
+            if exact:
+                await _run(conn, s.lock_exclusive)
             current = await _row(conn, s.lock_row, (key,))
             if current is None or current[0] != token:
                 raise _recovered(key)
-            is_new = current[1] is None
-            growth = write.bytes - int(current[5])
-            await self._usage(
-                conn, purge=lambda u: self._purge_wanted(u, sessions=int(is_new), bytes=growth)
-            )
             if write.rewrite and current[4]:
                 await _run(conn, s.delete_messages, (key,))
-            await _run(
+            saved = (
+                write.namespace,
+                write.identity,
+                write.head,
+                write.split,
+                write.exchanges,
+                write.messages,
+                write.bytes,
+                self.ttl_seconds,
+                key,
+            )
+            growth = write.bytes - int(current[5])
+            if exact or growth <= 0:
+                await _run(conn, s.save, saved)
+            elif not await _run(
+                conn, s.save_in_room, (growth, key, growth, self.max_store_bytes, *saved)
+            ):
+                raise _NoRoom
+            if exact:  # this transaction alone changes the counters now: their sum is exact
+                usage = await self._usage(conn)
+                check_capacity(
+                    is_new=current[1] is None,
+                    sessions=usage.sessions - 1,
+                    max_sessions=self.max_sessions,
+                    store_bytes_after=usage.bytes,
+                    max_store_bytes=self.max_store_bytes,
+                )
+                await self._share(conn, usage)
+            if write.rows:
+                await _run(conn, s.insert_messages, (key, *_columns(write.rows)))
+
+    async def _append(self, key: str, token: str, write: _Write, growth: int) -> None:
+        """A log write in one statement, within its shard's room (``_NoRoom`` if not)."""
+        async with self._transaction() as conn:
+            row = await _row(
                 conn,
-                s.save,
+                self._sql.append,
                 (
                     write.namespace,
                     write.identity,
                     write.head,
-                    write.split,
                     write.exchanges,
                     write.messages,
                     write.bytes,
                     self.ttl_seconds,
                     key,
+                    token,
+                    growth,
+                    growth,
+                    key,
+                    growth,
+                    self.max_store_bytes,
+                    key,
+                    *_columns(write.rows),
                 ),
             )
-            # Exact now: this transaction holds the usage row since the save's trigger.
-            usage = await self._usage(conn)
-            check_capacity(
-                is_new=is_new,
-                sessions=usage.sessions - 1,
-                max_sessions=self.max_sessions,
-                store_bytes_after=usage.bytes,
-                max_store_bytes=self.max_store_bytes,
-            )
-            if write.rows:
-                async with conn.cursor() as cur:
-                    await cur.executemany(
-                        s.insert_message, [(key, *message) for message in write.rows]
-                    )
+            assert row is not None
+            saved, taken = row
+            if not saved:
+                raise _recovered(key)
+            if growth > 0 and not taken:
+                raise _NoRoom
 
     async def _delete_reserved(self, key: str, token: str) -> None:
         async with self._transaction() as conn:
@@ -677,6 +966,7 @@ class PostgresHistoryStore(PooledStore):
         check_key(key)
         s = self._sql
         async with self._using(), self._transaction() as conn:
+            await _run(conn, s.lock_shared)  # before the row lock: it deletes
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.delete_row, (key,))
             if row is None:
@@ -691,6 +981,7 @@ class PostgresHistoryStore(PooledStore):
         require_worker_stopped(worker_stopped)
         check_key(key)
         async with self._using(), self._transaction() as conn:
+            await _run(conn, self._sql.lock_shared)  # before the row lock: it may delete
             row = await _row(conn, self._sql.recover, (key,))
             if row is None:
                 return False
@@ -700,9 +991,8 @@ class PostgresHistoryStore(PooledStore):
 
     async def purge_expired(self) -> int:
         """Delete every expired, unreserved conversation now; returns how many."""
-        async with self._using(), self._transaction() as conn:
-            self._purged_at = time.monotonic()
-            return await _run(conn, self._sql.purge_all)
+        async with self._using():
+            return await self._purge()
 
     async def usage(self) -> StoreUsage:
         """How full the table is now, over every worker sharing it.
@@ -711,18 +1001,18 @@ class PostgresHistoryStore(PooledStore):
         have no record yet (a crashed worker's included, until ``recover``);
         ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
         Expired, unreserved conversations are not counted (they are purged
-        first). The figures are one row that triggers keep exact.
+        first). The figures are the sums of counters that triggers keep exact.
         """
         async with self._using(), self._transaction() as conn:
-            return await self._usage(conn, purge=lambda _: True)
+            await self._purge_in(conn)
+            return await self._usage(conn)
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Sizes and reservations, never content. Bare reservations (a key that had no
         record when its worker crashed) are listed only without ``namespace``."""
         s = self._sql
         async with self._using(), self._transaction() as conn:
-            self._purged_at = time.monotonic()
-            await _run(conn, s.purge_all)
+            await self._purge_in(conn)
             if namespace is None:
                 rows = await _rows(conn, s.list_all)
             else:
@@ -810,6 +1100,19 @@ class _Snapshot:
             rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
         return _group(rows, self._key)
 
+    async def messages(self, start: int, stop: int) -> list[list[Message]]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1``, frozen and
+        shared: an exchange whose stored bodies are the text it was parsed from last
+        time (compared on every read, so never stale) is not parsed again."""
+        if start >= min(stop, self._count):
+            return []
+        if self._wants(start):
+            rows = [(e, body) for e, _bytes, body in self._rows if start <= e < stop]
+        else:
+            async with self._store._transaction() as conn:
+                rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
+        return self._store._parse(self._key, start, rows)
+
 
 def _parsed_identity(text: str | None) -> dict[str, str] | None:
     """The identity column; a damaged one still lists its row, so it can be deleted."""
@@ -826,6 +1129,10 @@ def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
         "a conversation whose reservation could not be released answers "
         "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
     )
+
+
+class _NoRoom(Exception):
+    """A growth its shard has no room for: the caller retries it exactly."""
 
 
 def _recovered(key: str) -> Exception:
@@ -873,4 +1180,5 @@ def _appended(claim: _Claim, write: LogWrite) -> _Write:
         bytes=claim.bytes - old_head + len(head.encode("utf-8")) + sum(r[2] for r in rows),
         rows=rows,
         rewrite=False,
+        stored_bytes=claim.bytes,
     )
