@@ -77,10 +77,9 @@ import math
 import os
 import socket
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final, LiteralString, TypeVar
 
@@ -107,31 +106,31 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
-    encode_checked_json,
-    encode_json,
-    encode_record,
     recovered,
     require_worker_stopped,
 )
-from touba.history._frozen import freeze
-from touba.history._model import Message, message_from_dict, parse_json
+from touba.history._pg import FAILURES, OwnedPool, PooledStore, Schema, lock_key, table_parts
 from touba.history._pg import Conn as _Conn
-from touba.history._pg import OwnedPool, PooledStore, Schema, lock_key, table_parts
-from touba.history._pg import Row as _Row
 from touba.history._pg import row as _row
 from touba.history._pg import rows as _rows
 from touba.history._pg import run as _run
 from touba.history._record import join_record
+from touba.history._reserving import (
+    Read,
+    Reservations,
+    Reserved,
+    Rows,
+    Sizes,
+    Write,
+    parse_object,
+)
 from touba.history._store import (
     LogOperation,
-    LogWrite,
     Operation,
     Record,
     StoredConversation,
     StoreUsage,
-    check_appends,
 )
-from touba.history._window import ExchangeSize
 
 __all__ = ["PostgresHistoryStore"]
 
@@ -141,9 +140,8 @@ SCHEMA_VERSION: Final = 3
 SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(key) & 63)
 PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired row, per store object
 PURGE_NEAR_FULL: Final = 0.8  # ... or at each access while the store is this full
-MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
-PARSED_KEYS: Final = 32  # conversations whose window's parsed messages a store object keeps
-ALL_EXCHANGES: Final = 2**31 - 1  # read ahead by transact: every exchange
+ALL_EXCHANGES: Final = 2**31 - 1  # read by transact: every exchange
+_LABEL = "PostgreSQL"
 
 
 # -- names and statements ----------------------------------------------------------------
@@ -321,23 +319,34 @@ class _Statements:
             " WHERE h.key = %s AND h.token IS NULL AND h.expires_at <= now()"
         )
         # Reserves a live conversation and reads, in the same statement, the
-        # usage (this conversation counted) and its last ``%s`` exchanges: first
-        # the row (seq -1: head, split, exchanges, messages, bytes, sessions and
-        # bytes of the store), then (seq, exchange, body, bytes) of each message.
+        # usage (this conversation counted) and what ``Read`` asks of its tail
+        # (nothing when the version given is the stored one): first the row
+        # (part 0: exchanges, messages, bytes, head, split, version, sessions and
+        # bytes of the store), then (part 1) (exchange, messages, bytes) of the
+        # exchanges whose sizes only are read, then (part 2) (exchange, seq,
+        # bytes, body) of each message read. Parameters: the reservation, the
+        # key, the cached version, then how many trailing exchanges' sizes, and
+        # bodies, to read (twice).
         self.claim_live = q(
             "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
             "  since = %s"
             "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
-            "  RETURNING key, head, split, exchanges, messages, bytes)"
-            " SELECT -1, NULL, c.head, c.split, c.exchanges, c.messages, c.bytes,"
+            "  RETURNING key, head, split, exchanges, messages, bytes, NULL::text AS version,"
+            "  split AND NOT coalesce(NULL::text = %s, false) AS reads)"
+            " SELECT 0, c.exchanges, c.messages, c.bytes, c.head, c.split, c.version,"
             "  u.sessions, u.bytes FROM c,"
             "  (SELECT coalesce(sum(sessions), 0) AS sessions,"
             "   coalesce(sum(bytes), 0) AS bytes FROM {u}) AS u"
             " UNION ALL"
-            " SELECT m.seq, m.exchange, m.body, NULL, NULL, NULL, m.bytes, NULL, NULL"
+            " SELECT 1, m.exchange, count(*), sum(m.bytes), NULL, NULL, NULL, NULL, NULL"
             "  FROM c JOIN {m} AS m ON m.key = c.key"
-            "  WHERE c.split AND m.exchange >= c.exchanges - %s"
-            " ORDER BY 1"
+            "  WHERE c.reads AND m.exchange >= c.exchanges - %s"
+            "  AND m.exchange < c.exchanges - %s GROUP BY m.exchange"
+            " UNION ALL"
+            " SELECT 2, m.exchange, m.seq, m.bytes, m.body, NULL, NULL, NULL, NULL"
+            "  FROM c JOIN {m} AS m ON m.key = c.key"
+            "  WHERE c.reads AND m.exchange >= c.exchanges - %s"
+            " ORDER BY 1, 2, 3"
         )
         self.claim = q(
             "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since)"
@@ -346,7 +355,7 @@ class _Statements:
             " worker_id = EXCLUDED.worker_id, pid = EXCLUDED.pid, host = EXCLUDED.host,"
             " since = EXCLUDED.since"
             " WHERE h.token IS NULL"
-            " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes"
+            " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes, NULL::text"
         )
         self.holder = q("SELECT worker_id, pid, host, since FROM {t} WHERE key = %s")
         self.release_bare = q(
@@ -414,16 +423,16 @@ class _Statements:
 
         # Reading.
         self.read_row = q("SELECT token, head, split FROM {t} WHERE key = %s FOR SHARE")
-        self.all_messages = q("SELECT exchange, body FROM {m} WHERE key = %s ORDER BY seq")
-        self.range_messages = q(
-            "SELECT exchange, body FROM {m}"
-            " WHERE key = %s AND exchange >= %s AND exchange < %s ORDER BY seq"
+        self.all_messages = q(
+            "SELECT exchange, bytes, body FROM {m} WHERE key = %s ORDER BY exchange, seq"
         )
-        self.tail = q(
-            "SELECT exchange, bytes, body FROM {m} WHERE key = %s AND exchange >= %s ORDER BY seq"
+        self.range_rows = q(
+            "SELECT exchange, bytes, body FROM {m}"
+            " WHERE key = %s AND exchange >= %s AND exchange < %s ORDER BY exchange, seq"
         )
         self.range_sizes = q(
-            "SELECT count(*), sum(bytes) FROM {m} WHERE key = %s AND exchange >= %s"
+            "SELECT exchange, count(*), sum(bytes) FROM {m}"
+            " WHERE key = %s AND exchange >= %s AND exchange < %s"
             " GROUP BY exchange ORDER BY exchange"
         )
         self.delete_row = q("SELECT token FROM {t} WHERE key = %s FOR UPDATE")
@@ -439,21 +448,6 @@ class _Statements:
 # -- small helpers -----------------------------------------------------------------------
 
 
-def _loads(text: str, key: str) -> Record:
-    """A stored head or message: always a JSON object, else the row is damaged."""
-    try:
-        value = parse_json(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise DecisionHistoryRecordInvalid(
-            f"conversation {key} in the PostgreSQL store holds something other than a JSON "
-            f"object; it was not modified. Inspect it with `touba history show {key}` or "
-            "delete it"
-        )
-    return value
-
-
 async def _held(conn: _Conn, s: _Statements, key: str) -> Exception:
     """``DecisionHistoryBusy`` naming who holds ``key``, to find a crashed worker."""
     row = await _row(conn, s.holder, (key,))
@@ -467,58 +461,19 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.astimezone(UTC).isoformat()
 
 
-def _identity(head: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The identity of a touba head as (namespace, identity JSON), for ``list``."""
-    identity = head.get("identity")
-    if not isinstance(identity, dict):
-        return None, None
-    namespace = identity.get("namespace")
-    return (
-        namespace if isinstance(namespace, str) else None,
-        encode_json(identity, "identity"),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Claim:
-    """What ``transact`` reserved: the token, the state it saw, the store's usage."""
-
-    token: str
-    head: str | None
-    split: bool
-    exchanges: int
-    messages: int
-    bytes: int
-    rows: list[_Row]  # every (exchange, body) for transact; the tail's for transact_log
-    tail: int  # transact_log: the first exchange whose (exchange, bytes, body) rows are read
-    usage: StoreUsage
-
-    def record(self, key: str) -> Record | None:
-        return _decode(key, self.head, self.split, self.rows)
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    """A new state for one key, already encoded and measured."""
-
-    head: str
-    split: bool
-    namespace: str | None
-    identity: str | None
-    exchanges: int
-    messages: int
-    bytes: int
-    rows: list[tuple[int, int, int, str]]  # seq, exchange, bytes, body
-    rewrite: bool  # drop the stored messages first (transact), or only append
-    stored_bytes: int | None = None  # a log write: the bytes stored when reserved
-
-
-def _decode(key: str, head: str | None, split: bool, rows: Sequence[_Row]) -> Record | None:
-    """A stored record from its head and its ``(exchange, body)`` rows."""
+def _decode(key: str, head: str | None, split: bool, rows: Rows) -> Record | None:
+    """A stored record from its head and its ``(exchange, bytes, body)`` rows."""
     if head is None:
         return None
-    record = _loads(head, key)
-    return join_record(record, _group(rows, key)) if split else record
+    record = parse_object(head, key, "the stored record", _LABEL)
+    if not split:
+        return record
+    exchanges: list[list[Record]] = []
+    for exchange, _size, body in rows:
+        while len(exchanges) <= exchange:
+            exchanges.append([])
+        exchanges[exchange].append(parse_object(body, key, "a message", _LABEL))
+    return join_record(record, exchanges)
 
 
 def _columns(rows: Sequence[tuple[int, int, int, str]]) -> tuple[list[Any], ...]:
@@ -526,16 +481,226 @@ def _columns(rows: Sequence[tuple[int, int, int, str]]) -> tuple[list[Any], ...]
     return tuple(list(column) for column in zip(*rows, strict=True)) or ([], [], [], [])
 
 
-def _group(rows: Sequence[_Row], key: str) -> list[list[Record]]:
-    """``(exchange, body)`` rows ordered by seq, as lists of parsed messages."""
-    out: list[list[Record]] = []
-    current: int | None = None
-    for exchange, body in rows:
-        if exchange != current:
-            out.append([])
-            current = exchange
-        out[-1].append(_loads(body, key))
-    return out
+def _reach(read: Read) -> tuple[int, int]:
+    """How many trailing exchanges' sizes, and bodies, ``read`` asks for."""
+    if read.whole:
+        return ALL_EXCHANGES, ALL_EXCHANGES
+    return read.sizes, read.bodies
+
+
+# -- the primitives ----------------------------------------------------------------------
+
+
+class _Backend:
+    """The protocol's primitives (:class:`touba.history._reserving.Backend`): each one
+    transaction, of one statement on the common path."""
+
+    driver_errors: tuple[type[BaseException], ...] = FAILURES
+    label = _LABEL
+
+    def __init__(self, store: PostgresHistoryStore) -> None:
+        self._store = store
+        self._sql = store._sql
+
+    async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """Reserve ``key`` in its own committed transaction, or refuse at once."""
+        try:
+            return await self._reserve(key, reservation, read)
+        except ToubaError as e:
+            if isinstance(e, DecisionHistoryStoreUnavailable):  # the commit may have happened
+                await self._release_after(e, key, reservation.token)
+            raise  # refused: nothing was reserved
+        except BaseException as e:  # the commit may have happened: do not leave the key held
+            await self._release_after(e, key, reservation.token)
+            raise
+
+    async def _reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        store, s = self._store, self._sql
+        holder = (
+            reservation.token,
+            reservation.worker_id,
+            reservation.pid,
+            reservation.host,
+            datetime.fromtimestamp(reservation.since, UTC),
+        )
+        sizes, bodies = _reach(read)
+        # A live conversation keeps its place: reserving it updates its row only,
+        # and reads the usage and the tail (or every message) in the same statement.
+        async with store._transaction() as conn:
+            found = await _rows(
+                conn, s.claim_live, (*holder, key, read.cached, sizes, bodies, bodies)
+            )
+        if found:
+            _, exchanges, messages, size, head, split, version, sessions, used = found[0]
+            hit = read.cached is not None and read.cached == version
+            reserved = Reserved(
+                head,
+                split,
+                exchanges if split else 0,
+                messages,
+                size,
+                version,
+                store._usage_of(sessions, used),
+                None if hit else [(r[1], r[2], r[3]) for r in found if r[0] == 1],
+                None if hit else [(r[1], r[3], r[4]) for r in found if r[0] == 2],
+            )
+        else:
+            # A new key (or an expired or held one), in a transaction of its own:
+            # the UPDATE above may keep a lock on a row it rechecked without updating.
+            reserved = await store._in_room(
+                lambda exact: self._reserve_new(key, holder, read, exact)
+            )
+        if store._purge_wanted(reserved.usage):
+            # The operation is given the usage without expired rows; ours is reserved.
+            await store._purge()
+            async with store._transaction() as conn:
+                reserved = replace(reserved, usage=await store._usage(conn))
+        return reserved
+
+    async def _reserve_new(
+        self, key: str, holder: tuple[Any, ...], read: Read, exact: bool
+    ) -> Reserved:
+        """Reserve a key that had no live, unreserved row: a new key takes a place."""
+        store, s = self._store, self._sql
+        async with store._transaction() as conn:
+            if exact:
+                await _run(conn, s.lock_exclusive)
+            await _run(conn, s.purge_key, (key,))
+            row = await _row(conn, s.claim, (key, *holder))
+            if row is None:
+                raise await _held(conn, s, key)
+            head, split, exchanges, messages, size, version = row
+            new = head is None  # a new row: its place comes from its shard's seats
+            if new and not exact and not await _run(conn, s.take_seat, (key, store.max_sessions)):
+                raise _NoRoom
+            usage = await store._usage(conn)
+            if new and exact:  # our new row is counted: refuse one too many
+                check_sessions(usage.sessions - 1, store.max_sessions)
+                await store._share(conn, usage)
+            if head is None:
+                return Reserved(None, False, 0, 0, 0, None, usage)
+            count = exchanges if split else 0
+            if not split or (read.cached is not None and read.cached == version):
+                return Reserved(head, split, count, messages, size, version, usage, [], [])
+            sizes, bodies = _reach(read)
+            first = max(0, count - bodies)
+            found_sizes = await _rows(conn, s.range_sizes, (key, max(0, count - sizes), first))
+            found_rows = await _rows(conn, s.range_rows, (key, first, ALL_EXCHANGES))
+            return Reserved(
+                head, split, count, messages, size, version, usage, found_sizes, found_rows
+            )
+
+    async def save(self, key: str, token: str, write: Write) -> None:
+        """Check token and capacity, then write, in one transaction."""
+        await self._store._in_room(lambda exact: self._save(key, token, write, exact))
+
+    async def _save(self, key: str, token: str, write: Write, exact: bool) -> None:
+        store, s = self._store, self._sql
+        if not write.rewrite and not exact:
+            return await self._append(key, token, write)
+        async with store._transaction() as conn:
+            if exact:
+                await _run(conn, s.lock_exclusive)
+            current = await _row(conn, s.lock_row, (key,))
+            if current is None or current[0] != token:
+                raise _recovered(key)
+            if write.rewrite and current[4]:
+                await _run(conn, s.delete_messages, (key,))
+            saved = (
+                write.namespace,
+                write.identity,
+                write.head,
+                write.split,
+                write.exchanges,
+                write.messages,
+                write.bytes,
+                store.ttl_seconds,
+                key,
+            )
+            growth = write.bytes - int(current[5])
+            if exact or growth <= 0:
+                await _run(conn, s.save, saved)
+            elif not await _run(
+                conn, s.save_in_room, (growth, key, growth, store.max_store_bytes, *saved)
+            ):
+                raise _NoRoom
+            if exact:  # this transaction alone changes the counters now: their sum is exact
+                usage = await store._usage(conn)
+                check_capacity(
+                    is_new=current[1] is None,
+                    sessions=usage.sessions - 1,
+                    max_sessions=store.max_sessions,
+                    store_bytes_after=usage.bytes,
+                    max_store_bytes=store.max_store_bytes,
+                )
+                await store._share(conn, usage)
+            if write.rows:
+                await _run(conn, s.insert_messages, (key, *_columns(write.rows)))
+
+    async def _append(self, key: str, token: str, write: Write) -> None:
+        """A log write in one statement, within its shard's room (``_NoRoom`` if not)."""
+        store, growth = self._store, write.growth
+        async with store._transaction() as conn:
+            row = await _row(
+                conn,
+                self._sql.append,
+                (
+                    write.namespace,
+                    write.identity,
+                    write.head,
+                    write.exchanges,
+                    write.messages,
+                    write.bytes,
+                    store.ttl_seconds,
+                    key,
+                    token,
+                    growth,
+                    growth,
+                    key,
+                    growth,
+                    store.max_store_bytes,
+                    key,
+                    *_columns(write.rows),
+                ),
+            )
+            assert row is not None
+            saved, taken = row
+            if not saved:
+                raise _recovered(key)
+            if growth > 0 and not taken:
+                raise _NoRoom
+
+    async def delete(self, key: str, token: str) -> None:
+        async with self._store._transaction() as conn:
+            if not await _run(conn, self._sql.delete_reserved, (key, token)):
+                raise _recovered(key)
+
+    async def release(self, key: str, token: str) -> None:
+        """Give the key back untouched (a bare reservation row goes away)."""
+        async with self._store._transaction() as conn:
+            if not await _run(conn, self._sql.release_bare, (key, token)):
+                await _run(conn, self._sql.release, (key, token))
+
+    async def _release_after(self, error: BaseException, key: str, token: str) -> None:
+        try:
+            await self.release(key, token)
+        except Exception as e:
+            error.add_note(
+                f"touba: could not release the reservation of {key} ({e!r}); if it was taken, "
+                "the key answers DecisionHistoryBusy until recover(key, worker_stopped=True)"
+            )
+
+    async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
+        if start >= stop:
+            return []
+        async with self._store._transaction() as conn:
+            return await _rows(conn, self._sql.range_sizes, (key, start, stop))
+
+    async def read_rows(self, key: str, start: int, stop: int) -> Rows:
+        if start >= stop:
+            return []
+        async with self._store._transaction() as conn:
+            return await _rows(conn, self._sql.range_rows, (key, start, stop))
 
 
 # -- the store ---------------------------------------------------------------------------
@@ -552,7 +717,10 @@ class PostgresHistoryStore(PooledStore):
     ``host:pid``), so an operator can find a crashed one. Reserving a key that
     has no record claims its place among ``max_sessions`` at once; when every
     place is held (records and such reservations), it raises
-    ``DecisionHistoryLimitExceeded`` before the operation runs.
+    ``DecisionHistoryLimitExceeded`` before the operation runs. Each store
+    object keeps the parsed tails of the conversations it decided lately
+    (:mod:`touba.history._reserving`: bounded, checked against the stored
+    version at every reservation).
     """
 
     def __init__(
@@ -593,13 +761,9 @@ class PostgresHistoryStore(PooledStore):
         self.ttl_seconds = float(ttl_seconds)
         self.worker_id = worker_id
         self._purged_at = -math.inf  # time.monotonic() of this object's last full purge
-        # How many trailing exchanges the history layer read of a conversation
-        # lately: a reservation reads that many ahead, in its own transaction.
-        self._tail_hint = 0
-        # The neutral messages of the exchanges windows read lately, per key (the
-        # PARSED_KEYS most recent), each with the stored bodies it was parsed from.
-        self._parsed: OrderedDict[str, dict[int, tuple[list[str], list[Message]]]]
-        self._parsed = OrderedDict()
+        self._reservations = Reservations(
+            _Backend(self), worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        )
 
     def _using(self) -> AbstractAsyncContextManager[None]:
         """One public call: refused once closing, awaited by ``close()`` otherwise."""
@@ -608,135 +772,6 @@ class PostgresHistoryStore(PooledStore):
     def _transaction(self) -> AbstractAsyncContextManager[_Conn]:
         """One transaction on a pooled connection (inside :meth:`_using`)."""
         return self._pg.transaction()
-
-    # -- reservations -------------------------------------------------------------------
-
-    async def _claim(self, key: str, *, load_messages: bool) -> _Claim:
-        """Reserve ``key`` in its own committed transaction, or refuse at once."""
-        reservation = Reservation.new(self.worker_id or f"{socket.gethostname()}:{os.getpid()}")
-        try:
-            return await self._claim_as(key, reservation, load_messages)
-        except DecisionHistoryStoreUnavailable as e:  # the commit may have happened
-            await self._release_after(e, key, reservation.token)
-            raise
-        except ToubaError:  # refused: nothing was reserved
-            raise
-        except BaseException as e:  # the commit may have happened: do not leave the key held
-            await self._release_after(e, key, reservation.token)
-            raise
-
-    async def _claim_as(self, key: str, reservation: Reservation, load_messages: bool) -> _Claim:
-        s = self._sql
-        holder = (
-            reservation.token,
-            reservation.worker_id,
-            reservation.pid,
-            reservation.host,
-            datetime.fromtimestamp(reservation.since, UTC),
-        )
-        # A live conversation keeps its place: reserving it updates its row only,
-        # and reads the usage and the tail (or every message) in the same statement.
-        reach = ALL_EXCHANGES if load_messages else self._tail_hint
-        async with self._transaction() as conn:
-            found = await _rows(conn, s.claim_live, (*holder, key, reach))
-        if found:
-            _, _, head, split, exchanges, messages, size, sessions, used = found[0]
-            tail = max(0, exchanges - reach) if split else exchanges
-            rows: list[_Row] = [
-                (r[1], r[2]) if load_messages else (r[1], r[6], r[2])  # exchange, [bytes,] body
-                for r in found[1:]
-            ]
-            claim = _Claim(
-                reservation.token,
-                head,
-                split,
-                exchanges,
-                messages,
-                size,
-                rows,
-                tail,
-                self._usage_of(sessions, used),
-            )
-        else:
-            # A new key (or an expired or held one), in a transaction of its own:
-            # the UPDATE above may keep a lock on a row it rechecked without updating.
-            claim = await self._in_room(
-                lambda exact: self._claim_new(key, reservation, holder, load_messages, exact)
-            )
-        if self._purge_wanted(claim.usage):
-            # The operation is given the usage without expired rows; ours is reserved.
-            await self._purge()
-            async with self._transaction() as conn:
-                claim = replace(claim, usage=await self._usage(conn))
-        return claim
-
-    async def _claim_new(
-        self,
-        key: str,
-        reservation: Reservation,
-        holder: tuple[Any, ...],
-        load_messages: bool,
-        exact: bool,
-    ) -> _Claim:
-        """Reserve a key that had no live, unreserved row: a new key takes a place."""
-        s = self._sql
-        async with self._transaction() as conn:
-            if exact:
-                await _run(conn, s.lock_exclusive)
-            await _run(conn, s.purge_key, (key,))
-            row = await _row(conn, s.claim, (key, *holder))
-            if row is None:
-                raise await _held(conn, s, key)
-            new = row[0] is None  # a new row: its place comes from its shard's seats
-            if new and not exact and not await _run(conn, s.take_seat, (key, self.max_sessions)):
-                raise _NoRoom
-            usage = await self._usage(conn)
-            if new and exact:  # our new row is counted: refuse one too many
-                check_sessions(usage.sessions - 1, self.max_sessions)
-                await self._share(conn, usage)
-            return await self._claimed(conn, key, reservation, row, usage, load_messages)
-
-    async def _claimed(
-        self,
-        conn: _Conn,
-        key: str,
-        reservation: Reservation,
-        row: Sequence[Any],
-        usage: StoreUsage,
-        load_messages: bool,
-    ) -> _Claim:
-        """The claim of a reserved row, inside the reserving transaction."""
-        head, split, exchanges, messages, size = row
-        rows: list[_Row] = []
-        tail = exchanges
-        if head is not None and split:
-            if load_messages:
-                rows = await _rows(conn, self._sql.all_messages, (key,))
-            elif self._tail_hint and exchanges:
-                tail = max(0, exchanges - self._tail_hint)
-                rows = await _rows(conn, self._sql.tail, (key, tail))
-        return _Claim(reservation.token, head, split, exchanges, messages, size, rows, tail, usage)
-
-    def _parse(self, key: str, start: int, rows: Sequence[_Row]) -> list[list[Message]]:
-        """``(exchange, body)`` rows from ``start`` on as neutral messages, reusing
-        those parsed from the same bodies (see :meth:`_Snapshot.messages`)."""
-        cache = self._parsed.pop(key, {})
-        self._parsed[key] = cache  # the most recent
-        while len(self._parsed) > PARSED_KEYS:
-            self._parsed.popitem(last=False)
-        for index in [i for i in cache if i < start]:
-            del cache[index]  # left the window
-        bodies: dict[int, list[str]] = {}
-        for exchange, body in rows:
-            bodies.setdefault(exchange, []).append(body)
-        out: list[list[Message]] = []
-        for exchange, texts in bodies.items():
-            cached = cache.get(exchange)
-            if cached is None or cached[0] != texts:
-                parsed = [message_from_dict(freeze(_loads(text, key))) for text in texts]
-                cached = cache[exchange] = (texts, parsed)
-            out.append(list(cached[1]))
-        return out
 
     # -- capacity -----------------------------------------------------------------------
 
@@ -803,147 +838,17 @@ class PostgresHistoryStore(PooledStore):
         await _run(conn, self._sql.lock_shared)
         return await _run(conn, self._sql.purge_all)
 
-    async def _release(self, key: str, token: str) -> None:
-        """Give the key back untouched (a bare reservation row goes away)."""
-        async with self._transaction() as conn:
-            if not await _run(conn, self._sql.release_bare, (key, token)):
-                await _run(conn, self._sql.release, (key, token))
-
-    async def _release_after(self, error: BaseException, key: str, token: str) -> None:
-        try:
-            await self._release(key, token)
-        except Exception as e:
-            error.add_note(
-                f"touba: could not release the reservation of {key} ({e!r}); if it was taken, "
-                "the key answers DecisionHistoryBusy until recover(key, worker_stopped=True)"
-            )
-
-    # -- saving -------------------------------------------------------------------------
-
-    async def _save(self, key: str, token: str, write: _Write) -> None:
-        """Check token and capacity, then write, in one transaction."""
-        await self._in_room(lambda exact: self._save_once(key, token, write, exact))
-
-    async def _save_once(self, key: str, token: str, write: _Write, exact: bool) -> None:
-        if write.stored_bytes is not None and not exact:
-            return await self._append(key, token, write, write.bytes - write.stored_bytes)
-        s = self._sql
-        async with self._transaction() as conn:
-            if exact:
-                await _run(conn, s.lock_exclusive)
-            current = await _row(conn, s.lock_row, (key,))
-            if current is None or current[0] != token:
-                raise _recovered(key)
-            if write.rewrite and current[4]:
-                await _run(conn, s.delete_messages, (key,))
-            saved = (
-                write.namespace,
-                write.identity,
-                write.head,
-                write.split,
-                write.exchanges,
-                write.messages,
-                write.bytes,
-                self.ttl_seconds,
-                key,
-            )
-            growth = write.bytes - int(current[5])
-            if exact or growth <= 0:
-                await _run(conn, s.save, saved)
-            elif not await _run(
-                conn, s.save_in_room, (growth, key, growth, self.max_store_bytes, *saved)
-            ):
-                raise _NoRoom
-            if exact:  # this transaction alone changes the counters now: their sum is exact
-                usage = await self._usage(conn)
-                check_capacity(
-                    is_new=current[1] is None,
-                    sessions=usage.sessions - 1,
-                    max_sessions=self.max_sessions,
-                    store_bytes_after=usage.bytes,
-                    max_store_bytes=self.max_store_bytes,
-                )
-                await self._share(conn, usage)
-            if write.rows:
-                await _run(conn, s.insert_messages, (key, *_columns(write.rows)))
-
-    async def _append(self, key: str, token: str, write: _Write, growth: int) -> None:
-        """A log write in one statement, within its shard's room (``_NoRoom`` if not)."""
-        async with self._transaction() as conn:
-            row = await _row(
-                conn,
-                self._sql.append,
-                (
-                    write.namespace,
-                    write.identity,
-                    write.head,
-                    write.exchanges,
-                    write.messages,
-                    write.bytes,
-                    self.ttl_seconds,
-                    key,
-                    token,
-                    growth,
-                    growth,
-                    key,
-                    growth,
-                    self.max_store_bytes,
-                    key,
-                    *_columns(write.rows),
-                ),
-            )
-            assert row is not None
-            saved, taken = row
-            if not saved:
-                raise _recovered(key)
-            if growth > 0 and not taken:
-                raise _NoRoom
-
-    async def _delete_reserved(self, key: str, token: str) -> None:
-        async with self._transaction() as conn:
-            if not await _run(conn, self._sql.delete_reserved, (key, token)):
-                raise _recovered(key)
-
     # -- the contract -------------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
         check_key(key)
         async with self._using():
-            return await self._transact(key, operation)
+            return await self._reservations.transact(key, operation)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
         check_key(key)
         async with self._using():
-            return await self._transact_log(key, operation)
-
-    async def _transact(self, key: str, operation: Operation[T]) -> T:
-        claim = await self._claim(key, load_messages=True)
-        try:
-            record, result = await operation(claim.record(key))
-            if record is None:
-                await self._delete_reserved(key, claim.token)
-            else:
-                await self._save(key, claim.token, _whole(record))
-        except BaseException as e:
-            await self._release_after(e, key, claim.token)
-            raise
-        return result
-
-    async def _transact_log(self, key: str, operation: LogOperation[T]) -> T:
-        claim = await self._claim(key, load_messages=False)
-        try:
-            snapshot = None
-            if claim.head is not None:
-                snapshot = _Snapshot(self, key, _loads(claim.head, key), claim)
-            write, result = await operation(snapshot, claim.usage)
-            if write is None:
-                await self._release(key, claim.token)
-            else:
-                await self._save(key, claim.token, _appended(claim, write))
-        except BaseException as e:
-            await self._release_after(e, key, claim.token)
-            raise
-        return result
+            return await self._reservations.transact_log(key, operation)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy, or None if absent or expired; the TTL is not renewed."""
@@ -1039,81 +944,6 @@ class PostgresHistoryStore(PooledStore):
         return out
 
 
-class _Snapshot:
-    """The reserved conversation: its tail as read with the reservation, older
-    exchanges range by range while the operation runs."""
-
-    def __init__(self, store: PostgresHistoryStore, key: str, head: Record, claim: _Claim):
-        self._store = store
-        self._key = key
-        self._head = head
-        self._count = claim.exchanges if claim.split else 0
-        self._tail = claim.tail
-        self._rows = claim.rows  # (exchange, bytes, body) of exchanges tail ..
-
-    @property
-    def head(self) -> Record:
-        return self._head
-
-    @property
-    def exchange_count(self) -> int:
-        return self._count
-
-    def _wants(self, start: int) -> bool:
-        """True when ``start`` lies in the tail read ahead; remember how far back the
-        history layer reads, plus one exchange: a conversation shorter than its
-        window is read from its start, one exchange further back each decision."""
-        store = self._store
-        store._tail_hint = min(MAX_TAIL, max(store._tail_hint, self._count - start + 1))
-        return start >= self._tail
-
-    async def sizes(self, start: int) -> list[ExchangeSize]:
-        if start >= self._count:
-            return []
-        if self._wants(start):
-            sizes: list[ExchangeSize] = []
-            current: int | None = None
-            messages = size = 0
-            for exchange, nbytes, _body in self._rows:
-                if exchange < start:
-                    continue
-                if exchange != current:
-                    if current is not None:
-                        sizes.append(ExchangeSize(messages, size))
-                    current, messages, size = exchange, 0, 0
-                messages += 1
-                size += nbytes
-            if current is not None:
-                sizes.append(ExchangeSize(messages, size))
-            return sizes
-        async with self._store._transaction() as conn:
-            rows = await _rows(conn, self._store._sql.range_sizes, (self._key, start))
-        return [ExchangeSize(messages, int(size)) for messages, size in rows]
-
-    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
-        if start >= min(stop, self._count):
-            return []
-        if self._wants(start):
-            wanted = [(e, body) for e, _bytes, body in self._rows if start <= e < stop]
-            return _group(wanted, self._key)
-        async with self._store._transaction() as conn:
-            rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
-        return _group(rows, self._key)
-
-    async def messages(self, start: int, stop: int) -> list[list[Message]]:
-        """The neutral messages of exchanges ``start`` .. ``stop - 1``, frozen and
-        shared: an exchange whose stored bodies are the text it was parsed from last
-        time (compared on every read, so never stale) is not parsed again."""
-        if start >= min(stop, self._count):
-            return []
-        if self._wants(start):
-            rows = [(e, body) for e, _bytes, body in self._rows if start <= e < stop]
-        else:
-            async with self._store._transaction() as conn:
-                rows = await _rows(conn, self._store._sql.range_messages, (self._key, start, stop))
-        return self._store._parse(self._key, start, rows)
-
-
 def _parsed_identity(text: str | None) -> dict[str, str] | None:
     """The identity column; a damaged one still lists its row, so it can be deleted."""
     try:
@@ -1137,48 +967,3 @@ class _NoRoom(Exception):
 
 def _recovered(key: str) -> Exception:
     return busy(key, " (its reservation was recovered while this one ran; nothing saved)")
-
-
-def _whole(record: Record) -> _Write:
-    """A record returned to ``transact``, replacing whatever was stored."""
-    encoded = encode_record(record)
-    namespace, identity = _identity(record) if encoded.split else (None, None)
-    rows: list[tuple[int, int, int, str]] = []
-    for exchange, messages in enumerate(encoded.exchanges):
-        rows.extend((len(rows), exchange, len(body.encode("utf-8")), body) for body in messages)
-    return _Write(
-        head=encoded.head,
-        split=encoded.split,
-        namespace=namespace,
-        identity=identity,
-        exchanges=len(encoded.exchanges),
-        messages=encoded.messages,
-        bytes=encoded.bytes,
-        rows=rows,
-        rewrite=True,
-    )
-
-
-def _appended(claim: _Claim, write: LogWrite) -> _Write:
-    """A log write: a new head and messages after the stored ones (checked first)."""
-    head = encode_checked_json(write.head, "head")
-    count = claim.exchanges if claim.split else 0
-    check_appends(count, write.append)
-    rows: list[tuple[int, int, int, str]] = []
-    for index, message in write.append:
-        body = encode_checked_json(message, "message")
-        rows.append((claim.messages + len(rows), index, len(body.encode("utf-8")), body))
-    namespace, identity = _identity(write.head)
-    old_head = len(claim.head.encode("utf-8")) if claim.head is not None else 0
-    return _Write(
-        head=head,
-        split=True,
-        namespace=namespace,
-        identity=identity,
-        exchanges=max([count, *(index + 1 for index, _ in write.append)]),
-        messages=claim.messages + len(rows),
-        bytes=claim.bytes - old_head + len(head.encode("utf-8")) + sum(r[2] for r in rows),
-        rows=rows,
-        rewrite=False,
-        stored_bytes=claim.bytes,
-    )
