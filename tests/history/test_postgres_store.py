@@ -68,7 +68,7 @@ def table(dsn: str) -> Iterator[str]:
     yield name
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(_tables(name))))
-        for function in ("usage_count", "usage_count_row"):
+        for function in ("usage_count", "usage_count_row", "messages_changed"):
             name_ = sql.Identifier(f"{name}_{function}")
             conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}").format(name_))
 
@@ -197,7 +197,7 @@ async def test_tables_are_created_once_even_by_concurrent_opens(
     stores = [make_store() for _ in range(3)]
     await asyncio.gather(*(s.open() for s in stores))
     rows = await query(dsn, "SELECT name, value FROM {meta}", table)
-    assert rows == [("schema_version", "3")]
+    assert rows == [("schema_version", "4")]
 
 
 async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
@@ -219,6 +219,15 @@ async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
     return int(counted[0]), int(counted[1])
 
 
+# The version-3 layout: no version column, no triggers on the messages table.
+VERSION_3 = [
+    "DROP TRIGGER {msg_ins} ON {m}",
+    "DROP TRIGGER {msg_upd} ON {m}",
+    "DROP TRIGGER {msg_del} ON {m}",
+    "DROP FUNCTION {changed}()",
+    "ALTER TABLE {t} DROP COLUMN version",
+    "UPDATE {meta} SET value = '3'",
+]
 # The version-2 layout (one usage row kept by triggers), as touba 2 created it.
 VERSION_2_USAGE = [
     "DROP TRIGGER {ins} ON {t}",
@@ -257,7 +266,7 @@ VERSION_2_USAGE = [
 
 
 async def _back_to_version(dsn: str, table: str, version: int) -> None:
-    """Turn the test's tables back into the layout of schema ``version`` (1 or 2)."""
+    """Turn the test's tables back into the layout of schema ``version`` (1, 2 or 3)."""
     m, t, meta, u = _tables(table)
     names = {
         "t": t,
@@ -267,9 +276,11 @@ async def _back_to_version(dsn: str, table: str, version: int) -> None:
         "count": sql.Identifier(f"{table}_usage_count"),
         "count_row": sql.Identifier(f"{table}_usage_count_row"),
         **{k: sql.Identifier(f"{table}_usage_{k[:3]}") for k in ("ins", "upd", "delete")},
+        **{f"msg_{k}": sql.Identifier(f"{table}_msg_{k}") for k in ("ins", "upd", "del")},
+        "changed": sql.Identifier(f"{table}_messages_changed"),
     }
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        for statement in VERSION_2_USAGE:
+        for statement in VERSION_3 + (VERSION_2_USAGE if version < 3 else []):
             await conn.execute(sql.SQL(statement).format(**names))
         if version == 1:  # no usage row, no triggers
             await conn.execute(sql.SQL("DROP TABLE {}").format(u))
@@ -277,7 +288,7 @@ async def _back_to_version(dsn: str, table: str, version: int) -> None:
             await conn.execute(sql.SQL("UPDATE {} SET value = '1'").format(meta))
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
     make_store: Make, dsn: str, table: str, version: int
 ) -> None:
@@ -292,7 +303,7 @@ async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
         assert await query(dsn, "SELECT sessions FROM {u}", table) == [(2,)]
     async with make_store(max_sessions=3) as store:
         assert await store.read("plain") == {"v": 1}
-        assert await query(dsn, "SELECT value FROM {meta}", table) == [("3",)]
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("4",)]
         sessions, size = await _usage_matches_rows(dsn, table)
         assert (sessions, size) == (2, (await store.usage()).bytes)
         await store.transact_log("log", appender((None, {"m": 3})))
@@ -504,7 +515,10 @@ async def test_a_window_is_parsed_once_shared_read_only_and_never_stale(
     await history.step(who, [], decide)
     texts = [m.text for ex in windows[-1].exchanges for m in ex if isinstance(m, DecisionMessage)]
     assert texts == ["rewritten by another worker", "d2", "d3", "d4"]
-    assert windows[-1].exchanges[1][0] is windows[-2].exchanges[1][0]  # unchanged: reused
+    # Another worker's save changed the version: the whole tail was read and parsed
+    # again (a cached tail is reused only at the version it was read at).
+    assert windows[-1].exchanges[1][0] == windows[-2].exchanges[1][0]
+    assert windows[-1].exchanges[1][0] is not windows[-2].exchanges[1][0]
 
 
 async def test_newer_schema_version_is_refused_untouched(
@@ -512,8 +526,8 @@ async def test_newer_schema_version_is_refused_untouched(
 ) -> None:
     async with make_store() as store:
         await store.transact("k", put({"v": 1}))
-    await query(dsn, "UPDATE {meta} SET value = '4'", table)
-    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '4'"):
+    await query(dsn, "UPDATE {meta} SET value = '5'", table)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '5'"):
         await make_store().read("k")
     assert await query(dsn, "SELECT key, head FROM {t}", table) == [("k", '{"v":1}')]
 

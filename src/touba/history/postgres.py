@@ -136,7 +136,7 @@ __all__ = ["PostgresHistoryStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(key) & 63)
 PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired row, per store object
 PURGE_NEAR_FULL: Final = 0.8  # ... or at each access while the store is this full
@@ -172,7 +172,13 @@ class _Statements:
         names["count_row"] = sql.Identifier(*schema, f"{name}_usage_count_row")
         for event in ("ins", "upd", "del"):
             names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
+            names[f"tr_m_{event}"] = sql.Identifier(f"{name}_msg_{event}")
+        names["changed"] = sql.Identifier(*schema, f"{name}_messages_changed")
         names["mask"] = sql.Literal(SHARDS - 1)
+        names["not_saving"] = sql.SQL("coalesce(current_setting('touba.saving', true), '') = ''")
+        # Marks a transaction as touba's own save (for its length): folded into
+        # its first statement as ``, {saving}``.
+        names["saving"] = sql.SQL("(SELECT set_config('touba.saving', 'on', true)) AS v")
         names["lock"] = sql.Literal(lock_key(f"touba.history.postgres:usage:{'.'.join(parts)}"))
         # Taken before any row lock by every statement that can change the
         # counters (see the module docstring); folded into such a statement as
@@ -197,7 +203,8 @@ class _Statements:
                 " worker_id text,"
                 " pid integer,"
                 " host text,"
-                " since timestamptz)"
+                " since timestamptz,"
+                " version text)"
             ),
             q("CREATE INDEX {t_exp} ON {t} (expires_at)"),
             q(
@@ -285,9 +292,45 @@ class _Statements:
                 " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
             ),
         ]
-        self.create += self.shard_usage
+        # Version 4: any change to a conversation's messages clears its
+        # ``version``, except in touba's own saving transactions (which set
+        # ``touba.saving`` for their length, then store their token as the
+        # version): rows edited, added or deleted by anyone else make the next
+        # reservation read the tail again.
+        self.versions = [
+            q(
+                "CREATE FUNCTION {changed}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+                " BEGIN"
+                "  IF TG_OP = 'INSERT' THEN"
+                "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
+                "    AND key IN (SELECT key FROM new_rows);"
+                "  ELSIF TG_OP = 'DELETE' THEN"
+                "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
+                "    AND key IN (SELECT key FROM old_rows);"
+                "  ELSE"
+                "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
+                "    AND key IN (SELECT key FROM old_rows UNION SELECT key FROM new_rows);"
+                "  END IF;"
+                "  RETURN NULL;"
+                " END $touba$"
+            ),
+            q(
+                "CREATE TRIGGER {tr_m_ins} AFTER INSERT ON {m} REFERENCING NEW TABLE AS new_rows"
+                " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()"
+            ),
+            q(
+                "CREATE TRIGGER {tr_m_upd} AFTER UPDATE ON {m}"
+                " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+                " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()"
+            ),
+            q(
+                "CREATE TRIGGER {tr_m_del} AFTER DELETE ON {m} REFERENCING OLD TABLE AS old_rows"
+                " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()"
+            ),
+        ]
+        self.create += self.shard_usage + self.versions
         # Version 1 had no counters, version 2 a single row: both gain the shards.
-        self.upgrade = [
+        self.upgrade_to_3 = [
             q("DROP TRIGGER IF EXISTS {tr_ins} ON {t}"),
             q("DROP TRIGGER IF EXISTS {tr_upd} ON {t}"),
             q("DROP TRIGGER IF EXISTS {tr_del} ON {t}"),
@@ -296,6 +339,7 @@ class _Statements:
             q("DROP TABLE IF EXISTS {u}"),
             *self.shard_usage,
         ]
+        self.upgrade_to_4 = [q("ALTER TABLE {t} ADD COLUMN version text"), *self.versions]
 
         # Capacity.
         self.lock_shared = q("SELECT pg_advisory_xact_lock_shared({lock})")
@@ -331,8 +375,8 @@ class _Statements:
             "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
             "  since = %s"
             "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
-            "  RETURNING key, head, split, exchanges, messages, bytes, NULL::text AS version,"
-            "  split AND NOT coalesce(NULL::text = %s, false) AS reads)"
+            "  RETURNING key, head, split, exchanges, messages, bytes, version,"
+            "  split AND NOT coalesce(version = %s, false) AS reads)"
             " SELECT 0, c.exchanges, c.messages, c.bytes, c.head, c.split, c.version,"
             "  u.sessions, u.bytes FROM c,"
             "  (SELECT coalesce(sum(sessions), 0) AS sessions,"
@@ -355,7 +399,7 @@ class _Statements:
             " worker_id = EXCLUDED.worker_id, pid = EXCLUDED.pid, host = EXCLUDED.host,"
             " since = EXCLUDED.since"
             " WHERE h.token IS NULL"
-            " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes, NULL::text"
+            " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes, h.version"
         )
         self.holder = q("SELECT worker_id, pid, host, since FROM {t} WHERE key = %s")
         self.release_bare = q(
@@ -378,14 +422,15 @@ class _Statements:
         )
         self.lock_row = q(
             "SELECT h.token, h.head, h.split, h.exchanges, h.messages, h.bytes"
-            " FROM {t} AS h, {shared} WHERE h.key = %s FOR UPDATE OF h"
+            " FROM {t} AS h, {shared}, {saving} WHERE h.key = %s FOR UPDATE OF h"
         )
         self.delete_messages = q("DELETE FROM {m} WHERE key = %s")
         self.save = q(
             "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
             " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
             " expires_at = now() + make_interval(secs => %s),"
-            " token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL"
+            " version = token, token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
+            " since = NULL"
             " WHERE key = %s"
         )
         # A save that grows, taking its growth from its shard's room (no row: no room).
@@ -403,7 +448,8 @@ class _Statements:
             "WITH saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
             "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
             "  expires_at = now() + make_interval(secs => %s), token = NULL,"
-            "  worker_id = NULL, pid = NULL, host = NULL, since = NULL FROM {shared}"
+            "  worker_id = NULL, pid = NULL, host = NULL, since = NULL, version = h.token"
+            "  FROM {shared}, {saving}"
             "  WHERE h.key = %s AND h.token = %s RETURNING h.key),"
             " taken AS (UPDATE {u} SET room = room - %s"
             "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
@@ -751,7 +797,7 @@ class PostgresHistoryStore(PooledStore):
                 version=SCHEMA_VERSION,
                 what="history",
                 mismatch=DecisionHistoryRecordInvalid,
-                migrations={1: [], 2: self._sql.upgrade},
+                migrations={1: [], 2: self._sql.upgrade_to_3, 3: self._sql.upgrade_to_4},
             ),
             unavailable=_unavailable,
         )
