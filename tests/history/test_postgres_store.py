@@ -521,6 +521,201 @@ async def test_a_window_is_parsed_once_shared_read_only_and_never_stale(
     assert windows[-1].exchanges[1][0] is not windows[-2].exchanges[1][0]
 
 
+# -- the tail cache (the version column and its triggers) --------------------------------
+
+
+def _history(store: PostgresHistoryStore) -> Any:
+    from touba.history import DecisionHistory, HistoryConfig
+
+    return DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+
+
+def _texts(window: Any) -> list[str | None]:
+    from touba.history import DecisionMessage
+
+    return [m.text for ex in window.exchanges for m in ex if isinstance(m, DecisionMessage)]
+
+
+class _Decider:
+    """Decides with text ``prefix<n>``; keeps the windows it was shown."""
+
+    def __init__(self) -> None:
+        self.windows: list[Any] = []
+
+    async def step(self, history: Any, text: str) -> None:
+        from touba.history import DecisionMessage, HistoryWindow
+
+        async def decide(window: HistoryWindow) -> DecisionMessage:
+            self.windows.append(window)
+            return DecisionMessage(text=text, final=True)
+
+        await history.step(identity("n"), [], decide)
+
+
+@pytest.fixture
+def fetched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many rows each multi-row statement of the store returned, in order."""
+    import touba.history.postgres as module
+
+    counts: list[int] = []
+    original = module._rows
+
+    async def counted(*args: Any) -> Any:
+        found = await original(*args)
+        counts.append(len(found))
+        return found
+
+    monkeypatch.setattr(module, "_rows", counted)
+    return counts
+
+
+async def test_a_cache_hit_reads_no_message_rows(make_store: Make, fetched: list[int]) -> None:
+    store = make_store()
+    history, decider = _history(store), _Decider()
+    for step in range(4):
+        await decider.step(history, f"d{step}")
+    fetched.clear()
+    await decider.step(history, "d4")
+    assert fetched == [1]  # the reservation's own row: no message, no size
+    assert _texts(decider.windows[-1]) == ["d0", "d1", "d2", "d3"]
+    assert len(store._reservations.cache) == 1
+
+
+async def test_another_store_objects_save_invalidates_the_cache(
+    make_store: Make, fetched: list[int]
+) -> None:
+    a, b = make_store(), make_store()
+    history_a, history_b, decider = _history(a), _history(b), _Decider()
+    for step in range(3):
+        await decider.step(history_a, f"a{step}")
+    await decider.step(history_b, "b0")
+    fetched.clear()
+    await decider.step(history_a, "a3")
+    assert fetched[0] > 1  # the version changed: the tail was read again
+    assert _texts(decider.windows[-1]) == ["a0", "a1", "a2", "b0"]
+    fetched.clear()
+    await decider.step(history_a, "a4")
+    assert fetched == [1]  # and is cached again at a's own save
+
+
+async def test_an_external_update_of_a_cached_row_is_seen_by_the_next_decision(
+    make_store: Make, dsn: str, table: str, fetched: list[int]
+) -> None:
+    store = make_store()
+    history, decider = _history(store), _Decider()
+    for step in range(4):
+        await decider.step(history, f"d{step}")
+    [(seq, body)] = await query(
+        dsn, "SELECT seq, body FROM {m} WHERE body LIKE %s", table, '%"text":"d3"%'
+    )
+    await query(
+        dsn, "UPDATE {m} SET body = %s WHERE seq = %s", table, body.replace("d3", "X3"), seq
+    )
+    assert await query(dsn, "SELECT version FROM {t}", table) == [(None,)]
+    fetched.clear()
+    await decider.step(history, "d4")
+    assert fetched[0] > 1
+    assert _texts(decider.windows[-1]) == ["d0", "d1", "d2", "X3"]
+    # An external insert clears the version too: the next decision sees the
+    # second decision in exchange 3 and is refused.
+    assert (await query(dsn, "SELECT version FROM {t}", table))[0][0] is not None
+    copy_row = "INSERT INTO {m} SELECT key, 999, exchange, bytes, body FROM {m} WHERE seq = %s"
+    await query(dsn, copy_row, table, seq)
+    assert await query(dsn, "SELECT version FROM {t}", table) == [(None,)]
+    with pytest.raises(DecisionHistoryRecordInvalid, match="in exchange 3"):
+        await decider.step(history, "refused")
+    await query(dsn, "DELETE FROM {m} WHERE seq = 999", table)
+    await decider.step(history, "d5")
+    assert _texts(decider.windows[-1]) == ["d0", "d1", "d2", "X3", "d4"]
+    # And so does an external delete.
+    assert (await query(dsn, "SELECT version FROM {t}", table))[0][0] is not None
+    await query(dsn, "DELETE FROM {m} WHERE body LIKE %s", table, '%"text":"d0"%')
+    assert await query(dsn, "SELECT version FROM {t}", table) == [(None,)]
+
+
+@pytest.mark.parametrize("recreate", ["same store", "other store"])
+async def test_delete_and_recreate_never_serves_stale_messages(
+    make_store: Make, recreate: str
+) -> None:
+    a = make_store()
+    b = a if recreate == "same store" else make_store()
+    history_a, decider = _history(a), _Decider()
+    for step in range(3):
+        await decider.step(history_a, f"old{step}")
+    assert await b.delete(identity("n").key)
+    await decider.step(_history(b), "new0")
+    await decider.step(history_a, "new1")
+    assert _texts(decider.windows[-1]) == ["new0"]
+    await decider.step(history_a, "new2")
+    assert _texts(decider.windows[-1]) == ["new0", "new1"]
+    record = await a.read(identity("n").key)
+    assert record is not None
+    stored = [m.get("text") for ex in record["exchanges"] for m in ex]
+    assert stored == ["new0", "new1", "new2"]
+
+
+@pytest.mark.parametrize("recreate", ["same store", "other store"])
+async def test_a_log_write_to_a_deleted_key_never_joins_its_old_tail(
+    make_store: Make, recreate: str
+) -> None:
+    a = make_store()
+    b = a if recreate == "same store" else make_store()
+    seen: list[list[list[Any]]] = []
+
+    async def read_all(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+        assert snapshot is not None
+        seen.append(await snapshot.exchanges(0, snapshot.exchange_count))
+        return None, None
+
+    await a.transact_log("k", appender((None, {"old": 0})))  # as many exchanges as anew
+    await a.transact_log("k", read_all)  # the tail is cached, the history read hinted
+    await a.transact_log("k", read_all)  # the tail is cached as far as that hint
+    assert await b.delete("k")
+    await b.transact_log("k", appender((None, {"new": 0})))
+    await a.transact_log("k", read_all)
+    assert seen[-1] == [[{"new": 0}]]
+    await a.transact_log("k", appender((None, {"new": 1})))
+    await a.transact_log("k", read_all)
+    assert seen[-1] == [[{"new": 0}], [{"new": 1}]]
+    record = await make_store().read("k")
+    assert record is not None
+    assert record["exchanges"] == seen[-1]
+
+
+async def test_migration_from_3_keeps_every_conversation_readable_and_equal(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    async with make_store() as store:
+        history, decider = _history(store), _Decider()
+        for step in range(5):
+            await decider.step(history, f"d{step}")
+        await store.transact("plain", put({"v": 1, "nested": {"é": [1, 2]}}))
+        await store.transact("record", put(touba_record(exchanges=3)))
+        await store.transact_log("log", appender((None, {"m": 1}), (0, {"m": 2})))
+        keys = [identity("n").key, "plain", "record", "log"]
+        before = {key: await store.read(key) for key in keys}
+    await _back_to_version(dsn, table, 3)
+    columns = await query(
+        dsn,
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s",
+        table,
+        table,
+    )
+    assert ("version",) not in columns
+    async with make_store() as store:
+        assert {key: await store.read(key) for key in keys} == before
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("4",)]
+        assert await query(dsn, "SELECT count(*) FROM {t} WHERE version IS NULL", table) == [(4,)]
+        decider = _Decider()
+        await decider.step(_history(store), "d5")
+        assert _texts(decider.windows[-1]) == ["d0", "d1", "d2", "d3", "d4"]
+        await store.transact_log("log", appender((None, {"m": 3})))
+        log = await store.read("log")
+        assert log is not None
+        assert log["exchanges"] == [[{"m": 1}, {"m": 2}], [{"m": 3}]]
+        assert await _usage_matches_rows(dsn, table) == (4, (await store.usage()).bytes)
+
+
 async def test_newer_schema_version_is_refused_untouched(
     make_store: Make, dsn: str, table: str
 ) -> None:

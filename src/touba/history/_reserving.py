@@ -581,6 +581,8 @@ class Reservations:
                     tail = None
                 head = parse_object(reserved.head, key, "the stored record", self.backend.label)
                 snapshot = _Snapshot(self, key, head, len(reserved.head.encode("utf-8")), tail)
+            else:  # no record (deleted since, even by this object): nothing held is its tail
+                tail = None
             write, result = await operation(snapshot, reserved.usage)
             encoded = None
             if write is None:
