@@ -556,9 +556,9 @@ class _Decider:
 def fetched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many rows each multi-row statement of the store returned, in order."""
     import touba.history.postgres as module
+    from touba.history._pg import rows as original  # what the store imports as _rows
 
     counts: list[int] = []
-    original = module._rows
 
     async def counted(*args: Any) -> Any:
         found = await original(*args)
