@@ -5,35 +5,41 @@ Layout, every name derived from ``table`` and quoted with
 
 - ``<table>``: one row per key. ``head`` is the record without its exchanges,
   as JSON text (the whole record when it does not have touba's shape), with
-  its sizes, expiry and the reservation (``token``, ``worker_id``, ``pid``,
-  ``host``, ``since``). A row whose ``head`` is NULL is a bare reservation of
+  its sizes, expiry, ``version`` (the token of the reservation whose save
+  wrote it) and the reservation (``token``, ``worker_id``, ``pid``, ``host``,
+  ``since``). A row whose ``head`` is NULL is a bare reservation of
   a key that has no record yet; it holds that conversation's place among
   ``max_sessions`` until it is saved or released.
 - ``<table>_messages``: the messages of touba records, one row each (``seq``
   within the conversation, ``exchange``, ``bytes``, JSON ``body``).
   ``transact_log`` only appends rows; snapshots read only the range asked.
+  Triggers on it clear the conversation's ``version`` on any insert, update
+  or delete made outside touba's own saving transactions (which mark
+  themselves with the transaction-local setting ``touba.saving``), so rows
+  edited behind the store's back are read again at the next reservation.
 - ``<table>_usage``: 64 counter rows (shards); a conversation is counted in
   the shard its key hashes to (``hashtext(key) & 63``). Each holds the places
   and bytes of its conversations, kept exact by triggers on ``<table>`` in
   the transaction of every statement that changes them, so
   ``usage()`` is their sum; and the room the shard may still grow by on its
   own (``seats``, ``room``) with the limits it was shared out under.
-- ``<table>_meta``: the schema version (3; a version-1 or version-2 table gains
-  the shards and their triggers in place when first opened). A table of another
+- ``<table>_meta``: the schema version (4; a table of version 1 or 2 gains the
+  shards and their triggers, and one of version 1, 2 or 3 the version column
+  and the messages' triggers, in place when first opened). A table of another
   version, or a table of that name that is not touba's, is refused untouched.
 
-No transaction stays open while ``operation`` runs. A decision takes two
-transactions of one statement each: ``transact_log`` commits a reservation
-(refusing at once with ``DecisionHistoryBusy`` when the key is reserved)
-that also reads the usage and the conversation's tail as far back as the
-history layer read lately (older exchanges, when asked, are read
-separately); then one statement saves the head if its token still matches,
-takes the growth from its shard's room, appends the messages and releases.
-Reserving a stored, live conversation updates its row only. The neutral
-messages of the exchanges a window reads are parsed once per store object
-(the 32 most recent conversations) and shared frozen with later decisions,
-each exchange reused only while the bodies the database returns are the
-text it was parsed from: never stale, even when another worker rewrote it.
+No transaction stays open while ``operation`` runs. The reservation
+protocol and the tail cache are :mod:`touba.history._reserving`'s; this
+module gives its primitives. A decision takes two transactions of one
+statement each: the reservation (refusing at once with
+``DecisionHistoryBusy`` when the key is reserved), which also reads the
+usage and, unless this store object holds the conversation's tail at the
+stored version, the tail as far back as the history layer read lately
+(older exchanges, when asked, are read separately); then one statement
+saves the head if its token still matches, stores the token as the
+version, takes the growth from its shard's room, appends the messages and
+releases. Reserving a stored, live conversation updates its row only; a
+cache hit returns that row and no message.
 A crash leaves the reservation in place: the key answers
 ``DecisionHistoryBusy`` until ``recover(key, worker_stopped=True)``. Expiry
 uses the server's clock.
