@@ -22,16 +22,20 @@ in a session key and never reaches a key name::
     P + "c:<id>:exchanges"      LIST  one entry per exchange: "first:count:bytes"
 
 A touba record keeps its head in the head hash and its messages as rows; a
-decision appends rows (RPUSH) and reads only the tail it needs. The claim
-script returns, with the reservation, the entries of the last exchanges the
-history layer weighed lately, and an LRANGE pipelined after it (same round
-trip) the last rows of the window it read lately plus what a decision
-appends; a read further back costs a round trip. So a decision is two round
-trips, claim and commit, and what the claim carries is bounded by the window,
-not by how far back anything was read. Any other JSON dict is kept whole in
-``head``. A record's version changes on every save and never repeats (a
-deleted and re-created key included): a claim given the version a client
-holds returns neither entries nor rows when it is still current.
+decision appends rows (RPUSH) and reads only the tail it needs. The protocol
+(reserve, save if the token still holds, release; the snapshot, the read-ahead
+hints and the tail cache) is :mod:`touba.history._reserving`; this module gives
+its primitives (:class:`_Backend`). The claim script returns, with the
+reservation, the entries of the last exchanges the history layer weighed
+lately, and an LRANGE pipelined after it (same round trip) the last rows of the
+window it read lately plus what a decision appends; a read further back costs
+a round trip. So a decision is two round trips, claim and commit, and what the
+claim carries is bounded by the window, not by how far back anything was read.
+Any other JSON dict is kept whole in ``head``. A record's version changes on
+every touba save and never repeats, but another client's LSET or LREM of a row
+leaves it as it was: the backend says so (``sees_edits = False``), so every
+claim brings the window's rows and the shared cache reuses a parsed message
+only while its stored text is byte-identical (content mode).
 
 Every mutation is one Lua script, so it is atomic: claim (refuses at once when
 held; a key without a record takes its place among ``max_sessions`` in
@@ -886,7 +890,8 @@ class RedisHistoryStore:
         self._exchanges = register(_EXCHANGES)
         self._closed = False
         worker = worker_id or f"{socket.gethostname()}:{os.getpid()}"
-        self._reservations = Reservations(_Backend(self), worker)
+        self._backend = _Backend(self)
+        self._reservations = Reservations(self._backend, worker)
 
     async def __aenter__(self) -> Self:
         return self
