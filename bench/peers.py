@@ -53,10 +53,11 @@ Tables, all measured in one run:
 4. **Throughput**: 1, 2, 4 and 8 conversations (N = 100) decided concurrently
    in one process for a few seconds each, decisions per second; then 8
    conversations driven from 4 processes (PostgreSQL), touba against
-   ``SQLAlchemySession`` and against touba's single-process figure (8
-   conversations). Each system keeps its default connection pool (touba's
-   PostgreSQL store: 4 connections; SQLAlchemy: 5 plus 10 overflow); the
-   SQLite peers open their file once per session, as the SDK does.
+   ``SQLAlchemySession`` and against touba with the same 8 conversations in
+   one process, in 3 alternating rounds (ratios within a round, medians).
+   Each system keeps its default connection pool (touba's PostgreSQL store:
+   4 connections; SQLAlchemy: 5 plus 10 overflow); the SQLite peers open
+   their file once per session, as the SDK does.
 
 Benchmarks are not tests: nothing here asserts a time.
 
@@ -113,6 +114,7 @@ THROUGHPUT_SIZE = 100
 LEVELS = (1, 2, 4, 8)
 PROCESSES = 4
 PER_PROCESS = 2
+PROCESS_ROUNDS = 3
 DSN = os.environ.get("TOUBA_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TOUBA_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -958,23 +960,33 @@ async def run_store(
             line = f"{level:>14}{touba:>9.0f}"
             line += f"{peer:>28.0f}{touba / peer:>7.2f}" if peer else f"{'—':>28}"
             report(line)
-            if level == LEVELS[-1]:
-                args.single[kind] = touba
     if kind == "postgres" and not args.no_processes:
         async with backend(kind, run + "mp") as b:
             for system in ("touba", "peer"):  # the tables, before processes race to create them
                 await _make(b, system, 2, f"prepare-{system}")
-            rates = {}
-            for system in ("touba", "peer"):
-                rates[system] = await asyncio.to_thread(
-                    across_processes, system, b.run, args.seconds
-                )
+            # Alternating windows (touba's processes, the peer's, touba in one process),
+            # PROCESS_ROUNDS times: the machine's load changes between windows, so the
+            # ratios are taken within a round and their median reported.
+            rates: dict[str, list[float]] = {"touba": [], "peer": [], "single": []}
+            for _ in range(PROCESS_ROUNDS):
+                for system in ("touba", "peer"):
+                    rates[system].append(
+                        await asyncio.to_thread(across_processes, system, b.run, args.seconds)
+                    )
+                single = await throughput(b, "touba", PROCESSES * PER_PROCESS, args.seconds)
+                assert single is not None
+                rates["single"].append(single)
+        versus_peer = [t / p for t, p in zip(rates["touba"], rates["peer"], strict=True)]
+        versus_single = [t / s for t, s in zip(rates["touba"], rates["single"], strict=True)]
         report(
-            f"postgres: {PROCESSES * PER_PROCESS} conversations from {PROCESSES} processes: "
-            f"touba {rates['touba']:.0f}/s, SQLAlchemySession {rates['peer']:.0f}/s, "
-            f"ratio {rates['touba'] / rates['peer']:.2f}; touba against its own "
-            f"single-process figure ({args.single.get(kind, float('nan')):.0f}/s): "
-            f"{rates['touba'] / args.single.get(kind, float('nan')):.2f}"
+            f"postgres: {PROCESSES * PER_PROCESS} conversations from {PROCESSES} processes, "
+            f"{PROCESS_ROUNDS} alternating rounds (medians): touba "
+            f"{statistics.median(rates['touba']):.0f}/s, SQLAlchemySession "
+            f"{statistics.median(rates['peer']):.0f}/s, ratio {statistics.median(versus_peer):.2f} "
+            f"(rounds {', '.join(f'{r:.2f}' for r in versus_peer)}); touba against itself with "
+            f"the same conversations in one process ({statistics.median(rates['single']):.0f}/s): "
+            f"{statistics.median(versus_single):.2f} "
+            f"(rounds {', '.join(f'{r:.2f}' for r in versus_single)})"
         )
 
 
@@ -1017,7 +1029,6 @@ def main() -> None:
     args.rounds = args.rounds or (15 if args.quick else 60)
     args.langgraph_rounds = args.langgraph_rounds or (3 if args.quick else 8)
     args.seconds = args.seconds or (0.5 if args.quick else 2.0)
-    args.single = {}
     kinds = [k for k in args.stores.split(",") if k]
     unknown = set(kinds) - set(BACKENDS)
     if unknown:

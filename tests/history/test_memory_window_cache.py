@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from touba.errors import DecisionHistoryRecordInvalid
 from touba.history import (
     CapabilityCall,
     ConversationIdentity,
@@ -95,3 +96,69 @@ async def test_a_rewritten_record_is_read_fresh() -> None:
         await store.transact(IDENTITY.key, rewrite)
         await history.step(IDENTITY, [], decide)
         assert texts == [[], ["final"], ["rewritten", "final"]]
+
+
+async def _tool_loop(history: DecisionHistory, decisions: int) -> None:
+    pending: CapabilityCall | None = None
+    for n in range(decisions):
+        call = CapabilityCall(f"c{n}", "lookup", {"n": n})
+
+        async def generate(window: HistoryWindow, call: CapabilityCall = call) -> Any:
+            return DecisionMessage(calls=(call,))
+
+        observations = (
+            [] if pending is None else [Observation(pending.call_id, "lookup", {}, "ok", n)]
+        )
+        await history.step(IDENTITY, observations, generate)
+        pending = call
+
+
+async def test_exchanges_checked_once_are_not_checked_again_until_they_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from touba.history import _integrity
+
+    checked: list[int] = []
+    real = _integrity._exchange_problem
+
+    def counting(exchange: Any) -> str | None:
+        checked.append(len(exchange))
+        return real(exchange)
+
+    monkeypatch.setattr(_integrity, "_exchange_problem", counting)
+    async with MemoryHistoryStore() as store:
+        history = DecisionHistory(HistoryConfig(store=store, namespace="ns", max_messages=64))
+        await _tool_loop(history, 10)
+        checked.clear()
+        await _tool_loop_more(history, 10)
+        # A decision checks the exchange its result completes and the one the previous
+        # decision completed (changed then, so not remembered), not the 8 before them.
+        assert len(checked) == 2
+        for n in range(11, 30):
+            await _tool_loop_more(history, n)
+        checked.clear()
+        await _tool_loop_more(history, 30)
+        assert len(checked) == 2  # the same with 30 exchanges in the window
+
+
+async def _tool_loop_more(history: DecisionHistory, n: int) -> None:
+    call = CapabilityCall(f"c{n}", "lookup", {"n": n})
+
+    async def generate(window: HistoryWindow) -> DecisionMessage:
+        return DecisionMessage(calls=(call,))
+
+    await history.step(IDENTITY, [Observation(f"c{n - 1}", "lookup", {}, "ok", n)], generate)
+
+
+async def test_a_record_rewritten_with_a_broken_pairing_is_refused_at_the_next_decision() -> None:
+    async with MemoryHistoryStore() as store:
+        history = DecisionHistory(HistoryConfig(store=store, namespace="ns", max_messages=64))
+        await _tool_loop(history, 5)  # every exchange checked and remembered
+
+        async def break_pairing(record: Any) -> tuple[Any, None]:
+            record["exchanges"][1][1]["call_id"] = "forged"
+            return record, None
+
+        await store.transact(IDENTITY.key, break_pairing)
+        with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
+            await _tool_loop_more(history, 5)

@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -766,17 +767,34 @@ def conversation(exchanges: int) -> Record:
     return record(*rows)
 
 
-def claims_of(store: RedisHistoryStore) -> list[Any]:
-    """Every claim ``store`` makes from now on, as it came back from Redis."""
-    seen: list[Any] = []
-    claim = store._claim
+@dataclass
+class Claim:
+    """One claim as it came back from Redis (the real script runs)."""
 
-    async def recorded(key: str, **options: Any) -> Any:
-        result = await claim(key, **options)
-        seen.append(result)
+    token: str
+    version: str = ""  # the stored record's version ("" for none)
+    row_count: int = 0  # rows the conversation holds
+    rows: int = 0  # rows the LRANGE pipelined with it brought
+    entries: int = 0  # exchange entries the script returned
+
+
+def claims_of(store: RedisHistoryStore) -> list[Claim]:
+    """Every claim ``store`` makes from now on."""
+    seen: list[Claim] = []
+    conv = store._conv
+
+    async def recorded(script: Any, keys: Any, args: Any, what: str, rows: Any = None) -> Any:
+        result = await conv(script, keys, args, what, rows)
+        if script is store._claim_script:
+            reply, listed = result if rows is not None else (result, [])
+            claim = Claim(token=args[1], rows=len(listed))
+            if reply[0] == b"found":
+                claim.version, claim.row_count = reply[6].decode(), int(reply[7])
+                claim.entries = int(reply[9]) if len(reply) > 9 else 0
+            seen.append(claim)
         return result
 
-    store._claim = recorded  # type: ignore[method-assign]
+    store._conv = recorded  # type: ignore[method-assign]
     return seen
 
 
@@ -815,10 +833,11 @@ async def test_the_claim_carries_the_window_whatever_was_read_before(
     claims = claims_of(store)
     for _ in range(5):
         await decide(history, who, texts)
-    # The 5 stored messages a window reads (its sixth is the result the decision
-    # appends), plus the two a decision appends: not the 119 read before.
-    assert [len(c.rows) for c in claims] == [5 + 2] * 5
-    assert all(len(c.entries) // 3 <= 6 + 1 for c in claims)  # sizes of 6 exchanges, plus one
+    # The rows of the window's exchanges and one more (the read-ahead: 5 stored
+    # messages a window reads, its sixth the result the decision appends, in 4
+    # exchanges of 2), plus the two a decision appends: not the 119 read before.
+    assert all(c.rows <= 4 * 2 + 2 for c in claims), [c.rows for c in claims]
+    assert all(c.entries <= 6 + 1 for c in claims)  # sizes of 6 exchanges, plus one
     for step, seen in enumerate(texts):  # every window was the right one
         assert seen == [f"d{n}" for n in range(max(0, step - 3), step)]
 
@@ -835,7 +854,7 @@ async def test_a_conversation_growing_into_its_window_is_read_with_the_claim(
     for _ in range(15):
         await decide(history, who, texts)
     # Each claim brought the whole conversation (it fits its window), and only it.
-    assert [len(c.rows) for c in claims] == [c.row_count for c in claims]
+    assert [c.rows for c in claims] == [c.row_count for c in claims]
     assert [c.row_count for c in claims] == [3 + 2 * n for n in range(15)]
     for step, seen in enumerate(texts):
         assert seen == [f"d{n}" for n in range(step)]
@@ -847,7 +866,9 @@ async def test_reads_beyond_what_the_claim_brought_are_right(store: RedisHistory
     value = conversation(50)
     await save(store, "k", value)
     truth = RecordSnapshot.of(value)
-    store._entries_hint, store._rows_hint, store._appended_hint = 10, 7, 0
+    reservations = store._reservations
+    reservations.sizes_hint, reservations.bodies_hint = 10, 4
+    store._backend._rows_hint = 7
 
     async def check(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
         assert snapshot is not None
@@ -861,8 +882,8 @@ async def test_reads_beyond_what_the_claim_brought_are_right(store: RedisHistory
     claims = claims_of(store)
     await store.transact_log("k", check)
     (claim,) = claims
-    assert len(claim.entries) // 3 == 10
-    assert len(claim.rows) == 7
+    assert claim.entries == 10
+    assert claim.rows == 7  # the 4 last exchanges (2 messages each, the last one 1)
     [row] = await store.list()
     assert row.active is False
 
@@ -911,49 +932,6 @@ async def test_the_version_is_the_saving_reservation_token(store: RedisHistorySt
     saver, *later = claims
     assert later[0].version == saver.token
     assert later[1].version == later[0].token
-
-
-async def test_a_known_version_brings_no_rows_and_reads_stay_right(
-    store: RedisHistoryStore,
-) -> None:
-    from touba.history._store import RecordSnapshot
-    from touba.history.redis import _Snapshot
-
-    value = conversation(30)
-    await save(store, "k", value)
-    store._entries_hint, store._rows_hint, store._appended_hint = 12, 20, 2
-    first = await store._claim("k", full=False)
-    assert not first.cached
-    assert len(first.rows) == 22
-    assert first.version
-    await store._release(first)
-
-    known = await store._claim("k", full=False, known=first.version)
-    assert known.cached
-    assert known.version == first.version
-    assert not known.rows
-    assert not known.entries
-    assert known.exchange_count == 30
-    assert known.row_count == 59
-    assert known.head == first.head
-    truth = RecordSnapshot.of(value)
-    snapshot = _Snapshot(store, known)  # without a copy, it reads from Redis: still right
-    assert await snapshot.sizes(0) == await truth.sizes(0)
-    assert await snapshot.exchanges(0, 30) == await truth.exchanges(0, 30)
-    assert await snapshot.exchanges(25, 30) == await truth.exchanges(25, 30)
-    await store._release(known)
-
-    await save(store, "k", conversation(31))  # another save: that version is gone
-    store._entries_hint = 12  # (the reads above taught it to bring everything)
-    stale = await store._claim("k", full=False, known=first.version)
-    assert not stale.cached
-    assert stale.version != first.version
-    assert stale.exchange_count == 31
-    assert len(stale.entries) // 3 == 12
-    assert not stale.rows  # a caller with a copy asks for no rows; it reads what it lacks
-    await store._release(stale)
-    [row] = await store.list()
-    assert row.active is False
 
 
 async def test_two_store_objects_on_one_server_never_see_stale_windows(
@@ -1008,5 +986,134 @@ async def test_a_claim_loads_its_script_when_the_server_lacks_it(
     claims = claims_of(store)
     await decide(history, who, texts)
     assert await store._client.script_exists(store._claim_script.sha) == [True]
-    assert len(claims[0].rows) == claims[0].row_count == 5  # pipelined with the claim
+    assert claims[0].rows == claims[0].row_count == 5  # pipelined with the claim
     assert texts[-1] == ["d0", "d1", "d2"]
+
+
+# -- the content-validated tail cache -------------------------------------------------------
+# Redis cannot see another client's LSET or LREM of a row (the version stays), so
+# every claim brings the window's rows and the cached parse of a message is used
+# only while its stored text is byte-identical (touba.history._reserving, content
+# mode).
+
+WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+
+
+async def rows_of(raw: Redis, prefix: str) -> tuple[str, list[list[Any]]]:
+    """The messages list of the one conversation, and its rows parsed."""
+    name = await one_key(raw, prefix, ":messages")
+    return name, [json.loads(row) for row in await raw.lrange(name, 0, -1)]
+
+
+def as_row(exchange: int, message: Record) -> str:
+    body = json.dumps(message, separators=(",", ":"))
+    return f"[{exchange},{len(body.encode())},{body}]"
+
+
+def counted_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every stored message the shared layer parses from a read (the real parse runs)."""
+    from touba.history import _reserving
+
+    parsed: list[str] = []
+    original = _reserving._frozen_object_of
+
+    def counting(body: str, key: str, label: str) -> Record:
+        parsed.append(body)
+        return original(body, key, label)
+
+    monkeypatch.setattr(_reserving, "_frozen_object_of", counting)
+    return parsed
+
+
+async def test_an_in_place_edit_of_a_cached_row_is_refused_on_the_next_decision(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(5):
+        await decide(history, WHO, texts)
+    assert store._reservations.cache.peek(WHO.key) is not None  # the window is cached
+    name, rows = await rows_of(raw, prefix)
+    at = len(rows) - 2  # the result of exchange 3, in the window and in the cache
+    exchange, _size, message = rows[at]
+    assert message["kind"] == "result"
+    message["call_id"] = "c-forged"  # the version stays: only the text tells
+    await raw.lset(name, at, as_row(exchange, message))
+    with pytest.raises(DecisionHistoryRecordInvalid, match="is damaged"):
+        await decide(history, WHO, texts)
+    assert len(texts) == 5  # nothing was generated
+    assert store._reservations.cache.peek(WHO.key) is None
+    [row] = await store.list()
+    assert (row.active, row.messages) == (False, len(rows))
+
+
+async def test_rows_whose_text_is_unchanged_are_not_parsed_again(
+    store: RedisHistoryStore, raw: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(5):
+        await decide(history, WHO, texts)
+    parsed = counted_parses(monkeypatch)
+    for _ in range(3):
+        await decide(history, WHO, texts)
+    assert parsed == []  # the window came with each claim; every text matched
+    name, rows = await rows_of(raw, prefix)
+    at = max(i for i, row in enumerate(rows) if row[2]["kind"] == "decision")
+    exchange, _size, message = rows[at - 2]  # the decision before the pending one
+    assert message["text"] == "d6"
+    message["text"] = "edited"  # well formed, another text: parsed and shown
+    await raw.lset(name, at - 2, as_row(exchange, message))
+    await decide(history, WHO, texts)
+    assert len(parsed) == 2  # the edited exchange's two messages, no other
+    assert texts[-1] == ["d5", "edited", "d7"]
+    parsed.clear()
+    await decide(history, WHO, texts)
+    assert parsed == []
+    assert texts[-1] == ["edited", "d7", "d8"]
+
+
+async def test_two_store_objects_on_one_server_see_each_others_rewrites(
+    url: str, prefix: str
+) -> None:
+    async with (
+        RedisHistoryStore(url, prefix=prefix) as one,
+        RedisHistoryStore(url, prefix=prefix) as two,
+    ):
+        history = DecisionHistory(HistoryConfig(store=one, namespace="n", max_messages=6))
+        texts: list[list[str | None]] = []
+        for _ in range(4):
+            await decide(history, WHO, texts)
+
+        async def rewrite(value: Record | None) -> tuple[Record | None, None]:
+            assert value is not None  # the same exchanges, other decision texts
+            for exchange in value["exchanges"]:
+                for message in exchange:
+                    if message["kind"] == "decision":
+                        message["text"] = message["text"].upper()
+            return value, None
+
+        await two.transact(WHO.key, rewrite)
+        await decide(history, WHO, texts)
+        assert texts[-1] == ["D1", "D2", "D3"]
+        other = DecisionHistory(HistoryConfig(store=two, namespace="n", max_messages=6))
+        await decide(other, WHO, texts)  # two appends; one must see it
+        await decide(history, WHO, texts)
+        assert texts[-2:] == [["D2", "D3", "d4"], ["D3", "d4", "d5"]]
+
+
+async def test_a_failed_save_drops_the_cached_tail(url: str, prefix: str) -> None:
+    async with RedisHistoryStore(url, prefix=prefix, max_store_bytes=4000) as store:
+        history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+        texts: list[list[str | None]] = []
+        for _ in range(3):
+            await decide(history, WHO, texts)
+        assert store._reservations.cache.peek(WHO.key) is not None
+        before = await store.read(WHO.key)
+        large = [Observation("c2", "f", {}, "ok", {"r": "x" * 5000})]
+        with pytest.raises(DecisionHistoryLimitExceeded):
+            await history.step(WHO, large, decider(texts))
+        assert store._reservations.cache.peek(WHO.key) is None
+        assert await store.read(WHO.key) == before
+        await decide(history, WHO, texts)  # read again from Redis: still right
+        assert texts[-1] == ["d0", "d1", "d2"]

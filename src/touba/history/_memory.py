@@ -65,6 +65,8 @@ class _Entry:
     updated_at: float = 0.0
     expires_at: float = 0.0
     parsed: dict[int, list[Message]] = field(default_factory=dict)  # frozen, shared
+    # Exchanges of ``parsed`` whose messages passed the window check (_integrity).
+    well_formed: set[int] = field(default_factory=set)
 
     def record(self) -> Record:
         head: Record = json.loads(self.head)
@@ -85,6 +87,17 @@ class _Snapshot:
         return self._head
 
     @property
+    def head_bytes(self) -> int:
+        """The stored head's UTF-8 length (what the bounds count)."""
+        return len(self._entry.head.encode("utf-8"))
+
+    @property
+    def well_formed(self) -> set[int]:
+        """Exchanges whose shared messages passed the window check and have not
+        changed since (the history engine adds to it and skips them)."""
+        return self._entry.well_formed
+
+    @property
     def exchange_count(self) -> int:
         return len(self._entry.exchanges)
 
@@ -101,6 +114,7 @@ class _Snapshot:
         cache = entry.parsed
         for index in [i for i in cache if i < start]:
             del cache[index]  # left the window
+            entry.well_formed.discard(index)
         out: list[list[Message]] = []
         for index in range(start, min(stop, len(entry.exchanges))):
             messages = cache.get(index)
@@ -387,6 +401,9 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
     changed = {index for index, _ in rows}
     for index in [i for i in entry.parsed if i in changed or (drop and i >= dropped_from)]:
         del entry.parsed[index]  # its messages change below
+    entry.well_formed = {
+        i for i in entry.well_formed if i not in changed and not (drop and i >= dropped_from)
+    }
     for size, emptied in drop:
         entry.exchanges[-1].pop()
         entry.sizes[-1] = ExchangeSize(entry.sizes[-1].messages - 1, entry.sizes[-1].bytes - size)

@@ -31,6 +31,20 @@ two reservations share one. Snapshots also serve ``messages(start, stop)``
 parsing), ``head_bytes`` (the stored head's length) and ``well_formed`` (the
 exchanges the window check passed, see :mod:`touba.history._integrity`).
 
+**Content mode.** A backend that cannot see edits made behind its back (Redis:
+another client's LSET or LREM of a row leaves the version as it was) says so
+with ``sees_edits = False`` (absent: True). A version then proves nothing, so
+its reservations never send one: each brings the rows of the window (the
+bodies hint), and the tail is rebuilt from them. The cache keeps, beside each
+parsed message, the stored text it was parsed from; an exchange whose texts
+are byte-identical to the held ones keeps its parsed messages, its neutral
+messages and its window verdict (``well_formed``), and any other exchange is
+parsed and checked again. A hit saves JSON parsing, building the messages and
+the window check; the transfer and the driver's decoding stay. Since every
+reservation carries what the bodies hint covers, only reads that reach the
+last exchange (the window) widen it: a look further back (a summary's
+exchanges) costs a ``read_rows`` call and leaves the hint alone.
+
 **Bound.** The cache holds at most :data:`CACHE_CONVERSATIONS` conversations
 (least recently used first out) and at most :data:`CACHE_BYTES` bytes of
 message JSON over all of them (parsed, a message takes about twice its JSON
@@ -118,7 +132,8 @@ readable in O(1)::
         The rows of the reserved key's exchanges start .. stop - 1, ordered by
         (exchange, seq).
 
-``driver_errors`` (a tuple of exception types) and ``label`` are attributes.
+``driver_errors`` (a tuple of exception types) and ``label`` are attributes, and
+``sees_edits`` (optional, see content mode above).
 :func:`parse_object` and :func:`identity_columns` are the stores' shared
 helpers for heads and the identity columns.
 """
@@ -260,8 +275,8 @@ def parse_object(text: str, key: str, what: str, label: str) -> Record:
 
 def _damaged(key: str, what: str, label: str) -> DecisionHistoryRecordInvalid:
     return DecisionHistoryRecordInvalid(
-        f"{what} of conversation {key} in the {label} store is not a JSON object; it was "
-        f"not modified. Inspect it with `touba history show {key}` or delete it"
+        f"{what} of conversation {key} in the {label} store is damaged (not a JSON object); "
+        f"it was not modified. Inspect it with `touba history show {key}` or delete it"
     )
 
 
@@ -312,14 +327,28 @@ def _grouped(
     sizes = [0] * (stop - start)
     for exchange, size, body in rows:
         if not start <= exchange < stop:
-            raise DecisionHistoryRecordInvalid(
-                f"a message of conversation {key} in the {label} store names exchange "
-                f"{exchange}, outside {start} .. {stop - 1}; it was not modified. Inspect it "
-                f"with `touba history show {key}` or delete it"
-            )
+            raise _outside(key, label, exchange, start, stop)
         out[exchange - start].append(_frozen_object_of(body, key, label))
         sizes[exchange - start] += size
     return out, sizes
+
+
+def _outside(key: str, label: str, exchange: int, start: int, stop: int) -> Exception:
+    return DecisionHistoryRecordInvalid(
+        f"a message of conversation {key} in the {label} store names exchange "
+        f"{exchange}, outside {start} .. {stop - 1}; it was not modified. Inspect it "
+        f"with `touba history show {key}` or delete it"
+    )
+
+
+def _texts(rows: Rows, start: int, stop: int, key: str, label: str) -> list[list[str]]:
+    """The stored texts of the messages of exchanges ``start`` .. ``stop - 1``."""
+    out: list[list[str]] = [[] for _ in range(stop - start)]
+    for exchange, _size, body in rows:
+        if not start <= exchange < stop:
+            raise _outside(key, label, exchange, start, stop)
+        out[exchange - start].append(body)
+    return out
 
 
 # -- the tail of one conversation, and the cache of them ----------------------------------
@@ -339,6 +368,7 @@ class _Tail:
         "records",
         "sizes",
         "sizes_first",
+        "texts",
         "version",
         "well_formed",
     )
@@ -352,6 +382,7 @@ class _Tail:
         bodies_first: int,
         records: list[list[Record]],
         body_bytes: list[int],
+        texts: list[list[str]] | None = None,
     ) -> None:
         self.version = version
         self.count = count
@@ -363,10 +394,12 @@ class _Tail:
         self.messages: list[list[Message] | None] = [None] * len(records)
         # Exchanges held whose messages passed the window check (see _integrity).
         self.well_formed: set[int] = set()
+        # Content mode only: the stored text each held message was parsed from.
+        self.texts = texts
 
     @classmethod
-    def empty(cls, version: str) -> _Tail:
-        return cls(version, 0, 0, [], 0, [], [])
+    def empty(cls, version: str, *, texts: bool = False) -> _Tail:
+        return cls(version, 0, 0, [], 0, [], [], [] if texts else None)
 
     @property
     def bytes(self) -> int:
@@ -389,6 +422,8 @@ class _Tail:
         if first > self.bodies_first:
             cut = first - self.bodies_first
             del self.records[:cut], self.body_bytes[:cut], self.messages[:cut]
+            if self.texts is not None:
+                del self.texts[:cut]
             self.bodies_first = first
             self.well_formed = {i for i in self.well_formed if i >= first}
 
@@ -396,7 +431,16 @@ class _Tail:
         self.sizes[:0] = older
         self.sizes_first = start
 
-    def prepend_records(self, start: int, older: list[list[Record]], sizes: list[int]) -> None:
+    def prepend_records(
+        self,
+        start: int,
+        older: list[list[Record]],
+        sizes: list[int],
+        texts: list[list[str]] | None = None,
+    ) -> None:
+        if self.texts is not None:
+            assert texts is not None
+            self.texts[:0] = texts
         self.records[:0] = older
         self.body_bytes[:0] = sizes
         self.messages[:0] = [None] * len(older)
@@ -412,13 +456,17 @@ class _Tail:
         return messages
 
     @classmethod
-    def written(cls, version: str, write: Write, sizes_first: int, bodies_first: int) -> _Tail:
+    def written(
+        cls, version: str, write: Write, sizes_first: int, bodies_first: int, *, texts: bool = False
+    ) -> _Tail:
         """The tail of a whole record just saved (``write.rewrite``), parsed from the
-        text stored: sizes from exchange ``sizes_first``, messages from ``bodies_first``."""
+        text stored: sizes from exchange ``sizes_first``, messages from ``bodies_first``
+        (with their texts, in content mode)."""
         count = write.exchanges
         sizes = [(0, 0)] * (count - sizes_first)
         records: list[list[Record]] = [[] for _ in range(count - bodies_first)]
         body_bytes = [0] * (count - bodies_first)
+        held: list[list[str]] | None = [[] for _ in records] if texts else None
         for _seq, exchange, size, body in write.rows:
             if exchange >= sizes_first:
                 messages, total = sizes[exchange - sizes_first]
@@ -426,8 +474,59 @@ class _Tail:
             if exchange >= bodies_first:
                 records[exchange - bodies_first].append(parse_frozen(body))
                 body_bytes[exchange - bodies_first] += size
+                if held is not None:
+                    held[exchange - bodies_first].append(body)
         weights = [ExchangeSize(messages, total) for messages, total in sizes]
-        return cls(version, count, sizes_first, weights, bodies_first, records, body_bytes)
+        return cls(version, count, sizes_first, weights, bodies_first, records, body_bytes, held)
+
+    @classmethod
+    def checked(
+        cls,
+        version: str,
+        count: int,
+        sizes_first: int,
+        sizes: list[ExchangeSize],
+        bodies_first: int,
+        rows: Rows,
+        held: _Tail | None,
+        key: str,
+        label: str,
+    ) -> _Tail:
+        """Content mode: the tail of ``rows`` (exchanges ``bodies_first`` .. ``count -
+        1``; ``sizes`` weighs those before), taking from ``held`` the parsed messages,
+        neutral messages and window verdict of every exchange whose stored texts are
+        byte-identical to the ones they were parsed from; any other exchange is parsed
+        (and will be checked) again."""
+        texts: list[list[str]] = [[] for _ in range(count - bodies_first)]
+        body_bytes = [0] * (count - bodies_first)
+        for exchange, size, body in rows:
+            if not bodies_first <= exchange < count:
+                raise _outside(key, label, exchange, bodies_first, count)
+            texts[exchange - bodies_first].append(body)
+            body_bytes[exchange - bodies_first] += size
+        sizes = sizes + [ExchangeSize(len(t), b) for t, b in zip(texts, body_bytes, strict=True)]
+        records: list[list[Record]] = []
+        reused: list[tuple[int, int]] = []  # (position here, position in held)
+        old_texts = None if held is None else held.texts
+        for position, bodies in enumerate(texts):
+            old = bodies_first + position - (held.bodies_first if held is not None else 0)
+            if (
+                held is not None
+                and old_texts is not None
+                and 0 <= old < len(old_texts)
+                and old_texts[old] == bodies
+            ):
+                records.append(held.records[old])
+                reused.append((position, old))
+                continue
+            records.append([_frozen_object_of(body, key, label) for body in bodies])
+        tail = cls(version, count, sizes_first, sizes, bodies_first, records, body_bytes, texts)
+        for position, old in reused:
+            assert held is not None
+            tail.messages[position] = held.messages[old]
+            if held.bodies_first + old in held.well_formed:
+                tail.well_formed.add(bodies_first + position)
+        return tail
 
     def append(self, version: str, rows: Sequence[tuple[int, int, int, str]]) -> None:
         """Add the messages a save appended, parsed from the text it stored; the
@@ -439,6 +538,8 @@ class _Tail:
                 self.records.append([])
                 self.body_bytes.append(0)
                 self.messages.append(None)
+                if self.texts is not None:
+                    self.texts.append([])
             if exchange >= self.sizes_first:
                 old = self.sizes[exchange - self.sizes_first]
                 self.sizes[exchange - self.sizes_first] = ExchangeSize(
@@ -449,6 +550,8 @@ class _Tail:
                 self.records[position].append(parse_frozen(body))
                 self.body_bytes[position] += size
                 self.messages[position] = None
+                if self.texts is not None:
+                    self.texts[position].append(body)
             self.well_formed.discard(exchange)
         self.version = version
 
@@ -515,6 +618,8 @@ class Reservations:
         self.backend = backend
         self.worker_id = worker_id
         self.cache = cache if cache is not None else TailCache()
+        # Content mode (see the docstring): the backend cannot see edits made behind it.
+        self.content = not getattr(backend, "sees_edits", True)
         # How many trailing exchanges the history layer read lately (see the docstring).
         self.sizes_hint = 0
         self.bodies_hint = 0
@@ -567,7 +672,7 @@ class Reservations:
         if tail is not None and not tail.covers(self.sizes_hint, self.bodies_hint):
             tail = None
         read = Read(
-            cached=None if tail is None else tail.version,
+            cached=None if tail is None or self.content else tail.version,
             sizes=self.sizes_hint,
             bodies=self.bodies_hint,
         )
@@ -605,9 +710,9 @@ class Reservations:
             if saved is not None and saved.rewrite:
                 sizes = max(0, saved.exchanges - self.sizes_hint)
                 bodies = max(0, saved.exchanges - self.bodies_hint)
-                tail = _Tail.written(token, saved, sizes, bodies)
+                tail = _Tail.written(token, saved, sizes, bodies, texts=self.content)
             elif saved is not None:
-                tail = tail or _Tail.empty(token)
+                tail = tail or _Tail.empty(token, texts=self.content)
                 tail.append(token, saved.rows)
             if tail is None or not tail.version:  # stored without a version: never matched
                 return
@@ -625,15 +730,25 @@ class Reservations:
         sizes_first = max(0, count - read.sizes)
         bodies_first = max(0, count - read.bodies)
         if reserved.sizes is None or reserved.rows is None:
-            if held is not None and held.version == reserved.version and held.count == count:
+            if (
+                not self.content
+                and held is not None
+                and held.version == reserved.version
+                and held.count == count
+            ):
                 return held
             # Not what was asked (a backend must send rows on a mismatch): read them.
             sizes: Sizes = await self.backend.read_sizes(key, sizes_first, bodies_first)
             rows: Rows = await self.backend.read_rows(key, bodies_first, count)
         else:
             sizes, rows = reserved.sizes, reserved.rows
-        records, body_bytes = _grouped(rows, bodies_first, count, key, label)
         weights = _dense(sizes, sizes_first, bodies_first)
+        if self.content:
+            version = reserved.version or ""
+            return _Tail.checked(
+                version, count, sizes_first, weights, bodies_first, rows, held, key, label
+            )
+        records, body_bytes = _grouped(rows, bodies_first, count, key, label)
         weights += [ExchangeSize(len(ex), b) for ex, b in zip(records, body_bytes, strict=True)]
         return _Tail(
             reserved.version or "",  # "" never equals a token: never matched again
@@ -755,12 +870,17 @@ class _Snapshot:
         tail = self._tail
         if tail is None or start >= stop:
             return None
-        self._owner.want(bodies=self._count - start + 1)
+        owner = self._owner
+        if not owner.content or stop >= self._count:  # content mode: only the window's reads
+            owner.want(bodies=self._count - start + 1)
         if start < tail.bodies_first:
-            backend = self._owner.backend
+            backend = owner.backend
             rows = await backend.read_rows(self._key, start, tail.bodies_first)
             older, sizes = _grouped(rows, start, tail.bodies_first, self._key, backend.label)
-            tail.prepend_records(start, older, sizes)
+            texts = None
+            if tail.texts is not None:
+                texts = _texts(rows, start, tail.bodies_first, self._key, backend.label)
+            tail.prepend_records(start, older, sizes, texts)
         return tail
 
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:

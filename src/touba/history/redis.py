@@ -22,16 +22,20 @@ in a session key and never reaches a key name::
     P + "c:<id>:exchanges"      LIST  one entry per exchange: "first:count:bytes"
 
 A touba record keeps its head in the head hash and its messages as rows; a
-decision appends rows (RPUSH) and reads only the tail it needs. The claim
-script returns, with the reservation, the entries of the last exchanges the
-history layer weighed lately, and an LRANGE pipelined after it (same round
-trip) the last rows of the window it read lately plus what a decision
-appends; a read further back costs a round trip. So a decision is two round
-trips, claim and commit, and what the claim carries is bounded by the window,
-not by how far back anything was read. Any other JSON dict is kept whole in
-``head``. A record's version changes on every save and never repeats (a
-deleted and re-created key included): a claim given the version a client
-holds returns neither entries nor rows when it is still current.
+decision appends rows (RPUSH) and reads only the tail it needs. The protocol
+(reserve, save if the token still holds, release; the snapshot, the read-ahead
+hints and the tail cache) is :mod:`touba.history._reserving`; this module gives
+its primitives (:class:`_Backend`). The claim script returns, with the
+reservation, the entries of the last exchanges the history layer weighed
+lately, and an LRANGE pipelined after it (same round trip) the last rows of the
+window it read lately plus what a decision appends; a read further back costs
+a round trip. So a decision is two round trips, claim and commit, and what the
+claim carries is bounded by the window, not by how far back anything was read.
+Any other JSON dict is kept whole in ``head``. A record's version changes on
+every touba save and never repeats, but another client's LSET or LREM of a row
+leaves it as it was: the backend says so (``sees_edits = False``), so every
+claim brings the window's rows and the shared cache reuses a parsed message
+only while its stored text is byte-identical (content mode).
 
 Every mutation is one Lua script, so it is atomic: claim (refuses at once when
 held; a key without a record takes its place among ``max_sessions`` in
@@ -53,11 +57,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
@@ -76,25 +81,29 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
-    encode_checked_json,
-    encode_json,
-    encode_record,
     iso,
     recovered,
     require_worker_stopped,
 )
 from touba.history._model import parse_json
 from touba.history._record import join_record
+from touba.history._reserving import (
+    MAX_TAIL,
+    Read,
+    Reservations,
+    Reserved,
+    Rows,
+    Sizes,
+    Write,
+    parse_object,
+)
 from touba.history._store import (
     LogOperation,
-    LogWrite,
     Operation,
     Record,
     StoredConversation,
     StoreUsage,
-    check_appends,
 )
-from touba.history._window import ExchangeSize
 
 try:
     import redis.asyncio as aioredis
@@ -109,8 +118,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisHistoryStore"]
 
-MAX_TAIL: Final = 1024  # most exchange entries read ahead with a claim
-MAX_ROWS: Final = 1024  # most messages read ahead with a claim
+MAX_ROWS: Final = 4096  # most messages read ahead with a claim
+_LABEL: Final = "Redis"
 
 T = TypeVar("T")
 logger = logging.getLogger("touba.history")
@@ -219,11 +228,11 @@ end
 """
 
 # ARGV: P, id, key_json, token, worker_id, pid, host, entries ("all" for the whole
-# record, else how many trailing exchange entries), max_sessions, known version ("").
+# record, else how many trailing exchange entries), max_sessions.
 # Replies: busy + holder | limit, sessions | new, sessions, bytes |
-# found, sessions, bytes, head, split, exchange count, version, row count, then
-# (transact_log, unless the version is the known one) the entry count and the
-# entries as one JSON array of first,count,bytes triples. The rows themselves
+# found, sessions, bytes, head, split, exchange count, version, row count, the
+# record's bytes, then (transact_log) the entry count and the entries as one JSON
+# array of first,count,bytes triples. The rows themselves
 # never pass through Lua (copying them into Lua and back costs more than the
 # whole read): the client reads them with an LRANGE pipelined after the claim,
 # which sees the lists the claim saw since they stay as they are while reserved.
@@ -257,12 +266,12 @@ if not head then
 end
 local version = stored[4] or ''
 local reply = {'found', used[1], used[2], head, stored[3], redis.call('LLEN', x), version,
-               redis.call('LLEN', m)}
-if ARGV[8] == 'all' or (version ~= '' and ARGV[10] == version) then return reply end
+               redis.call('LLEN', m), redis.call('HGET', SESSIONS, id) or '0'}
+if ARGV[8] == 'all' then return reply end
 local entries = {}
 local tail = tonumber(ARGV[8])
 if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
-reply[9], reply[10] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
+reply[10], reply[11] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
 return reply
 """
 )
@@ -389,12 +398,12 @@ return 1
 _READ: Final = (
     _PRELUDE
     + """
-local h, m = KEYS[5], KEYS[6]
+local h, m, x = KEYS[5], KEYS[6], KEYS[7]
 purge(now_ms())
 if redis.call('HEXISTS', h, 'token') == 1 then return holder(h) end
 local head = redis.call('HGET', h, 'head')
 if not head then return {'absent'} end
-local reply = {'found', head, redis.call('HGET', h, 'split')}
+local reply = {'found', head, redis.call('HGET', h, 'split'), redis.call('LLEN', x)}
 for _, row in ipairs(redis.call('LRANGE', m, 0, -1)) do reply[#reply + 1] = row end
 return reply
 """
@@ -528,72 +537,45 @@ def _object(value: Any) -> Record:
     return parsed
 
 
-def _parse_rows(raw: Sequence[Any]) -> list[Any]:
-    """Rows ``[exchange, bytes, message]`` as stored: parsed in one go when every
-    one is a JSON value of its own, else each one (so that only a damaged row
-    raises, when it is the one asked for)."""
-    if not raw:
-        return []
-    bulk = isinstance(raw[0], bytes)  # else a client that decodes responses
-    text = b"[" + b",".join(raw) + b"]" if bulk else "[" + ",".join(raw) + "]"
-    try:
-        rows = parse_json(text)
-    except (ValueError, UnicodeDecodeError):
-        rows = None
-    if isinstance(rows, list) and len(rows) == len(raw):
-        return rows
-    return [_Unparsed(row) for row in raw]
-
-
-@dataclass(frozen=True, slots=True)
-class _Unparsed:
-    """A row left as stored because rows around it could not be parsed together."""
-
-    raw: Any
-
-
-def _group(rows: Sequence[Any], start: int = 0) -> list[list[Record]]:
-    """Messages of parsed rows ``[exchange, bytes, message]``, grouped by exchange."""
-    exchanges: list[list[Record]] = []
-    stop = start + len(rows)
-    for row in rows:
-        if type(row) is _Unparsed:
-            row = _loads(row.raw)
-        if (
-            type(row) is not list
-            or len(row) != 3
-            or type(row[0]) is not int
-            or not start <= row[0] < stop
-            or type(row[2]) is not dict
-        ):
+def _rows(raw: Sequence[Any], exchanges: int) -> list[tuple[int, int, str]]:
+    """Stored rows ``[exchange,bytes,message]`` as (exchange, bytes, message text),
+    the message left unparsed (the shared layer parses it, or finds it unchanged);
+    a row of another shape or naming an exchange outside 0 .. ``exchanges - 1`` is
+    damaged."""
+    out = []
+    for value in raw:
+        try:
+            row = value.decode("utf-8") if isinstance(value, bytes) else value
+            first = row.index(",")
+            second = row.index(",", first + 1)
+            exchange, size = int(row[1:first]), int(row[first + 1 : second])
+            body = row[second + 1 : -1]
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            raise _damaged("a stored message row") from None
+        if row[0] != "[" or row[-1] != "]" or not 0 <= exchange < exchanges:
             raise _damaged("a stored message row")
-        position = row[0] - start
-        while len(exchanges) <= position:
-            exchanges.append([])
-        exchanges[position].append(row[2])
-    return exchanges
+        out.append((exchange, size, body))
+    return out
 
 
-def _row(index: int, message: str) -> tuple[int, str]:
-    size = len(message.encode("utf-8"))
-    return size, f"[{index},{size},{message}]"
+def _entries(value: Any, count: int) -> list[int]:
+    """The claim's exchange entries: first row, messages, bytes of each."""
+    entries = _loads(value)
+    if (
+        not isinstance(entries, list)
+        or len(entries) != 3 * count
+        or (entries and set(map(type, entries)) != {int})
+    ):
+        raise _damaged("an exchange entry")
+    return entries
+
+
+def _row(exchange: int, size: int, message: str) -> str:
+    return f"[{exchange},{size},{message}]"
 
 
 def _ms_iso(value: Any) -> str | None:
     return None if value is None else iso(int(_text(value)) / 1000)
-
-
-def _identity(head: Record) -> Record | None:
-    identity = head.get("identity")
-    return identity if isinstance(identity, dict) else None
-
-
-def _identity_fields(identity: Record | None) -> tuple[str, str]:
-    """The identity JSON and namespace kept beside a record for ``list``."""
-    if identity is None:
-        return "", ""
-    namespace = identity.get("namespace")
-    return encode_json(identity, "identity"), (namespace if isinstance(namespace, str) else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,117 +594,223 @@ class _Keys:
         return self.all[6]
 
 
-@dataclass(frozen=True, slots=True)
-class _Claim:
-    key: str
-    keys: _Keys
-    token: str
-    found: bool
-    head: str = ""
-    split: bool = False
-    exchange_count: int = 0
-    version: str = ""  # the token of the save that wrote the record ("" for none)
-    row_count: int = 0  # rows the conversation holds
-    rows: Sequence[Any] = ()  # parsed: every row (transact), or the last rows (transact_log)
-    entries: Sequence[int] = ()  # transact_log: first, count, bytes of the last exchanges
-    cached: bool = False  # transact_log: the known version was current; no entries, no rows
-    usage: StoreUsage | None = None
+class _Backend:
+    """The protocol's primitives (:class:`touba.history._reserving.Backend`): each one
+    round trip (a script, with an LRANGE pipelined after the claim).
 
-    def record(self) -> Record | None:
-        if not self.found:
-            return None
-        head = _object(self.head)
-        return join_record(head, _group(self.rows)) if self.split else head
-
-
-class _Snapshot:
-    """A conversation inside one transaction: reads only the tail it is asked for.
-
-    The claim brought the entries (first row, messages, bytes) of the last
-    exchanges and the last rows; a read outside them costs a round trip. The
-    lists cannot change under it: the reservation is held until commit.
+    Redis cannot tell when another client edits a conversation's rows (an LSET
+    leaves ``last_token`` as it was), so ``sees_edits`` is False: every claim
+    brings the window's rows, and the shared cache reuses only the messages
+    whose stored text did not change.
     """
 
-    def __init__(self, store: RedisHistoryStore, claim: _Claim) -> None:
+    driver_errors: tuple[type[BaseException], ...] = (RedisError,)
+    label = _LABEL
+    sees_edits = False
+
+    def __init__(self, store: RedisHistoryStore) -> None:
         self._store = store
-        self._claim = claim
-        self._head = _object(claim.head)
-        count = claim.exchange_count
-        entries = self._entries = claim.entries
-        self._sized = count - len(entries) // 3  # the first exchange with an entry here
-        # The rows held are the list's last ones, from row ``_offset``; the first
-        # exchange all of whose rows are held is ``_loaded``.
-        self._offset = claim.row_count - len(claim.rows)
-        loaded = count
-        at = len(entries) - 3
-        while at >= 0 and entries[at] >= self._offset:
-            loaded -= 1
-            at -= 3
-        self._loaded = loaded
+        # Rows an LRANGE pipelined with a claim reads: the most the window's
+        # exchanges held lately, plus the most a save appended (what the next
+        # window holds more).
+        self._rows_hint = 0
+        self._appended_hint = 0
+        self._per_exchange = 0.0  # the most messages per exchange a conversation held
 
-    def _learn(self, start: int, rows: int | None = None) -> None:
-        """Remember how far back the history layer reads, for the next claims.
-
-        Entries: as many exchanges as read, plus one (a conversation shorter than
-        its window is read from its start, one exchange further back each
-        decision). Rows: only a read that reaches the last exchange counts, i.e.
-        the window; a look-back (a summary's exchanges) costs a round trip and
-        leaves the hint alone, so the claim stays bounded by the window.
-        """
+    async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
         store = self._store
-        depth = self._claim.exchange_count - start + 1
-        store._entries_hint = min(MAX_TAIL, max(store._entries_hint, depth))
+        keys = store._keys(key)
+        token = reservation.token
+        args = (
+            json.dumps(key),
+            token,
+            reservation.worker_id,
+            reservation.pid,
+            reservation.host,
+            "all" if read.whole else str(min(read.sizes, MAX_TAIL)),
+            store.max_sessions,
+        )
+        tail = 0
+        if read.bodies:  # before a window was read: as many as its exchanges may hold
+            guess = max(self._rows_hint, math.ceil(read.bodies * self._per_exchange))
+            tail = min(MAX_ROWS, guess + self._appended_hint)
+        pipelined = (keys.messages, 0, -1) if read.whole else (keys.messages, -tail, -1)
+        rows = pipelined if read.whole or tail else None
+        try:
+            reply = await store._conv(store._claim_script, keys, args, "a reservation", rows)
+        except BaseException:  # it may have run (a lost reply, a cancellation): free the key
+            await self._release_quietly(key, keys, token)
+            raise
+        listed: Sequence[Any] = ()
         if rows is not None:
-            store._rows_hint = min(MAX_ROWS, max(store._rows_hint, rows))
+            reply, listed = reply
+        status = _text(reply[0])
+        if status == "busy":
+            raise store._busy(key, reply)
+        if status == "limit":
+            check_sessions(int(reply[1]), store.max_sessions)
+            raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_sessions raised
+                "the store is full; nothing was reserved", limit="max_sessions"
+            )
+        usage = store._usage_of(reply[1], reply[2])
+        if status == "new":
+            return Reserved(None, False, 0, 0, 0, None, usage)
+        try:
+            return await self._reserved(keys, reply, listed, read, usage)
+        except BaseException:  # refused without leaving the key held
+            await self._release_quietly(key, keys, token)
+            raise
 
-    @property
-    def head(self) -> Record:
-        return self._head
+    async def _reserved(
+        self, keys: _Keys, reply: Sequence[Any], listed: Sequence[Any], read: Read, usage: Any
+    ) -> Reserved:
+        head, split = _text(reply[3]), _text(reply[4]) == "1"
+        count = int(reply[5]) if split else 0
+        version, messages, size = _text(reply[6]) or None, int(reply[7]), int(reply[8])
+        if read.whole:
+            rows = _rows(listed, count)
+            return Reserved(head, split, count, messages, size, version, usage, [], rows)
+        if not split:  # transact_log shows touba records only
+            raise DecisionHistoryRecordInvalid(
+                "the stored value under this session key is not a touba decision history "
+                "record; it was not modified. Use another namespace or delete the key"
+            )
+        if count:
+            self._per_exchange = max(self._per_exchange, messages / count)
+        entries = _entries(reply[10], int(reply[9]))
+        sizes_first = count - len(entries) // 3
+        bodies_first = max(0, count - read.bodies)
+        at = 3 * (bodies_first - sizes_first)
+        sizes = [(sizes_first + i // 3, entries[i + 1], entries[i + 2]) for i in range(0, at, 3)]
+        if bodies_first >= count or at < 0:
+            return Reserved(head, split, count, messages, size, version, usage, sizes, [])
+        first = entries[at]  # the window's first row
+        offset = messages - len(listed)  # the first row the LRANGE brought
+        if not 0 <= first <= messages:
+            raise _damaged("an exchange entry")
+        if first < offset:  # the window grew past what was read ahead: one more trip
+            raw: Sequence[Any] = [
+                *await self._store._lrange(keys.messages, first, offset - 1),
+                *listed,
+            ]
+        else:
+            raw = listed[first - offset :]
+        self._rows_hint = min(MAX_ROWS, max(self._rows_hint, messages - first))
+        rows = _rows(raw, count)
+        return Reserved(head, split, count, messages, size, version, usage, sizes, rows)
 
-    @property
-    def exchange_count(self) -> int:
-        return self._claim.exchange_count
+    async def save(self, key: str, token: str, write: Write) -> None:
+        if write.rewrite and not write.split:
+            await self._commit(key, token, "put", write, ("0", 0, write.bytes, 0))
+        elif write.rewrite:
+            counts = [0] * write.exchanges
+            sizes = [0] * write.exchanges
+            rows: list[str] = []
+            for _seq, exchange, size, body in write.rows:
+                counts[exchange] += 1
+                sizes[exchange] += size
+                rows.append(_row(exchange, size, body))
+            entries: list[str] = []
+            first = 0
+            for n, total in zip(counts, sizes, strict=True):
+                entries.append(f"{first}:{n}:{total}")
+                first += n
+            args: tuple[str | int, ...] = (
+                "1",
+                write.messages,
+                write.bytes,
+                len(entries),
+                *entries,
+                *rows,
+            )
+            await self._commit(key, token, "put", write, args)
+        else:
+            appended = len(write.rows)
+            self._appended_hint = min(MAX_ROWS, max(self._appended_hint, appended))
+            flat: list[str | int] = [appended]
+            for _seq, exchange, size, body in write.rows:
+                flat += [exchange, size, _row(exchange, size, body)]
+            await self._commit(key, token, "append", write, flat)
 
-    async def sizes(self, start: int) -> list[ExchangeSize]:
-        count = self._claim.exchange_count
-        if start >= count:
-            return []
-        self._learn(start)
-        if start >= self._sized:
-            e = self._entries
-            at = 3 * (start - self._sized)
-            return [ExchangeSize(e[i + 1], e[i + 2]) for i in range(at, len(e), 3)]
-        entries = await self._store._lrange(self._claim.keys.exchanges, start, count - 1)
-        sizes = []
-        for entry in entries:
-            _first, messages, size = _text(entry).split(":")
-            sizes.append(ExchangeSize(int(messages), int(size)))
-        return sizes
+    async def _commit(
+        self, key: str, token: str, mode: str, write: Write | None, args: Sequence[str | int]
+    ) -> None:
+        store = self._store
+        fields = ("", "", "") if write is None else (write.head, write.identity, write.namespace)
+        reply = await store._conv(
+            store._commit_script,
+            store._keys(key),
+            (
+                token,
+                store.max_sessions,
+                store.max_store_bytes,
+                store._ttl_ms,
+                mode,
+                *(field or "" for field in fields),
+                *args,
+            ),
+            "a commit",
+        )
+        status = _text(reply[0])
+        if status == "ok":
+            return
+        if status == "stale":
+            raise busy(key, " (its reservation was recovered while this one ran; nothing saved)")
+        if status == "limit":
+            check_capacity(
+                is_new=int(reply[1]) == 1,
+                sessions=int(reply[2]),
+                max_sessions=store.max_sessions,
+                store_bytes_after=int(reply[3]),
+                max_store_bytes=store.max_store_bytes,
+            )
+            raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_capacity raised
+                "the store is full; nothing was written", limit="max_store_bytes"
+            )
+        raise ValueError(f"append refused by the store ({status} {reply[1:]}); nothing saved")
 
-    async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
-        count = self._claim.exchange_count
-        stop = min(stop, count)
+    async def delete(self, key: str, token: str) -> None:
+        await self._commit(key, token, "delete", None, ())
+
+    async def release(self, key: str, token: str) -> None:
+        store = self._store
+        await store._conv(store._release_script, store._keys(key), (token,), "a release")
+
+    async def _release_quietly(self, key: str, keys: _Keys, token: str) -> None:
+        """Free our reservation after a failure; never hide the original error."""
+        store = self._store
+        try:
+            await store._conv(store._release_script, keys, (token,), "a release")
+        except (DecisionHistoryStoreUnavailable, ConfigurationError) as e:
+            logger.warning(
+                "could not release the reservation of conversation %r (%s); if it was taken, "
+                "it stays busy until recover(key, worker_stopped=True)",
+                key,
+                type(e.__cause__ or e).__name__,
+            )
+
+    async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
         if start >= stop:
             return []
-        loaded = self._loaded
-        rows: list[Any] = []
-        if start < loaded:  # what the claim did not bring: one round trip
-            keys = self._claim.keys
-            raw = await self._store._run(
-                self._store._exchanges,
-                (keys.messages, keys.exchanges),
-                (start, min(stop, loaded)),
-                "a read",
-            )
-            rows = _parse_rows(raw)
-        if stop > loaded:
-            e, sized, offset = self._entries, self._sized, self._offset
-            first = e[3 * (max(start, loaded) - sized)] - offset
-            last = 3 * (stop - 1 - sized)
-            rows += self._claim.rows[first : e[last] + e[last + 1] - offset]
-        if stop == count:
-            self._learn(start, len(rows))
-        return _group(rows, start)
+        raw = await self._store._lrange(self._store._keys(key).exchanges, start, stop - 1)
+        sizes = []
+        for exchange, entry in enumerate(raw, start):
+            try:
+                _first, messages, size = _text(entry).split(":")
+                sizes.append((exchange, int(messages), int(size)))
+            except (ValueError, UnicodeDecodeError):
+                raise _damaged("an exchange entry") from None
+        return sizes
+
+    async def read_rows(self, key: str, start: int, stop: int) -> Rows:
+        if start >= stop:
+            return []
+        store = self._store
+        keys = store._keys(key)
+        raw = await store._run(
+            store._exchanges, (keys.messages, keys.exchanges), (start, stop), "a read"
+        )
+        return _rows(raw, stop)
 
 
 class RedisHistoryStore:
@@ -786,11 +874,6 @@ class RedisHistoryStore:
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id
-        # How far back the history layer read lately (exchanges for their sizes,
-        # messages of the window): a claim reads that much ahead, in the same script.
-        self._entries_hint = 0
-        self._rows_hint = 0
-        self._appended_hint = 0  # most messages one transact_log appended
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
         tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         self._base = f"{prefix}{{{tag}}}:"
@@ -806,6 +889,9 @@ class RedisHistoryStore:
         self._list_script = register(_LIST)
         self._exchanges = register(_EXCHANGES)
         self._closed = False
+        worker = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._backend = _Backend(self)
+        self._reservations = Reservations(self._backend, worker)
 
     async def __aenter__(self) -> Self:
         return self
@@ -887,202 +973,27 @@ class RedisHistoryStore:
         held = f" (held by worker {worker}, pid {pid} on {host} since {_ms_iso(since)})"
         return busy(key, held)
 
-    async def _claim(self, key: str, *, full: bool, known: str = "") -> _Claim:
-        """Reserve ``key`` and bring its head with every row (``full``), or with the
-        tail the history layer reads: the entries of its last exchanges and rows
-        enough for the window (none of either when ``known`` is the stored version)."""
-        keys = self._keys(key)
-        worker = self.worker_id or f"{socket.gethostname()}:{os.getpid()}"
-        reservation = Reservation.new(worker)
-        args = (
-            json.dumps(key),
-            reservation.token,
-            reservation.worker_id,
-            reservation.pid,
-            reservation.host,
-            "all" if full else str(self._entries_hint),
-            self.max_sessions,
-            known,
-        )
-        # The window read last, plus what a decision appends since (none for a
-        # caller that holds the rows of version ``known``).
-        tail = 0 if known else min(MAX_ROWS, self._rows_hint + self._appended_hint)
-        rows = (keys.messages, 0, -1) if full else (keys.messages, -tail, -1) if tail else None
-        try:
-            reply = await self._conv(self._claim_script, keys, args, "a reservation", rows)
-        except DecisionHistoryStoreUnavailable:  # it may have run: do not leave the key held
-            await self._release(_Claim(key, keys, reservation.token, found=False))
-            raise
-        listed: Sequence[Any] = ()
-        if rows is not None:
-            reply, listed = reply
-        status = _text(reply[0])
-        if status == "busy":
-            raise self._busy(key, reply)
-        if status == "limit":
-            check_sessions(int(reply[1]), self.max_sessions)
-            raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_sessions raised
-                "the store is full; nothing was reserved", limit="max_sessions"
-            )
-        usage = self._usage_of(reply[1], reply[2])
-        if status == "new":
-            return _Claim(key, keys, reservation.token, found=False, usage=usage)
-        claim = _Claim(
-            key,
-            keys,
-            reservation.token,
-            found=True,
-            head=_text(reply[3]),
-            split=_text(reply[4]) == "1",
-            exchange_count=int(reply[5]),
-            version=_text(reply[6]),
-            row_count=int(reply[7]),
-            usage=usage,
-        )
-        if full:
-            return replace(claim, rows=_parse_rows(listed))
-        if len(reply) == 8:
-            return replace(claim, cached=True)
-        try:
-            entries = _loads(reply[9])
-            if (
-                not isinstance(entries, list)
-                or len(entries) != 3 * int(reply[8])
-                or (entries and set(map(type, entries)) != {int})
-            ):
-                raise _damaged("an exchange entry")
-        except BaseException:  # refused without leaving the key held
-            await self._release(claim)
-            raise
-        return replace(claim, entries=entries, rows=_parse_rows(listed))
-
     def _usage_of(self, sessions: Any, size: Any) -> StoreUsage:
         return StoreUsage(int(sessions), self.max_sessions, int(size), self.max_store_bytes)
-
-    async def _commit(
-        self,
-        claim: _Claim,
-        mode: str,
-        head: str = "",
-        identity: Record | None = None,
-        args: Sequence[str | int] = (),
-    ) -> None:
-        identity_json, namespace = _identity_fields(identity)
-        reply = await self._conv(
-            self._commit_script,
-            claim.keys,
-            (
-                claim.token,
-                self.max_sessions,
-                self.max_store_bytes,
-                self._ttl_ms,
-                mode,
-                head,
-                identity_json,
-                namespace,
-                *args,
-            ),
-            "a commit",
-        )
-        status = _text(reply[0])
-        if status == "ok":
-            return
-        if status == "stale":
-            raise busy(
-                claim.key, " (its reservation was recovered while this one ran; nothing saved)"
-            )
-        if status == "limit":
-            check_capacity(
-                is_new=int(reply[1]) == 1,
-                sessions=int(reply[2]),
-                max_sessions=self.max_sessions,
-                store_bytes_after=int(reply[3]),
-                max_store_bytes=self.max_store_bytes,
-            )
-            raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_capacity raised
-                "the store is full; nothing was written", limit="max_store_bytes"
-            )
-        raise ValueError(f"append refused by the store ({status} {reply[1:]}); nothing saved")
-
-    async def _release(self, claim: _Claim) -> None:
-        """Free our reservation after a failure; never hide the original error."""
-        try:
-            await self._conv(self._release_script, claim.keys, (claim.token,), "a release")
-        except (DecisionHistoryStoreUnavailable, ConfigurationError) as e:
-            logger.warning(
-                "could not release the reservation of conversation %r (%s); if it was taken, "
-                "it stays busy until recover(key, worker_stopped=True)",
-                claim.key,
-                type(e.__cause__ or e).__name__,
-            )
-
-    async def _put(self, claim: _Claim, record: Record | None) -> None:
-        if record is None:
-            await self._commit(claim, "delete")
-            return
-        encoded = encode_record(record)
-        if not encoded.split:
-            await self._commit(claim, "put", encoded.head, None, ("0", 0, encoded.bytes, 0))
-            return
-        entries: list[str] = []
-        rows: list[str] = []
-        for index, exchange in enumerate(encoded.exchanges):
-            sizes = 0
-            for message in exchange:
-                size, row = _row(index, message)
-                sizes += size
-                rows.append(row)
-            entries.append(f"{len(rows) - len(exchange)}:{len(exchange)}:{sizes}")
-        args: tuple[str | int, ...] = (
-            "1",
-            encoded.messages,
-            encoded.bytes,
-            len(entries),
-            *entries,
-            *rows,
-        )
-        await self._commit(claim, "put", encoded.head, _identity(record), args)
-
-    async def _append(self, claim: _Claim, write: LogWrite) -> None:
-        head = encode_checked_json(write.head, "head")
-        check_appends(claim.exchange_count, write.append)
-        self._appended_hint = min(MAX_ROWS, max(self._appended_hint, len(write.append)))
-        args: list[str | int] = [len(write.append)]
-        for index, message in write.append:
-            size, row = _row(index, encode_checked_json(message, "message"))
-            args += [index, size, row]
-        await self._commit(claim, "append", head, _identity(write.head), args)
 
     # -- the contract ----------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
-        claim = await self._claim(key, full=True)
-        try:
-            record, result = await operation(claim.record())
-            await self._put(claim, record)
-        except BaseException:
-            await self._release(claim)
-            raise
-        return result
+        """Run ``operation`` on the record of ``key`` under a durable reservation
+        (see :class:`~touba.history.HistoryStore`): two round trips."""
+        self._check_open()
+        check_key(key)
+        return await self._reservations.transact(key, operation)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
-        claim = await self._claim(key, full=False)
-        try:
-            if claim.found and not claim.split:
-                raise DecisionHistoryRecordInvalid(
-                    "the stored value under this session key is not a touba decision history "
-                    "record; it was not modified. Use another namespace or delete the key"
-                )
-            snapshot = _Snapshot(self, claim) if claim.found else None
-            write, result = await operation(snapshot, claim.usage)
-            if write is None:
-                await self._release(claim)
-                return result
-            await self._append(claim, write)
-        except BaseException:
-            await self._release(claim)
-            raise
-        return result
+        """``transact`` for the history layer: the head, the tail, appends only.
+
+        Two round trips (claim, commit) once this store object has seen how far
+        back the history layer reads. Raises as :meth:`transact` does.
+        """
+        self._check_open()
+        check_key(key)
+        return await self._reservations.transact_log(key, operation)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy, or None if absent or expired; does not renew the TTL."""
@@ -1093,16 +1004,14 @@ class RedisHistoryStore:
             raise self._busy(key, reply)
         if status == "absent":
             return None
-        stored = _Claim(
-            key,
-            keys,
-            token="",
-            found=True,
-            head=_text(reply[1]),
-            split=_text(reply[2]) == "1",
-            rows=_parse_rows(reply[3:]),
-        )
-        return stored.record()
+        head = _object(reply[1])
+        if _text(reply[2]) != "1":
+            return head
+        count = int(reply[3])
+        exchanges: list[list[Record]] = [[] for _ in range(count)]
+        for exchange, _size, body in _rows(reply[4:], count):
+            exchanges[exchange].append(parse_object(body, key, "a message", _LABEL))
+        return join_record(head, exchanges)
 
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; False if it was absent or expired."""
