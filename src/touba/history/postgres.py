@@ -17,6 +17,9 @@ Layout, every name derived from ``table`` and quoted with
   or delete made outside touba's own saving transactions (which mark
   themselves with the transaction-local setting ``touba.saving``), so rows
   edited behind the store's back are read again at the next reservation.
+  This guards against accidents, not against a client of the database that
+  means to hide an edit: one that sets ``touba.saving`` in its own
+  transaction, or writes ``version`` itself, is trusted like touba.
 - ``<table>_usage``: 64 counter rows (shards); a conversation is counted in
   the shard its key hashes to (``hashtext(key) & 63``). Each holds the places
   and bytes of its conversations, kept exact by triggers on ``<table>`` in
