@@ -1,4 +1,4 @@
-"""Suite-wide guards: no test may reach beyond this machine."""
+"""Suite-wide guards: no test may reach beyond this machine; property tests have no deadline."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests check behaviour, never speed: a loaded CI machine must not fail one
+# on Hypothesis's per-example deadline.
+settings.register_profile("touba", deadline=None)
+settings.load_profile("touba")
 
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 _real_connect = socket.socket.connect
