@@ -627,9 +627,10 @@ class _Step:
     def _check_window(self, window: HistoryWindow) -> None:
         """Refuse a window a provider would reject (:func:`check_window`).
 
-        A snapshot offering ``well_formed`` (the SQLite store's cached tail: a
-        mutable set of exchange indices) remembers the stored exchanges that
-        passed, unchanged by this step, so that later decisions skip them.
+        A snapshot offering ``well_formed`` (a store that keeps messages between
+        decisions: the RAM store, the durable stores' tail cache; a mutable set
+        of exchange indices) remembers the stored exchanges that passed,
+        unchanged by this step, so that later decisions skip them.
         """
         known = getattr(self.snapshot, "well_formed", None)
         if not isinstance(known, set):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any, NoReturn
 
+from touba.history._model import refuse_constant
+
 __all__ = ["FrozenDict", "FrozenList", "freeze", "parse_frozen", "thaw"]
 
 
@@ -104,12 +106,8 @@ def _lists_frozen(value: Any) -> Any:
     return value if changed is None else FrozenDict(changed)
 
 
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not JSON")
-
-
 # The parser builds every object as a FrozenDict itself (no Python call per object).
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=FrozenDict)
+_DECODER = json.JSONDecoder(parse_constant=refuse_constant, object_pairs_hook=FrozenDict)
 
 
 def parse_frozen(text: str) -> Any:

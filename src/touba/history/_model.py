@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, NoReturn, TypeAlias
 
 from touba.errors import DecisionHistoryRecordInvalid
 
@@ -69,11 +69,12 @@ def canonical_json(value: JSON) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _refuse_constant(name: str) -> Any:
+def refuse_constant(name: str) -> NoReturn:
+    """``parse_constant`` of touba's JSON decoders: NaN and Infinity are not JSON."""
     raise ValueError(f"{name} is not JSON")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+_DECODER = json.JSONDecoder(parse_constant=refuse_constant)
 
 
 def parse_json(text: str | bytes) -> JSON:
@@ -87,7 +88,7 @@ def parse_json(text: str | bytes) -> JSON:
     try:
         if isinstance(text, str):
             return _DECODER.decode(text)
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=refuse_constant)
     except RecursionError as e:
         raise ValueError("the JSON text nests too deeply to be read") from e
 
