@@ -677,6 +677,8 @@ class Reservations:
             bodies=self.bodies_hint,
         )
         reserved = await self.backend.reserve(key, reservation, read)
+        # What the store counts for the stored head (measured once: the save needs it too).
+        head_bytes = 0 if reserved.head is None else len(reserved.head.encode("utf-8"))
         try:
             snapshot = None
             if reserved.head is not None:
@@ -685,7 +687,7 @@ class Reservations:
                 else:
                     tail = None
                 head = parse_object(reserved.head, key, "the stored record", self.backend.label)
-                snapshot = _Snapshot(self, key, head, len(reserved.head.encode("utf-8")), tail)
+                snapshot = _Snapshot(self, key, head, head_bytes, tail)
             else:  # no record (deleted since, even by this object): nothing held is its tail
                 tail = None
             write, result = await operation(snapshot, reserved.usage)
@@ -693,7 +695,7 @@ class Reservations:
             if write is None:
                 await self.backend.release(key, token)
             else:
-                encoded = _appended(reserved, write)
+                encoded = _appended(reserved, head_bytes, write)
                 await self.backend.save(key, token, encoded)
         except BaseException as e:
             replacement = await self._fail(e, key, token)
@@ -905,8 +907,9 @@ class _Snapshot:
 # -- encoding writes ---------------------------------------------------------------------
 
 
-def _appended(reserved: Reserved, write: LogWrite) -> Write:
-    """A log write: a new head and messages after the stored ones (checked first)."""
+def _appended(reserved: Reserved, head_bytes: int, write: LogWrite) -> Write:
+    """A log write: a new head and messages after the stored ones (checked first);
+    ``head_bytes`` is the stored head's UTF-8 length."""
     if write.drop_last:
         raise ValueError(
             "drop_last refused: this store only appends (check log_drops(store) first); "
@@ -921,7 +924,7 @@ def _appended(reserved: Reserved, write: LogWrite) -> Write:
         body = encode_checked_json(message, "message")
         rows.append((stored + len(rows), index, len(body.encode("utf-8")), body))
     namespace, identity = identity_columns(write.head)
-    kept = reserved.bytes - len(reserved.head.encode("utf-8")) if reserved.head is not None else 0
+    kept = reserved.bytes - head_bytes if reserved.head is not None else 0
     total = kept + len(head.encode("utf-8")) + sum(row[2] for row in rows)
     return Write(
         head=head,
