@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -544,11 +544,16 @@ class _Decider:
     def __init__(self) -> None:
         self.windows: list[Any] = []
 
-    async def step(self, history: Any, text: str) -> None:
+    async def step(
+        self, history: Any, text: str, during: Callable[[], Awaitable[Any]] | None = None
+    ) -> None:
+        """One decision; ``during`` runs while it is reserved (as the model call)."""
         from touba.history import DecisionMessage, HistoryWindow
 
         async def decide(window: HistoryWindow) -> DecisionMessage:
             self.windows.append(window)
+            if during is not None:
+                await during()
             return DecisionMessage(text=text, final=True)
 
         await history.step(identity("n"), [], decide)
@@ -633,6 +638,35 @@ async def test_an_external_update_of_a_cached_row_is_seen_by_the_next_decision(
     assert (await query(dsn, "SELECT version FROM {t}", table))[0][0] is not None
     await query(dsn, "DELETE FROM {m} WHERE body LIKE %s", table, '%"text":"d0"%')
     assert await query(dsn, "SELECT version FROM {t}", table) == [(None,)]
+
+
+async def test_an_external_update_made_while_a_decision_runs_is_seen_by_the_next(
+    make_store: Make, dsn: str, table: str, fetched: list[int]
+) -> None:
+    """The save that ends a reservation must not hide an edit made during it."""
+    store = make_store()
+    history, decider = _history(store), _Decider()
+    for step in range(3):
+        await decider.step(history, f"d{step}")
+    [(seq, body)] = await query(
+        dsn, "SELECT seq, body FROM {m} WHERE body LIKE %s", table, '%"text":"d1"%'
+    )
+
+    async def edit() -> None:
+        replaced = body.replace("d1", "X1")
+        await query(dsn, "UPDATE {m} SET body = %s WHERE seq = %s", table, replaced, seq)
+
+    await decider.step(history, "d3", during=edit)
+    assert await query(dsn, "SELECT version FROM {t}", table) == [(None,)]
+    fetched.clear()
+    await decider.step(history, "d4")
+    assert fetched[0] > 1  # read again, not served from the cache
+    assert _texts(decider.windows[-1]) == ["d0", "X1", "d2", "d3"]
+    # Once read again, the tail is cached at the next save.
+    assert (await query(dsn, "SELECT version FROM {t}", table))[0][0] is not None
+    fetched.clear()
+    await decider.step(history, "d5")
+    assert fetched == [1]
 
 
 @pytest.mark.parametrize("recreate", ["same store", "other store"])

@@ -238,6 +238,31 @@ async def test_a_row_edited_behind_the_store_clears_the_version(db_path: Path) -
         assert agent.windows[-1] == ["x0", "e1"]  # read again, not served from the cache
 
 
+async def test_a_row_edited_while_a_decision_runs_is_seen_by_the_next_one(
+    db_path: Path,
+) -> None:
+    """An edit made during the model call (the reservation held) must not be
+    hidden by the save that ends it."""
+    async with SqliteHistoryStore(db_path) as store:
+        agent = Agent(store)
+        observations = await agent.decide("e0", [])
+        observations = await agent.decide("e1", observations)
+        history = agent.history
+
+        async def generate(window: HistoryWindow) -> DecisionMessage:
+            with raw(db_path) as conn:
+                conn.execute(
+                    "UPDATE touba_history_messages SET body = replace(body, '\"e0\"', '\"x0\"') "
+                    "WHERE exchange = 0"
+                )
+            return DecisionMessage(text="e2", calls=(CapabilityCall("c-e2", "f", {}),))
+
+        await history.step(WHO, observations, generate)
+        assert stored_version(db_path, WHO.key) is None  # the edit still shows
+        await agent.decide("e3", [Observation("c-e2", "f", {}, "ok", {"r": "e2"})])
+        assert agent.windows[-1] == ["x0", "e1", "e2"]  # read again, not served from the cache
+
+
 # -- what the cache holds -----------------------------------------------------------------
 
 

@@ -89,9 +89,15 @@ readable in O(1)::
         A stored record whose expiry has passed is treated as absent (delete
         it). A key without a record: refuse with DecisionHistoryLimitExceeded
         (check_sessions(places held, max_sessions)) when every place is held,
-        else take one (a bare reservation). Write the reservation durably.
-        Return Reserved(head, split, exchanges, messages, bytes, version, usage,
-        sizes, rows): head None for a key without a record (then sizes and rows
+        else take one (a bare reservation). Write the reservation so that it
+        outlives the process (it need not outlive the machine: once a power
+        loss has stopped its holder, a reservation undone leaves the key as it
+        was before, which is what recovery would make of it). A key whose
+        version is NULL (a bare reservation, rows edited by someone else) gets
+        reservation.token as its version, so that an edit made while the key
+        is reserved shows at the save. Return Reserved(head, split, exchanges,
+        messages, bytes, version, usage, sizes, rows): version as it is after
+        the call; head None for a key without a record (then sizes and rows
         are None); usage counts this reservation. With read.whole: rows = every
         row (exchange, bytes, body) ordered by (exchange, seq), sizes unused.
         Otherwise, when read.cached is not None and equals the stored version:
@@ -111,8 +117,10 @@ readable in O(1)::
         `key`. With write.rewrite drop the stored rows first. Append write.rows
         (seq, exchange, bytes, body) as given. Store write.head, write.split,
         write.namespace and write.identity (for list), write.exchanges,
-        write.messages, write.bytes, a fresh expiry (now + ttl), `token` as the
-        version; clear the reservation. Then refuse with
+        write.messages, write.bytes, a fresh expiry (now + ttl), and as the
+        version `token` if write.rewrite or if the stored version is still
+        write.seen (nobody changed the rows while the key was reserved), else
+        NULL; clear the reservation. Then refuse with
         DecisionHistoryLimitExceeded (check_capacity(is_new=write.is_new,
         sessions=places held less this key's, store_bytes_after=bytes held))
         when the store would exceed max_store_bytes, or max_sessions for
@@ -238,6 +246,7 @@ class Write:
     rewrite: bool  # drop the stored messages first (``transact``), or only append
     is_new: bool  # the key had no record: its place was held by the reservation
     growth: int  # ``bytes`` less what the record retained before
+    seen: str | None = None  # the version the reservation returned (``Reserved.version``)
 
 
 class Backend(Protocol):
@@ -938,6 +947,7 @@ def _appended(reserved: Reserved, head_bytes: int, write: LogWrite) -> Write:
         rewrite=False,
         is_new=reserved.head is None,
         growth=total - reserved.bytes,
+        seen=reserved.version,
     )
 
 
@@ -960,4 +970,5 @@ def _whole(record: Record, reserved: Reserved) -> Write:
         rewrite=True,
         is_new=reserved.head is None,
         growth=encoded.bytes - reserved.bytes,
+        seen=reserved.version,
     )

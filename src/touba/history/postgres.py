@@ -16,7 +16,10 @@ Layout, every name derived from ``table`` and quoted with
   Triggers on it clear the conversation's ``version`` on any insert, update
   or delete made outside touba's own saving transactions (which mark
   themselves with the transaction-local setting ``touba.saving``), so rows
-  edited behind the store's back are read again at the next reservation.
+  edited behind the store's back are read again at the next reservation. A
+  reservation gives a NULL version the reservation's token, and a save
+  stores its own token only where the version is still the one reserved: an
+  edit made while the model was called is seen as well.
   This guards against accidents, not against a client of the database that
   means to hide an edit: one that sets ``touba.saving`` in its own
   transaction, or writes ``version`` itself, is trusted like touba.
@@ -40,9 +43,10 @@ usage and, unless this store object holds the conversation's tail at the
 stored version, the tail as far back as the history layer read lately
 (older exchanges, when asked, are read separately); then one statement
 saves the head if its token still matches, stores the token as the
-version, takes the growth from its shard's room, appends the messages and
-releases. Reserving a stored, live conversation updates its row only; a
-cache hit returns that row and no message.
+version (unless the rows were edited meanwhile), takes the growth from its
+shard's room, appends the messages and releases. Reserving a stored, live
+conversation updates its row only; a cache hit returns that row and no
+message.
 A crash leaves the reservation in place: the key answers
 ``DecisionHistoryBusy`` until ``recover(key, worker_stopped=True)``. Expiry
 uses the server's clock.
@@ -377,12 +381,14 @@ class _Statements:
         # (part 0: exchanges, messages, bytes, head, split, version, sessions and
         # bytes of the store), then (part 1) (exchange, messages, bytes) of the
         # exchanges whose sizes only are read, then (part 2) (exchange, seq,
-        # bytes, body) of each message read. Parameters: the reservation, the
-        # key, the cached version, then how many trailing exchanges' sizes, and
-        # bodies, to read (twice).
+        # bytes, body) of each message read. A NULL version becomes the
+        # reservation's token (see the Backend docstring; RETURNING shows the
+        # new one). Parameters: the reservation, its token again, the key, the
+        # cached version, then how many trailing exchanges' sizes, and bodies,
+        # to read (twice).
         self.claim_live = q(
             "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
-            "  since = %s"
+            "  since = %s, version = coalesce(version, %s)"
             "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
             "  RETURNING key, head, split, exchanges, messages, bytes, version,"
             "  split AND NOT coalesce(version = %s, false) AS reads)"
@@ -402,11 +408,11 @@ class _Statements:
             " ORDER BY 1, 2, 3"
         )
         self.claim = q(
-            "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since)"
-            " SELECT %s, %s, %s, %s, %s, %s FROM {shared}"
+            "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since, version)"
+            " SELECT %s, %s, %s, %s, %s, %s, %s FROM {shared}"
             " ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
             " worker_id = EXCLUDED.worker_id, pid = EXCLUDED.pid, host = EXCLUDED.host,"
-            " since = EXCLUDED.since"
+            " since = EXCLUDED.since, version = coalesce(h.version, EXCLUDED.version)"
             " WHERE h.token IS NULL"
             " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes, h.version"
         )
@@ -438,8 +444,8 @@ class _Statements:
             "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
             " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
             " expires_at = now() + make_interval(secs => %s),"
-            " version = token, token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
-            " since = NULL"
+            " version = CASE WHEN %s OR version IS NOT DISTINCT FROM %s THEN token END,"
+            " token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL"
             " WHERE key = %s"
         )
         # A save that grows, taking its growth from its shard's room (no row: no room).
@@ -457,7 +463,8 @@ class _Statements:
             "WITH saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
             "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
             "  expires_at = now() + make_interval(secs => %s), token = NULL,"
-            "  worker_id = NULL, pid = NULL, host = NULL, since = NULL, version = h.token"
+            "  worker_id = NULL, pid = NULL, host = NULL, since = NULL,"
+            "  version = CASE WHEN h.version IS NOT DISTINCT FROM %s THEN h.token END"
             "  FROM {shared}, {saving}"
             "  WHERE h.key = %s AND h.token = %s RETURNING h.key),"
             " taken AS (UPDATE {u} SET room = room - %s"
@@ -583,7 +590,7 @@ class _Backend:
         # and reads the usage and the tail (or every message) in the same statement.
         async with store._transaction() as conn:
             found = await _rows(
-                conn, s.claim_live, (*holder, key, read.cached, sizes, bodies, bodies)
+                conn, s.claim_live, (*holder, holder[0], key, read.cached, sizes, bodies, bodies)
             )
         if found:
             _, exchanges, messages, size, head, split, version, sessions, used = found[0]
@@ -621,7 +628,7 @@ class _Backend:
             if exact:
                 await _run(conn, s.lock_exclusive)
             await _run(conn, s.purge_key, (key,))
-            row = await _row(conn, s.claim, (key, *holder))
+            row = await _row(conn, s.claim, (key, *holder, holder[0]))
             if row is None:
                 raise await _held(conn, s, key)
             head, split, exchanges, messages, size, version = row
@@ -633,7 +640,7 @@ class _Backend:
                 check_sessions(usage.sessions - 1, store.max_sessions)
                 await store._share(conn, usage)
             if head is None:
-                return Reserved(None, False, 0, 0, 0, None, usage)
+                return Reserved(None, False, 0, 0, 0, version, usage)
             count = exchanges if split else 0
             if not split or (read.cached is not None and read.cached == version):
                 return Reserved(head, split, count, messages, size, version, usage, [], [])
@@ -670,6 +677,8 @@ class _Backend:
                 write.messages,
                 write.bytes,
                 store.ttl_seconds,
+                write.rewrite,
+                write.seen,
                 key,
             )
             growth = write.bytes - int(current[5])
@@ -707,6 +716,7 @@ class _Backend:
                     write.messages,
                     write.bytes,
                     store.ttl_seconds,
+                    write.seen,
                     key,
                     token,
                     growth,

@@ -21,7 +21,10 @@ Layout (schema version 2, recorded in ``touba_meta``):
   whatever the number of conversations (``BEGIN IMMEDIATE`` already
   serialises the writers of the file). Deleting a conversation's row deletes
   its messages (a trigger too), and any change to a conversation's messages,
-  whoever makes it, clears its ``version``.
+  whoever makes it, clears its ``version``. A reservation gives a cleared
+  version its own token, and a save keeps its token as the version only if
+  the version is still that one, so an edit made while the model was called
+  is seen by the next decision too.
 
 New files use 8 KiB pages (1 KiB messages fill them with little waste); a
 file of version 1 (key text in every message row and index entry) is
@@ -198,7 +201,7 @@ _MIGRATE_FROM_V1 = (
 _INSERT_MESSAGE = """INSERT INTO touba_history_messages (conv, seq, exchange, bytes, body)
     VALUES (?, ?, ?, ?, ?)"""
 _RESERVE = """UPDATE touba_history_sessions
-    SET token = ?, worker_id = ?, pid = ?, host = ?, since = ? WHERE id = ?"""
+    SET token = ?, worker_id = ?, pid = ?, host = ?, since = ?, version = ? WHERE id = ?"""
 _SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?,
     exchanges = ?, messages = ?, bytes = ?, updated_at = ?, expires_at = ?, version = ?,
     token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL WHERE id = ?"""
@@ -383,18 +386,22 @@ class _Db:
             if row is None:
                 check_sessions(usage.sessions, self.store.max_sessions)
                 self.q(
-                    "INSERT INTO touba_history_sessions (key, token, worker_id, pid, host, since) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO touba_history_sessions "
+                    "(key, token, worker_id, pid, host, since, version) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     key,
                     *held,
+                    reservation.token,
                 )
-                return Reserved(
-                    None, False, 0, 0, 0, None, replace(usage, sessions=usage.sessions + 1)
-                )
-            conv, head, split, exchanges, messages, size, version = row[:7]
-            self.q(_RESERVE, *held, conv)
+                usage = replace(usage, sessions=usage.sessions + 1)
+                return Reserved(None, False, 0, 0, 0, reservation.token, usage)
+            conv, head, split, exchanges, messages, size, stored = row[:7]
+            # A version is kept, or made (see the Backend docstring): a change of
+            # the rows from now on clears it, which the save then sees.
+            version = reservation.token if stored is None else stored
+            self.q(_RESERVE, *held, version, conv)
             if head is None:  # a place held without a record (nothing to read)
-                return Reserved(None, False, 0, 0, 0, None, usage)
+                return Reserved(None, False, 0, 0, 0, version, usage)
             exchanges = exchanges if split else 0
             sizes: Sizes | None = []
             rows: Rows | None = []
@@ -414,11 +421,13 @@ class _Db:
         """Check the token, write, check capacity on the exact usage row: one transaction."""
         with transaction(self.conn):
             row = self.q(
-                "SELECT id, token FROM touba_history_sessions WHERE key = ?", key
+                "SELECT id, token, version FROM touba_history_sessions WHERE key = ?", key
             ).fetchone()
             if row is None or row[1] != token:
                 raise _recovered_meanwhile(key)
             conv = row[0]
+            # Rows changed by anyone else since the reservation keep the version cleared.
+            intact = write.rewrite or row[2] == write.seen
             now = self.store._clock()
             if write.rewrite:
                 self.q("DELETE FROM touba_history_messages WHERE conv = ?", conv)
@@ -443,7 +452,7 @@ class _Db:
                 write.bytes,
                 now,
                 now + self.store.ttl_seconds,
-                token,
+                token if intact else None,
                 conv,
             )
             usage = self._usage()  # exact: the triggers counted this write
