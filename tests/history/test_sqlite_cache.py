@@ -263,6 +263,40 @@ async def test_a_row_edited_while_a_decision_runs_is_seen_by_the_next_one(
         assert agent.windows[-1] == ["x0", "e1", "e2"]  # read again, not served from the cache
 
 
+async def test_only_the_reservation_commits_without_waiting_for_the_disk(db_path: Path) -> None:
+    """synchronous=NORMAL around the reservation's transaction alone; every
+    other commit (the save, a refused reservation's aftermath) is FULL."""
+    async with SqliteHistoryStore(db_path) as store:
+        agent = Agent(store)
+        observations = await agent.decide("s0", [])
+        statements: list[str] = []
+        await store._run(WHO.key, lambda: store._db.conn.set_trace_callback(statements.append))
+        observations = await agent.decide("s1", observations)
+        await store._run(WHO.key, lambda: store._db.conn.set_trace_callback(None))
+
+        def commits() -> list[str]:  # the synchronous level each COMMIT ran under
+            level, seen = "FULL", []
+            for statement in statements:
+                if statement.startswith("PRAGMA synchronous="):
+                    level = statement.split("=", 1)[1]
+                elif statement == "COMMIT":
+                    seen.append(level)
+            return seen
+
+        assert commits() == ["NORMAL", "FULL"]  # the reservation, then the save
+        assert statements[-1] != "PRAGMA synchronous=NORMAL"
+
+        def level() -> int:
+            return int(store._db.conn.execute("PRAGMA synchronous").fetchone()[0])
+
+        assert await store._run(WHO.key, level) == 2  # FULL between decisions
+        with raw(db_path) as conn:  # held by someone else: the reservation is refused
+            conn.execute("UPDATE touba_history_sessions SET token = 'other'")
+        with pytest.raises(DecisionHistoryBusy):
+            await agent.decide("s2", observations)
+        assert await store._run(WHO.key, level) == 2
+
+
 # -- what the cache holds -----------------------------------------------------------------
 
 

@@ -190,8 +190,9 @@ def open_private_sqlite(
                 f"SQLite could not put {path} in WAL mode (got {mode!r}); keep it on a local "
                 "file system"
             )
-        # FULL: a commit (a reservation, a saved decision) survives a power
-        # loss too; two fsyncs per decision are nothing next to a model call.
+        # FULL: a commit (a saved decision, a checkpoint) survives a power
+        # loss too. A store may lift it for one transaction that need not
+        # (the history store's reservations: see _sqlite.transaction).
         conn.execute("PRAGMA synchronous=FULL")
         verify_private_files(path)
     except BaseException:

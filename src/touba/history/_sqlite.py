@@ -72,16 +72,34 @@ def rollback_quietly(conn: sqlite3.Connection) -> None:
 
 
 @contextmanager
-def transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
-    """One transaction: committed when the block ends, rolled back if anything raises."""
+def transaction(
+    conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE", *, power_safe: bool = True
+) -> Iterator[None]:
+    """One transaction: committed when the block ends, rolled back if anything raises.
+
+    ``power_safe=False`` commits without waiting for the disk
+    (``synchronous=NORMAL`` for this transaction only; the connection's
+    ``FULL`` is restored after it): the commit survives the process, a
+    ``kill -9`` included, but a power loss or an OS crash may undo it. In WAL
+    mode, SQLite keeps the log in order: a later ``FULL`` commit, by any
+    connection, makes it durable too, and an undone commit leaves the state
+    before it. Only for writes that need no one once their machine is down (a
+    reservation: see :mod:`touba.history.sqlite`).
+    """
     finish_leftover(conn)
-    conn.execute(begin)
+    if not power_safe:
+        conn.execute("PRAGMA synchronous=NORMAL")
     try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        rollback_quietly(conn)
-        raise
+        conn.execute(begin)
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+    finally:
+        if not power_safe:
+            conn.execute("PRAGMA synchronous=FULL")
 
 
 def failure_kind(error: BaseException) -> FailureKind | None:

@@ -40,6 +40,14 @@ tail unless this store object holds it at the stored version already, and
 the save. Processes sharing the file see each other's saves: a save by any
 of them changes the version.
 
+The reservation's commit does not wait for the disk (``synchronous=NORMAL``
+for that transaction only): it outlives its process, ``kill -9`` included,
+as a reservation must, but not always a power loss. It need not: a power
+loss stops its holder too, and a reservation undone by it leaves the key as
+it was before, free, which is what ``recover`` would make of a reservation
+whose holder is gone. SQLite's log stays in order, so the save that follows
+(``FULL``, like every other commit of this store) makes it durable anyway.
+
 Expired conversations: a key whose record expired is purged when it is
 reserved or deleted; every expired, unreserved record is purged at most once
 a minute per store object (by its clock), whenever the store is 80 % full or
@@ -367,7 +375,7 @@ class _Db:
             reservation.host,
             reservation.since,
         )
-        with transaction(self.conn):
+        with transaction(self.conn, power_safe=False):
             now = self.store._clock()
             row = self.q(
                 "SELECT id, head, split, exchanges, messages, bytes, version, token, expires_at "
