@@ -20,6 +20,7 @@ from touba.errors import (
 )
 from touba.history._model import STORED_JSON_DEPTH, canonical_json, json_problem
 from touba.history._record import is_split_record, split_record
+from touba.history._store import LogWrite
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -141,6 +142,29 @@ def encode_checked_json(value: Any, what: str) -> str:
     except (TypeError, ValueError, RecursionError, OverflowError):
         return encode_json(value, what)
     return text
+
+
+def appended_bodies(write: LogWrite) -> list[tuple[int, str, int]]:
+    """(exchange, compact JSON, UTF-8 bytes) of each message ``write`` appends:
+    its ``bodies`` when given (one per message), else encoded here
+    (:func:`encode_checked_json`). Text that is not storable UTF-8 is refused
+    by path, as :func:`encode_json` does."""
+    bodies = write.bodies
+    if bodies is not None and len(bodies) != len(write.append):
+        raise ValueError(
+            f"LogWrite.bodies holds {len(bodies)} text(s) for {len(write.append)} appended "
+            "message(s); nothing was saved"
+        )
+    rows = []
+    for position, (index, message) in enumerate(write.append):
+        body = encode_checked_json(message, "message") if bodies is None else bodies[position]
+        try:
+            size = len(body.encode("utf-8"))
+        except UnicodeEncodeError:
+            encode_json(message, "message")  # raises, naming the bad value
+            raise
+        rows.append((index, body, size))
+    return rows
 
 
 def encode_json(value: Any, what: str) -> str:

@@ -349,6 +349,7 @@ class _Step:
                 else len(canonical_json(self.head).encode("utf-8"))
             )
         self.appends: list[tuple[int, Record]] = []
+        self.bodies: list[str] = []  # the compact JSON of each of appends
         self.added = ExchangeSize(0, 0)
         self.summary_event: HistoryEvent | None = None
         self.counts: list[HistoryEvent] = []
@@ -360,8 +361,11 @@ class _Step:
 
     def _append(self, index: int, message: Message) -> ExchangeSize:
         data = message_to_dict(message)
-        size = ExchangeSize(1, message_bytes(data))
+        body = canonical_json(data)  # measured here, stored as is (LogWrite.bodies)
+        # surrogatepass: a lone surrogate is measured, not a crash; stores refuse it typed.
+        size = ExchangeSize(1, len(body.encode("utf-8", "surrogatepass")))
         self.appends.append((index, data))
+        self.bodies.append(body)
         self.added = self.added + size
         return size
 
@@ -483,7 +487,7 @@ class _Step:
         )
         head["updated_at"] = now_iso()
         add_point(head, self._point(head, window))
-        return LogWrite(head=head, append=self.appends), decision
+        return LogWrite(head=head, append=self.appends, bodies=self.bodies), decision
 
     def _point(self, head: Record, window: HistoryWindow) -> DecisionPoint:
         """This decision's figures for the plot (sizes and verdicts only)."""

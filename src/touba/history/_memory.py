@@ -24,6 +24,7 @@ from typing import Any, Self, TypeVar
 from touba.errors import ConfigurationError
 from touba.history._common import (
     MiB,
+    appended_bodies,
     busy,
     check_capacity,
     check_key,
@@ -35,7 +36,7 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
-from touba.history._frozen import freeze
+from touba.history._frozen import parse_frozen
 from touba.history._model import Message, message_from_dict
 from touba.history._record import join_record
 from touba.history._store import (
@@ -120,7 +121,7 @@ class _Snapshot:
             messages = cache.get(index)
             if messages is None:
                 rows = entry.exchanges[index]
-                messages = [message_from_dict(freeze(json.loads(m))) for m in rows]
+                messages = [message_from_dict(parse_frozen(m)) for m in rows]
                 cache[index] = messages
             out.append(list(messages))
         return out
@@ -388,8 +389,9 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
     drop = _dropping(old, write.drop_last)
     kept = (len(old.exchanges) if old else 0) - sum(1 for _, emptied in drop if emptied)
     check_appends(kept, write.append)
-    rows = [(index, encode_checked_json(message, "message")) for index, message in write.append]
-    sizes = [len(row.encode("utf-8")) for _, row in rows]
+    appended = appended_bodies(write)
+    rows = [(index, body) for index, body, _size in appended]
+    sizes = [size for _index, _body, size in appended]
     old_bytes = old.bytes if old else 0
     old_head_bytes = len(old.head.encode("utf-8")) if old else 0
     dropped = sum(size for size, _ in drop)

@@ -161,7 +161,13 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
-from touba.history._common import Reservation, encode_checked_json, encode_json, encode_record
+from touba.history._common import (
+    Reservation,
+    appended_bodies,
+    encode_checked_json,
+    encode_json,
+    encode_record,
+)
 from touba.history._frozen import parse_frozen, thaw
 from touba.history._model import Message, message_from_dict, parse_json
 from touba.history._record import join_record
@@ -929,9 +935,8 @@ def _appended(reserved: Reserved, head_bytes: int, write: LogWrite) -> Write:
     head = encode_checked_json(write.head, "head")
     rows: list[tuple[int, int, int, str]] = []
     stored = reserved.messages if reserved.split else 0
-    for index, message in write.append:
-        body = encode_checked_json(message, "message")
-        rows.append((stored + len(rows), index, len(body.encode("utf-8")), body))
+    for index, body, size in appended_bodies(write):
+        rows.append((stored + len(rows), index, size, body))
     namespace, identity = identity_columns(write.head)
     kept = reserved.bytes - head_bytes if reserved.head is not None else 0
     total = kept + len(head.encode("utf-8")) + sum(row[2] for row in rows)

@@ -142,11 +142,16 @@ class LogWrite:
     ``transact``); a caller checks :func:`log_drops` before sending one.
     Each appended message names its exchange, which must be the last
     existing exchange (after the drop) or the ones right after it, in order.
+    ``bodies``, when given, is the compact JSON
+    (:func:`~touba.history._model.canonical_json`) of each appended message, in
+    order, as the history engine already encoded it to measure it: the
+    built-in stores keep it instead of encoding the message again.
     """
 
     head: Record
     append: Sequence[tuple[int, Record]] = ()
     drop_last: int = 0
+    bodies: Sequence[str] | None = None
 
 
 LogOperation = Callable[
