@@ -45,7 +45,8 @@ for that transaction only): it outlives its process, ``kill -9`` included,
 as a reservation must, but not always a power loss. It need not: a power
 loss stops its holder too, and a reservation undone by it leaves the key as
 it was before, free, which is what ``recover`` would make of a reservation
-whose holder is gone. SQLite's log stays in order, so the save that follows
+whose holder is gone (expired records it purged come back expired, and are
+purged again). SQLite's log stays in order, so the save that follows
 (``FULL``, like every other commit of this store) makes it durable anyway.
 
 Expired conversations: a key whose record expired is purged when it is
