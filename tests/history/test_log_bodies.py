@@ -66,6 +66,9 @@ async def test_a_body_that_is_not_utf8_is_refused_typed_untouched(stores: Stores
             "k", append(append=[(1, {"t": "\ud800"})], bodies=['{"t":"\ud800"}'])
         )
     assert await state(store) == before
+    with pytest.raises(ValueError, match=r"bodies\[0\] is not storable"):
+        await store.transact_log("k", append(append=[(1, {"t": "a"})], bodies=['{"t":"\ud800"}']))
+    assert await state(store) == before
 
 
 async def test_the_engine_hands_over_the_text_it_measured(

@@ -160,9 +160,12 @@ def appended_bodies(write: LogWrite) -> list[tuple[int, str, int]]:
         body = encode_checked_json(message, "message") if bodies is None else bodies[position]
         try:
             size = len(body.encode("utf-8"))
-        except UnicodeEncodeError:
+        except UnicodeEncodeError as e:
             encode_json(message, "message")  # raises, naming the bad value
-            raise
+            raise ValueError(  # the message is fine: the text given for it is not
+                f"LogWrite.bodies[{position}] is not storable UTF-8 text (it does not "
+                "encode the message it stands for); nothing was saved"
+            ) from e
         rows.append((index, body, size))
     return rows
 
