@@ -54,7 +54,10 @@ Tables, all measured in one run:
    in one process for a few seconds each, decisions per second; then 8
    conversations driven from 4 processes (PostgreSQL), touba against
    ``SQLAlchemySession`` and against touba with the same 8 conversations in
-   one process, in 3 alternating rounds (ratios within a round, medians).
+   one process, in 3 alternating rounds (ratios within a round, medians),
+   with the CPUs that one process keeps busy (its own and, read from
+   ``/proc`` on a local server, PostgreSQL's): what more processes can gain
+   on this machine is bounded by the CPUs left.
    Each system keeps its default connection pool (touba's PostgreSQL store:
    4 connections; SQLAlchemy: 5 plus 10 overflow); the SQLite peers open
    their file once per session, as the SDK does.
@@ -830,6 +833,41 @@ def _process_worker(
     results.put(asyncio.run(main()))
 
 
+def postgres_cpu_seconds() -> float | None:
+    """CPU time (user + system) of this machine's PostgreSQL processes so far, from
+    ``/proc``; None where it cannot be read (no ``/proc``, a remote server)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    ticks, seen = 0, False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone since listed, or not ours to read
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+        if name.startswith("postgres"):
+            values = fields.split()
+            ticks += int(values[11]) + int(values[12])  # utime, stime (fields 14, 15)
+            seen = True
+    return ticks / os.sysconf("SC_CLK_TCK") if seen else None
+
+
+async def cpu_of_single(b: Backend, seconds: float) -> tuple[float, float, float | None]:
+    """touba's one-process throughput with the CPUs it keeps busy: (decisions/s,
+    cores used by this process, cores used by the PostgreSQL server or None)."""
+    started, server = time.perf_counter(), postgres_cpu_seconds()
+    own = os.times()
+    rate = await throughput(b, "touba", PROCESSES * PER_PROCESS, seconds)
+    assert rate is not None
+    elapsed, after, server_after = time.perf_counter() - started, os.times(), postgres_cpu_seconds()
+    client = (after.user - own.user + after.system - own.system) / elapsed
+    busy = None if server is None or server_after is None else (server_after - server) / elapsed
+    return rate, client, busy
+
+
 def across_processes(system: str, run: str, seconds: float) -> float:
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(PROCESSES)
@@ -968,14 +1006,15 @@ async def run_store(
             # PROCESS_ROUNDS times: the machine's load changes between windows, so the
             # ratios are taken within a round and their median reported.
             rates: dict[str, list[float]] = {"touba": [], "peer": [], "single": []}
+            cores: list[tuple[float, float | None]] = []  # the single process's, per round
             for _ in range(PROCESS_ROUNDS):
                 for system in ("touba", "peer"):
                     rates[system].append(
                         await asyncio.to_thread(across_processes, system, b.run, args.seconds)
                     )
-                single = await throughput(b, "touba", PROCESSES * PER_PROCESS, args.seconds)
-                assert single is not None
+                single, client, server = await cpu_of_single(b, args.seconds)
                 rates["single"].append(single)
+                cores.append((client, server))
         versus_peer = [t / p for t, p in zip(rates["touba"], rates["peer"], strict=True)]
         versus_single = [t / s for t, s in zip(rates["touba"], rates["single"], strict=True)]
         report(
@@ -988,6 +1027,17 @@ async def run_store(
             f"{statistics.median(versus_single):.2f} "
             f"(rounds {', '.join(f'{r:.2f}' for r in versus_single)})"
         )
+        client = statistics.median(c for c, _ in cores)
+        servers = [s for _, s in cores if s is not None]
+        if servers:  # what bounds the gain of more processes on this machine
+            server, cpus = statistics.median(servers), os.cpu_count() or 1
+            report(
+                f"  the one process kept {client + server:.2f} of {cpus} CPUs busy (touba's "
+                f"process {client:.2f}, the PostgreSQL server {server:.2f}; medians of the "
+                f"rounds): more processes can reach at most {cpus / (client + server):.2f}x here"
+            )
+        else:
+            report(f"  the one process used {client:.2f} CPUs (the server's could not be read)")
 
 
 async def _settings(report: Callable[[str], None], kinds: Sequence[str]) -> None:
