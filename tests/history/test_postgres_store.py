@@ -458,15 +458,19 @@ async def test_a_decision_takes_two_transactions_and_reads_the_tail_ahead(
     history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
     who = identity("n")
     windows: list[int] = []
-    opened = 0
-    original = store._pg.transaction
+    opened: list[str] = []
+    originals = {"transaction": store._pg.transaction, "statement": store._pg.statement}
 
-    def counted() -> Any:  # counts what the store opens; runs the real transaction
-        nonlocal opened
-        opened += 1
-        return original()
+    def counting(kind: str) -> Any:  # counts what the store opens; runs the real one
+        def counted() -> Any:
+            opened.append(kind)
+            return originals[kind]()
 
-    store._pg.transaction = counted  # type: ignore[method-assign]
+        return counted
+
+    # A statement is a transaction of its own (autocommit, on the store's own pool).
+    store._pg.transaction = counting("transaction")  # type: ignore[method-assign]
+    store._pg.statement = counting("statement")  # type: ignore[method-assign]
     observations: list[Observation] = []
     for step in range(8):
 
@@ -474,11 +478,12 @@ async def test_a_decision_takes_two_transactions_and_reads_the_tail_ahead(
             windows.append(len(window.messages))
             return DecisionMessage(calls=(CapabilityCall(f"c{step}", "f", {"n": step}),))
 
-        opened = 0
+        opened.clear()
         await history.step(who, observations, generate)
         observations = [Observation(f"c{step}", "f", {"n": step}, "ok", {"r": step})]
         if step >= 2:  # once the store has seen how much of the tail is read
-            assert opened == 2, step
+            # The reservation, then the save: each one statement, one round trip.
+            assert opened == ["statement", "statement"], step
     assert windows[-1] == 6
     assert (await store.read(who.key)) is not None
 
@@ -879,6 +884,12 @@ async def test_store_given_a_pool_leaves_it_open(dsn: str, table: str) -> None:
             record = touba_record()
             await store.transact("k", put(record))
             assert await store.read("k") == record
+            # Decisions too: their single statements run in READ COMMITTED
+            # transactions on a pool that is not the store's own.
+            history, decider = _history(store), _Decider()
+            for step in range(3):
+                await decider.step(history, f"d{step}")
+            assert _texts(decider.windows[-1]) == ["d0", "d1"]
         assert not pool.closed
         with pytest.raises(ConfigurationError, match="closed"):
             await store.read("k")

@@ -37,7 +37,9 @@ Layout, every name derived from ``table`` and quoted with
 No transaction stays open while ``operation`` runs. The reservation
 protocol and the tail cache are :mod:`touba.history._reserving`'s; this
 module gives its primitives. A decision takes two transactions of one
-statement each: the reservation (refusing at once with
+statement each, sent alone on the store's own pool (autocommit: one round
+trip each, not three; in a READ COMMITTED transaction on a pool given by
+the host): the reservation (refusing at once with
 ``DecisionHistoryBusy`` when the key is reserved), which also reads the
 usage and, unless this store object holds the conversation's tail at the
 stored version, the tail as far back as the history layer read lately
@@ -455,25 +457,29 @@ class _Statements:
             " RETURNING shard) "
         )
         self.save_in_room = taken + self.save + sql.SQL(" AND EXISTS (SELECT FROM taken)")
-        # One statement per appended decision, each step gated on the one before
-        # (so the row is locked before its shard): the row saved if this
-        # reservation still holds it, then its growth taken from its shard's room
-        # when it grows, then its messages added. Returns (saved, taken).
+        # One statement per appended decision, a transaction by itself: the row
+        # locked if this reservation still holds it, then (when it grows) its
+        # growth taken from its shard's room (so the row is locked before its
+        # shard), then the row saved if it does not grow or its growth was
+        # taken, then its messages added. Each step is gated on the one
+        # before, so a save without room changes nothing. Returns (held, saved).
         self.append = q(
-            "WITH saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
+            "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving}"
+            "  WHERE h.key = %s AND h.token = %s FOR UPDATE OF h),"
+            " taken AS (UPDATE {u} SET room = room - %s"
+            "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
+            "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
+            " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
             "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
             "  expires_at = now() + make_interval(secs => %s), token = NULL,"
             "  worker_id = NULL, pid = NULL, host = NULL, since = NULL,"
             "  version = CASE WHEN h.version IS NOT DISTINCT FROM %s THEN h.token END"
-            "  FROM {shared}, {saving}"
-            "  WHERE h.key = %s AND h.token = %s RETURNING h.key),"
-            " taken AS (UPDATE {u} SET room = room - %s"
-            "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
-            "  AND max_bytes <= %s AND EXISTS (SELECT FROM saved) RETURNING shard),"
+            "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
+            "  RETURNING h.key),"
             " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
             "  SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::int[], %s::text[])"
             "  WHERE EXISTS (SELECT FROM saved))"
-            " SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM taken)"
+            " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
         )
         self.insert_messages = q(
             "INSERT INTO {m} (key, seq, exchange, bytes, body)"
@@ -588,7 +594,7 @@ class _Backend:
         sizes, bodies = _reach(read)
         # A live conversation keeps its place: reserving it updates its row only,
         # and reads the usage and the tail (or every message) in the same statement.
-        async with store._transaction() as conn:
+        async with store._statement() as conn:
             found = await _rows(
                 conn, s.claim_live, (*holder, holder[0], key, read.cached, sizes, bodies, bodies)
             )
@@ -702,13 +708,21 @@ class _Backend:
                 await _run(conn, s.insert_messages, (key, *_columns(write.rows)))
 
     async def _append(self, key: str, token: str, write: Write) -> None:
-        """A log write in one statement, within its shard's room (``_NoRoom`` if not)."""
+        """A log write in one statement, a transaction by itself, within its shard's
+        room (``_NoRoom``, nothing written, if not)."""
         store, growth = self._store, write.growth
-        async with store._transaction() as conn:
+        async with store._statement() as conn:
             row = await _row(
                 conn,
                 self._sql.append,
                 (
+                    key,
+                    token,
+                    growth,
+                    growth,
+                    key,
+                    growth,
+                    store.max_store_bytes,
                     write.namespace,
                     write.identity,
                     write.head,
@@ -717,23 +731,17 @@ class _Backend:
                     write.bytes,
                     store.ttl_seconds,
                     write.seen,
-                    key,
-                    token,
                     growth,
-                    growth,
-                    key,
-                    growth,
-                    store.max_store_bytes,
                     key,
                     *_columns(write.rows),
                 ),
             )
-            assert row is not None
-            saved, taken = row
-            if not saved:
-                raise _recovered(key)
-            if growth > 0 and not taken:
-                raise _NoRoom
+        assert row is not None
+        held, saved = row
+        if not held:
+            raise _recovered(key)
+        if not saved:
+            raise _NoRoom
 
     async def delete(self, key: str, token: str) -> None:
         async with self._store._transaction() as conn:
@@ -758,13 +766,13 @@ class _Backend:
     async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
         if start >= stop:
             return []
-        async with self._store._transaction() as conn:
+        async with self._store._statement() as conn:
             return await _rows(conn, self._sql.range_sizes, (key, start, stop))
 
     async def read_rows(self, key: str, start: int, stop: int) -> Rows:
         if start >= stop:
             return []
-        async with self._store._transaction() as conn:
+        async with self._store._statement() as conn:
             return await _rows(conn, self._sql.range_rows, (key, start, stop))
 
 
@@ -837,6 +845,10 @@ class PostgresHistoryStore(PooledStore):
     def _transaction(self) -> AbstractAsyncContextManager[_Conn]:
         """One transaction on a pooled connection (inside :meth:`_using`)."""
         return self._pg.transaction()
+
+    def _statement(self) -> AbstractAsyncContextManager[_Conn]:
+        """One statement that is a transaction by itself (see ``OwnedPool.statement``)."""
+        return self._pg.statement()
 
     # -- capacity -----------------------------------------------------------------------
 
