@@ -97,3 +97,11 @@ async def test_the_engine_hands_over_the_text_it_measured(
     assert write.bodies == [canonical_json(message) for _index, message in write.append]
     (stored,) = (await store.read(WHO.key))["exchanges"]
     assert [canonical_json(m) for m in stored] == list(write.bodies)
+
+
+async def test_a_write_without_messages_keeps_the_stored_ones(stores: Stores) -> None:
+    store = stores()
+    await store.transact_log("k", append())
+    await store.transact_log("k", append(append=[], bodies=[]))
+    await store.transact_log("k", append(append=[]))
+    assert await store.read("k") == {**HEAD, "exchanges": [[{"n": 0}]]}

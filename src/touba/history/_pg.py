@@ -75,7 +75,7 @@ OPEN_TIMEOUT: Final = 10.0
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,47}")
 Row = tuple[Any, ...]
 Conn = AsyncConnection[Any]
-Query = sql.SQL | sql.Composed
+Query = sql.SQL | sql.Composed | bytes  # bytes: rendered once (see the stores)
 
 #: Driver failures during use that mean "the server or the link failed, retry later".
 #: ``PoolTimeout`` and ``PoolClosed`` are ``OperationalError`` subclasses.

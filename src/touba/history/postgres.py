@@ -180,6 +180,12 @@ class _Statements:
         def q(text: LiteralString) -> sql.Composed:
             return sql.SQL(text).format(**names)
 
+        def hot(text: LiteralString) -> bytes:
+            """A statement of every decision, rendered once: names are plain
+            identifiers (``table_parts``), so quoting them needs no connection,
+            and psycopg then caches its parse by these bytes."""
+            return q(text).as_bytes(None)
+
         u = sql.Identifier(*schema, f"{name}_usage")
         self.usage_table = u
         names["u"] = u
@@ -388,7 +394,7 @@ class _Statements:
         # new one). Parameters: the reservation, its token again, the key, the
         # cached version, then how many trailing exchanges' sizes, and bodies,
         # to read (twice).
-        self.claim_live = q(
+        self.claim_live = hot(
             "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
             "  since = %s, version = coalesce(version, %s)"
             "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
@@ -463,7 +469,7 @@ class _Statements:
         # shard), then the row saved if it does not grow or its growth was
         # taken, then its messages added. Each step is gated on the one
         # before, so a save without room changes nothing. Returns (held, saved).
-        self.append = q(
+        self.append = hot(
             "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving}"
             "  WHERE h.key = %s AND h.token = %s FOR UPDATE OF h),"
             " taken AS (UPDATE {u} SET room = room - %s"
@@ -477,13 +483,13 @@ class _Statements:
             "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
             "  RETURNING h.key),"
             " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
-            "  SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::int[], %s::text[])"
+            "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
             "  WHERE EXISTS (SELECT FROM saved))"
             " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
         )
-        self.insert_messages = q(
+        self.insert_messages = hot(
             "INSERT INTO {m} (key, seq, exchange, bytes, body)"
-            " SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::int[], %s::text[])"
+            " SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
         )
         self.delete_reserved = q(
             "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s AND h.token = %s"
@@ -494,11 +500,11 @@ class _Statements:
         self.all_messages = q(
             "SELECT exchange, bytes, body FROM {m} WHERE key = %s ORDER BY exchange, seq"
         )
-        self.range_rows = q(
+        self.range_rows = hot(
             "SELECT exchange, bytes, body FROM {m}"
             " WHERE key = %s AND exchange >= %s AND exchange < %s ORDER BY exchange, seq"
         )
-        self.range_sizes = q(
+        self.range_sizes = hot(
             "SELECT exchange, count(*), sum(bytes) FROM {m}"
             " WHERE key = %s AND exchange >= %s AND exchange < %s"
             " GROUP BY exchange ORDER BY exchange"
