@@ -488,6 +488,35 @@ async def test_a_decision_takes_two_transactions_and_reads_the_tail_ahead(
     assert (await store.read(who.key)) is not None
 
 
+async def test_more_conversations_than_connections_wait_outside_the_pool(
+    make_store: Make,
+) -> None:
+    """Decisions beyond the own pool's connections wait for a place in the store
+    (a future each), never inside psycopg_pool (a task and a timer each)."""
+    from touba.history._pg import POOL_SIZE
+
+    store = make_store()
+    histories = [(_history(store), _Decider(), f"n{i}") for i in range(4 * POOL_SIZE)]
+
+    async def decide(rounds: int) -> None:
+        async def one(history: Any, decider: _Decider, name: str) -> None:
+            for step in range(rounds):
+                who = ConversationIdentity("n", "openai", "m", "native", "r-1", name, "agent")
+                await decider.step(history, f"{name}-{step}", who=who)
+
+        await asyncio.gather(*(one(*h) for h in histories))
+
+    await decide(2)  # the pool opens its connections as they are first needed
+    pool = store._pg._pool
+    assert pool is not None
+    queued = pool.get_stats().get("requests_queued", 0)
+    await decide(5)
+    assert pool.get_stats().get("requests_queued", 0) == queued
+    assert pool.get_stats()["pool_size"] <= POOL_SIZE
+    for _, decider, name in histories:  # each saw its own previous decision last
+        assert _texts(decider.windows[-1])[-1] == f"{name}-3"
+
+
 async def test_a_window_is_parsed_once_shared_read_only_and_never_stale(
     make_store: Make,
 ) -> None:
@@ -550,7 +579,11 @@ class _Decider:
         self.windows: list[Any] = []
 
     async def step(
-        self, history: Any, text: str, during: Callable[[], Awaitable[Any]] | None = None
+        self,
+        history: Any,
+        text: str,
+        during: Callable[[], Awaitable[Any]] | None = None,
+        who: Any = None,
     ) -> None:
         """One decision; ``during`` runs while it is reserved (as the model call)."""
         from touba.history import DecisionMessage, HistoryWindow
@@ -561,7 +594,7 @@ class _Decider:
                 await during()
             return DecisionMessage(text=text, final=True)
 
-        await history.step(identity("n"), [], decide)
+        await history.step(identity("n") if who is None else who, [], decide)
 
 
 @pytest.fixture
