@@ -238,8 +238,9 @@ class Schema:
             )
         if meta is None and main is not None:
             raise ConfigurationError(
-                f"table {self.table!r} exists but is not a touba {self.what} table (no "
-                f"{self.table}_meta); nothing was modified. Choose another table name"
+                f"table {self.table!r} exists but is not touba's: not a touba {self.what} "
+                f"table (no {self.meta.as_string(conn)}); nothing was modified. Choose "
+                "another name"
             )
         if meta is None:
             for statement in self.create:
