@@ -1,8 +1,9 @@
 """What touba's PostgreSQL stores share: names, the pool, the schema check, one transaction.
 
 Used by :mod:`touba.history.postgres`, :mod:`touba.memory.postgres` and the
-runtime's PostgreSQL stores (checkpoints, resources); it sits in ``history`` because that is the lowest
-layer with a PostgreSQL store, as :mod:`touba.history._files` does for SQLite.
+runtime's PostgreSQL stores (checkpoints, resources); it sits in ``history``
+because that is the lowest layer with a PostgreSQL store, as
+:mod:`touba.history._files` does for SQLite.
 
 - **Names.** A table is ``name`` or ``schema.name``, each part a plain
   identifier, always composed with ``psycopg.sql.Identifier`` (never
