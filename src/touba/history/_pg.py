@@ -29,8 +29,8 @@ because that is the lowest layer with a PostgreSQL store, as
   statement is sent alone (:meth:`OwnedPool.statement`): one round trip.
 - **Errors.** A driver error while opening is a ``ConfigurationError``; a
   lost server, a pool timeout or a broken connection during use becomes the
-  store's own transient error, in :meth:`OwnedPool.transaction` only, chained
-  with ``raise ... from``.
+  store's own transient error, in :meth:`OwnedPool.transaction` and
+  :meth:`OwnedPool.statement` only, chained with ``raise ... from``.
 - **Closing.** ``close()`` refuses new calls, lets running ones finish, then
   closes the pool it made (never the host's).
 """
@@ -280,7 +280,7 @@ class OwnedPool:
     """A store's pool (its own or the host's), its checked schema and its calls in progress.
 
     ``unavailable`` turns a driver failure during use into the store's typed
-    error; it is called in :meth:`transaction` only.
+    error; it is called in :meth:`transaction` and :meth:`statement` only.
     """
 
     def __init__(
@@ -404,8 +404,7 @@ class OwnedPool:
             if not self._users:
                 self._idle.set()
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Conn]:
+    def transaction(self) -> AbstractAsyncContextManager[Conn]:
         """One READ COMMITTED transaction on a pooled connection, opening first if needed.
 
         A driver failure (server gone, broken connection, pool timeout) raises
@@ -413,25 +412,9 @@ class OwnedPool:
         back, unless the link failed during its COMMIT, when it may have
         committed.
         """
-        if not self._ready:
-            await self.open()
-        pool = self._pool
-        if pool is None:  # only a caller that outlived close() can get here
-            raise ConfigurationError(f"this {self._owner} is closed; create a new one")
-        try:
-            async with self._slot(), pool.connection() as conn, read_committed(conn):
-                yield conn
-        except FAILURES as e:
-            # The one place driver failures during use become touba errors.
-            raise self._unavailable(e) from e
+        return self._connection(alone=False)
 
-    def _slot(self) -> AbstractAsyncContextManager[Any]:
-        """A place among the own pool's connections (nothing to take from a host's pool,
-        which others may use too)."""
-        return self._slots if self._slots is not None else contextlib.nullcontext()
-
-    @asynccontextmanager
-    async def statement(self) -> AsyncIterator[Conn]:
+    def statement(self) -> AbstractAsyncContextManager[Conn]:
         """A pooled connection for one statement that is a whole transaction.
 
         On the store's own pool (autocommit, READ COMMITTED by default) the
@@ -441,6 +424,12 @@ class OwnedPool:
         :meth:`transaction` does. Failures as in :meth:`transaction`; a
         statement whose reply was lost may have committed.
         """
+        return self._connection(alone=True)
+
+    @asynccontextmanager
+    async def _connection(self, *, alone: bool) -> AsyncIterator[Conn]:
+        """A pooled connection in a READ COMMITTED transaction, or bare for a
+        statement ``alone`` on the own pool (see :meth:`statement`)."""
         if not self._ready:
             await self.open()
         pool = self._pool
@@ -448,13 +437,19 @@ class OwnedPool:
             raise ConfigurationError(f"this {self._owner} is closed; create a new one")
         try:
             async with self._slot(), pool.connection() as conn:
-                if self._owns_pool and conn.autocommit:
+                if alone and self._owns_pool and conn.autocommit:
                     yield conn
                 else:
                     async with read_committed(conn):
                         yield conn
         except FAILURES as e:
+            # The one place driver failures during use become touba errors.
             raise self._unavailable(e) from e
+
+    def _slot(self) -> AbstractAsyncContextManager[Any]:
+        """A place among the own pool's connections (nothing to take from a host's pool,
+        which others may use too)."""
+        return self._slots if self._slots is not None else contextlib.nullcontext()
 
 
 class PooledStore:
