@@ -233,6 +233,44 @@ def test_touba_runs_without_opentelemetry_installed() -> None:
     assert done.stdout.strip() == "ok"
 
 
+
+def test_spans_start_only_once_a_tracer_provider_is_set() -> None:
+    """No provider: no span is started (the API's no-op would record nothing);
+    a provider set afterwards, in the same process, gets every span."""
+    script = (
+        "import asyncio\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+        "InMemorySpanExporter\n"
+        "from touba import _telemetry\n"
+        "from touba.runtime import Program, Runtime\n"
+        "from touba.testing import ScriptedProvider\n"
+        "def run():\n"
+        "    p = Program(); p.agent('a', provider=ScriptedProvider(ScriptedProvider.final('ok')))\n"
+        "    r = asyncio.run(Runtime(p).invoke('a'))\n"
+        "    assert r.status == 'completed', r.error\n"
+        "with _telemetry.span('probe') as before:\n"
+        "    assert before is None, before\n"
+        "run()\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "trace.set_tracer_provider(provider)\n"
+        "with _telemetry.span('probe') as after:\n"
+        "    assert after is not None and after.is_recording()\n"
+        "run()\n"
+        "print(sorted({s.name.split()[0] for s in exporter.get_finished_spans()}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['chat', 'invoke_agent', 'probe', 'touba.history.transaction']"
+
 async def test_lifecycle_is_logged_at_info_without_content(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

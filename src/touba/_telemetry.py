@@ -2,8 +2,9 @@
 
 touba depends only on the API (``pip install "touba[otel]"``): the host
 installs an SDK and exporter and sets the tracer provider, and every span
-below goes there; without a provider, the API's own no-op tracer is used, and
-without the package nothing is imported or recorded. Spans follow the
+below goes there; without a provider no span is started (the API's no-op
+tracer would record nothing: a decision does not pay for it), and without the
+package nothing is imported or recorded. Spans follow the
 OpenTelemetry GenAI semantic conventions where they apply:
 
 - ``invoke_agent {agent}`` (INTERNAL) per invocation or resume, delegates
@@ -97,8 +98,11 @@ def span(
     ``error.type`` = the touba error code or the exception's class name; the
     exception itself is not recorded (its message may hold content).
     ``decision=True`` makes it the span that history events annotate.
+    Without a tracer provider there is no span either: the API's no-op tracer
+    would only make the current span's context current again, so the block
+    runs as it is (checked at every call: a provider set later is used).
     """
-    if _trace is None:
+    if _trace is None or isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
         yield None
         return
     tracer = _trace.get_tracer("touba")
