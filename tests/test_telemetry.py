@@ -233,7 +233,6 @@ def test_touba_runs_without_opentelemetry_installed() -> None:
     assert done.stdout.strip() == "ok"
 
 
-
 def test_spans_start_only_once_a_tracer_provider_is_set() -> None:
     """No provider: no span is started (the API's no-op would record nothing);
     a provider set afterwards, in the same process, gets every span."""
@@ -270,6 +269,7 @@ def test_spans_start_only_once_a_tracer_provider_is_set() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['chat', 'invoke_agent', 'probe', 'touba.history.transaction']"
+
 
 async def test_lifecycle_is_logged_at_info_without_content(
     caplog: pytest.LogCaptureFixture,
