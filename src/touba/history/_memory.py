@@ -30,13 +30,13 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
-    encode_checked_json,
     encode_record,
     iso,
     recovered,
     require_worker_stopped,
 )
 from touba.history._frozen import parse_frozen
+from touba.history._head import HeldHead, encode_head, parse_head
 from touba.history._model import Message, message_from_dict
 from touba.history._record import join_record
 from touba.history._store import (
@@ -68,6 +68,10 @@ class _Entry:
     parsed: dict[int, list[Message]] = field(default_factory=dict)  # frozen, shared
     # Exchanges of ``parsed`` whose messages passed the window check (_integrity).
     well_formed: set[int] = field(default_factory=set)
+    held: HeldHead | None = None  # ``head`` parsed, for the next decision (see _head)
+
+    def held_head(self) -> HeldHead | None:
+        return self.held if self.held is not None and self.held.holds(self.head) else None
 
     def record(self) -> Record:
         head: Record = json.loads(self.head)
@@ -77,11 +81,17 @@ class _Entry:
 
 
 class _Snapshot:
-    """Private view of one entry: every read parses fresh objects."""
+    """View of one entry: the head's top-level dict and every read of exchanges are
+    the caller's own; the head's nested values and the neutral messages are
+    shared and read-only."""
 
     def __init__(self, entry: _Entry) -> None:
         self._entry = entry
-        self._head: Record = json.loads(entry.head)
+        held = entry.held_head()
+        head = held.copy() if held is not None else parse_head(entry.head)
+        if head is None:  # only touba's own heads are written to split entries
+            raise ValueError("a RAM store entry holds a head that is not a JSON object")
+        self._head: Record = head
 
     @property
     def head(self) -> Record:
@@ -385,7 +395,8 @@ def _identity(entry: _Entry) -> dict[str, str] | None:
 
 def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistoryStore) -> None:
     """Check then apply ``write`` in place (lock held); a refusal changes nothing."""
-    head = encode_checked_json(write.head, "head")
+    held = encode_head(write.head, None if old is None else old.held_head())
+    head = held.text
     drop = _dropping(old, write.drop_last)
     kept = (len(old.exchanges) if old else 0) - sum(1 for _, emptied in drop if emptied)
     check_appends(kept, write.append)
@@ -395,10 +406,10 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
     old_bytes = old.bytes if old else 0
     old_head_bytes = len(old.head.encode("utf-8")) if old else 0
     dropped = sum(size for size, _ in drop)
-    new_bytes = old_bytes - old_head_bytes + len(head.encode("utf-8")) + sum(sizes) - dropped
+    new_bytes = old_bytes - old_head_bytes + held.size + sum(sizes) - dropped
     entry = old or _Entry(head=head, split=True)
     store._admit(key, new_bytes, old)
-    entry.head, entry.split, entry.bytes = head, True, new_bytes
+    entry.head, entry.held, entry.split, entry.bytes = head, held, True, new_bytes
     dropped_from = len(entry.exchanges) - len(drop)  # no exchange before it loses a message
     changed = {index for index, _ in rows}
     for index in [i for i in entry.parsed if i in changed or (drop and i >= dropped_from)]:

@@ -66,7 +66,11 @@ def canonical_json(value: JSON) -> str:
     ``NaN``, which strict parsers refuse). Check values with :func:`json_problem`
     where they enter touba, to refuse them typed and by name.
     """
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODE(value)
+
+
+# json.dumps with these arguments, without building an encoder at every call.
+_ENCODE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 def refuse_constant(name: str) -> NoReturn:

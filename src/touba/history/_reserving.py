@@ -29,7 +29,9 @@ the cache for the length of a reservation and put back when it ends, so no
 two reservations share one. Snapshots also serve ``messages(start, stop)``
 (the shared neutral messages, which the history engine uses instead of
 parsing), ``head_bytes`` (the stored head's length) and ``well_formed`` (the
-exchanges the window check passed, see :mod:`touba.history._integrity`).
+exchanges the window check passed, see :mod:`touba.history._integrity`). The
+tail also holds the head its save wrote (:mod:`touba.history._head`): the next
+reservation parses the stored head only when its text is not that one.
 
 **Content mode.** A backend that cannot see edits made behind its back (Redis:
 another client's LSET or LREM of a row leaves the version as it was) says so
@@ -164,11 +166,11 @@ from touba.errors import (
 from touba.history._common import (
     Reservation,
     appended_bodies,
-    encode_checked_json,
     encode_json,
     encode_record,
 )
 from touba.history._frozen import parse_frozen, thaw
+from touba.history._head import HeldHead, encode_head, parse_head
 from touba.history._model import Message, message_from_dict, parse_json
 from touba.history._record import join_record
 from touba.history._sqlite import describe
@@ -379,6 +381,7 @@ class _Tail:
         "bodies_first",
         "body_bytes",
         "count",
+        "head",
         "messages",
         "records",
         "sizes",
@@ -411,6 +414,8 @@ class _Tail:
         self.well_formed: set[int] = set()
         # Content mode only: the stored text each held message was parsed from.
         self.texts = texts
+        # The head this store object saved last (see _head): reused while stored.
+        self.head: HeldHead | None = None
 
     @classmethod
     def empty(cls, version: str, *, texts: bool = False) -> _Tail:
@@ -418,8 +423,8 @@ class _Tail:
 
     @property
     def bytes(self) -> int:
-        """Message JSON bytes held."""
-        return sum(self.body_bytes)
+        """Message (and head) JSON bytes held."""
+        return sum(self.body_bytes) + (0 if self.head is None else self.head.size)
 
     def covers(self, sizes: int, bodies: int) -> bool:
         """Whether it holds what a reservation reading these hints would read."""
@@ -684,6 +689,7 @@ class Reservations:
         reservation = Reservation.new(self.worker_id)
         token = reservation.token
         tail = self.cache.take(key)
+        held_head = None if tail is None else tail.head  # compared with the stored text
         if tail is not None and not tail.covers(self.sizes_hint, self.bodies_hint):
             tail = None
         read = Read(
@@ -692,37 +698,53 @@ class Reservations:
             bodies=self.bodies_hint,
         )
         reserved = await self.backend.reserve(key, reservation, read)
-        # What the store counts for the stored head (measured once: the save needs it too).
-        head_bytes = 0 if reserved.head is None else len(reserved.head.encode("utf-8"))
+        head_bytes = 0  # what the store counts for the stored head (the save needs it too)
         try:
             snapshot = None
             if reserved.head is not None:
+                label = self.backend.label
                 if reserved.split:
                     tail = await self._tail(key, reserved, read, tail)
+                    if held_head is not None and not held_head.holds(reserved.head):
+                        held_head = None  # stored since by someone else: parsed anew
+                    head = held_head.copy() if held_head else parse_head(reserved.head)
+                    if head is None:
+                        raise _damaged(key, "the stored record", label)
                 else:
-                    tail = None
-                head = parse_object(reserved.head, key, "the stored record", self.backend.label)
+                    tail = held_head = None
+                    head = parse_object(reserved.head, key, "the stored record", label)
+                head_bytes = (
+                    held_head.size if held_head is not None else len(reserved.head.encode())
+                )
                 snapshot = _Snapshot(self, key, head, head_bytes, tail)
             else:  # no record (deleted since, even by this object): nothing held is its tail
-                tail = None
+                tail = held_head = None
             write, result = await operation(snapshot, reserved.usage)
             encoded = None
             if write is None:
                 await self.backend.release(key, token)
             else:
-                encoded = _appended(reserved, head_bytes, write)
+                encoded, held_head = _appended(reserved, head_bytes, write, held_head)
                 await self.backend.save(key, token, encoded)
         except BaseException as e:
             replacement = await self._fail(e, key, token)
             if replacement is None:
                 raise
             raise replacement from e.__cause__
-        self._keep(key, tail, token, encoded)
+        self._keep(key, tail, token, encoded, held_head)
         return result
 
-    def _keep(self, key: str, tail: _Tail | None, token: str, saved: Write | None) -> None:
+    def _keep(
+        self,
+        key: str,
+        tail: _Tail | None,
+        token: str,
+        saved: Write | None,
+        head: HeldHead | None = None,
+    ) -> None:
         """Cache the tail once the reservation ended well: with the messages ``saved``
-        appended (then at version ``token``), or as it was read."""
+        appended (then at version ``token``), or as it was read; with ``head``, the
+        head stored now."""
         try:
             if saved is not None and saved.rewrite:
                 sizes = max(0, saved.exchanges - self.sizes_hint)
@@ -733,6 +755,7 @@ class Reservations:
                 tail.append(token, saved.rows)
             if tail is None or not tail.version:  # stored without a version: never matched
                 return
+            tail.head = head
             tail.trim(self.sizes_hint, self.bodies_hint)
             self.cache.put(key, tail)
         except Exception as e:  # the decision is saved; only the cache is lost
@@ -841,9 +864,10 @@ def _stuck(key: str, error: BaseException) -> str:
 
 
 class _Snapshot:
-    """A reserved conversation as ``transact_log`` shows it: the head (a private
-    copy), and the tail from the cache or the reservation; older ranges cost a
-    backend call each (and join the tail)."""
+    """A reserved conversation as ``transact_log`` shows it: the head (its top-level
+    dict private, its nested values read-only: see :mod:`touba.history._head`),
+    and the tail from the cache or the reservation; older ranges cost a backend
+    call each (and join the tail)."""
 
     def __init__(
         self, owner: Reservations, key: str, head: Record, head_bytes: int, tail: _Tail | None
@@ -922,9 +946,12 @@ class _Snapshot:
 # -- encoding writes ---------------------------------------------------------------------
 
 
-def _appended(reserved: Reserved, head_bytes: int, write: LogWrite) -> Write:
-    """A log write: a new head and messages after the stored ones (checked first);
-    ``head_bytes`` is the stored head's UTF-8 length."""
+def _appended(
+    reserved: Reserved, head_bytes: int, write: LogWrite, held: HeldHead | None
+) -> tuple[Write, HeldHead]:
+    """A log write: a new head and messages after the stored ones (checked first),
+    and the new head held; ``head_bytes`` is the stored head's UTF-8 length,
+    ``held`` the stored head when this store object holds it."""
     if write.drop_last:
         raise ValueError(
             "drop_last refused: this store only appends (check log_drops(store) first); "
@@ -932,16 +959,16 @@ def _appended(reserved: Reserved, head_bytes: int, write: LogWrite) -> Write:
         )
     count = reserved.exchanges if reserved.split else 0
     check_appends(count, write.append)
-    head = encode_checked_json(write.head, "head")
+    head = encode_head(write.head, held)
     rows: list[tuple[int, int, int, str]] = []
     stored = reserved.messages if reserved.split else 0
     for index, body, size in appended_bodies(write):
         rows.append((stored + len(rows), index, size, body))
     namespace, identity = identity_columns(write.head)
     kept = reserved.bytes - head_bytes if reserved.head is not None else 0
-    total = kept + len(head.encode("utf-8")) + sum(row[2] for row in rows)
-    return Write(
-        head=head,
+    total = kept + head.size + sum(row[2] for row in rows)
+    encoded = Write(
+        head=head.text,
         split=True,
         namespace=namespace,
         identity=identity,
@@ -954,6 +981,7 @@ def _appended(reserved: Reserved, head_bytes: int, write: LogWrite) -> Write:
         growth=total - reserved.bytes,
         seen=reserved.version,
     )
+    return encoded, head
 
 
 def _whole(record: Record, reserved: Reserved) -> Write:

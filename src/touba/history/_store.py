@@ -117,7 +117,10 @@ class LogSnapshot(Protocol):
 
     @property
     def head(self) -> Record:
-        """The record without its exchanges (a private copy)."""
+        """The record without its exchanges. Its top-level dict is the caller's own;
+        a built-in store's nested values are read-only (shared with the head it
+        holds for the next decision, :mod:`touba.history._head`): replace them,
+        do not change them in place (``TypeError``)."""
         ...
 
     @property

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol, TypeAlias, cast, runtime_checkable
 
 from touba.errors import ConfigurationError, DecisionHistoryBusy, DecisionHistoryLimitExceeded
+from touba.history._frozen import FrozenDict, FrozenList
 from touba.history._identity import ConversationIdentity
 from touba.history._model import message_bytes
 from touba.history._record import RECORD_KIND, join_record, new_head
@@ -187,8 +188,15 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _difference(expected: Any, actual: Any, path: str = "record") -> str | None:
-    """Where ``actual`` first differs from ``expected``, types included (1 is not True)."""
+def _difference(
+    expected: Any, actual: Any, path: str = "record", *, readonly: bool = False
+) -> str | None:
+    """Where ``actual`` first differs from ``expected``, types included (1 is not True).
+
+    ``readonly``: a read-only dict or list (:mod:`touba.history._frozen`, which a
+    log snapshot's head may share with its store's cache) counts as one."""
+    if readonly and isinstance(actual, FrozenDict | FrozenList):
+        actual = dict(actual) if isinstance(actual, dict) else list(actual)
     if type(expected) is not type(actual):
         return (
             f"{path} should be the {type(expected).__name__} {_short(expected)}, got the "
@@ -202,7 +210,7 @@ def _difference(expected: Any, actual: Any, path: str = "record") -> str | None:
             if k not in expected:
                 return f"{path} gained a key {k!r} that was never saved"
         for k, v in expected.items():
-            found = _difference(v, actual[k], f"{path}[{k!r}]")
+            found = _difference(v, actual[k], f"{path}[{k!r}]", readonly=readonly)
             if found:
                 return found
         return None
@@ -210,7 +218,7 @@ def _difference(expected: Any, actual: Any, path: str = "record") -> str | None:
         if len(expected) != len(actual):
             return f"{path} should have {len(expected)} items, got {len(actual)}"
         for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
-            found = _difference(e, a, f"{path}[{i}]")
+            found = _difference(e, a, f"{path}[{i}]", readonly=readonly)
             if found:
                 return found
         return None
@@ -219,8 +227,8 @@ def _difference(expected: Any, actual: Any, path: str = "record") -> str | None:
     return None
 
 
-def _expect_same(expected: Any, actual: Any, context: str) -> None:
-    found = _difference(expected, actual)
+def _expect_same(expected: Any, actual: Any, context: str, *, readonly: bool = False) -> None:
+    found = _difference(expected, actual, readonly=readonly)
     if found:
         _fail(f"{context}: {found}")
 
@@ -970,7 +978,9 @@ async def check_log_interface(store: HistoryStore, *, expect_busy_error: bool = 
     ) -> tuple[LogWrite, None]:
         _expect(snapshot is not None, "the log snapshot of a stored key is None")
         assert snapshot is not None
-        _expect_same(head, snapshot.head, "the log snapshot's head")
+        # Its top-level dict is the operation's; nested values may be read-only.
+        _expect(type(snapshot.head) is dict, "the log snapshot's head must be a plain dict")
+        _expect_same(head, snapshot.head, "the log snapshot's head", readonly=True)
         _expect(snapshot.exchange_count == 2, f"exchange_count is {snapshot.exchange_count}")
         sizes = [(s.messages, s.bytes) for s in await snapshot.sizes(0)]
         want = [(2, message_bytes(m[0]) + message_bytes(m[1])), (1, message_bytes(m[2]))]
@@ -1010,7 +1020,10 @@ async def check_log_interface(store: HistoryStore, *, expect_busy_error: bool = 
 
     async def fail(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[LogWrite, None]:
         assert snapshot is not None
-        snapshot.head["stats"]["messages"] = -1
+        try:
+            snapshot.head["stats"]["messages"] = -1
+        except TypeError:  # read-only, shared with the store's cache: changed at the top
+            snapshot.head["stats"] = {**snapshot.head["stats"], "messages": -1}
         (await snapshot.exchanges(0, 1))[0].clear()
         raise probe
 
