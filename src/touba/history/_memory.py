@@ -412,8 +412,8 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
     entry.head, entry.held, entry.split, entry.bytes = head, held, True, new_bytes
     dropped_from = len(entry.exchanges) - len(drop)  # no exchange before it loses a message
     changed = {index for index, _ in rows}
-    for index in [i for i in entry.parsed if i in changed or (drop and i >= dropped_from)]:
-        del entry.parsed[index]  # its messages change below
+    for index in [i for i in entry.parsed if drop and i >= dropped_from]:
+        del entry.parsed[index]  # it loses messages below
     entry.well_formed = {
         i for i in entry.well_formed if i not in changed and not (drop and i >= dropped_from)
     }
@@ -430,5 +430,11 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
             entry.sizes.append(ExchangeSize(0, 0))
         entry.exchanges[index].append(row)
         entry.sizes[index] = entry.sizes[index] + ExchangeSize(1, size)
+        built = entry.parsed.get(index)
+        if built is not None:  # the messages built stay: only this one is new
+            try:
+                built.append(message_from_dict(parse_frozen(row)))
+            except Exception:  # not a message (a log of other records): built when read
+                del entry.parsed[index]
     entry.messages += len(rows)
     store._stamp(key, entry)

@@ -567,9 +567,12 @@ class _Tail:
                 )
             if exchange >= self.bodies_first:
                 position = exchange - self.bodies_first
-                self.records[position].append(parse_frozen(body))
+                record = parse_frozen(body)
+                self.records[position].append(record)
                 self.body_bytes[position] += size
-                self.messages[position] = None
+                built = self.messages[position]
+                if built is not None:  # the ones built stay: only this one is new
+                    built.append(message_from_dict(record))
                 if self.texts is not None:
                     self.texts[position].append(body)
             self.well_formed.discard(exchange)
