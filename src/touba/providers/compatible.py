@@ -526,6 +526,7 @@ class CompatibleWire(Wire):
         self._timeout = timeout
         self._headers = dict(headers)
         self._client: AsyncOpenAI | None = None
+        self._call_options: dict[str, Any] | None = None  # built once (see generate)
 
     def __repr__(self) -> str:  # never shows the key
         return f"CompatibleWire(model={self.model!r}, base_url={_display_url(self._base_url)!r})"
@@ -589,8 +590,10 @@ class CompatibleWire(Wire):
         import openai
 
         where = _display_url(self._base_url)
-        # the typed method's auth scope: the API key only, never an admin key
-        options: Any = {**request_options(), "headers": self._request_headers()}
+        if self._call_options is None:  # the same for every request of this wire
+            # the typed method's auth scope: the API key only, never an admin key
+            self._call_options = {**request_options(), "headers": self._request_headers()}
+        options: Any = self._call_options
         try:
             # The rendered body as it is, through the client's low-level post: the typed
             # chat.completions.create would transform it again into the same JSON.
