@@ -21,7 +21,10 @@ public API, on the same data:
   WHERE conv = ? ORDER BY id DESC LIMIT 128`` on the index ``(conv, id)`` and
   ``json.loads`` of each row; ``json.dumps`` and ``INSERT`` of the decision in
   a second ``BEGIN IMMEDIATE`` .. ``COMMIT``. No reservation, no bounds, no
-  check of what it reads.
+  check of what it reads. The **2-hop floor** does the same work in two hops,
+  split where an agent calls its model (the result's commit and the read in
+  the first, the decision's commit in the second): the least a memory that
+  reads before the model call and writes after it pays, as touba does.
 - **LangGraph** (optional, when ``langgraph-checkpoint-sqlite`` /
   ``-postgres`` are installed): one ``graph.ainvoke`` of a one-node graph
   whose ``messages`` channel uses ``add_messages``, the result as input and
@@ -42,7 +45,8 @@ Tables, all measured in one run:
 1. **Per decision**: conversations retaining N = 10, 100, 1,000 and 10,000
    messages, decided in interleaved rounds (every system and size once per
    round, the order rotating); the median per system and size, the ratio of
-   touba to the peer, and touba's and the peer's ratio to the floor. A
+   touba to the peer, touba's and the peer's ratio to the floor, and touba's
+   to the 2-hop floor. A
    conversation that grew more than 10 % past its N is seeded again between
    two timed decisions, so N stays what the row says. At N = 10 the window
    holds the 10 messages there are; from N = 128 on, 128.
@@ -293,12 +297,15 @@ class AgentsConversation:
 
 
 class FloorConversation:
-    """The same work with bare sqlite3: two commits, one indexed read (see the docstring)."""
+    """The same work with bare sqlite3: two commits, one indexed read (see the docstring);
+    ``hops=2``: split where the model is called (the result and the read in one hop,
+    the decision in a second)."""
 
-    def __init__(self, conn: sqlite3.Connection, conv: int, size: int) -> None:
+    def __init__(self, conn: sqlite3.Connection, conv: int, size: int, hops: int = 1) -> None:
         self.conn = conn
         self.conv = conv
         self.size = size
+        self.hops = hops
         self.retained = 0
         self.step = 0
         self.next: tuple[dict[str, Any], dict[str, Any]] | None = None
@@ -328,20 +335,30 @@ class FloorConversation:
         (result, decision), self.next = self.next, None
         conv, conn = self.conv, self.conn
 
-        def work() -> list[Any]:
+        def read() -> list[Any]:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT INTO m (conv, body) VALUES (?, ?)", (conv, json.dumps(result)))
             conn.execute("COMMIT")
             rows = conn.execute(
                 "SELECT body FROM m WHERE conv = ? ORDER BY id DESC LIMIT ?", (conv, WINDOW)
             ).fetchall()
-            window = [json.loads(body) for (body,) in reversed(rows)]
+            return [json.loads(body) for (body,) in reversed(rows)]
+
+        def save() -> None:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT INTO m (conv, body) VALUES (?, ?)", (conv, json.dumps(decision)))
             conn.execute("COMMIT")
+
+        def work() -> list[Any]:
+            window = read()
+            save()
             return window
 
-        await asyncio.to_thread(work)
+        if self.hops == 1:
+            await asyncio.to_thread(work)
+        else:  # the model would be called between the two
+            await asyncio.to_thread(read)
+            await asyncio.to_thread(save)
         self.step += 1
         self.retained += 2
 
@@ -496,6 +513,12 @@ class Backend:
 
     async def floor(self, name: str, size: int) -> FloorConversation | None:
         return None
+
+    async def floor2(self, name: str, size: int) -> FloorConversation | None:
+        floor = await self.floor(name, size)
+        if floor is not None:
+            floor.hops = 2
+        return floor
 
     async def langgraph(self, name: str, size: int) -> LangGraphConversation | None:
         return None
@@ -722,7 +745,7 @@ async def backend(kind: str, run: str) -> AsyncIterator[Backend]:
 
 # measuring -----------------------------------------------------------------------------
 
-SYSTEMS = ("touba", "peer", "floor", "langgraph")
+SYSTEMS = ("touba", "peer", "floor", "floor2", "langgraph")
 
 
 @dataclass
@@ -738,7 +761,13 @@ class Row:
 
 
 async def _make(b: Backend, system: str, size: int, name: str) -> Conversation | None:
-    maker = {"touba": b.touba, "peer": b.peer, "floor": b.floor, "langgraph": b.langgraph}[system]
+    maker = {
+        "touba": b.touba,
+        "peer": b.peer,
+        "floor": b.floor,
+        "floor2": b.floor2,
+        "langgraph": b.langgraph,
+    }[system]
     conversation = await maker(name, size)
     if conversation is not None:
         await conversation.seed()
@@ -759,7 +788,7 @@ async def per_decision(
 ) -> list[Row]:
     rows: list[Row] = []
     for size in sizes:
-        for system in ("touba", "peer", "floor"):
+        for system in ("touba", "peer", "floor", "floor2"):
             conversation = await _make(b, system, size, f"{system}-{size}")
             if conversation is not None:
                 rows.append(Row(system, size, conversation))
@@ -938,6 +967,7 @@ def report_decisions(kind: str, peer: str, rows: list[Row], report: Callable[[st
     by = {(r.system, r.size): r.median for r in rows}
     sizes = sorted({r.size for r in rows})
     has_floor = any(r.system == "floor" for r in rows)
+    has_split = any(r.system == "floor2" for r in rows)
     has_graph = any(r.system == "langgraph" for r in rows)
     report(
         f"\n{kind}: median ms per decision (save result, read window of {WINDOW}, save decision)"
@@ -945,6 +975,8 @@ def report_decisions(kind: str, peer: str, rows: list[Row], report: Callable[[st
     header = f"{'N':>8}{'touba':>9}{peer:>28}{'ratio':>7}"
     if has_floor:
         header += f"{'floor':>8}{'touba/floor':>12}{'peer/floor':>11}"
+    if has_split:
+        header += f"{'2-hop':>7}{'touba/2-hop':>12}"
     if has_graph:
         header += f"{'LangGraph':>11}{'touba/LG':>10}"
     report(header)
@@ -956,13 +988,16 @@ def report_decisions(kind: str, peer: str, rows: list[Row], report: Callable[[st
         if has_floor:
             floor = by[("floor", size)]
             line += f"{_ms(floor):>8}{touba / floor:>12.2f}{other / floor:>11.2f}"
+        if has_split:
+            split = by[("floor2", size)]
+            line += f"{_ms(split):>7}{touba / split:>12.2f}"
         if has_graph:
             graph = by.get(("langgraph", size), float("nan"))
             line += f"{_ms(graph):>11}{touba / graph:>10.3f}"
         report(line)
     base = sizes[0]
     report(f"growth (median at N / median at N={base:,}):")
-    for system in ("touba", "peer", "floor", "langgraph"):
+    for system in ("touba", "peer", "floor", "floor2", "langgraph"):
         if (system, base) not in by:
             continue
         name = peer if system == "peer" else system
