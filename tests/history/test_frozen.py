@@ -7,20 +7,12 @@ from typing import Any
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
+from tests.history._strategies import json_values
 from touba.history._frozen import FrozenDict, FrozenList, freeze, parse_frozen
 from touba.history._model import parse_json
 
-JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=30,
-)
+JSON = json_values(leaves=30)
 
 
 def read_only(value: Any) -> bool:

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.history._stores import Stores
+from tests.history._strategies import json_values
 from touba.errors import DecisionHistoryRecordInvalid
 from touba.history import (
     CapabilityCall,
@@ -39,23 +40,15 @@ from touba.history._plot import PLOT_POINTS, DecisionPoint, add_point
 
 WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=8,
+values = json_values(
+    text=st.text(max_size=8),
+    keys=st.text(max_size=5),
+    integers=st.integers(-(2**70), 2**70),
+    items=3,
 )
 # Points of the documented shape mostly, and now and then anything at all.
 points = st.lists(st.integers(0, 10**6) | st.booleans() | st.none(), min_size=14, max_size=14)
-odd_points = points | json_values
+odd_points = points | values
 
 
 def point(n: int) -> DecisionPoint:
@@ -76,7 +69,7 @@ def decide(held: HeldHead | None, head: dict[str, Any], n: int) -> tuple[HeldHea
 
 @settings(max_examples=150, deadline=None)
 @given(
-    extra=st.dictionaries(st.text(max_size=6), json_values, max_size=4),
+    extra=st.dictionaries(st.text(max_size=6), values, max_size=4),
     ring=st.lists(odd_points, max_size=PLOT_POINTS + 2),
     decisions=st.integers(0, 80),
     cold=st.lists(st.booleans(), min_size=6, max_size=6),

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.history._strategies import json_values
 from touba.errors import DecisionHistoryMismatch, DecisionHistoryRecordInvalid
 from touba.history import (
     CapabilityCall,
@@ -25,16 +26,8 @@ from touba.history._model import message_from_dict, message_to_dict, messages_by
 PROPERTY = settings(max_examples=100, deadline=None)
 
 text = st.text(alphabet=st.characters(codec="utf-8"), max_size=20)
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**63)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | text,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(text, children, max_size=4),
-    max_leaves=8,
-)
-arguments = st.dictionaries(text, json_values, max_size=4)
+values = json_values(text=text, integers=st.integers(min_value=-(2**63), max_value=2**63))
+arguments = st.dictionaries(text, values, max_size=4)
 calls = st.builds(CapabilityCall, call_id=text, name=text, arguments=arguments)
 statuses = st.sampled_from(["ok", "error", "denied"])
 results = st.builds(
@@ -43,7 +36,7 @@ results = st.builds(
     name=text,
     arguments=arguments,
     status=statuses,
-    result=json_values,
+    result=values,
     error=st.none() | text,
 )
 summaries = st.builds(
@@ -56,11 +49,11 @@ data_messages = st.builds(DataMessage, observations=st.lists(results, max_size=3
 def decisions(draw: st.DrawFn) -> DecisionMessage:
     """Decisions in normal form: output only when final, provider only with opaque."""
     final = draw(st.booleans())
-    opaque = draw(st.none() | json_values)
+    opaque = draw(st.none() | values)
     return DecisionMessage(
         text=draw(st.none() | text),
         calls=tuple(draw(st.lists(calls, max_size=3))),
-        output=draw(json_values) if final else None,
+        output=draw(values) if final else None,
         final=final,
         provider=draw(st.none() | text) if opaque is not None else None,
         opaque=opaque,
@@ -186,7 +179,7 @@ def test_corrupt_stored_message_is_a_typed_error(data: Any) -> None:
 
 
 @PROPERTY
-@given(st.dictionaries(text, json_values, max_size=5) | json_values)
+@given(st.dictionaries(text, values, max_size=5) | values)
 def test_any_json_is_either_a_message_or_a_typed_error(data: Any) -> None:
     try:
         message = message_from_dict(data)

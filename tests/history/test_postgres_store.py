@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tests._services import DEFAULT_POSTGRES_DSN, postgres_dsn
+from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
@@ -841,20 +842,7 @@ async def test_foreign_table_of_that_name_is_refused_untouched(
 
 # -- round trips -------------------------------------------------------------------------
 
-_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12)
-)
-_json = st.recursive(
-    _scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
-    ),
-    max_leaves=16,
-)
+_json = json_values(text=st.text(max_size=12), keys=st.text(max_size=6), leaves=16)
 _dicts = st.dictionaries(st.text(max_size=6), _json, max_size=5)
 _touba_shaped = st.builds(
     lambda head, exchanges: {**head, "kind": RECORD_KIND, "exchanges": exchanges},

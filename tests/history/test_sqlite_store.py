@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
@@ -360,18 +361,9 @@ async def test_any_json_dict_round_trips(db_path: Path, record: dict[str, Any]) 
         assert await store.read("k") == record
 
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=12,
+plain_records = st.dictionaries(
+    st.text(max_size=6), json_values(keys=st.text(max_size=6), items=3, leaves=12), max_size=4
 )
-plain_records = st.dictionaries(st.text(max_size=6), json_values, max_size=4)
 touba_records = st.builds(
     lambda extra, exchanges: {**extra, "kind": "touba.decision_history", "exchanges": exchanges},
     plain_records,
