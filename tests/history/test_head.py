@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.history._stores import Stores
@@ -67,7 +67,9 @@ def decide(held: HeldHead | None, head: dict[str, Any], n: int) -> tuple[HeldHea
 # -- the text is canonical_json's -----------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
+@example(extra={}, ring=[None, [[]]], decisions=0, cold=[False] * 5 + [True])  # found once
+@example(extra={}, ring=[[1], [2, [3]], "a", [[]]], decisions=3, cold=[True] * 6)
 @given(
     extra=st.dictionaries(st.text(max_size=6), values, max_size=4),
     ring=st.lists(odd_points, max_size=PLOT_POINTS + 2),

@@ -90,24 +90,29 @@ def encode_head(head: Mapping[str, Any], held: HeldHead | None) -> HeldHead:
     points = plot.get("points") if type(plot) is dict or type(plot) is FrozenDict else None
     if isinstance(points, list) and list(plot) == _PLOT_KEYS and type(plot["decisions"]) is int:
         try:
-            return _with_ring(head, plot["decisions"], points, held)
+            spliced = _with_ring(head, plot["decisions"], points, held)
         except (TypeError, ValueError, RecursionError, OverflowError):
-            pass  # encoded whole below, which names the bad value
+            spliced = None  # encoded whole below, which names the bad value
+        if spliced is not None:
+            return spliced
     text = encode_checked_json(head, "head")
     return HeldHead(text, len(text.encode("utf-8")), _frozen(head))
 
 
 def _with_ring(
     head: Mapping[str, Any], decisions: int, points: list[Any], held: HeldHead | None
-) -> HeldHead:
+) -> HeldHead | None:
+    """The head encoded around its ring: the rest in one encoding, the ring spliced
+    in from the points' texts (held ones reused). None when the mark appears
+    elsewhere in the head; raises what encoding raises."""
     shared = _shared(points, held)  # the leading points held with their text
-    assert held is not None or shared == 0
     fresh = [_frozen(p) for p in points[shared:]]
-    texts = [*(held.texts[-shared:] if held and shared else ()), *_texts(fresh)]
+    reused = held.texts[-shared:] if held is not None and shared else []
+    texts = [*reused, *_texts(fresh)]
     frozen_points = FrozenList([*points[:shared], *fresh])
     rest = canonical_json({**head, PLOT_KEY: _MARK})
     if rest.count(_MARKED) != 1:
-        raise ValueError("the plot's mark is in the head: encode it whole")
+        return None
     ring = f'{{"decisions":{decisions},"points":[{",".join(texts)}]}}'
     text = rest.replace(_MARKED, f'"{PLOT_KEY}":{ring}')
     size = len(text.encode("utf-8"))  # raises on a lone surrogate: encoded whole then
@@ -140,8 +145,14 @@ def _texts(points: list[Any]) -> list[str]:
     if len(points) < 3:
         return [canonical_json(p) for p in points]
     text = canonical_json(points)
-    # No string, no object, one "[" per point: every "[" opens a point, "],[" parts two.
-    if '"' in text or "{" in text or text.count("[") != len(points) + 1:
+    # Every point a list, no string, no object, one "[" per point: then every "["
+    # opens a point (none nests another), and "],[" parts two of them.
+    if (
+        not all(isinstance(p, list) for p in points)
+        or '"' in text
+        or "{" in text
+        or text.count("[") != len(points) + 1
+    ):
         return [canonical_json(p) for p in points]
     return [f"[{part}]" for part in text[2:-2].split("],[")]
 
