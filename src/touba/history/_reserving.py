@@ -255,10 +255,13 @@ class Write:
     is_new: bool  # the key had no record: its place was held by the reservation
     growth: int  # ``bytes`` less what the record retained before
     seen: str | None = None  # the version the reservation returned (``Reserved.version``)
+    dropped: int = 0  # the newest messages deleted first: those of seq >= messages - dropped
 
 
 class Backend(Protocol):
-    """The primitives a durable store supplies; see the module docstring."""
+    """The primitives a durable store supplies; see the module docstring. A backend
+    whose ``save`` honours ``Write.dropped`` says so with ``drops = True`` (absent:
+    ``LogWrite.drop_last`` is refused)."""
 
     driver_errors: tuple[type[BaseException], ...]
     label: str  # the store's name in messages ("SQLite", "PostgreSQL", "Redis")
@@ -727,7 +730,8 @@ class Reservations:
             if write is None:
                 await self.backend.release(key, token)
             else:
-                encoded, held_head = _appended(reserved, head_bytes, write, held_head)
+                dropped = await self._dropped(key, reserved, write.drop_last)
+                encoded, held_head = _appended(reserved, head_bytes, write, held_head, dropped)
                 await self.backend.save(key, token, encoded)
         except BaseException as e:
             replacement = await self._fail(e, key, token)
@@ -736,6 +740,28 @@ class Reservations:
             raise replacement from e.__cause__
         self._keep(key, tail, token, encoded, held_head)
         return result
+
+    async def _dropped(self, key: str, reserved: Reserved, count: int) -> tuple[int, int] | None:
+        """For ``LogWrite.drop_last=count``: the exchanges left and the bytes the
+        dropped messages weigh, read from the store (None when nothing is dropped).
+        ``ValueError`` when the backend cannot drop or holds fewer messages."""
+        if not count:
+            return None
+        if not getattr(self.backend, "drops", False):
+            raise ValueError(
+                "drop_last refused: this store only appends (check log_drops(store) first); "
+                "nothing was saved"
+            )
+        if not reserved.split or count > reserved.messages:
+            raise ValueError(f"drop_last={count} refused: the conversation holds fewer messages")
+        # Every stored exchange holds a message: the last ``count`` hold all that go.
+        start = max(0, reserved.exchanges - count)
+        rows = await self.backend.read_rows(key, start, reserved.exchanges)
+        if len(rows) < count:  # fewer than the head says: the rows were changed behind it
+            raise _damaged(key, "the stored record", self.backend.label)
+        kept = rows[: len(rows) - count]
+        exchanges = kept[-1][0] + 1 if kept else start
+        return exchanges, sum(size for _exchange, size, _body in rows[len(kept) :])
 
     def _keep(
         self,
@@ -749,6 +775,9 @@ class Reservations:
         appended (then at version ``token``), or as it was read; with ``head``, the
         head stored now."""
         try:
+            if saved is not None and saved.dropped:  # rare (a pop): read again next time
+                self.cache.drop(key)
+                return
             if saved is not None and saved.rewrite:
                 sizes = max(0, saved.exchanges - self.sizes_hint)
                 bodies = max(0, saved.exchanges - self.bodies_hint)
@@ -950,26 +979,31 @@ class _Snapshot:
 
 
 def _appended(
-    reserved: Reserved, head_bytes: int, write: LogWrite, held: HeldHead | None
+    reserved: Reserved,
+    head_bytes: int,
+    write: LogWrite,
+    held: HeldHead | None,
+    dropped: tuple[int, int] | None = None,
 ) -> tuple[Write, HeldHead]:
     """A log write: a new head and messages after the stored ones (checked first),
     and the new head held; ``head_bytes`` is the stored head's UTF-8 length,
-    ``held`` the stored head when this store object holds it."""
-    if write.drop_last:
-        raise ValueError(
-            "drop_last refused: this store only appends (check log_drops(store) first); "
-            "nothing was saved"
-        )
+    ``held`` the stored head when this store object holds it, ``dropped`` what
+    ``Reservations._dropped`` found for ``write.drop_last``."""
     count = reserved.exchanges if reserved.split else 0
+    stored = reserved.messages if reserved.split else 0
+    dropped_bytes = 0
+    if write.drop_last:
+        assert dropped is not None  # refused before, by _dropped
+        count, dropped_bytes = dropped
+        stored -= write.drop_last
     check_appends(count, write.append)
     head = encode_head(write.head, held)
     rows: list[tuple[int, int, int, str]] = []
-    stored = reserved.messages if reserved.split else 0
     for index, body, size in appended_bodies(write):
         rows.append((stored + len(rows), index, size, body))
     namespace, identity = identity_columns(write.head)
     kept = reserved.bytes - head_bytes if reserved.head is not None else 0
-    total = kept + head.size + sum(row[2] for row in rows)
+    total = kept + head.size + sum(row[2] for row in rows) - dropped_bytes
     encoded = Write(
         head=head.text,
         split=True,
@@ -983,6 +1017,7 @@ def _appended(
         is_new=reserved.head is None,
         growth=total - reserved.bytes,
         seen=reserved.version,
+        dropped=write.drop_last,
     )
     return encoded, head
 

@@ -440,6 +440,17 @@ class _Db:
             now = self.store._clock()
             if write.rewrite:
                 self.q("DELETE FROM touba_history_messages WHERE conv = ?", conv)
+            elif write.dropped:  # LogWrite.drop_last: the newest messages go first
+                first = write.messages - len(write.rows)
+                deleted = self.q(
+                    "DELETE FROM touba_history_messages WHERE conv = ? AND seq >= ?", conv, first
+                ).rowcount
+                if deleted != write.dropped:
+                    raise DecisionHistoryRecordInvalid(
+                        f"the messages of conversation {key} in the {_LABEL} store were changed "
+                        f"behind touba ({deleted} found where {write.dropped} were to be "
+                        "dropped); nothing was saved. Inspect it with `touba history show`"
+                    )
             self.conn.executemany(
                 _INSERT_MESSAGE,
                 [(conv, seq, exchange, size, body) for seq, exchange, size, body in write.rows],
@@ -582,6 +593,7 @@ class _Backend:
 
     driver_errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
     label = _LABEL
+    drops = True  # save honours Write.dropped
 
     def __init__(self, store: SqliteHistoryStore) -> None:
         self._store = store
@@ -639,8 +651,12 @@ class SqliteHistoryStore:
     module docstring says (not a secure erase); ``purge_expired()`` does it
     now. Each store object keeps the parsed tails of the conversations it
     decided lately (:mod:`touba.history._reserving`: bounded, checked against
-    the stored version at every reservation).
+    the stored version at every reservation). Its ``transact_log`` honours
+    ``LogWrite.drop_last`` (the newest messages deleted, in the save's
+    transaction).
     """
+
+    log_drops = True
 
     def __init__(
         self,
