@@ -745,7 +745,7 @@ class Reservations:
         """For ``LogWrite.drop_last=count``: the exchanges left and the bytes the
         dropped messages weigh, read from the store (None when nothing is dropped).
         ``ValueError`` when the backend cannot drop or holds fewer messages."""
-        if not count:
+        if count <= 0:  # nothing to drop (as in the RAM store)
             return None
         if not getattr(self.backend, "drops", False):
             raise ValueError(
@@ -991,11 +991,11 @@ def _appended(
     ``Reservations._dropped`` found for ``write.drop_last``."""
     count = reserved.exchanges if reserved.split else 0
     stored = reserved.messages if reserved.split else 0
-    dropped_bytes = 0
-    if write.drop_last:
-        assert dropped is not None  # refused before, by _dropped
+    dropped_bytes = drop = 0
+    if dropped is not None:
+        drop = write.drop_last
         count, dropped_bytes = dropped
-        stored -= write.drop_last
+        stored -= drop
     check_appends(count, write.append)
     head = encode_head(write.head, held)
     rows: list[tuple[int, int, int, str]] = []
@@ -1017,7 +1017,7 @@ def _appended(
         is_new=reserved.head is None,
         growth=total - reserved.bytes,
         seen=reserved.version,
-        dropped=write.drop_last,
+        dropped=drop,
     )
     return encoded, head
 
