@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,9 @@ import pytest
 
 from tests.history._stores import Stores
 from touba.errors import DecisionHistoryRecordInvalid
-from touba.history import MemoryHistoryStore
 from touba.history._common import encode_record
 from touba.history._model import canonical_json
 from touba.history._store import LogWrite, as_log_store, log_drops
-from touba.history.sqlite import SqliteHistoryStore
 
 HEAD = {"kind": "touba.test", "version": 1}
 
@@ -42,80 +41,102 @@ def write(**kwargs: Any) -> Any:
     return operation
 
 
-@pytest.mark.parametrize("kind", ["memory", "whole", "sqlite"])
-async def test_drop_last_removes_the_newest_messages(kind: str, tmp_path: Path) -> None:
-    store: Any = WholeStore() if kind == "whole" else _store(kind, tmp_path)
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def dropping(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
+    """Each built-in store that honours drop_last (RAM, SQLite, PostgreSQL)."""
+    built = Stores(request.param, tmp_path)
+    built.prepare()
+    yield built
+    await built.cleanup()
+
+
+async def test_drop_last_through_a_custom_adapter() -> None:
+    store = WholeStore()
     assert log_drops(store)
     log = as_log_store(store)
     await log.transact_log("k", write(append=[(0, {"m": 1}), (1, {"m": 2}), (1, {"m": 3})]))
     await log.transact_log("k", write(drop_last=2, append=[(1, {"m": 4})]))
-    read = store.read if kind != "whole" else None
-    record = await read("k") if read else store.records["k"]
-    assert record["exchanges"] == [[{"m": 1}], [{"m": 4}]]
+    assert store.records["k"]["exchanges"] == [[{"m": 1}], [{"m": 4}]]
     with pytest.raises(ValueError, match="fewer messages"):
         await log.transact_log("k", write(drop_last=3))
-    record = await read("k") if read else store.records["k"]
-    assert record["exchanges"] == [[{"m": 1}], [{"m": 4}]]  # a refusal changes nothing
-    if kind != "whole":
-        assert (await store.usage()).bytes == encode_record(record).bytes
-        (row,) = await store.list()
-        assert row.messages == 2
-        await store.close()
+    assert store.records["k"]["exchanges"] == [[{"m": 1}], [{"m": 4}]]
 
 
-def _store(kind: str, tmp_path: Path) -> Any:
-    if kind == "memory":
-        return MemoryHistoryStore()
-    directory = tmp_path / "d"
-    directory.mkdir(mode=0o700)
-    return SqliteHistoryStore(directory / "h.sqlite")
+async def test_drop_last_removes_the_newest_messages(dropping: Stores) -> None:
+    store = dropping()
+    assert log_drops(store)
+    await store.transact_log("k", write(append=[(0, {"m": 1}), (1, {"m": 2}), (1, {"m": 3})]))
+    await store.transact_log("k", write(drop_last=2, append=[(1, {"m": 4})]))
+    record = await store.read("k")
+    assert record["exchanges"] == [[{"m": 1}], [{"m": 4}]]
+    with pytest.raises(ValueError, match="fewer messages"):
+        await store.transact_log("k", write(drop_last=3))
+    assert await store.read("k") == record  # a refusal changes nothing
+    assert (await store.usage()).bytes == encode_record(record).bytes
+    (row,) = await store.list()
+    assert row.messages == 2
+    await store.transact_log("k", write(drop_last=0))  # nothing dropped; the key was released
+    assert await store.read("k") == record
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_a_drop_empties_exchanges_and_the_next_write_sees_it(
-    kind: str, tmp_path: Path
-) -> None:
-    store = _store(kind, tmp_path)
-    async with store:
-        await store.transact_log("k", write(append=[(0, {"m": 1}), (0, {"m": 2})]))
-        await store.transact_log("k", write(append=[(1, {"m": 3}), (2, {"m": 4})]))
-        await store.transact_log("k", write(drop_last=3))  # exchanges 2 and 1 go, 0 keeps one
-        seen: list[Any] = []
+async def test_a_drop_empties_exchanges_and_the_next_write_sees_it(dropping: Stores) -> None:
+    store = dropping()
+    await store.transact_log("k", write(append=[(0, {"m": 1}), (0, {"m": 2})]))
+    await store.transact_log("k", write(append=[(1, {"m": 3}), (2, {"m": 4})]))
+    await store.transact_log("k", write(drop_last=3))  # exchanges 2 and 1 go, 0 keeps one
+    seen: list[Any] = []
 
-        async def look(snapshot: Any, usage: Any) -> tuple[LogWrite, None]:
-            sizes = await snapshot.sizes(0)
-            seen.append((snapshot.exchange_count, [(s.messages, s.bytes) for s in sizes]))
-            seen.append(await snapshot.exchanges(0, snapshot.exchange_count))
-            return LogWrite(head=dict(HEAD), append=[(1, {"m": 5})]), None
+    async def look(snapshot: Any, usage: Any) -> tuple[LogWrite, None]:
+        sizes = await snapshot.sizes(0)
+        seen.append((snapshot.exchange_count, [(s.messages, s.bytes) for s in sizes]))
+        seen.append(await snapshot.exchanges(0, snapshot.exchange_count))
+        return LogWrite(head=dict(HEAD), append=[(1, {"m": 5})]), None
 
-        await store.transact_log("k", look)
-        one = len(canonical_json({"m": 1}))
-        assert seen == [(1, [(1, one)]), [[{"m": 1}]]]
-        record = await store.read("k")
-        assert record["exchanges"] == [[{"m": 1}], [{"m": 5}]]
-        assert (await store.usage()).bytes == encode_record(record).bytes
+    await store.transact_log("k", look)
+    one = len(canonical_json({"m": 1}))
+    assert seen == [(1, [(1, one)]), [[{"m": 1}]]]
+    record = await store.read("k")
+    assert record["exchanges"] == [[{"m": 1}], [{"m": 5}]]
+    assert (await store.usage()).bytes == encode_record(record).bytes
 
 
-async def test_sqlite_refuses_a_drop_when_rows_changed_behind_it(tmp_path: Path) -> None:
-    directory = tmp_path / "d"
-    directory.mkdir(mode=0o700)
-    path = directory / "h.sqlite"
-    async with SqliteHistoryStore(path) as store:
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_drop_is_refused_when_rows_changed_behind_it(kind: str, tmp_path: Path) -> None:
+    built = Stores(kind, tmp_path)
+    built.prepare()
+    try:
+        store = built()
         await store.transact_log("k", write(append=[(0, {"m": 1}), (1, {"m": 2}), (1, {"m": 3})]))
-        conn = sqlite3.connect(path, isolation_level=None)
-        try:  # another program deletes the newest row; the head still counts it
-            conn.execute("DELETE FROM touba_history_messages WHERE seq = 2")
-        finally:
-            conn.close()
+        _delete_newest(built)  # another program deletes the newest row; the head counts it
         before = await store.read("k")
         with pytest.raises(DecisionHistoryRecordInvalid, match="changed behind touba"):
             await store.transact_log("k", write(drop_last=1))
         assert await store.read("k") == before  # nothing saved, and the key released
+    finally:
+        await built.cleanup()
 
 
-async def test_postgres_and_redis_do_not_claim_drops_and_refuse_them(durable: Stores) -> None:
+def _delete_newest(built: Stores) -> None:
+    where = built.location("main")
+    if built.kind == "sqlite":
+        conn = sqlite3.connect(where[0], isolation_level=None)
+        try:
+            conn.execute("DELETE FROM touba_history_messages WHERE seq = 2")
+        finally:
+            conn.close()
+        return
+    import psycopg
+    from psycopg import sql
+
+    schema, table = where[1].split(".")
+    with psycopg.connect(where[0], autocommit=True) as pg:
+        messages = sql.Identifier(schema, f"{table}_messages")
+        pg.execute(sql.SQL("DELETE FROM {} WHERE seq = 2").format(messages))
+
+
+async def test_redis_does_not_claim_drops_and_refuses_them(durable: Stores) -> None:
     store = durable()
-    if durable.kind == "sqlite":
+    if durable.kind != "redis":
         assert log_drops(store)
         return
     assert not log_drops(store)  # TODO(issue 11, phase B): drop_last there too

@@ -141,8 +141,8 @@ class LogWrite:
 
     ``drop_last`` removes that many of the newest messages first (an exchange
     left without messages goes too). Only stores whose ``log_drops``
-    attribute is True honour it (the RAM store, SQLite, and custom adapters
-    through ``transact``; not yet PostgreSQL and Redis); a caller checks
+    attribute is True honour it (the RAM, SQLite and PostgreSQL stores, and
+    custom adapters through ``transact``; not yet Redis); a caller checks
     :func:`log_drops` before sending one.
     Each appended message names its exchange, which must be the last
     existing exchange (after the drop) or the ones right after it, in order.

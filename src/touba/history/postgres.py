@@ -448,6 +448,7 @@ class _Statements:
             " FROM {t} AS h, {shared}, {saving} WHERE h.key = %s FOR UPDATE OF h"
         )
         self.delete_messages = q("DELETE FROM {m} WHERE key = %s")
+        self.drop_messages = q("DELETE FROM {m} WHERE key = %s AND seq >= %s")
         self.save = q(
             "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
             " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
@@ -571,6 +572,7 @@ class _Backend:
 
     driver_errors: tuple[type[BaseException], ...] = FAILURES
     label = _LABEL
+    drops = True  # save honours Write.dropped
 
     def __init__(self, store: PostgresHistoryStore) -> None:
         self._store = store
@@ -670,7 +672,7 @@ class _Backend:
 
     async def _save(self, key: str, token: str, write: Write, exact: bool) -> None:
         store, s = self._store, self._sql
-        if not write.rewrite and not exact:
+        if not write.rewrite and not write.dropped and not exact:
             return await self._append(key, token, write)
         async with store._transaction() as conn:
             if exact:
@@ -680,6 +682,15 @@ class _Backend:
                 raise _recovered(key)
             if write.rewrite and current[4]:
                 await _run(conn, s.delete_messages, (key,))
+            elif write.dropped:  # LogWrite.drop_last: the newest messages go first
+                first = write.messages - len(write.rows)
+                deleted = await _run(conn, s.drop_messages, (key, first))
+                if deleted != write.dropped:
+                    raise DecisionHistoryRecordInvalid(
+                        f"the messages of conversation {key} in the {_LABEL} store were changed "
+                        f"behind touba ({deleted} found where {write.dropped} were to be "
+                        "dropped); nothing was saved. Inspect it with `touba history show`"
+                    )
             saved = (
                 write.namespace,
                 write.identity,
@@ -799,8 +810,12 @@ class PostgresHistoryStore(PooledStore):
     ``DecisionHistoryLimitExceeded`` before the operation runs. Each store
     object keeps the parsed tails of the conversations it decided lately
     (:mod:`touba.history._reserving`: bounded, checked against the stored
-    version at every reservation).
+    version at every reservation). Its ``transact_log`` honours
+    ``LogWrite.drop_last`` (the newest messages deleted, in the save's
+    transaction).
     """
+
+    log_drops = True
 
     def __init__(
         self,

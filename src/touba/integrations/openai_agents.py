@@ -348,8 +348,8 @@ class ToubaSession(SessionABC):
             with contextlib.suppress(Legacy):
                 item = await log.transact_log(self.session_key, pop_log)
                 return item  # type: ignore[return-value]
-        # TODO(issue 11, phase B): PostgreSQL and Redis do not honour
-        # LogWrite.drop_last yet, so popping rewrites the whole record there.
+        # TODO(issue 11, phase B): Redis does not honour LogWrite.drop_last yet,
+        # so popping rewrites the whole record there.
 
         async def pop(record: Record | None) -> tuple[Record | None, Record | None]:
             items = self._items(record)
