@@ -196,6 +196,7 @@ __all__ = [
     "Sizes",
     "TailCache",
     "Write",
+    "dropped_elsewhere",
     "identity_columns",
     "parse_object",
 ]
@@ -291,6 +292,17 @@ def parse_object(text: str, key: str, what: str, label: str) -> Record:
     if not isinstance(value, dict):
         raise _damaged(key, what, label)
     return value
+
+
+def dropped_elsewhere(
+    key: str, label: str, found: int, expected: int
+) -> DecisionHistoryRecordInvalid:
+    """A save's drop (``Write.dropped``) found other rows than the head promised."""
+    return DecisionHistoryRecordInvalid(
+        f"the messages of conversation {key} in the {label} store were changed behind "
+        f"touba ({found} found where {expected} were to be dropped); nothing was saved. "
+        f"Inspect it with `touba history show {key}`"
+    )
 
 
 def _damaged(key: str, what: str, label: str) -> DecisionHistoryRecordInvalid:

@@ -137,6 +137,7 @@ from touba.history._reserving import (
     Rows,
     Sizes,
     Write,
+    dropped_elsewhere,
     parse_object,
 )
 from touba.history._store import (
@@ -686,11 +687,7 @@ class _Backend:
                 first = write.messages - len(write.rows)
                 deleted = await _run(conn, s.drop_messages, (key, first))
                 if deleted != write.dropped:
-                    raise DecisionHistoryRecordInvalid(
-                        f"the messages of conversation {key} in the {_LABEL} store were changed "
-                        f"behind touba ({deleted} found where {write.dropped} were to be "
-                        "dropped); nothing was saved. Inspect it with `touba history show`"
-                    )
+                    raise dropped_elsewhere(key, _LABEL, deleted, write.dropped)
             saved = (
                 write.namespace,
                 write.identity,

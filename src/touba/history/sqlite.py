@@ -109,6 +109,7 @@ from touba.history._reserving import (
     Rows,
     Sizes,
     Write,
+    dropped_elsewhere,
     parse_object,
 )
 from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
@@ -446,11 +447,7 @@ class _Db:
                     "DELETE FROM touba_history_messages WHERE conv = ? AND seq >= ?", conv, first
                 ).rowcount
                 if deleted != write.dropped:
-                    raise DecisionHistoryRecordInvalid(
-                        f"the messages of conversation {key} in the {_LABEL} store were changed "
-                        f"behind touba ({deleted} found where {write.dropped} were to be "
-                        "dropped); nothing was saved. Inspect it with `touba history show`"
-                    )
+                    raise dropped_elsewhere(key, _LABEL, deleted, write.dropped)
             self.conn.executemany(
                 _INSERT_MESSAGE,
                 [(conv, seq, exchange, size, body) for seq, exchange, size, body in write.rows],
