@@ -73,6 +73,11 @@ class _Entry:
     def held_head(self) -> HeldHead | None:
         return self.held if self.held is not None and self.held.holds(self.head) else None
 
+    def head_bytes(self) -> int:
+        """The stored head's UTF-8 length (what the bounds count), measured once."""
+        held = self.held_head()
+        return held.size if held is not None else len(self.head.encode("utf-8"))
+
     def record(self) -> Record:
         head: Record = json.loads(self.head)
         if not self.split:
@@ -100,7 +105,7 @@ class _Snapshot:
     @property
     def head_bytes(self) -> int:
         """The stored head's UTF-8 length (what the bounds count)."""
-        return len(self._entry.head.encode("utf-8"))
+        return self._entry.head_bytes()
 
     @property
     def well_formed(self) -> set[int]:
@@ -404,7 +409,7 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
     rows = [(index, body) for index, body, _size in appended]
     sizes = [size for _index, _body, size in appended]
     old_bytes = old.bytes if old else 0
-    old_head_bytes = len(old.head.encode("utf-8")) if old else 0
+    old_head_bytes = old.head_bytes() if old else 0
     dropped = sum(size for size, _ in drop)
     new_bytes = old_bytes - old_head_bytes + held.size + sum(sizes) - dropped
     entry = old or _Entry(head=head, split=True)
