@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import sqlite3
 from collections.abc import AsyncIterator
@@ -9,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.history._stores import Stores
+from tests.history._stores import DURABLE, KINDS, Stores
 from touba.errors import DecisionHistoryRecordInvalid
 from touba.history._common import encode_record
+from touba.history._memory import MemoryHistoryStore
 from touba.history._model import canonical_json
 from touba.history._store import LogWrite, as_log_store, log_drops
 
@@ -41,9 +45,9 @@ def write(**kwargs: Any) -> Any:
     return operation
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=KINDS)
 async def dropping(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Stores]:
-    """Each built-in store that honours drop_last (RAM, SQLite, PostgreSQL)."""
+    """Each built-in store (all honour drop_last)."""
     built = Stores(request.param, tmp_path)
     built.prepare()
     yield built
@@ -100,14 +104,25 @@ async def test_a_drop_empties_exchanges_and_the_next_write_sees_it(dropping: Sto
     assert (await store.usage()).bytes == encode_record(record).bytes
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_dropping_every_message_leaves_an_empty_log(dropping: Stores) -> None:
+    store = dropping()
+    await store.transact_log("k", write(append=[(0, {"m": 1}), (1, {"m": 2})]))
+    await store.transact_log("k", write(drop_last=2))
+    record = await store.read("k")
+    assert record["exchanges"] == []
+    assert (await store.usage()).bytes == encode_record(record).bytes
+    await store.transact_log("k", write(append=[(0, {"m": 3})]))  # it grows again from 0
+    assert (await store.read("k"))["exchanges"] == [[{"m": 3}]]
+
+
+@pytest.mark.parametrize("kind", DURABLE)
 async def test_a_drop_is_refused_when_rows_changed_behind_it(kind: str, tmp_path: Path) -> None:
     built = Stores(kind, tmp_path)
     built.prepare()
     try:
         store = built()
         await store.transact_log("k", write(append=[(0, {"m": 1}), (1, {"m": 2}), (1, {"m": 3})]))
-        _delete_newest(built)  # another program deletes the newest row; the head counts it
+        await _delete_newest(built)  # another program deletes the newest row; the head counts it
         before = await store.read("k")
         with pytest.raises(DecisionHistoryRecordInvalid, match="changed behind touba"):
             await store.transact_log("k", write(drop_last=1))
@@ -116,7 +131,7 @@ async def test_a_drop_is_refused_when_rows_changed_behind_it(kind: str, tmp_path
         await built.cleanup()
 
 
-def _delete_newest(built: Stores) -> None:
+async def _delete_newest(built: Stores) -> None:
     where = built.location("main")
     if built.kind == "sqlite":
         conn = sqlite3.connect(where[0], isolation_level=None)
@@ -124,6 +139,16 @@ def _delete_newest(built: Stores) -> None:
             conn.execute("DELETE FROM touba_history_messages WHERE seq = 2")
         finally:
             conn.close()
+        return
+    if built.kind == "redis":
+        from redis.asyncio import Redis
+
+        client = Redis.from_url(where[0])
+        try:
+            (messages,) = [k async for k in client.scan_iter(match=f"{where[1]}*:messages")]
+            assert await client.rpop(messages) is not None
+        finally:
+            await client.aclose()
         return
     import psycopg
     from psycopg import sql
@@ -134,16 +159,81 @@ def _delete_newest(built: Stores) -> None:
         pg.execute(sql.SQL("DELETE FROM {} WHERE seq = 2").format(messages))
 
 
-async def test_each_durable_store_says_whether_it_drops_and_redis_refuses(
-    durable: Stores,
+async def test_a_backend_that_only_appends_refuses_a_drop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = durable()
-    if durable.kind != "redis":  # their drops are tested above
-        assert log_drops(store)
-        return
-    assert not log_drops(store)  # TODO(issue 11, phase B): drop_last there too
-    await store.transact_log("k", write(append=[(0, {"m": 1})]))
-    with pytest.raises(ValueError, match="only appends"):
-        await store.transact_log("k", write(drop_last=1))
-    assert (await store.read("k"))["exchanges"] == [[{"m": 1}]]
-    await store.transact_log("k", write(append=[(0, {"m": 2})]))  # the key was released
+    """The protocol refuses drop_last for a backend without ``drops`` (a new one,
+    say), before anything is written, and releases the key."""
+    from touba.history import sqlite
+
+    monkeypatch.delattr(sqlite._Backend, "drops")
+    store = sqlite.SqliteHistoryStore(tmp_path / "h.sqlite")
+    try:
+        await store.transact_log("k", write(append=[(0, {"m": 1})]))
+        with pytest.raises(ValueError, match="only appends"):
+            await store.transact_log("k", write(drop_last=1))
+        assert await store.read("k") == {**HEAD, "exchanges": [[{"m": 1}]]}
+        await store.transact_log("k", write(append=[(0, {"m": 2})]))  # the key was released
+    finally:
+        await store.close()
+
+
+# Steps of a log: drop that many newest messages, then append (0: into the last
+# exchange, 1: a new one) messages of one text each.
+STEPS = st.lists(
+    st.tuples(
+        st.integers(0, 3),
+        st.lists(st.tuples(st.integers(0, 1), st.text(max_size=6)), min_size=1, max_size=4),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@pytest.mark.parametrize("kind", DURABLE)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=STEPS)
+def test_drops_and_appends_leave_what_the_ram_store_leaves(
+    kind: str, steps: list[Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Any mix of drops and appends: the same record, bytes and refusals as RAM."""
+
+    async def run() -> None:
+        built = Stores(kind, tmp_path_factory.mktemp(kind))
+        built.prepare()
+        try:
+            reference, store = MemoryHistoryStore(), built()
+            for drop, appends in steps:
+                outcomes = []
+                for each in (reference, store):
+
+                    async def step(
+                        snapshot: Any, usage: Any, drop: int = drop, appends: Any = appends
+                    ) -> tuple[LogWrite, None]:
+                        kept = 0 if snapshot is None else snapshot.exchange_count
+                        left = drop  # the exchanges the drop leaves: their appends are valid
+                        for size in reversed(await snapshot.sizes(0) if snapshot else []):
+                            if not 0 < size.messages <= left:
+                                break
+                            left, kept = left - size.messages, kept - 1
+                        append = []
+                        for new, text in appends:
+                            kept += bool(new or not kept)
+                            append.append((kept - 1, {"m": text}))
+                        return LogWrite(head=dict(HEAD), drop_last=drop, append=append), None
+
+                    try:
+                        await each.transact_log("k", step)
+                        outcomes.append("ok")
+                    except ValueError as e:
+                        outcomes.append(type(e).__name__)
+                assert outcomes[0] == outcomes[1]
+                record = await reference.read("k")
+                assert await store.read("k") == record
+                assert (await store.usage()).bytes == (await reference.usage()).bytes
+        finally:
+            await built.cleanup()
+
+    asyncio.run(run())

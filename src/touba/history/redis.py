@@ -22,7 +22,8 @@ in a session key and never reaches a key name::
     P + "c:<id>:exchanges"      LIST  one entry per exchange: "first:count:bytes"
 
 A touba record keeps its head in the head hash and its messages as rows; a
-decision appends rows (RPUSH) and reads only the tail it needs. The protocol
+decision appends rows (RPUSH) and reads only the tail it needs; a
+``LogWrite.drop_last`` trims the newest rows (LTRIM) in the same commit. The protocol
 (reserve, save if the token still holds, release; the snapshot, the read-ahead
 hints and the tail cache) is :mod:`touba.history._reserving`; this module gives
 its primitives (:class:`_Backend`). The claim script returns, with the
@@ -95,6 +96,7 @@ from touba.history._reserving import (
     Rows,
     Sizes,
     Write,
+    dropped_elsewhere,
     parse_object,
 )
 from touba.history._store import (
@@ -279,7 +281,8 @@ return reply
 # ARGV: P, id, token, max_sessions, max_store_bytes, ttl_ms, mode, head, identity,
 # namespace, then by mode:
 #   put:    split, messages, bytes, n_exchanges, exchange entries..., rows...
-#   append: n, then (exchange, bytes, row) per message
+#   append: drop, n, then (exchange, bytes, row) per message; ``drop`` newest rows
+#           leave first (LogWrite.drop_last), exchanges they empty too
 #   delete: nothing
 _COMMIT: Final = (
     _PRELUDE
@@ -303,24 +306,54 @@ local old = redis.call('HGET', SESSIONS, id)
 local old_bytes = tonumber(old or '0')
 local new_bytes, messages, split
 local count = redis.call('LLEN', x)
-local n = 0
+local n, drop, keep, freed, last_entry = 0, 0, 0, 0, nil
 if mode == 'put' then
   split, messages, new_bytes = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13])
 else
-  n = tonumber(ARGV[11])
+  drop, n = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local stored = tonumber(held[3] or '0')
+  if drop > 0 then  -- planned here, written once the capacity check passed
+    local rows = redis.call('LLEN', m)
+    if rows ~= stored or drop > rows then  -- rows the head does not count
+      return {'dropped_elsewhere', math.max(0, rows - stored + drop), drop}
+    end
+    keep = rows - drop
+    local by = {}  -- bytes dropped per exchange
+    for _, row in ipairs(redis.call('LRANGE', m, keep, -1)) do
+      local e, size = string.match(row, '^%[(%d+),(%d+),')
+      if not e then return {'damaged_row'} end
+      e, size = tonumber(e), tonumber(size)
+      by[e], freed = (by[e] or 0) + size, freed + size
+    end
+    while count > 0 do  -- the exchanges whose first row goes, go
+      local f, k, b = string.match(redis.call('LINDEX', x, count - 1), '^(%d+):(%d+):(%d+)$')
+      if not f then return {'damaged_entry'} end
+      f, k, b = tonumber(f), tonumber(k), tonumber(b)
+      if f < keep then
+        if f + k > keep then  -- its newest rows go
+          last_entry = string.format('%d:%d:%d', f, keep - f, b - (by[count - 1] or 0))
+        end
+        break
+      end
+      count = count - 1
+    end
+    for e in pairs(by) do
+      if e < count - 1 then return {'damaged_row'} end
+    end
+  end
   local added, c = 0, count
   for i = 0, n - 1 do
-    local index = tonumber(ARGV[12 + 3 * i])
+    local index = tonumber(ARGV[13 + 3 * i])
     if index == c then
       c = c + 1
     elseif index ~= c - 1 or index < 0 then
       return {'bad_append', index, count}
     end
-    added = added + tonumber(ARGV[13 + 3 * i])
+    added = added + tonumber(ARGV[14 + 3 * i])
   end
   split = '1'
-  messages = tonumber(held[3] or '0') + n
-  new_bytes = old_bytes - redis.call('HSTRLEN', h, 'head') + #ARGV[8] + added
+  messages = stored - drop + n
+  new_bytes = old_bytes - redis.call('HSTRLEN', h, 'head') + #ARGV[8] + added - freed
 end
 
 local sessions = redis.call('HLEN', SESSIONS)
@@ -341,10 +374,17 @@ if mode == 'put' then
     redis.call('RPUSH', m, unpack(ARGV, i, math.min(i + 999, #ARGV)))
   end
 else  -- messages into the last stored exchange, then into the ones this opens
+  if drop > 0 and keep == 0 then
+    redis.call('DEL', m, x)
+  elseif drop > 0 then
+    redis.call('LTRIM', m, 0, keep - 1)
+    redis.call('LTRIM', x, 0, count - 1)
+    if last_entry then redis.call('LSET', x, -1, last_entry) end
+  end
   local nmsg = redis.call('LLEN', m)
   local grown, grown_bytes, opened, rows = 0, 0, {}, {}
   for i = 0, n - 1 do
-    local index, size = tonumber(ARGV[12 + 3 * i]), tonumber(ARGV[13 + 3 * i])
+    local index, size = tonumber(ARGV[13 + 3 * i]), tonumber(ARGV[14 + 3 * i])
     if index == count then
       opened[#opened + 1] = {nmsg + #rows, 1, size}
       count = count + 1
@@ -354,7 +394,7 @@ else  -- messages into the last stored exchange, then into the ones this opens
     else
       grown, grown_bytes = grown + 1, grown_bytes + size
     end
-    rows[#rows + 1] = ARGV[14 + 3 * i]
+    rows[#rows + 1] = ARGV[15 + 3 * i]
   end
   if grown > 0 then
     local f, k, b = string.match(redis.call('LINDEX', x, -1), '^(%d+):(%d+):(%d+)$')
@@ -607,6 +647,7 @@ class _Backend:
     driver_errors: tuple[type[BaseException], ...] = (RedisError,)
     label = _LABEL
     sees_edits = False
+    drops = True  # save honours Write.dropped (in the commit script)
 
     def __init__(self, store: RedisHistoryStore) -> None:
         self._store = store
@@ -727,7 +768,7 @@ class _Backend:
         else:
             appended = len(write.rows)
             self._appended_hint = min(MAX_ROWS, max(self._appended_hint, appended))
-            flat: list[str | int] = [appended]
+            flat: list[str | int] = [write.dropped, appended]
             for _seq, exchange, size, body in write.rows:
                 flat += [exchange, size, _row(exchange, size, body)]
             await self._commit(key, token, "append", write, flat)
@@ -767,6 +808,13 @@ class _Backend:
             raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_capacity raised
                 "the store is full; nothing was written", limit="max_store_bytes"
             )
+        if status == "dropped_elsewhere":  # rows removed or added behind the head
+            found, expected = int(reply[1]), int(reply[2])
+            raise dropped_elsewhere(key, _LABEL, found, expected)
+        if status == "damaged_row":
+            raise _damaged("a stored message row")
+        if status == "damaged_entry":
+            raise _damaged("an exchange entry")
         raise ValueError(f"append refused by the store ({status} {reply[1:]}); nothing saved")
 
     async def delete(self, key: str, token: str) -> None:
@@ -824,8 +872,11 @@ class RedisHistoryStore:
     ``recover(key, worker_stopped=True)``. Reserving a key that has no record
     claims its place among ``max_sessions`` at once; when every place is held
     (records and such reservations), it raises ``DecisionHistoryLimitExceeded``
-    before the operation runs.
+    before the operation runs. Its ``transact_log`` honours
+    ``LogWrite.drop_last`` (the newest rows trimmed in the commit script).
     """
+
+    log_drops = True
 
     def __init__(
         self,

@@ -32,8 +32,8 @@ Behaviour decisions:
   append-only log of exchanges (:mod:`touba.integrations._items_log`):
   ``add_items`` reads the last exchange and appends, ``get_items`` reads the
   sizes of the exchanges its bounds can reach and the items it returns, and
-  ``pop_item`` drops the newest item on the RAM store; none of them loads or
-  rewrites the whole history. ``pop_item`` on the durable stores,
+  ``pop_item`` drops the newest item (``LogWrite.drop_last``: the save
+  deletes the newest row); none of them loads or rewrites the whole history.
   ``clear_session``, ``exclusive()`` and a custom ``HistoryStore`` (which
   only offers ``transact``) read and write the whole record. Reading a
   session that holds nothing takes no place in a full store.
@@ -348,8 +348,6 @@ class ToubaSession(SessionABC):
             with contextlib.suppress(Legacy):
                 item = await log.transact_log(self.session_key, pop_log)
                 return item  # type: ignore[return-value]
-        # TODO(issue 11, phase B): Redis does not honour LogWrite.drop_last yet,
-        # so popping rewrites the whole record there.
 
         async def pop(record: Record | None) -> tuple[Record | None, Record | None]:
             items = self._items(record)
