@@ -42,6 +42,7 @@ from touba.history import (
     MemoryHistoryStore,
     Observation,
 )
+from touba.history._reserving import HINT_MEMORY
 from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history._window import ExchangeSize
 from touba.history.redis import RedisHistoryStore
@@ -842,6 +843,49 @@ async def test_the_claim_carries_the_window_whatever_was_read_before(
         assert seen == [f"d{n}" for n in range(max(0, step - 3), step)]
 
 
+HEAD = {"kind": "touba.test", "version": 1}
+
+
+async def read_all(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+    """Read every exchange (it reaches the last one: a window read, as a session's
+    ``get_items()`` is) and save nothing new."""
+    assert snapshot is not None
+    everything = await snapshot.exchanges(0, snapshot.exchange_count)
+    return LogWrite(head=snapshot.head), len(everything)
+
+
+async def bulk(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+    """Open a conversation with one exchange of 300 messages."""
+    assert snapshot is None
+    return LogWrite(head=HEAD, append=[(0, {"n": n}) for n in range(300)]), None
+
+
+@pytest.mark.parametrize("wide", ["read", "append"])
+async def test_one_wide_read_or_bulk_append_widens_the_claims_for_a_while_only(
+    store: RedisHistoryStore, wide: str
+) -> None:
+    """Read-ahead follows what the last HINT_MEMORY transactions needed: one read of a
+    whole conversation, or one append of many messages (to any conversation), does
+    not make every later claim carry that many rows."""
+    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(60):
+        await decide(history, who, texts)
+    if wide == "read":
+        assert await store.transact_log(who.key, read_all) == 60
+    else:
+        await store.transact_log("bulk", bulk)
+    claims = claims_of(store)
+    for _ in range(HINT_MEMORY + 4):
+        await decide(history, who, texts)
+    assert claims[0].rows >= 100, [c.rows for c in claims]  # still wide right after
+    # then the rows of the window's exchanges and the two a decision appends, as before
+    assert all(c.rows <= 4 * 2 + 2 for c in claims[HINT_MEMORY + 1 :]), [c.rows for c in claims]
+    for step, seen in enumerate(texts):  # every window was the right one
+        assert seen == [f"d{n}" for n in range(max(0, step - 3), step)]
+
+
 async def test_a_conversation_growing_into_its_window_is_read_with_the_claim(
     store: RedisHistoryStore,
 ) -> None:
@@ -868,7 +912,7 @@ async def test_reads_beyond_what_the_claim_brought_are_right(store: RedisHistory
     truth = RecordSnapshot.of(value)
     reservations = store._reservations
     reservations.sizes_hint, reservations.bodies_hint = 10, 4
-    store._backend._rows_hint = 7
+    store._backend._per_exchange.note(1750)  # 7 rows read ahead for 4 exchanges
 
     async def check(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
         assert snapshot is not None

@@ -41,7 +41,7 @@ from touba.history import (
     Observation,
     ResultMessage,
 )
-from touba.history._reserving import Reserved, TailCache
+from touba.history._reserving import HINT_MEMORY, Recent, Reserved, TailCache
 from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history.sqlite import PURGE_INTERVAL, SqliteHistoryStore
 
@@ -421,6 +421,44 @@ async def test_the_cache_bound_holds(db_path: Path) -> None:
         await store.transact_log("huge", read_all)
         assert cache.peek("huge") is None  # larger than the whole bound: not kept
         assert cache.bytes <= 5_000
+
+
+async def test_one_wide_read_widens_the_cached_tail_for_a_while_only(db_path: Path) -> None:
+    """A look at a whole conversation (a session's ``get_items()``) keeps that much
+    in the cache for the next HINT_MEMORY transactions, then the tail is trimmed
+    back to what they read."""
+    message = {"kind": "data", "observations": [], "pad": "x"}
+    async with SqliteHistoryStore(db_path) as store:
+
+        async def read_last(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
+            assert snapshot is not None
+            count = snapshot.exchange_count
+            await snapshot.exchanges(count - 2 if last else 0, count)
+            return LogWrite(head=snapshot.head, append=[(count, message)]), None
+
+        for _ in range(50):
+            await _append(store, "k", [message])
+        last = False
+        await store.transact_log("k", read_last)  # every exchange, once
+        held: list[int] = []
+        last = True
+        for _ in range(HINT_MEMORY + 2):
+            await store.transact_log("k", read_last)
+            tail = store._reservations.cache.peek("k")
+            assert tail is not None
+            held.append(tail.count - tail.bodies_first)
+        assert held[0] > 50  # still wide right after the wide read
+        assert held[-1] == 3  # then the 2 exchanges read, plus one (the module docstring)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=60))
+def test_a_recent_hint_is_the_most_of_the_last_values(values: list[int]) -> None:
+    recent = Recent()
+    for n in range(len(values)):
+        recent.note(values[n])
+        assert recent.most == max(values[max(0, n + 1 - HINT_MEMORY) : n + 1])
+    assert recent.most == (max(values[-HINT_MEMORY:]) if values else 0)
 
 
 async def test_a_failed_or_refused_save_drops_the_tail(db_path: Path) -> None:

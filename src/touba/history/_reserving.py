@@ -55,10 +55,12 @@ lately (the read-ahead hints below, at most :data:`MAX_TAIL` exchanges). A
 tail larger than :data:`CACHE_BYTES` is not kept.
 
 **Read-ahead hints.** How far back the history layer reads, in exchanges
-from the end: one hint for sizes, one for message bodies, each the most any
-snapshot of this store object was asked for lately, plus one (a
-conversation shorter than its window is read from its start, one exchange
-further back each decision), at most :data:`MAX_TAIL`. A reservation reads
+from the end: one hint for sizes, one for message bodies, each the most the
+snapshots of this store object's last :data:`HINT_MEMORY` log transactions
+were asked for (:class:`Recent`: one wide read widens the next ones for a
+while, not for good), plus one (a conversation shorter than its window is
+read from its start, one exchange further back each decision), at most
+:data:`MAX_TAIL`. A reservation reads
 that much with the reserving call; an older range, when asked, costs one
 call to ``Backend.read_sizes`` or ``Backend.read_rows`` (and joins the tail).
 A decision whose tail is cached or read ahead costs two backend calls:
@@ -153,7 +155,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
@@ -195,6 +197,7 @@ __all__ = [
     "Rows",
     "Sizes",
     "TailCache",
+    "Recent",
     "Write",
     "dropped_elsewhere",
     "identity_columns",
@@ -205,6 +208,7 @@ T = TypeVar("T")
 logger = logging.getLogger("touba.history")
 
 MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
+HINT_MEMORY: Final = 16  # transactions a read-ahead hint remembers (see Recent)
 CACHE_CONVERSATIONS: Final = 256  # conversations whose tail a store object keeps
 CACHE_BYTES: Final = 32 * 1024 * 1024  # message JSON bytes kept over all of them
 
@@ -281,6 +285,23 @@ class Backend(Protocol):
 
 
 # -- helpers the backends share ----------------------------------------------------------
+
+
+class Recent:
+    """The most of the last :data:`HINT_MEMORY` values noted (0 before any): a
+    read-ahead hint that widens at once and narrows again once that many
+    transactions all needed less, so one wide read (a whole session read once, a
+    bulk append) does not widen every later one."""
+
+    __slots__ = ("_values", "most")
+
+    def __init__(self) -> None:
+        self._values: deque[int] = deque(maxlen=HINT_MEMORY)
+        self.most = 0
+
+    def note(self, value: int) -> None:
+        self._values.append(value)
+        self.most = value if value >= self.most else max(self._values)
 
 
 def parse_object(text: str, key: str, what: str, label: str) -> Record:
@@ -661,6 +682,8 @@ class Reservations:
         # How many trailing exchanges the history layer read lately (see the docstring).
         self.sizes_hint = 0
         self.bodies_hint = 0
+        self._sizes = Recent()
+        self._bodies = Recent()
 
     def want(self, sizes: int = 0, bodies: int = 0) -> None:
         """Widen the hints to what a snapshot was asked for."""
@@ -669,6 +692,14 @@ class Reservations:
         if bodies > self.bodies_hint:
             self.bodies_hint = min(MAX_TAIL, bodies)
             self.sizes_hint = max(self.sizes_hint, self.bodies_hint)
+
+    def _settle(self, snapshot: _Snapshot | None) -> None:
+        """Note what a transaction's snapshot was asked for: the hints become the most
+        the last :data:`HINT_MEMORY` transactions asked (see :class:`Recent`)."""
+        sizes, bodies = (0, 0) if snapshot is None else snapshot.asked
+        self._sizes.note(min(MAX_TAIL, max(sizes, bodies)))
+        self._bodies.note(min(MAX_TAIL, bodies))
+        self.sizes_hint, self.bodies_hint = self._sizes.most, self._bodies.most
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
         """Reserve ``key``, give ``operation`` a private copy of its whole record,
@@ -737,7 +768,10 @@ class Reservations:
                 snapshot = _Snapshot(self, key, head, head_bytes, tail)
             else:  # no record (deleted since, even by this object): nothing held is its tail
                 tail = held_head = None
-            write, result = await operation(snapshot, reserved.usage)
+            try:
+                write, result = await operation(snapshot, reserved.usage)
+            finally:
+                self._settle(snapshot)
             encoded = None
             if write is None:
                 await self.backend.release(key, token)
@@ -922,6 +956,7 @@ class _Snapshot:
         self.head_bytes = head_bytes  # what the store measures the stored head as
         self._tail = tail
         self._count = 0 if tail is None else tail.count
+        self.asked = (0, 0)  # the most exchanges from the end read: (sizes, bodies)
 
     @property
     def head(self) -> Record:
@@ -937,13 +972,18 @@ class _Snapshot:
         since (the history layer reads and adds to it; see ``_integrity``)."""
         return set() if self._tail is None else self._tail.well_formed
 
+    def _ask(self, sizes: int = 0, bodies: int = 0) -> None:
+        asked_sizes, asked_bodies = self.asked
+        self.asked = (max(asked_sizes, sizes), max(asked_bodies, bodies))
+        self._owner.want(sizes, bodies)
+
     async def sizes(self, start: int) -> list[ExchangeSize]:
         """Sizes of exchanges ``start`` .. end, oldest first (a new list)."""
         start = max(start, 0)
         tail = self._tail
         if tail is None or start >= self._count:
             return []
-        self._owner.want(sizes=self._count - start + 1)
+        self._ask(sizes=self._count - start + 1)
         if start < tail.sizes_first:
             backend = self._owner.backend
             older = await backend.read_sizes(self._key, start, tail.sizes_first)
@@ -957,7 +997,7 @@ class _Snapshot:
             return None
         owner = self._owner
         if not owner.content or stop >= self._count:  # content mode: only the window's reads
-            owner.want(bodies=self._count - start + 1)
+            self._ask(bodies=self._count - start + 1)
         if start < tail.bodies_first:
             backend = owner.backend
             rows = await backend.read_rows(self._key, start, tail.bodies_first)

@@ -91,6 +91,7 @@ from touba.history._record import join_record
 from touba.history._reserving import (
     MAX_TAIL,
     Read,
+    Recent,
     Reservations,
     Reserved,
     Rows,
@@ -651,12 +652,12 @@ class _Backend:
 
     def __init__(self, store: RedisHistoryStore) -> None:
         self._store = store
-        # Rows an LRANGE pipelined with a claim reads: the most the window's
-        # exchanges held lately, plus the most a save appended (what the next
-        # window holds more).
-        self._rows_hint = 0
-        self._appended_hint = 0
-        self._per_exchange = 0.0  # the most messages per exchange a conversation held
+        # Rows an LRANGE pipelined with a claim reads: the exchanges the bodies
+        # hint asks for times the most messages per exchange the windows held
+        # lately, plus the most a save appended lately (what the next window
+        # holds more); "lately": the last HINT_MEMORY (see Recent).
+        self._per_exchange = Recent()  # thousandths of a message
+        self._appended_hint = Recent()
 
     async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
         store = self._store
@@ -673,8 +674,8 @@ class _Backend:
         )
         tail = 0
         if read.bodies:  # before a window was read: as many as its exchanges may hold
-            guess = max(self._rows_hint, math.ceil(read.bodies * self._per_exchange))
-            tail = min(MAX_ROWS, guess + self._appended_hint)
+            guess = math.ceil(read.bodies * self._per_exchange.most / 1000)
+            tail = min(MAX_ROWS, guess + self._appended_hint.most)
         pipelined = (keys.messages, 0, -1) if read.whole else (keys.messages, -tail, -1)
         rows = pipelined if read.whole or tail else None
         try:
@@ -716,14 +717,14 @@ class _Backend:
                 "the stored value under this session key is not a touba decision history "
                 "record; it was not modified. Use another namespace or delete the key"
             )
-        if count:
-            self._per_exchange = max(self._per_exchange, messages / count)
         entries = _entries(reply[10], int(reply[9]))
         sizes_first = count - len(entries) // 3
         bodies_first = max(0, count - read.bodies)
         at = 3 * (bodies_first - sizes_first)
         sizes = [(sizes_first + i // 3, entries[i + 1], entries[i + 2]) for i in range(0, at, 3)]
-        if bodies_first >= count or at < 0:
+        if bodies_first >= count or at < 0:  # no window read: guess from the whole
+            if count:
+                self._per_exchange.note(-(-1000 * messages // count))
             return Reserved(head, split, count, messages, size, version, usage, sizes, [])
         first = entries[at]  # the window's first row
         offset = messages - len(listed)  # the first row the LRANGE brought
@@ -736,7 +737,7 @@ class _Backend:
             ]
         else:
             raw = listed[first - offset :]
-        self._rows_hint = min(MAX_ROWS, max(self._rows_hint, messages - first))
+        self._per_exchange.note(-(-1000 * (messages - first) // (count - bodies_first)))
         rows = _rows(raw, count)
         return Reserved(head, split, count, messages, size, version, usage, sizes, rows)
 
@@ -767,7 +768,7 @@ class _Backend:
             await self._commit(key, token, "put", write, args)
         else:
             appended = len(write.rows)
-            self._appended_hint = min(MAX_ROWS, max(self._appended_hint, appended))
+            self._appended_hint.note(min(MAX_ROWS, appended))
             flat: list[str | int] = [write.dropped, appended]
             for _seq, exchange, size, body in write.rows:
                 flat += [exchange, size, _row(exchange, size, body)]
