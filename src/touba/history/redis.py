@@ -338,8 +338,9 @@ else
       end
       count = count - 1
     end
+    local lowest = last_entry and count - 1 or count  -- no dropped row below it
     for e in pairs(by) do
-      if e < count - 1 then return {'damaged_row'} end
+      if e < lowest then return {'damaged_row'} end
     end
   end
   local added, c = 0, count
