@@ -198,7 +198,8 @@ STEPS = st.lists(
 def test_drops_and_appends_leave_what_the_ram_store_leaves(
     kind: str, steps: list[Any], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Any mix of drops and appends: the same record, bytes and refusals as RAM."""
+    """Any mix of drops and appends: the same record, bytes and refusals as RAM, and
+    the same snapshots (the durable store's from the tail it keeps across drops)."""
 
     async def run() -> None:
         built = Stores(kind, tmp_path_factory.mktemp(kind))
@@ -207,12 +208,20 @@ def test_drops_and_appends_leave_what_the_ram_store_leaves(
             reference, store = MemoryHistoryStore(), built()
             for drop, appends in steps:
                 outcomes = []
+                seen: list[Any] = []
                 for each in (reference, store):
 
                     async def step(
-                        snapshot: Any, usage: Any, drop: int = drop, appends: Any = appends
+                        snapshot: Any,
+                        usage: Any,
+                        drop: int = drop,
+                        appends: Any = appends,
+                        seen: list[Any] = seen,
                     ) -> tuple[LogWrite, None]:
                         kept = 0 if snapshot is None else snapshot.exchange_count
+                        if snapshot is not None:
+                            sizes = [(s.messages, s.bytes) for s in await snapshot.sizes(0)]
+                            seen.append((kept, sizes, await snapshot.exchanges(0, kept)))
                         left = drop  # the exchanges the drop leaves: their appends are valid
                         for size in reversed(await snapshot.sizes(0) if snapshot else []):
                             if not 0 < size.messages <= left:
@@ -230,6 +239,7 @@ def test_drops_and_appends_leave_what_the_ram_store_leaves(
                     except ValueError as e:
                         outcomes.append(type(e).__name__)
                 assert outcomes[0] == outcomes[1]
+                assert seen[:1] == seen[1:]
                 record = await reference.read("k")
                 assert await store.read("k") == record
                 assert (await store.usage()).bytes == (await reference.usage()).bytes

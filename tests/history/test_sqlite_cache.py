@@ -133,6 +133,30 @@ async def test_a_cached_tail_is_used_while_nothing_else_saved(db_path: Path) -> 
         assert agent.windows[-1] == ["d1", "d2", "d3", "d4"]
 
 
+async def test_a_session_pop_keeps_the_cached_tail(db_path: Path) -> None:
+    """``pop_item`` (a drop) leaves the tail cached without the popped item: the
+    next operations read no rows, and see what a fresh read sees."""
+    from touba.integrations.openai_agents import ToubaSession
+
+    def item(n: int) -> Any:
+        return {"role": "user", "content": f"q{n}"}
+
+    async with SqliteHistoryStore(db_path) as store:
+        session = ToubaSession("s", store=store, namespace="ns")
+        await session.add_items([item(n) for n in range(40)])
+        assert len(await session.get_items(limit=20)) == 20  # the hints: 20 exchanges
+        seen = spy_reserve(store)
+        for n in range(40, 45):
+            await session.add_items([item(n)])
+            last = [item(k) for k in range(21, 40)] + [item(n)]  # n pushes 20 out, 40.. popped
+            assert await session.get_items(limit=20) == last
+            assert await session.pop_item() == item(n)
+        assert [r.rows is None for r in seen] == [True] * len(seen)
+        async with SqliteHistoryStore(db_path) as fresh:  # nothing cached: read from the file
+            again = ToubaSession("s", store=fresh, namespace="ns")
+            assert await again.get_items(limit=20) == await session.get_items(limit=20)
+
+
 async def test_a_save_by_another_store_object_is_read_not_served_stale(db_path: Path) -> None:
     async with SqliteHistoryStore(db_path) as one, SqliteHistoryStore(db_path) as two:
         a, b = Agent(one), Agent(two)

@@ -158,7 +158,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, TypeVar
+from typing import Final, NamedTuple, Protocol, TypeVar
 
 from touba.errors import (
     DecisionHistoryBusy,
@@ -464,9 +464,12 @@ class _Tail:
         return sum(self.body_bytes) + (0 if self.head is None else self.head.size)
 
     def covers(self, sizes: int, bodies: int) -> bool:
-        """Whether it holds what a reservation reading these hints would read."""
-        return self.sizes_first <= max(0, self.count - sizes) and self.bodies_first <= max(
-            0, self.count - bodies
+        """Whether it holds what a reservation reading these hints would read, but
+        for the one exchange of slack a hint keeps for growth (a tail that lost its
+        last exchange to a drop still serves; a read that reaches further back
+        costs one backend call, see :class:`_Snapshot`)."""
+        return self.sizes_first <= max(0, self.count - sizes + 1) and self.bodies_first <= max(
+            0, self.count - bodies + 1
         )
 
     def trim(self, sizes: int, bodies: int) -> None:
@@ -584,6 +587,42 @@ class _Tail:
             if held.bodies_first + old in held.well_formed:
                 tail.well_formed.add(bodies_first + position)
         return tail
+
+    def drop(self, rows: Sequence[tuple[int, int]]) -> bool:
+        """Forget the newest messages a save deleted (``rows``: the exchange and bytes
+        of each, in stored order), and the exchanges they leave empty; False (and
+        nothing changed) when the tail does not hold them all."""
+        if not rows or rows[0][0] < max(self.sizes_first, self.bodies_first):
+            return False
+        counts: dict[int, int] = {}
+        for exchange, _size in rows:
+            counts[exchange] = counts.get(exchange, 0) + 1
+        for exchange, n in counts.items():  # only the last exchanges, each holding them
+            if exchange >= self.count or n > len(self.records[exchange - self.bodies_first]):
+                return False
+        for exchange, size in reversed(rows):  # newest first: always the last exchange
+            if exchange != self.count - 1:
+                return False  # pragma: no cover - rows in stored order always are
+            position = exchange - self.bodies_first
+            self.records[position].pop()
+            built = self.messages[position]
+            if built is not None:
+                built.pop()
+            if self.texts is not None:
+                self.texts[position].pop()
+            self.body_bytes[position] -= size
+            old = self.sizes[exchange - self.sizes_first]
+            self.sizes[exchange - self.sizes_first] = ExchangeSize(
+                old.messages - 1, old.bytes - size
+            )
+            self.well_formed.discard(exchange)
+            if not self.records[position]:  # emptied: the exchange is gone
+                self.count -= 1
+                del self.records[position], self.body_bytes[position], self.messages[position]
+                del self.sizes[exchange - self.sizes_first]
+                if self.texts is not None:
+                    del self.texts[position]
+        return True
 
     def append(self, version: str, rows: Sequence[tuple[int, int, int, str]]) -> None:
         """Add the messages a save appended, parsed from the text it stored; the
@@ -774,6 +813,7 @@ class Reservations:
             finally:
                 self._settle(snapshot)
             encoded = None
+            dropped = None
             if write is None:
                 await self.backend.release(key, token)
             else:
@@ -785,13 +825,13 @@ class Reservations:
             if replacement is None:
                 raise
             raise replacement from e.__cause__
-        self._keep(key, tail, token, encoded, held_head)
+        self._keep(key, tail, token, encoded, held_head, dropped)
         return result
 
-    async def _dropped(self, key: str, reserved: Reserved, count: int) -> tuple[int, int] | None:
-        """For ``LogWrite.drop_last=count``: the exchanges left and the bytes the
-        dropped messages weigh, read from the store (None when nothing is dropped).
-        ``ValueError`` when the backend cannot drop or holds fewer messages."""
+    async def _dropped(self, key: str, reserved: Reserved, count: int) -> _Drop | None:
+        """For ``LogWrite.drop_last=count``: what goes, read from the store (None
+        when nothing is dropped). ``ValueError`` when the backend cannot drop or
+        holds fewer messages."""
         if count <= 0:  # nothing to drop (as in the RAM store)
             return None
         if not getattr(self.backend, "drops", False):
@@ -807,8 +847,9 @@ class Reservations:
         if len(rows) < count:  # fewer than the head says: the rows were changed behind it
             raise _damaged(key, "the stored record", self.backend.label)
         kept = rows[: len(rows) - count]
+        gone = [(exchange, size) for exchange, size, _body in rows[len(kept) :]]
         exchanges = kept[-1][0] + 1 if kept else start
-        return exchanges, sum(size for _exchange, size, _body in rows[len(kept) :])
+        return _Drop(exchanges, sum(size for _exchange, size in gone), gone)
 
     def _keep(
         self,
@@ -817,12 +858,17 @@ class Reservations:
         token: str,
         saved: Write | None,
         head: HeldHead | None = None,
+        dropped: _Drop | None = None,
     ) -> None:
-        """Cache the tail once the reservation ended well: with the messages ``saved``
-        appended (then at version ``token``), or as it was read; with ``head``, the
-        head stored now."""
+        """Cache the tail once the reservation ended well: without the messages
+        ``dropped`` and with those ``saved`` appended (then at version ``token``),
+        or as it was read; with ``head``, the head stored now."""
         try:
-            if saved is not None and saved.dropped:  # rare (a pop): read again next time
+            if (
+                saved is not None
+                and saved.dropped
+                and (tail is None or dropped is None or not tail.drop(dropped.rows))
+            ):  # the tail does not hold all that went: read again next time
                 self.cache.drop(key)
                 return
             if saved is not None and saved.rewrite:
@@ -1031,12 +1077,21 @@ class _Snapshot:
 # -- encoding writes ---------------------------------------------------------------------
 
 
+class _Drop(NamedTuple):
+    """What a ``LogWrite.drop_last`` removes: the exchanges left, the bytes the
+    dropped messages weigh, and the exchange and bytes of each, in stored order."""
+
+    exchanges: int
+    bytes: int
+    rows: list[tuple[int, int]]
+
+
 def _appended(
     reserved: Reserved,
     head_bytes: int,
     write: LogWrite,
     held: HeldHead | None,
-    dropped: tuple[int, int] | None = None,
+    dropped: _Drop | None = None,
 ) -> tuple[Write, HeldHead]:
     """A log write: a new head and messages after the stored ones (checked first),
     and the new head held; ``head_bytes`` is the stored head's UTF-8 length,
@@ -1047,7 +1102,7 @@ def _appended(
     dropped_bytes = drop = 0
     if dropped is not None:
         drop = write.drop_last
-        count, dropped_bytes = dropped
+        count, dropped_bytes = dropped.exchanges, dropped.bytes
         stored -= drop
     check_appends(count, write.append)
     head = encode_head(write.head, held)
