@@ -131,6 +131,21 @@ async def test_a_drop_is_refused_when_rows_changed_behind_it(kind: str, tmp_path
         await built.cleanup()
 
 
+def test_the_sqlite_drop_finds_the_newest_rows_by_the_index(tmp_path: Path) -> None:
+    """A drop deletes through the tail index from the first dropped exchange on,
+    not by scanning every row of the conversation."""
+    from touba.history import sqlite
+
+    store = sqlite.SqliteHistoryStore(tmp_path / "h.sqlite")
+    try:
+        explain = "EXPLAIN QUERY PLAN " + sqlite._DROP_NEWEST
+        plan = store._thread.call(lambda: store._db.conn.execute(explain, (1, 2, 3)).fetchall())
+        (detail,) = [row[-1] for row in plan]
+        assert "INDEX touba_history_messages_tail (conv=? AND exchange>?)" in detail
+    finally:
+        asyncio.run(store.close())
+
+
 async def _delete_newest(built: Stores) -> None:
     where = built.location("main")
     if built.kind == "sqlite":

@@ -262,6 +262,7 @@ class Write:
     growth: int  # ``bytes`` less what the record retained before
     seen: str | None = None  # the version the reservation returned (``Reserved.version``)
     dropped: int = 0  # the newest messages deleted first: those of seq >= messages - dropped
+    dropped_from: int = 0  # the exchange of the oldest of them (a bound for the delete)
 
 
 class Backend(Protocol):
@@ -1099,10 +1100,11 @@ def _appended(
     ``Reservations._dropped`` found for ``write.drop_last``."""
     count = reserved.exchanges if reserved.split else 0
     stored = reserved.messages if reserved.split else 0
-    dropped_bytes = drop = 0
+    dropped_bytes = drop = dropped_from = 0
     if dropped is not None:
         drop = write.drop_last
         count, dropped_bytes = dropped.exchanges, dropped.bytes
+        dropped_from = dropped.rows[0][0]
         stored -= drop
     check_appends(count, write.append)
     head = encode_head(write.head, held)
@@ -1126,6 +1128,7 @@ def _appended(
         growth=total - reserved.bytes,
         seen=reserved.version,
         dropped=drop,
+        dropped_from=dropped_from,
     )
     return encoded, head
 

@@ -218,6 +218,9 @@ _SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?,
 # Only when they change: setting the namespace rewrites its index entry even when equal.
 _SAVE_IDENTITY = """UPDATE touba_history_sessions SET namespace = ?, identity = ?
     WHERE id = ? AND (namespace IS NOT ? OR identity IS NOT ?)"""
+# The exchange bound lets the tail index find the newest rows in O(dropped), not O(rows).
+_DROP_NEWEST = """DELETE FROM touba_history_messages
+    WHERE conv = ? AND exchange >= ? AND seq >= ?"""
 _UNRESERVE = """UPDATE touba_history_sessions
     SET token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL
     WHERE key = ? AND token """
@@ -443,9 +446,7 @@ class _Db:
                 self.q("DELETE FROM touba_history_messages WHERE conv = ?", conv)
             elif write.dropped:  # LogWrite.drop_last: the newest messages go first
                 first = write.messages - len(write.rows)
-                deleted = self.q(
-                    "DELETE FROM touba_history_messages WHERE conv = ? AND seq >= ?", conv, first
-                ).rowcount
+                deleted = self.q(_DROP_NEWEST, conv, write.dropped_from, first).rowcount
                 if deleted != write.dropped:
                     raise dropped_elsewhere(key, _LABEL, deleted, write.dropped)
             self.conn.executemany(
