@@ -864,9 +864,11 @@ async def bulk(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
 async def test_one_wide_read_or_bulk_append_widens_the_claims_for_a_while_only(
     store: RedisHistoryStore, wide: str
 ) -> None:
-    """Read-ahead follows what the last HINT_MEMORY transactions needed: one read of a
-    whole conversation, or one append of many messages (to any conversation), does
-    not make every later claim carry that many rows."""
+    """A claim carries what the last HINT_MEMORY operations of its own kind read (a
+    whole conversation read by another kind of operation, a session's
+    ``get_items()``, widens only that kind's claims), plus what saves appended
+    lately: one append of many messages (to any conversation) widens the next
+    claims for a while only."""
     who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
     history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
     texts: list[list[str | None]] = []
@@ -879,9 +881,15 @@ async def test_one_wide_read_or_bulk_append_widens_the_claims_for_a_while_only(
     claims = claims_of(store)
     for _ in range(HINT_MEMORY + 4):
         await decide(history, who, texts)
-    assert claims[0].rows >= 100, [c.rows for c in claims]  # still wide right after
-    # then the rows of the window's exchanges and the two a decision appends, as before
-    assert all(c.rows <= 4 * 2 + 2 for c in claims[HINT_MEMORY + 1 :]), [c.rows for c in claims]
+    rows = [c.rows for c in claims]
+    if wide == "append":
+        assert rows[0] >= 100, rows  # still wide right after (all the 120 rows there are)
+    # (then) the rows of the window's exchanges and the two a decision appends
+    assert all(n <= 4 * 2 + 2 for n in rows[HINT_MEMORY + 1 if wide == "append" else 0 :]), rows
+    assert await store.transact_log(who.key, read_all) == 60 + HINT_MEMORY + 4
+    claims.clear()
+    await decide(history, who, texts)
+    assert [c.rows <= 4 * 2 + 2 for c in claims] == [True]  # a decision's, as before it
     for step, seen in enumerate(texts):  # every window was the right one
         assert seen == [f"d{n}" for n in range(max(0, step - 3), step)]
 
@@ -1115,6 +1123,42 @@ async def test_rows_whose_text_is_unchanged_are_not_parsed_again(
     await decide(history, WHO, texts)
     assert parsed == []
     assert texts[-1] == ["edited", "d7", "d8"]
+
+
+async def test_a_narrow_claim_keeps_what_a_wide_one_parsed_until_it_is_checked(
+    store: RedisHistoryStore, raw: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's ``add_items`` claims only the last exchange and its ``get_items``
+    the window: the window's messages, parsed once, are reused by the next wide
+    claim whose texts match, never served unchecked (an edit behind touba's back
+    in between is parsed, and shown)."""
+    from touba.integrations.openai_agents import ToubaSession
+
+    def item(n: int) -> Any:
+        return {"role": "user", "content": f"q{n}"}
+
+    session = ToubaSession("s", store=store, namespace="ns")
+    await session.add_items([item(n) for n in range(30)])
+    last = 30 + HINT_MEMORY  # the bulk append is forgotten, the kinds' read-ahead settles
+    for n in range(30, last):
+        await session.get_items(limit=10)
+        await session.add_items([item(n)])
+    claims = claims_of(store)
+    parsed = counted_parses(monkeypatch)
+    await session.add_items([item(last)])
+    assert await session.get_items(limit=10) == [item(n) for n in range(last - 9, last + 1)]
+    add, get = (c.rows for c in claims)
+    assert add <= 3, add  # the last exchange
+    assert 10 <= get <= 13, get  # the window
+    assert parsed == []  # every text matched what was parsed before
+    name, rows = await rows_of(raw, prefix)
+    at = len(rows) - 8  # in the window, outside the add's claim
+    rows[at][2]["content"] = "edited"  # behind touba's back
+    await raw.lset(name, at, as_row(rows[at][0], rows[at][2]))
+    await session.add_items([item(last + 1)])
+    window = await session.get_items(limit=10)
+    assert window[-9] == {"role": "user", "content": "edited"}
+    assert len(parsed) == 1  # the edited message, no other
 
 
 async def test_two_store_objects_on_one_server_see_each_others_rewrites(

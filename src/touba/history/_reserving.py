@@ -210,6 +210,7 @@ logger = logging.getLogger("touba.history")
 
 MAX_TAIL: Final = 1024  # most exchanges read ahead with a reservation
 HINT_MEMORY: Final = 16  # transactions a read-ahead hint remembers (see Recent)
+KINDS: Final = 64  # kinds of operation whose read-ahead a store object keeps (content mode)
 CACHE_CONVERSATIONS: Final = 256  # conversations whose tail a store object keeps
 CACHE_BYTES: Final = 32 * 1024 * 1024  # message JSON bytes kept over all of them
 
@@ -304,6 +305,11 @@ class Recent:
     def note(self, value: int) -> None:
         self._values.append(value)
         self.most = value if value >= self.most else max(self._values)
+
+
+def _kind(operation: object) -> object:
+    """What makes operations of one kind (the same code, a closure's included)."""
+    return getattr(operation, "__code__", None)
 
 
 def parse_object(text: str, key: str, what: str, label: str) -> Record:
@@ -421,6 +427,7 @@ class _Tail:
         "count",
         "head",
         "messages",
+        "older",
         "records",
         "sizes",
         "sizes_first",
@@ -454,6 +461,9 @@ class _Tail:
         self.texts = texts
         # The head this store object saved last (see _head): reused while stored.
         self.head: HeldHead | None = None
+        # Content mode only: exchanges held before bodies_first, not checked by the
+        # claim that made this tail; reused only once a claim brings the same texts.
+        self.older: _Older | None = None
 
     @classmethod
     def empty(cls, version: str, *, texts: bool = False) -> _Tail:
@@ -462,7 +472,8 @@ class _Tail:
     @property
     def bytes(self) -> int:
         """Message (and head) JSON bytes held."""
-        return sum(self.body_bytes) + (0 if self.head is None else self.head.size)
+        older = 0 if self.older is None else sum(self.older.body_bytes)
+        return sum(self.body_bytes) + older + (0 if self.head is None else self.head.size)
 
     def covers(self, sizes: int, bodies: int) -> bool:
         """Whether it holds what a reservation reading these hints would read, but
@@ -487,6 +498,8 @@ class _Tail:
                 del self.texts[:cut]
             self.bodies_first = first
             self.well_formed = {i for i in self.well_formed if i >= first}
+        if self.older is not None:
+            self.older.trim(first)
 
     def prepend_sizes(self, start: int, older: list[ExchangeSize]) -> None:
         self.sizes[:0] = older
@@ -506,6 +519,7 @@ class _Tail:
         self.body_bytes[:0] = sizes
         self.messages[:0] = [None] * len(older)
         self.bodies_first = start
+        self.older = None  # the range read now replaces what was held unchecked
 
     def neutral(self, index: int) -> list[Message]:
         """The neutral messages of exchange ``index`` (held), built once."""
@@ -566,27 +580,24 @@ class _Tail:
             texts[exchange - bodies_first].append(body)
             body_bytes[exchange - bodies_first] += size
         sizes = sizes + [ExchangeSize(len(t), b) for t, b in zip(texts, body_bytes, strict=True)]
+        parsed = None if held is None else _Older.of(held)
         records: list[list[Record]] = []
-        reused: list[tuple[int, int]] = []  # (position here, position in held)
-        old_texts = None if held is None else held.texts
+        reused: list[tuple[int, int]] = []  # (position here, position in parsed)
         for position, bodies in enumerate(texts):
-            old = bodies_first + position - (held.bodies_first if held is not None else 0)
-            if (
-                held is not None
-                and old_texts is not None
-                and 0 <= old < len(old_texts)
-                and old_texts[old] == bodies
-            ):
-                records.append(held.records[old])
-                reused.append((position, old))
+            at = None if parsed is None else parsed.at(bodies_first + position, bodies)
+            if at is not None:
+                assert parsed is not None
+                records.append(parsed.records[at])
+                reused.append((position, at))
                 continue
             records.append([_frozen_object_of(body, key, label) for body in bodies])
         tail = cls(version, count, sizes_first, sizes, bodies_first, records, body_bytes, texts)
-        for position, old in reused:
-            assert held is not None
-            tail.messages[position] = held.messages[old]
-            if held.bodies_first + old in held.well_formed:
-                tail.well_formed.add(bodies_first + position)
+        if parsed is not None:
+            for position, at in reused:
+                tail.messages[position] = parsed.messages[at]
+                if parsed.first + at in parsed.well_formed:
+                    tail.well_formed.add(bodies_first + position)
+            tail.older = parsed.before(bodies_first)  # kept for a wider claim to check
         return tail
 
     def drop(self, rows: Sequence[tuple[int, int]]) -> bool:
@@ -654,6 +665,67 @@ class _Tail:
                     self.texts[position].append(body)
             self.well_formed.discard(exchange)
         self.version = version
+
+
+@dataclass(slots=True)
+class _Older:
+    """Content mode: parsed exchanges ``first`` .. with the stored texts each was
+    parsed from, their neutral messages, JSON bytes and window verdicts; a parse
+    cache by exchange and text, trusted for nothing until a claim brings the
+    same texts (see :meth:`_Tail.checked`)."""
+
+    first: int
+    records: list[list[Record]]
+    texts: list[list[str]]
+    messages: list[list[Message] | None]
+    body_bytes: list[int]
+    well_formed: set[int]
+
+    @classmethod
+    def of(cls, tail: _Tail) -> _Older | None:
+        """All that ``tail`` holds parsed with its texts (its older part first)."""
+        if tail.texts is None:
+            return None
+        older = tail.older
+        if older is None or older.first + len(older.records) != tail.bodies_first:
+            older = cls(tail.bodies_first, [], [], [], [], set())
+        return cls(
+            older.first,
+            older.records + tail.records,
+            older.texts + tail.texts,
+            older.messages + tail.messages,
+            older.body_bytes + tail.body_bytes,
+            older.well_formed | tail.well_formed,
+        )
+
+    def at(self, exchange: int, texts: list[str]) -> int | None:
+        """The position of ``exchange`` when it was parsed from exactly ``texts``."""
+        position = exchange - self.first
+        if 0 <= position < len(self.texts) and self.texts[position] == texts:
+            return position
+        return None
+
+    def before(self, first: int) -> _Older | None:
+        """The exchanges before ``first`` (None: none)."""
+        cut = first - self.first
+        if cut <= 0:
+            return None
+        return _Older(
+            self.first,
+            self.records[:cut],
+            self.texts[:cut],
+            self.messages[:cut],
+            self.body_bytes[:cut],
+            {e for e in self.well_formed if e < first},
+        )
+
+    def trim(self, first: int) -> None:
+        """Forget the exchanges before ``first``."""
+        cut = first - self.first
+        if cut > 0:
+            del self.records[:cut], self.texts[:cut], self.messages[:cut], self.body_bytes[:cut]
+            self.first = first
+            self.well_formed = {e for e in self.well_formed if e >= first}
 
 
 class TailCache:
@@ -725,6 +797,9 @@ class Reservations:
         self.bodies_hint = 0
         self._sizes = Recent()
         self._bodies = Recent()
+        # Content mode: what each kind of operation (its code) read lately, so that
+        # a claim carries the rows that operation reads, not the widest one's.
+        self._kinds: OrderedDict[object, tuple[Recent, Recent]] = OrderedDict()
 
     def want(self, sizes: int = 0, bodies: int = 0) -> None:
         """Widen the hints to what a snapshot was asked for."""
@@ -734,13 +809,30 @@ class Reservations:
             self.bodies_hint = min(MAX_TAIL, bodies)
             self.sizes_hint = max(self.sizes_hint, self.bodies_hint)
 
-    def _settle(self, snapshot: _Snapshot | None) -> None:
+    def _settle(self, snapshot: _Snapshot | None, operation: object) -> None:
         """Note what a transaction's snapshot was asked for: the hints become the most
-        the last :data:`HINT_MEMORY` transactions asked (see :class:`Recent`)."""
+        the last :data:`HINT_MEMORY` transactions asked (see :class:`Recent`); in
+        content mode, also the most the last ones of ``operation``'s kind asked."""
         sizes, bodies = (0, 0) if snapshot is None else snapshot.asked
-        self._sizes.note(min(MAX_TAIL, max(sizes, bodies)))
-        self._bodies.note(min(MAX_TAIL, bodies))
+        sizes, bodies = min(MAX_TAIL, max(sizes, bodies)), min(MAX_TAIL, bodies)
+        self._sizes.note(sizes)
+        self._bodies.note(bodies)
         self.sizes_hint, self.bodies_hint = self._sizes.most, self._bodies.most
+        kind = _kind(operation) if self.content else None
+        if kind is not None:
+            hints = self._kinds.pop(kind, None) or (Recent(), Recent())
+            hints[0].note(sizes)
+            hints[1].note(bodies)
+            self._kinds[kind] = hints  # the most recent last
+            while len(self._kinds) > KINDS:
+                self._kinds.popitem(last=False)
+
+    def _read_ahead(self, operation: object) -> tuple[int, int]:
+        """What a reservation for ``operation`` reads ahead: (sizes, bodies)."""
+        hints = self._kinds.get(_kind(operation)) if self.content else None
+        if hints is None:
+            return self.sizes_hint, self.bodies_hint
+        return hints[0].most, hints[1].most
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
         """Reserve ``key``, give ``operation`` a private copy of its whole record,
@@ -780,12 +872,13 @@ class Reservations:
         token = reservation.token
         tail = self.cache.take(key)
         held_head = None if tail is None else tail.head  # compared with the stored text
-        if tail is not None and not tail.covers(self.sizes_hint, self.bodies_hint):
-            tail = None
+        sizes, bodies = self._read_ahead(operation)
+        if tail is not None and not self.content and not tail.covers(sizes, bodies):
+            tail = None  # (content mode: a parse cache whatever it covers)
         read = Read(
             cached=None if tail is None or self.content else tail.version,
-            sizes=self.sizes_hint,
-            bodies=self.bodies_hint,
+            sizes=sizes,
+            bodies=bodies,
         )
         reserved = await self.backend.reserve(key, reservation, read)
         head_bytes = 0  # what the store counts for the stored head (the save needs it too)
@@ -812,7 +905,7 @@ class Reservations:
             try:
                 write, result = await operation(snapshot, reserved.usage)
             finally:
-                self._settle(snapshot)
+                self._settle(snapshot, operation)
             encoded = None
             dropped = None
             if write is None:
