@@ -730,6 +730,22 @@ def _reachable(url: str, default_port: int) -> bool:
         return False
 
 
+def available_stores(stores: str) -> list[str]:
+    """The stores of ``stores`` (comma-separated) whose server answers; says which not."""
+    kinds = [k for k in stores.split(",") if k]
+    unknown = set(kinds) - set(BACKENDS)
+    if unknown:
+        raise SystemExit(f"unknown store(s): {', '.join(sorted(unknown))}")
+    available = []
+    for kind in kinds:
+        url, port = {"postgres": (DSN, 5432), "redis": (REDIS_URL, 6379)}.get(kind, ("", 0))
+        if url and not _reachable(url, port):
+            print(f"({kind} skipped: {url} unreachable)")
+            continue
+        available.append(kind)
+    return available
+
+
 @contextlib.asynccontextmanager
 async def backend(kind: str, run: str) -> AsyncIterator[Backend]:
     with tempfile.TemporaryDirectory(prefix="touba-bench-") as tmp:
@@ -1114,17 +1130,7 @@ def main() -> None:
     args.rounds = args.rounds or (15 if args.quick else 60)
     args.langgraph_rounds = args.langgraph_rounds or (3 if args.quick else 8)
     args.seconds = args.seconds or (0.5 if args.quick else 2.0)
-    kinds = [k for k in args.stores.split(",") if k]
-    unknown = set(kinds) - set(BACKENDS)
-    if unknown:
-        raise SystemExit(f"unknown store(s): {', '.join(sorted(unknown))}")
-    available = []
-    for kind in kinds:
-        url, port = {"postgres": (DSN, 5432), "redis": (REDIS_URL, 6379)}.get(kind, ("", 0))
-        if url and not _reachable(url, port):
-            print(f"({kind} skipped: {url} unreachable)")
-            continue
-        available.append(kind)
+    available = available_stores(args.stores)
     print(
         f"touba vs openai-agents 0.24, {MESSAGE} B messages, window {WINDOW}, "
         f"{args.rounds} interleaved rounds ({args.langgraph_rounds} for LangGraph), "
