@@ -602,8 +602,10 @@ class _Tail:
 
     def drop(self, rows: Sequence[tuple[int, int]]) -> bool:
         """Forget the newest messages a save deleted (``rows``: the exchange and bytes
-        of each, in stored order), and the exchanges they leave empty; False (and
-        nothing changed) when the tail does not hold them all."""
+        of each, in stored order, as ``Reservations._dropped`` read them), and the
+        exchanges they leave empty; False when the tail does not hold them all
+        (nothing changed then, but for rows out of stored order: either way such
+        a tail is not to be kept)."""
         if not rows or rows[0][0] < max(self.sizes_first, self.bodies_first):
             return False
         counts: dict[int, int] = {}
