@@ -1161,6 +1161,33 @@ async def test_a_narrow_claim_keeps_what_a_wide_one_parsed_until_it_is_checked(
     assert len(parsed) == 1  # the edited message, no other
 
 
+async def test_a_session_pop_is_two_round_trips(store: RedisHistoryStore) -> None:
+    """The claim brings the rows a pop drops: the commit checks them, no read between."""
+    from touba.integrations.openai_agents import ToubaSession
+
+    trips = 0
+    run, lrange = store._run, store._lrange
+
+    async def counted_run(*args: Any) -> Any:
+        nonlocal trips
+        trips += 1
+        return await run(*args)
+
+    async def counted_lrange(*args: Any) -> Any:
+        nonlocal trips
+        trips += 1
+        return await lrange(*args)
+
+    session = ToubaSession("s", store=store, namespace="ns")
+    await session.add_items([{"role": "user", "content": f"q{n}"} for n in range(5)])
+    await session.pop_item()  # the kinds' read-ahead settles
+    store._run = counted_run  # type: ignore[method-assign,assignment]
+    store._lrange = counted_lrange  # type: ignore[method-assign,assignment]
+    assert await session.pop_item() == {"role": "user", "content": "q3"}
+    assert trips == 2
+    assert await session.get_items() == [{"role": "user", "content": f"q{n}"} for n in range(3)]
+
+
 async def test_two_store_objects_on_one_server_see_each_others_rewrites(
     url: str, prefix: str
 ) -> None:

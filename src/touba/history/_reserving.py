@@ -913,7 +913,7 @@ class Reservations:
             if write is None:
                 await self.backend.release(key, token)
             else:
-                dropped = await self._dropped(key, reserved, write.drop_last)
+                dropped = await self._dropped(key, reserved, write.drop_last, tail)
                 encoded, held_head = _appended(reserved, head_bytes, write, held_head, dropped)
                 await self.backend.save(key, token, encoded)
         except BaseException as e:
@@ -924,10 +924,13 @@ class Reservations:
         self._keep(key, tail, token, encoded, held_head, dropped)
         return result
 
-    async def _dropped(self, key: str, reserved: Reserved, count: int) -> _Drop | None:
+    async def _dropped(
+        self, key: str, reserved: Reserved, count: int, tail: _Tail | None
+    ) -> _Drop | None:
         """For ``LogWrite.drop_last=count``: what goes, read from the store (None
-        when nothing is dropped). ``ValueError`` when the backend cannot drop or
-        holds fewer messages."""
+        when nothing is dropped); in content mode from ``tail`` when the claim
+        brought those rows (the backend's save checks them against the head
+        again). ``ValueError`` when the backend cannot drop or holds fewer messages."""
         if count <= 0:  # nothing to drop (as in the RAM store)
             return None
         if not getattr(self.backend, "drops", False):
@@ -939,7 +942,9 @@ class Reservations:
             raise ValueError(f"drop_last={count} refused: the conversation holds fewer messages")
         # Every stored exchange holds a message: the last ``count`` hold all that go.
         start = max(0, reserved.exchanges - count)
-        rows = await self.backend.read_rows(key, start, reserved.exchanges)
+        rows = _brought(tail, start, reserved.exchanges) if self.content else None
+        if rows is None:
+            rows = await self.backend.read_rows(key, start, reserved.exchanges)
         if len(rows) < count:  # fewer than the head says: the rows were changed behind it
             raise _damaged(key, "the stored record", self.backend.label)
         kept = rows[: len(rows) - count]
@@ -1171,6 +1176,19 @@ class _Snapshot:
 
 
 # -- encoding writes ---------------------------------------------------------------------
+
+
+def _brought(tail: _Tail | None, start: int, stop: int) -> Rows | None:
+    """Content mode: the rows of exchanges ``start`` .. ``stop - 1`` as the claim that
+    built ``tail`` brought them (None when it did not bring them all)."""
+    if tail is None or tail.texts is None or tail.count != stop or tail.bodies_first > start:
+        return None
+    first = tail.bodies_first
+    return [
+        (exchange, len(body.encode("utf-8", "surrogatepass")), body)
+        for exchange in range(start, stop)
+        for body in tail.texts[exchange - first]
+    ]
 
 
 class _Drop(NamedTuple):
