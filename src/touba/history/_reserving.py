@@ -45,7 +45,13 @@ parsed and checked again. A hit saves JSON parsing, building the messages and
 the window check; the transfer and the driver's decoding stay. Since every
 reservation carries what the bodies hint covers, only reads that reach the
 last exchange (the window) widen it: a look further back (a summary's
-exchanges) costs a ``read_rows`` call and leaves the hint alone.
+exchanges) costs a ``read_rows`` call and leaves the hint alone. And the hints
+a reservation reads ahead by are those of its own kind of operation (its
+code: a session's ``add_items`` reads the last exchange, its ``get_items`` the
+window), so a narrow claim carries few rows; the exchanges it did not bring
+stay in the tail, parsed with their texts (``_Tail.older``), for a later
+claim that brings the very same texts to reuse; nothing is served from them
+unchecked. A drop takes the rows it deletes from the claim that brought them.
 
 **Bound.** The cache holds at most :data:`CACHE_CONVERSATIONS` conversations
 (least recently used first out) and at most :data:`CACHE_BYTES` bytes of
