@@ -720,26 +720,31 @@ async def test_a_tampered_message_row_is_a_typed_record_error(
     assert row.active is False
 
 
+def count_round_trips(store: RedisHistoryStore) -> list[int]:
+    """``[n]``: the round trips ``store`` makes from now on (the real calls run);
+    set ``n`` back to 0 to count afresh."""
+    trips = [0]
+    run, lrange = store._run, store._lrange
+
+    async def counted_run(*args: Any) -> Any:
+        trips[0] += 1
+        return await run(*args)
+
+    async def counted_lrange(*args: Any) -> Any:
+        trips[0] += 1
+        return await lrange(*args)
+
+    store._run = counted_run  # type: ignore[method-assign,assignment]
+    store._lrange = counted_lrange  # type: ignore[method-assign,assignment]
+    return trips
+
+
 async def test_a_decision_is_two_round_trips_and_reads_the_right_tail(
     store: RedisHistoryStore,
 ) -> None:
     who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
     history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-    trips = 0
-    run, lrange = store._run, store._lrange
-
-    async def counted_run(*args: Any) -> Any:  # counts round trips; runs the real call
-        nonlocal trips
-        trips += 1
-        return await run(*args)
-
-    async def counted_lrange(*args: Any) -> Any:
-        nonlocal trips
-        trips += 1
-        return await lrange(*args)
-
-    store._run = counted_run  # type: ignore[method-assign,assignment]
-    store._lrange = counted_lrange  # type: ignore[method-assign,assignment]
+    trips = count_round_trips(store)
     seen: list[list[str | None]] = []
     observations: list[Observation] = []
     for step in range(10):
@@ -749,11 +754,11 @@ async def test_a_decision_is_two_round_trips_and_reads_the_right_tail(
             call = CapabilityCall(f"c{step}", "f", {})
             return DecisionMessage(text=f"d{step}", calls=(call,))
 
-        trips = 0
+        trips[0] = 0
         await history.step(who, observations, generate)
         observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
         if step >= 2:  # once the store has seen how much of the tail is read
-            assert trips == 2, step
+            assert trips[0] == 2, step
     for step, texts in enumerate(seen):
         assert texts == [f"d{n}" for n in range(max(0, step - 3), step)]
 
@@ -1165,26 +1170,12 @@ async def test_a_session_pop_is_two_round_trips(store: RedisHistoryStore) -> Non
     """The claim brings the rows a pop drops: the commit checks them, no read between."""
     from touba.integrations.openai_agents import ToubaSession
 
-    trips = 0
-    run, lrange = store._run, store._lrange
-
-    async def counted_run(*args: Any) -> Any:
-        nonlocal trips
-        trips += 1
-        return await run(*args)
-
-    async def counted_lrange(*args: Any) -> Any:
-        nonlocal trips
-        trips += 1
-        return await lrange(*args)
-
     session = ToubaSession("s", store=store, namespace="ns")
     await session.add_items([{"role": "user", "content": f"q{n}"} for n in range(5)])
     await session.pop_item()  # the kinds' read-ahead settles
-    store._run = counted_run  # type: ignore[method-assign,assignment]
-    store._lrange = counted_lrange  # type: ignore[method-assign,assignment]
+    trips = count_round_trips(store)
     assert await session.pop_item() == {"role": "user", "content": "q3"}
-    assert trips == 2
+    assert trips == [2]
     assert await session.get_items() == [{"role": "user", "content": f"q{n}"} for n in range(3)]
 
 
