@@ -809,14 +809,6 @@ class Reservations:
         # a claim carries the rows that operation reads, not the widest one's.
         self._kinds: OrderedDict[object, tuple[Recent, Recent]] = OrderedDict()
 
-    def want(self, sizes: int = 0, bodies: int = 0) -> None:
-        """Widen the hints to what a snapshot was asked for."""
-        if sizes > self.sizes_hint:
-            self.sizes_hint = min(MAX_TAIL, sizes)
-        if bodies > self.bodies_hint:
-            self.bodies_hint = min(MAX_TAIL, bodies)
-            self.sizes_hint = max(self.sizes_hint, self.bodies_hint)
-
     def _settle(self, snapshot: _Snapshot | None, operation: object) -> None:
         """Note what a transaction's snapshot was asked for: the hints become the most
         the last :data:`HINT_MEMORY` transactions asked (see :class:`Recent`); in
@@ -1127,9 +1119,8 @@ class _Snapshot:
         return set() if self._tail is None else self._tail.well_formed
 
     def _ask(self, sizes: int = 0, bodies: int = 0) -> None:
-        asked_sizes, asked_bodies = self.asked
+        asked_sizes, asked_bodies = self.asked  # the hints take it when the transaction ends
         self.asked = (max(asked_sizes, sizes), max(asked_bodies, bodies))
-        self._owner.want(sizes, bodies)
 
     async def sizes(self, start: int) -> list[ExchangeSize]:
         """Sizes of exchanges ``start`` .. end, oldest first (a new list)."""
