@@ -20,6 +20,7 @@ from touba.history import (
     Observation,
 )
 from touba.history._frozen import FrozenDict, FrozenList, freeze, thaw
+from touba.history._model import message_to_dict
 
 IDENTITY = ConversationIdentity("ns", "p", "m", "native", "run", "inv", "agent")
 
@@ -162,3 +163,38 @@ async def test_a_record_rewritten_with_a_broken_pairing_is_refused_at_the_next_d
         await store.transact(IDENTITY.key, break_pairing)
         with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
             await _tool_loop_more(history, 5)
+
+
+async def test_windows_that_narrow_and_widen_read_what_is_stored_and_cache_no_more() -> None:
+    """The parsed cache forgets the exchanges a window left and builds them again when
+    a wider window (another history on the same store) comes back to them."""
+    async with MemoryHistoryStore() as store:
+        narrow = DecisionHistory(HistoryConfig(store=store, namespace="ns", max_messages=4))
+        wide = DecisionHistory(HistoryConfig(store=store, namespace="ns", max_messages=16))
+        windows: list[tuple[int, list[Any]]] = []
+        pending: CapabilityCall | None = None
+        for n in range(24):
+            call = CapabilityCall(f"c{n}", "lookup", {"n": n})
+
+            async def generate(window: HistoryWindow, call: CapabilityCall = call) -> Any:
+                windows.append((window.start, [list(ex) for ex in window.exchanges]))
+                return DecisionMessage(calls=(call,))
+
+            observations = (
+                [] if pending is None else [Observation(pending.call_id, "lookup", {}, "ok", n)]
+            )
+            history = wide if n % 5 == 4 else narrow
+            await history.step(IDENTITY, observations, generate)
+            entry = store._entries[IDENTITY.key]
+            start = windows[-1][0]
+            assert all(index >= start for index in entry.parsed)  # what left the window went
+            assert all(isinstance(ex, tuple) for ex in entry.parsed.values())
+            pending = call
+        record = await store.read(IDENTITY.key)
+        assert record is not None
+        stored = record["exchanges"]
+        starts = [start for start, _ in windows]
+        assert starts[19] < starts[18] < starts[20]  # a wide window went back, then narrow again
+        for start, exchanges in windows:
+            for offset, exchange in enumerate(exchanges[:-1]):  # the last one grew since
+                assert [message_to_dict(m) for m in exchange] == stored[start + offset]

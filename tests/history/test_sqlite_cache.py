@@ -374,11 +374,12 @@ async def test_cached_messages_are_read_only_and_equal_a_fresh_read(db_path: Pat
             answer.result["v"][1]["w"] = 3
         with pytest.raises(TypeError):
             decision.calls[0].arguments["a"] = 2  # type: ignore[index]
-        cached[0].append(answer)  # the lists themselves are the caller's
+        assert isinstance(cached[0], tuple)  # an exchange is read-only too
+        cached.append(cached[0])  # the list itself is the caller's
         copies[0][1]["result"]["v"].append("mine")  # exchanges() gives private copies
 
         await fresh.transact_log("k", look)  # another store object: read from the file
-        assert seen["messages"] == [[decision, answer]] * 3
+        assert seen["messages"] == [(decision, answer)] * 3
         assert seen["exchanges"] == [[call, result]] * 3
         assert await store.read("k") == {
             "kind": "touba.test",

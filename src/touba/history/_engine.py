@@ -467,7 +467,8 @@ class _Step:
                 window = await fit(window)
             finally:
                 _counting.reset(counting)
-        await self._announce(window, resumed_lost)
+        sent = window.size
+        await self._announce(window, sent, resumed_lost)
         decision = await generate(window)
         check_decision_json(decision)
         stored = self._stored(decision)
@@ -486,12 +487,13 @@ class _Step:
             else [{"call_id": c.call_id, "name": c.name} for c in decision.calls]
         )
         head["updated_at"] = now_iso()
-        add_point(head, self._point(head, window))
+        add_point(head, self._point(head, window, sent))
         return LogWrite(head=head, append=self.appends, bodies=self.bodies), decision
 
-    def _point(self, head: Record, window: HistoryWindow) -> DecisionPoint:
-        """This decision's figures for the plot (sizes and verdicts only)."""
-        stats, sent = head["stats"], window.size
+    def _point(self, head: Record, window: HistoryWindow, sent: ExchangeSize) -> DecisionPoint:
+        """This decision's figures for the plot (sizes and verdicts only); ``sent``
+        is what ``window`` weighs."""
+        stats = head["stats"]
         last = self.counts[-1] if self.counts else None
         return DecisionPoint(
             decision=stats["exchanges"],
@@ -510,9 +512,11 @@ class _Step:
             guard_fits=None if last is None else last.fits,
         )
 
-    async def _announce(self, window: HistoryWindow, resumed_lost: bool) -> None:
-        """Emit the events describing the window about to be sent."""
-        size = window.size
+    async def _announce(
+        self, window: HistoryWindow, size: ExchangeSize, resumed_lost: bool
+    ) -> None:
+        """Emit the events describing the window about to be sent (``size``: what
+        it weighs)."""
         emit = self.history.emit
         if self.summary_event is not None:
             # Like every event, it weighs the window being sent, summary included.
@@ -580,6 +584,11 @@ class _Step:
         usage = self.usage
         if usage is None:
             return
+        # The floor is never larger than a stored head (touba writes heads in that
+        # same compact JSON): with room for the appends on top of the usage now,
+        # there is no need to measure it.
+        if self.snapshot is not None and usage.bytes + self.added.bytes <= usage.max_store_bytes:
+            return
         floor = (
             usage.bytes - self.stored_head_bytes + _head_floor_bytes(self.head) + self.added.bytes
         )
@@ -611,22 +620,23 @@ class _Step:
     async def _messages(self, start: int, stop: int) -> tuple[tuple[Message, ...], ...]:
         """The neutral messages of exchanges ``start`` .. ``stop - 1``, this step's
         appends included. A snapshot offering ``messages`` (the RAM store: parsed
-        once, frozen, shared) saves parsing what it holds; others give dicts."""
+        once, frozen, shared: a tuple per exchange) saves parsing what it holds;
+        others give dicts."""
         stored = getattr(self.snapshot, "messages", None)
         if stored is None:
             loaded = await self._load(start, stop)
             return tuple(tuple(message_from_dict(m) for m in ex) for ex in loaded)
         assert self.snapshot is not None
         stored_stop = min(stop, self.snapshot.exchange_count)
-        window: list[list[Message]] = (
+        window: list[tuple[Message, ...]] = (
             await stored(start, stored_stop) if start < stored_stop else []
         )
         for index, message in self.appends:
             if start <= index < stop:
                 while len(window) <= index - start:
-                    window.append([])
-                window[index - start].append(message_from_dict(message))
-        return tuple(tuple(exchange) for exchange in window)
+                    window.append(())
+                window[index - start] = (*window[index - start], message_from_dict(message))
+        return tuple(window)
 
     def _check_window(self, window: HistoryWindow) -> None:
         """Refuse a window a provider would reject (:func:`check_window`).

@@ -65,7 +65,8 @@ class _Entry:
     bytes: int = 0
     updated_at: float = 0.0
     expires_at: float = 0.0
-    parsed: dict[int, list[Message]] = field(default_factory=dict)  # frozen, shared
+    parsed: dict[int, tuple[Message, ...]] = field(default_factory=dict)  # frozen, shared
+    parsed_from: int = 0  # no exchange before it is in ``parsed``
     # Exchanges of ``parsed`` whose messages passed the window check (_integrity).
     well_formed: set[int] = field(default_factory=set)
     held: HeldHead | None = None  # ``head`` parsed, for the next decision (see _head)
@@ -123,23 +124,30 @@ class _Snapshot:
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
         return [[json.loads(m) for m in ex] for ex in self._entry.exchanges[start:stop]]
 
-    async def messages(self, start: int, stop: int) -> list[list[Message]]:
+    async def messages(self, start: int, stop: int) -> list[tuple[Message, ...]]:
         """The neutral messages of exchanges ``start`` .. ``stop - 1``, shared and
-        read-only (see the module docstring); the lists are the caller's."""
+        read-only (see the module docstring); the list is the caller's."""
         entry = self._entry
         cache = entry.parsed
-        for index in [i for i in cache if i < start]:
-            del cache[index]  # left the window
-            entry.well_formed.discard(index)
-        out: list[list[Message]] = []
-        for index in range(start, min(stop, len(entry.exchanges))):
-            messages = cache.get(index)
-            if messages is None:
-                rows = entry.exchanges[index]
-                messages = [message_from_dict(parse_frozen(m)) for m in rows]
-                cache[index] = messages
-            out.append(list(messages))
-        return out
+        if start > entry.parsed_from:  # exchanges before ``start`` left the window
+            gone = (
+                range(entry.parsed_from, start)
+                if start - entry.parsed_from <= len(cache)
+                else [i for i in cache if i < start]
+            )
+            for index in gone:
+                cache.pop(index, None)
+                entry.well_formed.discard(index)
+        entry.parsed_from = start
+        stop = min(stop, len(entry.exchanges))
+        out = [cache.get(index) for index in range(start, stop)]
+        if None in out:
+            for position, messages in enumerate(out):
+                if messages is None:
+                    rows = entry.exchanges[start + position]
+                    built = tuple(message_from_dict(parse_frozen(m)) for m in rows)
+                    out[position] = cache[start + position] = built
+        return out  # type: ignore[return-value]  # every None was replaced
 
 
 class MemoryHistoryStore:
@@ -416,12 +424,11 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
     store._admit(key, new_bytes, old)
     entry.head, entry.held, entry.split, entry.bytes = head, held, True, new_bytes
     dropped_from = len(entry.exchanges) - len(drop)  # no exchange before it loses a message
-    changed = {index for index, _ in rows}
-    for index in [i for i in entry.parsed if drop and i >= dropped_from]:
-        del entry.parsed[index]  # it loses messages below
-    entry.well_formed = {
-        i for i in entry.well_formed if i not in changed and not (drop and i >= dropped_from)
-    }
+    if drop:  # every exchange from ``dropped_from`` on loses messages below
+        for index in [i for i in entry.parsed if i >= dropped_from]:
+            del entry.parsed[index]
+        entry.well_formed = {i for i in entry.well_formed if i < dropped_from}
+    entry.well_formed.difference_update(index for index, _ in rows)
     for size, emptied in drop:
         entry.exchanges[-1].pop()
         entry.sizes[-1] = ExchangeSize(entry.sizes[-1].messages - 1, entry.sizes[-1].bytes - size)
@@ -438,7 +445,7 @@ def _apply(key: str, old: _Entry | None, write: LogWrite, store: MemoryHistorySt
         built = entry.parsed.get(index)
         if built is not None:  # the messages built stay: only this one is new
             try:
-                built.append(message_from_dict(parse_frozen(row)))
+                entry.parsed[index] = (*built, message_from_dict(parse_frozen(row)))
             except Exception:  # not a message (a log of other records): built when read
                 del entry.parsed[index]
     entry.messages += len(rows)

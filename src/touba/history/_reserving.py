@@ -460,7 +460,7 @@ class _Tail:
         self.bodies_first = bodies_first
         self.records = records
         self.body_bytes = body_bytes
-        self.messages: list[list[Message] | None] = [None] * len(records)
+        self.messages: list[tuple[Message, ...] | None] = [None] * len(records)
         # Exchanges held whose messages passed the window check (see _integrity).
         self.well_formed: set[int] = set()
         # Content mode only: the stored text each held message was parsed from.
@@ -527,14 +527,18 @@ class _Tail:
         self.bodies_first = start
         self.older = None  # the range read now replaces what was held unchecked
 
-    def neutral(self, index: int) -> list[Message]:
-        """The neutral messages of exchange ``index`` (held), built once."""
-        position = index - self.bodies_first
-        messages = self.messages[position]
-        if messages is None:
-            messages = [message_from_dict(m) for m in self.records[position]]
-            self.messages[position] = messages
-        return messages
+    def neutral(self, start: int, stop: int) -> list[tuple[Message, ...]]:
+        """The neutral messages of exchanges ``start`` .. ``stop - 1`` (held), each
+        exchange built once."""
+        first = self.bodies_first
+        out = self.messages[start - first : stop - first]
+        if None in out:
+            for position, messages in enumerate(out):
+                if messages is None:
+                    records = self.records[start - first + position]
+                    built = tuple(message_from_dict(m) for m in records)
+                    out[position] = self.messages[start - first + position] = built
+        return out  # type: ignore[return-value]  # every None was replaced
 
     @classmethod
     def written(
@@ -627,7 +631,7 @@ class _Tail:
             self.records[position].pop()
             built = self.messages[position]
             if built is not None:
-                built.pop()
+                self.messages[position] = built[:-1]
             if self.texts is not None:
                 self.texts[position].pop()
             self.body_bytes[position] -= size
@@ -668,7 +672,7 @@ class _Tail:
                 self.body_bytes[position] += size
                 built = self.messages[position]
                 if built is not None:  # the ones built stay: only this one is new
-                    built.append(message_from_dict(record))
+                    self.messages[position] = (*built, message_from_dict(record))
                 if self.texts is not None:
                     self.texts[position].append(body)
             self.well_formed.discard(exchange)
@@ -685,7 +689,7 @@ class _Older:
     first: int
     records: list[list[Record]]
     texts: list[list[str]]
-    messages: list[list[Message] | None]
+    messages: list[tuple[Message, ...] | None]
     body_bytes: list[int]
     well_formed: set[int]
 
@@ -1162,14 +1166,14 @@ class _Snapshot:
         first = tail.bodies_first
         return [[thaw(m) for m in ex] for ex in tail.records[start - first : stop - first]]
 
-    async def messages(self, start: int, stop: int) -> list[list[Message]]:
+    async def messages(self, start: int, stop: int) -> list[tuple[Message, ...]]:
         """The neutral messages of exchanges ``start`` .. ``stop - 1``: shared and
-        read-only (see the module docstring); the lists are the caller's."""
+        read-only (see the module docstring); the list is the caller's."""
         start, stop = max(start, 0), min(stop, self._count)
         tail = await self._held(start, stop)
         if tail is None:
             return []
-        return [list(tail.neutral(index)) for index in range(start, stop)]
+        return tail.neutral(start, stop)
 
 
 # -- encoding writes ---------------------------------------------------------------------
