@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
@@ -33,7 +36,13 @@ from touba.history import (
     MemoryHistoryStore,
     Observation,
 )
-from touba.history._model import MAX_JSON_DEPTH, canonical_json, json_problem, parse_json
+from touba.history._model import (
+    MAX_JSON_DEPTH,
+    _walk_problem,
+    canonical_json,
+    json_problem,
+    parse_json,
+)
 from touba.history.sqlite import SqliteHistoryStore
 
 
@@ -231,3 +240,48 @@ def test_the_log_path_encoder_refuses_by_path_what_it_cannot_store(
     with pytest.raises(DecisionHistoryRecordInvalid, match=re.escape(named)):
         encode_checked_json(value, "message")
     assert encode_checked_json({"a": [1, 2.5, "é"]}, "m") == encode_json({"a": [1, 2.5, "é"]}, "m")
+
+
+class Text(str):
+    pass
+
+
+class Number(int):
+    pass
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.builds(pow, st.just(10), st.just(5000)),  # too large to write
+    st.floats(),  # NaN and ±Infinity included
+    st.text(),
+    st.sampled_from(["\ud800", "é\udfff", Text("sub"), Number(3), b"raw", {1}, Opaque()]),
+)
+_keys = st.one_of(st.text(max_size=3), st.sampled_from(["\ud800", 1, Text("k")]))
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(_keys, inner, max_size=4),
+    ),
+    max_leaves=20,
+)
+
+
+@given(value=_values, depth=st.integers(0, 5))
+def test_the_quick_check_answers_what_the_walk_answers(value: Any, depth: int) -> None:
+    """json_problem's quick check of plain values never accepts what the walk refuses,
+    and a refusal is always the walk's, named by path."""
+    assert json_problem(value, "v", max_depth=depth) == _walk_problem(value, "v", depth)
+
+
+def test_a_deep_value_checked_near_the_recursion_limit_is_still_walked() -> None:
+    def deep_call(levels: int) -> str | None:
+        if levels:
+            return deep_call(levels - 1)
+        return json_problem(nested(MAX_JSON_DEPTH - 1), "v")
+
+    assert deep_call(sys.getrecursionlimit() - 200) is None

@@ -139,9 +139,60 @@ def json_problem(value: object, root: str, *, max_depth: int = MAX_JSON_DEPTH) -
     a list or tuple of JSON data, or a dict with str keys and JSON values, at
     most ``max_depth`` lists and dicts deep. Other mappings and sequences,
     sets, bytes, objects, NaN and ±Infinity are refused: none of them comes
-    back from storage as it was given. The walk is iterative, so any nesting
-    is checked without recursion.
+    back from storage as it was given. Values made of exactly those types
+    (no subclass), the common case, are accepted by a quick recursive check
+    (:func:`_plain`); any other value, and any value it does not accept, is
+    walked iteratively with paths, so any nesting is checked and named
+    without recursion.
     """
+    try:
+        if _plain(value, max_depth):
+            return None
+    except RecursionError:  # called from deep in the stack: the walk needs none
+        pass
+    return _walk_problem(value, root, max_depth)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether ``value`` is JSON data built of exactly dict, list, tuple, str, int,
+    float, bool and None, with fewer than ``depth`` levels of lists and dicts:
+    what :func:`json_problem` accepts, without building paths. False says only
+    "walk it" (the walk accepts int and str subclasses too, and names the rest)."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or not _not_text(value)
+    if kind is dict:
+        if depth <= 0:
+            return False
+        for key, item in value.items():
+            if type(key) is not str or not (key.isascii() or not _not_text(key)):
+                return False
+            if type(item) is str:
+                if not item.isascii() and _not_text(item):
+                    return False
+            elif not _plain(item, depth - 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        if depth <= 0:
+            return False
+        for item in value:
+            if type(item) is str:
+                if not item.isascii() and _not_text(item):
+                    return False
+            elif not _plain(item, depth - 1):
+                return False
+        return True
+    if kind is int:
+        bits: int = value.bit_length()
+        return bits <= _SAFE_INT_BITS
+    if kind is float:
+        return math.isfinite(value)
+    return value is None or kind is bool
+
+
+def _walk_problem(value: object, root: str, max_depth: int) -> str | None:
+    """:func:`json_problem`'s answer, by an iterative walk that names the first bad value."""
     stack: list[tuple[object, int, _Path]] = [(value, 0, (None, root))]
     while stack:
         item, depth, path = stack.pop()
