@@ -39,11 +39,12 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 from touba import _telemetry as telemetry
 from touba.errors import (
@@ -88,6 +89,9 @@ decision so that the events land in that invocation's trace."""
 
 PRIVATE_NAMESPACE = "touba.private"
 
+_MESSAGES: Final = operator.attrgetter("messages")
+_BYTES: Final = operator.attrgetter("bytes")
+
 _counting: ContextVar[_Step | None] = ContextVar("touba_history_counting", default=None)
 """The step whose context guard is running in this task: it keeps the guard's
 last count for the decision's plot point."""
@@ -121,7 +125,7 @@ class HistoryWindow:
     @property
     def size(self) -> ExchangeSize:
         summary = self.summary_size
-        messages = sum(size.messages for size in self.sizes)
+        messages = sum(map(_MESSAGES, self.sizes))
         return ExchangeSize(summary.messages + messages, summary.bytes + self.exchanges_bytes)
 
     @property
@@ -136,7 +140,7 @@ class HistoryWindow:
     @property
     def exchanges_bytes(self) -> int:
         """What the exchanges weigh, summary excluded."""
-        return sum(size.bytes for size in self.sizes)
+        return sum(map(_BYTES, self.sizes))
 
     @property
     def droppable(self) -> int:
@@ -652,9 +656,11 @@ class _Step:
             return
         check_window(self.key, window.start, window.exchanges, known)
         assert self.snapshot is not None
-        changed = {index for index, _message in self.appends}
         stored = min(self.snapshot.exchange_count, window.start + len(window.exchanges))
-        known.update(i for i in range(window.start, stored) if i not in changed)
+        changed = {index for index, _message in self.appends}
+        unchanged = min(stored, *changed) if changed else stored  # appends go at the end
+        known.update(range(window.start, unchanged))
+        known.update(i for i in range(max(window.start, unchanged), stored) if i not in changed)
 
     async def _summarize(
         self, start: int, through: int, sizes: list[ExchangeSize], first: int
