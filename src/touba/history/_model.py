@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NoReturn, TypeAlias
 
@@ -164,31 +164,29 @@ def _plain(value: Any, depth: int) -> bool:
     if kind is dict:
         if depth <= 0:
             return False
-        for key, item in value.items():
+        for key in value:
             if type(key) is not str or not (key.isascii() or not _not_text(key)):
                 return False
-            if type(item) is str:
-                if not item.isascii() and _not_text(item):
-                    return False
-            elif not _plain(item, depth - 1):
-                return False
-        return True
+        return _all_plain(value.values(), depth - 1)
     if kind is list or kind is tuple:
-        if depth <= 0:
-            return False
-        for item in value:
-            if type(item) is str:
-                if not item.isascii() and _not_text(item):
-                    return False
-            elif not _plain(item, depth - 1):
-                return False
-        return True
+        return depth > 0 and _all_plain(value, depth - 1)
     if kind is int:
         bits: int = value.bit_length()
         return bits <= _SAFE_INT_BITS
     if kind is float:
         return math.isfinite(value)
     return value is None or kind is bool
+
+
+def _all_plain(items: Iterable[Any], depth: int) -> bool:
+    """:func:`_plain` of every item (a str checked here: no call for each)."""
+    for item in items:
+        if type(item) is str:
+            if not item.isascii() and _not_text(item):
+                return False
+        elif not _plain(item, depth):
+            return False
+    return True
 
 
 def _walk_problem(value: object, root: str, max_depth: int) -> str | None:
