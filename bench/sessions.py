@@ -15,7 +15,7 @@ interleaved rounds (every system and size once per round, the order
 rotating): ``add_items`` of one item, ``get_items(limit=128)``, then
 ``pop_item`` of that item, so N stays what the row says. Printed: the median
 of each operation in ms, touba's then the peer's, and their ratio.
-``ToubaSession`` does more in each (one store transaction per operation, a
+``ToubaSession`` does more in each (one reservation per operation, a
 concurrent one refused instead of interleaved; calls and outputs kept
 together, never half an exchange handed back; the bounds); the SDK's sessions
 take no reservation. Benchmarks are not tests: nothing here asserts a time.

@@ -924,7 +924,9 @@ async def test_reads_beyond_what_the_claim_brought_are_right(store: RedisHistory
     await save(store, "k", value)
     truth = RecordSnapshot.of(value)
     reservations = store._reservations
-    reservations.sizes_hint, reservations.bodies_hint = 10, 4
+    reservations._sizes.note(10)
+    reservations._bodies.note(4)
+    assert (reservations.sizes_hint, reservations.bodies_hint) == (10, 4)
     store._backend._per_exchange.note(1750)  # 7 rows read ahead for 4 exchanges
 
     async def check(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:

@@ -805,13 +805,21 @@ class Reservations:
         # Content mode (see the docstring): the backend cannot see edits made behind it.
         self.content = not getattr(backend, "sees_edits", True)
         # How many trailing exchanges the history layer read lately (see the docstring).
-        self.sizes_hint = 0
-        self.bodies_hint = 0
         self._sizes = Recent()
         self._bodies = Recent()
         # Content mode: what each kind of operation (its code) read lately, so that
         # a claim carries the rows that operation reads, not the widest one's.
         self._kinds: OrderedDict[object, tuple[Recent, Recent]] = OrderedDict()
+
+    @property
+    def sizes_hint(self) -> int:
+        """Trailing exchanges whose sizes a reservation reads ahead."""
+        return self._sizes.most
+
+    @property
+    def bodies_hint(self) -> int:
+        """Trailing exchanges whose messages a reservation reads ahead."""
+        return self._bodies.most
 
     def _settle(self, snapshot: _Snapshot | None, operation: object) -> None:
         """Note what a transaction's snapshot was asked for: the hints become the most
@@ -821,7 +829,6 @@ class Reservations:
         sizes, bodies = min(MAX_TAIL, max(sizes, bodies)), min(MAX_TAIL, bodies)
         self._sizes.note(sizes)
         self._bodies.note(bodies)
-        self.sizes_hint, self.bodies_hint = self._sizes.most, self._bodies.most
         kind = _kind(operation) if self.content else None
         if kind is not None:
             hints = self._kinds.pop(kind, None) or (Recent(), Recent())
