@@ -63,10 +63,11 @@ from touba.providers import (
     DecisionRequest,
     Observation,
 )
-from touba.providers.anthropic import create_anthropic_decision_provider
+from touba.providers._anthropic_post import send_message
+from touba.providers.anthropic import AnthropicWire, create_anthropic_decision_provider
 from touba.providers.compatible import create_openai_compatible_decision_provider
-from touba.providers.gemini import create_gemini_decision_provider
-from touba.providers.openai import create_openai_decision_provider
+from touba.providers.gemini import GeminiWire, create_gemini_decision_provider
+from touba.providers.openai import OpenAIWire, create_openai_decision_provider
 from touba.testing.fakes import (
     FakeAnthropicServer,
     FakeGeminiServer,
@@ -513,7 +514,8 @@ async def _raw_run(names: list[str], rounds: int, report: Callable[[str], None])
 
     vendors = await _vendors(names)
     http = httpx2.AsyncClient(timeout=30)
-    rows: list[tuple[str, list[float], list[float], list[float], list[float], list[float]]] = []
+    Times = list[float]
+    rows: list[tuple[str, Times, Times, Times, Times, Times, Times]] = []
     try:
         for vendor in vendors:
             store = MemoryHistoryStore(max_sessions=8, max_store_bytes=1024 * MiB)
@@ -526,6 +528,7 @@ async def _raw_run(names: list[str], rounds: int, report: Callable[[str], None])
             wire: list[float] = []
             raw: list[float] = []
             raw_fake: list[float] = []
+            sdk: list[float] = []
             for _ in range(rounds):
                 before, io = server.handler_seconds, conversation.io_seconds
                 started = time.perf_counter()
@@ -545,7 +548,12 @@ async def _raw_run(names: list[str], rounds: int, report: Callable[[str], None])
                 raw_fake.append(server.handler_seconds - before)
                 if response.status_code != 200:
                     raise SystemExit(f"{vendor.name}: the raw post got {response.status_code}")
-            rows.append((vendor.name, touba, touba_fake, wire, raw, raw_fake))
+                vendor.script(conversation.step + 2_000_000)
+                sendable = json.loads(body)  # untimed: the wire is handed a built body too
+                started = time.perf_counter()
+                json.loads(await _sdk_post(conversation.provider, sendable))
+                sdk.append(time.perf_counter() - started)
+            rows.append((vendor.name, touba, touba_fake, wire, raw, raw_fake, sdk))
     finally:
         await http.aclose()
         for vendor in vendors:
@@ -554,24 +562,44 @@ async def _raw_run(names: list[str], rounds: int, report: Callable[[str], None])
     report(
         f"\ntouba against a raw HTTP post (httpx2, keep-alive) of the very bytes touba's SDK call "
         f"sent: no guard, a {RAW_WINDOW}-exchange window, history in RAM, {rounds} interleaved "
-        "rounds, median ms.\nwire = touba's call of the vendor (the SDK client's request and "
-        "touba's parse of the answer); decide = the whole decision (history step, render, "
-        "wire, checks); raw = the post and json.loads of the answer. Ratios over raw."
+        "rounds, median ms.\nraw = the post and json.loads of the answer; sdk = the same body "
+        "through the request the wire makes of the SDK client (its low-level post; Gemini's "
+        "async_request) and json.loads, nothing of touba's; wire = touba's call of the vendor "
+        "(that request and touba's parse of the answer); decide = the whole decision (history "
+        "step, render, wire, checks). Ratios over raw; wire/sdk is touba's share of the wire."
     )
     header = (
-        f"{'provider':<11}{'raw':>7}{'wire':>7}{'wire/raw':>9}{'decide':>8}{'decide/raw':>11}"
-        f"{'(fake)':>8}"
+        f"{'provider':<11}{'raw':>7}{'sdk':>7}{'sdk/raw':>8}{'wire':>7}{'wire/raw':>9}"
+        f"{'wire/sdk':>9}{'decide':>8}{'decide/raw':>11}{'(fake)':>8}"
     )
     report(header)
     report("-" * len(header))
-    for name, touba, touba_fake, wire, raw, raw_fake in rows:
+    for name, touba, touba_fake, wire, raw, raw_fake, sdk in rows:
         wall_t, wall_r = statistics.median(touba), statistics.median(raw)
-        wire_t = statistics.median(wire)
+        wire_t, sdk_t = statistics.median(wire), statistics.median(sdk)
         fake = statistics.median(raw_fake + touba_fake)
         report(
-            f"{name:<11}{wall_r * 1e3:>7.2f}{wire_t * 1e3:>7.2f}{wire_t / wall_r:>9.2f}"
+            f"{name:<11}{wall_r * 1e3:>7.2f}{sdk_t * 1e3:>7.2f}{sdk_t / wall_r:>8.2f}"
+            f"{wire_t * 1e3:>7.2f}{wire_t / wall_r:>9.2f}{wire_t / sdk_t:>9.2f}"
             f"{wall_t * 1e3:>8.2f}{wall_t / wall_r:>11.2f}{fake * 1e3:>8.2f}"
         )
+
+
+async def _sdk_post(provider: DecisionProvider, body: dict[str, Any]) -> bytes | str:
+    """The SDK request touba's wire makes for a generation, with ``body``: the answer's text."""
+    wire: Any = provider._wire
+    if isinstance(wire, AnthropicWire):
+        return await send_message(wire._client, body, {}, wire._request_options)
+    if isinstance(wire, GeminiWire):
+        response = await wire._api.async_request("post", f"{wire._resource}:generateContent", body)
+        return str(response.body)
+    if isinstance(wire, OpenAIWire):
+        client, path, options = wire._generation_client, "/responses", wire._request_options
+    else:
+        client, path = wire._sdk_client(), "/chat/completions"
+        options = wire._call_options
+    text: str = await client.post(path, body=body, cast_to=str, options=options)
+    return text
 
 
 def main() -> None:

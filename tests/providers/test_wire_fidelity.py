@@ -40,6 +40,7 @@ what each decision did.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import json
 import os
@@ -80,7 +81,9 @@ from touba.providers import (
     TraceCall,
     Turn,
 )
-from touba.providers.anthropic import create_anthropic_decision_provider
+from touba.providers._anthropic_wire import prefix_digest
+from touba.providers._memo import ExchangeMemo
+from touba.providers.anthropic import AnthropicWire, create_anthropic_decision_provider
 from touba.providers.compatible import create_openai_compatible_decision_provider
 from touba.providers.gemini import create_gemini_decision_provider
 from touba.providers.openai import create_openai_decision_provider
@@ -819,6 +822,7 @@ class Run:
         self.provider = self.vendor.create(
             self.srv, self.client, self.interface, self.config(store), self.context(), self.scenario
         )
+        _check_memo(self.provider)
 
     async def new_store(self) -> Store:
         if self.scenario.store == "sqlite":
@@ -860,6 +864,34 @@ class Run:
                 prior_turn(self.marks, n, spec) for n, spec in enumerate(self.scenario.prior)
             ),
         )
+
+
+def _check_memo(provider: DecisionProvider) -> None:
+    """Make every render also check that the wire's exchange memo changes nothing.
+
+    Each body rendered with the memo (which holds the exchanges of earlier
+    decisions) must equal the body a copy of the wire with an empty memo renders
+    for the same plan; an Anthropic body's prefix digest, put together from its
+    blocks' cached texts, must equal the digest of the body hashed whole.
+    """
+    wire: Any = provider._wire
+    render = wire.render
+
+    def checked(plan: Any) -> Any:
+        body = render(plan)
+        fresh = copy.copy(wire)
+        fresh._exchanges = ExchangeMemo(wire._exchanges._render)
+        assert _canonical(type(wire).render(fresh, plan)) == _canonical(body)
+        if isinstance(wire, AnthropicWire):
+            digest = prefix_digest(body.get("system"), body.get("tools"), body["messages"])
+            assert body.prefix_digest() == digest
+        return body
+
+    wire.render = checked
+
+
+def _canonical(body: Any) -> str:
+    return json.dumps(body, sort_keys=True)
 
 
 def _requests(srv: Any) -> list[RecordedRequest]:

@@ -42,6 +42,7 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
+from touba.providers._memo import ExchangeMemo
 from touba.providers._types import CapabilityCall, DecisionInterface, TraceCall, Turn
 from touba.providers._validate import schema_validator
 
@@ -49,6 +50,7 @@ __all__ = [
     "DECISION_TOOL",
     "PROVIDER",
     "parse_message",
+    "exchange_memo",
     "prefix_digest",
     "render_messages",
 ]
@@ -74,8 +76,31 @@ def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
 
 def _feed(digest: Any, value: Any) -> None:
     """Key order is not meaningful (stores such as PostgreSQL JSONB reorder it)."""
-    digest.update(json.dumps(value, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+    digest.update(_digest_text(value).encode("utf-8"))
     digest.update(b"\n")
+
+
+def _digest_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _message_text(message: dict[str, Any], texts: Mapping[int, str]) -> str:
+    """:func:`_digest_text` of a message, from the known texts of its blocks.
+
+    A message is ``{"role": ..., "content": [blocks]}``; sorted, ``content``
+    comes first, and the default separators put ``", "`` between the items,
+    so the text is put together from each block's own text (``texts``, by the
+    block's id, for blocks a memo entry keeps alive) without serialising them
+    again. Anything else is serialised whole.
+    """
+    content, role = message.get("content"), message.get("role")
+    if len(message) != 2 or type(content) is not list or type(role) is not str:
+        return _digest_text(message)
+    blocks = ", ".join([texts.get(id(block)) or _digest_text(block) for block in content])
+    return f'{{"content": [{blocks}], "role": {_ROLES.get(role) or _digest_text(role)}}}'
+
+
+_ROLES = {role: _digest_text(role) for role in ("user", "assistant")}
 
 
 def _hasher(system: Any, tools: Any) -> Any:
@@ -215,43 +240,57 @@ def _opaque_content(decision: DecisionMessage) -> list[dict[str, Any]] | None:
     return copy.deepcopy(content)
 
 
-def _exchange(
-    builder: _Builder,
-    exchange: Sequence[Message],
-    interface: DecisionInterface,
-    projected: Mapping[str, Mapping[str, Any]],
-) -> None:
+@dataclass(frozen=True)
+class _Rendered:
+    """One exchange rendered: the builder calls it makes, and its blocks' digest texts."""
+
+    ops: tuple[tuple[str, list[dict[str, Any]], _Bound | None], ...]
+    texts: dict[int, str]
+
+
+def _exchange(exchange: tuple[Message, ...], interface: DecisionInterface) -> _Rendered:
     decision: DecisionMessage | None = None
     content: list[dict[str, Any]] | None = None
     results = [m for m in exchange if isinstance(m, ResultMessage)]
+    projected = {r.call_id: r.arguments for r in results}
+    ops: list[tuple[str, list[dict[str, Any]], _Bound | None]] = []
     for message in exchange:
         if isinstance(message, DataMessage):
-            builder.user([_text(data_text(message))])
+            ops.append(("user", [_text(data_text(message))], None))
         elif isinstance(message, SummaryMessage):  # never inside an exchange; kept total
-            builder.user([_text(summary_text(message))])
+            ops.append(("user", [_text(summary_text(message))], None))
         elif isinstance(message, DecisionMessage):
             decision = message
             fallback = _neutral(message, interface, projected)
             content = _opaque_content(message)
             if content is None:
-                builder.assistant(fallback)
+                ops.append(("assistant", fallback, None))
             else:
                 prefix = message.opaque.get("prefix")
                 bound = _Bound(prefix if isinstance(prefix, str) else None, fallback)
-                builder.assistant(content, bound)
-    if not results:
-        return
-    if interface == "native":
-        builder.user([_result_block(r) for r in results])
-        return
-    uses = [b for b in content or () if b.get("type") == "tool_use"]
-    if decision is None or not uses:
-        builder.user([_text(results_text(results))])
-        return
-    # Our structured decision was a call of the decision tool: its results answer it.
-    text = results_text(results)
-    builder.user([_tool_result(str(b.get("id")), text) for b in uses[:1]])
-    builder.user([_tool_result(str(b.get("id")), "[touba: ignored]") for b in uses[1:]])
+                ops.append(("assistant", content, bound))
+    if results and interface == "native":
+        ops.append(("user", [_result_block(r) for r in results], None))
+    elif results:
+        uses = [b for b in content or () if b.get("type") == "tool_use"]
+        text = results_text(results)
+        if decision is None or not uses:
+            ops.append(("user", [_text(text)], None))
+        else:
+            # Our structured decision was a call of the decision tool: its results answer it.
+            ops.append(("user", [_tool_result(str(b.get("id")), text) for b in uses[:1]], None))
+            ignored = [_tool_result(str(b.get("id")), "[touba: ignored]") for b in uses[1:]]
+            ops.append(("user", ignored, None))
+    texts: dict[int, str] = {}
+    for _, blocks, binding in ops:
+        for block in [*blocks, *(binding.fallback if binding is not None else ())]:
+            texts[id(block)] = _digest_text(block)
+    return _Rendered(tuple(ops), texts)
+
+
+def exchange_memo() -> ExchangeMemo[_Rendered]:
+    """A wire's memo of rendered exchanges (see :mod:`touba.providers._memo`)."""
+    return ExchangeMemo(_exchange)
 
 
 def _continuation(messages: list[dict[str, Any]]) -> int | None:
@@ -265,7 +304,7 @@ def _continuation(messages: list[dict[str, Any]]) -> int | None:
 
 
 def _strip_stale(
-    builder: _Builder, system: Any, tools: Any, thinking: ThinkingMode
+    builder: _Builder, system: Any, tools: Any, thinking: ThinkingMode, texts: Mapping[int, str]
 ) -> tuple[list[dict[str, Any]], str]:
     """Drop thinking blocks whose prefix changed since they were produced.
 
@@ -287,7 +326,8 @@ def _strip_stale(
             if bound.prefix != current and not required:
                 kept = [b for b in message["content"] if b.get("type") not in _THINKING]
                 message["content"] = kept or bound.fallback
-        _feed(digest, message)
+        digest.update(_message_text(message, texts).encode("utf-8"))
+        digest.update(b"\n")
     return messages, "sha256:" + str(digest.hexdigest())
 
 
@@ -296,20 +336,16 @@ def render_messages(
     prior_turns: Sequence[Turn],
     request_input: Any,
     summary: SummaryMessage | None,
-    exchanges: Sequence[Sequence[Message]],
+    exchanges: Sequence[_Rendered],
     interface: DecisionInterface,
     system: Any,
     tools: Any,
     thinking: ThinkingMode,
 ) -> tuple[list[dict[str, Any]], str]:
     """The ``messages`` array, in SPEC order, valid for the Messages API, and its
-    :func:`prefix_digest` (computed on the way: the array is hashed once)."""
-    projected = {
-        m.call_id: m.arguments
-        for exchange in exchanges
-        for m in exchange
-        if isinstance(m, ResultMessage)
-    }
+    :func:`prefix_digest` (computed on the way: the array is hashed once).
+
+    ``exchanges`` are the window's, rendered (see :func:`exchange_memo`)."""
     builder = _Builder()
     # With thinking enabled, the tool_use turn that the final user turn's tool_result
     # blocks answer must start with a thinking block, which a chat trace lacks: traced
@@ -322,8 +358,14 @@ def render_messages(
         builder.user([_text(input_text(request_input))])
     if summary is not None:
         builder.user([_text(summary_text(summary))])
-    for exchange in exchanges:
-        _exchange(builder, exchange, interface, projected)
+    texts: dict[int, str] = {}
+    for rendered in exchanges:
+        for role, blocks, bound in rendered.ops:
+            if role == "user":
+                builder.user(blocks)
+            else:
+                builder.assistant(list(blocks), bound)
+        texts.update(rendered.texts)
     if not builder.messages:
         raise ConfigurationError(
             "nothing to send: the Messages API needs a user message; pass DecisionRequest.input"
@@ -333,7 +375,7 @@ def render_messages(
             "the conversation ends with a final decision and no new input or observation, "
             "which the Messages API would read as a prefill; start a new invocation"
         )
-    return _strip_stale(builder, system, tools, thinking)
+    return _strip_stale(builder, system, tools, thinking, texts)
 
 
 # parsing ----------------------------------------------------------------------

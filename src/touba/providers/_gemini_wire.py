@@ -59,13 +59,15 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
-from touba.providers._types import CapabilitySpec, TraceCall, Turn, Usage
+from touba.providers._memo import ExchangeMemo
+from touba.providers._types import CapabilitySpec, DecisionInterface, TraceCall, Turn, Usage
 
 __all__ = [
     "PROVIDER",
     "SKIP_SIGNATURE",
     "GeminiBody",
     "count_request",
+    "exchange_memo",
     "parse_response",
     "read_count",
     "render_body",
@@ -243,11 +245,13 @@ def render_body(
     max_output_tokens: int | None,
     generation: Mapping[str, Any],
     fields: Mapping[str, Any],
+    memo: ExchangeMemo[Rendered] | None = None,
 ) -> GeminiBody:
-    """The full ``generateContent`` body for ``plan`` (REST JSON, camelCase)."""
+    """The full ``generateContent`` body for ``plan`` (REST JSON, camelCase); each
+    exchange taken from ``memo`` when it rendered that very exchange before."""
     request = plan.request
     native = plan.interface == "native"
-    body = GeminiBody(contents=_contents(plan))
+    body = GeminiBody(contents=_contents(plan, memo))
     system = [request.instructions.strip()]
     if not native:
         system.append(structured_instructions(request.capabilities, request.output_schema))
@@ -294,10 +298,26 @@ def wire_id(call_id: str) -> str | None:
     return None if _INVENTED_ID.fullmatch(call_id) else call_id
 
 
-class _Contents:
+class _Parts:
+    """What an exchange adds, in order, as ``(role, parts)``: what a memo keeps."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, list[dict[str, Any]]]] = []
+
+    def add(self, role: str, parts: list[dict[str, Any]]) -> None:
+        if parts:
+            self.added.append((role, parts))
+
+    def text(self, role: str, text: str | None) -> None:
+        if text:
+            self.add(role, [{"text": text}])
+
+
+class _Contents(_Parts):
     """Contents in order; adjacent same-role turns merge unless one answers calls."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.items: list[dict[str, Any]] = []
 
     def add(self, role: str, parts: list[dict[str, Any]]) -> None:
@@ -314,16 +334,26 @@ class _Contents:
         else:
             self.items.append({"role": role, "parts": list(parts)})
 
-    def text(self, role: str, text: str | None) -> None:
-        if text:
-            self.add(role, [{"text": text}])
-
 
 def _answers(parts: Sequence[Mapping[str, Any]]) -> bool:
     return any("functionResponse" in p for p in parts)
 
 
-def _contents(plan: Plan) -> list[dict[str, Any]]:
+Rendered = tuple[tuple[str, list[dict[str, Any]]], ...]
+
+
+def _rendered(exchange: tuple[Message, ...], interface: DecisionInterface) -> Rendered:
+    parts = _Parts()
+    _exchange(parts, exchange, interface == "native")
+    return tuple(parts.added)
+
+
+def exchange_memo() -> ExchangeMemo[Rendered]:
+    """A wire's memo of rendered exchanges (see :mod:`touba.providers._memo`)."""
+    return ExchangeMemo(_rendered)
+
+
+def _contents(plan: Plan, memo: ExchangeMemo[Rendered] | None) -> list[dict[str, Any]]:
     out = _Contents()
     native = plan.interface == "native"
     for turn in plan.prior_turns:
@@ -332,8 +362,14 @@ def _contents(plan: Plan) -> list[dict[str, Any]]:
         out.text("user", input_text(plan.request.input))
     if plan.summary is not None:
         out.text("user", summary_text(plan.summary))
-    for exchange in plan.exchanges:
-        _exchange(out, exchange, native)
+    if memo is None:
+        for exchange in plan.exchanges:
+            _exchange(out, exchange, native)
+    else:
+        # Each part copied: _mark_current_turn edits parts, the memo's stay as rendered.
+        for rendered in memo.rendered(plan.window, plan.interface):
+            for role, parts in rendered:
+                out.add(role, [dict(part) for part in parts])
     if not out.items or out.items[0]["role"] != "user":
         out.items.insert(0, {"role": "user", "parts": [{"text": NO_INPUT}]})
     _mark_current_turn(out.items)
@@ -352,7 +388,7 @@ def _turn(out: _Contents, turn: Turn, native: bool) -> None:
     out.text("model", "\n\n".join(turn.replies))
 
 
-def _exchange(out: _Contents, exchange: Sequence[Message], native: bool) -> None:
+def _exchange(out: _Parts, exchange: Sequence[Message], native: bool) -> None:
     results = [m for m in exchange if isinstance(m, ResultMessage)]
     projected = {r.call_id: r.arguments for r in results}
     for message in exchange:
@@ -367,7 +403,7 @@ def _exchange(out: _Contents, exchange: Sequence[Message], native: bool) -> None
 
 
 def _decision(
-    out: _Contents,
+    out: _Parts,
     decision: DecisionMessage,
     native: bool,
     results: Mapping[str, ResultMessage],

@@ -39,6 +39,7 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
+from touba.providers._memo import ExchangeMemo
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "PROVIDER",
     "count_body",
     "function_tools",
+    "exchange_memo",
     "input_items",
     "instructions",
     "parse_response",
@@ -319,8 +321,14 @@ def _exchange_items(exchange: Sequence[Message], interface: DecisionInterface) -
     return items
 
 
-def input_items(plan: Plan) -> list[Item]:
-    """Prior turns, the invocation input, the summary, then the exchanges."""
+def exchange_memo() -> ExchangeMemo[list[Item]]:
+    """A wire's memo of rendered exchanges (see :mod:`touba.providers._memo`)."""
+    return ExchangeMemo(_exchange_items)
+
+
+def input_items(plan: Plan, memo: ExchangeMemo[list[Item]] | None = None) -> list[Item]:
+    """Prior turns, the invocation input, the summary, then the exchanges (each
+    taken from ``memo`` when it rendered that very exchange before)."""
     items: list[Item] = []
     for turn in plan.prior_turns:
         items.extend(_turn_items(turn, plan.interface))
@@ -328,8 +336,12 @@ def input_items(plan: Plan) -> list[Item]:
         items.append(_user(input_text(plan.request.input)))
     if plan.summary is not None:
         items.append(_user(summary_text(plan.summary)))
-    for exchange in plan.exchanges:
-        items.extend(_exchange_items(exchange, plan.interface))
+    if memo is None:
+        for exchange in plan.exchanges:
+            items.extend(_exchange_items(exchange, plan.interface))
+    else:
+        for rendered in memo.rendered(plan.window, plan.interface):
+            items.extend(rendered)
     return items
 
 

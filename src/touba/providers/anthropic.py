@@ -86,6 +86,7 @@ from touba.providers._anthropic_post import send_count, send_message
 from touba.providers._anthropic_wire import (
     DECISION_TOOL,
     ThinkingMode,
+    exchange_memo,
     parse_message,
     prefix_digest,
     render_messages,
@@ -215,6 +216,7 @@ class AnthropicWire(Wire):
         self._thinking: ThinkingMode = (
             thinking.get("type") if isinstance(thinking, Mapping) else None
         )
+        self._exchanges = exchange_memo()
 
     def check_guard(self) -> None:
         sdk = _sdk()
@@ -267,7 +269,7 @@ class AnthropicWire(Wire):
             prior_turns=plan.prior_turns,
             request_input=request.input,
             summary=plan.summary,
-            exchanges=plan.exchanges,
+            exchanges=self._exchanges.rendered(plan.window, plan.interface),
             interface=plan.interface,
             system=body.get("system"),
             tools=body.get("tools"),

@@ -83,6 +83,7 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
+from touba.providers._memo import ExchangeMemo
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 from touba.providers._validate import schema_validator
 from touba.providers.openai import request_options
@@ -295,8 +296,9 @@ def _merge_user_texts(messages: list[Item]) -> list[Item]:
     return out
 
 
-def chat_messages(plan: Plan) -> list[Item]:
-    """System, prior turns, the invocation input, the summary, then the exchanges."""
+def chat_messages(plan: Plan, memo: ExchangeMemo[list[Item]] | None = None) -> list[Item]:
+    """System, prior turns, the invocation input, the summary, then the exchanges (each
+    taken from ``memo`` when it rendered that very exchange before)."""
     request = plan.request
     messages: list[Item] = []
     system = _system(request, plan.interface)
@@ -308,8 +310,12 @@ def chat_messages(plan: Plan) -> list[Item]:
         messages.append(_user(input_text(request.input)))
     if plan.summary is not None:
         messages.append(_user(summary_text(plan.summary)))
-    for exchange in plan.exchanges:
-        messages.extend(_exchange_messages(exchange, plan.interface))
+    if memo is None:
+        for exchange in plan.exchanges:
+            messages.extend(_exchange_messages(exchange, plan.interface))
+    else:
+        for rendered in memo.rendered(plan.window, plan.interface):
+            messages.extend(rendered)
     return _merge_user_texts(messages)
 
 
@@ -527,6 +533,7 @@ class CompatibleWire(Wire):
         self._headers = dict(headers)
         self._client: AsyncOpenAI | None = None
         self._call_options: dict[str, Any] | None = None  # built once (see generate)
+        self._exchanges: ExchangeMemo[list[Item]] = ExchangeMemo(_exchange_messages)
 
     def __repr__(self) -> str:  # never shows the key
         return f"CompatibleWire(model={self.model!r}, base_url={_display_url(self._base_url)!r})"
@@ -536,7 +543,7 @@ class CompatibleWire(Wire):
 
     def render(self, plan: Plan) -> dict[str, Any]:
         request = plan.request
-        body = _Body(model=self.model, messages=chat_messages(plan))
+        body = _Body(model=self.model, messages=chat_messages(plan, self._exchanges))
         body.output_schema = request.output_schema
         if plan.interface == "native":
             if request.capabilities:

@@ -40,6 +40,7 @@ from touba.providers._gemini_wire import (
     PROVIDER,
     GeminiBody,
     count_request,
+    exchange_memo,
     parse_response,
     read_count,
     render_body,
@@ -108,6 +109,7 @@ class GeminiWire(Wire):
         self._max_output_tokens = max_output_tokens
         self._generation = dict(generation)
         self._fields = dict(fields)
+        self._exchanges = exchange_memo()
 
     def check_guard(self) -> None:
         if self._vertex:
@@ -133,6 +135,7 @@ class GeminiWire(Wire):
             max_output_tokens=self._max_output_tokens,
             generation=self._generation,
             fields=self._fields,
+            memo=self._exchanges,
         )
 
     async def count(self, body: dict[str, Any]) -> int:

@@ -36,6 +36,7 @@ from touba.providers._openai_wire import (
     ENCRYPTED_REASONING,
     OUTPUT_FORMAT,
     count_body,
+    exchange_memo,
     function_tools,
     input_items,
     instructions,
@@ -153,6 +154,7 @@ class OpenAIWire(Wire):
         if ENCRYPTED_REASONING not in self._include:
             self._include.append(ENCRYPTED_REASONING)
         self._request_options = request_options()
+        self._exchanges = exchange_memo()
 
     def refuse_server_state(self) -> None:
         """Without the guard, server-side conversation state is still refused."""
@@ -190,7 +192,7 @@ class OpenAIWire(Wire):
         system = instructions(request, self.interface)
         if system:
             body["instructions"] = system
-        body["input"] = input_items(plan)
+        body["input"] = input_items(plan, self._exchanges)
         if self.interface == "native" and request.capabilities:
             body["tools"] = function_tools(request.capabilities)
         if self._max_output_tokens is not None:
