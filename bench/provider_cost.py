@@ -303,7 +303,8 @@ class Conversation:
 
             setattr(wire, name, timed)
 
-    async def decide(self, record: bool = True, cold: bool = False) -> None:
+    async def decide(self, record: bool = True, cold: bool = False) -> float:
+        """One decision; its wall time (the provider's ``decide`` only, not the scripting)."""
         server = self.vendor.server
         observation = Observation(
             self.pending.call_id,
@@ -337,6 +338,7 @@ class Conversation:
             self.fake.append(server.handler_seconds - before_fake)
             self.io.append(self.io_seconds - before_io)
             self.counts.append(len(server.requests_to(self.vendor.count_endpoint)) - before_count)
+        return elapsed
 
 
 async def _seed(store: MemoryHistoryStore, identity: ConversationIdentity, exchanges: int) -> None:
@@ -531,9 +533,7 @@ async def _raw_run(names: list[str], rounds: int, report: Callable[[str], None])
             sdk: list[float] = []
             for _ in range(rounds):
                 before, io = server.handler_seconds, conversation.io_seconds
-                started = time.perf_counter()
-                await conversation.decide(record=False)
-                touba.append(time.perf_counter() - started)
+                touba.append(await conversation.decide(record=False))
                 touba_fake.append(server.handler_seconds - before)
                 wire.append(conversation.io_seconds - io)
                 assert server.last is not None
