@@ -438,6 +438,7 @@ class _Tail:
         "sizes",
         "sizes_first",
         "texts",
+        "totals",
         "version",
         "well_formed",
     )
@@ -470,6 +471,9 @@ class _Tail:
         # Content mode only: exchanges held before bodies_first, not checked by the
         # claim that made this tail; reused only once a claim brings the same texts.
         self.older: _Older | None = None
+        # The conversation's (messages, bytes) at this version, as the store counts
+        # them: what a save without a reservation needs (see transact_log_optimistic).
+        self.totals: tuple[int, int] | None = None
 
     @classmethod
     def empty(cls, version: str, *, texts: bool = False) -> _Tail:
@@ -930,7 +934,58 @@ class Reservations:
             if replacement is None:
                 raise
             raise replacement from e.__cause__
-        self._keep(key, tail, token, encoded, held_head, dropped)
+        stored = None if reserved.head is None else (reserved.messages, reserved.bytes)
+        self._keep(key, tail, token, encoded, held_head, dropped, stored)
+        return result
+
+    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that may run twice: one that only reads
+        its snapshot and returns what to write (a session's append or read; not a
+        decision, which calls a model while it holds the key).
+
+        When this store object holds the conversation's tail with its head and
+        totals, the operation runs on it at once, with no reservation and usage
+        None, and its write is saved in one backend call (``save_if``) that
+        succeeds only if the key is still stored at that version, unreserved and
+        unexpired, and the write fits: one round trip and one commit where the
+        reserved path takes two of each. Anything else (nothing cached, a read
+        beyond the tail, no write or a drop, an error of the operation, another
+        writer since, a reservation held, a save that would not fit) leaves the
+        store untouched and runs ``transact_log``, which calls the operation again
+        on the reserved state and answers, or refuses, as always. A failure of the
+        save call itself raises as a save does (nothing is held either way).
+        """
+        save_if = getattr(self.backend, "save_if", None)
+        tail = None if save_if is None or self.content else self.cache.take(key)
+        if save_if is None or tail is None or tail.totals is None or tail.head is None:
+            if tail is not None:
+                self.cache.put(key, tail)
+            return await self.transact_log(key, operation)
+        held_head = tail.head
+        messages, size = tail.totals
+        snapshot = _Snapshot(self, key, held_head.copy(), held_head.size, tail, cached_only=True)
+        try:
+            write, result = await operation(snapshot, None)
+        except Exception:  # judged on a state that may be stale: the reserved path decides
+            write = None
+        finally:
+            self._settle(snapshot, operation)
+        if write is None or write.drop_last or snapshot.uncached:
+            self.cache.put(key, tail)  # as it was: the reserved path claims it again
+            return await self.transact_log(key, operation)
+        token = Reservation.new(self.worker_id).token
+        try:
+            known = Reserved(
+                held_head.text, True, tail.count, messages, size, tail.version, _NO_USAGE
+            )
+            encoded, held_head = _appended(known, held_head.size, write, held_head)
+            saved = await save_if(key, tail.version, token, encoded)
+        except BaseException:
+            self.cache.drop(key)
+            raise
+        if not saved:  # changed, held or full: the tail proves nothing now
+            return await self.transact_log(key, operation)
+        self._keep(key, tail, token, encoded, held_head)
         return result
 
     async def _dropped(
@@ -969,10 +1024,12 @@ class Reservations:
         saved: Write | None,
         head: HeldHead | None = None,
         dropped: _Drop | None = None,
+        totals: tuple[int, int] | None = None,
     ) -> None:
         """Cache the tail once the reservation ended well: without the messages
         ``dropped`` and with those ``saved`` appended (then at version ``token``),
-        or as it was read; with ``head``, the head stored now."""
+        or as it was read; with ``head``, the head stored now, and ``totals``, the
+        conversation's (messages, bytes) when nothing was saved."""
         try:
             if (
                 saved is not None
@@ -991,6 +1048,7 @@ class Reservations:
             if tail is None or not tail.version:  # stored without a version: never matched
                 return
             tail.head = head
+            tail.totals = (saved.messages, saved.bytes) if saved is not None else totals
             tail.trim(self.sizes_hint, self.bodies_hint)
             self.cache.put(key, tail)
         except Exception as e:  # the decision is saved; only the cache is lost
@@ -1098,6 +1156,13 @@ def _stuck(key: str, error: BaseException) -> str:
     )
 
 
+class _Uncached(Exception):
+    """An unreserved snapshot was asked for more than the cached tail holds."""
+
+
+_NO_USAGE: Final = StoreUsage(0, 0, 0, 0)  # unused: an optimistic write is never new
+
+
 class _Snapshot:
     """A reserved conversation as ``transact_log`` shows it: the head (its top-level
     dict private, its nested values read-only: see :mod:`touba.history._head`),
@@ -1105,7 +1170,14 @@ class _Snapshot:
     call each (and join the tail)."""
 
     def __init__(
-        self, owner: Reservations, key: str, head: Record, head_bytes: int, tail: _Tail | None
+        self,
+        owner: Reservations,
+        key: str,
+        head: Record,
+        head_bytes: int,
+        tail: _Tail | None,
+        *,
+        cached_only: bool = False,
     ) -> None:
         self._owner = owner
         self._key = key
@@ -1114,6 +1186,15 @@ class _Snapshot:
         self._tail = tail
         self._count = 0 if tail is None else tail.count
         self.asked = (0, 0)  # the most exchanges from the end read: (sizes, bodies)
+        # Unreserved (transact_log_optimistic): the tail only. A read beyond it is
+        # refused (_Uncached) and noted, so that the reserved path runs instead.
+        self._cached_only = cached_only
+        self.uncached = False
+
+    def _beyond(self) -> None:
+        if self._cached_only:
+            self.uncached = True
+            raise _Uncached
 
     @property
     def head(self) -> Record:
@@ -1141,6 +1222,7 @@ class _Snapshot:
             return []
         self._ask(sizes=self._count - start + 1)
         if start < tail.sizes_first:
+            self._beyond()
             backend = self._owner.backend
             older = await backend.read_sizes(self._key, start, tail.sizes_first)
             tail.prepend_sizes(start, _dense(older, start, tail.sizes_first))
@@ -1155,6 +1237,7 @@ class _Snapshot:
         if not owner.content or stop >= self._count:  # content mode: only the window's reads
             self._ask(bodies=self._count - start + 1)
         if start < tail.bodies_first:
+            self._beyond()
             backend = owner.backend
             rows = await backend.read_rows(self._key, start, tail.bodies_first)
             older, sizes = _grouped(rows, start, tail.bodies_first, self._key, backend.label)

@@ -489,6 +489,26 @@ class _Statements:
             "  WHERE EXISTS (SELECT FROM saved))"
             " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
         )
+        # The same write without a reservation (``save_if``): the row locked only if
+        # it is unreserved, live and at the version given, and then given the new
+        # version. Returns (held, saved) as ``append`` does.
+        self.append_unreserved = hot(
+            "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving}"
+            "  WHERE h.key = %s AND h.token IS NULL AND h.head IS NOT NULL"
+            "  AND h.version = %s AND h.expires_at > now() FOR UPDATE OF h),"
+            " taken AS (UPDATE {u} SET room = room - %s"
+            "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
+            "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
+            " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
+            "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
+            "  expires_at = now() + make_interval(secs => %s), version = %s"
+            "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
+            "  RETURNING h.key),"
+            " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
+            "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
+            "  WHERE EXISTS (SELECT FROM saved))"
+            " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
+        )
         self.insert_messages = hot(
             "INSERT INTO {m} (key, seq, exchange, bytes, body)"
             " SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
@@ -757,6 +777,41 @@ class _Backend:
         if not saved:
             raise _NoRoom
 
+    async def save_if(self, key: str, version: str, token: str, write: Write) -> bool:
+        """A log write without a reservation, one statement: saved (the version then
+        ``token``) only if ``key`` is unreserved, live and at ``version``, and the
+        write fits its shard's room; else False and nothing changed (the reserved
+        path then decides, with the exact sums when room is short)."""
+        store, growth = self._store, write.growth
+        async with store._statement() as conn:
+            row = await _row(
+                conn,
+                self._sql.append_unreserved,
+                (
+                    key,
+                    version,
+                    growth,
+                    growth,
+                    key,
+                    growth,
+                    store.max_store_bytes,
+                    write.namespace,
+                    write.identity,
+                    write.head,
+                    write.exchanges,
+                    write.messages,
+                    write.bytes,
+                    store.ttl_seconds,
+                    token,
+                    growth,
+                    key,
+                    *_columns(write.rows),
+                ),
+            )
+        assert row is not None
+        held, saved = row
+        return bool(held and saved)
+
     async def delete(self, key: str, token: str) -> None:
         async with self._store._transaction() as conn:
             if not await _run(conn, self._sql.delete_reserved, (key, token)):
@@ -944,6 +999,21 @@ class PostgresHistoryStore(PooledStore):
         check_key(key)
         async with self._using():
             return await self._reservations.transact_log(key, operation)
+
+    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that may run twice (it only reads its
+        snapshot and returns a write: a session's append or read, never a decision).
+
+        When this store object holds the conversation's tail, the operation runs on
+        it and its write is saved in one statement if the conversation is still at
+        that version, unreserved and live, and fits; else it runs again through
+        :meth:`transact_log` (see
+        ``touba.history._reserving.Reservations.transact_log_optimistic``). Raises as
+        :meth:`transact_log` does.
+        """
+        check_key(key)
+        async with self._using():
+            return await self._reservations.transact_log_optimistic(key, operation)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy, or None if absent or expired; the TTL is not renewed."""

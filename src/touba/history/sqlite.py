@@ -85,6 +85,7 @@ from typing import Any, Final, Self, TypeVar
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
+    DecisionHistoryLimitExceeded,
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
@@ -438,52 +439,82 @@ class _Db:
             ).fetchone()
             if row is None or row[1] != token:
                 raise _recovered_meanwhile(key)
-            conv = row[0]
             # Rows changed by anyone else since the reservation keep the version cleared.
             intact = write.rewrite or row[2] == write.seen
-            now = self.store._clock()
-            if write.rewrite:
-                self.q("DELETE FROM touba_history_messages WHERE conv = ?", conv)
-            elif write.dropped:  # LogWrite.drop_last: the newest messages go first
-                first = write.messages - len(write.rows)
-                deleted = self.q(_DROP_NEWEST, conv, write.dropped_from, first).rowcount
-                if deleted != write.dropped:
-                    raise dropped_elsewhere(key, _LABEL, deleted, write.dropped)
-            self.conn.executemany(
-                _INSERT_MESSAGE,
-                [(conv, seq, exchange, size, body) for seq, exchange, size, body in write.rows],
-            )
-            self.q(
-                _SAVE_IDENTITY,
-                write.namespace,
-                write.identity,
-                conv,
-                write.namespace,
-                write.identity,
-            )
-            self.q(
-                _SAVE,
-                write.head,
-                write.split,
-                write.exchanges,
-                write.messages,
-                write.bytes,
-                now,
-                now + self.store.ttl_seconds,
-                token if intact else None,
-                conv,
-            )
-            usage = self._usage()  # exact: the triggers counted this write
-            if self._purge_wanted(usage, now):
-                self._purge_all(now)
-                usage = self._usage()
-            check_capacity(
-                is_new=write.is_new,
-                sessions=usage.sessions - 1,  # this key's place is counted since it was reserved
-                max_sessions=self.store.max_sessions,
-                store_bytes_after=usage.bytes,
-                max_store_bytes=self.store.max_store_bytes,
-            )
+            self._write(key, row[0], write, token if intact else None)
+
+    def save_if(self, key: str, version: str, token: str, write: Write) -> bool:
+        """Save ``write`` (a log write) without a reservation, in one transaction, if
+        ``key`` is stored at ``version``, unreserved and unexpired; its version is then
+        ``token``. False (nothing changed) when it is not, or when the save would not
+        fit: the reserved path then decides (and refuses) with the state as it is."""
+        try:
+            with transaction(self.conn):
+                row = self.q(
+                    "SELECT id, token, version, expires_at, head FROM touba_history_sessions "
+                    "WHERE key = ?",
+                    key,
+                ).fetchone()
+                if (
+                    row is None
+                    or row[1] is not None
+                    or row[2] != version
+                    or row[4] is None
+                    or row[3] <= self.store._clock()
+                ):
+                    return False
+                self._write(key, row[0], write, token)
+                return True
+        except DecisionHistoryLimitExceeded:  # rolled back: nothing was written
+            return False
+
+    def _write(self, key: str, conv: int, write: Write, version: str | None) -> None:
+        """The writing part of a save, in the caller's transaction: rows, head, the
+        fresh expiry, ``version``, the reservation cleared, then the capacity check
+        on the exact usage row (its refusal rolls the transaction back)."""
+        now = self.store._clock()
+        if write.rewrite:
+            self.q("DELETE FROM touba_history_messages WHERE conv = ?", conv)
+        elif write.dropped:  # LogWrite.drop_last: the newest messages go first
+            first = write.messages - len(write.rows)
+            deleted = self.q(_DROP_NEWEST, conv, write.dropped_from, first).rowcount
+            if deleted != write.dropped:
+                raise dropped_elsewhere(key, _LABEL, deleted, write.dropped)
+        self.conn.executemany(
+            _INSERT_MESSAGE,
+            [(conv, seq, exchange, size, body) for seq, exchange, size, body in write.rows],
+        )
+        self.q(
+            _SAVE_IDENTITY,
+            write.namespace,
+            write.identity,
+            conv,
+            write.namespace,
+            write.identity,
+        )
+        self.q(
+            _SAVE,
+            write.head,
+            write.split,
+            write.exchanges,
+            write.messages,
+            write.bytes,
+            now,
+            now + self.store.ttl_seconds,
+            version,
+            conv,
+        )
+        usage = self._usage()  # exact: the triggers counted this write
+        if self._purge_wanted(usage, now):
+            self._purge_all(now)
+            usage = self._usage()
+        check_capacity(
+            is_new=write.is_new,
+            sessions=usage.sessions - 1,  # this key's place is counted (reserved, or stored)
+            max_sessions=self.store.max_sessions,
+            store_bytes_after=usage.bytes,
+            max_store_bytes=self.store.max_store_bytes,
+        )
 
     def delete_reserved(self, key: str, token: str) -> None:
         with transaction(self.conn):
@@ -610,6 +641,10 @@ class _Backend:
     async def save(self, key: str, token: str, write: Write) -> None:
         store = self._store
         await store._run(key, lambda: store._db.save(key, token, write))
+
+    async def save_if(self, key: str, version: str, token: str, write: Write) -> bool:
+        store = self._store
+        return await store._run(key, lambda: store._db.save_if(key, version, token, write))
 
     async def delete(self, key: str, token: str) -> None:
         store = self._store
@@ -783,6 +818,21 @@ class SqliteHistoryStore:
         check_key(key)
         with self._using():
             return await self._reservations.transact_log(key, operation)
+
+    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that may run twice (it only reads its
+        snapshot and returns a write: a session's append or read, never a decision).
+
+        When this store object holds the conversation's tail, the operation runs on
+        it and its write is saved in one call to the store's thread, one commit, if
+        the conversation is still at that version, unreserved and unexpired; else
+        it runs again through :meth:`transact_log` (see
+        ``touba.history._reserving.Reservations.transact_log_optimistic``). Raises as
+        :meth:`transact_log` does.
+        """
+        check_key(key)
+        with self._using():
+            return await self._reservations.transact_log_optimistic(key, operation)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy of the record, or None if absent or expired (TTL not renewed).

@@ -127,6 +127,14 @@ R = TypeVar("R")
 MiB: Final = 1024 * 1024
 
 
+def _rerunnable(log: LogStore) -> Callable[[str, LogOperation[R]], Awaitable[R]]:
+    """How to run an operation that only reads its snapshot and returns a write: the
+    store's optimistic path where it has one (one round trip while its cached tail is
+    current: SqliteHistoryStore), else ``transact_log``."""
+    optimistic = getattr(log, "transact_log_optimistic", None)
+    return optimistic if callable(optimistic) else log.transact_log
+
+
 class ToubaSession(SessionABC):
     """An Agents SDK session kept in a touba store, never handing back half an exchange.
 
@@ -243,7 +251,7 @@ class ToubaSession(SessionABC):
         log = self._log()
         if log is not None:
             try:
-                tail = await log.transact_log(self.session_key, self._read_tail(resolved))
+                tail = await _rerunnable(log)(self.session_key, self._read_tail(resolved))
             except Legacy:
                 pass
             except DecisionHistoryLimitExceeded as e:
@@ -311,7 +319,7 @@ class ToubaSession(SessionABC):
                 return LogWrite(head=plan.head, append=plan.rows), None
 
             with contextlib.suppress(Legacy):
-                await log.transact_log(self.session_key, append_log)
+                await _rerunnable(log)(self.session_key, append_log)
                 return
 
         async def append(record: Record | None) -> tuple[Record | None, None]:
