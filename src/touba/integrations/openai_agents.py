@@ -34,6 +34,13 @@ Behaviour decisions:
   sizes of the exchanges its bounds can reach and the items it returns, and
   ``pop_item`` drops the newest item (``LogWrite.drop_last``: the save
   deletes the newest row); none of them loads or rewrites the whole history.
+  On SQLite and PostgreSQL, ``add_items`` and ``get_items`` are optimistic
+  while the store object holds the session's tail (it does after any
+  operation of its own): the operation runs on that tail and is saved in one
+  call (one commit) only if the session is still at that version, unreserved
+  and live; when anyone else wrote or holds it, the store is untouched and
+  the operation runs again through a reservation, with the outcomes below.
+  A worker that dies inside an optimistic operation leaves nothing reserved.
   ``clear_session``, ``exclusive()`` and a custom ``HistoryStore`` (which
   only offers ``transact``) read and write the whole record. Reading a
   session that holds nothing takes no place in a full store.
