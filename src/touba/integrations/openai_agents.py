@@ -137,7 +137,7 @@ MiB: Final = 1024 * 1024
 def _rerunnable(log: LogStore) -> Callable[[str, LogOperation[R]], Awaitable[R]]:
     """How to run an operation that only reads its snapshot and returns a write: the
     store's optimistic path where it has one (one round trip while its cached tail is
-    current: SqliteHistoryStore), else ``transact_log``."""
+    current: SQLite and PostgreSQL), else ``transact_log``."""
     optimistic = getattr(log, "transact_log_optimistic", None)
     return optimistic if callable(optimistic) else log.transact_log
 
