@@ -472,42 +472,20 @@ class _Statements:
         # taken, then its messages added. Each step is gated on the one
         # before, so a save without room changes nothing. Returns (held, saved).
         self.append = hot(
-            "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving}"
-            "  WHERE h.key = %s AND h.token = %s FOR UPDATE OF h),"
-            " taken AS (UPDATE {u} SET room = room - %s"
-            "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
-            "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
-            " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
-            "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
-            "  expires_at = now() + make_interval(secs => %s), token = NULL,"
-            "  worker_id = NULL, pid = NULL, host = NULL, since = NULL,"
-            "  version = CASE WHEN h.version IS NOT DISTINCT FROM %s THEN h.token END"
-            "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
-            "  RETURNING h.key),"
-            " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
-            "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
-            "  WHERE EXISTS (SELECT FROM saved))"
-            " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
+            _append_sql(
+                held="h.token = %s",
+                version="CASE WHEN h.version IS NOT DISTINCT FROM %s THEN h.token END",
+            )
         )
         # The same write without a reservation (``save_if``): the row locked only if
-        # it is unreserved, live and at the version given, and then given the new
+        # it is unreserved, live and at the version given, then given the new
         # version. Returns (held, saved) as ``append`` does.
         self.append_unreserved = hot(
-            "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving}"
-            "  WHERE h.key = %s AND h.token IS NULL AND h.head IS NOT NULL"
-            "  AND h.version = %s AND h.expires_at > now() FOR UPDATE OF h),"
-            " taken AS (UPDATE {u} SET room = room - %s"
-            "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
-            "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
-            " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
-            "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
-            "  expires_at = now() + make_interval(secs => %s), version = %s"
-            "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
-            "  RETURNING h.key),"
-            " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
-            "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
-            "  WHERE EXISTS (SELECT FROM saved))"
-            " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
+            _append_sql(
+                held="h.token IS NULL AND h.head IS NOT NULL AND h.version = %s"
+                " AND h.expires_at > now()",
+                version="%s",
+            )
         )
         self.insert_messages = hot(
             "INSERT INTO {m} (key, seq, exchange, bytes, body)"
@@ -539,6 +517,31 @@ class _Statements:
         )
         self.list_all = q(columns + " ORDER BY key")
         self.list_namespace = q(columns + " WHERE namespace = %s ORDER BY key")
+
+
+def _append_sql(*, held: LiteralString, version: LiteralString) -> LiteralString:
+    """A log write in one statement (see ``append``): the row locked where ``held``
+    (one parameter), then its growth taken, the row saved with ``version`` (one
+    parameter) and the reservation cleared, then its messages added (the two
+    fragments are constants of this module)."""
+    lock = "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving} WHERE h.key = %s"
+    return (
+        lock + " AND " + held + " FOR UPDATE OF h),"  # noqa: S608 - constant text
+        " taken AS (UPDATE {u} SET room = room - %s"
+        "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
+        "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
+        " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
+        "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
+        "  expires_at = now() + make_interval(secs => %s), token = NULL,"
+        "  worker_id = NULL, pid = NULL, host = NULL, since = NULL, version = "
+        + version
+        + "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
+        "  RETURNING h.key),"
+        " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
+        "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
+        "  WHERE EXISTS (SELECT FROM saved))"
+        " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
+    )
 
 
 # -- small helpers -----------------------------------------------------------------------
@@ -744,34 +747,7 @@ class _Backend:
     async def _append(self, key: str, token: str, write: Write) -> None:
         """A log write in one statement, a transaction by itself, within its shard's
         room (``_NoRoom``, nothing written, if not)."""
-        store, growth = self._store, write.growth
-        async with store._statement() as conn:
-            row = await _row(
-                conn,
-                self._sql.append,
-                (
-                    key,
-                    token,
-                    growth,
-                    growth,
-                    key,
-                    growth,
-                    store.max_store_bytes,
-                    write.namespace,
-                    write.identity,
-                    write.head,
-                    write.exchanges,
-                    write.messages,
-                    write.bytes,
-                    store.ttl_seconds,
-                    write.seen,
-                    growth,
-                    key,
-                    *_columns(write.rows),
-                ),
-            )
-        assert row is not None
-        held, saved = row
+        held, saved = await self._appended(self._sql.append, key, token, write, write.seen)
         if not held:
             raise _recovered(key)
         if not saved:
@@ -782,14 +758,24 @@ class _Backend:
         ``token``) only if ``key`` is unreserved, live and at ``version``, and the
         write fits its shard's room; else False and nothing changed (the reserved
         path then decides, with the exact sums when room is short)."""
+        statement = self._sql.append_unreserved
+        held, saved = await self._appended(statement, key, version, write, token)
+        return bool(held and saved)
+
+    async def _appended(
+        self, statement: bytes, key: str, holds: str, write: Write, version: str | None
+    ) -> tuple[int, int]:
+        """Run ``append`` (``holds``: the reservation's token, ``version``: the one it
+        saw) or ``append_unreserved`` (``holds``: the version the row must be at,
+        ``version``: the new one): (rows held, rows saved)."""
         store, growth = self._store, write.growth
         async with store._statement() as conn:
             row = await _row(
                 conn,
-                self._sql.append_unreserved,
+                statement,
                 (
                     key,
-                    version,
+                    holds,
                     growth,
                     growth,
                     key,
@@ -802,7 +788,7 @@ class _Backend:
                     write.messages,
                     write.bytes,
                     store.ttl_seconds,
-                    token,
+                    version,
                     growth,
                     key,
                     *_columns(write.rows),
@@ -810,7 +796,7 @@ class _Backend:
             )
         assert row is not None
         held, saved = row
-        return bool(held and saved)
+        return int(held), int(saved)
 
     async def delete(self, key: str, token: str) -> None:
         async with self._store._transaction() as conn:
