@@ -9,12 +9,16 @@ path, whoever else wrote, held or filled the store in between.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from tests._services import postgres_dsn
 from tests.integrations.conftest import Factory
 from touba.errors import DecisionHistoryBusy, DecisionHistoryLimitExceeded
 from touba.integrations.openai_agents import ToubaSession
@@ -143,3 +147,53 @@ async def test_interleaved_writers_lose_nothing(two: tuple[Any, Any]) -> None:
     expected = [item(n) for n in range(12)]
     assert await sessions[0].get_items() == expected
     assert await sessions[1].get_items() == expected
+
+
+async def test_a_head_edited_behind_touba_is_read_again_not_overwritten(
+    store_factory: Factory, backend: str, private_dir: Any, store_name: str
+) -> None:
+    """The version only moves with touba's saves and the rows' triggers: a head
+    changed by hand (here: the same value, other text) must send the operation
+    through a reservation, which reads the head as stored."""
+    if backend == "redis":
+        pytest.skip("Redis always reserves (content mode): nothing optimistic to refuse")
+    async with store_factory() as store:
+        session = ToubaSession("s1", store=store, namespace="ns")
+        await session.add_items([item(0)])
+        assert await session.get_items() == [item(0)]
+        _rewrite_head(backend, private_dir, store_name, session.session_key)
+        calls = Calls(store)
+        await session.add_items([item(1)])
+        counts = calls.take()
+        assert counts.get("save_if") == 1  # refused: the head is not the one cached
+        assert counts.get("reserve") == 1
+        assert counts.get("save") == 1
+        assert await session.get_items() == [item(0), item(1)]
+
+
+def _rewrite_head(backend: str, directory: Any, name: str, key: str) -> None:
+    """Store the head of ``key`` again as other text of the same JSON value."""
+
+    def respelled(head: str) -> str:
+        return json.dumps(json.loads(head), indent=1)
+
+    if backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(directory / "history.sqlite")) as conn:
+            (head,) = conn.execute(
+                "SELECT head FROM touba_history_sessions WHERE key = ?", (key,)
+            ).fetchone()
+            conn.execute(
+                "UPDATE touba_history_sessions SET head = ? WHERE key = ?", (respelled(head), key)
+            )
+            conn.commit()
+        return
+    import psycopg
+    from psycopg import sql
+
+    table = sql.Identifier(f"touba_integrations_{name}", "h")
+    with psycopg.connect(postgres_dsn(), autocommit=True) as pg:
+        row = pg.execute(sql.SQL("SELECT head FROM {} WHERE key = %s").format(table), (key,))
+        (head,) = row.fetchone() or ("",)
+        pg.execute(
+            sql.SQL("UPDATE {} SET head = %s WHERE key = %s").format(table), (respelled(head), key)
+        )

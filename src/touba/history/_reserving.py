@@ -143,6 +143,15 @@ readable in O(1)::
     release(key, token) -> None
         Clear the reservation if `token` holds `key` (a bare reservation goes
         away with its place); otherwise do nothing, without raising.
+    save_if(key, version, head, token, write: Write) -> bool  (optional)
+        A log write (``Write.rewrite`` and ``Write.dropped`` false) without a
+        reservation, for ``Reservations.transact_log_optimistic``: in one
+        transaction, if `key` is unreserved, unexpired, at `version` and its
+        head is the text `head`, write as ``save`` does (capacity included)
+        with `token` as the new version and return True; otherwise, or when the
+        write would not fit, change nothing and return False (the reserved path
+        then runs, and refuses what must be refused). A backend without it, or
+        in content mode, always takes the reserved path.
     read_sizes(key, start, stop) -> [(exchange, messages, bytes), ...]
         Of the reserved key's exchanges start .. stop - 1, ordered by exchange
         (an exchange without messages may be left out).
@@ -946,8 +955,9 @@ class Reservations:
         When this store object holds the conversation's tail with its head and
         totals, the operation runs on it at once, with no reservation and usage
         None, and its write is saved in one backend call (``save_if``) that
-        succeeds only if the key is still stored at that version, unreserved and
-        unexpired, and the write fits: one round trip and one commit where the
+        succeeds only if the key is still stored at that version with that head
+        text, unreserved and unexpired, and the write fits: one round trip and one
+        commit where the
         reserved path takes two of each. Anything else (nothing cached, a read
         beyond the tail, no write or a drop, an error of the operation, another
         writer since, a reservation held, a save that would not fit) leaves the
@@ -979,7 +989,7 @@ class Reservations:
                 held_head.text, True, tail.count, messages, size, tail.version, _NO_USAGE
             )
             encoded, held_head = _appended(known, held_head.size, write, held_head)
-            saved = await save_if(key, tail.version, token, encoded)
+            saved = await save_if(key, tail.version, known.head, token, encoded)
         except BaseException:
             self.cache.drop(key)
             raise

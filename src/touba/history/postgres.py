@@ -478,12 +478,11 @@ class _Statements:
             )
         )
         # The same write without a reservation (``save_if``): the row locked only if
-        # it is unreserved, live and at the version given, then given the new
-        # version. Returns (held, saved) as ``append`` does.
+        # it is unreserved, live, at the version and with the head given (two
+        # parameters), then given the new version. Returns (held, saved).
         self.append_unreserved = hot(
             _append_sql(
-                held="h.token IS NULL AND h.head IS NOT NULL AND h.version = %s"
-                " AND h.expires_at > now()",
+                held="h.token IS NULL AND h.version = %s AND h.head = %s AND h.expires_at > now()",
                 version="%s",
             )
         )
@@ -521,7 +520,7 @@ class _Statements:
 
 def _append_sql(*, held: LiteralString, version: LiteralString) -> LiteralString:
     """A log write in one statement (see ``append``): the row locked where ``held``
-    (one parameter), then its growth taken, the row saved with ``version`` (one
+    (its parameters first), then its growth taken, the row saved with ``version`` (one
     parameter) and the reservation cleared, then its messages added (the two
     fragments are constants of this module)."""
     lock = "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving} WHERE h.key = %s"
@@ -747,27 +746,33 @@ class _Backend:
     async def _append(self, key: str, token: str, write: Write) -> None:
         """A log write in one statement, a transaction by itself, within its shard's
         room (``_NoRoom``, nothing written, if not)."""
-        held, saved = await self._appended(self._sql.append, key, token, write, write.seen)
+        held, saved = await self._appended(self._sql.append, key, (token,), write, write.seen)
         if not held:
             raise _recovered(key)
         if not saved:
             raise _NoRoom
 
-    async def save_if(self, key: str, version: str, token: str, write: Write) -> bool:
+    async def save_if(self, key: str, version: str, head: str, token: str, write: Write) -> bool:
         """A log write without a reservation, one statement: saved (the version then
-        ``token``) only if ``key`` is unreserved, live and at ``version``, and the
-        write fits its shard's room; else False and nothing changed (the reserved
-        path then decides, with the exact sums when room is short)."""
+        ``token``) only if ``key`` is unreserved, live, at ``version`` and holds the
+        head text ``head``, and the write fits its shard's room; else False and
+        nothing changed (the reserved path then decides, with the exact sums when
+        room is short)."""
         statement = self._sql.append_unreserved
-        held, saved = await self._appended(statement, key, version, write, token)
+        held, saved = await self._appended(statement, key, (version, head), write, token)
         return bool(held and saved)
 
     async def _appended(
-        self, statement: bytes, key: str, holds: str, write: Write, version: str | None
+        self,
+        statement: bytes,
+        key: str,
+        holds: tuple[str, ...],
+        write: Write,
+        version: str | None,
     ) -> tuple[int, int]:
         """Run ``append`` (``holds``: the reservation's token, ``version``: the one it
-        saw) or ``append_unreserved`` (``holds``: the version the row must be at,
-        ``version``: the new one): (rows held, rows saved)."""
+        saw) or ``append_unreserved`` (``holds``: the version and head the row must
+        have, ``version``: the new one): (rows held, rows saved)."""
         store, growth = self._store, write.growth
         async with store._statement() as conn:
             row = await _row(
@@ -775,7 +780,7 @@ class _Backend:
                 statement,
                 (
                     key,
-                    holds,
+                    *holds,
                     growth,
                     growth,
                     key,

@@ -443,11 +443,12 @@ class _Db:
             intact = write.rewrite or row[2] == write.seen
             self._write(key, row[0], write, token if intact else None)
 
-    def save_if(self, key: str, version: str, token: str, write: Write) -> bool:
+    def save_if(self, key: str, version: str, head: str, token: str, write: Write) -> bool:
         """Save ``write`` (a log write) without a reservation, in one transaction, if
-        ``key`` is stored at ``version``, unreserved and unexpired; its version is then
-        ``token``. False (nothing changed) when it is not, or when the save would not
-        fit: the reserved path then decides (and refuses) with the state as it is."""
+        ``key`` is stored at ``version`` with the head text ``head``, unreserved and
+        unexpired; its version is then ``token``. False (nothing changed) when it is
+        not, or when the save would not fit: the reserved path then decides (and
+        refuses) with the state as it is."""
         try:
             with transaction(self.conn):
                 row = self.q(
@@ -459,7 +460,7 @@ class _Db:
                     row is None
                     or row[1] is not None
                     or row[2] != version
-                    or row[4] is None
+                    or row[4] != head
                     or row[3] <= self.store._clock()
                 ):
                     return False
@@ -642,9 +643,9 @@ class _Backend:
         store = self._store
         await store._run(key, lambda: store._db.save(key, token, write))
 
-    async def save_if(self, key: str, version: str, token: str, write: Write) -> bool:
+    async def save_if(self, key: str, version: str, head: str, token: str, write: Write) -> bool:
         store = self._store
-        return await store._run(key, lambda: store._db.save_if(key, version, token, write))
+        return await store._run(key, lambda: store._db.save_if(key, version, head, token, write))
 
     async def delete(self, key: str, token: str) -> None:
         store = self._store
