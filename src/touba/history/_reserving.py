@@ -143,15 +143,16 @@ readable in O(1)::
     release(key, token) -> None
         Clear the reservation if `token` holds `key` (a bare reservation goes
         away with its place); otherwise do nothing, without raising.
-    save_if(key, version, head, token, write: Write) -> bool  (optional)
-        A log write (``Write.rewrite`` and ``Write.dropped`` false) without a
-        reservation, for ``Reservations.transact_log_optimistic``: in one
-        transaction, if `key` is unreserved, unexpired, at `version` and its
-        head is the text `head`, write as ``save`` does (capacity included)
-        with `token` as the new version and return True; otherwise, or when the
-        write would not fit, change nothing and return False (the reserved path
-        then runs, and refuses what must be refused). A backend without it, or
-        in content mode, always takes the reserved path.
+    save_if(key, version, head, token, write: Write, seen: Seen | None) -> bool
+        (optional) A log write (``Write.rewrite`` and ``Write.dropped`` false)
+        without a reservation, for ``Reservations.transact_log_optimistic``: in
+        one transaction, if `key` is unreserved, unexpired, at `version` and its
+        head is the text `head` (in content mode also: its exchange count, and
+        the exchange entries and rows `seen` describes, byte for byte), write as
+        ``save`` does (capacity included) with `token` as the new version and
+        return True; otherwise, or when the write would not fit, change nothing
+        and return False (the reserved path then runs, and refuses what must be
+        refused). A backend without it always takes the reserved path.
     read_sizes(key, start, stop) -> [(exchange, messages, bytes), ...]
         Of the reserved key's exchanges start .. stop - 1, ordered by exchange
         (an exchange without messages may be left out).
@@ -212,6 +213,7 @@ __all__ = [
     "Reservations",
     "Reserved",
     "Rows",
+    "Seen",
     "Sizes",
     "TailCache",
     "Write",
@@ -279,6 +281,20 @@ class Write:
     seen: str | None = None  # the version the reservation returned (``Reserved.version``)
     dropped: int = 0  # the newest messages deleted first: those of seq >= messages - dropped
     dropped_from: int = 0  # the exchange of the oldest of them (a bound for the delete)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What an optimistic write was computed from, for a backend in content mode
+    (see ``Backend.save_if``): the exchange count, the (first row, messages,
+    bytes) of each exchange from ``entries_from`` on, and the (exchange, body)
+    of each row from row ``rows_from`` (the first of exchange ``bodies_from``)."""
+
+    count: int
+    entries_from: int
+    entries: list[tuple[int, int, int]]
+    rows_from: int
+    rows: list[tuple[int, str]]
 
 
 class Backend(Protocol):
@@ -661,6 +677,26 @@ class _Tail:
                     del self.texts[position]
         return True
 
+    def seen(self, sizes_from: int, bodies_from: int, messages: int) -> Seen | None:
+        """Content mode: what an operation that read sizes from exchange
+        ``sizes_from`` and messages from ``bodies_from`` on saw of a conversation of
+        ``messages`` messages (None when this tail does not hold all of it)."""
+        entries_from = min(sizes_from, bodies_from, self.count)
+        if self.texts is None or entries_from < self.sizes_first or bodies_from < self.bodies_first:
+            return None
+        weights = self.sizes[entries_from - self.sizes_first :]
+        first = messages - sum(w.messages for w in weights)
+        entries: list[tuple[int, int, int]] = []
+        rows_from = messages
+        for exchange, weight in enumerate(weights, entries_from):
+            if exchange == bodies_from:
+                rows_from = first
+            entries.append((first, weight.messages, weight.bytes))
+            first += weight.messages
+        held = self.texts[bodies_from - self.bodies_first :]
+        rows = [(e, body) for e, bodies in enumerate(held, bodies_from) for body in bodies]
+        return Seen(self.count, entries_from, entries, rows_from, rows)
+
     def append(self, version: str, rows: Sequence[tuple[int, int, int, str]]) -> None:
         """Add the messages a save appended, parsed from the text it stored; the
         tail is then at ``version``."""
@@ -966,7 +1002,7 @@ class Reservations:
         save call itself raises as a save does (nothing is held either way).
         """
         save_if = getattr(self.backend, "save_if", None)
-        tail = None if save_if is None or self.content else self.cache.take(key)
+        tail = None if save_if is None else self.cache.take(key)
         if save_if is None or tail is None or tail.totals is None or tail.head is None:
             if tail is not None:
                 self.cache.put(key, tail)
@@ -980,7 +1016,9 @@ class Reservations:
             write = None
         finally:
             self._settle(snapshot, operation)
-        if write is None or write.drop_last or snapshot.uncached:
+        sizes_from, bodies_from = snapshot.read_from
+        seen = tail.seen(sizes_from, bodies_from, messages) if self.content else None
+        if write is None or write.drop_last or snapshot.uncached or (self.content and not seen):
             self.cache.put(key, tail)  # as it was: the reserved path claims it again
             return await self.transact_log(key, operation)
         token = Reservation.new(self.worker_id).token
@@ -989,7 +1027,7 @@ class Reservations:
                 held_head.text, True, tail.count, messages, size, tail.version, _NO_USAGE
             )
             encoded, held_head = _appended(known, held_head.size, write, held_head)
-            saved = await save_if(key, tail.version, known.head, token, encoded)
+            saved = await save_if(key, tail.version, known.head, token, encoded, seen)
         except BaseException:
             self.cache.drop(key)
             raise
@@ -1200,6 +1238,8 @@ class _Snapshot:
         # refused (_Uncached) and noted, so that the reserved path runs instead.
         self._cached_only = cached_only
         self.uncached = False
+        # The first exchange whose size, and whose messages, were read (count: none).
+        self.read_from = [self._count, self._count]
 
     def _beyond(self) -> None:
         if self._cached_only:
@@ -1231,6 +1271,7 @@ class _Snapshot:
         if tail is None or start >= self._count:
             return []
         self._ask(sizes=self._count - start + 1)
+        self.read_from[0] = min(self.read_from[0], start)
         if start < tail.sizes_first:
             self._beyond()
             backend = self._owner.backend
@@ -1246,6 +1287,7 @@ class _Snapshot:
         owner = self._owner
         if not owner.content or stop >= self._count:  # content mode: only the window's reads
             self._ask(bodies=self._count - start + 1)
+        self.read_from[1] = min(self.read_from[1], start)
         if start < tail.bodies_first:
             self._beyond()
             backend = owner.backend

@@ -135,6 +135,7 @@ from touba.history._reserving import (
     Reservations,
     Reserved,
     Rows,
+    Seen,
     Sizes,
     Write,
     dropped_elsewhere,
@@ -752,7 +753,9 @@ class _Backend:
         if not saved:
             raise _NoRoom
 
-    async def save_if(self, key: str, version: str, head: str, token: str, write: Write) -> bool:
+    async def save_if(
+        self, key: str, version: str, head: str, token: str, write: Write, seen: Seen | None
+    ) -> bool:
         """A log write without a reservation, one statement: saved (the version then
         ``token``) only if ``key`` is unreserved, live, at ``version`` and holds the
         head text ``head``, and the write fits its shard's room; else False and

@@ -95,6 +95,7 @@ from touba.history._reserving import (
     Reservations,
     Reserved,
     Rows,
+    Seen,
     Sizes,
     Write,
     dropped_elsewhere,
@@ -285,9 +286,7 @@ return reply
 #   append: drop, n, then (exchange, bytes, row) per message; ``drop`` newest rows
 #           leave first (LogWrite.drop_last), exchanges they empty too
 #   delete: nothing
-_COMMIT: Final = (
-    _PRELUDE
-    + """
+_COMMIT_HELD: Final = """
 local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
 local h, m, x = KEYS[5], KEYS[6], KEYS[7]
 local held = redis.call('HMGET', h, 'token', 'last_token', 'messages')
@@ -297,6 +296,36 @@ if held[1] ~= token then
 end
 local now = now_ms()
 purge(now)
+"""
+
+# The same append without a reservation (``save_if``): ARGV as for the commit's
+# append, token being the new version, then what the write was computed from:
+# the version, the head, the message count, the exchange count, the first
+# exchange whose entry was read and those entries (newline-joined), the first
+# row read and those rows (newline-joined). Written only if the conversation
+# is unreserved, live and holds exactly that; else "changed", nothing written.
+_APPEND_IF_SEEN: Final = """
+local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
+local h, m, x = KEYS[5], KEYS[6], KEYS[7]
+local held = redis.call('HMGET', h, 'token', 'last_token', 'messages', 'head', 'expires_at')
+if held[2] == token then return {'ok'} end  -- this very write, run again (a retry)
+local at = 13 + 3 * tonumber(ARGV[12])
+local now = now_ms()
+if held[1] or mode ~= 'append' or tonumber(ARGV[11]) ~= 0
+   or held[2] ~= ARGV[at] or held[4] ~= ARGV[at + 1] or held[3] ~= ARGV[at + 2]
+   or not held[5] or tonumber(held[5]) <= now
+   or redis.call('LLEN', x) ~= tonumber(ARGV[at + 3]) then
+  return {'changed'}
+end
+if table.concat(redis.call('LRANGE', x, tonumber(ARGV[at + 4]), -1), '\\n') ~= ARGV[at + 5]
+   or table.concat(redis.call('LRANGE', m, tonumber(ARGV[at + 6]), -1), '\\n') ~= ARGV[at + 7]
+then
+  return {'changed'}
+end
+purge(now)
+"""
+
+_COMMIT_WRITE: Final = """
 if mode == 'delete' then
   drop(id)
   finish(id)
@@ -423,7 +452,9 @@ redis.call('ZADD', EXPIRY, expires, id)
 finish(id, expires)
 return {'ok'}
 """
-)
+
+_COMMIT: Final = _PRELUDE + _COMMIT_HELD + _COMMIT_WRITE
+_APPEND_IF: Final = _PRELUDE + _APPEND_IF_SEEN + _COMMIT_WRITE
 
 # ARGV: P, id, token (empty: whoever holds it, for recover)
 _RELEASE: Final = (
@@ -819,6 +850,52 @@ class _Backend:
             raise _damaged("an exchange entry")
         raise ValueError(f"append refused by the store ({status} {reply[1:]}); nothing saved")
 
+    async def save_if(
+        self, key: str, version: str, head: str, token: str, write: Write, seen: Seen | None
+    ) -> bool:
+        """The append of ``save`` without a reservation, one script: written (the
+        version then ``token``) only if the conversation is unreserved, live, at
+        ``version`` with the head text ``head`` and holds the exchange entries and
+        rows ``seen`` describes, byte for byte (an edit by another client changes
+        no version, so what the write was computed from is compared as text), and
+        the write fits; else False, nothing written."""
+        if seen is None or write.rewrite or write.dropped:
+            return False
+        store = self._store
+        flat: list[str | int] = [0, len(write.rows)]
+        for _seq, exchange, size, body in write.rows:
+            flat += [exchange, size, _row(exchange, size, body)]
+        entries = "\n".join(f"{first}:{n}:{size}" for first, n, size in seen.entries)
+        rows = "\n".join(
+            _row(e, len(body.encode("utf-8", "surrogatepass")), body) for e, body in seen.rows
+        )
+        proof = (version, head, write.messages - len(write.rows), seen.count)
+        reply = await store._conv(
+            store._append_if_script,
+            store._keys(key),
+            (
+                token,
+                store.max_sessions,
+                store.max_store_bytes,
+                store._ttl_ms,
+                "append",
+                write.head,
+                write.identity or "",
+                write.namespace or "",
+                *flat,
+                *proof,
+                seen.entries_from,
+                entries,
+                seen.rows_from,
+                rows,
+            ),
+            "an optimistic commit",
+        )
+        saved = _text(reply[0]) == "ok"
+        if saved:
+            self._appended_hint.note(min(MAX_ROWS, len(write.rows)))
+        return saved
+
     async def delete(self, key: str, token: str) -> None:
         await self._commit(key, token, "delete", None, ())
 
@@ -934,6 +1011,7 @@ class RedisHistoryStore:
         register = self._client.register_script
         self._claim_script = register(_CLAIM)
         self._commit_script = register(_COMMIT)
+        self._append_if_script = register(_APPEND_IF)
         self._release_script = register(_RELEASE)
         self._read_script = register(_READ)
         self._delete_script = register(_DELETE)
@@ -1047,6 +1125,22 @@ class RedisHistoryStore:
         self._check_open()
         check_key(key)
         return await self._reservations.transact_log(key, operation)
+
+    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that may run twice (it only reads its
+        snapshot and returns a write: a session's append or read, never a decision).
+
+        When this store object holds the conversation's tail, the operation runs on
+        it and its write is saved in one script if the conversation is unreserved,
+        live, at that version and still holds, byte for byte, the head, exchange
+        entries and rows the operation read; else it runs again through
+        :meth:`transact_log` (see
+        ``touba.history._reserving.Reservations.transact_log_optimistic``). Raises as
+        :meth:`transact_log` does.
+        """
+        self._check_open()
+        check_key(key)
+        return await self._reservations.transact_log_optimistic(key, operation)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy, or None if absent or expired; does not renew the TTL."""

@@ -108,6 +108,7 @@ from touba.history._reserving import (
     Reservations,
     Reserved,
     Rows,
+    Seen,
     Sizes,
     Write,
     dropped_elsewhere,
@@ -643,7 +644,9 @@ class _Backend:
         store = self._store
         await store._run(key, lambda: store._db.save(key, token, write))
 
-    async def save_if(self, key: str, version: str, head: str, token: str, write: Write) -> bool:
+    async def save_if(
+        self, key: str, version: str, head: str, token: str, write: Write, seen: Seen | None
+    ) -> bool:
         store = self._store
         return await store._run(key, lambda: store._db.save_if(key, version, head, token, write))
 
