@@ -237,3 +237,36 @@ async def test_a_row_edited_behind_touba_on_redis_is_read_again_not_built_on(
         assert counts.get("reserve") == 1
         last = {**item(2), "content": "last, edited"}
         assert await session.get_items() == [first, item(1), last, item(3)]
+
+
+async def test_redis_reads_what_a_narrow_claim_left_unchecked_only_once_compared(
+    store_factory: Factory, backend: str
+) -> None:
+    """Redis: after a pop (whose claim brings only the last exchange), the window's
+    older exchanges are held unchecked; an optimistic read may use them because
+    its script compares every entry and row it read before writing, so it is
+    one call when they are current and refused when one was edited."""
+    if backend != "redis":
+        pytest.skip("content mode is Redis's")
+    async with store_factory() as store:
+        session = ToubaSession("s1", store=store, namespace="ns")
+        await session.add_items([item(n) for n in range(30)])
+        window = await session.get_items()
+        calls = Calls(store)
+        for _round in range(2):
+            await session.add_items([item(99)])
+            assert await session.pop_item() == item(99)  # a narrow claim
+            assert calls.take().get("reserve") == 1
+            assert await session.get_items() == window
+            assert calls.take() == {"save_if": 1}
+        client, rows = store._client, store._keys(session.session_key).all[5]
+        exchange, _size, body = json.loads((await client.lindex(rows, 3)).decode())
+        text = json.dumps({**body, "content": "edited"}, separators=(",", ":"))
+        await client.lset(rows, 3, f"[{exchange},{len(text.encode())},{text}]")
+        await session.add_items([item(99)])
+        assert await session.pop_item() == item(99)
+        calls.take()
+        assert (await session.get_items())[3] == {**item(3), "content": "edited"}
+        counts = calls.take()
+        assert counts.get("save_if") == 1  # refused: row 3 differs from the text held
+        assert counts.get("reserve") == 1

@@ -1246,6 +1246,29 @@ class _Snapshot:
             self.uncached = True
             raise _Uncached
 
+    def _older_held(self, tail: _Tail, start: int) -> _Older:
+        """Unreserved, content mode: the exchanges the tail keeps unchecked before
+        its checked part (``_Tail.older``), when they reach back to ``start``: the
+        optimistic write compares every text and entry read from them with the
+        stored ones before it writes anything. Else the read is refused."""
+        older = tail.older
+        if (
+            not self._owner.content
+            or older is None
+            or not older.first <= start
+            or older.first + len(older.records) != tail.bodies_first
+        ):
+            self._beyond()
+        assert older is not None  # _beyond raised otherwise
+        return older
+
+    def _older(self, tail: _Tail, start: int) -> None:
+        """Serve the messages of exchanges ``start`` .. from ``_older_held``."""
+        older = self._older_held(tail, start)
+        cut = start - older.first
+        tail.prepend_records(start, older.records[cut:], older.body_bytes[cut:], older.texts[cut:])
+        tail.older = older.before(start)
+
     @property
     def head(self) -> Record:
         return self._head
@@ -1272,8 +1295,12 @@ class _Snapshot:
             return []
         self._ask(sizes=self._count - start + 1)
         self.read_from[0] = min(self.read_from[0], start)
+        if start < tail.sizes_first and self._cached_only:
+            held = self._older_held(tail, start)
+            cut, stop = start - held.first, tail.sizes_first - held.first
+            weights = zip(held.texts[cut:stop], held.body_bytes[cut:stop], strict=True)
+            tail.prepend_sizes(start, [ExchangeSize(len(t), b) for t, b in weights])
         if start < tail.sizes_first:
-            self._beyond()
             backend = self._owner.backend
             older = await backend.read_sizes(self._key, start, tail.sizes_first)
             tail.prepend_sizes(start, _dense(older, start, tail.sizes_first))
@@ -1288,8 +1315,9 @@ class _Snapshot:
         if not owner.content or stop >= self._count:  # content mode: only the window's reads
             self._ask(bodies=self._count - start + 1)
         self.read_from[1] = min(self.read_from[1], start)
+        if start < tail.bodies_first and self._cached_only:
+            self._older(tail, start)
         if start < tail.bodies_first:
-            self._beyond()
             backend = owner.backend
             rows = await backend.read_rows(self._key, start, tail.bodies_first)
             older, sizes = _grouped(rows, start, tail.bodies_first, self._key, backend.label)
