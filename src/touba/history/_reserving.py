@@ -207,6 +207,7 @@ __all__ = [
     "CACHE_CONVERSATIONS",
     "HINT_MEMORY",
     "MAX_TAIL",
+    "OPTIMISTIC_READ",
     "Backend",
     "Read",
     "Recent",
@@ -230,6 +231,9 @@ HINT_MEMORY: Final = 16  # transactions a read-ahead hint remembers (see Recent)
 KINDS: Final = 64  # kinds of operation whose read-ahead a store object keeps (content mode)
 CACHE_CONVERSATIONS: Final = 256  # conversations whose tail a store object keeps
 CACHE_BYTES: Final = 32 * 1024 * 1024  # message JSON bytes kept over all of them
+# Content mode: most exchanges of messages an optimistic write sends back to be
+# compared (an operation whose kind reads more takes the reserved path).
+OPTIMISTIC_READ: Final = 8
 
 Rows = Sequence[tuple[int, int, str]]  # (exchange, bytes, body)
 Sizes = Sequence[tuple[int, int, int]]  # (exchange, messages, bytes)
@@ -993,15 +997,22 @@ class Reservations:
         None, and its write is saved in one backend call (``save_if``) that
         succeeds only if the key is still stored at that version with that head
         text, unreserved and unexpired, and the write fits: one round trip and one
-        commit where the
-        reserved path takes two of each. Anything else (nothing cached, a read
-        beyond the tail, no write or a drop, an error of the operation, another
-        writer since, a reservation held, a save that would not fit) leaves the
-        store untouched and runs ``transact_log``, which calls the operation again
-        on the reserved state and answers, or refuses, as always. A failure of the
-        save call itself raises as a save does (nothing is held either way).
+        commit where the reserved path takes two of each. In content mode the
+        backend also compares, as text, every exchange entry and row the
+        operation read (the tail's unchecked older part may serve the read, since
+        it is compared too), so an operation whose kind lately read more than
+        :data:`OPTIMISTIC_READ` exchanges of messages reserves instead: sending
+        back a window is no quicker than a second round trip. Anything else
+        (nothing cached, a read beyond the tail, no write or a drop, an error of
+        the operation, another writer since, a reservation held, a save that
+        would not fit) leaves the store untouched and runs ``transact_log``,
+        which calls the operation again on the reserved state and answers, or
+        refuses, as always. A failure of the save call itself raises as a save
+        does (nothing is held either way).
         """
         save_if = getattr(self.backend, "save_if", None)
+        if self.content and self._read_ahead(operation)[1] > OPTIMISTIC_READ:
+            save_if = None  # it would send back all it read: no quicker than reserving
         tail = None if save_if is None else self.cache.take(key)
         if save_if is None or tail is None or tail.totals is None or tail.head is None:
             if tail is not None:
