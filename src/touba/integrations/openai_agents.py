@@ -34,13 +34,17 @@ Behaviour decisions:
   sizes of the exchanges its bounds can reach and the items it returns, and
   ``pop_item`` drops the newest item (``LogWrite.drop_last``: the save
   deletes the newest row); none of them loads or rewrites the whole history.
-  On SQLite and PostgreSQL, ``add_items`` and ``get_items`` are optimistic
-  while the store object holds the session's tail (it does after any
-  operation of its own): the operation runs on that tail and is saved in one
-  call (one commit) only if the session is still at that version, unreserved
-  and live; when anyone else wrote or holds it, the store is untouched and
-  the operation runs again through a reservation, with the outcomes below.
-  A worker that dies inside an optimistic operation leaves nothing reserved.
+  On SQLite, PostgreSQL and Redis, ``add_items`` and ``get_items`` are
+  optimistic while the store object holds the session's tail (it does after
+  any operation of its own): the operation runs on that tail and is saved in
+  one call (one commit) only if the session is still at that version with
+  that head, unreserved and live (Redis, which cannot tell another client's
+  edit by the version, also compares the entries and rows the operation read,
+  and reserves for a read of more than a few exchanges, where sending them
+  back gains nothing); when anyone else wrote, edited or holds it, the store
+  is untouched and the operation runs again through a reservation, with the
+  outcomes below. A worker that dies inside an optimistic operation leaves
+  nothing reserved.
   ``clear_session``, ``exclusive()`` and a custom ``HistoryStore`` (which
   only offers ``transact``) read and write the whole record. Reading a
   session that holds nothing takes no place in a full store.
@@ -137,7 +141,7 @@ MiB: Final = 1024 * 1024
 def _rerunnable(log: LogStore) -> Callable[[str, LogOperation[R]], Awaitable[R]]:
     """How to run an operation that only reads its snapshot and returns a write: the
     store's optimistic path where it has one (one round trip while its cached tail is
-    current: SQLite and PostgreSQL), else ``transact_log``."""
+    current: the built-in durable stores), else ``transact_log``."""
     optimistic = getattr(log, "transact_log_optimistic", None)
     return optimistic if callable(optimistic) else log.transact_log
 
