@@ -125,3 +125,13 @@ def test_the_digest_text_put_together_from_blocks_is_the_whole_messages_text(
 def test_a_message_of_another_shape_is_serialised_whole() -> None:
     message = {"role": "user", "content": "plain text", "extra": 1}
     assert _message_text(message, {}) == _digest_text(message)
+
+
+def test_a_window_without_a_weight_per_exchange_is_rendered_but_not_kept() -> None:
+    """A hand-made window whose sizes do not match its exchanges: rendered as it is."""
+    render = Counting()
+    memo = ExchangeMemo(render)
+    a, b = _exchange(1), _exchange(2)
+    window = HistoryWindow("key", None, (a, b), (ExchangeSize(2, 100),))
+    assert memo.rendered(window, "native") == [["native", "c1"], ["native", "c2"]]
+    assert len(memo) == 0

@@ -51,10 +51,14 @@ class ExchangeMemo(Generic[T]):
         return len(self._young) + len(self._old)
 
     def rendered(self, window: HistoryWindow, interface: DecisionInterface) -> list[T]:
-        """The window's exchanges rendered, in order."""
+        """The window's exchanges rendered, in order (each one kept only when the
+        window weighs it: ``sizes`` aligned with ``exchanges``, as the history's are)."""
+        exchanges, sizes = window.exchanges, window.sizes
+        if len(sizes) != len(exchanges):
+            return [self._render(exchange, interface) for exchange in exchanges]
         return [
             self._one(exchange, size.bytes, interface)
-            for exchange, size in zip(window.exchanges, window.sizes, strict=True)
+            for exchange, size in zip(exchanges, sizes, strict=True)
         ]
 
     def _one(self, exchange: Exchange, weight: int, interface: DecisionInterface) -> T:
