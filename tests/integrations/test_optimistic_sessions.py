@@ -14,13 +14,13 @@ import contextlib
 import json
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from tests._services import postgres_dsn
-from tests.integrations.conftest import Factory
+from tests.integrations.conftest import Factory, make_factory
 from touba.errors import DecisionHistoryBusy, DecisionHistoryLimitExceeded
 from touba.integrations.openai_agents import ToubaSession
 
@@ -53,6 +53,14 @@ class Calls:
         counts = dict(self.counts)
         self.counts.clear()
         return counts
+
+
+@pytest.fixture
+def redis_factory(private_dir: Any, store_name: str) -> Iterator[Factory]:
+    """Redis stores only, for what is Redis's own (content mode)."""
+    factory, cleanup = make_factory("redis", private_dir, store_name)
+    yield factory
+    cleanup()
 
 
 @pytest.fixture
@@ -199,8 +207,9 @@ async def _rewrite_head(backend: str, store: Any, directory: Any, name: str, key
         )
 
 
+@pytest.mark.redis
 async def test_a_row_edited_behind_touba_on_redis_is_read_again_not_built_on(
-    store_factory: Factory, backend: str
+    redis_factory: Factory,
 ) -> None:
     """Redis: another client's LSET of a row changes no version; the optimistic
     script compares the rows the operation read: an append, which reads only the
@@ -208,9 +217,7 @@ async def test_a_row_edited_behind_touba_on_redis_is_read_again_not_built_on(
     path reads the row as it is now. (An edit also leaves the exchange's entry
     weighing its old bytes, so later optimistic reads of it keep being refused:
     slower, never wrong.)"""
-    if backend != "redis":
-        pytest.skip("SQLite and PostgreSQL see a row's edit by the version (their triggers)")
-    async with store_factory() as store:
+    async with redis_factory() as store:
         session = ToubaSession("s1", store=store, namespace="ns")
         await session.add_items([item(0), item(1)])
         assert await session.get_items() == [item(0), item(1)]
@@ -239,17 +246,16 @@ async def test_a_row_edited_behind_touba_on_redis_is_read_again_not_built_on(
         assert await session.get_items() == [first, item(1), last, item(3)]
 
 
+@pytest.mark.redis
 async def test_redis_reads_what_a_narrow_claim_left_unchecked_only_once_compared(
-    store_factory: Factory, backend: str
+    redis_factory: Factory,
 ) -> None:
     """Redis: after a pop (whose claim brings only the last exchange), the window's
     older exchanges are held unchecked; an optimistic read may use them because
     its script compares every entry and row it read before writing, so it is
     one call when they are current and refused when one was edited. (A read of
     more than OPTIMISTIC_READ exchanges reserves instead: the last check.)"""
-    if backend != "redis":
-        pytest.skip("content mode is Redis's")
-    async with store_factory() as store:
+    async with redis_factory() as store:
         session = ToubaSession("s1", store=store, namespace="ns")
         await session.add_items([item(n) for n in range(30)])
         window = await session.get_items(limit=6)
