@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import random
+import signal
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,6 +25,8 @@ from typing import Any
 import pytest
 
 from tests._services import postgres_dsn
+from tests.integrations._appender import SESSION
+from tests.integrations._crash import ROOT
 from tests.integrations.conftest import Factory, make_factory
 from touba.errors import DecisionHistoryBusy, DecisionHistoryLimitExceeded
 from touba.integrations.openai_agents import ToubaSession
@@ -280,3 +287,47 @@ async def test_redis_reads_what_a_narrow_claim_left_unchecked_only_once_compared
         await session.get_items(limit=20)
         await session.get_items(limit=20)
         assert "save_if" not in calls.take()  # 20 exchanges: reserved
+
+
+async def test_workers_killed_while_appending_lose_and_double_nothing(
+    store_factory: Factory, backend: str, private_dir: Any, store_name: str
+) -> None:
+    """kill -9 at random moments of a stream of appends (optimistic but for each
+    worker's first): what is stored is every acknowledged item, in order, each
+    once, and at most the one in flight besides; nothing is left reserved that
+    recover does not free."""
+    acknowledged = 0
+    rounds = random.Random(11)
+    for _kill in range(8):
+        with _appender(backend, private_dir, store_name, acknowledged) as worker:
+            wanted = rounds.randint(1, 40)
+            assert worker.stdout is not None
+            for _ in range(wanted):
+                acknowledged = int(worker.stdout.readline()) + 1
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+        async with store_factory() as store:
+            session = ToubaSession(SESSION, store=store, namespace="ns")
+            with contextlib.suppress(DecisionHistoryBusy):
+                await session.get_items()  # busy only if it died inside a reservation
+            await store.recover(session.session_key, worker_stopped=True)
+            items: Any = await session.get_items(limit=None)
+        stored = [int(i["content"].split()[1]) for i in items]
+        assert stored == list(range(len(stored)))  # in order, each once
+        assert acknowledged <= len(stored) <= acknowledged + 1
+        acknowledged = len(stored)
+    assert acknowledged >= 8
+
+
+@contextlib.contextmanager
+def _appender(backend: str, directory: Any, name: str, start: int) -> Iterator[Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    command = [sys.executable, "-m", "tests.integrations._appender", backend, str(directory)]
+    with subprocess.Popen(
+        [*command, name, str(start)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    ) as process:
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
