@@ -1029,23 +1029,46 @@ class Reservations:
             self._settle(snapshot, operation)
         sizes_from, bodies_from = snapshot.read_from
         seen = tail.seen(sizes_from, bodies_from, messages) if self.content else None
-        if write is None or write.drop_last or snapshot.uncached or (self.content and not seen):
+        known = Reserved(held_head.text, True, tail.count, messages, size, tail.version, _NO_USAGE)
+        dropped = None if write is None else self._optimistic_drop(known, write, tail, seen)
+        if (
+            write is None
+            or snapshot.uncached
+            or (self.content and not seen)
+            or (write.drop_last and dropped is None)
+        ):
             self.cache.put(key, tail)  # as it was: the reserved path claims it again
             return await self.transact_log(key, operation)
         token = Reservation.new(self.worker_id).token
         try:
-            known = Reserved(
-                held_head.text, True, tail.count, messages, size, tail.version, _NO_USAGE
-            )
-            encoded, held_head = _appended(known, held_head.size, write, held_head)
+            encoded, held_head = _appended(known, held_head.size, write, held_head, dropped)
             saved = await save_if(key, tail.version, known.head, token, encoded, seen)
         except BaseException:
             self.cache.drop(key)
             raise
-        if not saved:  # changed, held or full: the tail proves nothing now
+        if not saved:  # changed, held or full: the reserved path reads what changed
+            self.cache.put(key, tail)  # (by version, or as a parse cache in content mode)
             return await self.transact_log(key, operation)
-        self._keep(key, tail, token, encoded, held_head)
+        self._keep(key, tail, token, encoded, held_head, dropped)
         return result
+
+    def _optimistic_drop(
+        self, known: Reserved, write: LogWrite, tail: _Tail, seen: Seen | None
+    ) -> _Drop | None:
+        """What ``write.drop_last`` removes, from the tail alone, for an optimistic
+        write: only in content mode, where the rows the operation read (those that
+        go included) are compared as text by the backend, sizes and all (None:
+        nothing dropped, or the reserved path must decide)."""
+        count = write.drop_last
+        if count <= 0 or seen is None or not getattr(self.backend, "drops", False):
+            return None
+        if count > known.messages or len(seen.rows) < count:
+            return None  # the rows that go were not all read
+        start = max(0, known.exchanges - count)
+        rows = _brought(tail, start, known.exchanges)
+        if rows is None or len(rows) < count:
+            return None
+        return _drop_of(rows, count, start)
 
     async def _dropped(
         self, key: str, reserved: Reserved, count: int, tail: _Tail | None
@@ -1070,10 +1093,7 @@ class Reservations:
             rows = await self.backend.read_rows(key, start, reserved.exchanges)
         if len(rows) < count:  # fewer than the head says: the rows were changed behind it
             raise _damaged(key, "the stored record", self.backend.label)
-        kept = rows[: len(rows) - count]
-        gone = [(exchange, size) for exchange, size, _body in rows[len(kept) :]]
-        exchanges = kept[-1][0] + 1 if kept else start
-        return _Drop(exchanges, sum(size for _exchange, size in gone), gone)
+        return _drop_of(rows, count, start)
 
     def _keep(
         self,
@@ -1380,6 +1400,15 @@ class _Drop(NamedTuple):
     exchanges: int
     bytes: int
     rows: list[tuple[int, int]]
+
+
+def _drop_of(rows: Rows, count: int, start: int) -> _Drop:
+    """The drop of the newest ``count`` of ``rows`` (those of exchanges ``start`` ..,
+    in stored order; every stored exchange holds a message)."""
+    kept = rows[: len(rows) - count]
+    gone = [(exchange, size) for exchange, size, _body in rows[len(kept) :]]
+    exchanges = kept[-1][0] + 1 if kept else start
+    return _Drop(exchanges, sum(size for _exchange, size in gone), gone)
 
 
 def _appended(

@@ -761,6 +761,8 @@ class _Backend:
         head text ``head``, and the write fits its shard's room; else False and
         nothing changed (the reserved path then decides, with the exact sums when
         room is short)."""
+        if write.rewrite or write.dropped:  # the reserved path's (its drop reads the rows)
+            return False
         statement = self._sql.append_unreserved
         held, saved = await self._appended(statement, key, (version, head), write, token)
         return bool(held and saved)

@@ -298,8 +298,9 @@ local now = now_ms()
 purge(now)
 """
 
-# The same append without a reservation (``save_if``): ARGV as for the commit's
-# append, token being the new version, then what the write was computed from:
+# The same append (and drop) without a reservation (``save_if``): ARGV as for
+# the commit's append, token being the new version, then what the write was
+# computed from (the rows a drop removes among them):
 # the version, the head, the message count, the exchange count, the first
 # exchange whose entry was read and those entries (newline-joined), the first
 # row read and those rows (newline-joined). Written only if the conversation
@@ -311,7 +312,7 @@ local held = redis.call('HMGET', h, 'token', 'last_token', 'messages', 'head', '
 if held[2] == token then return {'ok'} end  -- this very write, run again (a retry)
 local at = 13 + 3 * tonumber(ARGV[12])
 local now = now_ms()
-if held[1] or mode ~= 'append' or tonumber(ARGV[11]) ~= 0
+if held[1] or mode ~= 'append'
    or held[2] ~= ARGV[at] or held[4] ~= ARGV[at + 1] or held[3] ~= ARGV[at + 2]
    or not held[5] or tonumber(held[5]) <= now
    or redis.call('LLEN', x) ~= tonumber(ARGV[at + 3]) then
@@ -859,17 +860,18 @@ class _Backend:
         rows ``seen`` describes, byte for byte (an edit by another client changes
         no version, so what the write was computed from is compared as text), and
         the write fits; else False, nothing written."""
-        if seen is None or write.rewrite or write.dropped:
+        if seen is None or write.rewrite:
             return False
         store = self._store
-        flat: list[str | int] = [0, len(write.rows)]
+        flat: list[str | int] = [write.dropped, len(write.rows)]
         for _seq, exchange, size, body in write.rows:
             flat += [exchange, size, _row(exchange, size, body)]
         entries = "\n".join(f"{first}:{n}:{size}" for first, n, size in seen.entries)
         rows = "\n".join(
             _row(e, len(body.encode("utf-8", "surrogatepass")), body) for e, body in seen.rows
         )
-        proof = (version, head, write.messages - len(write.rows), seen.count)
+        stored = write.messages - len(write.rows) + write.dropped  # before this write
+        proof = (version, head, stored, seen.count)
         reply = await store._conv(
             store._append_if_script,
             store._keys(key),

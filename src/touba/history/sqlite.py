@@ -450,6 +450,8 @@ class _Db:
         unexpired; its version is then ``token``. False (nothing changed) when it is
         not, or when the save would not fit: the reserved path then decides (and
         refuses) with the state as it is."""
+        if write.rewrite or write.dropped:  # its sizes are read under a reservation
+            return False
         try:
             with transaction(self.conn):
                 row = self.q(

@@ -365,7 +365,7 @@ class ToubaSession(SessionABC):
                 return LogWrite(head=popped, drop_last=1), item
 
             with contextlib.suppress(Legacy):
-                item = await log.transact_log(self.session_key, pop_log)
+                item = await _rerunnable(log)(self.session_key, pop_log)
                 return item  # type: ignore[return-value]
 
         async def pop(record: Record | None) -> tuple[Record | None, Record | None]:
