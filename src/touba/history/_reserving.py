@@ -987,7 +987,9 @@ class Reservations:
         self._keep(key, tail, token, encoded, held_head, dropped, stored)
         return result
 
-    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+    async def transact_log_optimistic(
+        self, key: str, operation: LogOperation[T], *, drops: bool = False
+    ) -> T:
         """``transact_log`` for an operation that may run twice: one that only reads
         its snapshot and returns what to write (a session's append or read; not a
         decision, which calls a model while it holds the key).
@@ -1008,9 +1010,14 @@ class Reservations:
         would not fit) leaves the store untouched and runs ``transact_log``,
         which calls the operation again on the reserved state and answers, or
         refuses, as always. A failure of the save call itself raises as a save
-        does (nothing is held either way).
+        does (nothing is held either way). ``drops``: the operation's write drops
+        messages (``LogWrite.drop_last``), which only a backend in content mode
+        can make optimistic (the dropped rows' sizes come from the texts it
+        compares); elsewhere it reserves at once rather than run twice.
         """
         save_if = getattr(self.backend, "save_if", None)
+        if drops and not self.content:
+            save_if = None
         if self.content and self._read_ahead(operation)[1] > OPTIMISTIC_READ:
             save_if = None  # it would send back all it read: no quicker than reserving
         tail = None if save_if is None else self.cache.take(key)

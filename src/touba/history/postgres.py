@@ -996,7 +996,9 @@ class PostgresHistoryStore(PooledStore):
         async with self._using():
             return await self._reservations.transact_log(key, operation)
 
-    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+    async def transact_log_optimistic(
+        self, key: str, operation: LogOperation[T], *, drops: bool = False
+    ) -> T:
         """``transact_log`` for an operation that may run twice (it only reads its
         snapshot and returns a write: a session's append or read, never a decision).
 
@@ -1009,7 +1011,7 @@ class PostgresHistoryStore(PooledStore):
         """
         check_key(key)
         async with self._using():
-            return await self._reservations.transact_log_optimistic(key, operation)
+            return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy, or None if absent or expired; the TTL is not renewed."""

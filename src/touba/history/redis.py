@@ -1128,7 +1128,9 @@ class RedisHistoryStore:
         check_key(key)
         return await self._reservations.transact_log(key, operation)
 
-    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+    async def transact_log_optimistic(
+        self, key: str, operation: LogOperation[T], *, drops: bool = False
+    ) -> T:
         """``transact_log`` for an operation that may run twice (it only reads its
         snapshot and returns a write: a session's append or read, never a decision).
 
@@ -1142,7 +1144,7 @@ class RedisHistoryStore:
         """
         self._check_open()
         check_key(key)
-        return await self._reservations.transact_log_optimistic(key, operation)
+        return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy, or None if absent or expired; does not renew the TTL."""

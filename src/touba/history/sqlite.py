@@ -825,7 +825,9 @@ class SqliteHistoryStore:
         with self._using():
             return await self._reservations.transact_log(key, operation)
 
-    async def transact_log_optimistic(self, key: str, operation: LogOperation[T]) -> T:
+    async def transact_log_optimistic(
+        self, key: str, operation: LogOperation[T], *, drops: bool = False
+    ) -> T:
         """``transact_log`` for an operation that may run twice (it only reads its
         snapshot and returns a write: a session's append or read, never a decision).
 
@@ -838,7 +840,7 @@ class SqliteHistoryStore:
         """
         check_key(key)
         with self._using():
-            return await self._reservations.transact_log_optimistic(key, operation)
+            return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
 
     async def read(self, key: str) -> Record | None:
         """A detached copy of the record, or None if absent or expired (TTL not renewed).

@@ -80,6 +80,7 @@ Behaviour decisions:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
@@ -138,12 +139,17 @@ R = TypeVar("R")
 MiB: Final = 1024 * 1024
 
 
-def _rerunnable(log: LogStore) -> Callable[[str, LogOperation[R]], Awaitable[R]]:
+def _rerunnable(
+    log: LogStore, *, drops: bool = False
+) -> Callable[[str, LogOperation[R]], Awaitable[R]]:
     """How to run an operation that only reads its snapshot and returns a write: the
     store's optimistic path where it has one (one round trip while its cached tail is
-    current: the built-in durable stores), else ``transact_log``."""
+    current: the built-in durable stores), else ``transact_log``. ``drops``: its write
+    drops messages (a pop), optimistic on Redis only."""
     optimistic = getattr(log, "transact_log_optimistic", None)
-    return optimistic if callable(optimistic) else log.transact_log
+    if not callable(optimistic):
+        return log.transact_log
+    return functools.partial(optimistic, drops=drops) if drops else optimistic
 
 
 class ToubaSession(SessionABC):
@@ -365,7 +371,7 @@ class ToubaSession(SessionABC):
                 return LogWrite(head=popped, drop_last=1), item
 
             with contextlib.suppress(Legacy):
-                item = await _rerunnable(log)(self.session_key, pop_log)
+                item = await _rerunnable(log, drops=True)(self.session_key, pop_log)
                 return item  # type: ignore[return-value]
 
         async def pop(record: Record | None) -> tuple[Record | None, Record | None]:
