@@ -41,7 +41,8 @@ Behaviour decisions:
   that head, unreserved and live (Redis, which cannot tell another client's
   edit by the version, also compares the entries and rows the operation read,
   and reserves for a read of more than a few exchanges, where sending them
-  back gains nothing); when anyone else wrote, edited or holds it, the store
+  back gains nothing; there ``pop_item`` is optimistic too, its drop checked
+  by those texts); when anyone else wrote, edited or holds it, the store
   is untouched and the operation runs again through a reservation, with the
   outcomes below. A worker that dies inside an optimistic operation leaves
   nothing reserved.
