@@ -54,6 +54,15 @@ class Calls:
         self.counts.clear()
         return counts
 
+    def refused_then_reserved(self) -> None:
+        """The calls since the last take: one optimistic write, refused (it wrote
+        nothing: the reserved path then found the state it expected), then one
+        reservation and its save."""
+        counts = self.take()
+        assert counts.get("save_if") == 1
+        assert counts.get("reserve") == 1
+        assert counts.get("save") == 1
+
 
 @pytest.fixture
 def redis_factory(private_dir: Any, store_name: str) -> Iterator[Factory]:
@@ -94,10 +103,7 @@ async def test_another_writer_since_sends_the_operation_through_a_reservation(
     await theirs.add_items([item(1)])  # first's cached tail is stale now
     calls = Calls(first)
     await mine.add_items([item(2)])
-    counts = calls.take()
-    assert counts.get("save_if") == 1  # tried, refused (nothing written) ...
-    assert counts.get("reserve") == 1  # ... then reserved
-    assert counts.get("save") == 1
+    calls.refused_then_reserved()  # the stale tail wrote nothing
     assert await theirs.get_items() == [item(0), item(1), item(2)]
     assert await mine.get_items() == [item(0), item(1), item(2)]
 
@@ -165,10 +171,7 @@ async def test_a_head_edited_behind_touba_is_read_again_not_overwritten(
         await _rewrite_head(backend, store, private_dir, store_name, session.session_key)
         calls = Calls(store)
         await session.add_items([item(1)])
-        counts = calls.take()
-        assert counts.get("save_if") == 1  # refused: the head is not the one cached
-        assert counts.get("reserve") == 1
-        assert counts.get("save") == 1
+        calls.refused_then_reserved()  # refused: the head is not the one cached
         assert await session.get_items() == [item(0), item(1)]
 
 
@@ -234,14 +237,10 @@ async def test_a_row_edited_behind_touba_on_redis_is_read_again_not_built_on(
         assert calls.take() == {"save_if": 1}  # it stands
         first = {**item(0), "content": "first, edited"}
         assert await session.get_items() == [first, item(1), item(2)]
-        counts = calls.take()
-        assert counts.get("save_if") == 1  # refused: row 0 is not the one cached ...
-        assert counts.get("reserve") == 1  # ... and read again
+        calls.refused_then_reserved()  # row 0 is not the one cached: read again
         await edit(-1, "last, edited")  # what an append reads
         await session.add_items([item(3)])
-        counts = calls.take()
-        assert counts.get("save_if") == 1
-        assert counts.get("reserve") == 1
+        calls.refused_then_reserved()
         last = {**item(2), "content": "last, edited"}
         assert await session.get_items() == [first, item(1), last, item(3)]
 
@@ -281,9 +280,7 @@ async def test_redis_reads_what_a_narrow_claim_left_unchecked_only_once_compared
         expected += [item(104), item(105)]
         calls.take()
         assert await session.get_items(limit=6) == expected[-6:]
-        counts = calls.take()
-        assert counts.get("save_if") == 1  # refused: the edited row differs from the one held
-        assert counts.get("reserve") == 1
+        calls.refused_then_reserved()  # refused: the edited row differs from the one held
         await session.get_items(limit=20)
         await session.get_items(limit=20)
         assert "save_if" not in calls.take()  # 20 exchanges: reserved
@@ -311,9 +308,7 @@ async def test_redis_pops_in_one_call_and_never_drops_a_row_it_did_not_read(
         text = json.dumps({**body, "content": "edited"}, separators=(",", ":"))
         await client.lset(rows, -1, f"[{exchange},{len(text.encode())},{text}]")
         assert await session.pop_item() == {**item(3), "content": "edited"}
-        counts = calls.take()
-        assert counts.get("save_if") == 1  # refused: the row it would drop changed
-        assert counts.get("reserve") == 1
+        calls.refused_then_reserved()  # refused: the row it would drop changed
         assert await session.get_items() == [item(n) for n in range(3)]
         usage = await store.usage()
         async with redis_factory() as fresh:  # the totals as a new store object reads them
