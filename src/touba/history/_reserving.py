@@ -231,8 +231,8 @@ HINT_MEMORY: Final = 16  # transactions a read-ahead hint remembers (see Recent)
 KINDS: Final = 64  # kinds of operation whose read-ahead a store object keeps (content mode)
 CACHE_CONVERSATIONS: Final = 256  # conversations whose tail a store object keeps
 CACHE_BYTES: Final = 32 * 1024 * 1024  # message JSON bytes kept over all of them
-# Content mode: most exchanges of messages an optimistic write sends back to be
-# compared (an operation whose kind reads more takes the reserved path).
+# Content mode: most exchanges of messages an optimistic write has compared in the
+# store (an operation whose kind reads more takes the reserved path).
 OPTIMISTIC_READ: Final = 8
 
 Rows = Sequence[tuple[int, int, str]]  # (exchange, bytes, body)
@@ -1003,8 +1003,10 @@ class Reservations:
         backend also compares, as text, every exchange entry and row the
         operation read (the tail's unchecked older part may serve the read, since
         it is compared too), so an operation whose kind lately read more than
-        :data:`OPTIMISTIC_READ` exchanges of messages reserves instead: sending
-        back a window is no quicker than a second round trip. Anything else
+        :data:`OPTIMISTIC_READ` exchanges of messages reserves instead: a script
+        that reads a window's rows to compare them costs more than the second
+        round trip it saves (on Redis, rows copied into Lua cost about three
+        times a plain LRANGE of them). Anything else
         (nothing cached, a read beyond the tail, no write or a drop, an error of
         the operation, another writer since, a reservation held, a save that
         would not fit) leaves the store untouched and runs ``transact_log``,
