@@ -21,7 +21,11 @@ import pytest
 
 from tests._services import postgres_dsn
 from tests.integrations.conftest import Factory, make_factory
-from touba.errors import DecisionHistoryBusy, DecisionHistoryLimitExceeded
+from touba.errors import (
+    DecisionHistoryBusy,
+    DecisionHistoryLimitExceeded,
+    DecisionHistoryRecordInvalid,
+)
 from touba.integrations.openai_agents import ToubaSession
 
 
@@ -316,3 +320,25 @@ async def test_redis_pops_in_one_call_and_never_drops_a_row_it_did_not_read(
                 item(n) for n in range(3)
             ]
             assert (await fresh.usage()).bytes == usage.bytes
+
+
+async def test_a_record_replaced_by_another_kind_is_refused_not_written_over(
+    two: tuple[Any, Any],
+) -> None:
+    """The tail cached for a session proves nothing once another store object has
+    put another kind of record under its key: every operation is refused with
+    DecisionHistoryRecordInvalid (SPEC section 11) and that record stays as it was."""
+    first, second = two
+    session = ToubaSession("s1", store=first, namespace="ns")
+    await session.add_items([item(0), item(1)])
+    assert await session.get_items() == [item(0), item(1)]  # the optimistic path is armed
+    foreign = {"kind": "someone-else", "data": 1}
+
+    async def replace(_record: Any) -> tuple[Any, None]:
+        return foreign, None
+
+    await second.transact(session.session_key, replace)
+    for operation in (session.add_items([item(2)]), session.get_items(), session.pop_item()):
+        with pytest.raises(DecisionHistoryRecordInvalid):
+            await operation
+    assert await second.read(session.session_key) == foreign
