@@ -59,7 +59,7 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
-from touba.providers._memo import ExchangeMemo
+from touba.providers._memo import ExchangeMemo, rendered_exchanges
 from touba.providers._types import CapabilitySpec, DecisionInterface, TraceCall, Turn, Usage
 
 __all__ = [
@@ -362,14 +362,10 @@ def _contents(plan: Plan, memo: ExchangeMemo[Rendered] | None) -> list[dict[str,
         out.text("user", input_text(plan.request.input))
     if plan.summary is not None:
         out.text("user", summary_text(plan.summary))
-    if memo is None:
-        for exchange in plan.exchanges:
-            _exchange(out, exchange, native)
-    else:
-        # Each part copied: _mark_current_turn edits parts, the memo's stay as rendered.
-        for rendered in memo.rendered(plan.window, plan.interface):
-            for role, parts in rendered:
-                out.add(role, [dict(part) for part in parts])
+    # Each part copied: _mark_current_turn edits parts, the memo's stay as rendered.
+    for rendered in rendered_exchanges(plan.window, plan.interface, memo, _rendered):
+        for role, parts in rendered:
+            out.add(role, [dict(part) for part in parts])
     if not out.items or out.items[0]["role"] != "user":
         out.items.insert(0, {"role": "user", "parts": [{"text": NO_INPUT}]})
     _mark_current_turn(out.items)

@@ -27,7 +27,7 @@ from touba.history._engine import HistoryWindow
 from touba.history._model import Message
 from touba.providers._types import DecisionInterface
 
-__all__ = ["ExchangeMemo"]
+__all__ = ["ExchangeMemo", "rendered_exchanges"]
 
 T = TypeVar("T")
 
@@ -78,3 +78,15 @@ class ExchangeMemo(Generic[T]):
             self._old, self._young, self._young_bytes = self._young, {}, 0
         self._young[key] = entry
         self._young_bytes += weight
+
+
+def rendered_exchanges(
+    window: HistoryWindow,
+    interface: DecisionInterface,
+    memo: ExchangeMemo[T] | None,
+    render: Callable[[Exchange, DecisionInterface], T],
+) -> list[T]:
+    """The window's exchanges rendered: through ``memo``, or by ``render`` each time."""
+    if memo is not None:
+        return memo.rendered(window, interface)
+    return [render(exchange, interface) for exchange in window.exchanges]

@@ -39,7 +39,7 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
-from touba.providers._memo import ExchangeMemo
+from touba.providers._memo import ExchangeMemo, rendered_exchanges
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 
 __all__ = [
@@ -336,12 +336,8 @@ def input_items(plan: Plan, memo: ExchangeMemo[list[Item]] | None = None) -> lis
         items.append(_user(input_text(plan.request.input)))
     if plan.summary is not None:
         items.append(_user(summary_text(plan.summary)))
-    if memo is None:
-        for exchange in plan.exchanges:
-            items.extend(_exchange_items(exchange, plan.interface))
-    else:
-        for rendered in memo.rendered(plan.window, plan.interface):
-            items.extend(rendered)
+    for rendered in rendered_exchanges(plan.window, plan.interface, memo, _exchange_items):
+        items.extend(rendered)
     return items
 
 

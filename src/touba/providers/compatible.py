@@ -83,7 +83,7 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
-from touba.providers._memo import ExchangeMemo
+from touba.providers._memo import ExchangeMemo, rendered_exchanges
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 from touba.providers._validate import schema_validator
 from touba.providers.openai import request_options
@@ -310,12 +310,8 @@ def chat_messages(plan: Plan, memo: ExchangeMemo[list[Item]] | None = None) -> l
         messages.append(_user(input_text(request.input)))
     if plan.summary is not None:
         messages.append(_user(summary_text(plan.summary)))
-    if memo is None:
-        for exchange in plan.exchanges:
-            messages.extend(_exchange_messages(exchange, plan.interface))
-    else:
-        for rendered in memo.rendered(plan.window, plan.interface):
-            messages.extend(rendered)
+    for rendered in rendered_exchanges(plan.window, plan.interface, memo, _exchange_messages):
+        messages.extend(rendered)
     return _merge_user_texts(messages)
 
 
