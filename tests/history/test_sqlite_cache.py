@@ -41,6 +41,7 @@ from touba.history import (
     Observation,
     ResultMessage,
 )
+from touba.history._common import iso
 from touba.history._reserving import HINT_MEMORY, Recent, Reserved, TailCache
 from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history.sqlite import PURGE_INTERVAL, SqliteHistoryStore
@@ -319,6 +320,65 @@ async def test_only_the_reservation_commits_without_waiting_for_the_disk(db_path
         with pytest.raises(DecisionHistoryBusy):
             await agent.decide("s2", observations)
         assert await store._run(WHO.key, level) == 2
+
+
+async def test_a_session_read_renews_without_waiting_for_the_disk_its_writes_wait(
+    db_path: Path,
+) -> None:
+    """ToubaSession's optimistic read saves its head unchanged (reading is activity:
+    the expiry moves) with synchronous=NORMAL; an append, a pop and every other
+    commit stay FULL."""
+    pytest.importorskip("agents")
+    from touba.integrations.openai_agents import ToubaSession
+
+    now = [1000.0]
+    async with SqliteHistoryStore(db_path, ttl_seconds=60, clock=lambda: now[0]) as store:
+        session = ToubaSession("s1", store=store, namespace="ns")
+        await session.add_items([{"role": "user", "content": "hello"}])
+        await session.get_items()  # the tail is cached: the next operations are optimistic
+        statements: list[str] = []
+        await store._run("", lambda: store._db.conn.set_trace_callback(statements.append))
+
+        async def commits(operation: Any) -> list[str]:
+            statements.clear()
+            await operation
+            level, seen = "FULL", []
+            for statement in statements:
+                if statement.startswith("PRAGMA synchronous="):
+                    level = statement.split("=", 1)[1]
+                elif statement == "COMMIT":
+                    seen.append(level)
+            return seen
+
+        now[0] += 30
+        assert await commits(session.get_items()) == ["NORMAL"]
+        (listed,) = await store.list()
+        assert listed.expires_at == iso(1030.0 + 60)  # renewed by the read
+        assert await commits(session.add_items([{"role": "user", "content": "again"}])) == [
+            "FULL"
+        ]
+        assert await commits(session.pop_item()) == ["NORMAL", "FULL"]  # reserved, then saved
+
+        async def retitle(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, None]:
+            assert snapshot is not None
+            return LogWrite(head={**snapshot.head, "n": 99}), None
+
+        await _append(store, "other", [{"m": 1}])
+        await store.transact_log_optimistic("other", retitle)  # cached from here on
+        assert await commits(store.transact_log_optimistic("other", retitle)) == ["NORMAL"]
+
+        async def renamed(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite, None]:
+            assert snapshot is not None
+            return LogWrite(head={**snapshot.head, "n": 100}), None
+
+        # a new head, even with no message: a real write
+        assert await commits(store.transact_log_optimistic("other", renamed)) == ["FULL"]
+        await store._run("", lambda: store._db.conn.set_trace_callback(None))
+        assert await session.get_items() == [{"role": "user", "content": "hello"}]
 
 
 # -- what the cache holds -----------------------------------------------------------------

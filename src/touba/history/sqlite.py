@@ -48,6 +48,10 @@ it was before, free, which is what ``recover`` would make of a reservation
 whose holder is gone (expired records it purged come back expired, and are
 purged again). SQLite's log stays in order, so the save that follows
 (``FULL``, like every other commit of this store) makes it durable anyway.
+A save without a reservation that only renews the expiry (a read, the same
+head, nothing appended or dropped) does not wait either: a power loss may
+undo the renewal, which leaves the conversation as it was, expiring when it
+did before.
 
 Expired conversations: a key whose record expired is purged when it is
 reserved or deleted; every expired, unreserved record is purged at most once
@@ -452,8 +456,9 @@ class _Db:
         refuses) with the state as it is."""
         if write.rewrite or write.dropped:  # its sizes are read under a reservation
             return False
+        renewal = not write.rows and write.head == head  # a read: only the expiry moves
         try:
-            with transaction(self.conn):
+            with transaction(self.conn, power_safe=not renewal):
                 row = self.q(
                     "SELECT id, token, version, expires_at, head FROM touba_history_sessions "
                     "WHERE key = ?",
