@@ -615,6 +615,50 @@ def fetched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return counts
 
 
+async def test_an_optimistic_renewal_commits_without_waiting_for_the_wal_flush(
+    make_store: Make, dsn: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save without a reservation that only renews the expiry (the head unchanged,
+    nothing added: a session's read) runs with synchronous_commit off for its own
+    transaction; one that writes anything waits for the flush as always."""
+    import touba.history.postgres as module
+    from touba.history._pg import row as original
+
+    store = make_store(ttl_seconds=600)
+    await store.transact_log("k", appender((None, {"m": 0})))
+    sent: list[tuple[Any, Any]] = []
+
+    async def spied(conn: Any, statement: Any, params: Any = ()) -> Any:
+        sent.append((statement, params))
+        return await original(conn, statement, params)
+
+    async def renew(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> tuple[Any, None]:
+        assert snapshot is not None
+        return LogWrite(copy.deepcopy(snapshot.head)), None
+
+    monkeypatch.setattr(module, "_row", spied)
+    await query(dsn, "UPDATE {t} SET expires_at = now() + interval '1 minute'", table)
+    await store.transact_log_optimistic("k", renew)
+    await store.transact_log_optimistic("k", appender((None, {"m": 1})))
+    (renewal, renewal_params), (append, append_params) = sent[-2:]
+    assert renewal == store._sql.renew_unreserved
+    assert append == store._sql.append_unreserved
+    ((minutes,),) = await query(
+        dsn, "SELECT extract(epoch FROM expires_at - now()) / 60 FROM {t}", table
+    )
+    assert minutes > 9  # renewed: ten minutes from now, not one
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        for statement, params, level in (
+            (renewal, renewal_params, "off"),
+            (append, append_params, "on"),
+        ):
+            async with conn.transaction(force_rollback=True):  # replayed, then undone
+                await conn.execute(statement, params)
+                cur = await conn.execute("SHOW synchronous_commit")
+                assert await cur.fetchone() == (level,)
+    assert [len(x) for x in (await store.read("k") or {})["exchanges"]] == [1, 1]
+
+
 async def test_a_cache_hit_reads_no_message_rows(make_store: Make, fetched: list[int]) -> None:
     store = make_store()
     history, decider = _history(store), _Decider()

@@ -48,7 +48,11 @@ saves the head if its token still matches, stores the token as the
 version (unless the rows were edited meanwhile), takes the growth from its
 shard's room, appends the messages and releases. Reserving a stored, live
 conversation updates its row only; a cache hit returns that row and no
-message.
+message. A session operation on a cached tail is one statement without a
+reservation (``save_if``); when it only renews the expiry (a read: the head
+unchanged, nothing added) its transaction commits with
+``synchronous_commit = off``: a server crash may undo the renewal, which
+leaves the conversation expiring when it did before.
 A crash leaves the reservation in place: the key answers
 ``DecisionHistoryBusy`` until ``recover(key, worker_stopped=True)``. Expiry
 uses the server's clock.
@@ -481,12 +485,13 @@ class _Statements:
         # The same write without a reservation (``save_if``): the row locked only if
         # it is unreserved, live, at the version and with the head given (two
         # parameters), then given the new version. Returns (held, saved).
-        self.append_unreserved = hot(
-            _append_sql(
-                held="h.token IS NULL AND h.version = %s AND h.head = %s AND h.expires_at > now()",
-                version="%s",
-            )
+        unreserved: LiteralString = (
+            "h.token IS NULL AND h.version = %s AND h.head = %s AND h.expires_at > now()"
         )
+        self.append_unreserved = hot(_append_sql(held=unreserved, version="%s"))
+        # The same for a write that only renews the expiry (the head unchanged,
+        # nothing added): committed without waiting for the WAL's flush.
+        self.renew_unreserved = hot(_append_sql(held=unreserved, version="%s", durable=False))
         self.insert_messages = hot(
             "INSERT INTO {m} (key, seq, exchange, bytes, body)"
             " SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
@@ -519,11 +524,14 @@ class _Statements:
         self.list_namespace = q(columns + " WHERE namespace = %s ORDER BY key")
 
 
-def _append_sql(*, held: LiteralString, version: LiteralString) -> LiteralString:
+def _append_sql(
+    *, held: LiteralString, version: LiteralString, durable: bool = True
+) -> LiteralString:
     """A log write in one statement (see ``append``): the row locked where ``held``
     (its parameters first), then its growth taken, the row saved with ``version`` (one
     parameter) and the reservation cleared, then its messages added (the two
-    fragments are constants of this module)."""
+    fragments are constants of this module). Not ``durable``: its transaction
+    commits with ``synchronous_commit = off`` (a server crash may undo it)."""
     lock = "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving} WHERE h.key = %s"
     return (
         lock + " AND " + held + " FOR UPDATE OF h),"  # noqa: S608 - constant text
@@ -541,6 +549,7 @@ def _append_sql(*, held: LiteralString, version: LiteralString) -> LiteralString
         "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
         "  WHERE EXISTS (SELECT FROM saved))"
         " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
+        + ("" if durable else " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS q")
     )
 
 
@@ -763,7 +772,8 @@ class _Backend:
         room is short)."""
         if write.rewrite or write.dropped:  # the reserved path's (its drop reads the rows)
             return False
-        statement = self._sql.append_unreserved
+        renewal = not write.rows and write.head == head  # a read: only the expiry moves
+        statement = self._sql.renew_unreserved if renewal else self._sql.append_unreserved
         held, saved = await self._appended(statement, key, (version, head), write, token)
         return bool(held and saved)
 
