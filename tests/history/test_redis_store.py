@@ -7,6 +7,7 @@ afterwards; a second raw client inspects what the store really wrote.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import signal
@@ -726,15 +727,15 @@ def count_round_trips(store: RedisHistoryStore) -> list[int]:
     trips = [0]
     run, lrange = store._run, store._lrange
 
-    async def counted_run(*args: Any) -> Any:
+    async def counted_run(*args: Any, **options: Any) -> Any:
         trips[0] += 1
-        return await run(*args)
+        return await run(*args, **options)
 
     async def counted_lrange(*args: Any) -> Any:
         trips[0] += 1
         return await lrange(*args)
 
-    store._run = counted_run  # type: ignore[method-assign,assignment]
+    store._run = counted_run  # type: ignore[method-assign]
     store._lrange = counted_lrange  # type: ignore[method-assign,assignment]
     return trips
 
@@ -789,8 +790,10 @@ def claims_of(store: RedisHistoryStore) -> list[Claim]:
     seen: list[Claim] = []
     conv = store._conv
 
-    async def recorded(script: Any, keys: Any, args: Any, what: str, rows: Any = None) -> Any:
-        result = await conv(script, keys, args, what, rows)
+    async def recorded(
+        script: Any, keys: Any, args: Any, what: str, rows: Any = None, **options: Any
+    ) -> Any:
+        result = await conv(script, keys, args, what, rows, **options)
         if script is store._claim_script:
             reply, listed = result if rows is not None else (result, [])
             claim = Claim(token=args[1], rows=len(listed))
@@ -1140,10 +1143,12 @@ async def test_a_narrow_claim_keeps_what_a_wide_one_parsed_until_it_is_checked(
     claim whose texts match, never served unchecked (an edit behind touba's back
     in between is parsed, and shown). The claims are what this measures, so the
     optimistic path (which makes none while the tail is current; its own checks
-    are in tests/integrations/test_optimistic_sessions.py) is switched off."""
+    are in tests/integrations/test_optimistic_sessions.py) and the peeked read
+    (tested below) are switched off."""
     from touba.integrations.openai_agents import ToubaSession
 
     monkeypatch.setattr(type(store._reservations.backend), "save_if", None)
+    monkeypatch.setattr(type(store._reservations.backend), "peek", None)
 
     def item(n: int) -> Any:
         return {"role": "user", "content": f"q{n}"}
@@ -1170,6 +1175,133 @@ async def test_a_narrow_claim_keeps_what_a_wide_one_parsed_until_it_is_checked(
     window = await session.get_items(limit=10)
     assert window[-9] == {"role": "user", "content": "edited"}
     assert len(parsed) == 1  # the edited message, no other
+
+
+async def _wide_session(store: RedisHistoryStore, items: int = 40) -> Any:
+    """A session whose reads have settled wider than OPTIMISTIC_READ exchanges."""
+    from touba.integrations.openai_agents import ToubaSession
+
+    session = ToubaSession("s", store=store, namespace="ns")
+    await session.add_items([{"role": "user", "content": f"q{n}"} for n in range(items)])
+    for _ in range(2):
+        await session.get_items()
+    return session
+
+
+def _items(*numbers: int) -> list[Any]:
+    return [{"role": "user", "content": f"q{n}"} for n in numbers]
+
+
+async def test_a_wide_session_read_is_one_round_trip_that_renews_the_expiry(
+    store: RedisHistoryStore, raw: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of more than OPTIMISTIC_READ exchanges is peeked: the claim's read and
+    its rows in one MULTI, no reservation and no commit; the expiry renewed there,
+    as a save would; the parsed messages reused while their texts match, an edit
+    behind touba's back parsed and shown."""
+    session = await _wide_session(store)
+    head = await one_key(raw, prefix, ":head")
+    await raw.hset(head, "expires_at", "1")  # as if it expired long ago...
+    await raw.zadd(await one_key(raw, prefix, "expiry"), {head.split(":")[-2]: 2**50})
+    trips = count_round_trips(store)  # ...but the expiry index keeps it live
+    parsed = counted_parses(monkeypatch)
+    assert await session.get_items() == _items(*range(40))
+    assert trips == [1]
+    assert parsed == []  # every text was the one parsed before
+    (seconds, _micros) = await raw.time()
+    expires = int(await raw.hget(head, "expires_at") or 0)
+    assert expires >= seconds * 1000 + store._ttl_ms - 5000  # renewed by the read
+    assert await raw.hget(head, "token") is None  # and never reserved
+    name, rows = await rows_of(raw, prefix)
+    rows[30][2]["content"] = "edited"  # behind touba's back
+    await raw.lset(name, 30, as_row(rows[30][0], rows[30][2]))
+    assert (await session.get_items())[30] == {"role": "user", "content": "edited"}
+    assert len(parsed) == 1  # that message alone
+    assert trips == [2]
+
+
+async def test_a_peeked_read_refuses_while_held_and_leaves_writes_to_the_reserved_path(
+    store: RedisHistoryStore, url: str, prefix: str
+) -> None:
+    from touba.integrations.openai_agents import ToubaSession
+
+    session = await _wide_session(store)
+    async with RedisHistoryStore(url, prefix=prefix) as other:
+        holder = ToubaSession("s", store=other, namespace="ns")
+        async with holder.exclusive():
+            await holder.add_items(_items(40))
+            with pytest.raises(DecisionHistoryBusy):
+                await session.get_items()
+    assert await session.get_items() == _items(*range(41))  # the holder's write, read
+
+    claims = claims_of(store)
+
+    async def read_then_append(
+        snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite, int]:
+        assert snapshot is not None
+        count = snapshot.exchange_count
+        seen = await snapshot.exchanges(count - 30, count)  # as wide as the reads were
+        return LogWrite(head=snapshot.head, append=[(count, {"role": "user"})]), len(seen)
+
+    for _ in range(HINT_MEMORY):  # this kind's read-ahead settles wide too
+        assert await store.transact_log_optimistic(session.session_key, read_then_append) == 30
+    assert len(claims) == HINT_MEMORY  # every write went through a reservation
+    claims.clear()
+    everything = await session.get_items()  # wider than any read of its kind before
+    assert everything[41:] == [{"role": "user"}] * HINT_MEMORY
+    assert len(claims) == 1  # beyond what was peeked: reserved, read again
+    assert await session.get_items() == everything
+    assert len(claims) == 1  # peeked again, as wide as that read
+
+
+async def test_peeked_reads_racing_appends_see_whole_states(
+    store: RedisHistoryStore, url: str, prefix: str
+) -> None:
+    """Wide reads through one store object while another appends: each read is one
+    state (the items in order, none missing), however the two interleave. (The
+    MULTI around the peek and its LRANGE is what guarantees it; Redis mostly runs
+    one client's pipelined commands back to back anyway, so this checks the
+    outcome and does not prove the MULTI necessary.)"""
+    from touba.integrations.openai_agents import ToubaSession
+
+    session = await _wide_session(store)
+    seen: list[int] = []
+    async with RedisHistoryStore(url, prefix=prefix) as other:
+        writer = ToubaSession("s", store=other, namespace="ns")
+
+        async def append() -> None:
+            n = 40
+            while n < 100:
+                with contextlib.suppress(DecisionHistoryBusy):  # a reserved read holds it
+                    await writer.add_items(_items(n))
+                    n += 1
+                await asyncio.sleep(0)
+
+        async def read() -> None:
+            while len(seen) < 200:
+                with contextlib.suppress(DecisionHistoryBusy):  # a reserved add holds it
+                    items = await session.get_items()
+                    assert items == _items(*range(len(items)))
+                    seen.append(len(items))
+                await asyncio.sleep(0)
+
+        await asyncio.gather(append(), read())
+    assert seen[0] >= 40
+    assert seen == sorted(seen)
+
+
+async def test_a_peeked_read_of_another_kind_of_record_is_refused_and_renews_nothing(
+    store: RedisHistoryStore, raw: Redis, prefix: str
+) -> None:
+    session = await _wide_session(store)
+    await store.transact(session.session_key, put({"not": "a session"}))
+    head = await one_key(raw, prefix, ":head")
+    before = await raw.hget(head, "expires_at")
+    with pytest.raises(DecisionHistoryRecordInvalid):
+        await session.get_items()
+    assert await raw.hget(head, "expires_at") == before
+    assert await store.read(session.session_key) == {"not": "a session"}
 
 
 @pytest.mark.parametrize("optimistic", [False, True])

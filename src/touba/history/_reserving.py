@@ -172,7 +172,7 @@ import functools
 import logging
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple, Protocol, TypeVar
 
@@ -1016,11 +1016,21 @@ class Reservations:
         messages (``LogWrite.drop_last``), which only a backend in content mode
         can make optimistic (the dropped rows' sizes come from the texts it
         compares); elsewhere it reserves at once rather than run twice.
+
+        A wide read in content mode is peeked instead when the backend can
+        (``peek``): what a reservation reads, read without one in one atomic
+        round trip that renews the expiry (reading is activity), and the
+        operation run on it; it is done when its write is None or only that
+        renewal (the head unchanged, nothing appended or dropped), else it runs
+        again through :meth:`transact_log`.
         """
         save_if = getattr(self.backend, "save_if", None)
         if drops and not self.content:
             save_if = None
         if self.content and self._read_ahead(operation)[1] > OPTIMISTIC_READ:
+            peek = getattr(self.backend, "peek", None)
+            if peek is not None:
+                return await self._peeked(key, operation, peek)
             save_if = None  # it would send back all it read: no quicker than reserving
         tail = None if save_if is None else self.cache.take(key)
         if save_if is None or tail is None or tail.totals is None or tail.head is None:
@@ -1059,6 +1069,56 @@ class Reservations:
             self.cache.put(key, tail)  # (by version, or as a parse cache in content mode)
             return await self.transact_log(key, operation)
         self._keep(key, tail, token, encoded, held_head, dropped)
+        return result
+
+    async def _peeked(
+        self,
+        key: str,
+        operation: LogOperation[T],
+        peek: Callable[[str, Read], Awaitable[Reserved | None]],
+    ) -> T:
+        """``operation`` on the state ``peek`` read without a reservation (see
+        :meth:`transact_log_optimistic`); anything it cannot answer as the reserved
+        path would (no record, a read beyond what was peeked, an error, a write)
+        runs :meth:`transact_log`."""
+        held = self.cache.take(key)
+        sizes, bodies = self._read_ahead(operation)
+        read = Read(sizes=sizes, bodies=bodies)
+        try:
+            reserved = await peek(key, read)
+        except BaseException:
+            self.cache.drop(key)
+            raise
+        if reserved is None or reserved.head is None or not reserved.split:
+            if held is not None:
+                self.cache.put(key, held)
+            return await self.transact_log(key, operation)
+        held_head = held.head if held is not None else None
+        tail = await self._tail(key, reserved, read, held)
+        if held_head is not None and not held_head.holds(reserved.head):
+            held_head = None  # stored since by someone else: parsed anew
+        head = held_head.copy() if held_head else parse_head(reserved.head)
+        if head is None:
+            raise _damaged(key, "the stored record", self.backend.label)
+        head_bytes = held_head.size if held_head is not None else len(reserved.head.encode())
+        snapshot = _Snapshot(self, key, head, head_bytes, tail, cached_only=True, older=False)
+        try:
+            write, result = await operation(snapshot, reserved.usage)
+            renewed = None
+            if write is not None and not snapshot.uncached and not write.drop_last:
+                encoded, renewed = _appended(reserved, head_bytes, write, held_head)
+                if encoded.rows or encoded.head != reserved.head:
+                    renewed = None  # a real write: the reserved path makes it
+        except Exception:  # judged on an unreserved state: the reserved path decides
+            write = renewed = None
+            snapshot.uncached = True
+        finally:
+            self._settle(snapshot, operation)
+        if snapshot.uncached or (write is not None and renewed is None):
+            self.cache.put(key, tail)
+            return await self.transact_log(key, operation)
+        totals = (reserved.messages, reserved.bytes)
+        self._keep(key, tail, "", None, renewed or held_head, None, totals)
         return result
 
     def _optimistic_drop(
@@ -1266,6 +1326,7 @@ class _Snapshot:
         tail: _Tail | None,
         *,
         cached_only: bool = False,
+        older: bool = True,
     ) -> None:
         self._owner = owner
         self._key = key
@@ -1278,6 +1339,9 @@ class _Snapshot:
         # refused (_Uncached) and noted, so that the reserved path runs instead.
         self._cached_only = cached_only
         self.uncached = False
+        # Content mode, unreserved: whether the tail's unchecked older part may
+        # serve (an optimistic write compares it; a peeked read has no write).
+        self._older_ok = older
         # The first exchange whose size, and whose messages, were read (count: none).
         self.read_from = [self._count, self._count]
 
@@ -1294,6 +1358,7 @@ class _Snapshot:
         older = tail.older
         if (
             not self._owner.content
+            or not self._older_ok
             or older is None
             or not older.first <= start
             or older.first + len(older.records) != tail.bodies_first

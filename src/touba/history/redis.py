@@ -32,6 +32,9 @@ lately, and an LRANGE pipelined after it (same round trip) the last rows of the
 window it read lately plus what a decision appends; a read further back costs
 a round trip. So a decision is two round trips, claim and commit, and what the
 claim carries is bounded by the window, not by how far back anything was read.
+A session's read of a window (``ToubaSession.get_items``) is one round trip
+with no reservation: the peek script (the claim's read, renewing the expiry
+instead of reserving) and the LRANGE of the rows in one MULTI.
 Any other JSON dict is kept whole in ``head``. A record's version changes on
 every touba save and never repeats, but another client's LSET or LREM of a row
 leaves it as it was: the backend says so (``sees_edits = False``), so every
@@ -274,6 +277,42 @@ local reply = {'found', used[1], used[2], head, stored[3], redis.call('LLEN', x)
 if ARGV[8] == 'all' then return reply end
 local entries = {}
 local tail = tonumber(ARGV[8])
+if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
+reply[10], reply[11] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
+return reply
+"""
+)
+
+# ARGV: P, id, ttl_ms, entries (how many trailing exchange entries). The claim's
+# read without its reservation (``peek``), for an operation that only reads: it
+# renews the expiry as a save of the same head would (reading is activity) and
+# replies as the claim does; "new" when there is no record, "other" for a
+# record that is not a touba log (nothing renewed). Sent in a MULTI with the
+# LRANGE of the rows, so that both see one state.
+_PEEK: Final = (
+    _PRELUDE
+    + """
+local id = ARGV[2]
+local h, m, x = KEYS[5], KEYS[6], KEYS[7]
+local now = now_ms()
+purge(now)
+local stored = redis.call('HMGET', h, 'token', 'head', 'split', 'last_token')
+if stored[1] then return holder(h) end
+local head = stored[2]
+if not head then return {'new'} end
+if stored[3] ~= '1' then return {'other'} end
+local expires = now + tonumber(ARGV[3])
+redis.call('HSET', h, 'updated_at', string.format('%d', now),
+           'expires_at', string.format('%d', expires))
+redis.call('ZADD', EXPIRY, expires, id)
+local at = string.format('%d', expires + GRACE)
+for _, k in ipairs({h, m, x}) do redis.call('PEXPIREAT', k, at) end
+store_backstop()
+local used = usage()
+local reply = {'found', used[1], used[2], head, stored[3], redis.call('LLEN', x),
+               stored[4] or '', redis.call('LLEN', m), redis.call('HGET', SESSIONS, id) or '0'}
+local entries = {}
+local tail = tonumber(ARGV[4])
 if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
 reply[10], reply[11] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
 return reply
@@ -705,10 +744,7 @@ class _Backend:
             "all" if read.whole else str(min(read.sizes, MAX_TAIL)),
             store.max_sessions,
         )
-        tail = 0
-        if read.bodies:  # before a window was read: as many as its exchanges may hold
-            guess = math.ceil(read.bodies * self._per_exchange.most / 1000)
-            tail = min(MAX_ROWS, guess + self._appended_hint.most)
+        tail = self._rows_ahead(read)
         pipelined = (keys.messages, 0, -1) if read.whole else (keys.messages, -tail, -1)
         rows = pipelined if read.whole or tail else None
         try:
@@ -731,14 +767,61 @@ class _Backend:
         if status == "new":
             return Reserved(None, False, 0, 0, 0, None, usage)
         try:
-            return await self._reserved(keys, reply, listed, read, usage)
+            reserved = await self._reserved(keys, reply, listed, read, usage)
+            assert reserved is not None  # (only a peek stops short)
+            return reserved
         except BaseException:  # refused without leaving the key held
             await self._release_quietly(key, keys, token)
             raise
 
+    def _rows_ahead(self, read: Read) -> int:
+        """How many trailing rows to read with a claim: before a window was read, as
+        many as its exchanges may hold."""
+        if not read.bodies:
+            return 0
+        guess = math.ceil(read.bodies * self._per_exchange.most / 1000)
+        return min(MAX_ROWS, guess + self._appended_hint.most)
+
+    async def peek(self, key: str, read: Read) -> Reserved | None:
+        """What ``reserve`` reads, without reserving, for an operation that only
+        reads: one round trip (the script and the LRANGE of the rows in one MULTI,
+        so both see one state) that renews the expiry, as a save of the unchanged
+        head would. Raises ``DecisionHistoryBusy`` while the key is held; None
+        when only a reservation can answer (no record, a record that is not a
+        touba log, a window that starts before the rows read ahead, a cluster
+        client, whose pipelines this store does not make transactions of)."""
+        store = self._store
+        if read.whole or isinstance(store._client, aioredis.RedisCluster):
+            return None
+        keys = store._keys(key)
+        tail = self._rows_ahead(read)
+        rows = (keys.messages, -tail, -1) if tail else None
+        args = (store._ttl_ms, min(read.sizes, MAX_TAIL))
+        reply = await store._conv(store._peek_script, keys, args, "a read", rows, atomic=True)
+        listed: Sequence[Any] = ()
+        if rows is not None:
+            reply, listed = reply
+        status = _text(reply[0])
+        if status == "busy":
+            raise store._busy(key, reply)
+        if status != "found":
+            return None
+        usage = store._usage_of(reply[1], reply[2])
+        return await self._reserved(keys, reply, listed, read, usage, further=False)
+
     async def _reserved(
-        self, keys: _Keys, reply: Sequence[Any], listed: Sequence[Any], read: Read, usage: Any
-    ) -> Reserved:
+        self,
+        keys: _Keys,
+        reply: Sequence[Any],
+        listed: Sequence[Any],
+        read: Read,
+        usage: Any,
+        *,
+        further: bool = True,
+    ) -> Reserved | None:
+        """The claim's ``reply`` (and the ``listed`` rows) as the protocol reads it;
+        without ``further`` (no reservation holds the rows still), None where the
+        window starts before the rows listed."""
         head, split = _text(reply[3]), _text(reply[4]) == "1"
         count = int(reply[5]) if split else 0
         version, messages, size = _text(reply[6]) or None, int(reply[7]), int(reply[8])
@@ -763,6 +846,8 @@ class _Backend:
         offset = messages - len(listed)  # the first row the LRANGE brought
         if not 0 <= first <= messages:
             raise _damaged("an exchange entry")
+        if first < offset and not further:
+            return None
         if first < offset:  # the window grew past what was read ahead: one more trip
             raw: Sequence[Any] = [
                 *await self._store._lrange(keys.messages, first, offset - 1),
@@ -1014,6 +1099,7 @@ class RedisHistoryStore:
         self._claim_script = register(_CLAIM)
         self._commit_script = register(_COMMIT)
         self._append_if_script = register(_APPEND_IF)
+        self._peek_script = register(_PEEK)
         self._release_script = register(_RELEASE)
         self._read_script = register(_READ)
         self._delete_script = register(_DELETE)
@@ -1065,15 +1151,18 @@ class RedisHistoryStore:
         args: Sequence[str | int],
         what: str,
         rows: tuple[str, int, int] | None = None,
+        *,
+        atomic: bool = False,
     ) -> Any:
         """One round trip: ``script``; with ``rows`` (list, start, stop), an LRANGE
-        pipelined after it, and the reply is ``(script reply, rows)``."""
+        pipelined after it (``atomic``: both in one MULTI), and the reply is
+        ``(script reply, rows)``."""
         self._check_open()
         with _driver_errors(what):
             if rows is None:
                 return await script(keys=keys, args=args)
             for attempt in (1, 2):
-                async with self._client.pipeline(transaction=False) as pipe:
+                async with self._client.pipeline(transaction=atomic) as pipe:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
                     pipe.lrange(*rows)
                     reply, listed = await pipe.execute(raise_on_error=False)
@@ -1098,8 +1187,12 @@ class RedisHistoryStore:
         args: Sequence[str | int],
         what: str,
         rows: tuple[str, int, int] | None = None,
+        *,
+        atomic: bool = False,
     ) -> Any:
-        return await self._run(script, keys.all, (self._base, keys.id, *args), what, rows)
+        return await self._run(
+            script, keys.all, (self._base, keys.id, *args), what, rows, atomic=atomic
+        )
 
     def _busy(self, key: str, reply: Sequence[Any]) -> ToubaError:
         worker, pid, host, since = (_opt_text(v) for v in reply[1:5])
