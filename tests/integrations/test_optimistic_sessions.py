@@ -322,6 +322,79 @@ async def test_redis_pops_in_one_call_and_never_drops_a_row_it_did_not_read(
             assert (await fresh.usage()).bytes == usage.bytes
 
 
+@pytest.fixture
+def sqlite_factory(private_dir: Any, store_name: str) -> Iterator[Factory]:
+    factory, cleanup = make_factory("sqlite", private_dir, store_name)
+    yield factory
+    cleanup()
+
+
+def _sqlite_totals(store: Any, key: str) -> tuple[int, int, int]:
+    """(messages, bytes) the session's row records, and the bytes its head and
+    message rows actually hold."""
+    conn = store._db.conn
+    conv, messages, size, head = conn.execute(
+        "SELECT id, messages, bytes, length(CAST(head AS BLOB)) FROM touba_history_sessions "
+        "WHERE key = ?",
+        (key,),
+    ).fetchone()
+    (rows,) = conn.execute(
+        "SELECT coalesce(sum(bytes), 0) FROM touba_history_messages WHERE conv = ?", (conv,)
+    ).fetchone()
+    assert (
+        messages
+        == conn.execute(
+            "SELECT count(*) FROM touba_history_messages WHERE conv = ?", (conv,)
+        ).fetchone()[0]
+    )
+    return messages, size, head + rows
+
+
+async def test_sqlite_pops_in_one_call_and_checks_what_it_deletes(
+    sqlite_factory: Factory,
+) -> None:
+    """SQLite: a pop's drop is weighed from the tail the version proves current
+    (each message as touba encodes it), and the save checks the rows it deletes
+    weigh that: one call while they do. A row stored in another encoding (same
+    message, other bytes; the version made again by a reservation since) makes the
+    weights differ: the pop is refused, then made under a reservation, which reads
+    the stored sizes. The totals stay exact either way."""
+    async with sqlite_factory() as store:
+        session = ToubaSession("s1", store=store, namespace="ns")
+        await session.add_items([item(n) for n in range(5)])
+        assert await session.get_items() == [item(n) for n in range(5)]
+        calls = Calls(store)
+        assert await session.pop_item() == item(4)
+        assert calls.take() == {"save_if": 1}
+        key = session.session_key
+        messages, recorded, held = await store._run(key, lambda: _sqlite_totals(store, key))
+        assert (messages, recorded) == (4, held)
+        spaced = json.dumps(item(3), separators=(", ", ": "))  # the same message, longer
+
+        def respell() -> None:
+            store._db.conn.execute(
+                "UPDATE touba_history_messages SET body = ?, bytes = ? WHERE seq = 3",
+                (spaced, len(spaced.encode())),
+            )
+            store._db.conn.execute(
+                "UPDATE touba_history_sessions SET bytes = bytes + ?",
+                (len(spaced) - len(json.dumps(item(3), separators=(",", ":"))),),
+            )
+
+        await store._run(key, respell)  # behind touba's back: the version is cleared
+        assert await session.get_items() == [item(n) for n in range(4)]
+        calls.refused_then_reserved()  # the read found the version cleared; it made one
+        assert await session.pop_item() == item(3)
+        calls.refused_then_reserved()  # the tail's weight of row 3 is not its stored one
+        messages, recorded, held = await store._run(key, lambda: _sqlite_totals(store, key))
+        assert (messages, recorded) == (3, held)
+        assert await session.pop_item() == item(2)
+        assert calls.take() == {"save_if": 1}  # cached again, at the stored sizes
+        messages, recorded, held = await store._run(key, lambda: _sqlite_totals(store, key))
+        assert (messages, recorded) == (2, held)
+        assert (await store.usage()).bytes == held  # the store's one session
+
+
 async def test_a_record_replaced_by_another_kind_is_refused_not_written_over(
     two: tuple[Any, Any],
 ) -> None:

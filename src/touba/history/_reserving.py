@@ -189,7 +189,7 @@ from touba.history._common import (
 )
 from touba.history._frozen import parse_frozen, thaw
 from touba.history._head import HeldHead, encode_head, parse_head
-from touba.history._model import Message, message_from_dict, parse_json
+from touba.history._model import Message, canonical_json, message_from_dict, parse_json
 from touba.history._record import join_record
 from touba.history._sqlite import describe
 from touba.history._store import (
@@ -285,6 +285,7 @@ class Write:
     seen: str | None = None  # the version the reservation returned (``Reserved.version``)
     dropped: int = 0  # the newest messages deleted first: those of seq >= messages - dropped
     dropped_from: int = 0  # the exchange of the oldest of them (a bound for the delete)
+    dropped_bytes: int = 0  # what they weigh (a save without a reservation checks it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1013,9 +1014,11 @@ class Reservations:
         which calls the operation again on the reserved state and answers, or
         refuses, as always. A failure of the save call itself raises as a save
         does (nothing is held either way). ``drops``: the operation's write drops
-        messages (``LogWrite.drop_last``), which only a backend in content mode
-        can make optimistic (the dropped rows' sizes come from the texts it
-        compares); elsewhere it reserves at once rather than run twice.
+        messages (``LogWrite.drop_last``), which a backend makes optimistic in
+        content mode (the dropped rows' sizes come from the texts it compares)
+        or when it says ``drops_unreserved`` (its ``save_if`` checks that the
+        rows it deletes are those the write weighed: the tail's newest, each as
+        touba encodes it); elsewhere it reserves at once rather than run twice.
 
         A wide read in content mode is peeked instead when the backend can
         (``peek``): what a reservation reads, read without one in one atomic
@@ -1025,7 +1028,7 @@ class Reservations:
         again through :meth:`transact_log`.
         """
         save_if = getattr(self.backend, "save_if", None)
-        if drops and not self.content:
+        if drops and not (self.content or getattr(self.backend, "drops_unreserved", False)):
             save_if = None
         if self.content and self._read_ahead(operation)[1] > OPTIMISTIC_READ:
             peek = getattr(self.backend, "peek", None)
@@ -1125,11 +1128,16 @@ class Reservations:
         self, known: Reserved, write: LogWrite, tail: _Tail, seen: Seen | None
     ) -> _Drop | None:
         """What ``write.drop_last`` removes, from the tail alone, for an optimistic
-        write: only in content mode, where the rows the operation read (those that
-        go included) are compared as text by the backend, sizes and all (None:
-        nothing dropped, or the reserved path must decide)."""
+        write: in content mode, where the rows the operation read (those that go
+        included) are compared as text by the backend, sizes and all; else from
+        the tail the version proves current (:func:`_held_drop`: the backend checks
+        the sizes). None: nothing dropped, or the reserved path must decide."""
         count = write.drop_last
-        if count <= 0 or seen is None or not getattr(self.backend, "drops", False):
+        if count <= 0 or not getattr(self.backend, "drops", False):
+            return None
+        if not self.content:
+            return _held_drop(tail, known, count)
+        if seen is None:
             return None
         if count > known.messages or len(seen.rows) < count:
             return None  # the rows that go were not all read
@@ -1476,6 +1484,32 @@ class _Drop(NamedTuple):
     rows: list[tuple[int, int]]
 
 
+def _held_drop(tail: _Tail, known: Reserved, count: int) -> _Drop | None:
+    """Not in content mode: the drop of the newest ``count`` messages of a tail the
+    version proves current, each weighed as touba stores it (its canonical JSON),
+    which the backend's ``save_if`` checks against what it deletes (None: the tail
+    does not hold them all)."""
+    if tail.count != known.exchanges or count > known.messages:
+        return None
+    rows: list[tuple[int, int]] = []  # newest first
+    exchange = tail.count - 1
+    while len(rows) < count:
+        if exchange < tail.bodies_first:
+            return None
+        records = tail.records[exchange - tail.bodies_first]
+        if not records:
+            return None
+        for record in reversed(records):
+            rows.append((exchange, len(canonical_json(record).encode("utf-8", "surrogatepass"))))
+            if len(rows) == count:
+                break
+        exchange -= 1
+    rows.reverse()
+    first = rows[0][0]
+    kept = len(tail.records[first - tail.bodies_first]) - sum(1 for e, _ in rows if e == first)
+    return _Drop(first + 1 if kept else first, sum(size for _e, size in rows), rows)
+
+
 def _drop_of(rows: Rows, count: int, start: int) -> _Drop:
     """The drop of the newest ``count`` of ``rows`` (those of exchanges ``start`` ..,
     in stored order; every stored exchange holds a message)."""
@@ -1527,6 +1561,7 @@ def _appended(
         seen=reserved.version,
         dropped=drop,
         dropped_from=dropped_from,
+        dropped_bytes=dropped_bytes,
     )
     return encoded, head
 

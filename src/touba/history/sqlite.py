@@ -227,6 +227,8 @@ _SAVE_IDENTITY = """UPDATE touba_history_sessions SET namespace = ?, identity = 
 # The exchange bound lets the tail index find the newest rows in O(dropped), not O(rows).
 _DROP_NEWEST = """DELETE FROM touba_history_messages
     WHERE conv = ? AND exchange >= ? AND seq >= ?"""
+_WEIGH_NEWEST = """SELECT count(*), coalesce(sum(bytes), 0) FROM touba_history_messages
+    WHERE conv = ? AND exchange >= ? AND seq >= ?"""
 _UNRESERVE = """UPDATE touba_history_sessions
     SET token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL
     WHERE key = ? AND token """
@@ -451,12 +453,13 @@ class _Db:
     def save_if(self, key: str, version: str, head: str, token: str, write: Write) -> bool:
         """Save ``write`` (a log write) without a reservation, in one transaction, if
         ``key`` is stored at ``version`` with the head text ``head``, unreserved and
-        unexpired; its version is then ``token``. False (nothing changed) when it is
-        not, or when the save would not fit: the reserved path then decides (and
-        refuses) with the state as it is."""
-        if write.rewrite or write.dropped:  # its sizes are read under a reservation
+        unexpired (and, for a drop, the rows it deletes are as many and weigh as
+        much as the write says); its version is then ``token``. False (nothing
+        changed) when it is not, or when the save would not fit: the reserved path
+        then decides (and refuses) with the state as it is."""
+        if write.rewrite:
             return False
-        renewal = not write.rows and write.head == head  # a read: only the expiry moves
+        renewal = not (write.rows or write.dropped) and write.head == head  # a read
         try:
             with transaction(self.conn, power_safe=not renewal):
                 row = self.q(
@@ -470,12 +473,20 @@ class _Db:
                     or row[2] != version
                     or row[4] != head
                     or row[3] <= self.store._clock()
+                    or (write.dropped and not self._weighs(row[0], write))
                 ):
                     return False
                 self._write(key, row[0], write, token)
                 return True
         except DecisionHistoryLimitExceeded:  # rolled back: nothing was written
             return False
+
+    def _weighs(self, conv: int, write: Write) -> bool:
+        """Whether the rows ``write``'s drop deletes are as many, and weigh as much,
+        as the write says (its sizes were computed from a cached tail)."""
+        first = write.messages - len(write.rows)
+        count, size = self.q(_WEIGH_NEWEST, conv, write.dropped_from, first).fetchone()
+        return bool(count == write.dropped and size == write.dropped_bytes)
 
     def _write(self, key: str, conv: int, write: Write, version: str | None) -> None:
         """The writing part of a save, in the caller's transaction: rows, head, the
@@ -632,6 +643,7 @@ class _Backend:
     driver_errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
     label = _LABEL
     drops = True  # save honours Write.dropped
+    drops_unreserved = True  # and save_if, checking what it deletes
 
     def __init__(self, store: SqliteHistoryStore) -> None:
         self._store = store

@@ -146,7 +146,7 @@ def _rerunnable(
     """How to run an operation that only reads its snapshot and returns a write: the
     store's optimistic path where it has one (one round trip while its cached tail is
     current: the built-in durable stores), else ``transact_log``. ``drops``: its write
-    drops messages (a pop), optimistic on Redis only."""
+    drops messages (a pop), optimistic on Redis and SQLite."""
     optimistic = getattr(log, "transact_log_optimistic", None)
     if not callable(optimistic):
         return log.transact_log
