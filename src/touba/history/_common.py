@@ -235,6 +235,11 @@ def check_sessions(sessions: int, max_sessions: int) -> None:
         )
 
 
+def new_token() -> str:
+    """A reservation's token, or a record's version: never repeats."""
+    return uuid.uuid4().hex
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """Who holds a conversation: enough to find and stop a crashed worker."""
@@ -247,7 +252,7 @@ class Reservation:
 
     @classmethod
     def new(cls, worker_id: str) -> Reservation:
-        return cls(uuid.uuid4().hex, worker_id, os.getpid(), socket.gethostname(), time.time())
+        return cls(new_token(), worker_id, os.getpid(), socket.gethostname(), time.time())
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -186,6 +186,7 @@ from touba.history._common import (
     appended_bodies,
     encode_json,
     encode_record,
+    new_token,
 )
 from touba.history._frozen import parse_frozen, thaw
 from touba.history._head import HeldHead, encode_head, parse_head
@@ -1061,7 +1062,7 @@ class Reservations:
         ):
             self.cache.put(key, tail)  # as it was: the reserved path claims it again
             return await self.transact_log(key, operation)
-        token = Reservation.new(self.worker_id).token
+        token = new_token()  # the version it saves, if it does
         try:
             encoded, held_head = _appended(known, held_head.size, write, held_head, dropped)
             saved = await save_if(key, tail.version, known.head, token, encoded, seen)

@@ -177,6 +177,7 @@ def _check_retained(size: int, max_retained_bytes: int) -> None:
 class Append:
     head: Record
     rows: list[tuple[int, Record]]
+    bodies: list[str] | None = None  # the compact JSON of each row's item, when known
 
 
 def plan_append(
@@ -186,9 +187,15 @@ def plan_append(
     new: Sequence[Record],
     *,
     max_retained_bytes: int,
+    texts: Sequence[str] | None = None,
 ) -> Append:
-    """Append ``new`` to a log of ``count`` exchanges whose last holds ``last``."""
-    size = head["bytes"] + sum(message_bytes(i) for i in new)
+    """Append ``new`` to a log of ``count`` exchanges whose last holds ``last``
+    (``texts``: the compact JSON of each of ``new``, as ``dump_item_texts`` made it,
+    so that nothing is encoded twice)."""
+    if texts is None:
+        size = head["bytes"] + sum(message_bytes(i) for i in new)
+    else:
+        size = head["bytes"] + sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     _check_retained(size, max_retained_bytes)
     base = max(count - 1, 0)
     units = group([*last, *new])
@@ -201,7 +208,8 @@ def plan_append(
         rows.extend((base + offset, new[p - len(last)]) for p in range(first, unit.stop))
     out = dict(head)
     out.update(incomplete=incomplete, items=head["items"] + len(new), bytes=size, updated_at=_now())
-    return Append(out, rows)
+    # Every item of ``new`` is one row, in order: the texts are the rows' bodies.
+    return Append(out, rows, None if texts is None else list(texts))
 
 
 def plan_pop(head: Record, count: int, last: Sequence[Record]) -> tuple[Record, Record]:

@@ -47,6 +47,7 @@ __all__ = [
     "check_id",
     "check_store",
     "conversation_store_key",
+    "dump_item_texts",
     "dump_items",
     "new_record",
     "record_items",
@@ -88,7 +89,13 @@ def _now() -> str:
 
 def dump_items(items: Sequence[object], what: str) -> list[Record]:
     """JSON-compatible private copies of ``items``; ``TypeError`` naming the first that is not."""
+    return dump_item_texts(items, what)[0]
+
+
+def dump_item_texts(items: Sequence[object], what: str) -> tuple[list[Record], list[str]]:
+    """:func:`dump_items`, with the compact JSON of each copy (what a store keeps)."""
     copies: list[Record] = []
+    texts: list[str] = []
     for index, item in enumerate(items):
         if not isinstance(item, Mapping):
             raise TypeError(f"{what} {index} is a {type(item).__name__}, not a JSON object")
@@ -101,7 +108,8 @@ def dump_items(items: Sequence[object], what: str) -> list[Record]:
         except (TypeError, ValueError) as e:
             raise TypeError(f"{what} {index} is not JSON-compatible ({e}); nothing saved") from e
         copies.append(json.loads(text))
-    return copies
+        texts.append(text)
+    return copies, texts
 
 
 def record_items(

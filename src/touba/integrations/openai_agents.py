@@ -114,7 +114,7 @@ from touba.integrations._records import (
     check_id,
     check_store,
     conversation_store_key,
-    dump_items,
+    dump_item_texts,
 )
 from touba.integrations._responses_items import select_items
 
@@ -195,6 +195,8 @@ class ToubaSession(SessionABC):
         )
         self.session_key = conversation_store_key(self.namespace, INTEGRATION, self.session_id)
         self._held: list[Record | None] | None = None  # the record reserved by exclusive()
+        self._checked: HistoryStore | None = None  # the store _log last checked
+        self._log_store: LogStore | None = None
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[ToubaSession]:
@@ -250,9 +252,13 @@ class ToubaSession(SessionABC):
 
     def _log(self) -> LogStore | None:
         """The store's append-only interface, outside exclusive() (built-in stores)."""
-        if self._held is None and isinstance(self.store, LogStore):
-            return self.store
-        return None
+        if self._held is not None:
+            return None
+        store = self.store
+        if store is not self._checked:  # (a Protocol isinstance costs more than the call)
+            self._checked = store
+            self._log_store = store if isinstance(store, LogStore) else None
+        return self._log_store
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The session's history for a run: whole complete exchanges, oldest first.
@@ -321,7 +327,7 @@ class ToubaSession(SessionABC):
         session would exceed ``max_retained_bytes`` or the store is full,
         ``DecisionHistoryBusy`` while another operation holds the session.
         """
-        new = dump_items(items, "item")
+        new, texts = dump_item_texts(items, "item")
         if not new:
             return
         log = self._log()
@@ -332,9 +338,14 @@ class ToubaSession(SessionABC):
             ) -> tuple[LogWrite, None]:
                 head, count, last = await self._last(snapshot)
                 plan = plan_append(
-                    head, count, last, new, max_retained_bytes=self.max_retained_bytes
+                    head,
+                    count,
+                    last,
+                    new,
+                    max_retained_bytes=self.max_retained_bytes,
+                    texts=texts,
                 )
-                return LogWrite(head=plan.head, append=plan.rows), None
+                return LogWrite(head=plan.head, append=plan.rows, bodies=plan.bodies), None
 
             with contextlib.suppress(Legacy):
                 await _rerunnable(log)(self.session_key, append_log)
