@@ -94,7 +94,6 @@ from touba.history._store import (
     LogStore,
     LogWrite,
     StoreUsage,
-    log_drops,
 )
 from touba.integrations._cut import UNBOUNDED, check_bound
 from touba.integrations._items_log import (
@@ -369,7 +368,7 @@ class ToubaSession(SessionABC):
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the most recent item (``None`` when empty), in one transaction."""
         log = self._log()
-        if log is not None and log_drops(self.store):
+        if log is not None and getattr(log, "log_drops", False) is True:  # (as log_drops)
 
             async def pop_log(
                 snapshot: LogSnapshot | None, usage: StoreUsage | None
