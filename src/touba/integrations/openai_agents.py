@@ -39,13 +39,18 @@ Behaviour decisions:
   any operation of its own): the operation runs on that tail and is saved in
   one call (one commit) only if the session is still at that version with
   that head, unreserved and live (Redis, which cannot tell another client's
-  edit by the version, also compares the entries and rows the operation read,
-  and reserves for a read of more than a few exchanges, where sending them
-  back gains nothing; there ``pop_item`` is optimistic too, its drop checked
-  by those texts); when anyone else wrote, edited or holds it, the store
-  is untouched and the operation runs again through a reservation, with the
-  outcomes below. A worker that dies inside an optimistic operation leaves
-  nothing reserved.
+  edit by the version, also compares the entries and rows the operation read;
+  a read of more than a few exchanges, where sending them back gains nothing,
+  is there one atomic round trip without a reservation that renews the
+  expiry and brings the rows); when anyone else wrote, edited or holds it,
+  the store is untouched and the operation runs again through a reservation,
+  with the outcomes below. ``pop_item`` is optimistic on Redis (its drop
+  checked by those texts) and SQLite (the save checks that the rows it
+  deletes weigh what the cached tail says). A read saves the head unchanged
+  (reading is activity: the expiry moves); on SQLite and PostgreSQL that
+  commit does not wait for the disk, so a power loss or a server crash may
+  undo the renewal and nothing else. A worker that dies inside an
+  optimistic operation leaves nothing reserved.
   ``clear_session``, ``exclusive()`` and a custom ``HistoryStore`` (which
   only offers ``transact``) read and write the whole record. Reading a
   session that holds nothing takes no place in a full store.
