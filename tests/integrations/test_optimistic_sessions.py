@@ -11,6 +11,7 @@ reserved path, whoever else wrote, edited, held or filled the store in between.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sqlite3
 from collections import Counter
@@ -160,6 +161,39 @@ async def test_interleaved_writers_lose_nothing(two: tuple[Any, Any]) -> None:
     expected = [item(n) for n in range(12)]
     assert await sessions[0].get_items() == expected
     assert await sessions[1].get_items() == expected
+
+
+async def test_interleaved_adds_and_pops_keep_the_items_and_the_totals(
+    two: tuple[Any, Any], backend: str
+) -> None:
+    """Two store objects adding and popping on one session in a pattern that
+    leaves each one's tail stale at some pops and current at others: the items
+    are those of one writer doing it all, and (SQLite, where a pop's drop is
+    weighed from the cached tail) the recorded totals are the rows' own."""
+    first, second = two
+    sessions = [
+        ToubaSession("s1", store=first, namespace="ns"),
+        ToubaSession("s1", store=second, namespace="ns"),
+    ]
+    expected: list[Any] = []
+    for n in range(24):
+        session = sessions[(n // 3) % 2]
+        if n % 3 == 2:
+            assert await session.pop_item() == expected.pop()
+        else:
+            new = [item(n), item(100 + n)] if n % 4 == 0 else [item(n)]
+            await session.add_items(new)
+            expected += new
+        assert await session.get_items() == expected
+    assert await sessions[0].get_items() == expected
+    assert await sessions[1].get_items() == expected
+    if backend == "sqlite":
+        key = sessions[0].session_key
+        for store in two:
+            totals = functools.partial(_sqlite_totals, store, key)
+            messages, recorded, held = await store._run(key, totals)
+            assert (messages, recorded) == (len(expected), held)
+            assert (await store.usage()).bytes == held
 
 
 async def test_a_head_edited_behind_touba_is_read_again_not_overwritten(
