@@ -288,6 +288,17 @@ async def test_a_row_edited_while_a_decision_runs_is_seen_by_the_next_one(
         assert agent.windows[-1] == ["x0", "e1", "e2"]  # read again, not served from the cache
 
 
+def commit_levels(statements: list[str]) -> list[str]:
+    """The synchronous level each COMMIT of a traced connection ran under."""
+    level, seen = "FULL", []
+    for statement in statements:
+        if statement.startswith("PRAGMA synchronous="):
+            level = statement.split("=", 1)[1]
+        elif statement == "COMMIT":
+            seen.append(level)
+    return seen
+
+
 async def test_only_the_reservation_commits_without_waiting_for_the_disk(db_path: Path) -> None:
     """synchronous=NORMAL around the reservation's transaction alone; every
     other commit (the save, a refused reservation's aftermath) is FULL."""
@@ -299,16 +310,7 @@ async def test_only_the_reservation_commits_without_waiting_for_the_disk(db_path
         observations = await agent.decide("s1", observations)
         await store._run(WHO.key, lambda: store._db.conn.set_trace_callback(None))
 
-        def commits() -> list[str]:  # the synchronous level each COMMIT ran under
-            level, seen = "FULL", []
-            for statement in statements:
-                if statement.startswith("PRAGMA synchronous="):
-                    level = statement.split("=", 1)[1]
-                elif statement == "COMMIT":
-                    seen.append(level)
-            return seen
-
-        assert commits() == ["NORMAL", "FULL"]  # the reservation, then the save
+        assert commit_levels(statements) == ["NORMAL", "FULL"]  # the reservation, then the save
         assert statements[-1] != "PRAGMA synchronous=NORMAL"
 
         def level() -> int:
@@ -342,13 +344,7 @@ async def test_a_session_read_renews_without_waiting_for_the_disk_its_writes_wai
         async def commits(operation: Any) -> list[str]:
             statements.clear()
             await operation
-            level, seen = "FULL", []
-            for statement in statements:
-                if statement.startswith("PRAGMA synchronous="):
-                    level = statement.split("=", 1)[1]
-                elif statement == "COMMIT":
-                    seen.append(level)
-            return seen
+            return commit_levels(statements)
 
         now[0] += 30
         assert await commits(session.get_items()) == ["NORMAL"]

@@ -324,6 +324,18 @@ async def test_redis_reads_what_a_narrow_claim_left_unchecked_only_once_compared
         assert "save_if" not in calls.take()  # 20 exchanges: reserved
 
 
+async def _popped_in_one_call(store: Any) -> tuple[ToubaSession, Calls]:
+    """A session of five items whose tail the store object holds, popped once:
+    one optimistic call."""
+    session = ToubaSession("s1", store=store, namespace="ns")
+    await session.add_items([item(n) for n in range(5)])
+    assert await session.get_items() == [item(n) for n in range(5)]
+    calls = Calls(store)
+    assert await session.pop_item() == item(4)
+    assert calls.take() == {"save_if": 1}
+    return session, calls
+
+
 @pytest.mark.redis
 async def test_redis_pops_in_one_call_and_never_drops_a_row_it_did_not_read(
     redis_factory: Factory,
@@ -333,12 +345,7 @@ async def test_redis_pops_in_one_call_and_never_drops_a_row_it_did_not_read(
     current; an edit of the newest row sends the pop through a reservation,
     which pops the row as stored."""
     async with redis_factory() as store:
-        session = ToubaSession("s1", store=store, namespace="ns")
-        await session.add_items([item(n) for n in range(5)])
-        assert await session.get_items() == [item(n) for n in range(5)]
-        calls = Calls(store)
-        assert await session.pop_item() == item(4)
-        assert calls.take() == {"save_if": 1}
+        session, calls = await _popped_in_one_call(store)
         assert await session.get_items() == [item(n) for n in range(4)]
         calls.take()
         client, rows = store._client, store._keys(session.session_key).all[5]
@@ -394,12 +401,7 @@ async def test_sqlite_pops_in_one_call_and_checks_what_it_deletes(
     weights differ: the pop is refused, then made under a reservation, which reads
     the stored sizes. The totals stay exact either way."""
     async with sqlite_factory() as store:
-        session = ToubaSession("s1", store=store, namespace="ns")
-        await session.add_items([item(n) for n in range(5)])
-        assert await session.get_items() == [item(n) for n in range(5)]
-        calls = Calls(store)
-        assert await session.pop_item() == item(4)
-        assert calls.take() == {"save_if": 1}
+        session, calls = await _popped_in_one_call(store)
         key = session.session_key
         messages, recorded, held = await store._run(key, lambda: _sqlite_totals(store, key))
         assert (messages, recorded) == (4, held)

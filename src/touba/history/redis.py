@@ -193,6 +193,20 @@ local function usage()
   return {redis.call('HLEN', SESSIONS), tonumber(redis.call('GET', BYTES) or '0')}
 end
 
+-- A claim's reply for a stored record (``stored``: its token, head, split and
+-- last_token): usage, head, split, exchange count, version, row count, bytes,
+-- then (``tail``: how many) the last exchange entries as one JSON array.
+local function found(id, m, x, stored, tail)
+  local used = usage()
+  local reply = {'found', used[1], used[2], stored[2], stored[3], redis.call('LLEN', x),
+                 stored[4] or '', redis.call('LLEN', m), redis.call('HGET', SESSIONS, id) or '0'}
+  if not tail then return reply end
+  local entries = {}
+  if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
+  reply[10], reply[11] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
+  return reply
+end
+
 local function holder(h)
   local v = redis.call('HMGET', h, 'worker_id', 'pid', 'host', 'since')
   return {'busy', v[1], v[2], v[3], v[4]}
@@ -234,6 +248,15 @@ local function finish(id, saved)
 end
 """
 
+# The claim's and the peek's start: the purge, then what the conversation holds.
+_STORED: Final = """
+local id = ARGV[2]
+local h, m, x = KEYS[5], KEYS[6], KEYS[7]
+local now = now_ms()
+purge(now)
+local stored = redis.call('HMGET', h, 'token', 'head', 'split', 'last_token')
+"""
+
 # ARGV: P, id, key_json, token, worker_id, pid, host, entries ("all" for the whole
 # record, else how many trailing exchange entries), max_sessions.
 # Replies: busy + holder | limit, sessions | new, sessions, bytes |
@@ -245,13 +268,8 @@ end
 # which sees the lists the claim saw since they stay as they are while reserved.
 _CLAIM: Final = (
     _PRELUDE
-    + """
-local id = ARGV[2]
-local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-local now = now_ms()
-purge(now)
-local stored = redis.call('HMGET', h, 'token', 'head', 'split', 'last_token')
-local token, head = stored[1], stored[2]
+    + _STORED
+    + """local token, head = stored[1], stored[2]
 if token and token ~= ARGV[4] then
   return holder(h)
 end
@@ -267,19 +285,12 @@ if not token then
   for _, k in ipairs({h, m, x}) do redis.call('PERSIST', k) end
   store_backstop()
 end
-local used = usage()
 if not head then
+  local used = usage()
   return {'new', used[1], used[2]}
 end
-local version = stored[4] or ''
-local reply = {'found', used[1], used[2], head, stored[3], redis.call('LLEN', x), version,
-               redis.call('LLEN', m), redis.call('HGET', SESSIONS, id) or '0'}
-if ARGV[8] == 'all' then return reply end
-local entries = {}
-local tail = tonumber(ARGV[8])
-if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
-reply[10], reply[11] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
-return reply
+if ARGV[8] == 'all' then return found(id, m, x, stored, nil) end
+return found(id, m, x, stored, tonumber(ARGV[8]))
 """
 )
 
@@ -291,13 +302,8 @@ return reply
 # LRANGE of the rows, so that both see one state.
 _PEEK: Final = (
     _PRELUDE
-    + """
-local id = ARGV[2]
-local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-local now = now_ms()
-purge(now)
-local stored = redis.call('HMGET', h, 'token', 'head', 'split', 'last_token')
-if stored[1] then return holder(h) end
+    + _STORED
+    + """if stored[1] then return holder(h) end
 local head = stored[2]
 if not head then return {'new'} end
 if stored[3] ~= '1' then return {'other'} end
@@ -308,14 +314,7 @@ redis.call('ZADD', EXPIRY, expires, id)
 local at = string.format('%d', expires + GRACE)
 for _, k in ipairs({h, m, x}) do redis.call('PEXPIREAT', k, at) end
 store_backstop()
-local used = usage()
-local reply = {'found', used[1], used[2], head, stored[3], redis.call('LLEN', x),
-               stored[4] or '', redis.call('LLEN', m), redis.call('HGET', SESSIONS, id) or '0'}
-local entries = {}
-local tail = tonumber(ARGV[4])
-if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
-reply[10], reply[11] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
-return reply
+return found(id, m, x, stored, tonumber(ARGV[4]))
 """
 )
 
@@ -752,12 +751,7 @@ class _Backend:
         except BaseException:  # it may have run (a lost reply, a cancellation): free the key
             await self._release_quietly(key, keys, token)
             raise
-        listed: Sequence[Any] = ()
-        if rows is not None:
-            reply, listed = reply
-        status = _text(reply[0])
-        if status == "busy":
-            raise store._busy(key, reply)
+        reply, listed, status = self._answer(key, reply, rows)
         if status == "limit":
             check_sessions(int(reply[1]), store.max_sessions)
             raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_sessions raised
@@ -773,6 +767,17 @@ class _Backend:
         except BaseException:  # refused without leaving the key held
             await self._release_quietly(key, keys, token)
             raise
+
+    def _answer(
+        self, key: str, result: Any, rows: tuple[str, int, int] | None
+    ) -> tuple[Sequence[Any], Sequence[Any], str]:
+        """A claim's or a peek's result: its reply, the rows listed with it (when
+        ``rows`` were), its status; ``DecisionHistoryBusy`` when the key is held."""
+        reply, listed = result if rows is not None else (result, ())
+        status = _text(reply[0])
+        if status == "busy":
+            raise self._store._busy(key, reply)
+        return reply, listed, status
 
     def _rows_ahead(self, read: Read) -> int:
         """How many trailing rows to read with a claim: before a window was read, as
@@ -797,13 +802,8 @@ class _Backend:
         tail = self._rows_ahead(read)
         rows = (keys.messages, -tail, -1) if tail else None
         args = (store._ttl_ms, min(read.sizes, MAX_TAIL))
-        reply = await store._conv(store._peek_script, keys, args, "a read", rows, atomic=True)
-        listed: Sequence[Any] = ()
-        if rows is not None:
-            reply, listed = reply
-        status = _text(reply[0])
-        if status == "busy":
-            raise store._busy(key, reply)
+        result = await store._conv(store._peek_script, keys, args, "a read", rows, atomic=True)
+        reply, listed, status = self._answer(key, result, rows)
         if status != "found":
             return None
         usage = store._usage_of(reply[1], reply[2])
