@@ -11,14 +11,15 @@ reserved path, whoever else wrote, edited, held or filled the store in between.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from tests._services import postgres_dsn
 from tests.integrations.conftest import Factory, make_factory
@@ -27,6 +28,7 @@ from touba.errors import (
     DecisionHistoryLimitExceeded,
     DecisionHistoryRecordInvalid,
 )
+from touba.history.sqlite import SqliteHistoryStore
 from touba.integrations.openai_agents import ToubaSession
 
 
@@ -168,8 +170,9 @@ async def test_interleaved_adds_and_pops_keep_the_items_and_the_totals(
 ) -> None:
     """Two store objects adding and popping on one session in a pattern that
     leaves each one's tail stale at some pops and current at others: the items
-    are those of one writer doing it all, and (SQLite, where a pop's drop is
-    weighed from the cached tail) the recorded totals are the rows' own."""
+    are those of one writer doing it all, and (SQLite and PostgreSQL, where a
+    pop's drop is weighed from the cached tail) the recorded totals are the
+    rows' own."""
     first, second = two
     sessions = [
         ToubaSession("s1", store=first, namespace="ns"),
@@ -187,11 +190,9 @@ async def test_interleaved_adds_and_pops_keep_the_items_and_the_totals(
         assert await session.get_items() == expected
     assert await sessions[0].get_items() == expected
     assert await sessions[1].get_items() == expected
-    if backend == "sqlite":
-        key = sessions[0].session_key
+    if backend != "redis":  # where a pop's drop is weighed from the cached tail
         for store in two:
-            totals = functools.partial(_sqlite_totals, store, key)
-            messages, recorded, held = await store._run(key, totals)
+            messages, recorded, held = await totals(store, sessions[0].session_key)
             assert (messages, recorded) == (len(expected), held)
             assert (await store.usage()).bytes == held
 
@@ -363,70 +364,95 @@ async def test_redis_pops_in_one_call_and_never_drops_a_row_it_did_not_read(
             assert (await fresh.usage()).bytes == usage.bytes
 
 
-@pytest.fixture
-def sqlite_factory(private_dir: Any, store_name: str) -> Iterator[Factory]:
-    factory, cleanup = make_factory("sqlite", private_dir, store_name)
-    yield factory
-    cleanup()
+async def totals(store: Any, key: str) -> tuple[int, int, int]:
+    """SQLite and PostgreSQL: the (messages, bytes) the session's row records, and
+    the bytes its head and message rows actually hold (the messages counted too)."""
+    if isinstance(store, SqliteHistoryStore):
+
+        def read() -> tuple[int, int, int, int, int]:
+            found = store._db.conn.execute(
+                "SELECT s.messages, s.bytes, length(CAST(s.head AS BLOB)),"
+                " count(m.id), coalesce(sum(m.bytes), 0) FROM touba_history_sessions AS s"
+                " LEFT JOIN touba_history_messages AS m ON m.conv = s.id WHERE s.key = ?"
+                " GROUP BY s.id",
+                (key,),
+            ).fetchone()
+            return tuple(found)
+
+        messages, size, head, rows, weight = await store._run(key, read)
+    else:
+        query = sql.SQL(
+            "SELECT h.messages, h.bytes, octet_length(h.head), count(m.seq),"
+            " coalesce(sum(m.bytes), 0) FROM {} AS h LEFT JOIN {} AS m ON m.key = h.key"
+            " WHERE h.key = %s GROUP BY h.key"
+        ).format(store._sql.table, store._sql.messages_table)
+        async with await psycopg.AsyncConnection.connect(postgres_dsn()) as conn:
+            cur = await conn.execute(query, (key,))
+            messages, size, head, rows, weight = await cur.fetchone() or (0, 0, 0, 0, 0)
+    assert messages == rows
+    return messages, size, head + weight
 
 
-def _sqlite_totals(store: Any, key: str) -> tuple[int, int, int]:
-    """(messages, bytes) the session's row records, and the bytes its head and
-    message rows actually hold."""
-    conn = store._db.conn
-    conv, messages, size, head = conn.execute(
-        "SELECT id, messages, bytes, length(CAST(head AS BLOB)) FROM touba_history_sessions "
-        "WHERE key = ?",
-        (key,),
-    ).fetchone()
-    (rows,) = conn.execute(
-        "SELECT coalesce(sum(bytes), 0) FROM touba_history_messages WHERE conv = ?", (conv,)
-    ).fetchone()
-    assert (
-        messages
-        == conn.execute(
-            "SELECT count(*) FROM touba_history_messages WHERE conv = ?", (conv,)
-        ).fetchone()[0]
-    )
-    return messages, size, head + rows
+async def respell(store: Any, key: str, seq: int, text: str, was: str) -> None:
+    """Store row ``seq`` of ``key`` as ``text`` (it was ``was``), behind touba's back:
+    its bytes and the session's total follow, and the version is cleared."""
+    grown = len(text.encode()) - len(was.encode())
+    if isinstance(store, SqliteHistoryStore):
+
+        def write() -> None:
+            conn = store._db.conn
+            (conv,) = conn.execute(
+                "SELECT id FROM touba_history_sessions WHERE key = ?", (key,)
+            ).fetchone()
+            conn.execute(
+                "UPDATE touba_history_messages SET body = ?, bytes = ? WHERE conv = ? AND seq = ?",
+                (text, len(text.encode()), conv, seq),
+            )
+            conn.execute(
+                "UPDATE touba_history_sessions SET bytes = bytes + ? WHERE id = ?", (grown, conv)
+            )
+
+        await store._run(key, write)
+        return
+    t, m = store._sql.table, store._sql.messages_table
+    async with await psycopg.AsyncConnection.connect(postgres_dsn(), autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("UPDATE {} SET body = %s, bytes = %s WHERE key = %s AND seq = %s").format(m),
+            (text, len(text.encode()), key, seq),
+        )
+        await conn.execute(
+            sql.SQL("UPDATE {} SET bytes = bytes + %s WHERE key = %s").format(t), (grown, key)
+        )
 
 
-async def test_sqlite_pops_in_one_call_and_checks_what_it_deletes(
-    sqlite_factory: Factory,
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_pop_is_one_call_and_deletes_only_what_it_weighed(
+    store_factory: Factory,
 ) -> None:
-    """SQLite: a pop's drop is weighed from the tail the version proves current
-    (each message as touba encodes it), and the save checks the rows it deletes
-    weigh that: one call while they do. A row stored in another encoding (same
-    message, other bytes; the version made again by a reservation since) makes the
-    weights differ: the pop is refused, then made under a reservation, which reads
-    the stored sizes. The totals stay exact either way."""
-    async with sqlite_factory() as store:
+    """SQLite and PostgreSQL: a pop's drop is weighed from the tail the version
+    proves current (each message as touba encodes it), and the save deletes only
+    rows that weigh that: one call while they do. A row stored in another
+    encoding (same message, other bytes; the version made again by a reservation
+    since) makes the weights differ: the pop is refused, then made under a
+    reservation, which reads the stored sizes. The totals stay exact either way."""
+    async with store_factory() as store:
         session, calls = await _popped_in_one_call(store)
         key = session.session_key
-        messages, recorded, held = await store._run(key, lambda: _sqlite_totals(store, key))
+        messages, recorded, held = await totals(store, key)
         assert (messages, recorded) == (4, held)
-        spaced = json.dumps(item(3), separators=(", ", ": "))  # the same message, longer
-
-        def respell() -> None:
-            store._db.conn.execute(
-                "UPDATE touba_history_messages SET body = ?, bytes = ? WHERE seq = 3",
-                (spaced, len(spaced.encode())),
-            )
-            store._db.conn.execute(
-                "UPDATE touba_history_sessions SET bytes = bytes + ?",
-                (len(spaced) - len(json.dumps(item(3), separators=(",", ":"))),),
-            )
-
-        await store._run(key, respell)  # behind touba's back: the version is cleared
+        compact = json.dumps(item(3), separators=(",", ":"))
+        await respell(store, key, 3, json.dumps(item(3), separators=(", ", ": ")), compact)
         assert await session.get_items() == [item(n) for n in range(4)]
         calls.refused_then_reserved()  # the read found the version cleared; it made one
         assert await session.pop_item() == item(3)
         calls.refused_then_reserved()  # the tail's weight of row 3 is not its stored one
-        messages, recorded, held = await store._run(key, lambda: _sqlite_totals(store, key))
+        messages, recorded, held = await totals(store, key)
         assert (messages, recorded) == (3, held)
         assert await session.pop_item() == item(2)
         assert calls.take() == {"save_if": 1}  # cached again, at the stored sizes
-        messages, recorded, held = await store._run(key, lambda: _sqlite_totals(store, key))
+        messages, recorded, held = await totals(store, key)
         assert (messages, recorded) == (2, held)
         assert (await store.usage()).bytes == held  # the store's one session
 

@@ -492,6 +492,10 @@ class _Statements:
         # The same for a write that only renews the expiry (the head unchanged,
         # nothing added): committed without waiting for the WAL's flush.
         self.renew_unreserved = hot(_append_sql(held=unreserved, version="%s", durable=False))
+        # A drop without a reservation (a pop): its newest messages deleted only if
+        # they are as many, and weigh as much, as the write says (computed from the
+        # cached tail); nothing appended in the same statement.
+        self.drop_unreserved = hot(_append_sql(held=unreserved, version="%s", drop=True))
         self.insert_messages = hot(
             "INSERT INTO {m} (key, seq, exchange, bytes, body)"
             " SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
@@ -525,17 +529,35 @@ class _Statements:
 
 
 def _append_sql(
-    *, held: LiteralString, version: LiteralString, durable: bool = True
+    *, held: LiteralString, version: LiteralString, durable: bool = True, drop: bool = False
 ) -> LiteralString:
     """A log write in one statement (see ``append``): the row locked where ``held``
     (its parameters first), then its growth taken, the row saved with ``version`` (one
     parameter) and the reservation cleared, then its messages added (the two
     fragments are constants of this module). Not ``durable``: its transaction
-    commits with ``synchronous_commit = off`` (a server crash may undo it)."""
+    commits with ``synchronous_commit = off`` (a server crash may undo it). With
+    ``drop``: the messages from a seq on are deleted first, and the row saved,
+    only if they are as many and weigh as much as given (parameters after
+    ``held``'s: key, seq, count, bytes, key, seq)."""
     lock = "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving} WHERE h.key = %s"
+    dropping: LiteralString = ""
+    weighed: LiteralString = ""
+    if drop:
+        dropping = (
+            " weighed AS (SELECT FROM {m} WHERE key = %s AND seq >= %s"
+            "  AND EXISTS (SELECT FROM held) HAVING count(*) = %s"
+            "  AND coalesce(sum(bytes), 0) = %s),"
+            " gone AS (DELETE FROM {m} WHERE key = %s AND seq >= %s"
+            "  AND EXISTS (SELECT FROM weighed)),"
+        )
+        weighed = " AND EXISTS (SELECT FROM weighed)"
     return (
-        lock + " AND " + held + " FOR UPDATE OF h),"  # noqa: S608 - constant text
-        " taken AS (UPDATE {u} SET room = room - %s"
+        lock
+        + " AND "
+        + held
+        + " FOR UPDATE OF h),"  # noqa: S608 - constant text
+        + dropping
+        + " taken AS (UPDATE {u} SET room = room - %s"
         "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
         "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
         " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
@@ -544,7 +566,8 @@ def _append_sql(
         "  worker_id = NULL, pid = NULL, host = NULL, since = NULL, version = "
         + version
         + "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
-        "  RETURNING h.key),"
+        + weighed
+        + "  RETURNING h.key),"
         " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
         "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
         "  WHERE EXISTS (SELECT FROM saved))"
@@ -606,6 +629,7 @@ class _Backend:
     driver_errors: tuple[type[BaseException], ...] = FAILURES
     label = _LABEL
     drops = True  # save honours Write.dropped
+    drops_unreserved = True  # and save_if, checking what it deletes
 
     def __init__(self, store: PostgresHistoryStore) -> None:
         self._store = store
@@ -770,24 +794,30 @@ class _Backend:
         head text ``head``, and the write fits its shard's room; else False and
         nothing changed (the reserved path then decides, with the exact sums when
         room is short)."""
-        if write.rewrite or write.dropped:  # the reserved path's (its drop reads the rows)
-            return False
-        renewal = not write.rows and write.head == head  # a read: only the expiry moves
+        if write.rewrite or (write.dropped and write.rows):
+            return False  # the reserved path's
+        renewal = not (write.rows or write.dropped) and write.head == head  # a read
         statement = self._sql.renew_unreserved if renewal else self._sql.append_unreserved
-        held, saved = await self._appended(statement, key, (version, head), write, token)
+        holds: tuple[Any, ...] = (version, head)
+        if write.dropped:  # a pop: the rows it deletes must be those the write weighed
+            first = write.messages - len(write.rows)
+            statement = self._sql.drop_unreserved
+            holds += (key, first, write.dropped, write.dropped_bytes, key, first)
+        held, saved = await self._appended(statement, key, holds, write, token)
         return bool(held and saved)
 
     async def _appended(
         self,
         statement: bytes,
         key: str,
-        holds: tuple[str, ...],
+        holds: tuple[Any, ...],
         write: Write,
         version: str | None,
     ) -> tuple[int, int]:
         """Run ``append`` (``holds``: the reservation's token, ``version``: the one it
-        saw) or ``append_unreserved`` (``holds``: the version and head the row must
-        have, ``version``: the new one): (rows held, rows saved)."""
+        saw) or an ``*_unreserved`` statement (``holds``: the version and head the row
+        must have, and a drop's weights; ``version``: the new one): (rows held, rows
+        saved)."""
         store, growth = self._store, write.growth
         async with store._statement() as conn:
             row = await _row(
