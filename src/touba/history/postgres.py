@@ -49,10 +49,11 @@ version (unless the rows were edited meanwhile), takes the growth from its
 shard's room, appends the messages and releases. Reserving a stored, live
 conversation updates its row only; a cache hit returns that row and no
 message. A session operation on a cached tail is one statement without a
-reservation (``save_if``); when it only renews the expiry (a read: the head
-unchanged, nothing added) its transaction commits with
-``synchronous_commit = off``: a server crash may undo the renewal, which
-leaves the conversation expiring when it did before.
+reservation (``save_if``; a pop's deletes the newest rows only if they are
+as many, and weigh as much, as the tail says); when it only renews the
+expiry (a read: the head unchanged, nothing added) its transaction commits
+with ``synchronous_commit = off``: a server crash may undo the renewal,
+which leaves the conversation expiring when it did before.
 A crash leaves the reservation in place: the key answers
 ``DecisionHistoryBusy`` until ``recover(key, worker_stopped=True)``. Expiry
 uses the server's clock.

@@ -44,9 +44,9 @@ Behaviour decisions:
   is there one atomic round trip without a reservation that renews the
   expiry and brings the rows); when anyone else wrote, edited or holds it,
   the store is untouched and the operation runs again through a reservation,
-  with the outcomes below. ``pop_item`` is optimistic on Redis (its drop
-  checked by those texts) and SQLite (the save checks that the rows it
-  deletes weigh what the cached tail says). A read saves the head unchanged
+  with the outcomes below. ``pop_item`` is optimistic too (on Redis its drop
+  is checked by those texts; on SQLite and PostgreSQL the save deletes the
+  newest rows only if they weigh what the cached tail says). A read saves the head unchanged
   (reading is activity: the expiry moves); on SQLite and PostgreSQL that
   commit does not wait for the disk, so a power loss or a server crash may
   undo the renewal and nothing else. A worker that dies inside an
@@ -150,7 +150,7 @@ def _rerunnable(
     """How to run an operation that only reads its snapshot and returns a write: the
     store's optimistic path where it has one (one round trip while its cached tail is
     current: the built-in durable stores), else ``transact_log``. ``drops``: its write
-    drops messages (a pop), optimistic on Redis and SQLite."""
+    drops messages (a pop)."""
     optimistic = getattr(log, "transact_log_optimistic", None)
     if not callable(optimistic):
         return log.transact_log
