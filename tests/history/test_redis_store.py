@@ -1255,6 +1255,27 @@ async def test_a_peeked_read_refuses_while_held_and_leaves_writes_to_the_reserve
     assert len(claims) == 1  # peeked again, as wide as that read
 
 
+async def test_a_peek_sees_what_another_store_object_added_to_the_cached_exchange(
+    store: RedisHistoryStore, url: str, prefix: str
+) -> None:
+    """The tail a store object holds is only a parse cache for its peeks: another
+    store object's output completing the last exchange (the exchange count
+    unchanged) is in the next peeked read."""
+    from touba.integrations.openai_agents import ToubaSession
+
+    session = await _wide_session(store, items=12)
+    call: Any = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    output: Any = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    async with RedisHistoryStore(url, prefix=prefix) as other:
+        writer = ToubaSession("s", store=other, namespace="ns")
+        await writer.add_items([call])
+        assert await session.get_items() == _items(*range(12))  # the call is not answered
+        await writer.add_items([output])
+    trips = count_round_trips(store)
+    assert await session.get_items() == [*_items(*range(12)), call, output]
+    assert trips == [1]
+
+
 async def test_peeked_reads_racing_appends_see_whole_states(
     store: RedisHistoryStore, url: str, prefix: str
 ) -> None:

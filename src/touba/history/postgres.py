@@ -553,10 +553,10 @@ def _append_sql(
         )
         weighed = " AND EXISTS (SELECT FROM weighed)"
     return (
-        lock
+        lock  # noqa: S608 - constant text
         + " AND "
         + held
-        + " FOR UPDATE OF h),"  # noqa: S608 - constant text
+        + " FOR UPDATE OF h),"
         + dropping
         + " taken AS (UPDATE {u} SET room = room - %s"
         "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
