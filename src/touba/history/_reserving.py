@@ -144,15 +144,26 @@ readable in O(1)::
         Clear the reservation if `token` holds `key` (a bare reservation goes
         away with its place); otherwise do nothing, without raising.
     save_if(key, version, head, token, write: Write, seen: Seen | None) -> bool
-        (optional) A log write (``Write.rewrite`` and ``Write.dropped`` false)
-        without a reservation, for ``Reservations.transact_log_optimistic``: in
-        one transaction, if `key` is unreserved, unexpired, at `version` and its
-        head is the text `head` (in content mode also: its exchange count, and
-        the exchange entries and rows `seen` describes, byte for byte), write as
-        ``save`` does (capacity included) with `token` as the new version and
-        return True; otherwise, or when the write would not fit, change nothing
-        and return False (the reserved path then runs, and refuses what must be
-        refused). A backend without it always takes the reserved path.
+        (optional) A log write (``Write.rewrite`` false) without a reservation,
+        for ``Reservations.transact_log_optimistic``: in one transaction, if
+        `key` is unreserved, unexpired, at `version` and its head is the text
+        `head` (in content mode also: its exchange count, and the exchange
+        entries and rows `seen` describes, byte for byte), write as ``save``
+        does (capacity included) with `token` as the new version and return
+        True; otherwise, or when the write would not fit, change nothing and
+        return False (the reserved path then runs, and refuses what must be
+        refused). A write with ``Write.dropped`` is made only by a backend in
+        content mode or one that says ``drops_unreserved = True``: it deletes
+        the newest rows only if they are ``Write.dropped`` many and weigh
+        ``Write.dropped_bytes`` (they were weighed from the cached tail), else
+        returns False. A write that only renews the expiry (no rows, nothing
+        dropped, the head unchanged) may commit without waiting for the disk.
+        A backend without ``save_if`` always takes the reserved path.
+    peek(key, read: Read) -> Reserved | None
+        (optional, content mode) What ``reserve`` reads, read without reserving
+        and atomically, renewing the expiry as a save of the unchanged head
+        would: DecisionHistoryBusy when `key` is reserved, None when only a
+        reservation can answer (see ``Reservations._peeked``).
     read_sizes(key, start, stop) -> [(exchange, messages, bytes), ...]
         Of the reserved key's exchanges start .. stop - 1, ordered by exchange
         (an exchange without messages may be left out).
