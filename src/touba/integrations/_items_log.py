@@ -39,7 +39,7 @@ from touba.errors import (
 from touba.history import ExchangeSize, message_bytes
 from touba.integrations._cut import UNBOUNDED, fit_suffix
 from touba.integrations._records import record_items
-from touba.integrations._responses_items import exchanges as group
+from touba.integrations._responses_items import exchange_bounds as group
 
 __all__ = [
     "LOG_VERSION",

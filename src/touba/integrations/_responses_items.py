@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from touba.history import ExchangeSize, message_bytes
 from touba.integrations._cut import UNBOUNDED, Unit, fit_suffix
@@ -96,6 +96,14 @@ def _kind(item: Item) -> tuple[str, Key | None]:
     return "model", None
 
 
+class Bounds(NamedTuple):
+    """Where one exchange starts and stops in a list of items, and whether it is complete."""
+
+    start: int
+    stop: int
+    complete: bool
+
+
 @dataclass(slots=True)
 class _Open:
     """The exchange being built."""
@@ -107,16 +115,24 @@ class _Open:
     ends_with_reasoning: bool = False
     orphan: bool = False
 
-    def unit(self, stop: int, items: Sequence[Item]) -> Unit:
+    def bounds(self, stop: int) -> Bounds:
         complete = not (+self.open) and not self.ends_with_reasoning and not self.orphan
-        weight = sum(message_bytes(i) for i in items[self.start : stop])
-        size = ExchangeSize(stop - self.start, weight)
-        return Unit(self.start, stop, complete, size)
+        return Bounds(self.start, stop, complete)
 
 
 def exchanges(items: Sequence[Item]) -> list[Unit]:
-    """Split ``items`` into exchanges, oldest first (see the module docstring)."""
-    units: list[Unit] = []
+    """Split ``items`` into exchanges, oldest first (see the module docstring), each
+    weighed (SPEC section 3's measure)."""
+    units = []
+    for start, stop, complete in exchange_bounds(items):
+        weight = sum(message_bytes(i) for i in items[start:stop])
+        units.append(Unit(start, stop, complete, ExchangeSize(stop - start, weight)))
+    return units
+
+
+def exchange_bounds(items: Sequence[Item]) -> list[Bounds]:
+    """:func:`exchanges` without the weights (nothing encoded)."""
+    units: list[Bounds] = []
     current: _Open | None = None
     for index, item in enumerate(items):
         kind, key = _kind(item)
@@ -131,7 +147,7 @@ def exchanges(items: Sequence[Item]) -> list[Unit]:
             new = not (held or current.after_reasoning)
         if new:
             if current is not None:
-                units.append(current.unit(index, items))
+                units.append(current.bounds(index))
             current = _Open(index)
         assert current is not None
         if kind == "output":
@@ -154,7 +170,7 @@ def exchanges(items: Sequence[Item]) -> list[Unit]:
         if kind == "reasoning":
             current.after_reasoning = True
     if current is not None:
-        units.append(current.unit(len(items), items))
+        units.append(current.bounds(len(items)))
     return units
 
 
