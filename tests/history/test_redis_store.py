@@ -1255,6 +1255,22 @@ async def test_a_peeked_read_refuses_while_held_and_leaves_writes_to_the_reserve
     assert len(claims) == 1  # peeked again, as wide as that read
 
 
+async def test_a_peek_loads_its_script_when_the_server_lacks_it(
+    store: RedisHistoryStore,
+) -> None:
+    """Inside the MULTI too: the peek gets NOSCRIPT, loads the script and runs again."""
+    from touba.history.redis import _PEEK
+
+    session = await _wide_session(store)
+    fresh = f"{_PEEK}\n-- {uuid.uuid4().hex}\n"
+    store._peek_script = store._client.register_script(fresh)
+    assert await store._client.script_exists(store._peek_script.sha) == [False]
+    trips = count_round_trips(store)
+    assert await session.get_items() == _items(*range(40))
+    assert await store._client.script_exists(store._peek_script.sha) == [True]
+    assert trips == [1]  # the peek (its load and second try inside the same call)
+
+
 async def test_a_peek_sees_what_another_store_object_added_to_the_cached_exchange(
     store: RedisHistoryStore, url: str, prefix: str
 ) -> None:
