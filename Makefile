@@ -47,6 +47,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/sessions.py
+	$(BIN)/python bench/pydantic_ai_runs.py
 	$(BIN)/python bench/history_cost.py
 	$(BIN)/python bench/provider_cost.py
 	$(BIN)/python bench/chat_traffic.py

@@ -1,0 +1,97 @@
+"""Per-run cost of pydantic-ai's ``ToubaConversations`` against retained history size.
+
+A known limit, measured so that its fix can be: ``ToubaConversations.open``
+keeps each conversation as one record, which every run loads and validates
+whole (``ModelMessagesTypeAdapter``) and saves whole again, where
+``ToubaSession`` (openai-agents) appends to a log and reads only its window.
+So a run's cost grows with the conversation, not with what the run adds.
+
+For each store, conversations holding N = 10, 100, 1,000 and 10,000 messages
+(1 KiB turns: a user prompt and a text response) are run in interleaved
+rounds: ``open``, ``extend`` with one turn, leave the block (the save). The
+window the model would be sent is bounded (``max_messages=16``), so it is the
+same at every size. Printed: the median ms per run and the ratio to N = 10.
+Benchmarks are not tests: nothing here asserts a time.
+
+    .venv/bin/python bench/pydantic_ai_runs.py [--rounds 20] [--stores memory,sqlite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+from touba.history import HistoryStore, MemoryHistoryStore
+from touba.history._common import MiB
+from touba.history.sqlite import SqliteHistoryStore
+from touba.integrations.pydantic_ai import ToubaConversations
+
+SIZES = (10, 100, 1_000, 10_000)
+SEED_BATCH = 500
+
+
+def turn(n: int) -> list[ModelMessage]:
+    """A user prompt and a text response of about 512 bytes each."""
+    return [
+        ModelRequest(parts=[UserPromptPart(content=f"q{n} " + "x" * 500)]),
+        ModelResponse(parts=[TextPart(content=f"a{n} " + "y" * 500)]),
+    ]
+
+
+def _store(kind: str, directory: Path) -> HistoryStore:
+    limits: dict[str, Any] = {"max_sessions": 64, "max_store_bytes": 1024 * MiB}
+    if kind == "memory":
+        return MemoryHistoryStore(**limits)
+    return SqliteHistoryStore(directory / "pydantic_ai.sqlite", **limits)
+
+
+async def run_store(kind: str, rounds: int, report: Callable[[str], None]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        store: Any = _store(kind, Path(directory))
+        async with store:
+            conversations = ToubaConversations(
+                store, namespace="bench", max_messages=16, max_retained_bytes=1024 * MiB
+            )
+            for size in SIZES:  # seeded through the adapter itself, in a few runs
+                for start in range(0, size // 2, SEED_BATCH):
+                    async with conversations.open(f"c{size}") as conversation:
+                        for n in range(start, min(size // 2, start + SEED_BATCH)):
+                            conversation.extend(turn(n))
+            timings: dict[int, list[float]] = {size: [] for size in SIZES}
+            for r in range(rounds):
+                shift = r % len(SIZES)
+                for size in SIZES[shift:] + SIZES[:shift]:
+                    started = time.perf_counter()
+                    async with conversations.open(f"c{size}") as conversation:
+                        conversation.extend(turn(1_000_000 + r))
+                    timings[size].append(time.perf_counter() - started)
+    report(f"\n{kind}: median ms per run (open, extend with one turn, save), ratio to N = 10")
+    base = statistics.median(timings[SIZES[0]])
+    for size in SIZES:
+        median = statistics.median(timings[size])
+        report(f"{size:>8,}  {median * 1e3:9.2f}  {median / base:7.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--stores", default="memory,sqlite")
+    args = parser.parse_args()
+
+    async def run() -> None:
+        for kind in args.stores.split(","):
+            await run_store(kind, args.rounds, print)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
