@@ -149,20 +149,24 @@ async def _drop_tables(store: Any, table: str) -> None:
 
 
 class _Counted:
-    """Counts the transactions a PostgreSQL store opens (its one ``transaction`` door)."""
+    """Counts the transactions a PostgreSQL store opens: its two doors, ``transaction``
+    (a transaction of several statements) and ``statement`` (one statement that is a
+    whole transaction, autocommit on the store's own pool)."""
 
     def __init__(self, store: Any) -> None:
         self.count = 0
         pool = getattr(store, "_pg", None)
         if pool is None:
             return
-        original = pool.transaction
+        for door in ("transaction", "statement"):
+            setattr(pool, door, self._counted(getattr(pool, door)))
 
+    def _counted(self, door: Callable[[], Any]) -> Callable[[], Any]:
         def counted() -> Any:
             self.count += 1
-            return original()
+            return door()
 
-        pool.transaction = counted
+        return counted
 
 
 async def _run(kind: str, rounds: int, max_messages: int, report: Callable[[str], None]) -> None:
