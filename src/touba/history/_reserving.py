@@ -299,6 +299,12 @@ class Write:
     dropped_from: int = 0  # the exchange of the oldest of them (a bound for the delete)
     dropped_bytes: int = 0  # what they weigh (a save without a reservation checks it)
 
+    @property
+    def kept(self) -> int:
+        """The stored messages a log write keeps: the seq of its first appended row,
+        and of the first it drops."""
+        return self.messages - len(self.rows)
+
 
 @dataclass(frozen=True, slots=True)
 class Seen:
@@ -965,17 +971,11 @@ class Reservations:
                 label = self.backend.label
                 if reserved.split:
                     tail = await self._tail(key, reserved, read, tail)
-                    if held_head is not None and not held_head.holds(reserved.head):
-                        held_head = None  # stored since by someone else: parsed anew
-                    head = held_head.copy() if held_head else parse_head(reserved.head)
-                    if head is None:
-                        raise _damaged(key, "the stored record", label)
+                    head, held_head, head_bytes = _head_of(key, reserved.head, held_head, label)
                 else:
                     tail = held_head = None
                     head = parse_object(reserved.head, key, "the stored record", label)
-                head_bytes = (
-                    held_head.size if held_head is not None else len(reserved.head.encode())
-                )
+                    head_bytes = len(reserved.head.encode())
                 snapshot = _Snapshot(self, key, head, head_bytes, tail)
             else:  # no record (deleted since, even by this object): nothing held is its tail
                 tail = held_head = None
@@ -1108,14 +1108,9 @@ class Reservations:
             if held is not None:
                 self.cache.put(key, held)
             return await self.transact_log(key, operation)
-        held_head = held.head if held is not None else None
         tail = await self._tail(key, reserved, read, held)
-        if held_head is not None and not held_head.holds(reserved.head):
-            held_head = None  # stored since by someone else: parsed anew
-        head = held_head.copy() if held_head else parse_head(reserved.head)
-        if head is None:
-            raise _damaged(key, "the stored record", self.backend.label)
-        head_bytes = held_head.size if held_head is not None else len(reserved.head.encode())
+        held_head = None if held is None else held.head
+        head, held_head, head_bytes = _head_of(key, reserved.head, held_head, self.backend.label)
         snapshot = _Snapshot(self, key, head, head_bytes, tail, cached_only=True, older=False)
         try:
             write, result = await operation(snapshot, reserved.usage)
@@ -1494,6 +1489,20 @@ class _Drop(NamedTuple):
     exchanges: int
     bytes: int
     rows: list[tuple[int, int]]
+
+
+def _head_of(
+    key: str, text: str, held: HeldHead | None, label: str
+) -> tuple[Record, HeldHead | None, int]:
+    """A touba record's stored head ``text``: the caller's copy of it, the head held
+    for it (None when ``text`` is not the one held: stored since by someone else,
+    parsed anew) and its UTF-8 length, as the store counts it."""
+    if held is not None and not held.holds(text):
+        held = None
+    head = held.copy() if held else parse_head(text)
+    if head is None:
+        raise _damaged(key, "the stored record", label)
+    return head, held, held.size if held is not None else len(text.encode())
 
 
 def _held_drop(tail: _Tail, known: Reserved, count: int) -> _Drop | None:

@@ -741,8 +741,7 @@ class _Backend:
             if write.rewrite and current[4]:
                 await _run(conn, s.delete_messages, (key,))
             elif write.dropped:  # LogWrite.drop_last: the newest messages go first
-                first = write.messages - len(write.rows)
-                deleted = await _run(conn, s.drop_messages, (key, first))
+                deleted = await _run(conn, s.drop_messages, (key, write.kept))
                 if deleted != write.dropped:
                     raise dropped_elsewhere(key, _LABEL, deleted, write.dropped)
             saved = (
@@ -801,9 +800,8 @@ class _Backend:
         statement = self._sql.renew_unreserved if renewal else self._sql.append_unreserved
         holds: tuple[Any, ...] = (version, head)
         if write.dropped:  # a pop: the rows it deletes must be those the write weighed
-            first = write.messages - len(write.rows)
             statement = self._sql.drop_unreserved
-            holds += (key, first, write.dropped, write.dropped_bytes, key, first)
+            holds += (key, write.kept, write.dropped, write.dropped_bytes, key, write.kept)
         held, saved = await self._appended(statement, key, holds, write, token)
         return bool(held and saved)
 

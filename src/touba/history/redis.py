@@ -955,7 +955,7 @@ class _Backend:
         rows = "\n".join(
             _row(e, len(body.encode("utf-8", "surrogatepass")), body) for e, body in seen.rows
         )
-        stored = write.messages - len(write.rows) + write.dropped  # before this write
+        stored = write.kept + write.dropped  # before this write
         proof = (version, head, stored, seen.count)
         reply = await store._conv(
             store._append_if_script,

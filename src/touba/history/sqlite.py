@@ -225,10 +225,9 @@ _SAVE = """UPDATE touba_history_sessions SET head = ?, split = ?,
 _SAVE_IDENTITY = """UPDATE touba_history_sessions SET namespace = ?, identity = ?
     WHERE id = ? AND (namespace IS NOT ? OR identity IS NOT ?)"""
 # The exchange bound lets the tail index find the newest rows in O(dropped), not O(rows).
-_DROP_NEWEST = """DELETE FROM touba_history_messages
-    WHERE conv = ? AND exchange >= ? AND seq >= ?"""
-_WEIGH_NEWEST = """SELECT count(*), coalesce(sum(bytes), 0) FROM touba_history_messages
-    WHERE conv = ? AND exchange >= ? AND seq >= ?"""
+_NEWEST = "FROM touba_history_messages WHERE conv = ? AND exchange >= ? AND seq >= ?"
+_DROP_NEWEST = "DELETE " + _NEWEST
+_WEIGH_NEWEST = "SELECT count(*), coalesce(sum(bytes), 0) " + _NEWEST
 _UNRESERVE = """UPDATE touba_history_sessions
     SET token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL
     WHERE key = ? AND token """
@@ -484,8 +483,7 @@ class _Db:
     def _weighs(self, conv: int, write: Write) -> bool:
         """Whether the rows ``write``'s drop deletes are as many, and weigh as much,
         as the write says (its sizes were computed from a cached tail)."""
-        first = write.messages - len(write.rows)
-        count, size = self.q(_WEIGH_NEWEST, conv, write.dropped_from, first).fetchone()
+        count, size = self.q(_WEIGH_NEWEST, conv, write.dropped_from, write.kept).fetchone()
         return bool(count == write.dropped and size == write.dropped_bytes)
 
     def _write(self, key: str, conv: int, write: Write, version: str | None) -> None:
@@ -496,8 +494,7 @@ class _Db:
         if write.rewrite:
             self.q("DELETE FROM touba_history_messages WHERE conv = ?", conv)
         elif write.dropped:  # LogWrite.drop_last: the newest messages go first
-            first = write.messages - len(write.rows)
-            deleted = self.q(_DROP_NEWEST, conv, write.dropped_from, first).rowcount
+            deleted = self.q(_DROP_NEWEST, conv, write.dropped_from, write.kept).rowcount
             if deleted != write.dropped:
                 raise dropped_elsewhere(key, _LABEL, deleted, write.dropped)
         self.conn.executemany(
