@@ -237,16 +237,24 @@ async def test_transact_log_appends_only_and_reads_only_the_tail(
     assert (row.messages, row.active) == (5, False)
 
 
-async def test_transact_log_refuses_a_foreign_record(store: RedisHistoryStore) -> None:
+async def test_transact_log_shows_a_record_kept_whole_as_a_head_without_rows(
+    store: RedisHistoryStore,
+) -> None:
+    """As on SQLite and PostgreSQL: the caller decides (a version 1 integration
+    record is read whole, a foreign one refused); nothing is changed meanwhile."""
     await save(store, "k", {"not": "touba"})
+    seen: list[tuple[Any, int]] = []
 
-    async def never(
+    async def look(
         snapshot: LogSnapshot | None, usage: StoreUsage | None
-    ) -> tuple[LogWrite, None]:
-        raise AssertionError("must not run")
+    ) -> tuple[LogWrite | None, None]:
+        assert snapshot is not None
+        seen.append((snapshot.head, snapshot.exchange_count))
+        return None, None
 
-    with pytest.raises(DecisionHistoryRecordInvalid):
-        await store.transact_log("k", never)
+    await store.transact_log("k", look)
+    await store.transact_log_optimistic("k", look)  # (its peek gives way to the reservation)
+    assert seen == [({"not": "touba"}, 0)] * 2
     assert await store.read("k") == {"not": "touba"}
 
 

@@ -828,11 +828,8 @@ class _Backend:
         if read.whole:
             rows = _rows(listed, count)
             return Reserved(head, split, count, messages, size, version, usage, [], rows)
-        if not split:  # transact_log shows touba records only
-            raise DecisionHistoryRecordInvalid(
-                "the stored value under this session key is not a touba decision history "
-                "record; it was not modified. Use another namespace or delete the key"
-            )
+        if not split:  # a record kept whole: the protocol shows it as a head with no rows
+            return Reserved(head, split, 0, messages, size, version, usage, [], [])
         entries = _entries(reply[10], int(reply[9]))
         sizes_first = count - len(entries) // 3
         bodies_first = max(0, count - read.bodies)
