@@ -1,10 +1,11 @@
 """Per-run cost of pydantic-ai's ``ToubaConversations`` against retained history size.
 
-A known limit, measured so that its fix can be: ``ToubaConversations.open``
-keeps each conversation as one record, which every run loads and validates
-whole (``ModelMessagesTypeAdapter``) and saves whole again, where
-``ToubaSession`` (openai-agents) appends to a log and reads only its window.
-So a run's cost grows with the conversation, not with what the run adds.
+``ToubaConversations.open`` keeps each conversation as an append-only log of
+turns (:mod:`touba.integrations._turns_log`): a run reads the last turn, the
+sizes of the earlier turns its window can reach and the messages the window
+keeps, then appends what it adds. So a run should cost the same whatever the
+conversation holds (until issue 11's tenth session each run loaded, validated
+and rewrote the whole record: about 1 s at 10,000 messages).
 
 For each store, conversations holding N = 10, 100, 1,000 and 10,000 messages
 (1 KiB turns: a user prompt and a text response) are run in interleaved

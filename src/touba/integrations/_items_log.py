@@ -33,12 +33,11 @@ from typing import Any, Final
 
 from touba.errors import (
     DecisionHistoryLimitExceeded,
-    DecisionHistoryMismatch,
     DecisionHistoryRecordInvalid,
 )
 from touba.history import ExchangeSize, message_bytes
 from touba.integrations._cut import UNBOUNDED, fit_suffix
-from touba.integrations._records import record_items
+from touba.integrations._records import check_owner, foreign_kind, record_items
 from touba.integrations._responses_items import exchange_bounds as group
 
 __all__ = [
@@ -95,10 +94,7 @@ def check_head(head: Mapping[str, Any], *, kind: str, namespace: str, conversati
     Raises :class:`Legacy` for a version 1 record (read whole, rewritten).
     """
     if head.get("kind") != kind:
-        raise DecisionHistoryRecordInvalid(
-            f"the value stored under this conversation's key is not a {kind} record; it was "
-            "not modified. Use another namespace, or delete the key"
-        )
+        raise foreign_kind(kind)
     version = head.get("version")
     if version == 1:
         raise Legacy
@@ -114,10 +110,7 @@ def check_head(head: Mapping[str, Any], *, kind: str, namespace: str, conversati
         or not all(isinstance(head.get(k), int) for k in ("items", "bytes"))
     ):
         raise _invalid(kind, "its incomplete, items or bytes fields")
-    if head.get("namespace") != namespace or head.get("conversation_id") != conversation_id:
-        raise DecisionHistoryMismatch(
-            "the record found under this key belongs to another conversation; it was not modified"
-        )
+    check_owner(head, namespace=namespace, conversation_id=conversation_id)
 
 
 def whole_items(

@@ -11,14 +11,18 @@ invocation and agent are never empty). The record is::
      "items": [<the framework's messages as JSON>, ...], "bytes": int,
      "created_at": iso8601, "updated_at": iso8601}
 
-Every change is one ``store.transact``: the store's reservation makes it
+Every change is one store transaction (``transact``, or ``transact_log`` for
+version 2 below): the store's reservation makes it
 exclusive (a concurrent operation on the same key is refused at once with
 ``DecisionHistoryBusy``), survives a crashed worker until
 ``store.recover(key, worker_stopped=True)``, and its capacity, expiry and
-file protections apply unchanged. The whole record is read and written by
-each operation: a stored item list is a plain JSON value any store can hold,
-at a cost that grows with the conversation, which ``max_retained_bytes``
-bounds.
+file protections apply unchanged. Version 1 is read and written whole by
+each operation, at a cost that grows with the conversation; on the built-in
+stores the integrations keep version 2, an append-only log of exchanges
+(:mod:`touba.integrations._items_log`) or of turns
+(:mod:`touba.integrations._turns_log`).
+:class:`Held` and :class:`HeldLog` hold one of these transactions open across
+a block of the caller's code (a whole run).
 """
 
 from __future__ import annotations
@@ -26,30 +30,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Generic, TypeVar
 
 from touba.errors import (
     ConfigurationError,
-    DecisionHistoryLimitExceeded,
     DecisionHistoryMismatch,
     DecisionHistoryRecordInvalid,
 )
-from touba.history import HistoryStore, conversation_key, message_bytes
+from touba.history import HistoryStore, conversation_key
 from touba.history._model import canonical_json, json_problem
+from touba.history._store import LogSnapshot, LogStore, LogWrite, StoreUsage
 
 __all__ = [
     "RECORD_VERSION",
     "Held",
+    "HeldLog",
     "Record",
     "check_id",
+    "check_owner",
     "check_store",
     "conversation_store_key",
     "dump_item_texts",
     "dump_items",
-    "new_record",
+    "foreign_kind",
     "record_items",
 ]
 
@@ -81,10 +86,6 @@ def check_store(store: object) -> HistoryStore:
 def conversation_store_key(namespace: str, integration: str, conversation_id: str) -> str:
     """The store key of one integration conversation (touba's key function)."""
     return conversation_key(namespace, integration, "", "conversation", conversation_id, "", "")
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
 
 
 def dump_items(items: Sequence[object], what: str) -> list[Record]:
@@ -119,10 +120,7 @@ def record_items(
     if record is None:
         return []
     if record.get("kind") != kind:
-        raise DecisionHistoryRecordInvalid(
-            f"the value stored under this conversation's key is not a {kind} record; it was "
-            "not modified. Use another namespace, or delete the key"
-        )
+        raise foreign_kind(kind)
     if record.get("version") != RECORD_VERSION:
         raise DecisionHistoryRecordInvalid(
             f"the stored {kind} record has version {record.get('version')!r}; this touba reads "
@@ -134,93 +132,60 @@ def record_items(
             f"the stored {kind} record is corrupt (its items are not a list of objects); it "
             "was not modified. Inspect it with `touba history show`"
         )
+    check_owner(record, namespace=namespace, conversation_id=conversation_id)
+    return items
+
+
+def foreign_kind(kind: str) -> DecisionHistoryRecordInvalid:
+    """The refusal of a record of another kind under a conversation's key."""
+    return DecisionHistoryRecordInvalid(
+        f"the value stored under this conversation's key is not a {kind} record; it was "
+        "not modified. Use another namespace, or delete the key"
+    )
+
+
+def check_owner(record: Mapping[str, Any], *, namespace: str, conversation_id: str) -> None:
+    """``DecisionHistoryMismatch`` when ``record`` is another conversation's."""
     if record.get("namespace") != namespace or record.get("conversation_id") != conversation_id:
         raise DecisionHistoryMismatch(
             "the record found under this key belongs to another conversation; it was not modified"
         )
-    return items
-
-
-def new_record(
-    old: Record | None,
-    items: list[Record],
-    *,
-    kind: str,
-    namespace: str,
-    conversation_id: str,
-    max_retained_bytes: int,
-) -> Record:
-    """The record holding ``items``, refused whole when it would exceed ``max_retained_bytes``."""
-    size = sum(message_bytes(i) for i in items)
-    if size > max_retained_bytes:
-        raise DecisionHistoryLimitExceeded(
-            f"this conversation would retain {size} bytes, over max_retained_bytes="
-            f"{max_retained_bytes}; nothing was written. Clear or shorten the conversation, or "
-            "raise max_retained_bytes",
-            limit="max_retained_bytes",
-        )
-    stamp = _now()
-    return {
-        "kind": kind,
-        "version": RECORD_VERSION,
-        "namespace": namespace,
-        "conversation_id": conversation_id,
-        "items": items,
-        "bytes": size,
-        "created_at": (old or {}).get("created_at", stamp),
-        "updated_at": stamp,
-    }
 
 
 class _Abandon(Exception):
     """Tells a held transaction to keep the stored state."""
 
 
-class Held(Generic[T]):
-    """One ``store.transact`` held open across a block of the caller's code.
+class _Holding(Generic[T]):
+    """One store transaction held open across a block of the caller's code (see
+    :class:`Held`); a subclass says which transaction and what it loads and saves."""
 
-    ``async with Held(store, key, load) as value:`` reserves ``key`` (or
-    raises ``DecisionHistoryBusy`` at once), gives ``load(snapshot)``'s value,
-    and on a clean exit saves the record :meth:`commit` was given, in the
-    store's one atomic step that also clears the reservation. An exception
-    (or cancellation) in the block keeps the stored state and releases the
-    key; a crashed process leaves the key reserved until
-    ``store.recover(key, worker_stopped=True)``. The store's transaction runs
-    in a task this object owns and awaits before leaving the block.
-    """
-
-    def __init__(
-        self,
-        store: HistoryStore,
-        key: str,
-        load: Callable[[Record | None], T],
-        save: Callable[[Record | None], Record | None],
-    ) -> None:
-        self._store = store
-        self._key = key
-        self._load = load
-        self._save = save
-        self._task: asyncio.Task[None] | None = None
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
         self._loaded: asyncio.Future[T] | None = None
         self._outcome: asyncio.Future[None] | None = None
 
-    async def _operation(self, snapshot: Record | None) -> tuple[Record | None, None]:
+    def _transaction(self) -> Coroutine[Any, Any, Any]:
+        raise NotImplementedError
+
+    async def _hold(self, loading: Awaitable[T]) -> None:
+        """Give the block what ``loading`` gives, then wait for the block to end:
+        raises ``_Abandon`` (or is cancelled) when the stored state must stay."""
         assert self._loaded is not None
         assert self._outcome is not None
         try:
-            value = self._load(snapshot)
+            value = await loading
         except BaseException as e:
             self._loaded.set_exception(e)
             raise
         self._loaded.set_result(value)
-        await self._outcome  # raises _Abandon (or is cancelled) to keep the old state
-        return self._save(snapshot), None
+        await self._outcome
 
     async def __aenter__(self) -> T:
         loop = asyncio.get_running_loop()
         self._loaded = loop.create_future()
         self._outcome = loop.create_future()
-        self._task = asyncio.create_task(self._store.transact(self._key, self._operation))
+        self._task = asyncio.create_task(self._transaction())
         try:
             waited: set[asyncio.Future[Any]] = {self._task, self._loaded}
             await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
@@ -250,3 +215,67 @@ class Held(Generic[T]):
         self._outcome.set_exception(_Abandon())
         with contextlib.suppress(_Abandon):
             await self._task
+
+
+class Held(_Holding[T]):
+    """One ``store.transact`` held open across a block of the caller's code.
+
+    ``async with Held(store, key, load, save) as value:`` reserves ``key`` (or
+    raises ``DecisionHistoryBusy`` at once), gives ``load(snapshot)``'s value,
+    and on a clean exit saves ``save(snapshot)``, in the store's one atomic
+    step that also clears the reservation. An exception (or cancellation) in
+    the block keeps the stored state and releases the key; a crashed process
+    leaves the key reserved until ``store.recover(key, worker_stopped=True)``.
+    The store's transaction runs in a task this object owns and awaits before
+    leaving the block.
+    """
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        key: str,
+        load: Callable[[Record | None], T],
+        save: Callable[[Record | None], Record | None],
+    ) -> None:
+        super().__init__()
+        self._store = store
+        self._key = key
+        self._load = load
+        self._save = save
+
+    def _transaction(self) -> Coroutine[Any, Any, Any]:
+        return self._store.transact(self._key, self._operation)
+
+    async def _operation(self, snapshot: Record | None) -> tuple[Record | None, None]:
+        async def load() -> T:
+            return self._load(snapshot)
+
+        await self._hold(load())
+        return self._save(snapshot), None
+
+
+class HeldLog(_Holding[T]):
+    """:class:`Held` over a store's ``transact_log``: ``load(snapshot)`` reads what
+    the block needs of the log, and on a clean exit ``save()``'s write is applied."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        key: str,
+        load: Callable[[LogSnapshot | None], Awaitable[T]],
+        save: Callable[[], LogWrite | None],
+    ) -> None:
+        super().__init__()
+        self._store = store
+        self._key = key
+        self._load = load
+        self._save = save
+
+    def _transaction(self) -> Coroutine[Any, Any, Any]:
+        return self._store.transact_log(self._key, self._operation)
+
+    async def _operation(
+        self, snapshot: LogSnapshot | None, usage: StoreUsage | None
+    ) -> tuple[LogWrite | None, None]:
+        await self._hold(self._load(snapshot))
+        return self._save(), None

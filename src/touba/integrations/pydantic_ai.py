@@ -46,29 +46,53 @@ Behaviour decisions:
   reservation in one atomic step. An exception in the block writes nothing; a
   crashed process leaves the conversation reserved until
   ``store.recover(conversations.key(conversation_id), worker_stopped=True)``.
+- **What a run costs.** On a built-in store a conversation is an append-only
+  log of turns (:mod:`touba.integrations._turns_log`): ``open`` reads the
+  last turn, the sizes of the earlier turns ``max_messages`` can reach and
+  the messages of those the window keeps, and the save appends the run's
+  messages; neither loads nor rewrites the whole conversation, so a run costs
+  the same at 10 or 10,000 stored messages (an unbounded window reads what it
+  returns: everything). A custom ``HistoryStore`` (``transact`` only) keeps
+  the conversation as one record, read and written whole; a version 1 record
+  (touba before the log) is read whole once and rewritten as a log.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from itertools import accumulate
+from types import TracebackType
 from typing import Any, Final
 
-from touba.errors import ConfigurationError
+from touba.errors import ConfigurationError, DecisionHistoryRecordInvalid
 from touba.history import ExchangeSize, HistoryStore, message_bytes
+from touba.history._store import LogSnapshot, LogStore, LogWrite, StoreUsage
 from touba.integrations._cut import UNBOUNDED, Unit, check_bound
+from touba.integrations._items_log import Legacy
 from touba.integrations._records import (
     Held,
+    HeldLog,
     Record,
     check_id,
     check_store,
     conversation_store_key,
-    new_record,
-    record_items,
 )
 from touba.integrations._turns import TurnUnit, turn_window
+from touba.integrations._turns_log import (
+    check_head,
+    earlier_units,
+    extend,
+    new_head,
+    reach,
+    record_of,
+    stored_messages,
+)
 
 try:
     from pydantic_ai.capabilities import AbstractCapability
@@ -179,10 +203,7 @@ def _window(
         for part in messages[i].parts
         if isinstance(part, SystemPromptPart)
     ]
-    if moved and window and isinstance(window[0], ModelRequest):
-        first = window[0]
-        window[0] = dataclasses.replace(first, parts=[*moved, *first.parts])
-    return window
+    return _opened(window, moved)
 
 
 def touba_history(
@@ -273,12 +294,7 @@ class ToubaConversations:
             self.namespace, INTEGRATION, check_id("conversation_id", conversation_id)
         )
 
-    def _stored(self, record: Record | None, conversation_id: str) -> list[Record]:
-        return record_items(
-            record, kind=KIND, namespace=self.namespace, conversation_id=conversation_id
-        )
-
-    def open(self, conversation_id: str) -> Held[ToubaConversation]:
+    def open(self, conversation_id: str) -> AbstractAsyncContextManager[ToubaConversation]:
         """Reserve, load and, on a clean exit, save one conversation (an async context manager).
 
         Entering raises ``DecisionHistoryBusy`` when another holder has the
@@ -288,42 +304,239 @@ class ToubaConversations:
         ``DecisionHistoryLimitExceeded`` when the save would exceed
         ``max_retained_bytes`` or the store's capacity (nothing written).
         """
-        key = self.key(conversation_id)
-        box: list[ToubaConversation] = []
-
-        def load(record: Record | None) -> ToubaConversation:
-            stored = ModelMessagesTypeAdapter.validate_python(self._stored(record, conversation_id))
-            window = _window(
-                stored,
-                max_messages=self._max_messages,
-                max_bytes=self._max_bytes,
-                keep_pending_tail=True,  # a run paused on deferred calls resumes from it
-            )
-            box.append(ToubaConversation(conversation_id, window))
-            return box[0]
-
-        def save(record: Record | None) -> Record | None:
-            added = box[0]._added
-            if not added:
-                return record
-            items = [*self._stored(record, conversation_id), *_dump(added)]
-            return new_record(
-                record,
-                items,
-                kind=KIND,
-                namespace=self.namespace,
-                conversation_id=conversation_id,
-                max_retained_bytes=self.max_retained_bytes,
-            )
-
-        return Held(self.store, key, load, save)
+        return _Opening(self, check_id("conversation_id", conversation_id))
 
     async def messages(self, conversation_id: str) -> list[ModelMessage]:
         """Every stored message of a conversation (a short transaction; ``[]`` if none)."""
         key = self.key(conversation_id)
+        if isinstance(self.store, LogStore):
+
+            async def read_log(
+                snapshot: LogSnapshot | None, usage: StoreUsage | None
+            ) -> tuple[LogWrite | None, list[Record]]:
+                if snapshot is None:
+                    return None, []
+                self._check(snapshot.head, conversation_id)
+                rows = await snapshot.exchanges(0, snapshot.exchange_count)
+                return LogWrite(head=snapshot.head), [m for exchange in rows for m in exchange]
+
+            with contextlib.suppress(Legacy):
+                return _validate(await self.store.transact_log(key, read_log))
 
         async def read(record: Record | None) -> tuple[Record | None, list[Record]]:
             return record, self._stored(record, conversation_id)
 
-        stored = await self.store.transact(key, read)
-        return ModelMessagesTypeAdapter.validate_python(stored)
+        return _validate(await self.store.transact(key, read))
+
+    def _check(self, head: Record, conversation_id: str) -> None:
+        check_head(head, kind=KIND, namespace=self.namespace, conversation_id=conversation_id)
+
+    def _stored(self, record: Record | None, conversation_id: str) -> list[Record]:
+        if record is None:
+            return []
+        return stored_messages(
+            record, kind=KIND, namespace=self.namespace, conversation_id=conversation_id
+        )
+
+    def _bounds(self) -> dict[str, int]:
+        return {"max_messages": self._max_messages, "max_bytes": self._max_bytes}
+
+
+def _validate(dumped: list[Record]) -> list[ModelMessage]:
+    messages: list[ModelMessage] = ModelMessagesTypeAdapter.validate_python(dumped)
+    return messages
+
+
+def _system(dumped: Sequence[Record], start: int = 0) -> list[tuple[int, list[Record]]]:
+    """The system prompt parts of each request among ``dumped`` (indices from ``start``)."""
+    found = []
+    for index, message in enumerate(dumped, start):
+        if message.get("kind") == "request":
+            parts = [p for p in message.get("parts", ()) if p.get("part_kind") == "system-prompt"]
+            if parts:
+                found.append((index, parts))
+    return found
+
+
+def _moved(system: Sequence[Sequence[Any]], kept: set[int]) -> list[Any]:
+    """The system prompt parts of the requests left out of a window, in order."""
+    parts = [part for index, found in system if index not in kept for part in found]
+    if not parts:
+        return []
+    request: list[ModelMessage] = _validate([{"kind": "request", "parts": parts}])
+    return list(request[0].parts)
+
+
+def _opened(window: list[ModelMessage], moved: list[Any]) -> list[ModelMessage]:
+    """``window`` with ``moved`` at the start of its first request (see "System prompts")."""
+    if moved and window and isinstance(window[0], ModelRequest):
+        window[0] = dataclasses.replace(window[0], parts=[*moved, *window[0].parts])
+    return window
+
+
+class _Opening:
+    """What :meth:`ToubaConversations.open` returns: the turn log on a built-in store
+    (:mod:`touba.integrations._turns_log`), the whole record on a store that only
+    offers ``transact`` or for a version 1 record (rewritten in version 2)."""
+
+    def __init__(self, conversations: ToubaConversations, conversation_id: str) -> None:
+        self._of = conversations
+        self._id = conversation_id
+        self._key = conversations.key(conversation_id)
+        self._held: HeldLog[ToubaConversation] | Held[ToubaConversation] | None = None
+
+    async def __aenter__(self) -> ToubaConversation:
+        store = self._of.store
+        if isinstance(store, LogStore):
+            log = _LogTurn(self._of, self._id)
+            held: HeldLog[ToubaConversation] | Held[ToubaConversation]
+            held = HeldLog(store, self._key, log.load, log.save)
+            try:
+                conversation = await held.__aenter__()
+            except Legacy:
+                pass
+            else:
+                self._held = held
+                return conversation
+        whole = _WholeTurn(self._of, self._id)
+        held = Held(store, self._key, whole.load, whole.save)
+        conversation = await held.__aenter__()
+        self._held = held
+        return conversation
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._held is not None
+        await self._held.__aexit__(exc_type, exc, tb)
+
+
+class _LogTurn:
+    """One run on the turn log: the window read from the tail, the new messages appended."""
+
+    def __init__(self, conversations: ToubaConversations, conversation_id: str) -> None:
+        self._of = conversations
+        self._id = conversation_id
+        self._head: Record = new_head(KIND, conversations.namespace, conversation_id)
+        self._stored = False
+        self._count = 0
+        self._offset = 0  # the last turn's first message
+        self._last: list[ModelMessage] = []
+        self._last_sizes: list[int] = []
+        self._conversation: ToubaConversation | None = None
+
+    async def load(self, snapshot: LogSnapshot | None) -> ToubaConversation:
+        window: list[ModelMessage] = []
+        if snapshot is not None:
+            head = snapshot.head
+            self._of._check(head, self._id)
+            self._head, self._stored, self._count = head, True, snapshot.exchange_count
+            if self._count:
+                window = await self._window(snapshot)
+        self._conversation = ToubaConversation(self._id, window)
+        return self._conversation
+
+    async def _window(self, snapshot: LogSnapshot) -> list[ModelMessage]:
+        head, count = self._head, self._count
+        (last,) = await snapshot.exchanges(count - 1, count)
+        self._last = _validate(last)
+        self._last_sizes = [message_bytes(m) for m in last]
+        self._offset = head["messages"] - len(last)
+        first = reach(count, self._of._max_messages)
+        sizes = await snapshot.sizes(first)
+        try:
+            if self._offset < 0 or len(sizes) != count - first:
+                raise ValueError("its message count is not its turns'")
+            earlier = earlier_units(head, first, sizes[:-1], self._offset)
+        except ValueError as e:
+            raise DecisionHistoryRecordInvalid(
+                f"the stored {KIND} record is corrupt ({e}); it was not modified. Inspect it "
+                "with `touba history show`"
+            ) from e
+        units = [*earlier, *_shifted(_units(self._last, self._last_sizes), self._offset)]
+        chosen = turn_window(units, **self._of._bounds(), keep_pending_tail=True)
+        kept = {i for unit in chosen for i in range(unit.start, unit.stop)}
+        messages = dict(enumerate(self._last, self._offset))
+        wanted = sorted(i for i in kept if i < self._offset)
+        if wanted:  # earlier turns: read from the first one the window keeps
+            starts = list(accumulate((s.messages for s in reversed(sizes[:-1])), initial=0))
+            starts = [self._offset - n for n in reversed(starts[1:])]  # turns first..count-2
+            turn = bisect.bisect_right(starts, wanted[0]) - 1
+            rows = await snapshot.exchanges(first + turn, count - 1)
+            flat = [m for exchange in rows for m in exchange]
+            picked = _validate([flat[i - starts[turn]] for i in wanted])
+            messages.update(zip(wanted, picked, strict=True))
+        window = [messages[i] for i in sorted(kept)]
+        return _opened(window, _moved(head["system"], kept))
+
+    def save(self) -> LogWrite | None:
+        assert self._conversation is not None
+        added = self._conversation._added
+        if not added:  # a run that added nothing: its reservation was activity
+            return LogWrite(head=self._head) if self._stored else None
+        dumped = _dump(added)
+        sizes = [message_bytes(m) for m in dumped]
+        kept = len(self._last)
+        units = _units([*self._last, *added], [*self._last_sizes, *sizes])
+        planned = extend(
+            self._head,
+            self._count,
+            units,
+            self._offset,
+            kept,
+            dumped,
+            sizes,
+            _system(dumped, kept),
+            max_retained_bytes=self._of.max_retained_bytes,
+        )
+        return LogWrite(head=planned.head, append=planned.rows)
+
+
+def _shifted(units: Sequence[TurnUnit], offset: int) -> list[TurnUnit]:
+    return [
+        TurnUnit(
+            dataclasses.replace(u.unit, start=u.unit.start + offset, stop=u.unit.stop + offset),
+            u.is_input,
+        )
+        for u in units
+    ]
+
+
+class _WholeTurn:
+    """One run on the whole record: loaded, windowed and saved in one piece."""
+
+    def __init__(self, conversations: ToubaConversations, conversation_id: str) -> None:
+        self._of = conversations
+        self._id = conversation_id
+        self._dumped: list[Record] = []
+        self._stored: list[ModelMessage] = []
+        self._conversation: ToubaConversation | None = None
+
+    def load(self, record: Record | None) -> ToubaConversation:
+        self._dumped = self._of._stored(record, self._id)
+        self._stored = _validate(self._dumped)
+        window = _window(self._stored, **self._of._bounds(), keep_pending_tail=True)
+        self._conversation = ToubaConversation(self._id, window)
+        return self._conversation
+
+    def save(self, record: Record | None) -> Record | None:
+        assert self._conversation is not None
+        added = self._conversation._added
+        if not added:
+            return record
+        dumped = [*self._dumped, *_dump(added)]
+        sizes = [message_bytes(m) for m in dumped]
+        return record_of(
+            record,
+            dumped,
+            _units([*self._stored, *added], sizes),
+            sizes,
+            _system(dumped),
+            kind=KIND,
+            namespace=self._of.namespace,
+            conversation_id=self._id,
+            max_retained_bytes=self._of.max_retained_bytes,
+        )
