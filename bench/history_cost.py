@@ -109,7 +109,9 @@ class _Conversation:
 
 
 @contextlib.asynccontextmanager
-async def _store(kind: str, directory: Path) -> AsyncIterator[Any]:
+async def open_store(kind: str, directory: Path) -> AsyncIterator[Any]:
+    """A store of ``kind`` (memory, sqlite, postgres, redis) for a benchmark, on its
+    own file, table or prefix, dropped afterwards (PostgreSQL)."""
     limits: dict[str, Any] = {"max_sessions": 16, "max_store_bytes": 512 * MiB}
     if kind == "memory":
         async with MemoryHistoryStore(**limits) as store:
@@ -171,7 +173,7 @@ class _Counted:
 
 async def _run(kind: str, rounds: int, max_messages: int, report: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        async with _store(kind, Path(tmp)) as store:
+        async with open_store(kind, Path(tmp)) as store:
             config = HistoryConfig(
                 store=store,
                 namespace=NAMESPACE,

@@ -14,7 +14,7 @@ window the model would be sent is bounded (``max_messages=16``), so it is the
 same at every size. Printed: the median ms per run and the ratio to N = 10.
 Benchmarks are not tests: nothing here asserts a time.
 
-    .venv/bin/python bench/pydantic_ai_runs.py [--rounds 20] [--stores memory,sqlite]
+    .venv/bin/python bench/pydantic_ai_runs.py [--rounds 20] [--stores memory,sqlite,postgres,redis]
 """
 
 from __future__ import annotations
@@ -22,17 +22,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
-from touba.history import HistoryStore, MemoryHistoryStore
+if __package__ in (None, ""):  # run as a script: bench/ is a package of the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.history_cost import open_store
 from touba.history._common import MiB
-from touba.history.sqlite import SqliteHistoryStore
 from touba.integrations.pydantic_ai import ToubaConversations
 
 SIZES = (10, 100, 1_000, 10_000)
@@ -47,17 +49,9 @@ def turn(n: int) -> list[ModelMessage]:
     ]
 
 
-def _store(kind: str, directory: Path) -> HistoryStore:
-    limits: dict[str, Any] = {"max_sessions": 64, "max_store_bytes": 1024 * MiB}
-    if kind == "memory":
-        return MemoryHistoryStore(**limits)
-    return SqliteHistoryStore(directory / "pydantic_ai.sqlite", **limits)
-
-
 async def run_store(kind: str, rounds: int, report: Callable[[str], None]) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        store: Any = _store(kind, Path(directory))
-        async with store:
+        async with open_store(kind, Path(directory)) as store:
             conversations = ToubaConversations(
                 store, namespace="bench", max_messages=16, max_retained_bytes=1024 * MiB
             )
@@ -84,7 +78,7 @@ async def run_store(kind: str, rounds: int, report: Callable[[str], None]) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--stores", default="memory,sqlite")
+    parser.add_argument("--stores", default="memory,sqlite,postgres,redis")
     args = parser.parse_args()
 
     async def run() -> None:
