@@ -28,16 +28,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from touba.errors import (
-    DecisionHistoryLimitExceeded,
     DecisionHistoryRecordInvalid,
 )
 from touba.history import ExchangeSize, message_bytes
 from touba.integrations._cut import UNBOUNDED, fit_suffix
-from touba.integrations._records import check_owner, foreign_kind, record_items
+from touba.integrations._records import (
+    check_owner,
+    check_retained,
+    corrupt,
+    foreign_kind,
+    log_head,
+    now,
+    record_items,
+)
 from touba.integrations._responses_items import exchange_bounds as group
 
 __all__ = [
@@ -62,30 +68,8 @@ class Legacy(Exception):
     """A version 1 record met on the log path: the operation takes the whole-record path."""
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
 def new_head(kind: str, namespace: str, conversation_id: str) -> Record:
-    stamp = _now()
-    return {
-        "kind": kind,
-        "version": LOG_VERSION,
-        "namespace": namespace,
-        "conversation_id": conversation_id,
-        "incomplete": [],
-        "items": 0,
-        "bytes": 0,
-        "created_at": stamp,
-        "updated_at": stamp,
-    }
-
-
-def _invalid(kind: str, what: str) -> DecisionHistoryRecordInvalid:
-    return DecisionHistoryRecordInvalid(
-        f"the stored {kind} record is corrupt ({what}); it was not modified. Inspect it with "
-        "`touba history show`"
-    )
+    return log_head(kind, LOG_VERSION, namespace, conversation_id, incomplete=[], items=0, bytes=0)
 
 
 def check_head(head: Mapping[str, Any], *, kind: str, namespace: str, conversation_id: str) -> None:
@@ -109,7 +93,7 @@ def check_head(head: Mapping[str, Any], *, kind: str, namespace: str, conversati
         or not all(isinstance(i, int) for i in incomplete)
         or not all(isinstance(head.get(k), int) for k in ("items", "bytes"))
     ):
-        raise _invalid(kind, "its incomplete, items or bytes fields")
+        raise corrupt(kind, "its incomplete, items or bytes fields")
     check_owner(head, namespace=namespace, conversation_id=conversation_id)
 
 
@@ -127,7 +111,7 @@ def whole_items(
     if not isinstance(exchanges, list) or not all(
         isinstance(ex, list) and all(isinstance(i, dict) for i in ex) for ex in exchanges
     ):
-        raise _invalid(kind, "its exchanges are not lists of objects")
+        raise corrupt(kind, "its exchanges are not lists of objects")
     return [item for exchange in exchanges for item in exchange]
 
 
@@ -145,7 +129,7 @@ def record_of(
     if not items:
         return None
     size = sum(message_bytes(i) for i in items)
-    _check_retained(size, max_retained_bytes)
+    check_retained(size, max_retained_bytes)
     units = group(items)
     head = new_head(kind, namespace, conversation_id)
     head["created_at"] = (old or {}).get("created_at", head["created_at"])
@@ -154,16 +138,6 @@ def record_of(
     head["bytes"] = size
     head["exchanges"] = [list(items[u.start : u.stop]) for u in units]
     return head
-
-
-def _check_retained(size: int, max_retained_bytes: int) -> None:
-    if size > max_retained_bytes:
-        raise DecisionHistoryLimitExceeded(
-            f"this conversation would retain {size} bytes, over max_retained_bytes="
-            f"{max_retained_bytes}; nothing was written. Clear or shorten the conversation, or "
-            "raise max_retained_bytes",
-            limit="max_retained_bytes",
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +163,7 @@ def plan_append(
         size = head["bytes"] + sum(message_bytes(i) for i in new)
     else:
         size = head["bytes"] + sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-    _check_retained(size, max_retained_bytes)
+    check_retained(size, max_retained_bytes)
     base = max(count - 1, 0)
     units = group([*last, *new])
     rows: list[tuple[int, Record]] = []
@@ -200,7 +174,7 @@ def plan_append(
         first = max(unit.start, len(last))
         rows.extend((base + offset, new[p - len(last)]) for p in range(first, unit.stop))
     out = dict(head)
-    out.update(incomplete=incomplete, items=head["items"] + len(new), bytes=size, updated_at=_now())
+    out.update(incomplete=incomplete, items=head["items"] + len(new), bytes=size, updated_at=now())
     # Every item of ``new`` is one row, in order: the texts are the rows' bodies.
     return Append(out, rows, None if texts is None else list(texts))
 
@@ -218,7 +192,7 @@ def plan_pop(head: Record, count: int, last: Sequence[Record]) -> tuple[Record, 
         incomplete=incomplete,
         items=head["items"] - 1,
         bytes=head["bytes"] - message_bytes(item),
-        updated_at=_now(),
+        updated_at=now(),
     )
     return out, item
 

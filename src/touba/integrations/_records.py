@@ -31,11 +31,13 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Generic, TypeVar
 
 from touba.errors import (
     ConfigurationError,
+    DecisionHistoryLimitExceeded,
     DecisionHistoryMismatch,
     DecisionHistoryRecordInvalid,
 )
@@ -50,11 +52,15 @@ __all__ = [
     "Record",
     "check_id",
     "check_owner",
+    "check_retained",
+    "corrupt",
     "check_store",
     "conversation_store_key",
     "dump_item_texts",
     "dump_items",
     "foreign_kind",
+    "log_head",
+    "now",
     "record_items",
 ]
 
@@ -111,6 +117,46 @@ def dump_item_texts(items: Sequence[object], what: str) -> tuple[list[Record], l
         copies.append(json.loads(text))
         texts.append(text)
     return copies, texts
+
+
+def now() -> str:
+    """The time of a write, as records keep it (ISO 8601, UTC)."""
+    return datetime.now(UTC).isoformat()
+
+
+def log_head(
+    kind: str, version: int, namespace: str, conversation_id: str, **fields: Any
+) -> Record:
+    """A new log record's head: who it belongs to, then ``fields``, then its times."""
+    stamp = now()
+    return {
+        "kind": kind,
+        "version": version,
+        "namespace": namespace,
+        "conversation_id": conversation_id,
+        **fields,
+        "created_at": stamp,
+        "updated_at": stamp,
+    }
+
+
+def corrupt(kind: str, what: str) -> DecisionHistoryRecordInvalid:
+    """The refusal of a record of ``kind`` that is damaged (``what`` says where)."""
+    return DecisionHistoryRecordInvalid(
+        f"the stored {kind} record is corrupt ({what}); it was not modified. Inspect it with "
+        "`touba history show`"
+    )
+
+
+def check_retained(size: int, max_retained_bytes: int) -> None:
+    """``DecisionHistoryLimitExceeded`` when a conversation would retain more than allowed."""
+    if size > max_retained_bytes:
+        raise DecisionHistoryLimitExceeded(
+            f"this conversation would retain {size} bytes, over max_retained_bytes="
+            f"{max_retained_bytes}; nothing was written. Clear or shorten the conversation, or "
+            "raise max_retained_bytes",
+            limit="max_retained_bytes",
+        )
 
 
 def record_items(

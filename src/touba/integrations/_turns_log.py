@@ -29,14 +29,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
-from touba.errors import DecisionHistoryLimitExceeded, DecisionHistoryRecordInvalid
+from touba.errors import DecisionHistoryRecordInvalid
 from touba.history import ExchangeSize
 from touba.integrations._cut import UNBOUNDED, Unit
 from touba.integrations._items_log import Legacy
-from touba.integrations._records import check_owner, foreign_kind, record_items
+from touba.integrations._records import (
+    check_owner,
+    check_retained,
+    corrupt,
+    foreign_kind,
+    log_head,
+    now,
+    record_items,
+)
 from touba.integrations._turns import TurnUnit
 
 __all__ = [
@@ -56,31 +63,9 @@ Record = dict[str, Any]
 System = Sequence[tuple[int, list[Record]]]  # (index, system prompt parts) per request
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
 def new_head(kind: str, namespace: str, conversation_id: str) -> Record:
-    stamp = _now()
-    return {
-        "kind": kind,
-        "version": LOG_VERSION,
-        "namespace": namespace,
-        "conversation_id": conversation_id,
-        "incomplete": [],
-        "system": [],
-        "messages": 0,
-        "bytes": 0,
-        "created_at": stamp,
-        "updated_at": stamp,
-    }
-
-
-def _invalid(kind: str, what: str) -> DecisionHistoryRecordInvalid:
-    return DecisionHistoryRecordInvalid(
-        f"the stored {kind} record is corrupt ({what}); it was not modified. Inspect it with "
-        "`touba history show`"
-    )
+    fields: Record = {"incomplete": [], "system": [], "messages": 0, "bytes": 0}
+    return log_head(kind, LOG_VERSION, namespace, conversation_id, **fields)
 
 
 def _is_int(value: object) -> bool:
@@ -123,7 +108,7 @@ def check_head(head: Mapping[str, Any], *, kind: str, namespace: str, conversati
         and _is_int(head.get("messages"))
         and _is_int(head.get("bytes"))
     ):
-        raise _invalid(kind, "its incomplete, system, messages or bytes fields")
+        raise corrupt(kind, "its incomplete, system, messages or bytes fields")
 
 
 def stored_messages(
@@ -138,7 +123,7 @@ def stored_messages(
     if not isinstance(exchanges, list) or not all(
         isinstance(ex, list) and all(isinstance(m, dict) for m in ex) for ex in exchanges
     ):
-        raise _invalid(kind, "its exchanges are not lists of objects")
+        raise corrupt(kind, "its exchanges are not lists of objects")
     return [m for exchange in exchanges for m in exchange]
 
 
@@ -219,13 +204,7 @@ def extend(
     the head. Refused whole past ``max_retained_bytes``.
     """
     size = head["bytes"] + sum(sizes)
-    if size > max_retained_bytes:
-        raise DecisionHistoryLimitExceeded(
-            f"this conversation would retain {size} bytes, over max_retained_bytes="
-            f"{max_retained_bytes}; nothing was written. Clear or shorten the conversation, or "
-            "raise max_retained_bytes",
-            limit="max_retained_bytes",
-        )
+    check_retained(size, max_retained_bytes)
     turn = max(count - 1, 0)
     incomplete = list(head["incomplete"])
     closing: list[Unit] = []  # the incomplete units of the turn being written
@@ -245,7 +224,7 @@ def extend(
         system=[*head["system"], *([offset + i, parts] for i, parts in system)],
         messages=head["messages"] + len(added),
         bytes=size,
-        updated_at=_now(),
+        updated_at=now(),
     )
     return Extend(out, rows)
 

@@ -70,7 +70,7 @@ from itertools import accumulate
 from types import TracebackType
 from typing import Any, Final
 
-from touba.errors import ConfigurationError, DecisionHistoryRecordInvalid
+from touba.errors import ConfigurationError
 from touba.history import ExchangeSize, HistoryStore, message_bytes
 from touba.history._store import LogSnapshot, LogStore, LogWrite, StoreUsage
 from touba.integrations._cut import UNBOUNDED, Unit, check_bound
@@ -82,6 +82,7 @@ from touba.integrations._records import (
     check_id,
     check_store,
     conversation_store_key,
+    corrupt,
 )
 from touba.integrations._turns import TurnUnit, turn_window
 from touba.integrations._turns_log import (
@@ -452,10 +453,7 @@ class _LogTurn:
                 raise ValueError("its message count is not its turns'")
             earlier = earlier_units(head, first, sizes[:-1], self._offset)
         except ValueError as e:
-            raise DecisionHistoryRecordInvalid(
-                f"the stored {KIND} record is corrupt ({e}); it was not modified. Inspect it "
-                "with `touba history show`"
-            ) from e
+            raise corrupt(KIND, str(e)) from e
         units = [*earlier, *_shifted(_units(self._last, self._last_sizes), self._offset)]
         chosen = turn_window(units, **self._of._bounds(), keep_pending_tail=True)
         kept = {i for unit in chosen for i in range(unit.start, unit.stop)}
