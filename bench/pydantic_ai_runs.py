@@ -10,11 +10,13 @@ and rewrote the whole record: about 1 s at 10,000 messages).
 For each store, conversations holding N = 10, 100, 1,000 and 10,000 messages
 (1 KiB turns: a user prompt and a text response) are run in interleaved
 rounds: ``open``, ``extend`` with one turn, leave the block (the save). The
-window the model would be sent is bounded (``max_messages=16``), so it is the
-same at every size. Printed: the median ms per run and the ratio to N = 10.
+window the model would be sent is bounded (``max_messages=16``, or with
+``--max-bytes N`` by bytes alone, which the log reads back in widening steps),
+so it is the same at every size. Printed: the median ms per run and the ratio to N = 10.
 Benchmarks are not tests: nothing here asserts a time.
 
     .venv/bin/python bench/pydantic_ai_runs.py [--rounds 20] [--stores memory,sqlite,postgres,redis]
+        [--max-bytes 16000]
 """
 
 from __future__ import annotations
@@ -49,11 +51,13 @@ def turn(n: int) -> list[ModelMessage]:
     ]
 
 
-async def run_store(kind: str, rounds: int, report: Callable[[str], None]) -> None:
+async def run_store(
+    kind: str, rounds: int, bound: dict[str, int], report: Callable[[str], None]
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
         async with open_store(kind, Path(directory)) as store:
             conversations = ToubaConversations(
-                store, namespace="bench", max_messages=16, max_retained_bytes=1024 * MiB
+                store, namespace="bench", max_retained_bytes=1024 * MiB, **bound
             )
             for size in SIZES:  # seeded through the adapter itself, in a few runs
                 for start in range(0, size // 2, SEED_BATCH):
@@ -68,7 +72,10 @@ async def run_store(kind: str, rounds: int, report: Callable[[str], None]) -> No
                     async with conversations.open(f"c{size}") as conversation:
                         conversation.extend(turn(1_000_000 + r))
                     timings[size].append(time.perf_counter() - started)
-    report(f"\n{kind}: median ms per run (open, extend with one turn, save), ratio to N = 10")
+    report(
+        f"\n{kind}: median ms per run (open, extend with one turn, save; window bound {bound}), "
+        "ratio to N = 10"
+    )
     base = statistics.median(timings[SIZES[0]])
     for size in SIZES:
         median = statistics.median(timings[size])
@@ -79,11 +86,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--stores", default="memory,sqlite,postgres,redis")
+    parser.add_argument("--max-bytes", type=int, default=None, help="bound the window by bytes")
     args = parser.parse_args()
 
     async def run() -> None:
         for kind in args.stores.split(","):
-            await run_store(kind, args.rounds, print)
+            bound = {"max_bytes": args.max_bytes} if args.max_bytes else {"max_messages": 16}
+            await run_store(kind, args.rounds, bound, print)
 
     asyncio.run(run())
 

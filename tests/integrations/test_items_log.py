@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -120,9 +121,10 @@ class Counting(MemoryHistoryStore):
     """Records which exchanges each log transaction loads."""
 
     loaded: list[tuple[int, int]]
+    sized: list[int]
 
     async def transact_log(self, key: str, operation: Any) -> Any:
-        loaded = self.loaded
+        loaded, sized = self.loaded, self.sized
 
         class Spy:
             def __init__(self, inner: LogSnapshot) -> None:
@@ -137,6 +139,7 @@ class Counting(MemoryHistoryStore):
                 return self.inner.exchange_count
 
             async def sizes(self, start: int) -> Any:
+                sized.append(start)
                 return await self.inner.sizes(start)
 
             async def exchanges(self, start: int, stop: int) -> Any:
@@ -153,6 +156,7 @@ class Counting(MemoryHistoryStore):
 async def counting() -> AsyncIterator[Counting]:
     async with Counting() as store:
         store.loaded = []
+        store.sized = []
         yield store
 
 
@@ -172,6 +176,21 @@ async def test_operations_load_the_tail_only(counting: Counting) -> None:
     assert await session.get_items(limit=3) == [user("q49"), call("c49"), output("c49")]
     assert await session.pop_item() == output("c49")
     assert await session.get_items(limit=3) == [said("done"), user("q49")]  # the open call: out
+
+
+async def test_a_read_bounded_by_bytes_alone_weighs_back_only_as_far_as_it_reaches(
+    counting: Counting,
+) -> None:
+    items = [item for n in range(200) for item in (call(f"c{n:03d}"), output(f"c{n:03d}"))]
+    await ToubaSession("s", store=counting, namespace="ns").add_items(items)
+    pair = sum(len(json.dumps(i, separators=(",", ":"))) for i in items[:2])
+    for pairs, sized in ((10, [200 - 32]), (60, [168, 72]), (150, [168, 72, 0])):
+        counting.sized.clear()
+        session = ToubaSession("s", store=counting, namespace="ns", max_bytes=pairs * pair + 5)
+        got = await session.get_items()
+        assert got == expected(items, None, None, pairs * pair + 5)
+        assert len(got) == 2 * pairs
+        assert counting.sized == sized  # 32 exchanges back, then 4 times as many, while all fit
 
 
 async def test_the_stored_layout_is_exchanges_and_a_version_1_record_is_rewritten() -> None:

@@ -25,6 +25,7 @@ from pydantic_ai.messages import (
 from tests.integrations.conftest import Factory
 from touba.errors import DecisionHistoryLimitExceeded, DecisionHistoryRecordInvalid
 from touba.history import HistoryStore, MemoryHistoryStore
+from touba.history._model import canonical_json
 from touba.history._store import LogSnapshot, LogStore, StoreUsage
 from touba.integrations._cut import UNBOUNDED
 from touba.integrations.pydantic_ai import KIND, ToubaConversations, _window
@@ -309,3 +310,27 @@ async def test_system_prompts_of_turns_left_out_open_the_window() -> None:
     assert [type(p).__name__ for p in window[0].parts] == ["SystemPromptPart", "UserPromptPart"]
     assert window[0].parts[0].content == "be brief 1"  # type: ignore[union-attr]
     assert len(window) == 3  # the last prompt (pinned), then the call and its return
+
+
+async def test_a_window_bounded_by_bytes_alone_reads_sizes_back_only_as_far_as_it_reaches(
+    store: Any,
+) -> None:
+    spy = _Reads(store)
+    counter = [0]
+    every: list[ModelMessage] = []
+    unbounded = ToubaConversations(spy, namespace="bytes")
+    for _ in range(100):  # 100 turns of a prompt and an answer
+        run = _run(["user", "text"], counter)
+        async with unbounded.open("c") as conversation:
+            conversation.extend(run)
+        every += run
+    turn_bytes = len(canonical_json(_dumped(every[-2:])[0])) + len(
+        canonical_json(_dumped(every[-1:])[0])
+    )
+    for turns, sized in ((5, [100 - 1 - 16]), (40, [83, 35]), (90, [83, 35, 0])):
+        spy.sized.clear()
+        bounded = ToubaConversations(spy, namespace="bytes", max_bytes=turns * turn_bytes + 40)
+        assert await _loaded(bounded, "c") == _expected(
+            every, {"max_bytes": turns * turn_bytes + 40}
+        )
+        assert spy.sized == sized  # 16 turns back, then 4 times as many, while they all fit

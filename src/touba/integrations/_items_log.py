@@ -54,6 +54,7 @@ __all__ = [
     "plan_append",
     "plan_pop",
     "plan_read",
+    "plan_wider",
     "record_of",
     "select",
     "whole_items",
@@ -197,6 +198,9 @@ def plan_pop(head: Record, count: int, last: Sequence[Record]) -> tuple[Record, 
     return out, item
 
 
+READ_CHUNK: Final = 32  # exchanges a read bounded by bytes alone weighs first
+
+
 def plan_read(
     head: Record, count: int, *, limit: int | None, max_messages: int, max_bytes: int
 ) -> int:
@@ -205,11 +209,35 @@ def plan_read(
     Each exchange holds at least one item, so ``limit`` or ``max_messages`` items
     never span more complete exchanges than that; incomplete ones are skipped. The
     last complete exchange is always read: it must fit the bounds, even for ``limit=0``.
+    Bounded by ``max_bytes`` alone, a first guess of :data:`READ_CHUNK` exchanges,
+    which :func:`plan_wider` widens while the read keeps all it weighed.
     """
     reach = min(UNBOUNDED if limit is None else max(limit, 1), max_messages)
     if reach == UNBOUNDED:
-        return 0
+        reach = READ_CHUNK if max_bytes != UNBOUNDED else count
     return max(0, count - reach - len(head["incomplete"]))
+
+
+def plan_wider(
+    head: Record,
+    count: int,
+    first: int,
+    chosen: Sequence[int],
+    *,
+    limit: int | None,
+    max_messages: int,
+    max_bytes: int,
+) -> int:
+    """Where to read sizes from once ``chosen`` (exchanges from ``first`` on) is known:
+    ``first`` when no exchange before it could join (the read stopped on one that did
+    not fit, or a bound on items already made ``first`` exact), else four times as far
+    back."""
+    if first == 0 or min(UNBOUNDED if limit is None else limit, max_messages) != UNBOUNDED:
+        return first
+    incomplete = set(head["incomplete"])
+    if not chosen or any(n not in incomplete for n in range(first, chosen[0])):
+        return first  # a complete exchange read was left out: none older fits
+    return max(0, count - 4 * (count - first))
 
 
 def select(

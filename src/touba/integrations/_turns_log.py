@@ -127,13 +127,28 @@ def stored_messages(
     return [m for exchange in exchanges for m in exchange]
 
 
-def reach(count: int, max_messages: int) -> int:
-    """The first turn whose size a window bounded by ``max_messages`` may need, of
-    ``count`` stored turns: the last one, and at most ``max_messages`` before it
-    (each opens with an input, one message counted in the bounds)."""
-    if max_messages == UNBOUNDED:
-        return 0
-    return max(0, count - 1 - max_messages)
+CHUNK: Final = 16  # earlier turns a window bounded by bytes alone reads first
+
+
+def reach(count: int, *, max_messages: int, max_bytes: int) -> int:
+    """The first of ``count`` stored turns whose size a window may need: with
+    ``max_messages``, the last one and at most ``max_messages`` before it (each
+    opens with an input, one message counted in the bounds); with ``max_bytes``
+    alone, a first guess of :data:`CHUNK` turns, which :func:`wider` widens while
+    the window keeps the oldest turn read; unbounded, all of them."""
+    if max_messages != UNBOUNDED:
+        return max(0, count - 1 - max_messages)
+    if max_bytes != UNBOUNDED:
+        return max(0, count - 1 - CHUNK)
+    return 0
+
+
+def wider(count: int, first: int, *, max_messages: int, max_bytes: int) -> int:
+    """The turn to read sizes from once a window kept turn ``first`` whole: four
+    times as many earlier turns (``first`` itself when no bound left any out)."""
+    if max_messages != UNBOUNDED or max_bytes == UNBOUNDED:
+        return first  # (reach was exact)
+    return max(0, count - 1 - 4 * (count - 1 - first))
 
 
 def earlier_units(

@@ -108,6 +108,7 @@ from touba.integrations._items_log import (
     plan_append,
     plan_pop,
     plan_read,
+    plan_wider,
     record_of,
     select,
     whole_items,
@@ -311,8 +312,13 @@ class ToubaSession(SessionABC):
             count = snapshot.exchange_count
             bounds = {"max_messages": self._max_messages, "max_bytes": self._max_bytes}
             first = plan_read(head, count, limit=limit, **bounds)
-            sizes = await snapshot.sizes(first) if count else []
-            chosen = select(head, first, sizes, limit=limit, **bounds)
+            while True:
+                sizes = await snapshot.sizes(first) if count else []
+                chosen = select(head, first, sizes, limit=limit, **bounds)
+                widened = plan_wider(head, count, first, chosen, limit=limit, **bounds)
+                if widened == first:
+                    break
+                first = widened
             if not chosen:
                 return LogWrite(head=head), []
             loaded = await snapshot.exchanges(chosen[0], count)

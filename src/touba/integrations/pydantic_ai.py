@@ -93,6 +93,7 @@ from touba.integrations._turns_log import (
     reach,
     record_of,
     stored_messages,
+    wider,
 )
 
 try:
@@ -446,22 +447,34 @@ class _LogTurn:
         self._last = _validate(last)
         self._last_sizes = [message_bytes(m) for m in last]
         self._offset = head["messages"] - len(last)
-        first = reach(count, self._of._max_messages)
-        sizes = await snapshot.sizes(first)
-        try:
-            if self._offset < 0 or len(sizes) != count - first:
-                raise ValueError("its message count is not its turns'")
-            earlier = earlier_units(head, first, sizes[:-1], self._offset)
-        except ValueError as e:
-            raise corrupt(KIND, str(e)) from e
-        units = [*earlier, *_shifted(_units(self._last, self._last_sizes), self._offset)]
-        chosen = turn_window(units, **self._of._bounds(), keep_pending_tail=True)
-        kept = {i for unit in chosen for i in range(unit.start, unit.stop)}
+        if self._offset < 0:
+            raise corrupt(KIND, "its message count is not its turns'")
+        bounds = self._of._bounds()
+        current = _shifted(_units(self._last, self._last_sizes), self._offset)
+        first = reach(count, **bounds)
+        while True:
+            sizes = await snapshot.sizes(first)
+            try:
+                if len(sizes) != count - first:
+                    raise ValueError("its message count is not its turns'")
+                earlier = earlier_units(head, first, sizes[:-1], self._offset)
+            except ValueError as e:
+                raise corrupt(KIND, str(e)) from e
+            chosen = turn_window([*earlier, *current], **bounds, keep_pending_tail=True)
+            kept = {i for unit in chosen for i in range(unit.start, unit.stop)}
+            # The first turn of each earlier one read (turns first .. count - 2).
+            starts = list(accumulate((s.messages for s in reversed(sizes[:-1])), initial=0))
+            starts = [self._offset - n for n in reversed(starts[1:])]
+            second = starts[1] if len(starts) > 1 else self._offset
+            if not starts or min(kept, default=self._offset) >= second:
+                break  # the window stops after the oldest turn read: none before it fits
+            widened = wider(count, first, **bounds)
+            if widened == first:
+                break
+            first = widened
         messages = dict(enumerate(self._last, self._offset))
         wanted = sorted(i for i in kept if i < self._offset)
         if wanted:  # earlier turns: read from the first one the window keeps
-            starts = list(accumulate((s.messages for s in reversed(sizes[:-1])), initial=0))
-            starts = [self._offset - n for n in reversed(starts[1:])]  # turns first..count-2
             turn = bisect.bisect_right(starts, wanted[0]) - 1
             rows = await snapshot.exchanges(first + turn, count - 1)
             flat = [m for exchange in rows for m in exchange]
