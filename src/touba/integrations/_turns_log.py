@@ -18,8 +18,10 @@ of a closed turn is in the head (its incomplete units, if any) and in the
 store's sizes of its exchange. Only the last turn is read whole, to split it
 into units again. A window bounded by ``max_messages`` reads the sizes of at
 most that many earlier turns (each earlier turn opens with an input, one
-complete message at least) and the messages of those it keeps; system
-prompts of messages left out are in the head, to be moved into the window.
+complete message at least), one bounded by ``max_bytes`` alone the sizes of
+the last :data:`CHUNK` turns, then of four times as many while it keeps all it
+weighed; then the messages of the turns it keeps. System prompts of messages
+left out are in the head, to be moved into the window.
 
 Version 1 records (``"items": [...]`` in one piece) are read whole, and the
 next write stores them in version 2.
@@ -56,6 +58,7 @@ __all__ = [
     "record_of",
     "reach",
     "stored_messages",
+    "wider",
 ]
 
 LOG_VERSION: Final = 2

@@ -449,8 +449,27 @@ class _LogTurn:
         self._offset = head["messages"] - len(last)
         if self._offset < 0:
             raise corrupt(KIND, "its message count is not its turns'")
-        bounds = self._of._bounds()
         current = _shifted(_units(self._last, self._last_sizes), self._offset)
+        first, starts, kept = await self._kept(snapshot, current)
+        messages = dict(enumerate(self._last, self._offset))
+        wanted = sorted(i for i in kept if i < self._offset)
+        if wanted:  # earlier turns: read from the first one the window keeps
+            turn = bisect.bisect_right(starts, wanted[0]) - 1
+            rows = await snapshot.exchanges(first + turn, count - 1)
+            flat = [m for exchange in rows for m in exchange]
+            picked = _validate([flat[i - starts[turn]] for i in wanted])
+            messages.update(zip(wanted, picked, strict=True))
+        window = [messages[i] for i in sorted(kept)]
+        return _opened(window, _moved(head["system"], kept))
+
+    async def _kept(
+        self, snapshot: LogSnapshot, current: list[TurnUnit]
+    ) -> tuple[int, list[int], set[int]]:
+        """The messages the window keeps, given the last turn's ``current`` units: the
+        sizes read from turn ``first`` on (widened while the window keeps the oldest
+        turn read, by :func:`~touba.integrations._turns_log.wider`), and the first
+        message of each earlier turn read (turns ``first`` .. ``count - 2``)."""
+        head, count, bounds = self._head, self._count, self._of._bounds()
         first = reach(count, **bounds)
         while True:
             sizes = await snapshot.sizes(first)
@@ -462,26 +481,15 @@ class _LogTurn:
                 raise corrupt(KIND, str(e)) from e
             chosen = turn_window([*earlier, *current], **bounds, keep_pending_tail=True)
             kept = {i for unit in chosen for i in range(unit.start, unit.stop)}
-            # The first turn of each earlier one read (turns first .. count - 2).
-            starts = list(accumulate((s.messages for s in reversed(sizes[:-1])), initial=0))
-            starts = [self._offset - n for n in reversed(starts[1:])]
+            back = list(accumulate((s.messages for s in reversed(sizes[:-1])), initial=0))
+            starts = [self._offset - n for n in reversed(back[1:])]
             second = starts[1] if len(starts) > 1 else self._offset
             if not starts or min(kept, default=self._offset) >= second:
-                break  # the window stops after the oldest turn read: none before it fits
+                return first, starts, kept  # the oldest turn read left out: none before fits
             widened = wider(count, first, **bounds)
             if widened == first:
-                break
+                return first, starts, kept
             first = widened
-        messages = dict(enumerate(self._last, self._offset))
-        wanted = sorted(i for i in kept if i < self._offset)
-        if wanted:  # earlier turns: read from the first one the window keeps
-            turn = bisect.bisect_right(starts, wanted[0]) - 1
-            rows = await snapshot.exchanges(first + turn, count - 1)
-            flat = [m for exchange in rows for m in exchange]
-            picked = _validate([flat[i - starts[turn]] for i in wanted])
-            messages.update(zip(wanted, picked, strict=True))
-        window = [messages[i] for i in sorted(kept)]
-        return _opened(window, _moved(head["system"], kept))
 
     def save(self) -> LogWrite | None:
         assert self._conversation is not None
