@@ -30,9 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from touba.errors import (
-    DecisionHistoryRecordInvalid,
-)
+from touba.errors import DecisionHistoryRecordInvalid
 from touba.history import ExchangeSize, message_bytes
 from touba.integrations._cut import UNBOUNDED, fit_suffix
 from touba.integrations._records import (
