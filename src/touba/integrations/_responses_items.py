@@ -46,7 +46,6 @@ returned by :func:`select_items`.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
@@ -106,17 +105,20 @@ class Bounds(NamedTuple):
 
 @dataclass(slots=True)
 class _Open:
-    """The exchange being built."""
+    """The exchange being built: its calls still awaiting an output and its programs
+    still running, by key, with how many of each are pending in all."""
 
     start: int
-    open: Counter[Key] = field(default_factory=Counter)
-    programs: Counter[Key] = field(default_factory=Counter)
+    open: dict[Key, int] = field(default_factory=dict)
+    programs: dict[Key, int] = field(default_factory=dict)
+    pending_calls: int = 0
+    pending_programs: int = 0
     after_reasoning: bool = False
     ends_with_reasoning: bool = False
     orphan: bool = False
 
     def bounds(self, stop: int) -> Bounds:
-        complete = not (+self.open) and not self.ends_with_reasoning and not self.orphan
+        complete = not self.pending_calls and not self.ends_with_reasoning and not self.orphan
         return Bounds(self.start, stop, complete)
 
 
@@ -139,11 +141,11 @@ def exchange_bounds(items: Sequence[Item]) -> list[Bounds]:
         if current is None:
             new = True
         elif kind == "output":
-            new = current.open[key] <= 0  # type: ignore[index]
+            new = current.open.get(key, 0) <= 0  # type: ignore[arg-type]
         elif kind == "input":
             new = True
         else:
-            held = +current.open or +current.programs or current.ends_with_reasoning
+            held = current.pending_calls or current.pending_programs or current.ends_with_reasoning
             new = not (held or current.after_reasoning)
         if new:
             if current is not None:
@@ -151,8 +153,9 @@ def exchange_bounds(items: Sequence[Item]) -> list[Bounds]:
             current = _Open(index)
         assert current is not None
         if kind == "output":
-            if current.open[key] > 0:  # type: ignore[index]
+            if current.open.get(key, 0) > 0:  # type: ignore[arg-type]
                 current.open[key] -= 1  # type: ignore[index]
+                current.pending_calls -= 1
             else:
                 current.orphan = True
             if current.ends_with_reasoning:  # a reasoning item needs a model item after it
@@ -161,11 +164,14 @@ def exchange_bounds(items: Sequence[Item]) -> list[Bounds]:
         elif kind == "input":
             current.after_reasoning = False
         elif kind == "call":
-            current.open[key] += 1  # type: ignore[index]
+            current.open[key] = current.open.get(key, 0) + 1  # type: ignore[index,arg-type]
+            current.pending_calls += 1
         elif kind == "program":
-            current.programs[key] += 1  # type: ignore[index]
-        elif kind == "program_output" and current.programs[key] > 0:  # type: ignore[index]
+            current.programs[key] = current.programs.get(key, 0) + 1  # type: ignore[index,arg-type]
+            current.pending_programs += 1
+        elif kind == "program_output" and current.programs.get(key, 0) > 0:  # type: ignore[arg-type]
             current.programs[key] -= 1  # type: ignore[index]
+            current.pending_programs -= 1
         current.ends_with_reasoning = kind == "reasoning"
         if kind == "reasoning":
             current.after_reasoning = True
