@@ -334,3 +334,14 @@ async def test_a_window_bounded_by_bytes_alone_reads_sizes_back_only_as_far_as_i
             every, {"max_bytes": turns * turn_bytes + 40}
         )
         assert spy.sized == sized  # 16 turns back, then 4 times as many, while they all fit
+
+
+async def test_extend_refuses_what_is_not_a_model_message_and_adds_nothing() -> None:
+    conversations = ToubaConversations(MemoryHistoryStore(), namespace="bad")
+    first = _run(["user", "text"], [0])
+    async with conversations.open("c") as conversation:
+        conversation.extend(first)
+        with pytest.raises(TypeError, match="message 1 is a dict"):
+            bad: list[Any] = [*_run(["user"], [5]), {"kind": "request", "parts": []}]
+            conversation.extend(bad)
+    assert _dumped(await conversations.messages("c")) == _dumped(first)

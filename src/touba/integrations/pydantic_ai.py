@@ -259,7 +259,17 @@ class ToubaConversation:
         self._added: list[ModelMessage] = []
 
     def extend(self, messages: Sequence[ModelMessage]) -> None:
-        """Add ``messages`` (typically ``result.new_messages()``); written when the block exits."""
+        """Add ``messages`` (typically ``result.new_messages()``); written when the block exits.
+
+        Raises ``TypeError``, adding none of them, when one is not a pydantic-ai
+        ``ModelRequest`` or ``ModelResponse``.
+        """
+        for index, message in enumerate(messages):
+            if not isinstance(message, ModelRequest | ModelResponse):
+                raise TypeError(
+                    f"message {index} is a {type(message).__name__}, not a pydantic-ai "
+                    "ModelRequest or ModelResponse; nothing was added"
+                )
         self._added.extend(messages)
 
 
