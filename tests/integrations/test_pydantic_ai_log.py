@@ -275,7 +275,13 @@ async def test_a_refused_save_keeps_the_log_as_it_was(store: Any) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("incomplete", [[1, "x", 0]]), ("system", "none"), ("messages", -1), ("version", 3)],
+    [
+        ("incomplete", [[1, "x", 0]]),
+        ("system", "none"),
+        ("messages", -1),
+        ("version", 3),
+        ("exchanges", [[{"kind": "request", "parts": [{"part_kind": "x", "content": "SECRET"}]}]]),
+    ],
 )
 async def test_a_corrupt_head_is_refused_and_left_alone(
     store_factory: Factory, field: str, value: Any
@@ -292,9 +298,13 @@ async def test_a_corrupt_head_is_refused_and_left_alone(
             return record, None
 
         await store.transact(key, put)
-        with pytest.raises(DecisionHistoryRecordInvalid):
+        with pytest.raises(DecisionHistoryRecordInvalid) as caught:
             async with conversations.open("c"):
                 pass
+        assert "SECRET" not in str(caught.value)  # no stored content in the error
+        assert caught.value.__cause__ is None
+        with pytest.raises(DecisionHistoryRecordInvalid):
+            await conversations.messages("c")
         assert await store.read(key) == record
 
 
@@ -341,7 +351,7 @@ async def test_extend_refuses_what_is_not_a_model_message_and_adds_nothing() -> 
     first = _run(["user", "text"], [0])
     async with conversations.open("c") as conversation:
         conversation.extend(first)
+        bad: list[Any] = [*_run(["user"], [5]), {"kind": "request", "parts": []}]
         with pytest.raises(TypeError, match="message 1 is a dict"):
-            bad: list[Any] = [*_run(["user"], [5]), {"kind": "request", "parts": []}]
             conversation.extend(bad)
     assert _dumped(await conversations.messages("c")) == _dumped(first)

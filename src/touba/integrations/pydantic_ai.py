@@ -97,6 +97,7 @@ from touba.integrations._turns_log import (
 )
 
 try:
+    from pydantic import ValidationError
     from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.messages import (
         ModelMessage,
@@ -355,7 +356,15 @@ class ToubaConversations:
 
 
 def _validate(dumped: list[Record]) -> list[ModelMessage]:
-    messages: list[ModelMessage] = ModelMessagesTypeAdapter.validate_python(dumped)
+    """Stored messages as pydantic-ai's; ``DecisionHistoryRecordInvalid`` when one is not."""
+    try:
+        messages: list[ModelMessage] = ModelMessagesTypeAdapter.validate_python(dumped)
+    except ValidationError as e:
+        first = e.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise corrupt(  # (not chained: pydantic's error quotes the stored content)
+            KIND, f"a stored message is not a pydantic-ai message: {first['type']} at {where}"
+        ) from None
     return messages
 
 
