@@ -3,7 +3,9 @@
 Layout. Every key starts with ``prefix`` followed by one hash tag for the whole
 store (``{<10 hex of sha256(prefix)>}``), so the store lives in one cluster
 slot: capacity is a store-wide bound checked atomically, which a Lua script can
-only do over keys of one slot. A conversation is named by the sha256 of its
+only do over keys of one slot. (With a ``RedisCluster`` client, whose pipelines
+refuse scripts, a claim's rows come in a round trip of their own and reads are
+never peeked: ``tests/history/test_redis_cluster.py``.) A conversation is named by the sha256 of its
 session key (``<id>``), so any character (braces, colons, NUL, unicode) is safe
 in a session key and never reaches a key name::
 
@@ -1058,7 +1060,7 @@ class RedisHistoryStore:
         if (url is None) == (client is None):
             raise ConfigurationError(
                 "RedisHistoryStore needs exactly one of url= (e.g. 'redis://127.0.0.1:6379/0') "
-                "or client= (a redis.asyncio.Redis you own)"
+                "or client= (a redis.asyncio.Redis or RedisCluster you own)"
             )
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
@@ -1158,6 +1160,13 @@ class RedisHistoryStore:
         with _driver_errors(what):
             if rows is None:
                 return await script(keys=keys, args=args)
+            if isinstance(self._client, aioredis.RedisCluster):
+                # A cluster client's pipelines refuse scripts: the LRANGE follows in a
+                # round trip of its own (only after a claim: the rows stay as they are
+                # while reserved; peeks, which need both at once, are not made there).
+                assert not atomic, "no atomic read on a cluster client"
+                reply = await script(keys=keys, args=args)
+                return reply, list(await self._client.lrange(*rows))
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=atomic) as pipe:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)

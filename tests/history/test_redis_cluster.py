@@ -1,0 +1,177 @@
+"""RedisHistoryStore on a real Redis Cluster: three masters started by the tests.
+
+The store takes a ``redis.asyncio.RedisCluster`` as its client: every key of a
+store shares one hash tag, so one slot, and its scripts run there. A cluster
+client's pipelines refuse scripts, so a claim's rows come in a round trip of
+their own and session reads take the reservation (no peek). The nodes are this
+machine's ``redis-server`` (the binary of the Redis the tests already use), on
+free loopback ports, with nothing kept on disk but their cluster files in a
+temporary directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import RedisCluster
+
+from tests._services import unavailable
+from touba.history import (
+    CapabilityCall,
+    ConversationIdentity,
+    DecisionHistory,
+    DecisionMessage,
+    HistoryConfig,
+    HistoryWindow,
+)
+from touba.history.redis import RedisHistoryStore
+from touba.integrations.openai_agents import ToubaSession
+from touba.providers import Observation
+from touba.testing.store_conformance import CHECK_NAMES, check_store
+
+pytestmark = pytest.mark.redis
+
+NODES = 3
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports free for a node and for its cluster bus (the port + 10000)."""
+    ports: list[int] = []
+    candidate = 20000
+    while len(ports) < count and candidate < 50000:
+        candidate += 7
+        if all(_free(p) for p in (candidate, candidate + 10000)):
+            ports.append(candidate)
+    return ports
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run(
+        ["redis-cli", *args], capture_output=True, text=True, timeout=30, check=False
+    )
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A three-master cluster on loopback; the port of its first node."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        unavailable("redis-server and redis-cli are not installed (Debian's redis package)")
+    root: Path = tmp_path_factory.mktemp("redis-cluster")
+    ports = _free_ports(NODES)
+    nodes = []
+    try:
+        for port in ports:
+            directory = root / str(port)
+            directory.mkdir()
+            nodes.append(
+                subprocess.Popen(
+                    [
+                        "redis-server",
+                        "--port", str(port),
+                        "--bind", "127.0.0.1",
+                        "--cluster-enabled", "yes",
+                        "--cluster-config-file", "nodes.conf",
+                        "--cluster-node-timeout", "5000",
+                        "--save", "",
+                        "--appendonly", "no",
+                        "--dir", str(directory),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )  # fmt: skip
+        for port in ports:
+            _wait(lambda p=port: "PONG" in _cli("-p", str(p), "ping"), f"node {port} to start")
+        addresses = [f"127.0.0.1:{p}" for p in ports]
+        _cli("--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
+        for port in ports:
+            _wait(
+                lambda p=port: "cluster_state:ok" in _cli("-p", str(p), "cluster", "info"),
+                f"node {port} to see the cluster ok",
+            )
+        yield ports[0]
+    finally:
+        for node in nodes:
+            node.terminate()
+        for node in nodes:
+            node.wait(timeout=10)
+
+
+def _wait(ready: Any, what: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+async def client(cluster: int) -> AsyncIterator[RedisCluster]:
+    connection = RedisCluster(host="127.0.0.1", port=cluster)
+    try:
+        yield connection
+    finally:
+        await connection.aclose()
+
+
+async def test_the_store_passes_the_conformance_suite_on_a_cluster(
+    client: RedisCluster, request: pytest.FixtureRequest
+) -> None:
+    stores = iter(range(1_000_000))
+
+    def make(**limits: Any) -> RedisHistoryStore:
+        return RedisHistoryStore(
+            client=client, prefix=f"{request.node.name}-{next(stores)}:", **limits
+        )
+
+    report = await check_store(make, limited_factory=make)
+    assert report.passed == CHECK_NAMES
+
+
+async def test_decisions_and_session_operations_on_a_cluster(client: RedisCluster) -> None:
+    store = RedisHistoryStore(client=client, prefix="decisions:")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="ns", max_messages=6))
+    identity = ConversationIdentity("ns", "p", "m", "native", "run", "inv", "agent")
+    observations: list[Observation] = []
+    for n in range(8):
+        call = CapabilityCall(f"c{n}", "lookup", {"n": n})
+
+        async def generate(window: HistoryWindow, call: CapabilityCall = call) -> DecisionMessage:
+            return DecisionMessage(calls=(call,))
+
+        await history.step(identity, observations, generate)
+        observations = [Observation(call.call_id, call.name, call.arguments, "ok", {"n": n})]
+    record = await store.read(identity.key)
+    assert record is not None
+    assert record["stats"]["exchanges"] == 8
+
+    session = ToubaSession("s", store=store, namespace="ns", max_messages=4)
+    items: list[Any] = [
+        {"type": "function_call", "call_id": f"f{n}", "name": "f", "arguments": "{}"}
+        for n in range(3)
+    ]
+    outputs: list[Any] = [
+        {"type": "function_call_output", "call_id": f"f{n}", "output": "ok"} for n in range(3)
+    ]
+    for item, output in zip(items, outputs, strict=True):
+        await session.add_items([item, output])
+    assert await session.get_items() == [items[1], outputs[1], items[2], outputs[2]]
+    assert await session.pop_item() == outputs[2]
+    assert await session.get_items() == [items[0], outputs[0], items[1], outputs[1]]
