@@ -1414,3 +1414,53 @@ async def test_closed_store_refuses_and_closing_twice_is_fine(make_store: Make) 
     await store.close()
     with pytest.raises(ConfigurationError, match="closed"):
         await store.read("k")
+
+
+# -- the server cuts the store's connections ---------------------------------------------
+
+
+async def _cut(dsn: str, application: str) -> int:
+    """Terminate every backend of ``application``; how many there were."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            (application,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.mark.parametrize("when", ["between decisions", "during the model call"])
+async def test_connections_cut_by_the_server_fail_one_decision_then_the_store_goes_on(
+    dsn: str, table: str, when: str
+) -> None:
+    """A cut connection is DecisionHistoryStoreUnavailable (retryable, chained to
+    psycopg's error) for the decision that met it, which saves nothing and leaves the
+    conversation free: the pool drops the dead connections and the next decision runs."""
+    from psycopg.conninfo import make_conninfo
+
+    from touba.errors import DecisionHistoryStoreUnavailable
+
+    application = f"touba-cut-{table}"
+    async with PostgresHistoryStore(
+        make_conninfo(dsn, application_name=application), table=table
+    ) as store:
+        history, decider = _history(store), _Decider()
+        for n in range(3):
+            await decider.step(history, f"d{n}")
+
+        async def cut() -> None:
+            assert await _cut(dsn, application) >= 1
+
+        if when == "between decisions":
+            await cut()
+        during = cut if when == "during the model call" else None
+        with pytest.raises(DecisionHistoryStoreUnavailable) as caught:
+            await decider.step(history, "lost", during=during)
+        assert caught.value.retryable
+        assert isinstance(caught.value.__cause__, psycopg.Error)
+        await decider.step(history, "d3")  # not left reserved, and the store reconnects
+        await decider.step(history, "d4")
+    assert _texts(decider.windows[-1]) == ["d0", "d1", "d2", "d3"]  # "lost" was never saved

@@ -116,6 +116,8 @@ from touba.history._store import (
 
 try:
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
     from redis.exceptions import NoScriptError, RedisError
 except ImportError as e:  # pragma: no cover - exercised by a test that hides redis
     raise ImportError(
@@ -128,6 +130,10 @@ if TYPE_CHECKING:
 __all__ = ["RedisHistoryStore"]
 
 MAX_ROWS: Final = 4096  # most messages read ahead with a claim
+# The client a store makes from url= sends a command again, on a new connection, when
+# its connection failed (a server restart, a proxy's idle timeout, CLIENT KILL): safe,
+# since every write is a script that a second run with the same token finds done.
+RETRIES: Final = 2
 _LABEL: Final = "Redis"
 
 T = TypeVar("T")
@@ -1029,8 +1035,10 @@ class _Backend:
 class RedisHistoryStore:
     """Durable store in Redis: bounded, expiring, refusing when full, crash-safe.
 
-    Give exactly one of ``url`` (the store creates the client and closes it) or
-    ``client`` (a ``redis.asyncio.Redis`` you own; ``close()`` leaves it open).
+    Give exactly one of ``url`` (the store creates the client, which retries a
+    command twice on a failed connection, and closes it) or ``client`` (a
+    ``redis.asyncio.Redis`` or ``RedisCluster`` you own, with its own retry
+    policy; ``close()`` leaves it open).
     Defaults: 128 conversations, 32 MiB, 24 hours of inactivity. A transaction
     reserves its conversation durably; after a crash the conversation answers
     :class:`~touba.errors.DecisionHistoryBusy` until
@@ -1081,7 +1089,8 @@ class RedisHistoryStore:
             if not isinstance(url, str):
                 raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
             try:
-                self._client = aioredis.Redis.from_url(url)
+                retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
+                self._client = aioredis.Redis.from_url(url, retry=retry)
             except ValueError as e:
                 raise ConfigurationError(f"invalid Redis url ({e})") from e
             self._owns_client = True
