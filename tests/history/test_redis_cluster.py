@@ -69,8 +69,8 @@ def _cli(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A three-master cluster on loopback; the port of its first node."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """A three-master cluster on loopback; the ports of its nodes."""
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         unavailable("redis-server and redis-cli are not installed (Debian's redis package)")
     root: Path = tmp_path_factory.mktemp("redis-cluster")
@@ -106,7 +106,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
                 lambda p=port: "cluster_state:ok" in _cli("-p", str(p), "cluster", "info"),
                 f"node {port} to see the cluster ok",
             )
-        yield ports[0]
+        yield ports
     finally:
         for node in nodes:
             node.terminate()
@@ -123,8 +123,8 @@ def _wait(ready: Any, what: str, seconds: float = 20) -> None:
 
 
 @pytest.fixture
-async def client(cluster: int) -> AsyncIterator[RedisCluster]:
-    connection = RedisCluster(host="127.0.0.1", port=cluster)
+async def client(cluster: list[int]) -> AsyncIterator[RedisCluster]:
+    connection = RedisCluster(host="127.0.0.1", port=cluster[0])
     try:
         yield connection
     finally:
@@ -175,3 +175,33 @@ async def test_decisions_and_session_operations_on_a_cluster(client: RedisCluste
     assert await session.get_items() == [items[1], outputs[1], items[2], outputs[2]]
     assert await session.pop_item() == outputs[2]
     assert await session.get_items() == [items[0], outputs[0], items[1], outputs[1]]
+
+
+def _calls(ports: list[int], command: str) -> int:
+    """How many ``command`` calls the nodes ran since their stats were reset."""
+    total = 0
+    for port in ports:
+        for line in _cli("-p", str(port), "info", "commandstats").splitlines():
+            if line.startswith(f"cmdstat_{command}:"):
+                total += int(line.split("calls=")[1].split(",")[0])
+    return total
+
+
+async def test_a_wide_session_read_is_one_script_call_on_a_cluster(
+    client: RedisCluster, cluster: list[int]
+) -> None:
+    """The peek's script brings the rows itself (a cluster client's pipelines refuse
+    scripts): one EVALSHA, where a reservation would take two (claim, commit) and an
+    LRANGE of its own."""
+    store = RedisHistoryStore(client=client, prefix="wide:")
+    session = ToubaSession("s", store=store, namespace="ns")
+    items: list[Any] = [{"role": "user", "content": f"q{n}"} for n in range(40)]
+    await session.add_items(items)
+    for _ in range(2):  # the reads settle wider than OPTIMISTIC_READ exchanges
+        assert await session.get_items() == items
+    for port in cluster:
+        _cli("-p", str(port), "config", "resetstat")
+    assert await session.get_items() == items
+    assert _calls(cluster, "evalsha") == 1  # (the LRANGEs it runs count as its own)
+    await session.add_items([{"role": "user", "content": "q40"}])  # never left reserved
+    assert (await session.get_items())[-1] == {"role": "user", "content": "q40"}

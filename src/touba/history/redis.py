@@ -4,10 +4,11 @@ Layout. Every key starts with ``prefix`` followed by one hash tag for the whole
 store (``{<10 hex of sha256(prefix)>}``), so the store lives in one cluster
 slot: capacity is a store-wide bound checked atomically, which a Lua script can
 only do over keys of one slot. (With a ``RedisCluster`` client, whose pipelines
-refuse scripts, a claim's rows come in a round trip of their own and reads are
-never peeked: ``tests/history/test_redis_cluster.py``.) A conversation is named by the sha256 of its
-session key (``<id>``), so any character (braces, colons, NUL, unicode) is safe
-in a session key and never reaches a key name::
+refuse scripts, a claim's rows come in a round trip of their own and a peek's
+script brings them itself: ``tests/history/test_redis_cluster.py``.) A
+conversation is named by the sha256 of its session key (``<id>``), so any
+character (braces, colons, NUL, unicode) is safe in a session key and never
+reaches a key name::
 
     P = prefix + "{tag}:"
     P + "sessions"              HASH  id -> bytes of its record (one field per record,
@@ -324,6 +325,15 @@ for _, k in ipairs({h, m, x}) do redis.call('PEXPIREAT', k, at) end
 store_backstop()
 return found(id, m, x, stored, tonumber(ARGV[4]))
 """
+)
+
+# The peek for a cluster client, whose pipelines refuse scripts: ARGV as _PEEK's, then
+# how many trailing rows to bring, which the reply of a found record carries last.
+_PEEK_ROWS: Final = _PEEK.replace(
+    "return found(id, m, x, stored, tonumber(ARGV[4]))",
+    """local reply = found(id, m, x, stored, tonumber(ARGV[4]))
+reply[#reply + 1] = redis.call('LRANGE', m, -tonumber(ARGV[5]), -1)
+return reply""",
 )
 
 # ARGV: P, id, token, max_sessions, max_store_bytes, ttl_ms, mode, head, identity,
@@ -801,16 +811,22 @@ class _Backend:
         so both see one state) that renews the expiry, as a save of the unchanged
         head would. Raises ``DecisionHistoryBusy`` while the key is held; None
         when only a reservation can answer (no record, a record that is not a
-        touba log, a window that starts before the rows read ahead, a cluster
-        client, whose pipelines this store does not make transactions of)."""
+        touba log, a window that starts before the rows read ahead). On a cluster
+        client, whose pipelines refuse scripts, the script brings the rows itself
+        (``_PEEK_ROWS``)."""
         store = self._store
-        if read.whole or isinstance(store._client, aioredis.RedisCluster):
+        if read.whole:
             return None
         keys = store._keys(key)
         tail = self._rows_ahead(read)
         rows = (keys.messages, -tail, -1) if tail else None
         args = (store._ttl_ms, min(read.sizes, MAX_TAIL))
-        result = await store._conv(store._peek_script, keys, args, "a read", rows, atomic=True)
+        if isinstance(store._client, aioredis.RedisCluster) and rows is not None:
+            # (its pipelines refuse scripts: the script brings the rows itself)
+            found = list(await store._conv(store._peek_rows_script, keys, (*args, tail), "a read"))
+            result = (found, found.pop() if _text(found[0]) == "found" else [])
+        else:
+            result = await store._conv(store._peek_script, keys, args, "a read", rows, atomic=True)
         reply, listed, status = self._answer(key, result, rows)
         if status != "found":
             return None
@@ -1108,6 +1124,7 @@ class RedisHistoryStore:
         self._commit_script = register(_COMMIT)
         self._append_if_script = register(_APPEND_IF)
         self._peek_script = register(_PEEK)
+        self._peek_rows_script = register(_PEEK_ROWS)
         self._release_script = register(_RELEASE)
         self._read_script = register(_READ)
         self._delete_script = register(_DELETE)
@@ -1172,7 +1189,7 @@ class RedisHistoryStore:
             if isinstance(self._client, aioredis.RedisCluster):
                 # A cluster client's pipelines refuse scripts: the LRANGE follows in a
                 # round trip of its own (only after a claim: the rows stay as they are
-                # while reserved; peeks, which need both at once, are not made there).
+                # while reserved; a peek, which needs both at once, uses _PEEK_ROWS).
                 assert not atomic, "no atomic read on a cluster client"
                 reply = await script(keys=keys, args=args)
                 return reply, list(await self._client.lrange(*rows))
