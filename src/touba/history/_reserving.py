@@ -305,6 +305,11 @@ class Write:
         and of the first it drops."""
         return self.messages - len(self.rows)
 
+    def renews(self, head: str) -> bool:
+        """Whether this log write, on a record whose stored head is the text ``head``,
+        only renews its expiry (a read: the same head, nothing appended or dropped)."""
+        return not (self.rows or self.dropped) and self.head == head
+
 
 @dataclass(frozen=True, slots=True)
 class Seen:
@@ -1117,7 +1122,7 @@ class Reservations:
             renewed = None
             if write is not None and not snapshot.uncached and not write.drop_last:
                 encoded, renewed = _appended(reserved, head_bytes, write, held_head)
-                if encoded.rows or encoded.head != reserved.head:
+                if not encoded.renews(reserved.head):
                     renewed = None  # a real write: the reserved path makes it
         except Exception:  # judged on an unreserved state: the reserved path decides
             write = renewed = None

@@ -796,7 +796,7 @@ class _Backend:
         room is short)."""
         if write.rewrite or (write.dropped and write.rows):
             return False  # the reserved path's
-        renewal = not (write.rows or write.dropped) and write.head == head  # a read
+        renewal = write.renews(head)  # a read
         statement = self._sql.renew_unreserved if renewal else self._sql.append_unreserved
         holds: tuple[Any, ...] = (version, head)
         if write.dropped:  # a pop: the rows it deletes must be those the write weighed

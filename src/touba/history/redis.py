@@ -309,7 +309,7 @@ return found(id, m, x, stored, tonumber(ARGV[8]))
 # replies as the claim does; "new" when there is no record, "other" for a
 # record that is not a touba log (nothing renewed). Sent in a MULTI with the
 # LRANGE of the rows, so that both see one state.
-_PEEK: Final = (
+_PEEK_READ: Final = (
     _PRELUDE
     + _STORED
     + """if stored[1] then return holder(h) end
@@ -323,17 +323,18 @@ redis.call('ZADD', EXPIRY, expires, id)
 local at = string.format('%d', expires + GRACE)
 for _, k in ipairs({h, m, x}) do redis.call('PEXPIREAT', k, at) end
 store_backstop()
-return found(id, m, x, stored, tonumber(ARGV[4]))
+local reply = found(id, m, x, stored, tonumber(ARGV[4]))
 """
 )
+_PEEK: Final = _PEEK_READ + "return reply\n"
 
 # The peek for a cluster client, whose pipelines refuse scripts: ARGV as _PEEK's, then
 # how many trailing rows to bring, which the reply of a found record carries last.
-_PEEK_ROWS: Final = _PEEK.replace(
-    "return found(id, m, x, stored, tonumber(ARGV[4]))",
-    """local reply = found(id, m, x, stored, tonumber(ARGV[4]))
-reply[#reply + 1] = redis.call('LRANGE', m, -tonumber(ARGV[5]), -1)
-return reply""",
+_PEEK_ROWS: Final = (
+    _PEEK_READ
+    + """reply[#reply + 1] = redis.call('LRANGE', m, -tonumber(ARGV[5]), -1)
+return reply
+"""
 )
 
 # ARGV: P, id, token, max_sessions, max_store_bytes, ttl_ms, mode, head, identity,

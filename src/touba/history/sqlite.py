@@ -458,7 +458,7 @@ class _Db:
         then decides (and refuses) with the state as it is."""
         if write.rewrite:
             return False
-        renewal = not (write.rows or write.dropped) and write.head == head  # a read
+        renewal = write.renews(head)  # a read
         try:
             with transaction(self.conn, power_safe=not renewal):
                 row = self.q(

@@ -57,7 +57,6 @@ __all__ = [
     "conversation_store_key",
     "corrupt",
     "dump_item_texts",
-    "dump_items",
     "foreign_kind",
     "log_head",
     "now",
@@ -94,13 +93,9 @@ def conversation_store_key(namespace: str, integration: str, conversation_id: st
     return conversation_key(namespace, integration, "", "conversation", conversation_id, "", "")
 
 
-def dump_items(items: Sequence[object], what: str) -> list[Record]:
-    """JSON-compatible private copies of ``items``; ``TypeError`` naming the first that is not."""
-    return dump_item_texts(items, what)[0]
-
-
 def dump_item_texts(items: Sequence[object], what: str) -> tuple[list[Record], list[str]]:
-    """:func:`dump_items`, with the compact JSON of each copy (what a store keeps)."""
+    """JSON-compatible private copies of ``items``, with the compact JSON of each (what
+    a store keeps); ``TypeError`` naming the first that is not."""
     copies: list[Record] = []
     texts: list[str] = []
     for index, item in enumerate(items):
