@@ -237,6 +237,15 @@ def _row(exchange: int, size: int, message: str) -> str:
     return f"[{exchange},{size},{message}]"
 
 
+def _appends(write: Write) -> list[str | int]:
+    """An append's ARGV for commit.lua and append_if.lua: drop, n, then (exchange,
+    bytes, row) per message."""
+    flat: list[str | int] = [write.dropped, len(write.rows)]
+    for _seq, exchange, size, body in write.rows:
+        flat += [exchange, size, _row(exchange, size, body)]
+    return flat
+
+
 def _ms_iso(value: Any) -> str | None:
     return None if value is None else iso(int(_text(value)) / 1000)
 
@@ -282,6 +291,7 @@ class _Backend:
         self._appended_hint = Recent()
 
     async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """``Backend.reserve``: claim.lua, with the LRANGE of the rows ahead pipelined."""
         store = self._store
         keys = store._keys(key)
         token = reservation.token
@@ -414,6 +424,7 @@ class _Backend:
         return Reserved(head, split, count, messages, size, version, usage, sizes, rows)
 
     async def save(self, key: str, token: str, write: Write) -> None:
+        """``Backend.save``: commit.lua, a rewrite (put) or an append."""
         if write.rewrite and not write.split:
             await self._commit(key, token, "put", write, ("0", 0, write.bytes, 0))
         elif write.rewrite:
@@ -439,32 +450,24 @@ class _Backend:
             )
             await self._commit(key, token, "put", write, args)
         else:
-            appended = len(write.rows)
-            self._appended_hint.note(min(MAX_ROWS, appended))
-            flat: list[str | int] = [write.dropped, appended]
-            for _seq, exchange, size, body in write.rows:
-                flat += [exchange, size, _row(exchange, size, body)]
-            await self._commit(key, token, "append", write, flat)
+            self._appended_hint.note(min(MAX_ROWS, len(write.rows)))
+            await self._commit(key, token, "append", write, _appends(write))
+
+    def _write_args(
+        self, token: str, mode: str, write: Write | None, args: Sequence[str | int]
+    ) -> tuple[str | int, ...]:
+        """The ARGV after P and id that commit.lua and append_if.lua share."""
+        store = self._store
+        fields = ("", "", "") if write is None else (write.head, write.identity, write.namespace)
+        limits = (store.max_sessions, store.max_store_bytes, store._ttl_ms)
+        return (token, *limits, mode, *(field or "" for field in fields), *args)
 
     async def _commit(
         self, key: str, token: str, mode: str, write: Write | None, args: Sequence[str | int]
     ) -> None:
         store = self._store
-        fields = ("", "", "") if write is None else (write.head, write.identity, write.namespace)
-        reply = await store._conv(
-            store._commit_script,
-            store._keys(key),
-            (
-                token,
-                store.max_sessions,
-                store.max_store_bytes,
-                store._ttl_ms,
-                mode,
-                *(field or "" for field in fields),
-                *args,
-            ),
-            "a commit",
-        )
+        args = self._write_args(token, mode, write, args)
+        reply = await store._conv(store._commit_script, store._keys(key), args, "a commit")
         status = _text(reply[0])
         if status == "ok":
             return
@@ -502,35 +505,16 @@ class _Backend:
         if seen is None or write.rewrite:
             return False
         store = self._store
-        flat: list[str | int] = [write.dropped, len(write.rows)]
-        for _seq, exchange, size, body in write.rows:
-            flat += [exchange, size, _row(exchange, size, body)]
         entries = "\n".join(f"{first}:{n}:{size}" for first, n, size in seen.entries)
         rows = "\n".join(
             _row(e, len(body.encode("utf-8", "surrogatepass")), body) for e, body in seen.rows
         )
         stored = write.kept + write.dropped  # before this write
         proof = (version, head, stored, seen.count)
+        seen_text = (seen.entries_from, entries, seen.rows_from, rows)
+        args = self._write_args(token, "append", write, (*_appends(write), *proof, *seen_text))
         reply = await store._conv(
-            store._append_if_script,
-            store._keys(key),
-            (
-                token,
-                store.max_sessions,
-                store.max_store_bytes,
-                store._ttl_ms,
-                "append",
-                write.head,
-                write.identity or "",
-                write.namespace or "",
-                *flat,
-                *proof,
-                seen.entries_from,
-                entries,
-                seen.rows_from,
-                rows,
-            ),
-            "an optimistic commit",
+            store._append_if_script, store._keys(key), args, "an optimistic commit"
         )
         saved = _text(reply[0]) == "ok"
         if saved:
@@ -538,9 +522,11 @@ class _Backend:
         return saved
 
     async def delete(self, key: str, token: str) -> None:
+        """``Backend.delete``: commit.lua in its delete mode."""
         await self._commit(key, token, "delete", None, ())
 
     async def release(self, key: str, token: str) -> None:
+        """``Backend.release``: release.lua, if ``token`` still holds the key."""
         store = self._store
         await store._conv(store._release_script, store._keys(key), (token,), "a release")
 
@@ -558,6 +544,7 @@ class _Backend:
             )
 
     async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
+        """``Backend.read_sizes``: an LRANGE of the exchange entries."""
         if start >= stop:
             return []
         raw = await self._store._lrange(self._store._keys(key).exchanges, start, stop - 1)
@@ -571,6 +558,7 @@ class _Backend:
         return sizes
 
     async def read_rows(self, key: str, start: int, stop: int) -> Rows:
+        """``Backend.read_rows``: exchanges.lua (their rows, one round trip)."""
         if start >= stop:
             return []
         store = self._store
