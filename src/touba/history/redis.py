@@ -356,7 +356,7 @@ class _Backend:
         when only a reservation can answer (no record, a record that is not a
         touba log, a window that starts before the rows read ahead). On a cluster
         client, whose pipelines refuse scripts, the script brings the rows itself
-        (``_PEEK_ROWS``)."""
+        (``lua/peek_rows.lua``)."""
         store = self._store
         if read.whole:
             return None
@@ -710,7 +710,7 @@ class RedisHistoryStore:
             if isinstance(self._client, aioredis.RedisCluster):
                 # A cluster client's pipelines refuse scripts: the LRANGE follows in a
                 # round trip of its own (only after a claim: the rows stay as they are
-                # while reserved; a peek, which needs both at once, uses _PEEK_ROWS).
+                # while reserved; a peek, which needs both at once, uses peek_rows.lua).
                 assert not atomic, "no atomic read on a cluster client"
                 reply = await script(keys=keys, args=args)
                 return reply, list(await self._client.lrange(*rows))
