@@ -1041,7 +1041,7 @@ async def test_a_damaged_exchange_entry_is_a_typed_error_and_frees_the_key(
 async def test_a_claim_loads_its_script_when_the_server_lacks_it(
     store: RedisHistoryStore,
 ) -> None:
-    from touba.history.redis import _CLAIM
+    from touba.history._lua import load
 
     who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
     history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
@@ -1050,7 +1050,7 @@ async def test_a_claim_loads_its_script_when_the_server_lacks_it(
         await decide(history, who, texts)
     # A script the server has never seen (as after a restart or SCRIPT FLUSH): the
     # pipelined claim gets NOSCRIPT, loads it and runs again.
-    fresh = f"{_CLAIM}\n-- {uuid.uuid4().hex}\n"
+    fresh = f"{load('claim').text}\n-- {uuid.uuid4().hex}\n"
     store._claim_script = store._client.register_script(fresh)
     assert await store._client.script_exists(store._claim_script.sha) == [False]
     claims = claims_of(store)
@@ -1267,10 +1267,10 @@ async def test_a_peek_loads_its_script_when_the_server_lacks_it(
     store: RedisHistoryStore,
 ) -> None:
     """Inside the MULTI too: the peek gets NOSCRIPT, loads the script and runs again."""
-    from touba.history.redis import _PEEK
+    from touba.history._lua import load
 
     session = await _wide_session(store)
-    fresh = f"{_PEEK}\n-- {uuid.uuid4().hex}\n"
+    fresh = f"{load('peek').text}\n-- {uuid.uuid4().hex}\n"
     store._peek_script = store._client.register_script(fresh)
     assert await store._client.script_exists(store._peek_script.sha) == [False]
     trips = count_round_trips(store)

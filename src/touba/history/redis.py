@@ -44,18 +44,11 @@ leaves it as it was: the backend says so (``sees_edits = False``), so every
 claim brings the window's rows and the shared cache reuses a parsed message
 only while its stored text is byte-identical (content mode).
 
-Every mutation is one Lua script, so it is atomic: claim (refuses at once when
-held; a key without a record takes its place among ``max_sessions`` in
-``sessions`` there, or is refused when they are all held), commit (token still
-ours, capacity, save, clear the reservation), release, recover, delete and the
-purge of expired, unreserved conversations that every script but
-release/recover runs first. Time is Redis's ``TIME``, so workers on hosts with
-skewed clocks agree on expiry. Redis's own key expiry is a backstop only: a
-conversation's keys expire a minute after its ``expires_at`` and the store's
-own keys a minute after the last conversation's (neither while a key is
-reserved), so an abandoned prefix leaves nothing behind; the scripts tolerate
-keys it removed. Claim and commit are idempotent (same token), so a command
-that redis-py retries after a timeout is harmless.
+Every mutation is one Lua script (``lua/*.lua``, loaded by :mod:`touba.history._lua`),
+so it is atomic; ``lua/_prelude.lua`` says what each checks, how they purge expired
+conversations and keep time (Redis's ``TIME``) and how Redis's own key expiry
+backs them up. Claim and commit are idempotent (same token), so a command that
+redis-py retries after a timeout is harmless.
 Needs Redis 5 or later (scripts that read ``TIME`` and then write).
 """
 
@@ -92,6 +85,7 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
+from touba.history._lua import load
 from touba.history._model import parse_json
 from touba.history._record import join_record
 from touba.history._reserving import (
@@ -143,436 +137,8 @@ logger = logging.getLogger("touba.history")
 Client = aioredis.Redis | aioredis.RedisCluster
 
 
-# -- Lua ---------------------------------------------------------------------------
-# KEYS of every store script: sessions, bytes, expiry, held, then (for scripts on
-# one conversation) head, messages, exchanges. ARGV[1] is the key prefix P,
-# ARGV[2] the conversation id. Checks come before the first write, so a refusal
-# (or Redis refusing the first write when out of memory) changes nothing.
-
-_PRELUDE: Final = """
-local P = ARGV[1]
-local SESSIONS, BYTES, EXPIRY, HELD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local GRACE = 60000
-local RECORD = {'head', 'split', 'messages', 'bytes', 'updated_at', 'expires_at',
-                'identity', 'namespace', 'last_token'}
-local HOLDER = {'token', 'worker_id', 'pid', 'host', 'since'}
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local function conv(id)
-  local c = P .. 'c:' .. id .. ':'
-  return c .. 'head', c .. 'messages', c .. 'exchanges'
-end
-
--- Forget the record of id, keeping its reservation if it has one.
-local function drop(id)
-  local h, m, x = conv(id)
-  local size = redis.call('HGET', SESSIONS, id)
-  if size then
-    redis.call('DECRBY', BYTES, size)
-    redis.call('HDEL', SESSIONS, id)
-  end
-  redis.call('ZREM', EXPIRY, id)
-  redis.call('DEL', m, x)
-  if redis.call('HEXISTS', h, 'token') == 1 then
-    redis.call('HDEL', h, unpack(RECORD))
-  else
-    redis.call('DEL', h)
-  end
-end
-
--- Lazy purge: expired records go, unless a worker holds them.
-local function purge(now)
-  local n = 0
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', now)) do
-    local h = conv(id)
-    if redis.call('HEXISTS', h, 'token') == 0 then
-      drop(id)
-      n = n + 1
-    end
-  end
-  return n
-end
-
--- Places held (records and reserved new keys) and bytes retained.
-local function usage()
-  return {redis.call('HLEN', SESSIONS), tonumber(redis.call('GET', BYTES) or '0')}
-end
-
--- A claim's reply for a stored record (``stored``: its token, head, split and
--- last_token): usage, head, split, exchange count, version, row count, bytes,
--- then (``tail``: how many) the last exchange entries as one JSON array.
-local function found(id, m, x, stored, tail)
-  local used = usage()
-  local reply = {'found', used[1], used[2], stored[2], stored[3], redis.call('LLEN', x),
-                 stored[4] or '', redis.call('LLEN', m), redis.call('HGET', SESSIONS, id) or '0'}
-  if not tail then return reply end
-  local entries = {}
-  if tail > 0 then entries = redis.call('LRANGE', x, -tail, -1) end
-  reply[10], reply[11] = #entries, '[' .. string.gsub(table.concat(entries, ','), ':', ',') .. ']'
-  return reply
-end
-
-local function holder(h)
-  local v = redis.call('HMGET', h, 'worker_id', 'pid', 'host', 'since')
-  return {'busy', v[1], v[2], v[3], v[4]}
-end
-
--- The store's own keys follow the backstop too: kept while a key is held, else
--- expiring a grace after the last record does, so an abandoned prefix vanishes.
-local function store_backstop()
-  if redis.call('ZCARD', HELD) > 0 then
-    for _, k in ipairs({SESSIONS, BYTES, EXPIRY, HELD}) do redis.call('PERSIST', k) end
-    return
-  end
-  local last = redis.call('ZRANGE', EXPIRY, -1, -1, 'WITHSCORES')
-  if #last == 0 then
-    redis.call('DEL', SESSIONS, BYTES, EXPIRY)
-    return
-  end
-  local at = string.format('%d', tonumber(last[2]) + GRACE)
-  for _, k in ipairs({SESSIONS, BYTES, EXPIRY}) do redis.call('PEXPIREAT', k, at) end
-end
-
--- Clear the reservation of id; restore the backstop expiry of its record
--- (``saved``: the expires_at a commit just wrote, in the future).
-local function finish(id, saved)
-  local h, m, x = conv(id)
-  redis.call('HDEL', h, unpack(HOLDER))
-  redis.call('ZREM', HELD, id)
-  local expires = saved or redis.call('HGET', h, 'expires_at')
-  if not expires then
-    redis.call('DEL', h)
-    redis.call('HDEL', SESSIONS, id)  -- the place a new key held
-  elseif not saved and tonumber(expires) <= now_ms() then
-    drop(id)
-  else
-    local at = string.format('%d', tonumber(expires) + GRACE)
-    for _, k in ipairs({h, m, x}) do redis.call('PEXPIREAT', k, at) end
-  end
-  store_backstop()
-end
-"""
-
-# The claim's and the peek's start: the purge, then what the conversation holds.
-_STORED: Final = """
-local id = ARGV[2]
-local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-local now = now_ms()
-purge(now)
-local stored = redis.call('HMGET', h, 'token', 'head', 'split', 'last_token')
-"""
-
-# ARGV: P, id, key_json, token, worker_id, pid, host, entries ("all" for the whole
-# record, else how many trailing exchange entries), max_sessions.
-# Replies: busy + holder | limit, sessions | new, sessions, bytes |
-# found, sessions, bytes, head, split, exchange count, version, row count, the
-# record's bytes, then (transact_log) the entry count and the entries as one JSON
-# array of first,count,bytes triples. The rows themselves
-# never pass through Lua (copying them into Lua and back costs more than the
-# whole read): the client reads them with an LRANGE pipelined after the claim,
-# which sees the lists the claim saw since they stay as they are while reserved.
-_CLAIM: Final = (
-    _PRELUDE
-    + _STORED
-    + """local token, head = stored[1], stored[2]
-if token and token ~= ARGV[4] then
-  return holder(h)
-end
-if not token then
-  if not head then  -- a new conversation claims its place now
-    local sessions = redis.call('HLEN', SESSIONS)
-    if sessions >= tonumber(ARGV[9]) then return {'limit', sessions} end
-    redis.call('HSET', SESSIONS, id, '0')
-  end
-  redis.call('HSET', h, 'key', ARGV[3], 'token', ARGV[4], 'worker_id', ARGV[5],
-             'pid', ARGV[6], 'host', ARGV[7], 'since', string.format('%d', now))
-  redis.call('ZADD', HELD, now, id)
-  for _, k in ipairs({h, m, x}) do redis.call('PERSIST', k) end
-  store_backstop()
-end
-if not head then
-  local used = usage()
-  return {'new', used[1], used[2]}
-end
-if ARGV[8] == 'all' then return found(id, m, x, stored, nil) end
-return found(id, m, x, stored, tonumber(ARGV[8]))
-"""
-)
-
-# ARGV: P, id, ttl_ms, entries (how many trailing exchange entries). The claim's
-# read without its reservation (``peek``), for an operation that only reads: it
-# renews the expiry as a save of the same head would (reading is activity) and
-# replies as the claim does; "new" when there is no record, "other" for a
-# record that is not a touba log (nothing renewed). Sent in a MULTI with the
-# LRANGE of the rows, so that both see one state.
-_PEEK_READ: Final = (
-    _PRELUDE
-    + _STORED
-    + """if stored[1] then return holder(h) end
-local head = stored[2]
-if not head then return {'new'} end
-if stored[3] ~= '1' then return {'other'} end
-local expires = now + tonumber(ARGV[3])
-redis.call('HSET', h, 'updated_at', string.format('%d', now),
-           'expires_at', string.format('%d', expires))
-redis.call('ZADD', EXPIRY, expires, id)
-local at = string.format('%d', expires + GRACE)
-for _, k in ipairs({h, m, x}) do redis.call('PEXPIREAT', k, at) end
-store_backstop()
-local reply = found(id, m, x, stored, tonumber(ARGV[4]))
-"""
-)
-_PEEK: Final = _PEEK_READ + "return reply\n"
-
-# The peek for a cluster client, whose pipelines refuse scripts: ARGV as _PEEK's, then
-# how many trailing rows to bring, which the reply of a found record carries last.
-_PEEK_ROWS: Final = (
-    _PEEK_READ
-    + """reply[#reply + 1] = redis.call('LRANGE', m, -tonumber(ARGV[5]), -1)
-return reply
-"""
-)
-
-# ARGV: P, id, token, max_sessions, max_store_bytes, ttl_ms, mode, head, identity,
-# namespace, then by mode:
-#   put:    split, messages, bytes, n_exchanges, exchange entries..., rows...
-#   append: drop, n, then (exchange, bytes, row) per message; ``drop`` newest rows
-#           leave first (LogWrite.drop_last), exchanges they empty too
-#   delete: nothing
-_COMMIT_HELD: Final = """
-local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
-local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-local held = redis.call('HMGET', h, 'token', 'last_token', 'messages')
-if held[1] ~= token then
-  if held[2] == token then return {'ok'} end
-  return {'stale'}
-end
-local now = now_ms()
-purge(now)
-"""
-
-# The same append (and drop) without a reservation (``save_if``): ARGV as for
-# the commit's append, token being the new version, then what the write was
-# computed from (the rows a drop removes among them):
-# the version, the head, the message count, the exchange count, the first
-# exchange whose entry was read and those entries (newline-joined), the first
-# row read and those rows (newline-joined). Written only if the conversation
-# is unreserved, live and holds exactly that; else "changed", nothing written.
-_APPEND_IF_SEEN: Final = """
-local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
-local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-local held = redis.call('HMGET', h, 'token', 'last_token', 'messages', 'head', 'expires_at')
-if held[2] == token then return {'ok'} end  -- this very write, run again (a retry)
-local at = 13 + 3 * tonumber(ARGV[12])
-local now = now_ms()
-if held[1] or mode ~= 'append'
-   or held[2] ~= ARGV[at] or held[4] ~= ARGV[at + 1] or held[3] ~= ARGV[at + 2]
-   or not held[5] or tonumber(held[5]) <= now
-   or redis.call('LLEN', x) ~= tonumber(ARGV[at + 3]) then
-  return {'changed'}
-end
-if table.concat(redis.call('LRANGE', x, tonumber(ARGV[at + 4]), -1), '\\n') ~= ARGV[at + 5]
-   or table.concat(redis.call('LRANGE', m, tonumber(ARGV[at + 6]), -1), '\\n') ~= ARGV[at + 7]
-then
-  return {'changed'}
-end
-purge(now)
-"""
-
-_COMMIT_WRITE: Final = """
-if mode == 'delete' then
-  drop(id)
-  finish(id)
-  return {'ok'}
-end
-
-local old = redis.call('HGET', SESSIONS, id)
-local old_bytes = tonumber(old or '0')
-local new_bytes, messages, split
-local count = redis.call('LLEN', x)
-local n, drop, keep, freed, last_entry = 0, 0, 0, 0, nil
-if mode == 'put' then
-  split, messages, new_bytes = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13])
-else
-  drop, n = tonumber(ARGV[11]), tonumber(ARGV[12])
-  local stored = tonumber(held[3] or '0')
-  if drop > 0 then  -- planned here, written once the capacity check passed
-    local rows = redis.call('LLEN', m)
-    if rows ~= stored or drop > rows then  -- rows the head does not count
-      return {'dropped_elsewhere', math.max(0, rows - stored + drop), drop}
-    end
-    keep = rows - drop
-    local by = {}  -- bytes dropped per exchange
-    for _, row in ipairs(redis.call('LRANGE', m, keep, -1)) do
-      local e, size = string.match(row, '^%[(%d+),(%d+),')
-      if not e then return {'damaged_row'} end
-      e, size = tonumber(e), tonumber(size)
-      by[e], freed = (by[e] or 0) + size, freed + size
-    end
-    while count > 0 do  -- the exchanges whose first row goes, go
-      local f, k, b = string.match(redis.call('LINDEX', x, count - 1), '^(%d+):(%d+):(%d+)$')
-      if not f then return {'damaged_entry'} end
-      f, k, b = tonumber(f), tonumber(k), tonumber(b)
-      if f < keep then
-        if f + k > keep then  -- its newest rows go
-          last_entry = string.format('%d:%d:%d', f, keep - f, b - (by[count - 1] or 0))
-        end
-        break
-      end
-      count = count - 1
-    end
-    local lowest = last_entry and count - 1 or count  -- no dropped row below it
-    for e in pairs(by) do
-      if e < lowest then return {'damaged_row'} end
-    end
-  end
-  local added, c = 0, count
-  for i = 0, n - 1 do
-    local index = tonumber(ARGV[13 + 3 * i])
-    if index == c then
-      c = c + 1
-    elseif index ~= c - 1 or index < 0 then
-      return {'bad_append', index, count}
-    end
-    added = added + tonumber(ARGV[14 + 3 * i])
-  end
-  split = '1'
-  messages = stored - drop + n
-  new_bytes = old_bytes - redis.call('HSTRLEN', h, 'head') + #ARGV[8] + added - freed
-end
-
-local sessions = redis.call('HLEN', SESSIONS)
-local total = tonumber(redis.call('GET', BYTES) or '0') - old_bytes + new_bytes
-local is_new = old and 0 or 1
-if (not old and sessions >= tonumber(ARGV[4])) or total > tonumber(ARGV[5]) then
-  return {'limit', is_new, sessions, total}
-end
-
-if mode == 'put' then
-  redis.call('DEL', m, x)
-  local n_ex = tonumber(ARGV[14])
-  local first, last = 15, 14 + n_ex
-  for i = first, last, 1000 do
-    redis.call('RPUSH', x, unpack(ARGV, i, math.min(i + 999, last)))
-  end
-  for i = last + 1, #ARGV, 1000 do
-    redis.call('RPUSH', m, unpack(ARGV, i, math.min(i + 999, #ARGV)))
-  end
-else  -- messages into the last stored exchange, then into the ones this opens
-  if drop > 0 and keep == 0 then
-    redis.call('DEL', m, x)
-  elseif drop > 0 then
-    redis.call('LTRIM', m, 0, keep - 1)
-    redis.call('LTRIM', x, 0, count - 1)
-    if last_entry then redis.call('LSET', x, -1, last_entry) end
-  end
-  local nmsg = redis.call('LLEN', m)
-  local grown, grown_bytes, opened, rows = 0, 0, {}, {}
-  for i = 0, n - 1 do
-    local index, size = tonumber(ARGV[13 + 3 * i]), tonumber(ARGV[14 + 3 * i])
-    if index == count then
-      opened[#opened + 1] = {nmsg + #rows, 1, size}
-      count = count + 1
-    elseif #opened > 0 then
-      local e = opened[#opened]
-      e[2], e[3] = e[2] + 1, e[3] + size
-    else
-      grown, grown_bytes = grown + 1, grown_bytes + size
-    end
-    rows[#rows + 1] = ARGV[15 + 3 * i]
-  end
-  if grown > 0 then
-    local f, k, b = string.match(redis.call('LINDEX', x, -1), '^(%d+):(%d+):(%d+)$')
-    redis.call('LSET', x, -1, string.format('%d:%d:%d', tonumber(f), tonumber(k) + grown,
-                                            tonumber(b) + grown_bytes))
-  end
-  for i, e in ipairs(opened) do opened[i] = string.format('%d:%d:%d', e[1], e[2], e[3]) end
-  for i = 1, #opened, 1000 do
-    redis.call('RPUSH', x, unpack(opened, i, math.min(i + 999, #opened)))
-  end
-  for i = 1, #rows, 1000 do
-    redis.call('RPUSH', m, unpack(rows, i, math.min(i + 999, #rows)))
-  end
-end
-
-local expires = now + tonumber(ARGV[6])
-redis.call('HSET', h, 'head', ARGV[8], 'split', split,
-           'messages', string.format('%d', messages), 'bytes', string.format('%d', new_bytes),
-           'updated_at', string.format('%d', now), 'expires_at', string.format('%d', expires),
-           'identity', ARGV[9], 'namespace', ARGV[10], 'last_token', token)
-redis.call('HSET', SESSIONS, id, string.format('%d', new_bytes))
-redis.call('INCRBY', BYTES, string.format('%d', new_bytes - old_bytes))
-redis.call('ZADD', EXPIRY, expires, id)
-finish(id, expires)
-return {'ok'}
-"""
-
-_COMMIT: Final = _PRELUDE + _COMMIT_HELD + _COMMIT_WRITE
-_APPEND_IF: Final = _PRELUDE + _APPEND_IF_SEEN + _COMMIT_WRITE
-
-# ARGV: P, id, token (empty: whoever holds it, for recover)
-_RELEASE: Final = (
-    _PRELUDE
-    + """
-local token = redis.call('HGET', KEYS[5], 'token')
-if not token or (ARGV[3] ~= '' and token ~= ARGV[3]) then return 0 end
-finish(ARGV[2])
-return 1
-"""
-)
-
-# ARGV: P, id
-_READ: Final = (
-    _PRELUDE
-    + """
-local h, m, x = KEYS[5], KEYS[6], KEYS[7]
-purge(now_ms())
-if redis.call('HEXISTS', h, 'token') == 1 then return holder(h) end
-local head = redis.call('HGET', h, 'head')
-if not head then return {'absent'} end
-local reply = {'found', head, redis.call('HGET', h, 'split'), redis.call('LLEN', x)}
-for _, row in ipairs(redis.call('LRANGE', m, 0, -1)) do reply[#reply + 1] = row end
-return reply
-"""
-)
-
-# ARGV: P, id
-_DELETE: Final = (
-    _PRELUDE
-    + """
-local h = KEYS[5]
-purge(now_ms())
-if redis.call('HEXISTS', h, 'token') == 1 then return holder(h) end
-if redis.call('HEXISTS', h, 'head') == 0 then return {'absent'} end
-drop(ARGV[2])
-store_backstop()
-return {'deleted'}
-"""
-)
-
-# ARGV: P. Returns sessions, bytes.
-_USAGE: Final = (
-    _PRELUDE
-    + """
-if purge(now_ms()) > 0 then store_backstop() end
-return usage()
-"""
-)
-
-# ARGV: P
-_PURGE: Final = (
-    _PRELUDE
-    + """
-local n = purge(now_ms())
-if n > 0 then store_backstop() end
-return n
-"""
-)
-
+# The scripts are lua/*.lua, registered by RedisHistoryStore (KEYS and ARGV are
+# documented in each file). The head fields list.lua returns (its ARGV after P):
 _LIST_FIELDS: Final = (
     "key",
     "identity",
@@ -586,40 +152,6 @@ _LIST_FIELDS: Final = (
     "host",
     "since",
 )
-
-# ARGV: P. Returns flat rows of _LIST_FIELDS plus an active flag.
-_LIST: Final = (
-    _PRELUDE
-    + """
-purge(now_ms())
-local seen, reply = {}, {}
-local ids = redis.call('ZRANGE', EXPIRY, 0, -1)
-for _, id in ipairs(redis.call('ZRANGE', HELD, 0, -1)) do ids[#ids + 1] = id end
-for _, id in ipairs(ids) do
-  if not seen[id] then
-    seen[id] = true
-    local h = conv(id)
-    if redis.call('EXISTS', h) == 1 then
-      for _, v in ipairs(redis.call('HMGET', h, FIELDS)) do reply[#reply + 1] = v end
-      reply[#reply + 1] = redis.call('HEXISTS', h, 'token')
-    end
-  end
-end
-return reply
-"""
-).replace("FIELDS", ", ".join(f"'{f}'" for f in _LIST_FIELDS))
-
-# KEYS: messages, exchanges. ARGV: start, stop. Rows of exchanges start..stop-1.
-_EXCHANGES: Final = """
-local entries = redis.call('LRANGE', KEYS[2], ARGV[1], tonumber(ARGV[2]) - 1)
-if #entries == 0 then return {} end
-local first = tonumber(string.match(entries[1], '^(%d+):'))
-local f, k = string.match(entries[#entries], '^(%d+):(%d+):')
-return redis.call('LRANGE', KEYS[1], first, tonumber(f) + tonumber(k) - 1)
-"""
-
-
-# -- Python side -------------------------------------------------------------------
 
 
 @contextmanager
@@ -705,6 +237,15 @@ def _row(exchange: int, size: int, message: str) -> str:
     return f"[{exchange},{size},{message}]"
 
 
+def _appends(write: Write) -> list[str | int]:
+    """An append's ARGV for commit.lua and append_if.lua: drop, n, then (exchange,
+    bytes, row) per message."""
+    flat: list[str | int] = [write.dropped, len(write.rows)]
+    for _seq, exchange, size, body in write.rows:
+        flat += [exchange, size, _row(exchange, size, body)]
+    return flat
+
+
 def _ms_iso(value: Any) -> str | None:
     return None if value is None else iso(int(_text(value)) / 1000)
 
@@ -750,6 +291,7 @@ class _Backend:
         self._appended_hint = Recent()
 
     async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """``Backend.reserve``: claim.lua, with the LRANGE of the rows ahead pipelined."""
         store = self._store
         keys = store._keys(key)
         token = reservation.token
@@ -814,7 +356,7 @@ class _Backend:
         when only a reservation can answer (no record, a record that is not a
         touba log, a window that starts before the rows read ahead). On a cluster
         client, whose pipelines refuse scripts, the script brings the rows itself
-        (``_PEEK_ROWS``)."""
+        (``lua/peek_rows.lua``)."""
         store = self._store
         if read.whole:
             return None
@@ -882,6 +424,7 @@ class _Backend:
         return Reserved(head, split, count, messages, size, version, usage, sizes, rows)
 
     async def save(self, key: str, token: str, write: Write) -> None:
+        """``Backend.save``: commit.lua, a rewrite (put) or an append."""
         if write.rewrite and not write.split:
             await self._commit(key, token, "put", write, ("0", 0, write.bytes, 0))
         elif write.rewrite:
@@ -907,32 +450,24 @@ class _Backend:
             )
             await self._commit(key, token, "put", write, args)
         else:
-            appended = len(write.rows)
-            self._appended_hint.note(min(MAX_ROWS, appended))
-            flat: list[str | int] = [write.dropped, appended]
-            for _seq, exchange, size, body in write.rows:
-                flat += [exchange, size, _row(exchange, size, body)]
-            await self._commit(key, token, "append", write, flat)
+            self._appended_hint.note(min(MAX_ROWS, len(write.rows)))
+            await self._commit(key, token, "append", write, _appends(write))
+
+    def _write_args(
+        self, token: str, mode: str, write: Write | None, args: Sequence[str | int]
+    ) -> tuple[str | int, ...]:
+        """The ARGV after P and id that commit.lua and append_if.lua share."""
+        store = self._store
+        fields = ("", "", "") if write is None else (write.head, write.identity, write.namespace)
+        limits = (store.max_sessions, store.max_store_bytes, store._ttl_ms)
+        return (token, *limits, mode, *(field or "" for field in fields), *args)
 
     async def _commit(
         self, key: str, token: str, mode: str, write: Write | None, args: Sequence[str | int]
     ) -> None:
         store = self._store
-        fields = ("", "", "") if write is None else (write.head, write.identity, write.namespace)
-        reply = await store._conv(
-            store._commit_script,
-            store._keys(key),
-            (
-                token,
-                store.max_sessions,
-                store.max_store_bytes,
-                store._ttl_ms,
-                mode,
-                *(field or "" for field in fields),
-                *args,
-            ),
-            "a commit",
-        )
+        args = self._write_args(token, mode, write, args)
+        reply = await store._conv(store._commit_script, store._keys(key), args, "a commit")
         status = _text(reply[0])
         if status == "ok":
             return
@@ -970,35 +505,16 @@ class _Backend:
         if seen is None or write.rewrite:
             return False
         store = self._store
-        flat: list[str | int] = [write.dropped, len(write.rows)]
-        for _seq, exchange, size, body in write.rows:
-            flat += [exchange, size, _row(exchange, size, body)]
         entries = "\n".join(f"{first}:{n}:{size}" for first, n, size in seen.entries)
         rows = "\n".join(
             _row(e, len(body.encode("utf-8", "surrogatepass")), body) for e, body in seen.rows
         )
         stored = write.kept + write.dropped  # before this write
         proof = (version, head, stored, seen.count)
+        seen_text = (seen.entries_from, entries, seen.rows_from, rows)
+        args = self._write_args(token, "append", write, (*_appends(write), *proof, *seen_text))
         reply = await store._conv(
-            store._append_if_script,
-            store._keys(key),
-            (
-                token,
-                store.max_sessions,
-                store.max_store_bytes,
-                store._ttl_ms,
-                "append",
-                write.head,
-                write.identity or "",
-                write.namespace or "",
-                *flat,
-                *proof,
-                seen.entries_from,
-                entries,
-                seen.rows_from,
-                rows,
-            ),
-            "an optimistic commit",
+            store._append_if_script, store._keys(key), args, "an optimistic commit"
         )
         saved = _text(reply[0]) == "ok"
         if saved:
@@ -1006,9 +522,11 @@ class _Backend:
         return saved
 
     async def delete(self, key: str, token: str) -> None:
+        """``Backend.delete``: commit.lua in its delete mode."""
         await self._commit(key, token, "delete", None, ())
 
     async def release(self, key: str, token: str) -> None:
+        """``Backend.release``: release.lua, if ``token`` still holds the key."""
         store = self._store
         await store._conv(store._release_script, store._keys(key), (token,), "a release")
 
@@ -1026,6 +544,7 @@ class _Backend:
             )
 
     async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
+        """``Backend.read_sizes``: an LRANGE of the exchange entries."""
         if start >= stop:
             return []
         raw = await self._store._lrange(self._store._keys(key).exchanges, start, stop - 1)
@@ -1039,6 +558,7 @@ class _Backend:
         return sizes
 
     async def read_rows(self, key: str, start: int, stop: int) -> Rows:
+        """``Backend.read_rows``: exchanges.lua (their rows, one round trip)."""
         if start >= stop:
             return []
         store = self._store
@@ -1120,19 +640,19 @@ class RedisHistoryStore:
         tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         self._base = f"{prefix}{{{tag}}}:"
         self._store_keys = tuple(self._base + n for n in ("sessions", "bytes", "expiry", "held"))
-        register = self._client.register_script
-        self._claim_script = register(_CLAIM)
-        self._commit_script = register(_COMMIT)
-        self._append_if_script = register(_APPEND_IF)
-        self._peek_script = register(_PEEK)
-        self._peek_rows_script = register(_PEEK_ROWS)
-        self._release_script = register(_RELEASE)
-        self._read_script = register(_READ)
-        self._delete_script = register(_DELETE)
-        self._purge_script = register(_PURGE)
-        self._usage_script = register(_USAGE)
-        self._list_script = register(_LIST)
-        self._exchanges = register(_EXCHANGES)
+        register = self._client.register_script  # the bytes touba hashed: the same SHA1
+        self._claim_script = register(load("claim").source)
+        self._commit_script = register(load("commit").source)
+        self._append_if_script = register(load("append_if").source)
+        self._peek_script = register(load("peek").source)
+        self._peek_rows_script = register(load("peek_rows").source)
+        self._release_script = register(load("release").source)
+        self._read_script = register(load("read").source)
+        self._delete_script = register(load("delete").source)
+        self._purge_script = register(load("purge").source)
+        self._usage_script = register(load("usage").source)
+        self._list_script = register(load("list").source)
+        self._exchanges = register(load("exchanges").source)
         self._closed = False
         worker = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._backend = _Backend(self)
@@ -1190,7 +710,7 @@ class RedisHistoryStore:
             if isinstance(self._client, aioredis.RedisCluster):
                 # A cluster client's pipelines refuse scripts: the LRANGE follows in a
                 # round trip of its own (only after a claim: the rows stay as they are
-                # while reserved; a peek, which needs both at once, uses _PEEK_ROWS).
+                # while reserved; a peek, which needs both at once, uses peek_rows.lua).
                 assert not atomic, "no atomic read on a cluster client"
                 reply = await script(keys=keys, args=args)
                 return reply, list(await self._client.lrange(*rows))
@@ -1327,7 +847,8 @@ class RedisHistoryStore:
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Every live conversation (and reserved key), sizes and holder, no content."""
-        reply = list(await self._run(self._list_script, self._store_keys, (self._base,), "a list"))
+        args = (self._base, *_LIST_FIELDS)
+        reply = list(await self._run(self._list_script, self._store_keys, args, "a list"))
         width = len(_LIST_FIELDS) + 1
         rows = []
         for i in range(0, len(reply), width):
