@@ -614,7 +614,7 @@ class PostgresHistoryStore(PooledStore):
         """A detached copy, or None if absent or expired; the TTL is not renewed."""
         check_key(key)
         s = self._sql
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.read_row, (key,))
             if row is None:
@@ -630,7 +630,7 @@ class PostgresHistoryStore(PooledStore):
         while reserved."""
         check_key(key)
         s = self._sql
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await _run(conn, s.lock_shared)  # before the row lock: it deletes
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.delete_row, (key,))
@@ -645,7 +645,7 @@ class PostgresHistoryStore(PooledStore):
         """Free a reservation left by a crashed worker; the saved record is untouched."""
         require_worker_stopped(worker_stopped)
         check_key(key)
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await _run(conn, self._sql.lock_shared)  # before the row lock: it may delete
             row = await _row(conn, self._sql.recover, (key,))
             if row is None:
@@ -668,7 +668,7 @@ class PostgresHistoryStore(PooledStore):
         Expired, unreserved conversations are not counted (they are purged
         first). The figures are the sums of counters that triggers keep exact.
         """
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await self._purge_in(conn)
             return await self._usage(conn)
 
@@ -676,7 +676,7 @@ class PostgresHistoryStore(PooledStore):
         """Sizes and reservations, never content. Bare reservations (a key that had no
         record when its worker crashed) are listed only without ``namespace``."""
         s = self._sql
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await self._purge_in(conn)
             if namespace is None:
                 rows = await _rows(conn, s.list_all)
