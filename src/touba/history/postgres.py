@@ -584,11 +584,15 @@ class PostgresHistoryStore(PooledStore):
     # -- the contract -------------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
+        """``HistoryStore.transact`` under a durable reservation (two statements); raises
+        ``DecisionHistoryBusy`` at once while another worker holds ``key``."""
         check_key(key)
         async with self._using():
             return await self._reservations.transact(key, operation)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``LogStore.transact_log`` under a durable reservation; the save appends
+        only the new messages (``drop_last`` honoured in the same transaction)."""
         check_key(key)
         async with self._using():
             return await self._reservations.transact_log(key, operation)
