@@ -34,10 +34,10 @@ Layout, every name derived from ``table`` and quoted with
   and the messages' triggers, in place when first opened). A table of another
   version, or a table of that name that is not touba's, is refused untouched.
 
-Each statement is a template below (``{t}``, ``{m}``, ``{u}``: the three tables;
-``{mask}``, ``{lock}``, ``{shared}``, ``{saving}``: the fragments of
-:func:`statements`), composed into :class:`Statements` once per table name and
-shared by every store object of that table. The statements of every decision
+Each statement is a template below (``{t}``, ``{m}``, ``{u}``: the tables;
+the other names: indexes, triggers, functions and the fragments that
+:func:`statements` composes), composed into :class:`Statements` once per
+table name and shared by every store object of that table. The statements of every decision
 are rendered to bytes once (names are plain identifiers, ``table_parts``, so
 quoting them needs no connection), and psycopg then caches their parse by
 these bytes.
@@ -413,8 +413,9 @@ LIST_NAMESPACE: Final = _LISTED + " WHERE namespace = %s ORDER BY key"
 class Statements:
     """Every statement of one history table, composed from its identifiers.
 
-    Each field is the template of the same name in capitals; ``bytes`` fields
-    are the statements of every decision, rendered once.
+    Past the three tables, each field is the template of the same name in
+    capitals (``create``: ``TABLES``, ``SHARD_USAGE`` and ``VERSIONS``); the
+    ``bytes`` ones are the statements of every decision, rendered once.
     """
 
     table: sql.Identifier
