@@ -584,7 +584,7 @@ class PostgresHistoryStore(PooledStore):
     # -- the contract -------------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
-        """``HistoryStore.transact`` under a durable reservation (two statements); raises
+        """``HistoryStore.transact`` under a durable reservation; raises
         ``DecisionHistoryBusy`` at once while another worker holds ``key``."""
         check_key(key)
         async with self._using():
