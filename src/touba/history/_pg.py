@@ -91,13 +91,16 @@ Query = sql.SQL | sql.Composed | bytes  # bytes: rendered once (see the stores)
 FAILURES: Final = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
-def table_parts(table: object, *, example: str) -> tuple[str, ...]:
-    """``table`` or ``schema.table`` as identifier parts; anything else is refused."""
+def table_parts(
+    table: object, *, example: str, argument: str = "table", longest: int = 48
+) -> tuple[str, ...]:
+    """``table`` or ``schema.table`` as identifier parts of at most ``longest``
+    characters; anything else is refused, naming the ``argument`` it was given as."""
     parts = table.split(".") if isinstance(table, str) else []
-    if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(p) for p in parts):
+    if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(p) and len(p) <= longest for p in parts):
         raise ConfigurationError(
-            f"table must be a plain identifier such as {example!r} or "
-            f"'myschema.{example}' (letters, digits, underscores; at most 48 "
+            f"{argument} must be a plain identifier such as {example!r} or "
+            f"'myschema.{example}' (letters, digits, underscores; at most {longest} "
             f"characters each, not starting with a digit), got {table!r}"
         )
     return tuple(parts)
@@ -403,6 +406,13 @@ class OwnedPool:
             self._users -= 1
             if not self._users:
                 self._idle.set()
+
+    @asynccontextmanager
+    async def call(self) -> AsyncIterator[Conn]:
+        """One public call that is one transaction: :meth:`using` around
+        :meth:`transaction` (refused once closing; failures as there)."""
+        async with self.using(), self.transaction() as conn:
+            yield conn
 
     def transaction(self) -> AbstractAsyncContextManager[Conn]:
         """One READ COMMITTED transaction on a pooled connection, opening first if needed.

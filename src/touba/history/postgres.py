@@ -1,38 +1,8 @@
 """``PostgresHistoryStore``: conversations in PostgreSQL, shared by many workers.
 
-Layout, every name derived from ``table`` and quoted with
-``psycopg.sql.Identifier`` (never formatted into SQL text):
-
-- ``<table>``: one row per key. ``head`` is the record without its exchanges,
-  as JSON text (the whole record when it does not have touba's shape), with
-  its sizes, expiry, ``version`` (the token of the reservation whose save
-  wrote it) and the reservation (``token``, ``worker_id``, ``pid``, ``host``,
-  ``since``). A row whose ``head`` is NULL is a bare reservation of
-  a key that has no record yet; it holds that conversation's place among
-  ``max_sessions`` until it is saved or released.
-- ``<table>_messages``: the messages of touba records, one row each (``seq``
-  within the conversation, ``exchange``, ``bytes``, JSON ``body``).
-  ``transact_log`` only appends rows; snapshots read only the range asked.
-  Triggers on it clear the conversation's ``version`` on any insert, update
-  or delete made outside touba's own saving transactions (which mark
-  themselves with the transaction-local setting ``touba.saving``), so rows
-  edited behind the store's back are read again at the next reservation. A
-  reservation gives a NULL version the reservation's token, and a save
-  stores its own token only where the version is still the one reserved: an
-  edit made while the model was called is seen as well.
-  This guards against accidents, not against a client of the database that
-  means to hide an edit: one that sets ``touba.saving`` in its own
-  transaction, or writes ``version`` itself, is trusted like touba.
-- ``<table>_usage``: 64 counter rows (shards); a conversation is counted in
-  the shard its key hashes to (``hashtext(key) & 63``). Each holds the places
-  and bytes of its conversations, kept exact by triggers on ``<table>`` in
-  the transaction of every statement that changes them, so
-  ``usage()`` is their sum; and the room the shard may still grow by on its
-  own (``seats``, ``room``) with the limits it was shared out under.
-- ``<table>_meta``: the schema version (4; a table of version 1 or 2 gains the
-  shards and their triggers, and one of version 1, 2 or 3 the version column
-  and the messages' triggers, in place when first opened). A table of another
-  version, or a table of that name that is not touba's, is refused untouched.
+Four tables derived from ``table`` (``<table>``: a row per key, its head and
+its reservation; ``_messages``; ``_usage``: the capacity counters; ``_meta``):
+their layout and every statement are :mod:`touba.history._pg_sql`'s.
 
 No transaction stays open while ``operation`` runs. The reservation
 protocol and the tail cache are :mod:`touba.history._reserving`'s; this
@@ -101,10 +71,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Final, LiteralString, TypeVar
+from typing import Any, Final, TypeVar
 
 try:
-    from psycopg import sql
+    import psycopg  # noqa: F401 - imported first so that a missing driver names the extra
     from psycopg_pool import AsyncConnectionPool
 except ImportError as e:  # pragma: no cover - exercised in a test with psycopg hidden
     raise ImportError(
@@ -129,11 +99,12 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
-from touba.history._pg import FAILURES, OwnedPool, PooledStore, Schema, lock_key, table_parts
+from touba.history._pg import FAILURES, OwnedPool, PooledStore, Schema, table_parts
 from touba.history._pg import Conn as _Conn
 from touba.history._pg import row as _row
 from touba.history._pg import rows as _rows
 from touba.history._pg import run as _run
+from touba.history._pg_sql import SCHEMA_VERSION, SHARDS, Statements, statements
 from touba.history._record import join_record
 from touba.history._reserving import (
     Read,
@@ -158,429 +129,16 @@ __all__ = ["PostgresHistoryStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 4
-SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(key) & 63)
 PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired row, per store object
 PURGE_NEAR_FULL: Final = 0.8  # ... or at each access while the store is this full
 ALL_EXCHANGES: Final = 2**31 - 1  # read by transact: every exchange
 _LABEL = "PostgreSQL"
 
 
-# -- names and statements ----------------------------------------------------------------
-
-
-class _Statements:
-    """Every statement of the store, composed once from the table's identifiers."""
-
-    def __init__(self, parts: tuple[str, ...]) -> None:
-        *schema, name = parts
-        t = sql.Identifier(*schema, name)
-        m = sql.Identifier(*schema, f"{name}_messages")
-        self.table, self.messages_table = t, m
-        names: dict[str, sql.Composable] = {
-            "t": t,
-            "m": m,
-            "t_exp": sql.Identifier(f"{name}_exp_idx"),
-            "m_ex": sql.Identifier(f"{name}_msg_ex_idx"),
-        }
-
-        def q(text: LiteralString) -> sql.Composed:
-            return sql.SQL(text).format(**names)
-
-        def hot(text: LiteralString) -> bytes:
-            """A statement of every decision, rendered once: names are plain
-            identifiers (``table_parts``), so quoting them needs no connection,
-            and psycopg then caches its parse by these bytes."""
-            return q(text).as_bytes(None)
-
-        u = sql.Identifier(*schema, f"{name}_usage")
-        self.usage_table = u
-        names["u"] = u
-        names["count"] = sql.Identifier(*schema, f"{name}_usage_count")
-        names["count_row"] = sql.Identifier(*schema, f"{name}_usage_count_row")
-        for event in ("ins", "upd", "del"):
-            names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
-            names[f"tr_m_{event}"] = sql.Identifier(f"{name}_msg_{event}")
-        names["changed"] = sql.Identifier(*schema, f"{name}_messages_changed")
-        names["mask"] = sql.Literal(SHARDS - 1)
-        names["not_saving"] = sql.SQL("coalesce(current_setting('touba.saving', true), '') = ''")
-        # Marks a transaction as touba's own save (for its length): folded into
-        # its first statement as ``, {saving}``.
-        names["saving"] = sql.SQL("(SELECT set_config('touba.saving', 'on', true)) AS v")
-        names["lock"] = sql.Literal(lock_key(f"touba.history.postgres:usage:{'.'.join(parts)}"))
-        # Taken before any row lock by every statement that can change the
-        # counters (see the module docstring); folded into such a statement as
-        # ``USING {shared}``, it costs no round trip of its own.
-        names["shared"] = sql.SQL("(SELECT pg_advisory_xact_lock_shared({})) AS g").format(
-            names["lock"]
-        )
-        self.create = [
-            q(
-                "CREATE TABLE {t} ("
-                " key text PRIMARY KEY,"
-                " namespace text,"
-                " identity text,"
-                " head text,"
-                " split boolean NOT NULL DEFAULT false,"
-                " exchanges integer NOT NULL DEFAULT 0,"
-                " messages integer NOT NULL DEFAULT 0,"
-                " bytes bigint NOT NULL DEFAULT 0,"
-                " updated_at timestamptz,"
-                " expires_at timestamptz,"
-                " token text,"
-                " worker_id text,"
-                " pid integer,"
-                " host text,"
-                " since timestamptz,"
-                " version text)"
-            ),
-            q("CREATE INDEX {t_exp} ON {t} (expires_at)"),
-            q(
-                "CREATE TABLE {m} ("
-                " key text NOT NULL REFERENCES {t} (key) ON DELETE CASCADE,"
-                " seq integer NOT NULL,"
-                " exchange integer NOT NULL,"
-                " bytes integer NOT NULL,"
-                " body text NOT NULL,"
-                " PRIMARY KEY (key, seq))"
-            ),
-            q("CREATE INDEX {m_ex} ON {m} (key, exchange)"),
-        ]
-        # Version 3: SHARDS counter rows, each the places held and the bytes
-        # retained by the conversations whose key hashes to it, kept by
-        # triggers on {t} in the transaction of every statement that changes
-        # them; with the room the shard may still grow by on its own (``seats``,
-        # ``room``) and the limits that room was shared out under (NULL: none, so
-        # every growth is checked exactly).
-        self.shard_usage = [
-            q(
-                "CREATE TABLE {u} (shard integer PRIMARY KEY, sessions bigint NOT NULL,"
-                " bytes bigint NOT NULL, seats bigint NOT NULL DEFAULT 0,"
-                " room bigint NOT NULL DEFAULT 0, max_sessions bigint, max_bytes bigint)"
-            ),
-            q(
-                "INSERT INTO {u} (shard, sessions, bytes)"
-                " SELECT s, count(h.key), coalesce(sum(h.bytes), 0)"
-                " FROM generate_series(0, {mask}) AS s"
-                " LEFT JOIN {t} AS h ON hashtext(h.key) & {mask} = s GROUP BY s"
-            ),
-            # Rows inserted or deleted are counted per statement, their shards
-            # updated in ascending order (a purge touches several); what a
-            # statement frees goes back to its shard's room.
-            q(
-                "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
-                " DECLARE d record;"
-                " BEGIN"
-                "  IF TG_OP = 'INSERT' THEN"
-                "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
-                "     sum(bytes) AS b FROM new_rows GROUP BY 1 ORDER BY 1 LOOP"
-                "    UPDATE {u} SET sessions = sessions + d.n, bytes = bytes + d.b"
-                "     WHERE shard = d.shard;"
-                "   END LOOP;"
-                "  ELSE"
-                "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
-                "     sum(bytes) AS b FROM old_rows GROUP BY 1 ORDER BY 1 LOOP"
-                "    UPDATE {u} SET sessions = sessions - d.n, bytes = bytes - d.b,"
-                "     seats = seats + d.n, room = room + d.b WHERE shard = d.shard;"
-                "   END LOOP;"
-                "  END IF;"
-                "  RETURN NULL;"
-                " END $touba$"
-            ),
-            # A row updated is counted only when its bytes change (a save; never a
-            # reservation or a release): one row, one shard.
-            q(
-                "CREATE FUNCTION {count_row}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
-                " BEGIN"
-                "  IF OLD.key = NEW.key THEN"
-                "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes,"
-                "    room = room + greatest(OLD.bytes - NEW.bytes, 0)"
-                "    WHERE shard = hashtext(NEW.key) & {mask};"
-                "  ELSE"
-                "   UPDATE {u} SET sessions = sessions - 1, bytes = bytes - OLD.bytes,"
-                "    seats = seats + 1, room = room + OLD.bytes"
-                "    WHERE shard = hashtext(OLD.key) & {mask};"
-                "   UPDATE {u} SET sessions = sessions + 1, bytes = bytes + NEW.bytes"
-                "    WHERE shard = hashtext(NEW.key) & {mask};"
-                "  END IF;"
-                "  RETURN NULL;"
-                " END $touba$"
-            ),
-            q(
-                "CREATE TRIGGER {tr_ins} AFTER INSERT ON {t} REFERENCING NEW TABLE AS new_rows"
-                " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
-            ),
-            q(
-                "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t} FOR EACH ROW"
-                " WHEN (OLD.bytes <> NEW.bytes OR OLD.key <> NEW.key)"
-                " EXECUTE FUNCTION {count_row}()"
-            ),
-            q(
-                "CREATE TRIGGER {tr_del} AFTER DELETE ON {t} REFERENCING OLD TABLE AS old_rows"
-                " FOR EACH STATEMENT EXECUTE FUNCTION {count}()"
-            ),
-        ]
-        # Version 4: any change to a conversation's messages clears its
-        # ``version``, except in touba's own saving transactions (which set
-        # ``touba.saving`` for their length, then store their token as the
-        # version): rows edited, added or deleted by anyone else make the next
-        # reservation read the tail again.
-        self.versions = [
-            q(
-                "CREATE FUNCTION {changed}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
-                " BEGIN"
-                "  IF TG_OP = 'INSERT' THEN"
-                "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
-                "    AND key IN (SELECT key FROM new_rows);"
-                "  ELSIF TG_OP = 'DELETE' THEN"
-                "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
-                "    AND key IN (SELECT key FROM old_rows);"
-                "  ELSE"
-                "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
-                "    AND key IN (SELECT key FROM old_rows UNION SELECT key FROM new_rows);"
-                "  END IF;"
-                "  RETURN NULL;"
-                " END $touba$"
-            ),
-            q(
-                "CREATE TRIGGER {tr_m_ins} AFTER INSERT ON {m} REFERENCING NEW TABLE AS new_rows"
-                " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()"
-            ),
-            q(
-                "CREATE TRIGGER {tr_m_upd} AFTER UPDATE ON {m}"
-                " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
-                " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()"
-            ),
-            q(
-                "CREATE TRIGGER {tr_m_del} AFTER DELETE ON {m} REFERENCING OLD TABLE AS old_rows"
-                " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()"
-            ),
-        ]
-        self.create += self.shard_usage + self.versions
-        # Version 1 had no counters, version 2 a single row: both gain the shards.
-        self.upgrade_to_3 = [
-            q("DROP TRIGGER IF EXISTS {tr_ins} ON {t}"),
-            q("DROP TRIGGER IF EXISTS {tr_upd} ON {t}"),
-            q("DROP TRIGGER IF EXISTS {tr_del} ON {t}"),
-            q("DROP FUNCTION IF EXISTS {count}()"),
-            q("DROP FUNCTION IF EXISTS {count_row}()"),
-            q("DROP TABLE IF EXISTS {u}"),
-            *self.shard_usage,
-        ]
-        self.upgrade_to_4 = [q("ALTER TABLE {t} ADD COLUMN version text"), *self.versions]
-
-        # Capacity.
-        self.lock_shared = q("SELECT pg_advisory_xact_lock_shared({lock})")
-        self.lock_exclusive = q("SELECT pg_advisory_xact_lock({lock})")
-        self.usage = q("SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}")
-        self.take_seat = q(
-            "UPDATE {u} SET seats = seats - 1"
-            " WHERE shard = hashtext(%s) & {mask} AND seats >= 1 AND max_sessions <= %s"
-        )
-        # Shares out what is free: ``seats`` and ``room`` to each shard, one more to
-        # the first ones for the remainder, under these limits (NULL: the store
-        # holds more than that limit, so there is no room to share).
-        self.share = q(
-            "UPDATE {u} SET seats = %s + (shard < %s)::int, room = %s + (shard < %s)::int,"
-            " max_sessions = %s, max_bytes = %s"
-        )
-
-        # Reservation.
-        self.purge_key = q(
-            "DELETE FROM {t} AS h USING {shared}"
-            " WHERE h.key = %s AND h.token IS NULL AND h.expires_at <= now()"
-        )
-        # Reserves a live conversation and reads, in the same statement, the
-        # usage (this conversation counted) and what ``Read`` asks of its tail
-        # (nothing when the version given is the stored one): first the row
-        # (part 0: exchanges, messages, bytes, head, split, version, sessions and
-        # bytes of the store), then (part 1) (exchange, messages, bytes) of the
-        # exchanges whose sizes only are read, then (part 2) (exchange, seq,
-        # bytes, body) of each message read. A NULL version becomes the
-        # reservation's token (see the Backend docstring; RETURNING shows the
-        # new one). Parameters: the reservation, its token again, the key, the
-        # cached version, then how many trailing exchanges' sizes, and bodies,
-        # to read (twice).
-        self.claim_live = hot(
-            "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
-            "  since = %s, version = coalesce(version, %s)"
-            "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
-            "  RETURNING key, head, split, exchanges, messages, bytes, version,"
-            "  split AND NOT coalesce(version = %s, false) AS reads)"
-            " SELECT 0, c.exchanges, c.messages, c.bytes, c.head, c.split, c.version,"
-            "  u.sessions, u.bytes FROM c,"
-            "  (SELECT coalesce(sum(sessions), 0) AS sessions,"
-            "   coalesce(sum(bytes), 0) AS bytes FROM {u}) AS u"
-            " UNION ALL"
-            " SELECT 1, m.exchange, count(*), sum(m.bytes), NULL, NULL, NULL, NULL, NULL"
-            "  FROM c JOIN {m} AS m ON m.key = c.key"
-            "  WHERE c.reads AND m.exchange >= c.exchanges - %s"
-            "  AND m.exchange < c.exchanges - %s GROUP BY m.exchange"
-            " UNION ALL"
-            " SELECT 2, m.exchange, m.seq, m.bytes, m.body, NULL, NULL, NULL, NULL"
-            "  FROM c JOIN {m} AS m ON m.key = c.key"
-            "  WHERE c.reads AND m.exchange >= c.exchanges - %s"
-            " ORDER BY 1, 2, 3"
-        )
-        self.claim = q(
-            "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since, version)"
-            " SELECT %s, %s, %s, %s, %s, %s, %s FROM {shared}"
-            " ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
-            " worker_id = EXCLUDED.worker_id, pid = EXCLUDED.pid, host = EXCLUDED.host,"
-            " since = EXCLUDED.since, version = coalesce(h.version, EXCLUDED.version)"
-            " WHERE h.token IS NULL"
-            " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes, h.version"
-        )
-        self.holder = q("SELECT worker_id, pid, host, since FROM {t} WHERE key = %s")
-        self.release_bare = q(
-            "DELETE FROM {t} AS h USING {shared}"
-            " WHERE h.key = %s AND h.token = %s AND h.head IS NULL"
-        )
-        self.release = q(
-            "UPDATE {t} SET token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
-            " since = NULL WHERE key = %s AND token = %s"
-        )
-        self.recover = q(
-            "UPDATE {t} SET token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
-            " since = NULL WHERE key = %s AND token IS NOT NULL RETURNING head IS NULL"
-        )
-
-        # Saving.
-        self.purge_all = q(
-            "DELETE FROM {t} WHERE key IN (SELECT key FROM {t}"
-            " WHERE token IS NULL AND expires_at <= now() FOR UPDATE SKIP LOCKED)"
-        )
-        self.lock_row = q(
-            "SELECT h.token, h.head, h.split, h.exchanges, h.messages, h.bytes"
-            " FROM {t} AS h, {shared}, {saving} WHERE h.key = %s FOR UPDATE OF h"
-        )
-        self.delete_messages = q("DELETE FROM {m} WHERE key = %s")
-        self.drop_messages = q("DELETE FROM {m} WHERE key = %s AND seq >= %s")
-        self.save = q(
-            "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
-            " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
-            " expires_at = now() + make_interval(secs => %s),"
-            " version = CASE WHEN %s OR version IS NOT DISTINCT FROM %s THEN token END,"
-            " token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL"
-            " WHERE key = %s"
-        )
-        # A save that grows, taking its growth from its shard's room (no row: no room).
-        taken = q(
-            "WITH taken AS (UPDATE {u} SET room = room - %s"
-            " WHERE shard = hashtext(%s) & {mask} AND room >= %s AND max_bytes <= %s"
-            " RETURNING shard) "
-        )
-        self.save_in_room = taken + self.save + sql.SQL(" AND EXISTS (SELECT FROM taken)")
-        # One statement per appended decision, a transaction by itself: the row
-        # locked if this reservation still holds it, then (when it grows) its
-        # growth taken from its shard's room (so the row is locked before its
-        # shard), then the row saved if it does not grow or its growth was
-        # taken, then its messages added. Each step is gated on the one
-        # before, so a save without room changes nothing. Returns (held, saved).
-        self.append = hot(
-            _append_sql(
-                held="h.token = %s",
-                version="CASE WHEN h.version IS NOT DISTINCT FROM %s THEN h.token END",
-            )
-        )
-        # The same write without a reservation (``save_if``): the row locked only if
-        # it is unreserved, live, at the version and with the head given (two
-        # parameters), then given the new version. Returns (held, saved).
-        unreserved: LiteralString = (
-            "h.token IS NULL AND h.version = %s AND h.head = %s AND h.expires_at > now()"
-        )
-        self.append_unreserved = hot(_append_sql(held=unreserved, version="%s"))
-        # The same for a write that only renews the expiry (the head unchanged,
-        # nothing added): committed without waiting for the WAL's flush.
-        self.renew_unreserved = hot(_append_sql(held=unreserved, version="%s", durable=False))
-        # A drop without a reservation (a pop): its newest messages deleted only if
-        # they are as many, and weigh as much, as the write says (computed from the
-        # cached tail); nothing appended in the same statement.
-        self.drop_unreserved = hot(_append_sql(held=unreserved, version="%s", drop=True))
-        self.insert_messages = hot(
-            "INSERT INTO {m} (key, seq, exchange, bytes, body)"
-            " SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
-        )
-        self.delete_reserved = q(
-            "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s AND h.token = %s"
-        )
-
-        # Reading.
-        self.read_row = q("SELECT token, head, split FROM {t} WHERE key = %s FOR SHARE")
-        self.all_messages = q(
-            "SELECT exchange, bytes, body FROM {m} WHERE key = %s ORDER BY exchange, seq"
-        )
-        self.range_rows = hot(
-            "SELECT exchange, bytes, body FROM {m}"
-            " WHERE key = %s AND exchange >= %s AND exchange < %s ORDER BY exchange, seq"
-        )
-        self.range_sizes = hot(
-            "SELECT exchange, count(*), sum(bytes) FROM {m}"
-            " WHERE key = %s AND exchange >= %s AND exchange < %s"
-            " GROUP BY exchange ORDER BY exchange"
-        )
-        self.delete_row = q("SELECT token FROM {t} WHERE key = %s FOR UPDATE")
-        self.delete = q("DELETE FROM {t} AS h USING {shared} WHERE h.key = %s")
-        columns = (
-            "SELECT key, identity, messages, bytes, updated_at, expires_at, token IS NOT NULL,"
-            " worker_id, pid, host, since FROM {t}"
-        )
-        self.list_all = q(columns + " ORDER BY key")
-        self.list_namespace = q(columns + " WHERE namespace = %s ORDER BY key")
-
-
-def _append_sql(
-    *, held: LiteralString, version: LiteralString, durable: bool = True, drop: bool = False
-) -> LiteralString:
-    """A log write in one statement (see ``append``): the row locked where ``held``
-    (its parameters first), then its growth taken, the row saved with ``version`` (one
-    parameter) and the reservation cleared, then its messages added (the two
-    fragments are constants of this module). Not ``durable``: its transaction
-    commits with ``synchronous_commit = off`` (a server crash may undo it). With
-    ``drop``: the messages from a seq on are deleted first, and the row saved,
-    only if they are as many and weigh as much as given (parameters after
-    ``held``'s: key, seq, count, bytes, key, seq)."""
-    lock = "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving} WHERE h.key = %s"
-    dropping: LiteralString = ""
-    weighed: LiteralString = ""
-    if drop:
-        dropping = (
-            " weighed AS (SELECT FROM {m} WHERE key = %s AND seq >= %s"
-            "  AND EXISTS (SELECT FROM held) HAVING count(*) = %s"
-            "  AND coalesce(sum(bytes), 0) = %s),"
-            " gone AS (DELETE FROM {m} WHERE key = %s AND seq >= %s"
-            "  AND EXISTS (SELECT FROM weighed)),"
-        )
-        weighed = " AND EXISTS (SELECT FROM weighed)"
-    return (
-        lock  # noqa: S608 - constant text
-        + " AND "
-        + held
-        + " FOR UPDATE OF h),"
-        + dropping
-        + " taken AS (UPDATE {u} SET room = room - %s"
-        "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
-        "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
-        " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
-        "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
-        "  expires_at = now() + make_interval(secs => %s), token = NULL,"
-        "  worker_id = NULL, pid = NULL, host = NULL, since = NULL, version = "
-        + version
-        + "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
-        + weighed
-        + "  RETURNING h.key),"
-        " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
-        "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
-        "  WHERE EXISTS (SELECT FROM saved))"
-        " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
-        + ("" if durable else " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS q")
-    )
-
-
 # -- small helpers -----------------------------------------------------------------------
 
 
-async def _held(conn: _Conn, s: _Statements, key: str) -> Exception:
+async def _held(conn: _Conn, s: Statements, key: str) -> Exception:
     """``DecisionHistoryBusy`` naming who holds ``key``, to find a crashed worker."""
     row = await _row(conn, s.holder, (key,))
     if row is None or row[0] is None:
@@ -921,7 +479,7 @@ class PostgresHistoryStore(PooledStore):
         )
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise ConfigurationError(f"worker_id must be a non-empty str, got {worker_id!r}")
-        self._sql = _Statements(parts)
+        self._sql = statements(parts)
         self._pg = OwnedPool(
             "PostgresHistoryStore",
             dsn=dsn,
@@ -1026,11 +584,15 @@ class PostgresHistoryStore(PooledStore):
     # -- the contract -------------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
+        """``HistoryStore.transact`` under a durable reservation; raises
+        ``DecisionHistoryBusy`` at once while another worker holds ``key``."""
         check_key(key)
         async with self._using():
             return await self._reservations.transact(key, operation)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``LogStore.transact_log`` under a durable reservation; the save appends
+        only the new messages (``drop_last`` honoured in the same transaction)."""
         check_key(key)
         async with self._using():
             return await self._reservations.transact_log(key, operation)
@@ -1056,7 +618,7 @@ class PostgresHistoryStore(PooledStore):
         """A detached copy, or None if absent or expired; the TTL is not renewed."""
         check_key(key)
         s = self._sql
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.read_row, (key,))
             if row is None:
@@ -1072,7 +634,7 @@ class PostgresHistoryStore(PooledStore):
         while reserved."""
         check_key(key)
         s = self._sql
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await _run(conn, s.lock_shared)  # before the row lock: it deletes
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.delete_row, (key,))
@@ -1087,7 +649,7 @@ class PostgresHistoryStore(PooledStore):
         """Free a reservation left by a crashed worker; the saved record is untouched."""
         require_worker_stopped(worker_stopped)
         check_key(key)
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await _run(conn, self._sql.lock_shared)  # before the row lock: it may delete
             row = await _row(conn, self._sql.recover, (key,))
             if row is None:
@@ -1110,7 +672,7 @@ class PostgresHistoryStore(PooledStore):
         Expired, unreserved conversations are not counted (they are purged
         first). The figures are the sums of counters that triggers keep exact.
         """
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await self._purge_in(conn)
             return await self._usage(conn)
 
@@ -1118,7 +680,7 @@ class PostgresHistoryStore(PooledStore):
         """Sizes and reservations, never content. Bare reservations (a key that had no
         record when its worker crashed) are listed only without ``namespace``."""
         s = self._sql
-        async with self._using(), self._transaction() as conn:
+        async with self._pg.call() as conn:
             await self._purge_in(conn)
             if namespace is None:
                 rows = await _rows(conn, s.list_all)

@@ -83,6 +83,7 @@ class SqlMemoryStore(ABC):
     _clock: Clock
 
     def now(self) -> datetime:
+        """The store's clock (``MemoryStore.now``): it stamps writes, leases and retries."""
         return check_clock(self._clock)
 
     @abstractmethod
@@ -129,6 +130,7 @@ class SqlMemoryStore(ABC):
         return await self._atomic(body)
 
     async def get_session(self, session_id: str) -> SessionMeta | None:
+        """The session, or None (``MemoryStore.get_session``)."""
         rows = await self._read("session", (session_id,))
         return session_from_row(rows[0], self._dec) if rows else None
 
@@ -414,6 +416,7 @@ class SqlMemoryStore(ABC):
         return await self._atomic(body)
 
     async def get_job(self, job_id: str) -> ExtractionJob | None:
+        """The job, or None (``MemoryStore.get_job``)."""
         rows = await self._read("job", (job_id,))
         return job_from_row(rows[0], self._dec) if rows else None
 

@@ -17,23 +17,30 @@ during use raises ``MemoryStoreUnavailable``, the driver's error chained.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, LiteralString, TypeVar
 
 try:
-    from psycopg import AsyncConnection, sql
-    from psycopg.rows import tuple_row
+    from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         'touba.memory.postgres needs psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
     ) from e
 
-from touba.errors import ConfigurationError, MemoryStoreUnavailable
-from touba.history._pg import OwnedPool, PooledStore, Schema
+from touba.errors import MemoryStoreUnavailable
+from touba.history._pg import (
+    Conn,
+    OwnedPool,
+    PooledStore,
+    Schema,
+    lock_key,
+    row,
+    rows,
+    run,
+    table_parts,
+)
 from touba.memory._rows import COLUMNS, STATEMENTS, Row
 from touba.memory._sql import Db, SqlMemoryStore
 from touba.memory._store import Clock, check_clock, utc_now
@@ -42,9 +49,6 @@ __all__ = ["SCHEMA_VERSION", "PostgresMemoryStore"]
 
 R = TypeVar("R")
 SCHEMA_VERSION: Final = 2
-_OPEN_TIMEOUT: Final = 10.0
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
-_Conn = AsyncConnection[Any]
 _DDL: tuple[LiteralString, ...] = (
     "CREATE TABLE {sessions} (session_id text PRIMARY KEY, owner text NOT NULL,"
     " agent_ref text NOT NULL, mode text NOT NULL, created_at timestamptz NOT NULL,"
@@ -83,36 +87,21 @@ _DDL_2: tuple[LiteralString, ...] = (
 )
 
 
-def _prefix_parts(prefix: object) -> tuple[str, ...]:
-    parts = prefix.split(".") if isinstance(prefix, str) else []
-    if not 1 <= len(parts) <= 2 or not all(_NAME.fullmatch(p) for p in parts):
-        raise ConfigurationError(
-            "prefix must be a plain identifier such as 'touba_memory' or 'app.touba_memory' "
-            f"(letters, digits, underscores; at most 40 characters each), got {prefix!r}"
-        )
-    return tuple(parts)
-
-
 class _Db:
-    """The open transaction on one pooled connection (``Db``)."""
+    """The open transaction on one pooled connection (``Db``), over the shared helpers."""
 
-    def __init__(self, conn: _Conn, statements: dict[str, sql.Composed]) -> None:
+    def __init__(self, conn: Conn, statements: dict[str, sql.Composed]) -> None:
         self._conn = conn
         self._sql = statements
 
     async def all(self, name: str, params: Sequence[Any] = ()) -> list[Row]:
-        async with self._conn.cursor(row_factory=tuple_row) as cur:
-            await cur.execute(self._sql[name], params)
-            return list(await cur.fetchall()) if cur.description else []
+        return list(await rows(self._conn, self._sql[name], params))
 
     async def one(self, name: str, params: Sequence[Any] = ()) -> Row | None:
-        rows = await self.all(name, params)
-        return rows[0] if rows else None
+        return await row(self._conn, self._sql[name], params)
 
     async def run(self, name: str, params: Sequence[Any] = ()) -> int:
-        async with self._conn.cursor(row_factory=tuple_row) as cur:
-            await cur.execute(self._sql[name], params)
-            return cur.rowcount
+        return await run(self._conn, self._sql[name], params)
 
 
 class PostgresMemoryStore(PooledStore, SqlMemoryStore):
@@ -133,7 +122,7 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         prefix: str = "touba_memory",
         clock: Clock = utc_now,
     ) -> None:
-        *schema, name = _prefix_parts(prefix)
+        *schema, name = table_parts(prefix, example="touba_memory", argument="prefix", longest=40)
         check_clock(clock)
         self.prefix = prefix
         self._clock = clock
@@ -155,8 +144,6 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         def ddl(statements: Sequence[LiteralString]) -> list[sql.Composed]:
             return [sql.SQL(statement).format(**names) for statement in statements]
 
-        # The lock key of earlier releases, so that they and this one exclude each other.
-        digest = hashlib.sha256(f"touba.memory.postgres:{prefix}".encode()).digest()
         self._pg = OwnedPool(
             "PostgresMemoryStore",
             dsn=dsn,
@@ -168,7 +155,9 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
                 create=ddl((*_DDL, *_DDL_2)),
                 version=SCHEMA_VERSION,
                 what="chat memory",
-                lock=int.from_bytes(digest[:8], "big", signed=True),
+                # The lock key of earlier releases, so that they and this one exclude
+                # each other.
+                lock=lock_key(f"touba.memory.postgres:{prefix}"),
                 migrations={1: ddl((*_MIGRATE_1_TO_2, *_DDL_2))},
             ),
             unavailable=_unavailable,
@@ -184,7 +173,7 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         return value.astimezone(UTC)
 
     async def _atomic(self, body: Callable[[Db], Awaitable[R]], *, write: bool = True) -> R:
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             return await body(_Db(conn, self._sql))
 
 

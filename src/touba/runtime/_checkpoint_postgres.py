@@ -214,7 +214,7 @@ class PostgresCheckpointStore(PooledStore):
         """
         body = encode_checkpoint(checkpoint)
         fields = _fields(checkpoint_id, checkpoint)
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             inserted = await run(conn, self._sql.insert, (checkpoint_id, *fields, body))
         if not inserted:
             raise duplicate_checkpoint(checkpoint_id)
@@ -223,7 +223,7 @@ class PostgresCheckpointStore(PooledStore):
         """A detached copy, or None. CheckpointStoreUnavailable when the server fails."""
         if has_nul(checkpoint_id):
             return None
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             found = await row(conn, self._sql.get, (checkpoint_id,))
         return None if found is None else decode_checkpoint(found[0])
 
@@ -236,7 +236,7 @@ class PostgresCheckpointStore(PooledStore):
         """
         if has_nul(checkpoint_id):
             return None
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             found = await row(conn, self._sql.take, (checkpoint_id,))
         return None if found is None else decode_checkpoint(found[0])
 
@@ -259,7 +259,7 @@ class PostgresCheckpointStore(PooledStore):
             body, fields = encode_checkpoint(checkpoint), _fields(checkpoint_id, checkpoint)
         if has_nul(checkpoint_id) or revision not in _INT64:
             return False  # no stored checkpoint can have that id or revision
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             if body is None:
                 changed = await run(conn, self._sql.remove, (checkpoint_id, revision))
             else:
@@ -272,7 +272,7 @@ class PostgresCheckpointStore(PooledStore):
         when given. CheckpointStoreUnavailable when the server fails."""
         if run_id is not None and has_nul(run_id):
             return []
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             if run_id is None:
                 found = await rows(conn, self._sql.list_all)
             else:

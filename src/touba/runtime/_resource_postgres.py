@@ -134,7 +134,7 @@ class PostgresResourceBinding(PooledStore):
         ResourceBindingUnavailable when the server fails."""
         if has_nul(*_where(address), key):
             return None
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             found = await row(conn, self._sql.get, (*_where(address), key))
         if found is None:
             return None
@@ -155,7 +155,7 @@ class PostgresResourceBinding(PooledStore):
                 "PostgreSQL text cannot hold NUL (\\x00): the resource name, scope key and "
                 "key must not contain it; nothing was written"
             )
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             found = await row(conn, self._sql.put, (*_where(address), key, text))
         assert found is not None
         at: datetime = found[0]
@@ -166,7 +166,7 @@ class PostgresResourceBinding(PooledStore):
         one gets True). ResourceBindingUnavailable when the server fails."""
         if has_nul(*_where(address), key):
             return False
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             return await run(conn, self._sql.delete, (*_where(address), key)) > 0
 
     async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
@@ -174,6 +174,6 @@ class PostgresResourceBinding(PooledStore):
         most ``limit``. ResourceBindingUnavailable when the server fails."""
         if has_nul(*_where(address), prefix):
             return []
-        async with self._pg.using(), self._pg.transaction() as conn:
+        async with self._pg.call() as conn:
             found = await rows(conn, self._sql.keys, (*_where(address), prefix, limit))
         return [str(r[0]) for r in found]

@@ -1,0 +1,542 @@
+"""The SQL of ``PostgresHistoryStore``: every statement named, composed once per table.
+
+Layout, every name derived from ``table`` and quoted with
+``psycopg.sql.Identifier`` (never formatted into SQL text):
+
+- ``<table>``: one row per key. ``head`` is the record without its exchanges,
+  as JSON text (the whole record when it does not have touba's shape), with
+  its sizes, expiry, ``version`` (the token of the reservation whose save
+  wrote it) and the reservation (``token``, ``worker_id``, ``pid``, ``host``,
+  ``since``). A row whose ``head`` is NULL is a bare reservation of
+  a key that has no record yet; it holds that conversation's place among
+  ``max_sessions`` until it is saved or released.
+- ``<table>_messages``: the messages of touba records, one row each (``seq``
+  within the conversation, ``exchange``, ``bytes``, JSON ``body``).
+  ``transact_log`` only appends rows; snapshots read only the range asked.
+  Triggers on it clear the conversation's ``version`` on any insert, update
+  or delete made outside touba's own saving transactions (which mark
+  themselves with the transaction-local setting ``touba.saving``), so rows
+  edited behind the store's back are read again at the next reservation. A
+  reservation gives a NULL version the reservation's token, and a save
+  stores its own token only where the version is still the one reserved: an
+  edit made while the model was called is seen as well.
+  This guards against accidents, not against a client of the database that
+  means to hide an edit: one that sets ``touba.saving`` in its own
+  transaction, or writes ``version`` itself, is trusted like touba.
+- ``<table>_usage``: 64 counter rows (shards); a conversation is counted in
+  the shard its key hashes to (``hashtext(key) & 63``). Each holds the places
+  and bytes of its conversations, kept exact by triggers on ``<table>`` in
+  the transaction of every statement that changes them, so
+  ``usage()`` is their sum; and the room the shard may still grow by on its
+  own (``seats``, ``room``) with the limits it was shared out under.
+- ``<table>_meta``: the schema version (4; a table of version 1 or 2 gains the
+  shards and their triggers, and one of version 1, 2 or 3 the version column
+  and the messages' triggers, in place when first opened). A table of another
+  version, or a table of that name that is not touba's, is refused untouched.
+
+Each statement is a template below (``{t}``, ``{m}``, ``{u}``: the tables;
+the other names: indexes, triggers, functions and the fragments that
+:func:`statements` composes), composed into :class:`Statements` once per
+table name and shared by every store object of that table. The statements of every decision
+are rendered to bytes once (names are plain identifiers, ``table_parts``, so
+quoting them needs no connection), and psycopg then caches their parse by
+these bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Final, LiteralString
+
+from psycopg import sql
+
+from touba.history._pg import lock_key
+
+__all__ = ["SCHEMA_VERSION", "SHARDS", "Statements", "statements"]
+
+SCHEMA_VERSION: Final = 4
+SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(key) & 63)
+
+# -- the schema --------------------------------------------------------------------------
+
+TABLES: Final[tuple[LiteralString, ...]] = (
+    "CREATE TABLE {t} ("
+    " key text PRIMARY KEY,"
+    " namespace text,"
+    " identity text,"
+    " head text,"
+    " split boolean NOT NULL DEFAULT false,"
+    " exchanges integer NOT NULL DEFAULT 0,"
+    " messages integer NOT NULL DEFAULT 0,"
+    " bytes bigint NOT NULL DEFAULT 0,"
+    " updated_at timestamptz,"
+    " expires_at timestamptz,"
+    " token text,"
+    " worker_id text,"
+    " pid integer,"
+    " host text,"
+    " since timestamptz,"
+    " version text)",
+    "CREATE INDEX {t_exp} ON {t} (expires_at)",
+    "CREATE TABLE {m} ("
+    " key text NOT NULL REFERENCES {t} (key) ON DELETE CASCADE,"
+    " seq integer NOT NULL,"
+    " exchange integer NOT NULL,"
+    " bytes integer NOT NULL,"
+    " body text NOT NULL,"
+    " PRIMARY KEY (key, seq))",
+    "CREATE INDEX {m_ex} ON {m} (key, exchange)",
+)
+# Version 3: SHARDS counter rows, each the places held and the bytes
+# retained by the conversations whose key hashes to it, kept by
+# triggers on {t} in the transaction of every statement that changes
+# them; with the room the shard may still grow by on its own (``seats``,
+# ``room``) and the limits that room was shared out under (NULL: none, so
+# every growth is checked exactly).
+SHARD_USAGE: Final[tuple[LiteralString, ...]] = (
+    "CREATE TABLE {u} (shard integer PRIMARY KEY, sessions bigint NOT NULL,"
+    " bytes bigint NOT NULL, seats bigint NOT NULL DEFAULT 0,"
+    " room bigint NOT NULL DEFAULT 0, max_sessions bigint, max_bytes bigint)",
+    "INSERT INTO {u} (shard, sessions, bytes)"
+    " SELECT s, count(h.key), coalesce(sum(h.bytes), 0)"
+    " FROM generate_series(0, {mask}) AS s"
+    " LEFT JOIN {t} AS h ON hashtext(h.key) & {mask} = s GROUP BY s",
+    # Rows inserted or deleted are counted per statement, their shards
+    # updated in ascending order (a purge touches several); what a
+    # statement frees goes back to its shard's room.
+    "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+    " DECLARE d record;"
+    " BEGIN"
+    "  IF TG_OP = 'INSERT' THEN"
+    "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
+    "     sum(bytes) AS b FROM new_rows GROUP BY 1 ORDER BY 1 LOOP"
+    "    UPDATE {u} SET sessions = sessions + d.n, bytes = bytes + d.b"
+    "     WHERE shard = d.shard;"
+    "   END LOOP;"
+    "  ELSE"
+    "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
+    "     sum(bytes) AS b FROM old_rows GROUP BY 1 ORDER BY 1 LOOP"
+    "    UPDATE {u} SET sessions = sessions - d.n, bytes = bytes - d.b,"
+    "     seats = seats + d.n, room = room + d.b WHERE shard = d.shard;"
+    "   END LOOP;"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$",
+    # A row updated is counted only when its bytes change (a save; never a
+    # reservation or a release): one row, one shard.
+    "CREATE FUNCTION {count_row}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+    " BEGIN"
+    "  IF OLD.key = NEW.key THEN"
+    "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes,"
+    "    room = room + greatest(OLD.bytes - NEW.bytes, 0)"
+    "    WHERE shard = hashtext(NEW.key) & {mask};"
+    "  ELSE"
+    "   UPDATE {u} SET sessions = sessions - 1, bytes = bytes - OLD.bytes,"
+    "    seats = seats + 1, room = room + OLD.bytes"
+    "    WHERE shard = hashtext(OLD.key) & {mask};"
+    "   UPDATE {u} SET sessions = sessions + 1, bytes = bytes + NEW.bytes"
+    "    WHERE shard = hashtext(NEW.key) & {mask};"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$",
+    "CREATE TRIGGER {tr_ins} AFTER INSERT ON {t} REFERENCING NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+    "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t} FOR EACH ROW"
+    " WHEN (OLD.bytes <> NEW.bytes OR OLD.key <> NEW.key)"
+    " EXECUTE FUNCTION {count_row}()",
+    "CREATE TRIGGER {tr_del} AFTER DELETE ON {t} REFERENCING OLD TABLE AS old_rows"
+    " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
+)
+# Version 4: any change to a conversation's messages clears its
+# ``version``, except in touba's own saving transactions (which set
+# ``touba.saving`` for their length, then store their token as the
+# version): rows edited, added or deleted by anyone else make the next
+# reservation read the tail again.
+VERSIONS: Final[tuple[LiteralString, ...]] = (
+    "CREATE FUNCTION {changed}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+    " BEGIN"
+    "  IF TG_OP = 'INSERT' THEN"
+    "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
+    "    AND key IN (SELECT key FROM new_rows);"
+    "  ELSIF TG_OP = 'DELETE' THEN"
+    "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
+    "    AND key IN (SELECT key FROM old_rows);"
+    "  ELSE"
+    "   UPDATE {t} SET version = NULL WHERE version IS NOT NULL"
+    "    AND key IN (SELECT key FROM old_rows UNION SELECT key FROM new_rows);"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$",
+    "CREATE TRIGGER {tr_m_ins} AFTER INSERT ON {m} REFERENCING NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()",
+    "CREATE TRIGGER {tr_m_upd} AFTER UPDATE ON {m}"
+    " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
+    " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()",
+    "CREATE TRIGGER {tr_m_del} AFTER DELETE ON {m} REFERENCING OLD TABLE AS old_rows"
+    " FOR EACH STATEMENT WHEN ({not_saving}) EXECUTE FUNCTION {changed}()",
+)
+# Version 1 had no counters, version 2 a single row: both gain the shards.
+UPGRADE_TO_3: Final[tuple[LiteralString, ...]] = (
+    "DROP TRIGGER IF EXISTS {tr_ins} ON {t}",
+    "DROP TRIGGER IF EXISTS {tr_upd} ON {t}",
+    "DROP TRIGGER IF EXISTS {tr_del} ON {t}",
+    "DROP FUNCTION IF EXISTS {count}()",
+    "DROP FUNCTION IF EXISTS {count_row}()",
+    "DROP TABLE IF EXISTS {u}",
+    *SHARD_USAGE,
+)
+UPGRADE_TO_4: Final[tuple[LiteralString, ...]] = (
+    "ALTER TABLE {t} ADD COLUMN version text",
+    *VERSIONS,
+)
+
+# -- fragments folded into statements ----------------------------------------------------
+
+NOT_SAVING: Final = "coalesce(current_setting('touba.saving', true), '') = ''"
+# Marks a transaction as touba's own save (for its length): folded into
+# its first statement as ``, {saving}``.
+SAVING: Final = "(SELECT set_config('touba.saving', 'on', true)) AS v"
+# Taken before any row lock by every statement that can change the
+# counters (see touba.history.postgres); folded into such a statement as
+# ``USING {shared}``, it costs no round trip of its own.
+SHARED: Final = "(SELECT pg_advisory_xact_lock_shared({})) AS g"
+
+# -- capacity ----------------------------------------------------------------------------
+
+LOCK_SHARED: Final = "SELECT pg_advisory_xact_lock_shared({lock})"
+LOCK_EXCLUSIVE: Final = "SELECT pg_advisory_xact_lock({lock})"
+USAGE: Final = "SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}"
+TAKE_SEAT: Final = (
+    "UPDATE {u} SET seats = seats - 1"
+    " WHERE shard = hashtext(%s) & {mask} AND seats >= 1 AND max_sessions <= %s"
+)
+# Shares out what is free: ``seats`` and ``room`` to each shard, one more to
+# the first ones for the remainder, under these limits (NULL: the store
+# holds more than that limit, so there is no room to share).
+SHARE: Final = (
+    "UPDATE {u} SET seats = %s + (shard < %s)::int, room = %s + (shard < %s)::int,"
+    " max_sessions = %s, max_bytes = %s"
+)
+
+# -- reservation -------------------------------------------------------------------------
+
+PURGE_KEY: Final = (
+    "DELETE FROM {t} AS h USING {shared}"
+    " WHERE h.key = %s AND h.token IS NULL AND h.expires_at <= now()"
+)
+# Reserves a live conversation and reads, in the same statement, the
+# usage (this conversation counted) and what ``Read`` asks of its tail
+# (nothing when the version given is the stored one): first the row
+# (part 0: exchanges, messages, bytes, head, split, version, sessions and
+# bytes of the store), then (part 1) (exchange, messages, bytes) of the
+# exchanges whose sizes only are read, then (part 2) (exchange, seq,
+# bytes, body) of each message read. A NULL version becomes the
+# reservation's token (see the Backend docstring; RETURNING shows the
+# new one). Parameters: the reservation, its token again, the key, the
+# cached version, then how many trailing exchanges' sizes, and bodies,
+# to read (twice).
+CLAIM_LIVE: Final = (
+    "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
+    "  since = %s, version = coalesce(version, %s)"
+    "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
+    "  RETURNING key, head, split, exchanges, messages, bytes, version,"
+    "  split AND NOT coalesce(version = %s, false) AS reads)"
+    " SELECT 0, c.exchanges, c.messages, c.bytes, c.head, c.split, c.version,"
+    "  u.sessions, u.bytes FROM c,"
+    "  (SELECT coalesce(sum(sessions), 0) AS sessions,"
+    "   coalesce(sum(bytes), 0) AS bytes FROM {u}) AS u"
+    " UNION ALL"
+    " SELECT 1, m.exchange, count(*), sum(m.bytes), NULL, NULL, NULL, NULL, NULL"
+    "  FROM c JOIN {m} AS m ON m.key = c.key"
+    "  WHERE c.reads AND m.exchange >= c.exchanges - %s"
+    "  AND m.exchange < c.exchanges - %s GROUP BY m.exchange"
+    " UNION ALL"
+    " SELECT 2, m.exchange, m.seq, m.bytes, m.body, NULL, NULL, NULL, NULL"
+    "  FROM c JOIN {m} AS m ON m.key = c.key"
+    "  WHERE c.reads AND m.exchange >= c.exchanges - %s"
+    " ORDER BY 1, 2, 3"
+)
+CLAIM: Final = (
+    "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since, version)"
+    " SELECT %s, %s, %s, %s, %s, %s, %s FROM {shared}"
+    " ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
+    " worker_id = EXCLUDED.worker_id, pid = EXCLUDED.pid, host = EXCLUDED.host,"
+    " since = EXCLUDED.since, version = coalesce(h.version, EXCLUDED.version)"
+    " WHERE h.token IS NULL"
+    " RETURNING h.head, h.split, h.exchanges, h.messages, h.bytes, h.version"
+)
+HOLDER: Final = "SELECT worker_id, pid, host, since FROM {t} WHERE key = %s"
+RELEASE_BARE: Final = (
+    "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s AND h.token = %s AND h.head IS NULL"
+)
+RELEASE: Final = (
+    "UPDATE {t} SET token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
+    " since = NULL WHERE key = %s AND token = %s"
+)
+RECOVER: Final = (
+    "UPDATE {t} SET token = NULL, worker_id = NULL, pid = NULL, host = NULL,"
+    " since = NULL WHERE key = %s AND token IS NOT NULL RETURNING head IS NULL"
+)
+
+# -- saving ------------------------------------------------------------------------------
+
+PURGE_ALL: Final = (
+    "DELETE FROM {t} WHERE key IN (SELECT key FROM {t}"
+    " WHERE token IS NULL AND expires_at <= now() FOR UPDATE SKIP LOCKED)"
+)
+LOCK_ROW: Final = (
+    "SELECT h.token, h.head, h.split, h.exchanges, h.messages, h.bytes"
+    " FROM {t} AS h, {shared}, {saving} WHERE h.key = %s FOR UPDATE OF h"
+)
+DELETE_MESSAGES: Final = "DELETE FROM {m} WHERE key = %s"
+DROP_MESSAGES: Final = "DELETE FROM {m} WHERE key = %s AND seq >= %s"
+SAVE: Final = (
+    "UPDATE {t} SET namespace = %s, identity = %s, head = %s, split = %s,"
+    " exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
+    " expires_at = now() + make_interval(secs => %s),"
+    " version = CASE WHEN %s OR version IS NOT DISTINCT FROM %s THEN token END,"
+    " token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL"
+    " WHERE key = %s"
+)
+# A save that grows, taking its growth from its shard's room (no row: no room).
+SAVE_IN_ROOM: Final = (
+    "WITH taken AS (UPDATE {u} SET room = room - %s"  # noqa: S608 - constant text
+    " WHERE shard = hashtext(%s) & {mask} AND room >= %s AND max_bytes <= %s"
+    " RETURNING shard) " + SAVE + " AND EXISTS (SELECT FROM taken)"
+)
+
+
+def _append(
+    *, held: LiteralString, version: LiteralString, durable: bool = True, drop: bool = False
+) -> LiteralString:
+    """A log write in one statement (see ``APPEND``): the row locked where ``held``
+    (its parameters first), then its growth taken, the row saved with ``version`` (one
+    parameter) and the reservation cleared, then its messages added (the two
+    fragments are constants of this module). Not ``durable``: its transaction
+    commits with ``synchronous_commit = off`` (a server crash may undo it). With
+    ``drop``: the messages from a seq on are deleted first, and the row saved,
+    only if they are as many and weigh as much as given (parameters after
+    ``held``'s: key, seq, count, bytes, key, seq)."""
+    lock = "WITH held AS (SELECT h.key FROM {t} AS h, {shared}, {saving} WHERE h.key = %s"
+    dropping: LiteralString = ""
+    weighed: LiteralString = ""
+    if drop:
+        dropping = (
+            " weighed AS (SELECT FROM {m} WHERE key = %s AND seq >= %s"
+            "  AND EXISTS (SELECT FROM held) HAVING count(*) = %s"
+            "  AND coalesce(sum(bytes), 0) = %s),"
+            " gone AS (DELETE FROM {m} WHERE key = %s AND seq >= %s"
+            "  AND EXISTS (SELECT FROM weighed)),"
+        )
+        weighed = " AND EXISTS (SELECT FROM weighed)"
+    return (
+        lock  # noqa: S608 - constant text
+        + " AND "
+        + held
+        + " FOR UPDATE OF h),"
+        + dropping
+        + " taken AS (UPDATE {u} SET room = room - %s"
+        "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
+        "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
+        " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
+        "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
+        "  expires_at = now() + make_interval(secs => %s), token = NULL,"
+        "  worker_id = NULL, pid = NULL, host = NULL, since = NULL, version = "
+        + version
+        + "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
+        + weighed
+        + "  RETURNING h.key),"
+        " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
+        "  SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
+        "  WHERE EXISTS (SELECT FROM saved))"
+        " SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM saved)"
+        + ("" if durable else " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS q")
+    )
+
+
+# One statement per appended decision, a transaction by itself: the row
+# locked if this reservation still holds it, then (when it grows) its
+# growth taken from its shard's room (so the row is locked before its
+# shard), then the row saved if it does not grow or its growth was
+# taken, then its messages added. Each step is gated on the one
+# before, so a save without room changes nothing. Returns (held, saved).
+APPEND: Final = _append(
+    held="h.token = %s",
+    version="CASE WHEN h.version IS NOT DISTINCT FROM %s THEN h.token END",
+)
+# The same write without a reservation (``save_if``): the row locked only if
+# it is unreserved, live, at the version and with the head given (two
+# parameters), then given the new version. Returns (held, saved).
+_UNRESERVED: Final = "h.token IS NULL AND h.version = %s AND h.head = %s AND h.expires_at > now()"
+APPEND_UNRESERVED: Final = _append(held=_UNRESERVED, version="%s")
+# The same for a write that only renews the expiry (the head unchanged,
+# nothing added): committed without waiting for the WAL's flush.
+RENEW_UNRESERVED: Final = _append(held=_UNRESERVED, version="%s", durable=False)
+# A drop without a reservation (a pop): its newest messages deleted only if
+# they are as many, and weigh as much, as the write says (computed from the
+# cached tail); nothing appended in the same statement.
+DROP_UNRESERVED: Final = _append(held=_UNRESERVED, version="%s", drop=True)
+INSERT_MESSAGES: Final = (
+    "INSERT INTO {m} (key, seq, exchange, bytes, body)"
+    " SELECT %s, * FROM unnest(%b::int[], %b::int[], %b::int[], %b::text[])"
+)
+DELETE_RESERVED: Final = "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s AND h.token = %s"
+
+# -- reading -----------------------------------------------------------------------------
+
+READ_ROW: Final = "SELECT token, head, split FROM {t} WHERE key = %s FOR SHARE"
+ALL_MESSAGES: Final = "SELECT exchange, bytes, body FROM {m} WHERE key = %s ORDER BY exchange, seq"
+RANGE_ROWS: Final = (
+    "SELECT exchange, bytes, body FROM {m}"
+    " WHERE key = %s AND exchange >= %s AND exchange < %s ORDER BY exchange, seq"
+)
+RANGE_SIZES: Final = (
+    "SELECT exchange, count(*), sum(bytes) FROM {m}"
+    " WHERE key = %s AND exchange >= %s AND exchange < %s"
+    " GROUP BY exchange ORDER BY exchange"
+)
+DELETE_ROW: Final = "SELECT token FROM {t} WHERE key = %s FOR UPDATE"
+DELETE: Final = "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s"
+_LISTED: Final = (
+    "SELECT key, identity, messages, bytes, updated_at, expires_at, token IS NOT NULL,"
+    " worker_id, pid, host, since FROM {t}"
+)
+LIST_ALL: Final = _LISTED + " ORDER BY key"
+LIST_NAMESPACE: Final = _LISTED + " WHERE namespace = %s ORDER BY key"
+
+
+# -- one table's statements --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """Every statement of one history table, composed from its identifiers.
+
+    Past the three tables, each field is the template of the same name in
+    capitals (``create``: ``TABLES``, ``SHARD_USAGE`` and ``VERSIONS``); the
+    ``bytes`` ones are the statements of every decision, rendered once.
+    """
+
+    table: sql.Identifier
+    messages_table: sql.Identifier
+    usage_table: sql.Identifier
+    # the schema (``Schema.create`` and its migrations)
+    create: tuple[sql.Composed, ...]
+    upgrade_to_3: tuple[sql.Composed, ...]
+    upgrade_to_4: tuple[sql.Composed, ...]
+    # capacity
+    lock_shared: sql.Composed
+    lock_exclusive: sql.Composed
+    usage: sql.Composed
+    take_seat: sql.Composed
+    share: sql.Composed
+    # reservation
+    purge_key: sql.Composed
+    claim_live: bytes
+    claim: sql.Composed
+    holder: sql.Composed
+    release_bare: sql.Composed
+    release: sql.Composed
+    recover: sql.Composed
+    # saving
+    purge_all: sql.Composed
+    lock_row: sql.Composed
+    delete_messages: sql.Composed
+    drop_messages: sql.Composed
+    save: sql.Composed
+    save_in_room: sql.Composed
+    append: bytes
+    append_unreserved: bytes
+    renew_unreserved: bytes
+    drop_unreserved: bytes
+    insert_messages: bytes
+    delete_reserved: sql.Composed
+    # reading
+    read_row: sql.Composed
+    all_messages: sql.Composed
+    range_rows: bytes
+    range_sizes: bytes
+    delete_row: sql.Composed
+    delete: sql.Composed
+    list_all: sql.Composed
+    list_namespace: sql.Composed
+
+
+@functools.cache
+def statements(parts: tuple[str, ...]) -> Statements:
+    """The statements of the table named by ``parts`` (checked by ``table_parts``),
+    composed on the first call for that name and shared afterwards."""
+    *schema, name = parts
+    t = sql.Identifier(*schema, name)
+    m = sql.Identifier(*schema, f"{name}_messages")
+    u = sql.Identifier(*schema, f"{name}_usage")
+    lock = sql.Literal(lock_key(f"touba.history.postgres:usage:{'.'.join(parts)}"))
+    names: dict[str, sql.Composable] = {
+        "t": t,
+        "m": m,
+        "u": u,
+        "t_exp": sql.Identifier(f"{name}_exp_idx"),
+        "m_ex": sql.Identifier(f"{name}_msg_ex_idx"),
+        "count": sql.Identifier(*schema, f"{name}_usage_count"),
+        "count_row": sql.Identifier(*schema, f"{name}_usage_count_row"),
+        "changed": sql.Identifier(*schema, f"{name}_messages_changed"),
+        "mask": sql.Literal(SHARDS - 1),
+        "not_saving": sql.SQL(NOT_SAVING),
+        "saving": sql.SQL(SAVING),
+        "lock": lock,
+        "shared": sql.SQL(SHARED).format(lock),
+    }
+    for event in ("ins", "upd", "del"):
+        names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
+        names[f"tr_m_{event}"] = sql.Identifier(f"{name}_msg_{event}")
+
+    def q(text: LiteralString) -> sql.Composed:
+        return sql.SQL(text).format(**names)
+
+    def hot(text: LiteralString) -> bytes:
+        return q(text).as_bytes(None)
+
+    def each(texts: tuple[LiteralString, ...]) -> tuple[sql.Composed, ...]:
+        return tuple(q(text) for text in texts)
+
+    return Statements(
+        table=t,
+        messages_table=m,
+        usage_table=u,
+        create=each(TABLES + SHARD_USAGE + VERSIONS),
+        upgrade_to_3=each(UPGRADE_TO_3),
+        upgrade_to_4=each(UPGRADE_TO_4),
+        lock_shared=q(LOCK_SHARED),
+        lock_exclusive=q(LOCK_EXCLUSIVE),
+        usage=q(USAGE),
+        take_seat=q(TAKE_SEAT),
+        share=q(SHARE),
+        purge_key=q(PURGE_KEY),
+        claim_live=hot(CLAIM_LIVE),
+        claim=q(CLAIM),
+        holder=q(HOLDER),
+        release_bare=q(RELEASE_BARE),
+        release=q(RELEASE),
+        recover=q(RECOVER),
+        purge_all=q(PURGE_ALL),
+        lock_row=q(LOCK_ROW),
+        delete_messages=q(DELETE_MESSAGES),
+        drop_messages=q(DROP_MESSAGES),
+        save=q(SAVE),
+        save_in_room=q(SAVE_IN_ROOM),
+        append=hot(APPEND),
+        append_unreserved=hot(APPEND_UNRESERVED),
+        renew_unreserved=hot(RENEW_UNRESERVED),
+        drop_unreserved=hot(DROP_UNRESERVED),
+        insert_messages=hot(INSERT_MESSAGES),
+        delete_reserved=q(DELETE_RESERVED),
+        read_row=q(READ_ROW),
+        all_messages=q(ALL_MESSAGES),
+        range_rows=hot(RANGE_ROWS),
+        range_sizes=hot(RANGE_SIZES),
+        delete_row=q(DELETE_ROW),
+        delete=q(DELETE),
+        list_all=q(LIST_ALL),
+        list_namespace=q(LIST_NAMESPACE),
+    )
