@@ -118,6 +118,16 @@ from touba.errors import (
     DecisionHistoryStoreUnavailable,
     ToubaError,
 )
+from touba.history._backend import (
+    Read,
+    Reserved,
+    Rows,
+    Seen,
+    Sizes,
+    Write,
+    dropped_elsewhere,
+    parse_object,
+)
 from touba.history._common import (
     MiB,
     Reservation,
@@ -135,17 +145,7 @@ from touba.history._pg import row as _row
 from touba.history._pg import rows as _rows
 from touba.history._pg import run as _run
 from touba.history._record import join_record
-from touba.history._reserving import (
-    Read,
-    Reservations,
-    Reserved,
-    Rows,
-    Seen,
-    Sizes,
-    Write,
-    dropped_elsewhere,
-    parse_object,
-)
+from touba.history._reservations import Reservations
 from touba.history._store import (
     LogOperation,
     Operation,

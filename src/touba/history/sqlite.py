@@ -34,7 +34,7 @@ version is refused untouched. Upgrade every process sharing a file together.
 Every SQLite call runs on one worker thread per store, which owns the
 connection; each call commits or rolls back before it returns, so no
 transaction is open while an operation (a model call) runs. A decision is
-two calls (:mod:`touba.history._reserving` runs the protocol): the
+two calls (:mod:`touba.history._reservations` runs the protocol): the
 reservation, which in its write transaction also reads the conversation's
 tail unless this store object holds it at the stored version already, and
 the save. Processes sharing the file see each other's saves: a save by any
@@ -93,6 +93,16 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
+from touba.history._backend import (
+    Read,
+    Reserved,
+    Rows,
+    Seen,
+    Sizes,
+    Write,
+    dropped_elsewhere,
+    parse_object,
+)
 from touba.history._common import (
     MiB,
     Reservation,
@@ -107,17 +117,7 @@ from touba.history._common import (
 )
 from touba.history._files import open_private_sqlite
 from touba.history._record import join_record
-from touba.history._reserving import (
-    Read,
-    Reservations,
-    Reserved,
-    Rows,
-    Seen,
-    Sizes,
-    Write,
-    dropped_elsewhere,
-    parse_object,
-)
+from touba.history._reservations import Reservations
 from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
 from touba.history._store import (
     LogOperation,
@@ -374,7 +374,7 @@ class _Db:
 
     def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
         """Reserve ``key`` and read what ``read`` asks, in one write transaction
-        (see :class:`touba.history._reserving.Backend`): a failure reserves nothing.
+        (see :class:`touba.history._backend.Backend`): a failure reserves nothing.
 
         A new key takes its place among ``max_sessions`` in that transaction
         (``BEGIN IMMEDIATE`` serialises every writer of the file), or is refused
@@ -634,7 +634,7 @@ class _Db:
 
 
 class _Backend:
-    """The protocol's primitives (:class:`touba.history._reserving.Backend`): each one
+    """The protocol's primitives (:class:`touba.history._backend.Backend`): each one
     call to the store's thread."""
 
     driver_errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
@@ -703,7 +703,7 @@ class SqliteHistoryStore:
     before the operation runs. Expired conversations are purged as the
     module docstring says (not a secure erase); ``purge_expired()`` does it
     now. Each store object keeps the parsed tails of the conversations it
-    decided lately (:mod:`touba.history._reserving`: bounded, checked against
+    decided lately (:mod:`touba.history._tail_cache`: bounded, checked against
     the stored version at every reservation). Its ``transact_log`` honours
     ``LogWrite.drop_last`` (the newest messages deleted, in the save's
     transaction).
@@ -849,7 +849,7 @@ class SqliteHistoryStore:
         it and its write is saved in one call to the store's thread, one commit, if
         the conversation is still at that version, unreserved and unexpired; else
         it runs again through :meth:`transact_log` (see
-        ``touba.history._reserving.Reservations.transact_log_optimistic``). Raises as
+        ``touba.history._reservations.Reservations.transact_log_optimistic``). Raises as
         :meth:`transact_log` does.
         """
         check_key(key)
