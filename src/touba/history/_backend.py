@@ -221,17 +221,23 @@ class Backend(Protocol):
     driver_errors: tuple[type[BaseException], ...]
     label: str  # the store's name in messages ("SQLite", "PostgreSQL", "Redis")
 
-    async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved: ...
+    async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """Reserve ``key`` and read its state with it (see ``reserve`` above)."""
 
-    async def save(self, key: str, token: str, write: Write) -> None: ...
+    async def save(self, key: str, token: str, write: Write) -> None:
+        """Save ``write`` if ``token`` holds ``key``, and free it (see ``save`` above)."""
 
-    async def delete(self, key: str, token: str) -> None: ...
+    async def delete(self, key: str, token: str) -> None:
+        """Delete the record if ``token`` holds ``key`` (see ``delete`` above)."""
 
-    async def release(self, key: str, token: str) -> None: ...
+    async def release(self, key: str, token: str) -> None:
+        """Free ``key`` if ``token`` holds it; never raises for another holder."""
 
-    async def read_sizes(self, key: str, start: int, stop: int) -> Sizes: ...
+    async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
+        """The sizes of the reserved key's exchanges ``start`` .. ``stop - 1``."""
 
-    async def read_rows(self, key: str, start: int, stop: int) -> Rows: ...
+    async def read_rows(self, key: str, start: int, stop: int) -> Rows:
+        """The rows of the reserved key's exchanges ``start`` .. ``stop - 1``."""
 
 
 # -- helpers the backends share ----------------------------------------------------------
