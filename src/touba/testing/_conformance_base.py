@@ -27,11 +27,7 @@ from typing import Any, Final, NoReturn, Protocol, TypeAlias, runtime_checkable
 from touba.history._frozen import FrozenDict, FrozenList
 from touba.history._identity import ConversationIdentity
 from touba.history._record import RECORD_KIND, join_record, new_head
-from touba.history._store import (
-    HistoryStore,
-    Record,
-    StoreUsage,
-)
+from touba.history._store import HistoryStore, Record, StoreUsage
 
 __all__ = [
     "AT_ONCE",

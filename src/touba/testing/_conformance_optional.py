@@ -17,14 +17,7 @@ from typing import Any, cast
 from touba.errors import ConfigurationError, DecisionHistoryBusy, DecisionHistoryLimitExceeded
 from touba.history._model import message_bytes
 from touba.history._record import join_record, new_head
-from touba.history._store import (
-    HistoryStore,
-    LogSnapshot,
-    LogStore,
-    LogWrite,
-    Record,
-    StoreUsage,
-)
+from touba.history._store import HistoryStore, LogSnapshot, LogStore, LogWrite, Record, StoreUsage
 from touba.testing._conformance_base import (
     AT_ONCE,
     STEP_TIMEOUT,

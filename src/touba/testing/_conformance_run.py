@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
-from touba.history._store import (
-    HistoryStore,
-)
+from touba.history._store import HistoryStore
+from touba.testing import _conformance_optional as optional
+from touba.testing import _conformance_transact as transact
 from touba.testing._conformance_base import (
     CHECK_TIMEOUT,
     CheckSkipped,
@@ -25,22 +25,6 @@ from touba.testing._conformance_base import (
     LimitedStoreFactory,
     StoreFactory,
     open_store,
-)
-from touba.testing._conformance_optional import (
-    check_capacity,
-    check_delete,
-    check_list,
-    check_log_interface,
-    check_read,
-    check_recover,
-)
-from touba.testing._conformance_transact import (
-    check_atomicity,
-    check_cancellation_keeps_state,
-    check_exception_keeps_state,
-    check_exclusion,
-    check_private_snapshots,
-    check_round_trip,
 )
 
 __all__ = [
@@ -62,17 +46,19 @@ class _Options:
 _StoreCheck = Callable[[HistoryStore, _Options], Awaitable[None]]
 
 _STORE_CHECKS: Final[dict[str, _StoreCheck]] = {
-    "round_trip": lambda store, _: check_round_trip(store),
-    "private_snapshots": lambda store, _: check_private_snapshots(store),
-    "exception_keeps_state": lambda store, _: check_exception_keeps_state(store),
-    "cancellation_keeps_state": lambda store, _: check_cancellation_keeps_state(store),
-    "exclusion": lambda store, o: check_exclusion(store, expect_busy_error=o.expect_busy_error),
-    "atomicity": lambda store, _: check_atomicity(store),
-    "read": lambda store, _: check_read(store),
-    "delete": lambda store, _: check_delete(store),
-    "recover": lambda store, _: check_recover(store),
-    "list": lambda store, _: check_list(store),
-    "log_interface": lambda store, o: check_log_interface(
+    "round_trip": lambda store, _: transact.check_round_trip(store),
+    "private_snapshots": lambda store, _: transact.check_private_snapshots(store),
+    "exception_keeps_state": lambda store, _: transact.check_exception_keeps_state(store),
+    "cancellation_keeps_state": lambda store, _: transact.check_cancellation_keeps_state(store),
+    "exclusion": lambda store, o: transact.check_exclusion(
+        store, expect_busy_error=o.expect_busy_error
+    ),
+    "atomicity": lambda store, _: transact.check_atomicity(store),
+    "read": lambda store, _: optional.check_read(store),
+    "delete": lambda store, _: optional.check_delete(store),
+    "recover": lambda store, _: optional.check_recover(store),
+    "list": lambda store, _: optional.check_list(store),
+    "log_interface": lambda store, o: optional.check_log_interface(
         store, expect_busy_error=o.expect_busy_error
     ),
 }
@@ -94,7 +80,7 @@ async def run_check(
     try:
         async with asyncio.timeout(CHECK_TIMEOUT):
             if name == "capacity":
-                await check_capacity(limited_factory)
+                await optional.check_capacity(limited_factory)
                 return
             async with open_store(factory()) as store:
                 await _STORE_CHECKS[name](store, _Options(limited_factory, expect_busy_error))

@@ -16,10 +16,7 @@ import random
 from typing import Any
 
 from touba.errors import DecisionHistoryBusy
-from touba.history._store import (
-    HistoryStore,
-    Record,
-)
+from touba.history._store import HistoryStore, Record
 from touba.testing._conformance_base import (
     AT_ONCE,
     CONCURRENT_INCREMENTS,
