@@ -30,7 +30,7 @@ from touba.history import (
     Observation,
     _head,
     _memory,
-    _reserving,
+    _snapshot,
 )
 from touba.history._common import encode_checked_json
 from touba.history._frozen import FrozenDict, FrozenList
@@ -194,7 +194,7 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(text)
         return parse_head(text)
 
-    monkeypatch.setattr(_reserving, "parse_head", counting)
+    monkeypatch.setattr(_snapshot, "parse_head", counting)
     monkeypatch.setattr(_memory, "parse_head", counting)
     return seen
 

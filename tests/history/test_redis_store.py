@@ -43,7 +43,7 @@ from touba.history import (
     MemoryHistoryStore,
     Observation,
 )
-from touba.history._reserving import HINT_MEMORY
+from touba.history._reservations import HINT_MEMORY
 from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history._window import ExchangeSize
 from touba.history.redis import RedisHistoryStore
@@ -1063,7 +1063,7 @@ async def test_a_claim_loads_its_script_when_the_server_lacks_it(
 # -- the content-validated tail cache -------------------------------------------------------
 # Redis cannot see another client's LSET or LREM of a row (the version stays), so
 # every claim brings the window's rows and the cached parse of a message is used
-# only while its stored text is byte-identical (touba.history._reserving, content
+# only while its stored text is byte-identical (touba.history._tail_cache, content
 # mode).
 
 WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
@@ -1082,16 +1082,16 @@ def as_row(exchange: int, message: Record) -> str:
 
 def counted_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every stored message the shared layer parses from a read (the real parse runs)."""
-    from touba.history import _reserving
+    from touba.history import _tail_cache
 
     parsed: list[str] = []
-    original = _reserving._frozen_object_of
+    original = _tail_cache._frozen_object_of
 
     def counting(body: str, key: str, label: str) -> Record:
         parsed.append(body)
         return original(body, key, label)
 
-    monkeypatch.setattr(_reserving, "_frozen_object_of", counting)
+    monkeypatch.setattr(_tail_cache, "_frozen_object_of", counting)
     return parsed
 
 

@@ -1,7 +1,7 @@
 """The SQLite store's cached tails, its schema 2 and its usage row, on real files.
 
 A store object keeps the parsed tail of each conversation it decided
-(:mod:`touba.history._reserving`), checked at every reservation against the
+(:mod:`touba.history._tail_cache`), checked at every reservation against the
 version the file stores, which every save by any store object or process
 changes. These tests share files between store objects and processes, delete
 and re-create conversations behind a cached tail, damage rows, migrate a
@@ -41,9 +41,11 @@ from touba.history import (
     Observation,
     ResultMessage,
 )
+from touba.history._backend import Reserved
 from touba.history._common import iso
-from touba.history._reserving import HINT_MEMORY, Recent, Reserved, TailCache
+from touba.history._reservations import HINT_MEMORY, Recent
 from touba.history._store import LogSnapshot, LogWrite, StoreUsage
+from touba.history._tail_cache import TailCache
 from touba.history.sqlite import PURGE_INTERVAL, SqliteHistoryStore
 
 WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")

@@ -88,6 +88,16 @@ from touba.errors import (
     DecisionHistoryStoreUnavailable,
     ToubaError,
 )
+from touba.history._backend import (
+    Read,
+    Reserved,
+    Rows,
+    Seen,
+    Sizes,
+    Write,
+    dropped_elsewhere,
+    parse_object,
+)
 from touba.history._common import (
     MiB,
     Reservation,
@@ -106,17 +116,7 @@ from touba.history._pg import rows as _rows
 from touba.history._pg import run as _run
 from touba.history._pg_sql import SCHEMA_VERSION, SHARDS, Statements, statements
 from touba.history._record import join_record
-from touba.history._reserving import (
-    Read,
-    Reservations,
-    Reserved,
-    Rows,
-    Seen,
-    Sizes,
-    Write,
-    dropped_elsewhere,
-    parse_object,
-)
+from touba.history._reservations import Reservations
 from touba.history._store import (
     LogOperation,
     Operation,

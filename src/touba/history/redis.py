@@ -73,6 +73,16 @@ from touba.errors import (
     DecisionHistoryStoreUnavailable,
     ToubaError,
 )
+from touba.history._backend import (
+    Read,
+    Reserved,
+    Rows,
+    Seen,
+    Sizes,
+    Write,
+    dropped_elsewhere,
+    parse_object,
+)
 from touba.history._common import (
     MiB,
     Reservation,
@@ -88,19 +98,7 @@ from touba.history._common import (
 from touba.history._lua import load
 from touba.history._model import parse_json
 from touba.history._record import join_record
-from touba.history._reserving import (
-    MAX_TAIL,
-    Read,
-    Recent,
-    Reservations,
-    Reserved,
-    Rows,
-    Seen,
-    Sizes,
-    Write,
-    dropped_elsewhere,
-    parse_object,
-)
+from touba.history._reservations import MAX_TAIL, Recent, Reservations
 from touba.history._store import (
     LogOperation,
     Operation,

@@ -1,40 +1,13 @@
 """``SqliteHistoryStore``: conversations in a SQLite file that processes may share.
 
-Layout (schema version 2, recorded in ``touba_meta``):
-
-- ``touba_history_sessions``: one row per key, with a compact integer ``id``:
-  the record's head (the whole record when it is not touba-shaped,
-  ``split = 0``), sizes, expiry, identity and namespace (for ``list``), the
-  record's ``version`` (the token of the reservation that saved it) and the
-  reservation (``token``, ``worker_id``, ``pid``, ``host``, ``since``).
-  ``head IS NULL`` marks a reservation on a key that has no record yet: it
-  holds that conversation's place among ``max_sessions`` (taken in the
-  reservation's write transaction, so two processes cannot both take the last
-  one) and vanishes when released.
-- ``touba_history_messages``: one row per message of a touba record (``conv``,
-  the conversation's id, ``seq``, ``exchange``, ``bytes``, ``body``), indexed on
-  ``(conv, exchange, seq, bytes)``: a tail or its sizes cost the rows read, and
-  a decision appends rows without rewriting any.
-- ``touba_history_usage``: one row, the places held (rows of the sessions
-  table) and the bytes they retain, kept exact by triggers in the transaction
-  of every statement that changes them, so capacity costs one row read
-  whatever the number of conversations (``BEGIN IMMEDIATE`` already
-  serialises the writers of the file). Deleting a conversation's row deletes
-  its messages (a trigger too), and any change to a conversation's messages,
-  whoever makes it, clears its ``version``. A reservation gives a cleared
-  version its own token, and a save keeps its token as the version only if
-  the version is still that one, so an edit made while the model was called
-  is seen by the next decision too.
-
-New files use 8 KiB pages (1 KiB messages fill them with little waste); a
-file of version 1 (key text in every message row and index entry) is
-migrated in place, in one transaction, when first opened; a file of another
-version is refused untouched. Upgrade every process sharing a file together.
+The file (schema version 2: a sessions table, a messages table, a usage row
+kept exact by triggers, and the migration of a version-1 file) is laid out
+and created by :mod:`touba.history._sqlite_schema`.
 
 Every SQLite call runs on one worker thread per store, which owns the
 connection; each call commits or rolls back before it returns, so no
 transaction is open while an operation (a model call) runs. A decision is
-two calls (:mod:`touba.history._reserving` runs the protocol): the
+two calls (:mod:`touba.history._reservations` runs the protocol): the
 reservation, which in its write transaction also reads the conversation's
 tail unless this store object holds it at the stored version already, and
 the save. Processes sharing the file see each other's saves: a save by any
@@ -93,6 +66,16 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
+from touba.history._backend import (
+    Read,
+    Reserved,
+    Rows,
+    Seen,
+    Sizes,
+    Write,
+    dropped_elsewhere,
+    parse_object,
+)
 from touba.history._common import (
     MiB,
     Reservation,
@@ -107,18 +90,9 @@ from touba.history._common import (
 )
 from touba.history._files import open_private_sqlite
 from touba.history._record import join_record
-from touba.history._reserving import (
-    Read,
-    Reservations,
-    Reserved,
-    Rows,
-    Seen,
-    Sizes,
-    Write,
-    dropped_elsewhere,
-    parse_object,
-)
+from touba.history._reservations import Reservations
 from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
+from touba.history._sqlite_schema import PAGE_SIZE, SCHEMA_VERSION, check_schema, init_schema
 from touba.history._store import (
     LogOperation,
     Operation,
@@ -132,87 +106,11 @@ __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore"]
 T = TypeVar("T")
 R = TypeVar("R")
 
-SCHEMA_VERSION: Final = 2
 BUSY_TIMEOUT_SECONDS: Final = 5.0
-PAGE_SIZE: Final = 8192  # bytes per page of a new file
 PURGE_INTERVAL: Final = 60.0  # seconds between purges of every expired record
 PURGE_NEAR_FULL: Final = 0.8  # ... or at each write while the store is this full
-_VERSION_NAME = "history_schema_version"
 _LABEL = "SQLite"
 _NO_END = 2**62
-
-_META = "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
-_TABLES = (
-    """CREATE TABLE IF NOT EXISTS touba_history_sessions (
-        id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, head TEXT,
-        split INTEGER NOT NULL DEFAULT 0, namespace TEXT, identity TEXT,
-        exchanges INTEGER NOT NULL DEFAULT 0, messages INTEGER NOT NULL DEFAULT 0,
-        bytes INTEGER NOT NULL DEFAULT 0, updated_at REAL, expires_at REAL, version TEXT,
-        token TEXT, worker_id TEXT, pid INTEGER, host TEXT, since REAL)""",
-    "CREATE INDEX IF NOT EXISTS touba_history_sessions_expiry "
-    "ON touba_history_sessions (expires_at)",
-    "CREATE INDEX IF NOT EXISTS touba_history_sessions_namespace "
-    "ON touba_history_sessions (namespace)",
-    """CREATE TABLE IF NOT EXISTS touba_history_messages (
-        id INTEGER PRIMARY KEY, conv INTEGER NOT NULL, seq INTEGER NOT NULL,
-        exchange INTEGER NOT NULL, bytes INTEGER NOT NULL, body TEXT NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS touba_history_messages_tail "
-    "ON touba_history_messages (conv, exchange, seq, bytes)",
-)
-# Created once the sessions table holds its rows (the usage row counts them).
-_DERIVED = (
-    """CREATE TABLE IF NOT EXISTS touba_history_usage (
-        id INTEGER PRIMARY KEY CHECK (id = 0), sessions INTEGER NOT NULL,
-        bytes INTEGER NOT NULL)""",
-    "INSERT OR IGNORE INTO touba_history_usage "
-    "SELECT 0, COUNT(*), COALESCE(SUM(bytes), 0) FROM touba_history_sessions",
-    """CREATE TRIGGER IF NOT EXISTS touba_history_sessions_added
-        AFTER INSERT ON touba_history_sessions BEGIN
-        UPDATE touba_history_usage SET sessions = sessions + 1, bytes = bytes + NEW.bytes;
-        END""",
-    """CREATE TRIGGER IF NOT EXISTS touba_history_sessions_resized
-        AFTER UPDATE OF bytes ON touba_history_sessions WHEN NEW.bytes IS NOT OLD.bytes BEGIN
-        UPDATE touba_history_usage SET bytes = bytes + NEW.bytes - OLD.bytes;
-        END""",
-    """CREATE TRIGGER IF NOT EXISTS touba_history_sessions_removed
-        AFTER DELETE ON touba_history_sessions BEGIN
-        UPDATE touba_history_usage SET sessions = sessions - 1, bytes = bytes - OLD.bytes;
-        DELETE FROM touba_history_messages WHERE conv = OLD.id;
-        END""",
-    """CREATE TRIGGER IF NOT EXISTS touba_history_messages_inserted
-        AFTER INSERT ON touba_history_messages BEGIN
-        UPDATE touba_history_sessions SET version = NULL WHERE id = NEW.conv;
-        END""",
-    """CREATE TRIGGER IF NOT EXISTS touba_history_messages_updated
-        AFTER UPDATE ON touba_history_messages BEGIN
-        UPDATE touba_history_sessions SET version = NULL WHERE id = NEW.conv;
-        END""",
-    """CREATE TRIGGER IF NOT EXISTS touba_history_messages_deleted
-        AFTER DELETE ON touba_history_messages BEGIN
-        UPDATE touba_history_sessions SET version = NULL WHERE id = OLD.conv;
-        END""",
-)
-_V1_COLUMNS = (
-    "key, head, split, namespace, identity, exchanges, messages, bytes, updated_at, "
-    "expires_at, token, worker_id, pid, host, since"
-)
-# Version 1 kept the key text in every message row and index entry.
-_MIGRATE_FROM_V1 = (
-    "DROP INDEX IF EXISTS touba_history_sessions_expiry",
-    "DROP INDEX IF EXISTS touba_history_sessions_namespace",
-    "DROP INDEX IF EXISTS touba_history_messages_tail",
-    "ALTER TABLE touba_history_sessions RENAME TO touba_history_sessions_v1",
-    "ALTER TABLE touba_history_messages RENAME TO touba_history_messages_v1",
-    *_TABLES,
-    f"INSERT INTO touba_history_sessions ({_V1_COLUMNS}) "  # noqa: S608 - constant text
-    f"SELECT {_V1_COLUMNS} FROM touba_history_sessions_v1 ORDER BY rowid",
-    "INSERT INTO touba_history_messages (conv, seq, exchange, bytes, body) "
-    "SELECT s.id, m.seq, m.exchange, m.bytes, m.body FROM touba_history_messages_v1 AS m "
-    "JOIN touba_history_sessions AS s ON s.key = m.key ORDER BY m.id",
-    "DROP TABLE touba_history_messages_v1",
-    "DROP TABLE touba_history_sessions_v1",
-    *_DERIVED,
-)
 
 _INSERT_MESSAGE = """INSERT INTO touba_history_messages (conv, seq, exchange, bytes, body)
     VALUES (?, ?, ?, ?, ?)"""
@@ -239,30 +137,6 @@ _SIZES = f"""SELECT exchange, COUNT(*), SUM(bytes) FROM touba_history_messages
 _ROWS = f"""SELECT exchange, bytes, body FROM touba_history_messages
     WHERE conv = {_CONV} AND exchange >= ? AND exchange < ?
     ORDER BY exchange, seq"""  # noqa: S608 - constant text
-
-
-def _stored_version(conn: sqlite3.Connection) -> str | None:
-    """The history schema version a file records (None for a file without touba's tables)."""
-    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
-    if not conn.execute(sql).fetchone():
-        return None
-    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
-    return None if row is None else str(row[0])
-
-
-def _check_schema(conn: sqlite3.Connection) -> None:
-    """Refuse a database written by a newer (or unknown) touba, reading only.
-
-    ``DecisionHistoryRecordInvalid``, as for a record of a future version: the
-    stored data is unreadable here, which no change of configuration fixes.
-    """
-    version = _stored_version(conn)
-    if version is not None and version not in ("1", str(SCHEMA_VERSION)):
-        raise DecisionHistoryRecordInvalid(
-            f"this SQLite file holds decision history schema version {version!r}; this touba "
-            f"reads versions 1 and {SCHEMA_VERSION}. Upgrade touba or use another file; the "
-            "file was not modified"
-        )
 
 
 def _translate(error: Exception, key: str) -> Exception:
@@ -315,22 +189,6 @@ class _Db:
     def q(self, sql: str, *args: Any) -> sqlite3.Cursor:
         return self.conn.execute(sql, args)
 
-    def init_schema(self) -> None:
-        """Create the tables, or migrate a version-1 file, in one transaction."""
-        with transaction(self.conn):
-            _check_schema(self.conn)
-            version = _stored_version(self.conn)
-            if version == str(SCHEMA_VERSION):
-                return
-            self.q(_META)
-            for statement in _MIGRATE_FROM_V1 if version == "1" else (*_TABLES, *_DERIVED):
-                self.q(statement)
-            self.q(
-                "INSERT OR REPLACE INTO touba_meta (name, value) VALUES (?, ?)",
-                _VERSION_NAME,
-                str(SCHEMA_VERSION),
-            )
-
     # -- helpers (inside a transaction) -----------------------------------------------
 
     def _usage(self) -> StoreUsage:
@@ -374,7 +232,7 @@ class _Db:
 
     def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
         """Reserve ``key`` and read what ``read`` asks, in one write transaction
-        (see :class:`touba.history._reserving.Backend`): a failure reserves nothing.
+        (see :class:`touba.history._backend.Backend`): a failure reserves nothing.
 
         A new key takes its place among ``max_sessions`` in that transaction
         (``BEGIN IMMEDIATE`` serialises every writer of the file), or is refused
@@ -634,7 +492,7 @@ class _Db:
 
 
 class _Backend:
-    """The protocol's primitives (:class:`touba.history._reserving.Backend`): each one
+    """The protocol's primitives (:class:`touba.history._backend.Backend`): each one
     call to the store's thread."""
 
     driver_errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
@@ -646,6 +504,7 @@ class _Backend:
         self._store = store
 
     async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """See :meth:`touba.history._backend.Backend.reserve`."""
         store = self._store
         try:
             return await store._run(key, lambda: store._db.reserve(key, reservation, read))
@@ -657,28 +516,34 @@ class _Backend:
         # Any other failure rolled the reservation's transaction back: nothing is held.
 
     async def save(self, key: str, token: str, write: Write) -> None:
+        """See :meth:`touba.history._backend.Backend.save`."""
         store = self._store
         await store._run(key, lambda: store._db.save(key, token, write))
 
     async def save_if(
         self, key: str, version: str, head: str, token: str, write: Write, seen: Seen | None
     ) -> bool:
+        """See ``save_if`` in :mod:`touba.history._backend`."""
         store = self._store
         return await store._run(key, lambda: store._db.save_if(key, version, head, token, write))
 
     async def delete(self, key: str, token: str) -> None:
+        """See :meth:`touba.history._backend.Backend.delete`."""
         store = self._store
         await store._run(key, lambda: store._db.delete_reserved(key, token))
 
     async def release(self, key: str, token: str) -> None:
+        """See :meth:`touba.history._backend.Backend.release`."""
         store = self._store
         await store._run(key, lambda: store._db.release(key, token))
 
     async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
+        """See :meth:`touba.history._backend.Backend.read_sizes`."""
         store = self._store
         return await store._run(key, lambda: store._db.sizes(key, start, stop))
 
     async def read_rows(self, key: str, start: int, stop: int) -> Rows:
+        """See :meth:`touba.history._backend.Backend.read_rows`."""
         store = self._store
         return await store._run(key, lambda: store._db.rows(key, start, stop))
 
@@ -703,7 +568,7 @@ class SqliteHistoryStore:
     before the operation runs. Expired conversations are purged as the
     module docstring says (not a secure erase); ``purge_expired()`` does it
     now. Each store object keeps the parsed tails of the conversations it
-    decided lately (:mod:`touba.history._reserving`: bounded, checked against
+    decided lately (:mod:`touba.history._tail_cache`: bounded, checked against
     the stored version at every reservation). Its ``transact_log`` honours
     ``LogWrite.drop_last`` (the newest messages deleted, in the save's
     transaction).
@@ -761,7 +626,7 @@ class SqliteHistoryStore:
                 conn = open_private_sqlite(
                     filename,
                     timeout=BUSY_TIMEOUT_SECONDS,
-                    check=_check_schema,
+                    check=check_schema,
                     page_size=PAGE_SIZE,
                 )
             else:
@@ -774,9 +639,8 @@ class SqliteHistoryStore:
                     ) from e
                 if conn.in_transaction:
                     raise ConfigurationError("database= has an open transaction; end it first")
-            db = _Db(conn, self)
-            db.init_schema()
-            return db
+            init_schema(conn)
+            return _Db(conn, self)
         except Exception as e:
             if self._owns_connection and conn is not None:
                 conn.close()
@@ -849,7 +713,7 @@ class SqliteHistoryStore:
         it and its write is saved in one call to the store's thread, one commit, if
         the conversation is still at that version, unreserved and unexpired; else
         it runs again through :meth:`transact_log` (see
-        ``touba.history._reserving.Reservations.transact_log_optimistic``). Raises as
+        ``touba.history._reservations.Reservations.transact_log_optimistic``). Raises as
         :meth:`transact_log` does.
         """
         check_key(key)

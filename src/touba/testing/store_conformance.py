@@ -34,28 +34,30 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, ClassVar
 
-from touba.testing._conformance_checks import (
-    CHECK_NAMES,
+from touba.testing._conformance_base import (
     CheckSkipped,
     ConformanceReport,
     LimitedStoreFactory,
     StoreFactory,
     StoreSource,
-    check_atomicity,
-    check_cancellation_keeps_state,
+    open_store,
+)
+from touba.testing._conformance_optional import (
     check_capacity,
     check_delete,
-    check_exception_keeps_state,
-    check_exclusion,
     check_list,
     check_log_interface,
-    check_private_snapshots,
     check_read,
     check_recover,
+)
+from touba.testing._conformance_run import CHECK_NAMES, check_store, run_check
+from touba.testing._conformance_transact import (
+    check_atomicity,
+    check_cancellation_keeps_state,
+    check_exception_keeps_state,
+    check_exclusion,
+    check_private_snapshots,
     check_round_trip,
-    check_store,
-    open_store,
-    run_check,
 )
 
 if TYPE_CHECKING:
