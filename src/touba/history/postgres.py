@@ -5,8 +5,8 @@ its reservation; ``_messages``; ``_usage``: the capacity counters; ``_meta``):
 their layout and every statement are :mod:`touba.history._pg_sql`'s.
 
 No transaction stays open while ``operation`` runs. The reservation
-protocol and the tail cache are :mod:`touba.history._reserving`'s; this
-module gives its primitives. A decision takes two transactions of one
+protocol is :mod:`touba.history._reservations`'s and the tail cache
+:mod:`touba.history._tail_cache`'s; this module gives the protocol its primitives. A decision takes two transactions of one
 statement each, sent alone on the store's own pool (autocommit: one round
 trip each, not three; in a READ COMMITTED transaction on a pool given by
 the host): the reservation (refusing at once with
@@ -182,7 +182,7 @@ def _reach(read: Read) -> tuple[int, int]:
 
 
 class _Backend:
-    """The protocol's primitives (:class:`touba.history._reserving.Backend`): each one
+    """The protocol's primitives (:class:`touba.history._backend.Backend`): each one
     transaction, of one statement on the common path."""
 
     driver_errors: tuple[type[BaseException], ...] = FAILURES
@@ -454,7 +454,7 @@ class PostgresHistoryStore(PooledStore):
     place is held (records and such reservations), it raises
     ``DecisionHistoryLimitExceeded`` before the operation runs. Each store
     object keeps the parsed tails of the conversations it decided lately
-    (:mod:`touba.history._reserving`: bounded, checked against the stored
+    (:mod:`touba.history._tail_cache`: bounded, checked against the stored
     version at every reservation). Its ``transact_log`` honours
     ``LogWrite.drop_last`` (the newest messages deleted, in the save's
     transaction).
@@ -607,7 +607,7 @@ class PostgresHistoryStore(PooledStore):
         it and its write is saved in one statement if the conversation is still at
         that version, unreserved and live, and fits; else it runs again through
         :meth:`transact_log` (see
-        ``touba.history._reserving.Reservations.transact_log_optimistic``). Raises as
+        ``touba.history._reservations.Reservations.transact_log_optimistic``). Raises as
         :meth:`transact_log` does.
         """
         check_key(key)

@@ -28,7 +28,7 @@ A touba record keeps its head in the head hash and its messages as rows; a
 decision appends rows (RPUSH) and reads only the tail it needs; a
 ``LogWrite.drop_last`` trims the newest rows (LTRIM) in the same commit. The protocol
 (reserve, save if the token still holds, release; the snapshot, the read-ahead
-hints and the tail cache) is :mod:`touba.history._reserving`; this module gives
+hints and the tail cache) is :mod:`touba.history._reservations`'s; this module gives
 its primitives (:class:`_Backend`). The claim script returns, with the
 reservation, the entries of the last exchanges the history layer weighed
 lately, and an LRANGE pipelined after it (same round trip) the last rows of the
@@ -265,7 +265,7 @@ class _Keys:
 
 
 class _Backend:
-    """The protocol's primitives (:class:`touba.history._reserving.Backend`): each one
+    """The protocol's primitives (:class:`touba.history._backend.Backend`): each one
     round trip (a script, with an LRANGE pipelined after the claim).
 
     Redis cannot tell when another client edits a conversation's rows (an LSET
@@ -783,7 +783,7 @@ class RedisHistoryStore:
         live, at that version and still holds, byte for byte, the head, exchange
         entries and rows the operation read; else it runs again through
         :meth:`transact_log` (see
-        ``touba.history._reserving.Reservations.transact_log_optimistic``). Raises as
+        ``touba.history._reservations.Reservations.transact_log_optimistic``). Raises as
         :meth:`transact_log` does.
         """
         self._check_open()
