@@ -4,27 +4,26 @@ Four tables derived from ``table`` (``<table>``: a row per key, its head and
 its reservation; ``_messages``; ``_usage``: the capacity counters; ``_meta``):
 their layout and every statement are :mod:`touba.history._pg_sql`'s.
 
-No transaction stays open while ``operation`` runs. The reservation
-protocol is :mod:`touba.history._reservations`'s and the tail cache
-:mod:`touba.history._tail_cache`'s; this module gives the protocol its primitives. A decision takes two transactions of one
-statement each, sent alone on the store's own pool (autocommit: one round
-trip each, not three; in a READ COMMITTED transaction on a pool given by
-the host): the reservation (refusing at once with
-``DecisionHistoryBusy`` when the key is reserved), which also reads the
-usage and, unless this store object holds the conversation's tail at the
-stored version, the tail as far back as the history layer read lately
-(older exchanges, when asked, are read separately); then one statement
-saves the head if its token still matches, stores the token as the
-version (unless the rows were edited meanwhile), takes the growth from its
-shard's room, appends the messages and releases. Reserving a stored, live
-conversation updates its row only; a cache hit returns that row and no
-message. A session operation on a cached tail is one statement without a
-reservation (``save_if``; a pop's deletes the newest rows only if they are
-as many, and weigh as much, as the tail says); when it only renews the
-expiry (a read: the head unchanged, nothing added) its transaction commits
-with ``synchronous_commit = off``: a server crash may undo the renewal,
-which leaves the conversation expiring when it did before.
-A crash leaves the reservation in place: the key answers
+No transaction stays open while ``operation`` runs. The reservation protocol is
+:mod:`touba.history._reservations`'s and the tail cache
+:mod:`touba.history._tail_cache`'s; this module gives the protocol its
+primitives. A decision takes two transactions of one statement each, sent alone
+on the store's own pool (autocommit: one round trip each, not three; in a READ
+COMMITTED transaction on a pool given by the host): the reservation (refusing
+at once with ``DecisionHistoryBusy`` when the key is reserved), which also
+reads the usage and, unless this store object holds the conversation's tail at
+the stored version, the tail as far back as the history layer read lately
+(older exchanges, when asked, are read separately); then one statement saves
+the head if its token still matches, stores the token as the version (unless
+the rows were edited meanwhile), takes the growth from its shard's room,
+appends the messages and releases. Reserving a stored, live conversation
+updates its row only; a cache hit returns that row and no message. A session
+operation on a cached tail is one statement without a reservation (``save_if``;
+a pop's deletes the newest rows only if they are as many, and weigh as much, as
+the tail says); when it only renews the expiry (a read: the head unchanged,
+nothing added) its transaction commits with ``synchronous_commit = off``: a
+server crash may undo the renewal, which leaves the conversation expiring when
+it did before. A crash leaves the reservation in place: the key answers
 ``DecisionHistoryBusy`` until ``recover(key, worker_stopped=True)``. Expiry
 uses the server's clock.
 
