@@ -321,9 +321,12 @@ class ExtractionQueue:
         return await self.store.requeue_job(job_id)
 
     async def get(self, job_id: str) -> ExtractionJob | None:
+        """The job as stored, or None when there is none of that id (``MemoryStore.get_job``)."""
         return await self.store.get_job(job_id)
 
     async def list(self, status: JobStatus | None = None, limit: int = 100) -> list[ExtractionJob]:
+        """At most ``limit`` jobs, most recently changed first, of ``status`` when given
+        (``MemoryStore.list_jobs``)."""
         return await self.store.list_jobs(status=status, limit=limit)
 
 

@@ -134,6 +134,7 @@ class ChatTurn:
 
     @property
     def status(self) -> str:
+        """The invocation's status (``result.status``): completed, awaiting_approval or failed."""
         return self.result.status
 
     @property
@@ -336,6 +337,8 @@ class ChatSession:
 
     @property
     def ended(self) -> bool:
+        """True once the session has ended (by :meth:`end`, the idle timer, or in the store
+        when it was opened): ``send`` then raises ``ConfigurationError``."""
         return self._ended
 
     @property

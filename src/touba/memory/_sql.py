@@ -83,6 +83,7 @@ class SqlMemoryStore(ABC):
     _clock: Clock
 
     def now(self) -> datetime:
+        """``MemoryStore.now``; raises ``ConfigurationError`` when the clock is naive."""
         return check_clock(self._clock)
 
     @abstractmethod
@@ -129,6 +130,7 @@ class SqlMemoryStore(ABC):
         return await self._atomic(body)
 
     async def get_session(self, session_id: str) -> SessionMeta | None:
+        """``MemoryStore.get_session``: the session, or None."""
         rows = await self._read("session", (session_id,))
         return session_from_row(rows[0], self._dec) if rows else None
 
@@ -414,6 +416,7 @@ class SqlMemoryStore(ABC):
         return await self._atomic(body)
 
     async def get_job(self, job_id: str) -> ExtractionJob | None:
+        """``MemoryStore.get_job``: the job, or None."""
         rows = await self._read("job", (job_id,))
         return job_from_row(rows[0], self._dec) if rows else None
 
