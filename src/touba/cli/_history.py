@@ -16,7 +16,9 @@ against ``max_retained_bytes``; the record's ``stats.bytes``). ``ls`` and
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +79,46 @@ def _target(
     return _Target(backend, table, prefix)
 
 
+_STORE_OPTIONS = [
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=hint)
+    for name, hint in (
+        ("db", Db),
+        ("dsn", DsnOption),
+        ("redis_url", RedisUrlOption),
+        ("table", TableOption),
+        ("prefix", PrefixOption),
+    )
+]
+
+
+def _store_command(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register ``touba history NAME`` for a command written ``fn(target, *its own)``.
+
+    Every command opens one store, chosen by the same five options: the command line
+    gets them after the command's arguments and before its own options (so ``--help``
+    lists them in that order), and ``fn`` gets the checked :class:`_Target` in their
+    place; a missing store or a wrong combination exits with status 2 before ``fn`` runs.
+    """
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+        arguments = [p for p in own if p.default is inspect.Parameter.empty]
+        options = [p for p in own if p.default is not inspect.Parameter.empty]
+        parameters = [*arguments, *_STORE_OPTIONS, *options]
+
+        @functools.wraps(fn)
+        def command(**given: Any) -> None:
+            store = {option.name: given.pop(option.name) for option in _STORE_OPTIONS}
+            fn(_target(**store), **given)
+
+        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        app.command(name)(command)
+        return fn
+
+    return register
+
+
 @asynccontextmanager
 async def _open(target: _Target, **limits: Unpack[Limits]) -> AsyncIterator[HistoryAdmin]:
     """Open an existing store (never create one by mistake)."""
@@ -86,13 +128,9 @@ async def _open(target: _Target, **limits: Unpack[Limits]) -> AsyncIterator[Hist
         yield store
 
 
-@app.command("ls")
+@_store_command("ls")
 def ls(
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
+    target: _Target,
     namespace: Namespace = None,
     max_sessions: Annotated[
         int | None,
@@ -108,7 +146,6 @@ def ls(
 ) -> None:
     """List conversations: identity, sizes, expiry and reservations (never content),
     then the store's usage against its limits."""
-    target = _target(db, dsn, redis_url, table, prefix)
     limits = Limits()
     if max_sessions is not None:
         limits["max_sessions"] = max_sessions
@@ -184,20 +221,15 @@ def _active(reservation: dict[str, Any] | None) -> str:
     return f"yes: pid {reservation.get('pid')} on {reservation.get('host')}"
 
 
-@app.command("show")
+@_store_command("show")
 def show(
+    target: _Target,
     key: Key,
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
     raw: Annotated[
         bool, typer.Option("--json", help="Print the whole record, as stored, as JSON.")
     ] = False,
 ) -> None:
     """Show one conversation: identity, sizes, summary state and exchanges."""
-    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
         async with _open(target) as store:
@@ -249,17 +281,12 @@ def _describe(exchange: list[dict[str, Any]]) -> tuple[str, str]:
     return decision, "; ".join(results)
 
 
-@app.command("rm")
+@_store_command("rm")
 def rm(
+    target: _Target,
     key: Key,
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
 ) -> None:
     """Delete an inactive conversation."""
-    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
         async with _open(target) as store:
@@ -280,14 +307,10 @@ def rm(
     target.backend.run(go())
 
 
-@app.command("recover")
+@_store_command("recover")
 def recover(
+    target: _Target,
     key: Key,
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
     worker_stopped: Annotated[
         bool,
         typer.Option(
@@ -297,7 +320,6 @@ def recover(
     ] = False,
 ) -> None:
     """Free a reservation left by a crashed worker (storage only, no business effect)."""
-    target = _target(db, dsn, redis_url, table, prefix)
     if not worker_stopped:
         confirmed = typer.confirm(
             "Recovering frees the conversation for another worker. Have you stopped and "
@@ -316,16 +338,11 @@ def recover(
     target.backend.run(go())
 
 
-@app.command("purge")
+@_store_command("purge")
 def purge(
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
+    target: _Target,
 ) -> None:
     """Delete expired conversations now (they are otherwise purged on the next access)."""
-    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
         async with _open(target) as store:
