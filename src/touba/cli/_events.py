@@ -7,6 +7,7 @@ The store is a SQLite file (``--db``) or PostgreSQL (``--dsn`` or
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
@@ -17,7 +18,7 @@ from typing import Annotated, cast
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, errors, print_json, print_table, table
+from touba.cli._common import console, errors, print_json, print_table, store_command, table
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -73,6 +74,15 @@ def memory_target(db: Path | None, dsn: str | None, prefix: str | None) -> Memor
     return MemoryTarget(backend, prefix)
 
 
+_store_command = functools.partial(
+    store_command,
+    app,
+    options={"db": Db, "dsn": DsnOption, "prefix": PrefixOption},
+    target=memory_target,
+)
+"""``@_store_command(NAME)``: ``touba events NAME``, written ``fn(target, *its own)``."""
+
+
 @asynccontextmanager
 async def open_store(target: MemoryTarget) -> AsyncIterator[MemoryStore]:
     """Open an existing memory store (never create one by mistake)."""
@@ -94,11 +104,9 @@ def _when(event: KeyEvent) -> str:
     return event.updated_at.isoformat(timespec="seconds")
 
 
-@app.command("ls")
+@_store_command("ls")
 def ls(
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
+    target: MemoryTarget,
     user: User = None,
     session: Session = None,
     include_closed: Annotated[
@@ -108,7 +116,6 @@ def ls(
     raw: Json = False,
 ) -> None:
     """List the key events of a user or a session, most recently updated first."""
-    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
         async with open_store(target) as store:
@@ -158,18 +165,15 @@ async def _owner_of(target: MemoryTarget, event_id: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-@app.command("show")
+@_store_command("show")
 def show(
+    target: MemoryTarget,
     event_id: EventId,
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
     user: User = None,
     session: Session = None,
     raw: Json = False,
 ) -> None:
     """Show one key event with its update history."""
-    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
         async with open_store(target) as store:
@@ -205,11 +209,9 @@ def show(
     target.backend.run(go())
 
 
-@app.command("jobs")
+@_store_command("jobs")
 def jobs(
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
+    target: MemoryTarget,
     status: Annotated[
         str | None,
         typer.Option("--status", help="Only jobs in this status: pending, running, done, failed."),
@@ -218,7 +220,6 @@ def jobs(
     raw: Json = False,
 ) -> None:
     """List extraction jobs (kind agent/flow), most recently changed first."""
-    target = memory_target(db, dsn, prefix)
     if status not in (None, "pending", "running", "done", "failed"):
         errors.print(f"[bold red]unknown status {escape(str(status))}[/]")
         raise typer.Exit(2)
@@ -279,15 +280,12 @@ _JOB_FIELDS = (
 )
 
 
-@app.command("requeue")
+@_store_command("requeue")
 def requeue(
+    target: MemoryTarget,
     job_id: Annotated[str, typer.Argument(help="A failed job's id.")],
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
 ) -> None:
     """Give a failed extraction job a fresh set of attempts (after fixing its cause)."""
-    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
         async with open_store(target) as store:

@@ -17,8 +17,7 @@ against ``max_retained_bytes``; the record's ``stats.bytes``). ``ls`` and
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Annotated, Any, Unpack
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, errors, print_json, print_table, progress
+from touba.cli._common import console, errors, print_json, print_table, progress, store_command
 from touba.cli._common import table as make_table
 from touba.cli._stores import (
     Backend,
@@ -79,44 +78,19 @@ def _target(
     return _Target(backend, table, prefix)
 
 
-_STORE_OPTIONS = [
-    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=hint)
-    for name, hint in (
-        ("db", Db),
-        ("dsn", DsnOption),
-        ("redis_url", RedisUrlOption),
-        ("table", TableOption),
-        ("prefix", PrefixOption),
-    )
-]
-
-
-def _store_command(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register ``touba history NAME`` for a command written ``fn(target, *its own)``.
-
-    Every command opens one store, chosen by the same five options: the command line
-    gets them after the command's arguments and before its own options (so ``--help``
-    lists them in that order), and ``fn`` gets the checked :class:`_Target` in their
-    place; a missing store or a wrong combination exits with status 2 before ``fn`` runs.
-    """
-
-    def register(fn: Callable[..., None]) -> Callable[..., None]:
-        own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
-        arguments = [p for p in own if p.default is inspect.Parameter.empty]
-        options = [p for p in own if p.default is not inspect.Parameter.empty]
-        parameters = [*arguments, *_STORE_OPTIONS, *options]
-
-        @functools.wraps(fn)
-        def command(**given: Any) -> None:
-            store = {option.name: given.pop(option.name) for option in _STORE_OPTIONS}
-            fn(_target(**store), **given)
-
-        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in parameters}
-        app.command(name)(command)
-        return fn
-
-    return register
+_store_command = functools.partial(
+    store_command,
+    app,
+    options={
+        "db": Db,
+        "dsn": DsnOption,
+        "redis_url": RedisUrlOption,
+        "table": TableOption,
+        "prefix": PrefixOption,
+    },
+    target=_target,
+)
+"""``@_store_command(NAME)``: ``touba history NAME``, written ``fn(target, *its own)``."""
 
 
 @asynccontextmanager
