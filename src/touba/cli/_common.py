@@ -30,7 +30,7 @@ import stat
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import unquote
 
 import typer
@@ -54,6 +54,8 @@ T = TypeVar("T")
 # terminal wraps it for display, a pipe gets it whole.
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 MASK = "***"
 _UNBOUNDED = 1_000_000

@@ -18,7 +18,15 @@ from typing import Annotated, cast
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, errors, print_json, print_table, store_command, table
+from touba.cli._common import (
+    JsonOption,
+    console,
+    errors,
+    print_json,
+    print_table,
+    store_command,
+    table,
+)
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -56,7 +64,6 @@ Session = Annotated[
     ),
 ]
 EventId = Annotated[str, typer.Argument(help="The event id (see `touba events ls`).")]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +120,7 @@ def ls(
         bool, typer.Option("--all", "-a", help="Include closed events.")
     ] = False,
     limit: Annotated[int, typer.Option("--limit", help="At most this many events.")] = 100,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """List the key events of a user or a session, most recently updated first."""
 
@@ -171,7 +178,7 @@ def show(
     event_id: EventId,
     user: User = None,
     session: Session = None,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """Show one key event with its update history."""
 
@@ -217,7 +224,7 @@ def jobs(
         typer.Option("--status", help="Only jobs in this status: pending, running, done, failed."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many jobs.")] = 100,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """List extraction jobs (kind agent/flow), most recently changed first."""
     if status not in (None, "pending", "running", "done", "failed"):

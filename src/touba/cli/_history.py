@@ -26,7 +26,15 @@ from typing import Annotated, Any, Unpack
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, errors, print_json, print_table, progress, store_command
+from touba.cli._common import (
+    JsonOption,
+    console,
+    errors,
+    print_json,
+    print_table,
+    progress,
+    store_command,
+)
 from touba.cli._common import table as make_table
 from touba.cli._stores import (
     Backend,
@@ -59,7 +67,6 @@ PrefixOption = Annotated[
 ]
 Namespace = Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")]
 Key = Annotated[str, typer.Argument(help="The session key (see `touba history ls`).")]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +123,7 @@ def ls(
             "--max-store-bytes", min=1, help="The store's max_store_bytes (default 32 MiB)."
         ),
     ] = None,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """List conversations: identity, sizes, expiry and reservations (never content),
     then the store's usage against its limits."""
