@@ -245,6 +245,9 @@ class ToubaWindow(AbstractCapability[Any]):
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
+        """pydantic-ai's hook: the request sends the window of its messages (cut by whole
+        exchanges, as :func:`touba_history` does, raising ``DecisionHistoryLimitExceeded``
+        when the last exchange alone is over a bound); the run's messages stay whole."""
         request_context.messages = self._process(list(request_context.messages))
         return request_context
 
