@@ -66,6 +66,7 @@ class ToubaError(Exception):
 
     @property
     def message(self) -> str:
+        """The human-readable message the error was raised with ("" when none)."""
         return str(self.args[0]) if self.args else ""
 
     @property

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import inspect
 import json
 import os
 import re
 import stat
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import unquote
 
 import typer
@@ -52,6 +54,8 @@ T = TypeVar("T")
 # terminal wraps it for display, a pipe gets it whole.
 console = Console(soft_wrap=True)
 errors = Console(stderr=True, soft_wrap=True)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 MASK = "***"
 _UNBOUNDED = 1_000_000
@@ -194,3 +198,40 @@ def progress(*, total: bool) -> Progress:
         transient=True,
         disable=not errors.is_terminal,
     )
+
+
+def store_command(
+    app: typer.Typer, name: str, *, options: Mapping[str, Any], target: Callable[..., Any]
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register the command ``NAME`` of ``app``, written ``fn(target, *its own)``.
+
+    The commands of a group open one store chosen by the same options (``options``:
+    parameter name to its typer annotation, each defaulting to None). The command line
+    gets them after the command's arguments and before its own options, so ``--help``
+    lists them in that order, and ``fn`` gets ``target(**those options)`` in their place:
+    what ``target`` raises for a missing store or a wrong combination (``typer.Exit``)
+    ends the command before ``fn`` runs.
+    """
+    store = [
+        inspect.Parameter(
+            option, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=hint
+        )
+        for option, hint in options.items()
+    ]
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+        arguments = [p for p in own if p.default is inspect.Parameter.empty]
+        rest = [p for p in own if p.default is not inspect.Parameter.empty]
+        parameters = [*arguments, *store, *rest]
+
+        @functools.wraps(fn)
+        def command(**given: Any) -> None:
+            fn(target(**{option: given.pop(option) for option in options}), **given)
+
+        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        app.command(name)(command)
+        return fn
+
+    return register

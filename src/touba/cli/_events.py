@@ -7,6 +7,7 @@ The store is a SQLite file (``--db``) or PostgreSQL (``--dsn`` or
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, closing
@@ -17,7 +18,15 @@ from typing import Annotated, cast
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, errors, print_json, print_table, table
+from touba.cli._common import (
+    JsonOption,
+    console,
+    errors,
+    print_json,
+    print_table,
+    store_command,
+    table,
+)
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -55,7 +64,6 @@ Session = Annotated[
     ),
 ]
 EventId = Annotated[str, typer.Argument(help="The event id (see `touba events ls`).")]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,15 @@ def memory_target(db: Path | None, dsn: str | None, prefix: str | None) -> Memor
     backend = choose_backend(db, dsn)
     only_with(backend, "postgresql", prefix=prefix)
     return MemoryTarget(backend, prefix)
+
+
+_store_command = functools.partial(
+    store_command,
+    app,
+    options={"db": Db, "dsn": DsnOption, "prefix": PrefixOption},
+    target=memory_target,
+)
+"""``@_store_command(NAME)``: ``touba events NAME``, written ``fn(target, *its own)``."""
 
 
 @asynccontextmanager
@@ -94,21 +111,18 @@ def _when(event: KeyEvent) -> str:
     return event.updated_at.isoformat(timespec="seconds")
 
 
-@app.command("ls")
+@_store_command("ls")
 def ls(
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
+    target: MemoryTarget,
     user: User = None,
     session: Session = None,
     include_closed: Annotated[
         bool, typer.Option("--all", "-a", help="Include closed events.")
     ] = False,
     limit: Annotated[int, typer.Option("--limit", help="At most this many events.")] = 100,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """List the key events of a user or a session, most recently updated first."""
-    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
         async with open_store(target) as store:
@@ -158,18 +172,15 @@ async def _owner_of(target: MemoryTarget, event_id: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-@app.command("show")
+@_store_command("show")
 def show(
+    target: MemoryTarget,
     event_id: EventId,
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
     user: User = None,
     session: Session = None,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """Show one key event with its update history."""
-    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
         async with open_store(target) as store:
@@ -205,20 +216,17 @@ def show(
     target.backend.run(go())
 
 
-@app.command("jobs")
+@_store_command("jobs")
 def jobs(
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
+    target: MemoryTarget,
     status: Annotated[
         str | None,
         typer.Option("--status", help="Only jobs in this status: pending, running, done, failed."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", help="At most this many jobs.")] = 100,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """List extraction jobs (kind agent/flow), most recently changed first."""
-    target = memory_target(db, dsn, prefix)
     if status not in (None, "pending", "running", "done", "failed"):
         errors.print(f"[bold red]unknown status {escape(str(status))}[/]")
         raise typer.Exit(2)
@@ -279,15 +287,12 @@ _JOB_FIELDS = (
 )
 
 
-@app.command("requeue")
+@_store_command("requeue")
 def requeue(
+    target: MemoryTarget,
     job_id: Annotated[str, typer.Argument(help="A failed job's id.")],
-    db: Db = None,
-    dsn: DsnOption = None,
-    prefix: PrefixOption = None,
 ) -> None:
     """Give a failed extraction job a fresh set of attempts (after fixing its cause)."""
-    target = memory_target(db, dsn, prefix)
 
     async def go() -> None:
         async with open_store(target) as store:

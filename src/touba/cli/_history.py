@@ -16,6 +16,7 @@ against ``max_retained_bytes``; the record's ``stats.bytes``). ``ls`` and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,7 +26,15 @@ from typing import Annotated, Any, Unpack
 import typer
 from rich.markup import escape
 
-from touba.cli._common import console, errors, print_json, print_table, progress
+from touba.cli._common import (
+    JsonOption,
+    console,
+    errors,
+    print_json,
+    print_table,
+    progress,
+    store_command,
+)
 from touba.cli._common import table as make_table
 from touba.cli._stores import (
     Backend,
@@ -58,7 +67,6 @@ PrefixOption = Annotated[
 ]
 Namespace = Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")]
 Key = Annotated[str, typer.Argument(help="The session key (see `touba history ls`).")]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,21 @@ def _target(
     return _Target(backend, table, prefix)
 
 
+_store_command = functools.partial(
+    store_command,
+    app,
+    options={
+        "db": Db,
+        "dsn": DsnOption,
+        "redis_url": RedisUrlOption,
+        "table": TableOption,
+        "prefix": PrefixOption,
+    },
+    target=_target,
+)
+"""``@_store_command(NAME)``: ``touba history NAME``, written ``fn(target, *its own)``."""
+
+
 @asynccontextmanager
 async def _open(target: _Target, **limits: Unpack[Limits]) -> AsyncIterator[HistoryAdmin]:
     """Open an existing store (never create one by mistake)."""
@@ -86,13 +109,9 @@ async def _open(target: _Target, **limits: Unpack[Limits]) -> AsyncIterator[Hist
         yield store
 
 
-@app.command("ls")
+@_store_command("ls")
 def ls(
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
+    target: _Target,
     namespace: Namespace = None,
     max_sessions: Annotated[
         int | None,
@@ -104,11 +123,10 @@ def ls(
             "--max-store-bytes", min=1, help="The store's max_store_bytes (default 32 MiB)."
         ),
     ] = None,
-    raw: Json = False,
+    raw: JsonOption = False,
 ) -> None:
     """List conversations: identity, sizes, expiry and reservations (never content),
     then the store's usage against its limits."""
-    target = _target(db, dsn, redis_url, table, prefix)
     limits = Limits()
     if max_sessions is not None:
         limits["max_sessions"] = max_sessions
@@ -184,20 +202,15 @@ def _active(reservation: dict[str, Any] | None) -> str:
     return f"yes: pid {reservation.get('pid')} on {reservation.get('host')}"
 
 
-@app.command("show")
+@_store_command("show")
 def show(
+    target: _Target,
     key: Key,
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
     raw: Annotated[
         bool, typer.Option("--json", help="Print the whole record, as stored, as JSON.")
     ] = False,
 ) -> None:
     """Show one conversation: identity, sizes, summary state and exchanges."""
-    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
         async with _open(target) as store:
@@ -249,17 +262,12 @@ def _describe(exchange: list[dict[str, Any]]) -> tuple[str, str]:
     return decision, "; ".join(results)
 
 
-@app.command("rm")
+@_store_command("rm")
 def rm(
+    target: _Target,
     key: Key,
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
 ) -> None:
     """Delete an inactive conversation."""
-    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
         async with _open(target) as store:
@@ -280,14 +288,10 @@ def rm(
     target.backend.run(go())
 
 
-@app.command("recover")
+@_store_command("recover")
 def recover(
+    target: _Target,
     key: Key,
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
     worker_stopped: Annotated[
         bool,
         typer.Option(
@@ -297,7 +301,6 @@ def recover(
     ] = False,
 ) -> None:
     """Free a reservation left by a crashed worker (storage only, no business effect)."""
-    target = _target(db, dsn, redis_url, table, prefix)
     if not worker_stopped:
         confirmed = typer.confirm(
             "Recovering frees the conversation for another worker. Have you stopped and "
@@ -316,16 +319,11 @@ def recover(
     target.backend.run(go())
 
 
-@app.command("purge")
+@_store_command("purge")
 def purge(
-    db: Db = None,
-    dsn: DsnOption = None,
-    redis_url: RedisUrlOption = None,
-    table: TableOption = None,
-    prefix: PrefixOption = None,
+    target: _Target,
 ) -> None:
     """Delete expired conversations now (they are otherwise purged on the next access)."""
-    target = _target(db, dsn, redis_url, table, prefix)
 
     async def go() -> None:
         async with _open(target) as store:

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypedDict, TypeVar, Unpack
 
 import typer
 from rich.markup import escape
@@ -206,6 +206,32 @@ async def _has_table(dsn: str, parts: list[str]) -> bool:
     return row is not None and row[0] is not None
 
 
+async def _has_meta_table(dsn: str, name: str) -> bool:
+    """Whether the PostgreSQL store of table (or table prefix) ``name``, maybe
+    ``schema.name``, exists: both stores keep a ``<name>_meta`` table."""
+    *schema, last = _parts(name)
+    return await _has_table(dsn, [*schema, f"{last}_meta"])
+
+
+class _Openable(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=_Openable)
+
+
+@asynccontextmanager
+async def _opened(backend: Backend, what: str, store: _S) -> AsyncIterator[_S]:
+    """``store``, opened (a failure reported by :func:`_opening`), closed on exit."""
+    try:
+        with _opening(backend, what):
+            await store.open()
+        yield store
+    finally:
+        await store.close()
+
+
 def _missing(what: str, place: str, backend: Backend, option: str) -> typer.Exit:
     errors.print(
         f"[bold red]no {what} {escape(place)} at {escape(backend.shown)}[/]: nothing was "
@@ -253,16 +279,11 @@ async def open_history(
 
             name = table or "touba_history"
             store = PostgresHistoryStore(backend.address, table=name, **limits)
-            *schema, last = _parts(name)
-            found = await _has_table(backend.address, [*schema, f"{last}_meta"])
+            found = await _has_meta_table(backend.address, name)
         if not found:
             raise _missing("touba history table", repr(name), backend, "--table")
-        try:
-            with _opening(backend, "history store"):
-                await store.open()
-            yield store
-        finally:
-            await store.close()
+        async with _opened(backend, "history store", store) as pg_store:
+            yield pg_store
     else:
         async with _open_redis_history(backend, prefix or "touba:", limits) as redis_store:
             yield redis_store
@@ -309,16 +330,11 @@ async def open_memory(
 
         name = prefix or "touba_memory"
         store = PostgresMemoryStore(backend.address, prefix=name)
-        *schema, last = _parts(name)
-        found = create or await _has_table(backend.address, [*schema, f"{last}_meta"])
+        found = create or await _has_meta_table(backend.address, name)
     if not found:
         raise _missing("touba memory tables with prefix", repr(name), backend, "--prefix")
-    try:
-        with _opening(backend, "memory store"):
-            await store.open()
-        yield store
-    finally:
-        await store.close()
+    async with _opened(backend, "memory store", store) as pg_store:
+        yield pg_store
 
 
 def memory_table(prefix: str | None, table: str) -> list[str]:

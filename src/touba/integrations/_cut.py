@@ -43,6 +43,13 @@ def check_bound(name: str, value: int | None) -> int:
     return value
 
 
+def check_limit(name: str, value: int) -> int:
+    """A bound that must be given (``None`` refused too); ``ConfigurationError`` otherwise."""
+    if check_bound(name, value) == UNBOUNDED:
+        raise ConfigurationError(f"{name} must be a positive int")
+    return value
+
+
 def fit_suffix(
     sizes: Sequence[ExchangeSize],
     *,

@@ -199,15 +199,14 @@ class _Abandon(Exception):
 
 class _Holding(Generic[T]):
     """One store transaction held open across a block of the caller's code (see
-    :class:`Held`); a subclass says which transaction and what it loads and saves."""
+    :class:`Held`); a subclass gives the transaction, whose operation loads through
+    :meth:`_hold` and then saves."""
 
-    def __init__(self) -> None:
+    def __init__(self, transaction: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self._transaction = transaction
         self._task: asyncio.Task[Any] | None = None
         self._loaded: asyncio.Future[T] | None = None
         self._outcome: asyncio.Future[None] | None = None
-
-    def _transaction(self) -> Coroutine[Any, Any, Any]:
-        raise NotImplementedError
 
     async def _hold(self, loading: Awaitable[T]) -> None:
         """Give the block what ``loading`` gives, then wait for the block to end:
@@ -278,21 +277,14 @@ class Held(_Holding[T]):
         load: Callable[[Record | None], T],
         save: Callable[[Record | None], Record | None],
     ) -> None:
-        super().__init__()
-        self._store = store
-        self._key = key
-        self._load = load
-        self._save = save
+        async def operation(snapshot: Record | None) -> tuple[Record | None, None]:
+            async def loading() -> T:
+                return load(snapshot)
 
-    def _transaction(self) -> Coroutine[Any, Any, Any]:
-        return self._store.transact(self._key, self._operation)
+            await self._hold(loading())
+            return save(snapshot), None
 
-    async def _operation(self, snapshot: Record | None) -> tuple[Record | None, None]:
-        async def load() -> T:
-            return self._load(snapshot)
-
-        await self._hold(load())
-        return self._save(snapshot), None
+        super().__init__(lambda: store.transact(key, operation))
 
 
 class HeldLog(_Holding[T]):
@@ -306,17 +298,10 @@ class HeldLog(_Holding[T]):
         load: Callable[[LogSnapshot | None], Awaitable[T]],
         save: Callable[[], LogWrite | None],
     ) -> None:
-        super().__init__()
-        self._store = store
-        self._key = key
-        self._load = load
-        self._save = save
+        async def operation(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite | None, None]:
+            await self._hold(load(snapshot))
+            return save(), None
 
-    def _transaction(self) -> Coroutine[Any, Any, Any]:
-        return self._store.transact_log(self._key, self._operation)
-
-    async def _operation(
-        self, snapshot: LogSnapshot | None, usage: StoreUsage | None
-    ) -> tuple[LogWrite | None, None]:
-        await self._hold(self._load(snapshot))
-        return self._save(), None
+        super().__init__(lambda: store.transact_log(key, operation))

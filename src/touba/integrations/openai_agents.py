@@ -100,7 +100,7 @@ from touba.history._store import (
     LogWrite,
     StoreUsage,
 )
-from touba.integrations._cut import UNBOUNDED, check_bound
+from touba.integrations._cut import check_bound, check_limit
 from touba.integrations._items_log import (
     Legacy,
     check_head,
@@ -190,9 +190,7 @@ class ToubaSession(SessionABC):
         self.max_bytes = max_bytes
         self._max_messages = check_bound("max_messages", max_messages)
         self._max_bytes = check_bound("max_bytes", max_bytes)
-        if check_bound("max_retained_bytes", max_retained_bytes) == UNBOUNDED:
-            raise ConfigurationError("max_retained_bytes must be a positive int")
-        self.max_retained_bytes = max_retained_bytes
+        self.max_retained_bytes = check_limit("max_retained_bytes", max_retained_bytes)
         self.session_settings = (
             coerce_session_settings(session_settings)
             if session_settings is not None

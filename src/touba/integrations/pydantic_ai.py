@@ -70,10 +70,9 @@ from itertools import accumulate
 from types import TracebackType
 from typing import Any, Final
 
-from touba.errors import ConfigurationError
 from touba.history import ExchangeSize, HistoryStore, message_bytes
 from touba.history._store import LogSnapshot, LogStore, LogWrite, StoreUsage
-from touba.integrations._cut import UNBOUNDED, Unit, check_bound
+from touba.integrations._cut import Unit, check_bound, check_limit
 from touba.integrations._items_log import Legacy
 from touba.integrations._records import (
     Held,
@@ -246,6 +245,9 @@ class ToubaWindow(AbstractCapability[Any]):
     async def before_model_request(
         self, ctx: RunContext[Any], request_context: ModelRequestContext
     ) -> ModelRequestContext:
+        """pydantic-ai's hook: the request sends the window of its messages (cut by whole
+        exchanges, as :func:`touba_history` does, raising ``DecisionHistoryLimitExceeded``
+        when the last exchange alone is over a bound); the run's messages stay whole."""
         request_context.messages = self._process(list(request_context.messages))
         return request_context
 
@@ -297,9 +299,7 @@ class ToubaConversations:
         self.namespace = check_id("namespace", namespace)
         self._max_messages = check_bound("max_messages", max_messages)
         self._max_bytes = check_bound("max_bytes", max_bytes)
-        if check_bound("max_retained_bytes", max_retained_bytes) == UNBOUNDED:
-            raise ConfigurationError("max_retained_bytes must be a positive int")
-        self.max_retained_bytes = max_retained_bytes
+        self.max_retained_bytes = check_limit("max_retained_bytes", max_retained_bytes)
 
     def key(self, conversation_id: str) -> str:
         """The store key of a conversation (for ``store.recover`` or ``touba history``)."""

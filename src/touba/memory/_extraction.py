@@ -279,7 +279,9 @@ class ExtractionQueue:
         lease_token: str,
     ) -> ExtractionJob:
         """Record a failed attempt: retried at ``retry_at`` (default: the backoff), or
-        ``failed`` for good once ``max_attempts`` attempts were made."""
+        ``failed`` for good once ``max_attempts`` attempts were made.
+        ``ExtractionLeaseLost`` if the lease was taken over; ``ConfigurationError`` for a
+        naive ``retry_at``."""
         if retry_at is None:
             job = await self.store.get_job(job_id)
             attempts = job.attempts if job is not None else 1
@@ -317,13 +319,17 @@ class ExtractionQueue:
         return await self.complete(job.id, result, lease_token=token)
 
     async def requeue(self, job_id: str) -> ExtractionJob:
-        """Give a ``failed`` job a fresh set of attempts (after fixing its cause)."""
+        """Give a ``failed`` job a fresh set of attempts (after fixing its cause);
+        ``ConfigurationError`` for an unknown job or one that is not ``failed``."""
         return await self.store.requeue_job(job_id)
 
     async def get(self, job_id: str) -> ExtractionJob | None:
+        """The job as stored, or None when there is none of that id (``MemoryStore.get_job``)."""
         return await self.store.get_job(job_id)
 
     async def list(self, status: JobStatus | None = None, limit: int = 100) -> list[ExtractionJob]:
+        """At most ``limit`` jobs, most recently changed first, of ``status`` when given
+        (``MemoryStore.list_jobs``)."""
         return await self.store.list_jobs(status=status, limit=limit)
 
 

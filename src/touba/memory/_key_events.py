@@ -222,7 +222,12 @@ class KeyEventService:
         *,
         op_id: str | None = None,
     ) -> KeyEvent:
-        """Create an open event. ``op_id`` makes it idempotent (a retry returns the first)."""
+        """Create an open event. ``op_id`` makes it idempotent (a retry returns the first).
+
+        ``KeyEventInvalid`` for a type not configured or a title or details empty or too
+        long; ``ConfigurationError`` in read-only mode, for an owner not made by
+        :func:`owner_for` or a missing ``session_id``.
+        """
         self._writable()
         _require_id("session_id", session_id)
         return await self.store.create_event(
@@ -247,7 +252,12 @@ class KeyEventService:
         actor: str = "model",
     ) -> KeyEvent:
         """Change status, title or details; the change is recorded with ``session_id``
-        and ``actor`` (``"operator"`` for an edit in the memory panel)."""
+        and ``actor`` (``"operator"`` for an edit in the memory panel).
+
+        ``KeyEventInvalid`` for an unknown (or another owner's) id, nothing to change or
+        a bad value; ``ConfigurationError`` in read-only mode, for a bad owner, a missing
+        ``session_id`` or an unknown ``actor``.
+        """
         self._writable()
         _check_owner(owner)
         _require_id("session_id", session_id)
@@ -271,7 +281,8 @@ class KeyEventService:
         return event
 
     async def get(self, owner: str, event_id: str) -> KeyEvent:
-        """One event with its update history; another owner's id is not found."""
+        """One event with its update history; ``KeyEventInvalid`` for an unknown id or
+        another owner's (the same answer for both)."""
         valid = isinstance(event_id, str) and 0 < len(event_id) <= MAX_ID_CHARS
         found = await self.store.get_event(_check_owner(owner), event_id) if valid else None
         if found is None:

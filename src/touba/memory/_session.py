@@ -134,6 +134,7 @@ class ChatTurn:
 
     @property
     def status(self) -> str:
+        """The invocation's status (``result.status``): completed, awaiting_approval or failed."""
         return self.result.status
 
     @property
@@ -336,6 +337,8 @@ class ChatSession:
 
     @property
     def ended(self) -> bool:
+        """True once the session has ended (by :meth:`end`, the idle timer, or in the store
+        when it was opened): ``send`` then raises ``ConfigurationError``."""
         return self._ended
 
     @property
@@ -384,7 +387,13 @@ class ChatSession:
     # -- turns ---------------------------------------------------------------------------
 
     async def send(self, text: str) -> ChatTurn:
-        """Run one turn: the agent answers ``text`` with its memory of this session."""
+        """Run one turn: the agent answers ``text`` with its memory of this session.
+
+        The turn is stored once it completes (or fails after running calls); a turn
+        awaiting approval is stored by :meth:`resume`. ``ConfigurationError`` for an
+        empty ``text`` or when the session is closed, ended, or holds a turn awaiting
+        approval or a retry; the runtime's and the store's errors propagate.
+        """
         if not isinstance(text, str) or not text.strip():
             raise ConfigurationError("a chat message must be a non-empty str")
         async with self._lock:
@@ -407,7 +416,9 @@ class ChatSession:
         """Resume the turn awaiting approval (``approvals``: call id -> True/False).
 
         ``checkpoint_id`` resumes a turn of this session paused by another
-        process; by default, the one this object paused.
+        process; by default, the one this object paused. ``ConfigurationError`` when
+        the session is closed, when no turn (or another checkpoint) awaits, or when
+        the session ended meanwhile; the runtime's and the store's errors propagate.
         """
         async with self._lock:
             if self._closed:
@@ -541,7 +552,8 @@ class ChatSession:
     async def end(self) -> ExtractionJob | None:
         """End the session; for ``kind="agent"``/``"flow"`` (live, key events active,
         at least one turn) queue its extraction job, and run it in the background
-        unless ``extract_in_background=False``. Idempotent: returns the same job."""
+        unless ``extract_in_background=False``. Idempotent: returns the same job.
+        ``ConfigurationError`` while a turn awaits approval (resume it first)."""
         async with self._lock:
             return await self._end()
 

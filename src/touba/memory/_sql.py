@@ -83,7 +83,8 @@ class SqlMemoryStore(ABC):
     _clock: Clock
 
     def now(self) -> datetime:
-        """The store's clock (``MemoryStore.now``): it stamps writes, leases and retries."""
+        """The store's clock (``MemoryStore.now``): it stamps writes, leases and retries.
+        Raises ``ConfigurationError`` when the clock is naive."""
         return check_clock(self._clock)
 
     @abstractmethod

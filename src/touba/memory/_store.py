@@ -54,7 +54,13 @@ Clock = Callable[[], datetime]
 
 @runtime_checkable
 class MemoryStore(Protocol):
-    """Turns per session, key events and extraction jobs; ``close()`` or ``async with``."""
+    """Turns per session, key events and extraction jobs; ``close()`` or ``async with``.
+
+    Every method is one atomic step and raises ``MemoryStoreUnavailable`` (the driver's
+    error chained, nothing written) when the store fails, stays locked or holds data this
+    touba cannot read; a misuse (an unknown or ended session, a foreign ``op_id``) is a
+    ``ConfigurationError``, as each method says.
+    """
 
     def now(self) -> datetime:
         """The store's clock (aware): it stamps writes and decides leases and retries."""
@@ -62,13 +68,15 @@ class MemoryStore(Protocol):
     async def open_session(
         self, session_id: str, *, owner: str, agent_ref: str, mode: SessionMode
     ) -> SessionMeta:
-        """Create a session, or return it when owner, agent and mode match (else refuse)."""
+        """Create a session, or return it when owner, agent and mode match; another
+        owner, agent or mode is a ``ConfigurationError``."""
 
     async def get_session(self, session_id: str) -> SessionMeta | None:
         """The session, or None."""
 
     async def end_session(self, session_id: str) -> SessionMeta:
-        """Mark a session ended (the first end time stays); no turn is added after."""
+        """Mark a session ended (the first end time stays); no turn is added after.
+        ``ConfigurationError`` for a session never opened."""
 
     async def list_sessions(
         self, *, owner: str | None = None, limit: int = 100
@@ -76,7 +84,7 @@ class MemoryStore(Protocol):
         """Sessions, newest first, of one owner or of all."""
 
     async def delete_session(self, session_id: str) -> bool:
-        """Delete a session and its turns; key events and jobs stay."""
+        """Delete a session and its turns (True if it existed); key events and jobs stay."""
 
     async def append_turn(
         self,
@@ -87,7 +95,8 @@ class MemoryStore(Protocol):
         trace: Sequence[Sequence[TraceCall]] = (),
         invocation_id: str | None = None,
     ) -> StoredTurn:
-        """Add the next turn of an open session; the store numbers it."""
+        """Add the next turn of an open session; the store numbers it.
+        ``ConfigurationError`` for a session never opened or already ended."""
 
     async def recent_turns(self, session_id: str, limit: int) -> tuple[StoredTurn, ...]:
         """The last ``limit`` turns, oldest first (none for an unknown session)."""
@@ -102,7 +111,8 @@ class MemoryStore(Protocol):
         session_id: str,
         op_id: str | None = None,
     ) -> KeyEvent:
-        """Insert an open event; an ``op_id`` seen before returns that event."""
+        """Insert an open event; an ``op_id`` seen before returns that event
+        (``ConfigurationError`` when it was another owner's)."""
 
     async def update_event(
         self,
@@ -114,8 +124,9 @@ class MemoryStore(Protocol):
         op_id: str | None = None,
         actor: KeyEventActor = "model",
     ) -> KeyEvent | None:
-        """Apply real changes and record them (made by ``actor``); None if the id is not
-        the owner's."""
+        """Apply real changes and record them (made by ``actor``, ``"model"`` or
+        ``"operator"``, else ``ConfigurationError``); an ``op_id`` seen before changes
+        nothing; None if the id is not the owner's."""
 
     async def get_event(self, owner: str, event_id: str) -> KeyEvent | None:
         """The event with its history; None if the id is not the owner's."""
@@ -146,7 +157,8 @@ class MemoryStore(Protocol):
     async def record_job_ops(
         self, job_id: str, lease_token: str, ops: Sequence[ExtractedOp]
     ) -> tuple[ExtractedOp, ...]:
-        """Record a leased job's ops once; return the recorded ones."""
+        """Record a leased job's ops once; return the recorded ones (the first ops win).
+        ``ExtractionLeaseLost`` if ``lease_token`` no longer holds the job."""
 
     async def complete_job(self, job_id: str, lease_token: str, result: JSON) -> ExtractionJob:
         """Mark a leased job done, with no error left from earlier attempts
@@ -155,10 +167,12 @@ class MemoryStore(Protocol):
     async def fail_job(
         self, job_id: str, lease_token: str, error: str, retry_at: datetime | None
     ) -> ExtractionJob:
-        """Pending again at ``retry_at``; failed when None or out of attempts."""
+        """Pending again at ``retry_at``; failed when None or out of attempts.
+        ``ExtractionLeaseLost`` if ``lease_token`` no longer holds the job."""
 
     async def requeue_job(self, job_id: str) -> ExtractionJob:
-        """Make a failed job pending with fresh attempts."""
+        """Make a failed job pending with fresh attempts; ``ConfigurationError`` for an
+        unknown job or one that is not ``failed``."""
 
     async def get_job(self, job_id: str) -> ExtractionJob | None:
         """The job, or None."""

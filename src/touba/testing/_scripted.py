@@ -72,10 +72,12 @@ class ScriptedProvider(DecisionProvider):
         return {"action": "final", "output": output}
 
     def add(self, *steps: ScriptStep) -> None:
+        """Append ``steps`` to the script, after those not yet played."""
         self._script.extend(steps)
 
     @property
     def remaining(self) -> int:
+        """How many scripted steps have not been played yet."""
         return len(self._script)
 
     async def decide(self, request: DecisionRequest) -> Decision:
