@@ -117,6 +117,8 @@ class HistoryWindow:
 
     @property
     def messages(self) -> list[Message]:
+        """What the model is sent: the summary (when there is one), then every
+        message of the window's exchanges, oldest first."""
         out: list[Message] = [self.summary] if self.summary else []
         for exchange in self.exchanges:
             out.extend(exchange)
@@ -124,6 +126,7 @@ class HistoryWindow:
 
     @property
     def size(self) -> ExchangeSize:
+        """What the window weighs: its messages and bytes, the summary included."""
         summary = self.summary_size
         messages = sum(map(_MESSAGES, self.sizes))
         return ExchangeSize(summary.messages + messages, summary.bytes + self.exchanges_bytes)

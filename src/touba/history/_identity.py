@@ -46,9 +46,11 @@ class ConversationIdentity:
 
     @property
     def key(self) -> str:
+        """The conversation's ``session_key``: :func:`conversation_key` of every field."""
         return _key(self.as_tuple())
 
     def as_tuple(self) -> tuple[str, str, str, str, str, str, str]:
+        """The identity fields in ``IDENTITY_FIELDS`` order."""
         return (
             self.namespace,
             self.provider,
@@ -60,6 +62,7 @@ class ConversationIdentity:
         )
 
     def as_dict(self) -> dict[str, str]:
+        """The identity fields by name, as stores keep them beside a record."""
         return dict(zip(IDENTITY_FIELDS, self.as_tuple(), strict=True))
 
 

@@ -198,6 +198,8 @@ class MemoryHistoryStore:
         await self.close()
 
     async def close(self) -> None:
+        """Refuse every later call with ``ConfigurationError`` (the records live in
+        this object only). Idempotent."""
         with self._lock:
             self._closed = True
 
@@ -272,6 +274,7 @@ class MemoryHistoryStore:
     # -- the contract -----------------------------------------------------------------
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
+        """``HistoryStore.transact``, within the store's bounds."""
         token, entry, _usage = self._reserve(key)
         try:
             record, result = await operation(None if entry is None else entry.record())
@@ -300,6 +303,7 @@ class MemoryHistoryStore:
             self._release(key, token)
 
     async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``LogStore.transact_log``, within the store's bounds."""
         token, entry, usage = self._reserve(key)
         try:
             write, result = await operation(None if entry is None else _Snapshot(entry), usage)
@@ -360,6 +364,8 @@ class MemoryHistoryStore:
             return self._usage()
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+        """``AdminStore.list``: the live conversations (of ``namespace`` when given),
+        sizes and reservations only, never content."""
         with self._lock:
             self._live("", self._clock())
             rows = []

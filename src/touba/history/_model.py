@@ -295,6 +295,8 @@ class ResultMessage:
     def from_observation(
         cls, observation: Observation, *, arguments: Mapping[str, JSON] | None = None
     ) -> ResultMessage:
+        """The result message of ``observation``'s call; ``arguments`` replaces the
+        call's arguments when given (a redacted copy, for instance)."""
         return cls(
             call_id=observation.call_id,
             name=observation.name,

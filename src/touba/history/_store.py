@@ -46,7 +46,10 @@ class HistoryStore(Protocol):
     when ``operation`` raises, the old state is kept.
     """
 
-    async def transact(self, key: str, operation: Operation[T]) -> T: ...
+    async def transact(self, key: str, operation: Operation[T]) -> T:
+        """Run ``operation`` on a private copy of ``key``'s record and save what it
+        returns (None deletes), atomically; the old state stays when it raises."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +180,10 @@ class LogStore(Protocol):
     reservation still holds and the store's bounds allow it.
     """
 
-    async def transact_log(self, key: str, operation: LogOperation[T]) -> T: ...
+    async def transact_log(self, key: str, operation: LogOperation[T]) -> T:
+        """Reserve ``key``, call ``operation(snapshot, usage)`` and append its
+        :class:`LogWrite` if the reservation still holds and the bounds allow it."""
+        ...
 
 
 def log_drops(store: HistoryStore) -> bool:
