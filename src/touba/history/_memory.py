@@ -18,9 +18,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
+from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError
 from touba.history._common import (
     MiB,
@@ -150,7 +150,7 @@ class _Snapshot:
         return out  # type: ignore[return-value]  # every None was replaced
 
 
-class MemoryHistoryStore:
+class MemoryHistoryStore(AsyncClosing):
     """RAM store for one process: bounded, expiring, refusing when full.
 
     Defaults follow the seed: 128 conversations, 32 MiB, one hour of
@@ -185,17 +185,6 @@ class MemoryHistoryStore:
         self._fresh: set[str] = set()  # reserved keys that have no record yet
         self._total_bytes = 0
         self._closed = False
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Refuse every later call with ``ConfigurationError`` (the records live in

@@ -45,8 +45,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
 try:
     import psycopg
@@ -59,6 +58,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         'touba\'s PostgreSQL stores need psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
     ) from e
 
+from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError, ToubaError
 
 __all__ = [
@@ -462,7 +462,7 @@ class OwnedPool:
         return self._slots if self._slots is not None else contextlib.nullcontext()
 
 
-class PooledStore:
+class PooledStore(AsyncClosing):
     """The lifecycle every PostgreSQL store shares, over its :class:`OwnedPool`."""
 
     _pg: OwnedPool
@@ -482,14 +482,5 @@ class PooledStore:
         ConfigurationError."""
         await self._pg.close()
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

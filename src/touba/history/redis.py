@@ -63,9 +63,9 @@ import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from touba._closing import AsyncClosing
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryLimitExceeded,
@@ -567,7 +567,7 @@ class _Backend:
         return _rows(raw, stop)
 
 
-class RedisHistoryStore:
+class RedisHistoryStore(AsyncClosing):
     """Durable store in Redis: bounded, expiring, refusing when full, crash-safe.
 
     Give exactly one of ``url`` (the store creates the client, which retries a
@@ -655,17 +655,6 @@ class RedisHistoryStore:
         worker = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._backend = _Backend(self)
         self._reservations = Reservations(self._backend, worker)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the client if this store created it (from ``url``)."""

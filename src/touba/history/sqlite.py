@@ -56,9 +56,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, TypeVar
 
+from touba._closing import AsyncClosing
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
@@ -548,7 +548,7 @@ class _Backend:
         return await store._run(key, lambda: store._db.rows(key, start, stop))
 
 
-class SqliteHistoryStore:
+class SqliteHistoryStore(AsyncClosing):
     """SQLite store: durable, shared by processes, bounded, refusing when full.
 
     Give exactly one of ``filename`` or ``database``. With ``filename``, the
@@ -782,14 +782,3 @@ class SqliteHistoryStore:
                 await self._run("", self._db.conn.close)
         finally:
             self._thread.shutdown()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

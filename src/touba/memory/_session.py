@@ -79,9 +79,9 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
+from touba._closing import AsyncClosing
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryLimitExceeded,
@@ -223,7 +223,7 @@ def _offered(spec: CapabilitySpec) -> CapabilitySpec:
     return CapabilitySpec(spec.name, spec.description, parameters)
 
 
-class ChatSession:
+class ChatSession(AsyncClosing):
     """A chat session of one agent for one user (or an anonymous visitor).
 
     ``runtime`` runs the agent named ``agent``; its ``MemoryConfig`` (the
@@ -662,14 +662,5 @@ class ChatSession:
         if self._extraction is not None:
             await self._extraction
 
-    async def __aenter__(self) -> Self:
+    async def _enter(self) -> None:
         await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -27,9 +27,9 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
-from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, TypeVar
 
+from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._files import open_private_sqlite
 from touba.history._sqlite import describe, failure_kind, finish_leftover, rollback_quietly
@@ -201,7 +201,7 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()  # its caller may be gone (cancelled): do not report it as lost
 
 
-class SqliteMemoryStore(SqlMemoryStore):
+class SqliteMemoryStore(SqlMemoryStore, AsyncClosing):
     """Chat memory in a private SQLite file (``touba.memory.MemoryStore``).
 
     ``filename``: a path in a private directory you created (mode 0700); the
@@ -306,14 +306,3 @@ class SqliteMemoryStore(SqlMemoryStore):
             await asyncio.sleep(0.01)
         await asyncio.wrap_future(self._submit(self._call(self._conn.close)))
         self._stop_thread()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
