@@ -28,9 +28,9 @@ from touba.errors import (
 from touba.history._plot import PLOT_POINTS, read_points
 from touba.memory import ChatSession, KeyEventsConfig, KeyEventService, MemoryConfig
 from touba.memory._model import KEY_EVENT_STATUSES, JobStatus, KeyEventStatus
-from touba.panel._app import Panel, set_cookie
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
 from touba.panel._forms import SettingsForm, parse_settings
+from touba.panel._state import Panel, set_cookie
 from touba.panel._svg import render_plot
 from touba.runtime import AgentDefinition
 
