@@ -42,12 +42,11 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Final, Literal, Protocol, Self, TypeVar, runtime_checkable
+from typing import Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.history._model import JSON, STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
-from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
+from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
 
 __all__ = [
     "CheckpointInfo",
@@ -271,16 +270,15 @@ def _info(
 
 
 class _Db:
-    """The store's SQL; runs only on the store's thread, one transaction per call."""
+    """The store's SQL (its schema installed when made); runs only on the store's thread,
+    one transaction per call."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        _VERSION.install(self.conn, _SCHEMA, migrate=self._migrate)
 
     def _write(self, job: Callable[[], R]) -> R:
         return write(self.conn, job)
-
-    def init(self) -> None:
-        _VERSION.install(self.conn, _SCHEMA, migrate=self._migrate)
 
     def _migrate(self) -> None:
         """Bring a version 1 file written before ``updated_at`` up to date (see above)."""
@@ -354,13 +352,7 @@ class _Db:
         return [(str(a), str(b), str(c), str(d)) for a, b, c, d in query.fetchall()]
 
 
-def _build(conn: sqlite3.Connection) -> _Db:
-    db = _Db(conn)
-    db.init()
-    return db
-
-
-class SqliteCheckpointStore:
+class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
     """Checkpoints in a SQLite file, durable and shared by processes.
 
     Give exactly one of ``filename`` (checked and opened like
@@ -391,19 +383,15 @@ class SqliteCheckpointStore:
         database: sqlite3.Connection | None = None,
         timeout: float = 5.0,
     ) -> None:
-        self._sqlite = OwnedSqlite(
+        super().__init__(
             "SqliteCheckpointStore",
             filename=filename,
             database=database,
             timeout=timeout,
-            check=_VERSION.check,
-            build=_build,
+            version=_VERSION,
+            build=_Db,
             unavailable=CheckpointStoreUnavailable,
         )
-        self._db = self._sqlite.db
-
-    async def _run(self, job: Callable[[], R]) -> R:
-        return await self._sqlite.run(job)
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         """Store a new checkpoint, committed when this returns.
@@ -451,19 +439,3 @@ class SqliteCheckpointStore:
             if run_id is None or info.run_id == run_id:  # rows of older files kept raw ids
                 out.append(info)
         return out
-
-    async def close(self) -> None:
-        """Close the connection it opened (never one given as ``database``) and stop its
-        thread. Idempotent; later calls raise ConfigurationError."""
-        await self._sqlite.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

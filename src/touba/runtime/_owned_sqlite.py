@@ -1,6 +1,8 @@
 """One thread owns a SQLite connection and runs every call on it, in order.
 
-Shared by the runtime's small SQLite stores (checkpoints, resources): the
+Shared by the runtime's small SQLite stores (checkpoints, resources), which
+are :class:`OwnedSqliteStore` subclasses: each brings only its SQL (``build``
+makes it from the connection, its schema installed) and its typed error. The
 file is opened with :func:`~touba.history._files.open_private_sqlite` (0600
 files, symbolic links and unsafe directories refused), or a connection the
 host gives is used as is and left open.
@@ -23,13 +25,14 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from types import TracebackType
+from typing import Generic, Self, TypeVar
 
 from touba.errors import ConfigurationError, ToubaError
 from touba.history._files import open_private_sqlite
 from touba.history._sqlite import describe, failure_kind, transaction
 
-__all__ = ["OwnedSqlite", "SchemaVersion", "write"]
+__all__ = ["OwnedSqlite", "OwnedSqliteStore", "SchemaVersion", "write"]
 
 D = TypeVar("D")
 R = TypeVar("R")
@@ -199,3 +202,55 @@ class OwnedSqlite(Generic[D]):
                 await loop.run_in_executor(self._executor, self._call, self._conn.close)
         finally:
             self._executor.shutdown(wait=True)
+
+
+class OwnedSqliteStore(Generic[D]):
+    """The shell of a runtime SQLite store: its SQL ``_db`` on an :class:`OwnedSqlite`,
+    ``_run`` to call it on the owning thread, ``close()`` and ``async with``.
+
+    ``filename`` or ``database`` (exactly one), ``timeout`` and ``unavailable`` are
+    :class:`OwnedSqlite`'s; a file holding another ``version`` of the schema is refused
+    with ConfigurationError, untouched; ``build`` makes the store's SQL object from the
+    connection (installing the schema).
+    """
+
+    def __init__(
+        self,
+        owner: str,
+        *,
+        filename: str | os.PathLike[str] | None,
+        database: sqlite3.Connection | None,
+        timeout: float,
+        version: SchemaVersion,
+        build: Callable[[sqlite3.Connection], D],
+        unavailable: type[ToubaError],
+    ) -> None:
+        self._sqlite = OwnedSqlite(
+            owner,
+            filename=filename,
+            database=database,
+            timeout=timeout,
+            check=version.check,
+            build=build,
+            unavailable=unavailable,
+        )
+        self._db = self._sqlite.db
+
+    async def _run(self, job: Callable[[], R]) -> R:
+        return await self._sqlite.run(job)
+
+    async def close(self) -> None:
+        """Close the connection it opened (never one given as ``database``) and stop its
+        thread. Idempotent; later calls raise ConfigurationError."""
+        await self._sqlite.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
