@@ -37,7 +37,6 @@ version 1: an older touba keeps reading and writing it (its inserts leave
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -376,22 +375,12 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
 
     durable = True
 
-    def __init__(
-        self,
-        filename: str | os.PathLike[str] | None = None,
-        *,
-        database: sqlite3.Connection | None = None,
-        timeout: float = 5.0,
-    ) -> None:
-        super().__init__(
-            "SqliteCheckpointStore",
-            filename=filename,
-            database=database,
-            timeout=timeout,
-            version=_VERSION,
-            build=_Db,
-            unavailable=CheckpointStoreUnavailable,
-        )
+    _owner = "SqliteCheckpointStore"
+    _version = _VERSION
+    _unavailable = CheckpointStoreUnavailable
+
+    def _build(self, conn: sqlite3.Connection) -> _Db:
+        return _Db(conn)
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         """Store a new checkpoint, committed when this returns.

@@ -1,8 +1,8 @@
 """One thread owns a SQLite connection and runs every call on it, in order.
 
 Shared by the runtime's small SQLite stores (checkpoints, resources), which
-are :class:`OwnedSqliteStore` subclasses: each brings only its SQL (``build``
-makes it from the connection, its schema installed) and its typed error. The
+are :class:`OwnedSqliteStore` subclasses: each brings only its SQL (made from
+the connection, its schema installed), its schema version and its typed error. The
 file is opened with :func:`~touba.history._files.open_private_sqlite` (0600
 files, symbolic links and unsafe directories refused), or a connection the
 host gives is used as is and left open.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import ClassVar, Generic, Self, TypeVar
 
 from touba.errors import ConfigurationError, ToubaError
 from touba.history._files import open_private_sqlite
@@ -208,33 +208,37 @@ class OwnedSqliteStore(Generic[D]):
     """The shell of a runtime SQLite store: its SQL ``_db`` on an :class:`OwnedSqlite`,
     ``_run`` to call it on the owning thread, ``close()`` and ``async with``.
 
-    ``filename`` or ``database`` (exactly one), ``timeout`` and ``unavailable`` are
-    :class:`OwnedSqlite`'s; a file holding another ``version`` of the schema is refused
-    with ConfigurationError, untouched; ``build`` makes the store's SQL object from the
-    connection (installing the schema).
+    A store names itself (``_owner``), its schema version (``_version``: a file holding
+    another is refused with ConfigurationError, untouched) and its typed error
+    (``_unavailable``), and makes its SQL object from the connection in ``_build``
+    (installing the schema). ``filename``, ``database`` and ``timeout`` are
+    :class:`OwnedSqlite`'s.
     """
+
+    _owner: ClassVar[str]
+    _version: ClassVar[SchemaVersion]
+    _unavailable: ClassVar[type[ToubaError]]
 
     def __init__(
         self,
-        owner: str,
+        filename: str | os.PathLike[str] | None = None,
         *,
-        filename: str | os.PathLike[str] | None,
-        database: sqlite3.Connection | None,
-        timeout: float,
-        version: SchemaVersion,
-        build: Callable[[sqlite3.Connection], D],
-        unavailable: type[ToubaError],
+        database: sqlite3.Connection | None = None,
+        timeout: float = 5.0,
     ) -> None:
         self._sqlite = OwnedSqlite(
-            owner,
+            self._owner,
             filename=filename,
             database=database,
             timeout=timeout,
-            check=version.check,
-            build=build,
-            unavailable=unavailable,
+            check=self._version.check,
+            build=self._build,
+            unavailable=self._unavailable,
         )
         self._db = self._sqlite.db
+
+    def _build(self, conn: sqlite3.Connection) -> D:
+        raise NotImplementedError
 
     async def _run(self, job: Callable[[], R]) -> R:
         return await self._sqlite.run(job)

@@ -12,7 +12,6 @@ checkpoint stores. Not encrypted. Every SQLite failure (the file locked past
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -105,22 +104,12 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
     close with ``close()`` or ``async with``.
     """
 
-    def __init__(
-        self,
-        filename: str | os.PathLike[str] | None = None,
-        *,
-        database: sqlite3.Connection | None = None,
-        timeout: float = 5.0,
-    ) -> None:
-        super().__init__(
-            "SqliteResourceBinding",
-            filename=filename,
-            database=database,
-            timeout=timeout,
-            version=_VERSION,
-            build=_Db,
-            unavailable=ResourceBindingUnavailable,
-        )
+    _owner = "SqliteResourceBinding"
+    _version = _VERSION
+    _unavailable = ResourceBindingUnavailable
+
+    def _build(self, conn: sqlite3.Connection) -> _Db:
+        return _Db(conn)
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
         """The item under ``key`` (a detached copy), or None."""
