@@ -239,14 +239,10 @@ class Invocation:
                 prior_turns=self.prior_turns,
                 resuming=resuming,
             )
-            try:
-                decision = await self._decide(request)
-            except ToubaError as e:
-                self._note_error("provider_error", e)
-                return self.fail(e)
+            decision = await self._next_decision(request)
+            if isinstance(decision, Outcome):
+                return decision
             resuming = False
-            state.decisions += 1
-            self._note_decision(decision)
             if not decision.calls:
                 return self._complete(decision.output)
             if state.decisions >= agent.max_decisions:
@@ -282,6 +278,18 @@ class Invocation:
             raise AgentDecisionProviderSchemaViolation(
                 "the decision repeats a call id", provider_error_code="duplicate_call_id"
             )
+        return decision
+
+    async def _next_decision(self, request: DecisionRequest) -> Decision | Outcome:
+        """The provider's next decision, counted and traced; the invocation's failed
+        outcome when the provider raises a typed error (traced as ``provider_error``)."""
+        try:
+            decision = await self._decide(request)
+        except ToubaError as e:
+            self._note_error("provider_error", e)
+            return self.fail(e)
+        self.state.decisions += 1
+        self._note_decision(decision)
         return decision
 
     def _note_decision(self, decision: Decision) -> None:
@@ -675,14 +683,10 @@ class Invocation:
                 prior_turns=self.prior_turns,
                 resuming=resuming,
             )
-            try:
-                decision = await self._decide(request)
-            except ToubaError as e:
-                self._note_error("provider_error", e)
-                return self.fail(e)
+            decision = await self._next_decision(request)
+            if isinstance(decision, Outcome):
+                return decision
             data, resuming = (), False
-            state.decisions += 1
-            self._note_decision(decision)
             if not decision.calls:
                 break
             message = (
