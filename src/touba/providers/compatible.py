@@ -485,9 +485,11 @@ class CompatibleWire(Wire):
         return f"CompatibleWire(model={self.model!r}, base_url={_display_url(self._base_url)!r})"
 
     def check_guard(self) -> None:
+        """Wire.check_guard: always ProviderContextGuardUnsupported (no count endpoint)."""
         raise ProviderContextGuardUnsupported(f"{_NO_COUNT}: the context guard cannot count")
 
     def render(self, plan: Plan) -> dict[str, Any]:
+        """Wire.render: a Chat Completions body (``messages``, ``tools`` or ``response_format``)."""
         request = plan.request
         body = _Body(model=self.model, messages=chat_messages(plan, self._exchanges))
         body.output_schema = request.output_schema
@@ -510,6 +512,7 @@ class CompatibleWire(Wire):
         return body
 
     async def count(self, body: dict[str, Any]) -> int:
+        """Wire.count: always ProviderContextGuardUnsupported (no standard count endpoint)."""
         raise ProviderContextGuardUnsupported(f"{_NO_COUNT}: the context guard cannot count")
 
     def _sdk_client(self) -> AsyncOpenAI:
@@ -540,6 +543,7 @@ class CompatibleWire(Wire):
         return {name: Omit() for name in dropped if name.lower() not in given}
 
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``POST {base_url}/chat/completions``; SDK errors become touba's."""
         import openai
 
         where = _display_url(self._base_url)

@@ -118,11 +118,17 @@ class CheckpointStore(Protocol):
     a resume after a crash.
     """
 
-    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None: ...
+    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
+        """Store a new checkpoint; ConfigurationError when ``checkpoint_id`` exists."""
+        ...
 
-    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
+    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        """A detached copy of the checkpoint, or None."""
+        ...
 
-    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
+    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        """Remove and return the checkpoint atomically: of two takers, one gets it."""
+        ...
 
 
 def revision_of(checkpoint: dict[str, JSON]) -> int:

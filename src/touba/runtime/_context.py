@@ -114,6 +114,7 @@ class InvocationContext:
 
     @property
     def tool_names(self) -> tuple[str, ...]:
+        """The names of the tools this context adds, in order."""
         return tuple(t.spec.name for t in self.tools)
 
 
