@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 try:
     from fastapi import FastAPI, Request, Response
     from fastapi.exceptions import HTTPException
-    from fastapi.responses import HTMLResponse, RedirectResponse
+    from fastapi.responses import RedirectResponse
     from fastapi.staticfiles import StaticFiles
     from jinja2 import Environment, FileSystemLoader
     from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -22,11 +21,13 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 from touba.errors import ConfigurationError
-from touba.panel._auth import COOKIE, SESSION_SECONDS, OperatorSession, PanelAuth, same_origin
+from touba.panel._auth import COOKIE, PanelAuth, same_origin
+from touba.panel._routes import router
+from touba.panel._state import Panel, set_cookie
 from touba.panel._stores import HistoryView, MemoryAdmin
-from touba.runtime import Program, Runtime
+from touba.runtime import Program
 
-__all__ = ["LOOPBACK_HOSTS", "Panel", "create_app"]
+__all__ = ["LOOPBACK_HOSTS", "create_app"]
 
 logger = logging.getLogger("touba.panel")
 
@@ -46,42 +47,6 @@ SECURITY_HEADERS: Final = {
     "cross-origin-resource-policy": "same-origin",
     "permissions-policy": "camera=(), microphone=(), geolocation=()",
 }
-
-
-@dataclass
-class Panel:
-    """Everything the routes share: the stores, the program and the auth state."""
-
-    program: Program
-    memory: MemoryAdmin
-    history: HistoryView | None
-    auth: PanelAuth
-    templates: Environment
-    remote: bool = False
-    runtime: Runtime | None = field(default=None)
-
-    def preview_runtime(self) -> Runtime:
-        """The runtime of preview turns (built once: a Program is sealed by its first)."""
-        if self.runtime is None:
-            self.runtime = Runtime(self.program)
-        return self.runtime
-
-    def render(
-        self,
-        request: Request,
-        template: str,
-        status_code: int = 200,
-        **context: Any,
-    ) -> HTMLResponse:
-        session: OperatorSession | None = getattr(request.state, "operator", None)
-        page = self.templates.get_template(template).render(
-            request=request,
-            csrf=session.csrf if session is not None else "",
-            flashes=session.take_flashes() if session is not None else [],
-            logged_in=session is not None,
-            **context,
-        )
-        return HTMLResponse(page, status_code=status_code)
 
 
 def _environment() -> Environment:
@@ -126,9 +91,6 @@ def create_app(
     )
     app = FastAPI(title="touba memory panel", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.panel = panel
-
-    from touba.panel._routes import router
-
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
@@ -207,15 +169,3 @@ def _query(items: list[tuple[str, str]]) -> str:
     from urllib.parse import urlencode
 
     return urlencode(items)
-
-
-def set_cookie(panel: Panel, response: Response, session: OperatorSession) -> None:
-    response.set_cookie(
-        COOKIE,
-        session.session_id,
-        max_age=SESSION_SECONDS,
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=panel.remote,
-    )

@@ -28,9 +28,9 @@ from touba.errors import (
 from touba.history._plot import PLOT_POINTS, read_points
 from touba.memory import ChatSession, KeyEventsConfig, KeyEventService, MemoryConfig
 from touba.memory._model import KEY_EVENT_STATUSES, JobStatus, KeyEventStatus
-from touba.panel._app import Panel, set_cookie
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
 from touba.panel._forms import SettingsForm, parse_settings
+from touba.panel._state import Panel, set_cookie
 from touba.panel._svg import render_plot
 from touba.runtime import AgentDefinition
 
@@ -475,6 +475,14 @@ def _history(panel: Panel) -> Any:
     return panel.history
 
 
+async def _listed(store: Any, key: str) -> Any:
+    """The store's listed row of the conversation ``key``; 404 when absent or expired."""
+    listed = next((row for row in await store.list() if row.key == key), None)
+    if listed is None:
+        raise HTTPException(404, "No such conversation (absent or expired).")
+    return listed
+
+
 @router.get("/conversations")
 async def conversations(request: Request) -> Response:
     panel = _panel(request)
@@ -494,9 +502,7 @@ async def conversation(request: Request) -> Response:
     panel = _panel(request)
     store = _history(panel)
     key = request.query_params.get("key", "")
-    listed = next((row for row in await store.list() if row.key == key), None)
-    if listed is None:
-        raise HTTPException(404, "No such conversation (absent or expired).")
+    listed = await _listed(store, key)
     record = None
     busy = False
     if not listed.active:
@@ -539,9 +545,7 @@ async def recover_page(request: Request) -> Response:
     panel = _panel(request)
     store = _history(panel)
     key = request.query_params.get("key", "")
-    listed = next((row for row in await store.list() if row.key == key), None)
-    if listed is None:
-        raise HTTPException(404, "No such conversation (absent or expired).")
+    listed = await _listed(store, key)
     return panel.render(request, "recover.html", row=listed)
 
 

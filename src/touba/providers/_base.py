@@ -176,18 +176,22 @@ class DecisionProvider:
 
     @property
     def provider(self) -> str:
+        """The provider's name as conversations record it (``"openai"``, ``"anthropic"``...)."""
         return self._wire.provider
 
     @property
     def model(self) -> str:
+        """The model every request names."""
         return self._wire.model
 
     @property
     def decision_interface(self) -> DecisionInterface:
+        """How decisions are asked for: ``"native"`` tool calls or ``"structured"`` JSON."""
         return self._wire.interface
 
     @property
     def history(self) -> DecisionHistory | None:
+        """The decision history that keeps this provider's conversations, or None."""
         return self._history
 
     async def aclose(self) -> None:

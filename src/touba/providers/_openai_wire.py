@@ -19,27 +19,29 @@ from touba.errors import AgentDecisionProviderSchemaViolation, AgentDecisionProv
 from touba.history._model import (
     JSON,
     CapabilityCall,
-    DataMessage,
     DecisionMessage,
     Message,
-    ResultMessage,
-    SummaryMessage,
     canonical_json,
 )
 from touba.providers._base import Plan
 from touba.providers._framing import (
-    data_text,
-    input_text,
     observation_payload,
     parse_structured_text,
-    results_text,
     structured_decision_json,
     structured_instructions,
     structured_schema,
-    summary_text,
     trace_text,
 )
-from touba.providers._memo import ExchangeMemo, rendered_exchanges
+from touba.providers._memo import ExchangeMemo
+from touba.providers._openai_shared import (
+    Item,
+    assistant,
+    exchange_items,
+    plan_items,
+    projected_calls,
+    usage,
+    user,
+)
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 
 __all__ = [
@@ -80,8 +82,6 @@ COUNT_FIELDS = frozenset(
     }
 )
 """The parameters ``POST /v1/responses/input_tokens`` accepts (it refuses any other)."""
-
-Item = dict[str, Any]
 
 
 # request ---------------------------------------------------------------------
@@ -220,14 +220,6 @@ def instructions(request: DecisionRequest, interface: DecisionInterface) -> str:
     return text.strip()
 
 
-def _user(text: str) -> Item:
-    return {"role": "user", "content": text}
-
-
-def _assistant(text: str) -> Item:
-    return {"role": "assistant", "content": text}
-
-
 def _call(call_id: str, name: str, arguments: Mapping[str, JSON]) -> Item:
     return {
         "type": "function_call",
@@ -243,15 +235,15 @@ def _output(call_id: str, payload: JSON) -> Item:
 
 def _turn_items(turn: Turn, interface: DecisionInterface) -> list[Item]:
     """An earlier chat turn; its trace as complete call/output pairs (or data)."""
-    items = [_user(turn.user)]
+    items = [user(turn.user)]
     if turn.trace and interface == "structured":
-        items.append(_user(trace_text(turn.trace)))
+        items.append(user(trace_text(turn.trace)))
     elif turn.trace:
         for group in turn.trace:
             items.extend(_call(c.call_id, c.name, c.arguments) for c in group)
             items.extend(_output(c.call_id, observation_payload(c)) for c in group)
     if turn.replies:
-        items.append(_assistant("\n\n".join(turn.replies)))
+        items.append(assistant("\n\n".join(turn.replies)))
     return items
 
 
@@ -288,37 +280,20 @@ def _decision_items(
     # Rendered from the neutral fields (another provider's decision, opaque_refs
     # continuity, unusable opaque data): no item ids, no reasoning, and the
     # runtime's projected arguments wherever an observation gives them.
-    calls = tuple(
-        CapabilityCall(c.call_id, c.name, projected.get(c.call_id, c.arguments))
-        for c in decision.calls
-    )
+    calls = projected_calls(decision, projected)
     if interface == "structured":
-        return [_assistant(structured_decision_json(replace(decision, calls=calls)))]
+        return [assistant(structured_decision_json(replace(decision, calls=calls)))]
     items: list[Item] = []
     if decision.text is not None:
-        items.append(_assistant(decision.text))
+        items.append(assistant(decision.text))
     elif decision.final:
-        items.append(_assistant(canonical_json({"output": decision.output})))
+        items.append(assistant(canonical_json({"output": decision.output})))
     items.extend(_call(c.call_id, c.name, c.arguments) for c in calls)
     return items
 
 
 def _exchange_items(exchange: Sequence[Message], interface: DecisionInterface) -> list[Item]:
-    results = [m for m in exchange if isinstance(m, ResultMessage)]
-    projected = {r.call_id: r.arguments for r in results}
-    items: list[Item] = []
-    for message in exchange:
-        if isinstance(message, DecisionMessage):
-            items.extend(_decision_items(message, interface, projected))
-        elif isinstance(message, DataMessage):
-            items.append(_user(data_text(message)))
-        elif isinstance(message, SummaryMessage):
-            items.append(_user(summary_text(message)))
-    if results and interface == "structured":
-        items.append(_user(results_text(results)))
-    else:
-        items.extend(_output(r.call_id, observation_payload(r)) for r in results)
-    return items
+    return exchange_items(exchange, interface, _decision_items, _output)
 
 
 def exchange_memo() -> ExchangeMemo[list[Item]]:
@@ -329,16 +304,7 @@ def exchange_memo() -> ExchangeMemo[list[Item]]:
 def input_items(plan: Plan, memo: ExchangeMemo[list[Item]] | None = None) -> list[Item]:
     """Prior turns, the invocation input, the summary, then the exchanges (each
     taken from ``memo`` when it rendered that very exchange before)."""
-    items: list[Item] = []
-    for turn in plan.prior_turns:
-        items.extend(_turn_items(turn, plan.interface))
-    if plan.request.input is not None:
-        items.append(_user(input_text(plan.request.input)))
-    if plan.summary is not None:
-        items.append(_user(summary_text(plan.summary)))
-    for rendered in rendered_exchanges(plan.window, plan.interface, memo, _exchange_items):
-        items.extend(rendered)
-    return items
+    return plan_items(plan, memo, _turn_items, _exchange_items)
 
 
 def count_body(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -403,26 +369,6 @@ def _final_output(text: str) -> JSON:
     return value["output"]
 
 
-def _usage(data: Mapping[str, Any]) -> Usage:
-    usage = data.get("usage")
-    if not isinstance(usage, Mapping):
-        return Usage()
-    details: dict[str, JSON] = {}
-    for group, key in (
-        ("input_tokens_details", "cached_tokens"),
-        ("output_tokens_details", "reasoning_tokens"),
-    ):
-        section = usage.get(group)
-        if isinstance(section, Mapping) and isinstance(section.get(key), int):
-            details[key] = section[key]
-    inputs, outputs = usage.get("input_tokens"), usage.get("output_tokens")
-    return Usage(
-        input_tokens=inputs if isinstance(inputs, int) else None,
-        output_tokens=outputs if isinstance(outputs, int) else None,
-        details=details,
-    )
-
-
 def parse_response(
     data: Any, *, interface: DecisionInterface, wrapped_output: bool
 ) -> tuple[DecisionMessage, Usage]:
@@ -471,4 +417,5 @@ def parse_response(
         decision = DecisionMessage(text=text, output=text, final=True)
     else:
         decision = DecisionMessage(output=_final_output(text), final=True)
-    return replace(decision, provider=PROVIDER, opaque=output), _usage(data)
+    counted = usage(data, "input_tokens", "output_tokens")
+    return replace(decision, provider=PROVIDER, opaque=output), counted

@@ -219,6 +219,7 @@ class AnthropicWire(Wire):
         self._exchanges = exchange_memo()
 
     def check_guard(self) -> None:
+        """Wire.check_guard: refuse platform clients and options count_tokens cannot count."""
         sdk = _sdk()
         for name in _PLATFORM_CLIENTS:
             platform = getattr(sdk, name, None)
@@ -237,6 +238,7 @@ class AnthropicWire(Wire):
             )
 
     def render(self, plan: Plan) -> dict[str, Any]:
+        """Wire.render: a Messages API body (system, tools, messages, then the options given)."""
         request = plan.request
         system = request.instructions.strip()
         tools: list[dict[str, Any]] | None
@@ -283,6 +285,7 @@ class AnthropicWire(Wire):
         return body
 
     async def count(self, body: dict[str, Any]) -> int:
+        """Wire.count: ``messages.count_tokens``; ProviderContextCountUnavailable when unusable."""
         params = {k: v for k, v in body.items() if k in COUNT_PARAMS}
         try:
             data = json.loads(await send_count(self._client, params, self._request_options))
@@ -300,6 +303,7 @@ class AnthropicWire(Wire):
         return count
 
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``messages.create``; SDK errors become touba's, chained."""
         params = {k: v for k, v in body.items() if k in _CREATE_PARAMS}
         extra = {k: v for k, v in body.items() if k not in _CREATE_PARAMS}
         if extra:

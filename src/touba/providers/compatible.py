@@ -63,27 +63,30 @@ from touba.history._config import HistoryConfig
 from touba.history._model import (
     JSON,
     CapabilityCall,
-    DataMessage,
     DecisionMessage,
     Message,
-    ResultMessage,
-    SummaryMessage,
     canonical_json,
 )
 from touba.providers._base import DecisionProvider, Plan, Wire
 from touba.providers._framing import (
-    data_text,
     input_text,
     observation_payload,
     parse_structured_text,
-    results_text,
     structured_decision_json,
     structured_instructions,
     structured_schema,
-    summary_text,
     trace_text,
 )
-from touba.providers._memo import ExchangeMemo, rendered_exchanges
+from touba.providers._memo import ExchangeMemo
+from touba.providers._openai_shared import (
+    Item,
+    assistant,
+    exchange_items,
+    plan_items,
+    projected_calls,
+    usage,
+    user,
+)
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 from touba.providers._validate import schema_validator
 from touba.providers.openai import request_options
@@ -104,8 +107,6 @@ PROVIDER = "openai_compatible"
 DECISION_FORMAT = "touba_decision"
 
 StructuredFormat = Literal["json_schema", "json_object"]
-
-Item = dict[str, Any]
 
 _NO_KEY = "touba-no-key"
 """Given to the SDK, which wants a non-empty key, when there is none: never sent."""
@@ -145,10 +146,6 @@ class _Body(dict[str, Any]):
 
 
 # request ---------------------------------------------------------------------
-
-
-def _user(text: str) -> Item:
-    return {"role": "user", "content": text}
 
 
 def _tool_call(call_id: str, name: str, arguments: Mapping[str, JSON]) -> Item:
@@ -197,9 +194,9 @@ def _system(request: DecisionRequest, interface: DecisionInterface) -> str:
 
 def _turn_messages(turn: Turn, interface: DecisionInterface) -> list[Item]:
     """An earlier chat turn; its trace as complete call/result pairs (or data)."""
-    out = [_user(turn.user)]
+    out = [user(turn.user)]
     if turn.trace and interface == "structured":
-        out.append(_user(trace_text(turn.trace)))
+        out.append(user(trace_text(turn.trace)))
     else:
         for group in turn.trace:
             if not group:
@@ -208,7 +205,7 @@ def _turn_messages(turn: Turn, interface: DecisionInterface) -> list[Item]:
             out.append({"role": "assistant", "tool_calls": calls})
             out.extend(_tool_result(c.call_id, observation_payload(c)) for c in group)
     if turn.replies:
-        out.append({"role": "assistant", "content": "\n\n".join(turn.replies)})
+        out.append(assistant("\n\n".join(turn.replies)))
     return out
 
 
@@ -230,24 +227,20 @@ def _replayable(decision: DecisionMessage, interface: DecisionInterface) -> Item
     return dict(message) if [c.get("id") for c in calls] == expected else None
 
 
-def _decision_message(
+def _decision_messages(
     decision: DecisionMessage,
     interface: DecisionInterface,
     projected: Mapping[str, Mapping[str, JSON]],
-) -> Item:
+) -> list[Item]:
     replay = _replayable(decision, interface)
     if replay is not None:
-        return replay
+        return [replay]
     # From the neutral fields (opaque_refs continuity, another provider's
     # decision): the runtime's projected arguments wherever an observation
     # gives them, never the model's raw ones.
-    calls = tuple(
-        CapabilityCall(c.call_id, c.name, projected.get(c.call_id, c.arguments))
-        for c in decision.calls
-    )
+    calls = projected_calls(decision, projected)
     if interface == "structured":
-        text = structured_decision_json(replace(decision, calls=calls))
-        return {"role": "assistant", "content": text}
+        return [assistant(structured_decision_json(replace(decision, calls=calls)))]
     out: Item = {"role": "assistant"}
     if decision.text is not None:
         out["content"] = decision.text
@@ -257,25 +250,11 @@ def _decision_message(
         out["tool_calls"] = [_tool_call(c.call_id, c.name, c.arguments) for c in calls]
     if "content" not in out and not calls:
         out["content"] = ""
-    return out
+    return [out]
 
 
 def _exchange_messages(exchange: Sequence[Message], interface: DecisionInterface) -> list[Item]:
-    results = [m for m in exchange if isinstance(m, ResultMessage)]
-    projected = {r.call_id: r.arguments for r in results}
-    out: list[Item] = []
-    for message in exchange:
-        if isinstance(message, DecisionMessage):
-            out.append(_decision_message(message, interface, projected))
-        elif isinstance(message, DataMessage):
-            out.append(_user(data_text(message)))
-        elif isinstance(message, SummaryMessage):
-            out.append(_user(summary_text(message)))
-    if results and interface == "structured":
-        out.append(_user(results_text(results)))
-    else:
-        out.extend(_tool_result(r.call_id, observation_payload(r)) for r in results)
-    return out
+    return exchange_items(exchange, interface, _decision_messages, _tool_result)
 
 
 def _merge_user_texts(messages: list[Item]) -> list[Item]:
@@ -290,7 +269,7 @@ def _merge_user_texts(messages: list[Item]) -> list[Item]:
             and isinstance(message.get("content"), str)
             and isinstance(previous.get("content"), str)
         ):
-            out[-1] = _user(f"{previous['content']}\n\n{message['content']}")
+            out[-1] = user(f"{previous['content']}\n\n{message['content']}")
         else:
             out.append(message)
     return out
@@ -299,19 +278,9 @@ def _merge_user_texts(messages: list[Item]) -> list[Item]:
 def chat_messages(plan: Plan, memo: ExchangeMemo[list[Item]] | None = None) -> list[Item]:
     """System, prior turns, the invocation input, the summary, then the exchanges (each
     taken from ``memo`` when it rendered that very exchange before)."""
-    request = plan.request
-    messages: list[Item] = []
-    system = _system(request, plan.interface)
-    if system:
-        messages.append({"role": "system", "content": system})
-    for turn in plan.prior_turns:
-        messages.extend(_turn_messages(turn, plan.interface))
-    if request.input is not None:
-        messages.append(_user(input_text(request.input)))
-    if plan.summary is not None:
-        messages.append(_user(summary_text(plan.summary)))
-    for rendered in rendered_exchanges(plan.window, plan.interface, memo, _exchange_messages):
-        messages.extend(rendered)
+    system = _system(plan.request, plan.interface)
+    messages: list[Item] = [{"role": "system", "content": system}] if system else []
+    messages.extend(plan_items(plan, memo, _turn_messages, _exchange_messages))
     return _merge_user_texts(messages)
 
 
@@ -382,26 +351,6 @@ def _final_output(text: str, output_schema: Mapping[str, JSON]) -> JSON:
         ) from e
 
 
-def _usage(data: Mapping[str, Any]) -> Usage:
-    usage = data.get("usage")
-    if not isinstance(usage, Mapping):
-        return Usage()
-    details: dict[str, JSON] = {}
-    for group, key in (
-        ("prompt_tokens_details", "cached_tokens"),
-        ("completion_tokens_details", "reasoning_tokens"),
-    ):
-        section = usage.get(group)
-        if isinstance(section, Mapping) and isinstance(section.get(key), int):
-            details[key] = section[key]
-    inputs, outputs = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return Usage(
-        input_tokens=inputs if isinstance(inputs, int) else None,
-        output_tokens=outputs if isinstance(outputs, int) else None,
-        details=details,
-    )
-
-
 def _check_finish(finish: Any, message: Mapping[str, Any]) -> None:
     if finish == "length":
         raise _violation(
@@ -468,7 +417,8 @@ def parse_completion(
         decision = DecisionMessage(text=text, output=text, final=True)
     else:
         decision = DecisionMessage(output=_final_output(text, output_schema), final=True)
-    return replace(decision, provider=PROVIDER, opaque=kept), _usage(data)
+    counted = usage(data, "prompt_tokens", "completion_tokens")
+    return replace(decision, provider=PROVIDER, opaque=kept), counted
 
 
 # the wire ----------------------------------------------------------------------
@@ -535,9 +485,11 @@ class CompatibleWire(Wire):
         return f"CompatibleWire(model={self.model!r}, base_url={_display_url(self._base_url)!r})"
 
     def check_guard(self) -> None:
+        """Wire.check_guard: always ProviderContextGuardUnsupported (no count endpoint)."""
         raise ProviderContextGuardUnsupported(f"{_NO_COUNT}: the context guard cannot count")
 
     def render(self, plan: Plan) -> dict[str, Any]:
+        """Wire.render: a Chat Completions body (``messages``, ``tools`` or ``response_format``)."""
         request = plan.request
         body = _Body(model=self.model, messages=chat_messages(plan, self._exchanges))
         body.output_schema = request.output_schema
@@ -560,6 +512,7 @@ class CompatibleWire(Wire):
         return body
 
     async def count(self, body: dict[str, Any]) -> int:
+        """Wire.count: always ProviderContextGuardUnsupported (no standard count endpoint)."""
         raise ProviderContextGuardUnsupported(f"{_NO_COUNT}: the context guard cannot count")
 
     def _sdk_client(self) -> AsyncOpenAI:
@@ -590,6 +543,7 @@ class CompatibleWire(Wire):
         return {name: Omit() for name in dropped if name.lower() not in given}
 
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``POST {base_url}/chat/completions``; SDK errors become touba's."""
         import openai
 
         where = _display_url(self._base_url)

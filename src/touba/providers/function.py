@@ -147,6 +147,7 @@ class FunctionWire(Wire):
         self._generate = generate
 
     def render(self, plan: Plan) -> dict[str, Any]:
+        """Wire.render: the plan as chat messages plus the structured decision's schema."""
         request = plan.request
         return {
             "messages": render_chat_messages(plan),
@@ -154,9 +155,11 @@ class FunctionWire(Wire):
         }
 
     async def count(self, body: dict[str, Any]) -> int:
+        """Wire.count: always ConfigurationError (a function provider has no count endpoint)."""
         raise ConfigurationError("a function provider has no count endpoint")
 
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: call the injected generator; its failures become touba's, chained."""
         try:
             value = await self._generate(body["messages"], body["schema"])
         except ToubaError:

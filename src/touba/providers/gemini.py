@@ -112,6 +112,7 @@ class GeminiWire(Wire):
         self._exchanges = exchange_memo()
 
     def check_guard(self) -> None:
+        """Wire.check_guard: refuse Vertex clients, cached content and extra_body."""
         if self._vertex:
             raise ProviderContextGuardUnsupported(
                 "the context guard supports the Gemini Developer API only, not a Vertex-mode "
@@ -130,6 +131,7 @@ class GeminiWire(Wire):
             )
 
     def render(self, plan: Plan) -> dict[str, Any]:
+        """Wire.render: a ``generateContent`` body (see :func:`render_body`)."""
         return render_body(
             plan,
             max_output_tokens=self._max_output_tokens,
@@ -139,9 +141,11 @@ class GeminiWire(Wire):
         )
 
     async def count(self, body: dict[str, Any]) -> int:
+        """Wire.count: ``countTokens`` for the body; SDK errors become touba's, chained."""
         return read_count(await self._post("countTokens", count_request(body, self._resource)))
 
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``generateContent``; SDK errors become touba's, chained."""
         data = await self._post("generateContent", body)
         schema = body.output_schema if isinstance(body, GeminiBody) else None
         return parse_response(data, structured=self.interface == "structured", output_schema=schema)

@@ -168,10 +168,12 @@ class OpenAIWire(Wire):
             )
 
     async def aclose(self) -> None:
+        """Wire.aclose: close the AsyncOpenAI client when this wire created it."""
         if self._owns_client:
             await self._client.close()
 
     def check_guard(self) -> None:
+        """Wire.check_guard: refuse Azure clients and options that keep server-side state."""
         openai = _import_openai()
         if isinstance(self._client, openai.AsyncAzureOpenAI):
             raise ProviderContextGuardUnsupported(
@@ -187,6 +189,7 @@ class OpenAIWire(Wire):
             )
 
     def render(self, plan: Plan) -> dict[str, Any]:
+        """Wire.render: a Responses API body (store=False, every output item replayed)."""
         request = plan.request
         body: dict[str, Any] = {"model": self.model}
         system = instructions(request, self.interface)
@@ -209,6 +212,7 @@ class OpenAIWire(Wire):
         return body
 
     async def count(self, body: dict[str, Any]) -> int:
+        """Wire.count: ``POST /v1/responses/input_tokens`` (ProviderContextCountUnavailable)."""
         try:
             text = await self._client.post(
                 "/responses/input_tokens",
@@ -228,6 +232,7 @@ class OpenAIWire(Wire):
         return value
 
     async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``POST /v1/responses``; SDK errors become touba's, chained."""
         try:
             text = await self._generation_client.post(
                 "/responses", body=body, cast_to=str, options=self._request_options

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from touba.runtime._capability import CapabilityDefinition
 from touba.runtime._checkpoints import (
     CheckpointInfo,
     CheckpointStore,
@@ -59,7 +60,7 @@ from touba.runtime._checkpoints import (
 )
 from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
 from touba.runtime._flow import CallStep, ModelStep, Step
-from touba.runtime._program import AgentDefinition, CapabilityDefinition, Program
+from touba.runtime._program import AgentDefinition, Program
 from touba.runtime._resource_sqlite import SqliteResourceBinding
 from touba.runtime._resources import (
     MemoryResourceBinding,

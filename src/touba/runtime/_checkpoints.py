@@ -37,17 +37,15 @@ version 1: an older touba keeps reading and writing it (its inserts leave
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Final, Literal, Protocol, Self, TypeVar, runtime_checkable
+from typing import Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.history._model import JSON, STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
-from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
+from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
 
 __all__ = [
     "CheckpointInfo",
@@ -120,11 +118,17 @@ class CheckpointStore(Protocol):
     a resume after a crash.
     """
 
-    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None: ...
+    async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
+        """Store a new checkpoint; ConfigurationError when ``checkpoint_id`` exists."""
+        ...
 
-    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
+    async def get(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        """A detached copy of the checkpoint, or None."""
+        ...
 
-    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None: ...
+    async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
+        """Remove and return the checkpoint atomically: of two takers, one gets it."""
+        ...
 
 
 def revision_of(checkpoint: dict[str, JSON]) -> int:
@@ -271,16 +275,15 @@ def _info(
 
 
 class _Db:
-    """The store's SQL; runs only on the store's thread, one transaction per call."""
+    """The store's SQL (its schema installed when made); runs only on the store's thread,
+    one transaction per call."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        _VERSION.install(self.conn, _SCHEMA, migrate=self._migrate)
 
     def _write(self, job: Callable[[], R]) -> R:
         return write(self.conn, job)
-
-    def init(self) -> None:
-        _VERSION.install(self.conn, _SCHEMA, migrate=self._migrate)
 
     def _migrate(self) -> None:
         """Bring a version 1 file written before ``updated_at`` up to date (see above)."""
@@ -354,13 +357,7 @@ class _Db:
         return [(str(a), str(b), str(c), str(d)) for a, b, c, d in query.fetchall()]
 
 
-def _build(conn: sqlite3.Connection) -> _Db:
-    db = _Db(conn)
-    db.init()
-    return db
-
-
-class SqliteCheckpointStore:
+class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
     """Checkpoints in a SQLite file, durable and shared by processes.
 
     Give exactly one of ``filename`` (checked and opened like
@@ -384,26 +381,12 @@ class SqliteCheckpointStore:
 
     durable = True
 
-    def __init__(
-        self,
-        filename: str | os.PathLike[str] | None = None,
-        *,
-        database: sqlite3.Connection | None = None,
-        timeout: float = 5.0,
-    ) -> None:
-        self._sqlite = OwnedSqlite(
-            "SqliteCheckpointStore",
-            filename=filename,
-            database=database,
-            timeout=timeout,
-            check=_VERSION.check,
-            build=_build,
-            unavailable=CheckpointStoreUnavailable,
-        )
-        self._db = self._sqlite.db
+    _owner = "SqliteCheckpointStore"
+    _version = _VERSION
+    _unavailable = CheckpointStoreUnavailable
 
-    async def _run(self, job: Callable[[], R]) -> R:
-        return await self._sqlite.run(job)
+    def _build(self, conn: sqlite3.Connection) -> _Db:
+        return _Db(conn)
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         """Store a new checkpoint, committed when this returns.
@@ -451,19 +434,3 @@ class SqliteCheckpointStore:
             if run_id is None or info.run_id == run_id:  # rows of older files kept raw ids
                 out.append(info)
         return out
-
-    async def close(self) -> None:
-        """Close the connection it opened (never one given as ``database``) and stop its
-        thread. Idempotent; later calls raise ConfigurationError."""
-        await self._sqlite.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from touba.history._model import CapabilityCall
-from touba.runtime._program import AgentDefinition, CapabilityDefinition
+from touba.runtime._capability import CapabilityDefinition
+from touba.runtime._program import AgentDefinition
 from touba.runtime._schema import ArgumentError
 
 __all__ = ["Accepted", "Denial", "DenialReason", "check_call"]

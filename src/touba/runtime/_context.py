@@ -35,7 +35,8 @@ from touba.errors import ConfigurationError
 from touba.history._model import JSON, CapabilityCall
 from touba.providers._types import CapabilitySpec, Turn
 from touba.providers._validate import check_catalog
-from touba.runtime._program import CapabilityDefinition, _check_name
+from touba.runtime._capability import CapabilityDefinition
+from touba.runtime._program import _check_name
 from touba.runtime._schema import ParameterSchema
 
 __all__ = ["InvocationContext", "InvocationTool", "ToolCall", "ToolHandler", "check_context"]
@@ -113,6 +114,7 @@ class InvocationContext:
 
     @property
     def tool_names(self) -> tuple[str, ...]:
+        """The names of the tools this context adds, in order."""
         return tuple(t.spec.name for t in self.tools)
 
 

@@ -68,14 +68,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from touba.errors import ConfigurationError
 from touba.history._model import JSON, Observation, canonical_json
 from touba.providers._validate import schema_validator
-
-if TYPE_CHECKING:
-    from touba.runtime._program import CapabilityDefinition
+from touba.runtime._capability import CapabilityDefinition
 
 __all__ = [
     "CallStep",

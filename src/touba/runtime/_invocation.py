@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from touba import _telemetry as telemetry
 from touba.errors import (
@@ -40,12 +40,13 @@ from touba.history._model import JSON, CapabilityCall, Observation, canonical_js
 from touba.providers._types import Decision, DecisionRequest
 from touba.providers._validate import schema_validator
 from touba.runtime._calls import observe_call, run_capability
+from touba.runtime._capability import CapabilityDefinition
 from touba.runtime._checks import Accepted, Denial, DenialReason, check_call
 from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
 from touba.runtime._flow import CallStep, ModelStep, Unresolved, step_outputs
 from touba.runtime._journal import Journal, JournalLost
-from touba.runtime._program import AgentDefinition, CapabilityDefinition
-from touba.runtime._resources import ResourceAccess, Resources, ResourceScope
+from touba.runtime._program import AgentDefinition, Program
+from touba.runtime._resources import ResourceAccess, ResourceBinding, Resources, ResourceScope
 from touba.runtime._state import (
     InvocationState,
     Paused,
@@ -58,10 +59,7 @@ from touba.runtime._state import (
 )
 from touba.runtime._trace import Trace
 
-if TYPE_CHECKING:
-    from touba.runtime._runtime import Runtime
-
-__all__ = ["Invocation", "Outcome", "deny", "new_id", "observe"]
+__all__ = ["Invocation", "InvocationHost", "Outcome", "deny", "new_id", "observe"]
 
 logger = logging.getLogger("touba.runtime")
 
@@ -129,6 +127,28 @@ class _Frame:
     items: dict[str, Pending | Invocation] = field(default_factory=dict)
 
 
+class InvocationHost(Protocol):
+    """What an invocation needs of the runtime it runs under (:class:`~touba.Runtime` is one).
+
+    Stated here, rather than importing the runtime, so that the runtime imports
+    this module and not the other way round.
+    """
+
+    @property
+    def program(self) -> Program:
+        """The sealed program whose capabilities and resources the invocation uses."""
+        ...
+
+    @property
+    def resources(self) -> ResourceBinding:
+        """Where the program's business resources are stored."""
+        ...
+
+    def agent(self, name: str) -> AgentDefinition:
+        """The agent named ``name``; ``ConfigurationError`` when none is."""
+        ...
+
+
 class Invocation:
     """An invocation of ``agent`` running under ``runtime``, writing into ``trace``.
 
@@ -138,7 +158,7 @@ class Invocation:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: InvocationHost,
         agent: AgentDefinition,
         state: InvocationState,
         trace: Trace,
@@ -219,14 +239,10 @@ class Invocation:
                 prior_turns=self.prior_turns,
                 resuming=resuming,
             )
-            try:
-                decision = await self._decide(request)
-            except ToubaError as e:
-                self._note_error("provider_error", e)
-                return self.fail(e)
+            decision = await self._next_decision(request)
+            if isinstance(decision, Outcome):
+                return decision
             resuming = False
-            state.decisions += 1
-            self._note_decision(decision)
             if not decision.calls:
                 return self._complete(decision.output)
             if state.decisions >= agent.max_decisions:
@@ -262,6 +278,18 @@ class Invocation:
             raise AgentDecisionProviderSchemaViolation(
                 "the decision repeats a call id", provider_error_code="duplicate_call_id"
             )
+        return decision
+
+    async def _next_decision(self, request: DecisionRequest) -> Decision | Outcome:
+        """The provider's next decision, counted and traced; the invocation's failed
+        outcome when the provider raises a typed error (traced as ``provider_error``)."""
+        try:
+            decision = await self._decide(request)
+        except ToubaError as e:
+            self._note_error("provider_error", e)
+            return self.fail(e)
+        self.state.decisions += 1
+        self._note_decision(decision)
         return decision
 
     def _note_decision(self, decision: Decision) -> None:
@@ -655,14 +683,10 @@ class Invocation:
                 prior_turns=self.prior_turns,
                 resuming=resuming,
             )
-            try:
-                decision = await self._decide(request)
-            except ToubaError as e:
-                self._note_error("provider_error", e)
-                return self.fail(e)
+            decision = await self._next_decision(request)
+            if isinstance(decision, Outcome):
+                return decision
             data, resuming = (), False
-            state.decisions += 1
-            self._note_decision(decision)
             if not decision.calls:
                 break
             message = (

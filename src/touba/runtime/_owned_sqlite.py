@@ -1,6 +1,8 @@
 """One thread owns a SQLite connection and runs every call on it, in order.
 
-Shared by the runtime's small SQLite stores (checkpoints, resources): the
+Shared by the runtime's small SQLite stores (checkpoints, resources), which
+are :class:`OwnedSqliteStore` subclasses: each brings only its SQL (made from
+the connection, its schema installed), its schema version and its typed error. The
 file is opened with :func:`~touba.history._files.open_private_sqlite` (0600
 files, symbolic links and unsafe directories refused), or a connection the
 host gives is used as is and left open.
@@ -23,13 +25,14 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from types import TracebackType
+from typing import ClassVar, Generic, Self, TypeVar
 
 from touba.errors import ConfigurationError, ToubaError
 from touba.history._files import open_private_sqlite
 from touba.history._sqlite import describe, failure_kind, transaction
 
-__all__ = ["OwnedSqlite", "SchemaVersion", "write"]
+__all__ = ["OwnedSqlite", "OwnedSqliteStore", "SchemaVersion", "write"]
 
 D = TypeVar("D")
 R = TypeVar("R")
@@ -199,3 +202,59 @@ class OwnedSqlite(Generic[D]):
                 await loop.run_in_executor(self._executor, self._call, self._conn.close)
         finally:
             self._executor.shutdown(wait=True)
+
+
+class OwnedSqliteStore(Generic[D]):
+    """The shell of a runtime SQLite store: its SQL ``_db`` on an :class:`OwnedSqlite`,
+    ``_run`` to call it on the owning thread, ``close()`` and ``async with``.
+
+    A store names itself (``_owner``), its schema version (``_version``: a file holding
+    another is refused with ConfigurationError, untouched) and its typed error
+    (``_unavailable``), and makes its SQL object from the connection in ``_build``
+    (installing the schema). ``filename``, ``database`` and ``timeout`` are
+    :class:`OwnedSqlite`'s.
+    """
+
+    _owner: ClassVar[str]
+    _version: ClassVar[SchemaVersion]
+    _unavailable: ClassVar[type[ToubaError]]
+
+    def __init__(
+        self,
+        filename: str | os.PathLike[str] | None = None,
+        *,
+        database: sqlite3.Connection | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        self._sqlite = OwnedSqlite(
+            self._owner,
+            filename=filename,
+            database=database,
+            timeout=timeout,
+            check=self._version.check,
+            build=self._build,
+            unavailable=self._unavailable,
+        )
+        self._db = self._sqlite.db
+
+    def _build(self, conn: sqlite3.Connection) -> D:
+        raise NotImplementedError
+
+    async def _run(self, job: Callable[[], R]) -> R:
+        return await self._sqlite.run(job)
+
+    async def close(self) -> None:
+        """Close the connection it opened (never one given as ``database``) and stop its
+        thread. Idempotent; later calls raise ConfigurationError."""
+        await self._sqlite.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

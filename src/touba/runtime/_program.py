@@ -21,41 +21,20 @@ from pydantic import Field
 
 from touba.errors import ConfigurationError
 from touba.history._model import JSON
-from touba.memory._config import MemoryConfig
 from touba.providers._types import CapabilitySpec
 from touba.providers._validate import schema_validator
+from touba.runtime._capability import CapabilityDefinition
 from touba.runtime._flow import CallStep, Flow, Step, compile_flow
+from touba.runtime._memory_config import MemoryConfig
 from touba.runtime._resources import SCOPES, ResourceDefinition, ResourceScope
 from touba.runtime._schema import ParameterSchema, parameters_from_fields, parameters_schema
 
-__all__ = ["AgentDefinition", "AgentKind", "CapabilityDefinition", "Program"]
+__all__ = ["AgentDefinition", "AgentKind", "Program"]
 
 AgentKind = Literal["loop", "agent", "flow"]
 F = TypeVar("F", bound=Callable[..., Any])
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _KINDS = ("loop", "agent", "flow")
-
-
-@dataclass(frozen=True, slots=True)
-class CapabilityDefinition:
-    """One capability: what the model sees (:attr:`spec`) and how the runtime guards it.
-
-    ``delegate`` names the agent a delegation starts (``function`` is then None).
-    """
-
-    name: str
-    description: str
-    parameters: ParameterSchema
-    permissions: tuple[str, ...]
-    max_calls: int | None
-    requires_approval: bool
-    function: Callable[..., Any] | None = None
-    is_async: bool = False
-    delegate: str | None = None
-
-    @property
-    def spec(self) -> CapabilitySpec:
-        return CapabilitySpec(self.name, self.description, self.parameters.schema)
 
 
 @dataclass(frozen=True, slots=True)

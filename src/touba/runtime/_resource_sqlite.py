@@ -12,16 +12,14 @@ checkpoint stores. Not encrypted. Every SQLite failure (the file locked past
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Final, Self, TypeVar
+from typing import Final, TypeVar
 
 from touba.errors import ResourceBindingUnavailable
 from touba.history._model import JSON
-from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion, write
+from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
 from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
 
 __all__ = ["SqliteResourceBinding"]
@@ -43,16 +41,15 @@ def _where(address: ResourceAddress) -> tuple[str, str, str]:
 
 
 class _Db:
-    """The binding's SQL; runs only on the binding's thread, one transaction per write."""
+    """The binding's SQL (its schema installed when made); runs only on the binding's
+    thread, one transaction per write."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        _VERSION.install(self.conn, _SCHEMA)
 
     def _write(self, job: Callable[[], R]) -> R:
         return write(self.conn, job)
-
-    def init(self) -> None:
-        _VERSION.install(self.conn, _SCHEMA)
 
     def get(self, address: ResourceAddress, key: str) -> tuple[str, str] | None:
         row = self.conn.execute(
@@ -94,13 +91,7 @@ class _Db:
         return [str(row[0]) for row in rows]
 
 
-def _build(conn: sqlite3.Connection) -> _Db:
-    db = _Db(conn)
-    db.init()
-    return db
-
-
-class SqliteResourceBinding:
+class SqliteResourceBinding(OwnedSqliteStore[_Db]):
     """Resources in a SQLite file, durable and shared by processes.
 
     Give exactly one of ``filename`` (checked and opened like
@@ -113,26 +104,12 @@ class SqliteResourceBinding:
     close with ``close()`` or ``async with``.
     """
 
-    def __init__(
-        self,
-        filename: str | os.PathLike[str] | None = None,
-        *,
-        database: sqlite3.Connection | None = None,
-        timeout: float = 5.0,
-    ) -> None:
-        self._sqlite = OwnedSqlite(
-            "SqliteResourceBinding",
-            filename=filename,
-            database=database,
-            timeout=timeout,
-            check=_VERSION.check,
-            build=_build,
-            unavailable=ResourceBindingUnavailable,
-        )
-        self._db = self._sqlite.db
+    _owner = "SqliteResourceBinding"
+    _version = _VERSION
+    _unavailable = ResourceBindingUnavailable
 
-    async def _run(self, job: Callable[[], R]) -> R:
-        return await self._sqlite.run(job)
+    def _build(self, conn: sqlite3.Connection) -> _Db:
+        return _Db(conn)
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
         """The item under ``key`` (a detached copy), or None."""
@@ -158,19 +135,3 @@ class SqliteResourceBinding:
     async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
         """The keys starting with ``prefix``, sorted by code point, at most ``limit``."""
         return await self._run(lambda: self._db.keys(address, prefix, limit))
-
-    async def close(self) -> None:
-        """Close the connection it opened (never one given as ``database``) and stop its
-        thread. Idempotent; later calls raise ConfigurationError."""
-        await self._sqlite.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

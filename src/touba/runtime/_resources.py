@@ -131,13 +131,21 @@ class ResourceBinding(Protocol):
     ``prefix`` (literally), sorted by code point, at most ``limit`` of them.
     """
 
-    async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None: ...
+    async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
+        """The item under ``key`` at ``address`` (a detached copy), or None."""
+        ...
 
-    async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem: ...
+    async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
+        """Store ``value`` under ``key`` atomically, replacing any value; the item as stored."""
+        ...
 
-    async def delete(self, address: ResourceAddress, key: str) -> bool: ...
+    async def delete(self, address: ResourceAddress, key: str) -> bool:
+        """Remove ``key`` atomically; False when it was not there (one deleter gets True)."""
+        ...
 
-    async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]: ...
+    async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
+        """The keys starting with ``prefix``, sorted by code point, at most ``limit``."""
+        ...
 
 
 def encode_value(value: JSON) -> str:
@@ -232,10 +240,12 @@ class ResourceHandle:
 
     @property
     def name(self) -> str:
+        """The resource's name, as the program defined it."""
         return self._definition.name
 
     @property
     def scopes(self) -> tuple[ResourceScope, ...]:
+        """The scopes the resource is shared under; with several, each call names its ``scope``."""
         return self._definition.scopes
 
     async def get(self, key: str, default: JSON = None, *, scope: str | None = None) -> JSON:
@@ -373,6 +383,7 @@ class Resources:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The names of the program's resources (each one ``resources[name]`` gives)."""
         return tuple(self._access.definitions)
 
     def __repr__(self) -> str:

@@ -132,17 +132,21 @@ class Runtime:
 
     @property
     def program(self) -> Program:
+        """The program it runs (sealed when the runtime was built)."""
         return self._program
 
     @property
     def checkpoints(self) -> CheckpointStore:
+        """Where paused invocations wait."""
         return self._checkpoints
 
     @property
     def resources(self) -> ResourceBinding:
+        """Where the program's business resources are stored."""
         return self._resources
 
     def agent(self, name: str) -> AgentDefinition:
+        """The agent named ``name``; ConfigurationError when the program has none."""
         agent = self._program.agents.get(name)
         if agent is None:
             raise ConfigurationError(

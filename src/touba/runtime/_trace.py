@@ -73,9 +73,11 @@ class TraceEntry:
         return self.data[key]
 
     def get(self, key: str, default: JSON = None) -> JSON:
+        """The field ``key`` of ``data``, or ``default`` when the entry has none."""
         return self.data.get(key, default)
 
     def to_dict(self) -> dict[str, JSON]:
+        """The entry as one flat JSON object: ``at`` (ISO 8601), the identity, then ``data``."""
         return {
             "at": self.at.isoformat(),
             "kind": self.kind,
@@ -87,6 +89,8 @@ class TraceEntry:
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> TraceEntry:
+        """The entry :meth:`to_dict` made; KeyError or ValueError when a field is missing or
+        ``at`` is not ISO 8601."""
         data = {
             k: v
             for k, v in value.items()
@@ -110,6 +114,7 @@ class Trace:
 
     @property
     def entries(self) -> tuple[TraceEntry, ...]:
+        """Every entry, oldest first (a snapshot: later entries are not added to it)."""
         return tuple(self._entries)
 
     def __iter__(self) -> Iterator[TraceEntry]:
@@ -132,18 +137,22 @@ class Trace:
     def add(
         self, kind: str, run_id: str, invocation_id: str, agent_ref: str, **data: JSON
     ) -> TraceEntry:
+        """Append an entry of ``kind`` for that invocation, ``data`` its fields; return it."""
         entry = TraceEntry(kind, run_id, invocation_id, agent_ref, data)
         self._entries.append(entry)
         return entry
 
     def copy(self) -> Trace:
+        """A new trace holding the same entries (entries are immutable)."""
         return Trace(self._entries)
 
     def to_dicts(self) -> list[dict[str, JSON]]:
+        """Each entry's :meth:`TraceEntry.to_dict`, oldest first."""
         return [e.to_dict() for e in self._entries]
 
     @classmethod
     def from_dicts(cls, values: list[Mapping[str, Any]]) -> Trace:
+        """The trace :meth:`to_dicts` made (see :meth:`TraceEntry.from_dict` for errors)."""
         return cls([TraceEntry.from_dict(v) for v in values])
 
     def to_jsonl(self) -> str:
