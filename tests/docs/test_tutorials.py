@@ -13,7 +13,6 @@ fails the test with the block's line in the Markdown file.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -22,20 +21,13 @@ from typing import Any
 
 import pytest
 
-from tests.docs._blocks import Block, check_output
+from tests.docs._blocks import Block, blocks_of, check_output
 from touba.testing.fakes import FakeProviderServer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TUTORIALS = ("context-and-compaction.md", "sqlite-persistence.md")
-FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
-
-
-def code_blocks(path: Path) -> list[Block]:
-    text = path.read_text(encoding="utf-8")
-    return [
-        Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
-        for m in FENCE.finditer(text)
-    ]
+# One reading of the fences for every docs test (a fence inside a list item counts).
+code_blocks = blocks_of
 
 
 def run_python(path: Path, block: Block, namespace: dict[str, Any]) -> None:
