@@ -3,13 +3,15 @@
 #   make test   -> same install, then lint, strict type check and the whole test suite
 #   make peers  -> same install, then openai-agents' own session tests against ToubaSession
 #   make bench  -> same install plus the `bench` extra, then every script of bench/
+#   make docs   -> same install plus the `docs` extra, then `mkdocs build --strict` (build/site)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: install demo test lint typecheck pytest peers bench clean
+.PHONY: install demo test lint typecheck pytest peers bench docs clean
 
 install: $(STAMP)
 
@@ -53,5 +55,14 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/chat_traffic.py
 	$(BIN)/python bench/panel_pages.py
 
+# The docs site (mkdocs.yml): strict, so a broken link, page or API reference fails the
+# build; it reaches no network (no social cards, no privacy plugin, no remote assets).
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[all,dev,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .peers
+	rm -rf $(VENV) build/site .pytest_cache .mypy_cache .ruff_cache .hypothesis .peers

@@ -1,69 +1,62 @@
-"""The README's runnable samples really run, and its formats are the real ones."""
+"""The README is the front page: its set-up block, its size, its links and its sample.
 
-import json
-import os
+Its code blocks run in ``test_pages.py`` like every page's (the sample and its output,
+the make targets). The samples it used to carry moved to the docs pages, with their
+assertions: ``test_pages.py``'s ``CHECKS``.
+"""
+
 import re
-import runpy
-from pathlib import Path
+import tomllib
 
-import jsonschema
-import pytest
+from tests.docs._blocks import ROOT, blocks_of
 
-from touba.memory import parse_ops
-from touba.memory._extraction import extraction_schema
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def test_history_sample_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    section = README.read_text().split("## Decision history in five minutes", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert code is not None
-    sample = tmp_path / "sample.py"
-    sample.write_text(code.group(1))
-    monkeypatch.chdir(tmp_path)
-    runpy.run_path(str(sample), run_name="__main__")
-    printed = capsys.readouterr().out.splitlines()
-    assert "history_trimmed 8 900" in printed  # the window stays at max_messages=8
-    assert os.stat(tmp_path / ".touba" / "history.sqlite").st_mode & 0o077 == 0
+README = ROOT / "README.md"
+FIRST_BLOCK = """\
+make demo    # fresh machine: creates .venv, installs touba[all,dev], runs `touba demo`
+make test    # same install, then ruff, mypy --strict and the whole test suite
+"""
 
 
-def test_openai_agents_sample_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    """The README's ToubaSession sample: Runner.run against the fake OpenAI server."""
-    section = README.read_text().split("## Integrations:", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert code is not None
-    sample = tmp_path / "sample.py"
-    sample.write_text(code.group(1))
-    monkeypatch.chdir(tmp_path)
-    runpy.run_path(str(sample), run_name="__main__")
-    printed = capsys.readouterr().out.splitlines()
-    assert printed == ["All shipped.", "You're welcome!", "6 items sent"]
-    assert os.stat(tmp_path / ".touba" / "sessions.sqlite").st_mode & 0o077 == 0
+def test_it_starts_with_the_two_commands_of_a_fresh_machine() -> None:
+    text = README.read_text()
+    assert text.startswith("# touba\n\n```sh\n" + FIRST_BLOCK + "```\n")
+    assert blocks_of(README)[0].code == FIRST_BLOCK
 
 
-def test_scripting_a_fake_sample_runs(tmp_path: Path, capsys) -> None:
-    section = README.read_text().split("### Scripting a fake provider", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert code is not None
-    assert 'srv.base_url + "/v1"' in code.group(1)
-    sample = tmp_path / "fake_sample.py"
-    sample.write_text(code.group(1))
-    runpy.run_path(str(sample), run_name="__main__")
-    printed = capsys.readouterr().out.splitlines()
-    assert printed == [
-        "Order A1 has shipped.",
-        "['lookup_order']",
-        "['function_call', 'function_call_output']",
-    ]
+def test_it_is_a_front_page() -> None:
+    assert len(README.read_text().splitlines()) <= 400
 
 
-def test_the_extraction_job_format_is_the_one_parse_ops_reads() -> None:
-    section = README.read_text().split("### The key-event extraction job", 1)[1]
-    answer = re.search(r"```json\n(.*?)```", section, re.DOTALL)
-    assert answer is not None
-    ops = parse_ops(json.loads(answer.group(1).replace("...", "")))
-    assert [op.kind for op in ops] == ["create", "update"]
-    jsonschema.validate(
-        json.loads(answer.group(1).replace("...", "")), extraction_schema(["refund"])
-    )
+def test_its_test_command_is_what_ci_runs() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test: lint typecheck pytest$", makefile, re.MULTILINE)
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci.index("make test") < ci.index("make docs") < ci.index("make peers")
+
+
+def test_its_links_lead_somewhere() -> None:
+    text = README.read_text()
+    headings = {
+        re.sub(r"[^\w\s-]", "", h.lower()).strip().replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)
+    }
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        target, _, anchor = link.partition("#")
+        if not target:
+            assert anchor in headings, link
+        else:
+            assert (ROOT / target).exists(), link
+
+
+def test_it_says_why_each_dependency_is_there() -> None:
+    text = README.read_text()
+    table = text.split("## Dependencies and why", 1)[1].split("\n## ", 1)[0]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for extra in set(project["optional-dependencies"]) - {"all"}:
+        assert f"`{extra}`" in table, extra
+    for requirement in project["dependencies"]:
+        name = re.match(r"[\w-]+", requirement)
+        assert name is not None
+        assert f"`{name.group(0)}`" in table, name.group(0)

@@ -2,7 +2,8 @@
 
 Each tutorial's ```python blocks run one after the other in one namespace
 (a reader pasting them into one session), in a fresh temporary working
-directory. Each line of a ```sh block runs ``touba ...`` in a separate
+directory; an ```output block is what the samples before it printed (each of its
+lines, in order). Each line of a ```sh block runs ``touba ...`` in a separate
 process against the files the samples created; ``<key>`` stands for the
 conversation key the samples printed (their ``key`` variable), and ``ls``
 must list that conversation. Any exception, or a command exiting non-zero,
@@ -12,36 +13,21 @@ fails the test with the block's line in the Markdown file.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.docs._blocks import Block, blocks_of, check_output
 from touba.testing.fakes import FakeProviderServer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TUTORIALS = ("context-and-compaction.md", "sqlite-persistence.md")
-FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class Block:
-    language: str
-    code: str
-    line: int  # line of the opening fence in the Markdown file, 1-based
-
-
-def code_blocks(path: Path) -> list[Block]:
-    text = path.read_text(encoding="utf-8")
-    return [
-        Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
-        for m in FENCE.finditer(text)
-    ]
+# One reading of the fences for every docs test (a fence inside a list item counts).
+code_blocks = blocks_of
 
 
 def run_python(path: Path, block: Block, namespace: dict[str, Any]) -> None:
@@ -84,16 +70,21 @@ def test_both_tutorials_exist_and_have_samples() -> None:
 
 @pytest.mark.parametrize("name", TUTORIALS)
 def test_every_sample_runs_in_order(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
     path = DOCS / name
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "__tutorial__"}
     ran = 0
+    printed = ""
     try:
         for block in code_blocks(path):
             if block.language == "python":
                 run_python(path, block, namespace)
+                printed += capsys.readouterr().out
+            elif block.language == "output":
+                check_output(path, block, printed)
+                printed = ""
             elif block.language == "sh":
                 run_shell(path, block, namespace)
             else:
@@ -103,4 +94,4 @@ def test_every_sample_runs_in_order(
         for value in namespace.values():
             if isinstance(value, FakeProviderServer):
                 value.close()
-    assert ran == sum(1 for b in code_blocks(path) if b.language in ("python", "sh"))
+    assert ran == sum(1 for b in code_blocks(path) if b.language in ("python", "sh", "output"))
