@@ -25,9 +25,9 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from types import TracebackType
-from typing import ClassVar, Generic, Self, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
+from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError, ToubaError
 from touba.history._files import open_private_sqlite
 from touba.history._sqlite import describe, failure_kind, transaction
@@ -204,7 +204,7 @@ class OwnedSqlite(Generic[D]):
             self._executor.shutdown(wait=True)
 
 
-class OwnedSqliteStore(Generic[D]):
+class OwnedSqliteStore(Generic[D], AsyncClosing):
     """The shell of a runtime SQLite store: its SQL ``_db`` on an :class:`OwnedSqlite`,
     ``_run`` to call it on the owning thread, ``close()`` and ``async with``.
 
@@ -247,14 +247,3 @@ class OwnedSqliteStore(Generic[D]):
         """Close the connection it opened (never one given as ``database``) and stop its
         thread. Idempotent; later calls raise ConfigurationError."""
         await self._sqlite.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
