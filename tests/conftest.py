@@ -1,4 +1,7 @@
-"""Suite-wide guards: no test may reach beyond this machine; property tests have no deadline."""
+"""Suite-wide guards: no test may reach beyond this machine; property tests have no deadline.
+
+Also registers ``tests/_providers.py``: the fake provider servers and their clients.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+
+# The fake provider servers and their SDK clients, as fixtures for every test.
+pytest_plugins = ("tests._providers",)
 
 # Property tests check behaviour, never speed: a loaded CI machine must not fail one
 # on Hypothesis's per-example deadline.

@@ -1,7 +1,7 @@
 """ModelSummarizer: bounded, counted, honest about failures, plain text where it can."""
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 
 import anthropic
 import openai
@@ -136,21 +136,6 @@ async def test_wired_into_a_history() -> None:
 
 
 # against the fake servers, through the official SDKs ---------------------------------------
-
-
-@pytest.fixture
-def openai_server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def openai_client(openai_server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(
-        base_url=openai_server.base_url + "/v1", api_key="sk-test", max_retries=0
-    )
-    yield sdk
-    await sdk.close()
 
 
 async def test_native_providers_are_asked_for_plain_text(
