@@ -12,6 +12,7 @@ import openai
 import pytest
 from openai.resources.responses.input_tokens import AsyncInputTokens
 
+from tests.providers._requests import LOOKUP, decision_request
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
@@ -52,11 +53,6 @@ from touba.testing.fakes import (
 
 MODEL = "gpt-test"
 ENCRYPTED = ["reasoning.encrypted_content"]
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
-)
 REFUND = CapabilitySpec(
     "refund", "Refund an order", {"type": "object", "properties": {"amount": {"type": "number"}}}
 )
@@ -73,17 +69,8 @@ TOOLS = [
 USER = {"role": "user", "content": "Where is order A1?"}
 
 
-def request(**kwargs: Any) -> DecisionRequest:
-    base: dict[str, Any] = {
-        "run_id": "r1",
-        "invocation_id": "i1",
-        "agent_ref": "support",
-        "instructions": "Help with orders.",
-        "input": "Where is order A1?",
-        "capabilities": (LOOKUP, REFUND),
-    }
-    base.update(kwargs)
-    return DecisionRequest(**base)
+def request(**fields: Any) -> DecisionRequest:
+    return decision_request(LOOKUP, REFUND, **fields)
 
 
 def observe(decision: Any, *results: Any, status: str = "ok") -> tuple[Observation, ...]:
