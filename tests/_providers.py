@@ -10,7 +10,7 @@ where the key matters (a test that checks it never leaks).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import anthropic
 import openai
@@ -18,7 +18,14 @@ import pytest
 from google import genai
 from google.genai import types
 
-from touba.testing.fakes import FakeAnthropicServer, FakeGeminiServer, FakeOpenAIServer
+from touba.testing.fakes import (
+    FakeAnthropicServer,
+    FakeGeminiServer,
+    FakeOpenAIServer,
+    FakeProviderServer,
+)
+
+Fake = TypeVar("Fake", bound=FakeProviderServer)
 
 
 def openai_sdk(
@@ -47,6 +54,11 @@ async def close_gemini(client: genai.Client) -> None:
     client.close()
 
 
+def _serving(fake: type[Fake]) -> Iterator[Fake]:
+    with fake() as srv:
+        yield srv
+
+
 @pytest.fixture
 def api_key() -> str:
     return "sk-test"
@@ -54,8 +66,7 @@ def api_key() -> str:
 
 @pytest.fixture
 def openai_server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
+    yield from _serving(FakeOpenAIServer)
 
 
 @pytest.fixture
@@ -68,8 +79,7 @@ async def openai_client(
 
 @pytest.fixture
 def anthropic_server() -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer() as srv:
-        yield srv
+    yield from _serving(FakeAnthropicServer)
 
 
 @pytest.fixture
@@ -82,8 +92,7 @@ async def anthropic_client(
 
 @pytest.fixture
 def gemini_server() -> Iterator[FakeGeminiServer]:
-    with FakeGeminiServer() as srv:
-        yield srv
+    yield from _serving(FakeGeminiServer)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.history._clock import Clock
 from tests.history._stores import LOOKUP, Stores, state
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import (
@@ -428,14 +429,6 @@ async def test_usage_counts_records_and_reservations_of_new_keys(stores: Stores)
 # -- pressure --------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pressure(events: list[HistoryEvent]) -> list[HistoryEvent]:
     return [e for e in events if e.kind == "history_store_pressure"]
 
@@ -443,7 +436,7 @@ def pressure(events: list[HistoryEvent]) -> list[HistoryEvent]:
 async def test_pressure_is_reported_over_80_percent_once_a_minute_per_store(
     stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     monkeypatch.setattr(STORE_PRESSURE, "clock", clock)
     store = stores(max_sessions=5)
     events: list[HistoryEvent] = []
@@ -508,7 +501,7 @@ def test_pressure_is_over_80_percent_of_either_limit_exactly() -> None:
 
 
 def test_the_gate_admits_once_per_interval_per_store_and_forgets_dropped_stores() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     gate = PressureGate(clock=clock, interval=60)
     a, b = MemoryHistoryStore(), MemoryHistoryStore()
     assert gate.admit(a)

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.history._clock import Clock
 from touba.errors import (
     DecisionHistoryBusy,
     DecisionHistoryLimitExceeded,
@@ -47,14 +48,6 @@ from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history.sqlite import PURGE_INTERVAL, SqliteHistoryStore
 
 WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.history._clock import Clock
 from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
@@ -46,14 +47,6 @@ posix_only = pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 root_only = pytest.mark.skipif(
     os.name != "posix" or os.geteuid() != 0, reason="needs root to chown"
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
