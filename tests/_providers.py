@@ -41,7 +41,7 @@ def anthropic_sdk(srv: FakeAnthropicServer, api_key: str = "sk-test") -> anthrop
     return anthropic.AsyncAnthropic(base_url=srv.base_url, api_key=api_key, max_retries=0)
 
 
-def gemini_sdk(base_url: str, api_key: str = "sk-test", **http: Any) -> genai.Client:
+def gemini_sdk(base_url: str, *, api_key: str = "sk-test", **http: Any) -> genai.Client:
     """A Gemini client on ``base_url`` that tries once; ``http`` adds HTTP options."""
     retry = types.HttpRetryOptions(attempts=1)
     options = types.HttpOptions(base_url=base_url, retry_options=retry, **http)
@@ -99,6 +99,6 @@ def gemini_server() -> Iterator[FakeGeminiServer]:
 async def gemini_client(
     gemini_server: FakeGeminiServer, api_key: str
 ) -> AsyncIterator[genai.Client]:
-    sdk = gemini_sdk(gemini_server.base_url, api_key)
+    sdk = gemini_sdk(gemini_server.base_url, api_key=api_key)
     yield sdk
     await close_gemini(sdk)

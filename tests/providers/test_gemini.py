@@ -908,7 +908,7 @@ def test_the_sdk_edits_a_copy_of_the_body_never_the_rendered_one(
 ) -> None:
     # The SDK's request builder drops top-level "_" keys and merges the client's
     # extra_body into nested objects of the dict it is given: touba hands it a copy.
-    sdk = gemini_sdk(server.base_url, **({"extra_body": extra_body} if extra_body else {}))
+    sdk = gemini_sdk(server.base_url, extra_body=extra_body)  # None: the default
     wire = gemini(sdk)._wire
     body = {
         "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
