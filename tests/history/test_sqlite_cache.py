@@ -13,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.history._clock import Clock
+from tests.history._sqlite import raw
 from touba.errors import (
     DecisionHistoryBusy,
     DecisionHistoryLimitExceeded,
@@ -55,16 +53,6 @@ def db_path(tmp_path: Path) -> Path:
     directory = tmp_path / "private"
     directory.mkdir(mode=0o700)
     return directory / "history.sqlite"
-
-
-@contextmanager
-def raw(path: Path) -> Iterator[sqlite3.Connection]:
-    """A separate connection, as another program would open the file."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 class Agent:

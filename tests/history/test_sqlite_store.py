@@ -10,8 +10,6 @@ import sqlite3
 import stat
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.history._clock import Clock
+from tests.history._sqlite import raw
 from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
@@ -59,16 +58,6 @@ def private_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def db_path(private_dir: Path) -> Path:
     return private_dir / "history.sqlite"
-
-
-@contextmanager
-def raw(path: Path) -> Iterator[sqlite3.Connection]:
-    """A separate connection to inspect or damage the file, as another program would."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def modes(db_path: Path) -> dict[str, int]:
