@@ -13,12 +13,9 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import anthropic
-import openai
 import pytest
-from google import genai
-from google.genai import types
 
+from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import HistoryConfig, MemoryHistoryStore
 from touba.providers import CapabilitySpec, ContextConfig, DecisionRequest, Observation
@@ -59,8 +56,7 @@ Build = Callable[[AsyncExitStack, HistoryConfig], Awaitable[Setup]]
 
 async def _openai(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
     server = stack.enter_context(FakeOpenAIServer())
-    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="k", max_retries=0)
-    stack.push_async_callback(client.close)
+    client = await stack.enter_async_context(openai_sdk(server))
     provider = create_openai_decision_provider(
         model="gpt-test", client=client, history=history, context=GUARD, max_output_tokens=100
     )
@@ -74,8 +70,7 @@ async def _openai(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
 
 async def _anthropic(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
     server = stack.enter_context(FakeAnthropicServer())
-    client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="k", max_retries=0)
-    stack.push_async_callback(client.close)
+    client = await stack.enter_async_context(anthropic_sdk(server))
     provider = create_anthropic_decision_provider(
         model="claude-test", client=client, history=history, context=GUARD, max_output_tokens=100
     )
@@ -89,12 +84,8 @@ async def _anthropic(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
 
 async def _gemini(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
     server = stack.enter_context(FakeGeminiServer())
-    options = types.HttpOptions(
-        base_url=server.base_url, retry_options=types.HttpRetryOptions(attempts=1)
-    )
-    client = genai.Client(api_key="k", http_options=options)
-    stack.callback(client.close)
-    stack.push_async_callback(client.aio.aclose)
+    client = gemini_sdk(server.base_url)
+    stack.push_async_callback(close_gemini, client)
     provider = create_gemini_decision_provider(
         model="gemini-test", client=client, history=history, context=GUARD, max_output_tokens=100
     )
