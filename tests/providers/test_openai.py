@@ -12,6 +12,7 @@ import openai
 import pytest
 from openai.resources.responses.input_tokens import AsyncInputTokens
 
+from tests._providers import openai_sdk
 from tests.providers._requests import LOOKUP, decision_request
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
@@ -33,6 +34,7 @@ from touba.history._window import ExchangeSize
 from touba.providers import (
     CapabilitySpec,
     ContextConfig,
+    DecisionProvider,
     DecisionRequest,
     Observation,
     TraceCall,
@@ -575,9 +577,7 @@ async def test_connection_failure_and_timeout_are_unavailable(
     assert caught.value.status_code is None
     await closed.close()
 
-    slow = openai.AsyncOpenAI(
-        base_url=openai_server.base_url + "/v1", api_key="sk-test", max_retries=0, timeout=0.2
-    )
+    slow = openai_sdk(openai_server, timeout=0.2)
     provider = create_openai_decision_provider(model=MODEL, client=slow, history=False)
     openai_server.script_response(openai_text("late"), delay=2)
     with pytest.raises(AgentDecisionProviderUnavailable, match="timeout"):
@@ -608,6 +608,13 @@ def outputs_cost(body: dict[str, Any]) -> int:
 
 
 GUARD = ContextConfig(context_window_tokens=2300, input_token_multiplier=1, safety_margin_tokens=0)
+
+
+def guarded(sdk: openai.AsyncOpenAI) -> DecisionProvider:
+    """A provider whose guard keeps requests within GUARD's 2,300 tokens, 100 to answer."""
+    return create_openai_decision_provider(
+        model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
+    )
 
 
 async def run_calls(provider: Any, openai_server: FakeOpenAIServer, n: int, **kwargs: Any) -> Any:
@@ -675,7 +682,7 @@ def test_count_fields_are_the_sdk_count_parameters() -> None:
 
 async def test_guard_trims_oldest_exchanges_like_one_at_a_time() -> None:
     with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
+        sdk = openai_sdk(srv)
         events, config = events_sink()
         provider = create_openai_decision_provider(
             model=MODEL, client=sdk, history=config, context=GUARD, max_output_tokens=100
@@ -701,10 +708,8 @@ async def test_guard_trims_oldest_exchanges_like_one_at_a_time() -> None:
 
 async def test_guard_trim_drops_a_reasoning_item_with_its_call() -> None:
     with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
-        provider = create_openai_decision_provider(
-            model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
-        )
+        sdk = openai_sdk(srv)
+        provider = guarded(sdk)
         await run_calls(provider, srv, 4)
         kept = bodies(srv)[-1]["input"]
         # exchange 0 (reasoning + its call) is sent while it fits, then leaves whole
@@ -724,10 +729,8 @@ async def test_guard_trim_drops_a_reasoning_item_with_its_call() -> None:
 
 async def test_guard_drops_prior_turns_first() -> None:
     with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
-        provider = create_openai_decision_provider(
-            model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
-        )
+        sdk = openai_sdk(srv)
+        provider = guarded(sdk)
         turns = (Turn("earlier", ("yes",)), Turn("earlier", ("no",)))
         # 100 + 1000 + 2 * 500 + 100 = 2200: fits; a second exchange must push the turns out
         await run_calls(provider, srv, 3, prior_turns=turns)
@@ -741,10 +744,8 @@ async def test_guard_drops_prior_turns_first() -> None:
 
 async def test_minimum_over_the_window_raises_without_generating() -> None:
     with FakeOpenAIServer(count_tokens=lambda body: 5000) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
-        provider = create_openai_decision_provider(
-            model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
-        )
+        sdk = openai_sdk(srv)
+        provider = guarded(sdk)
         with pytest.raises(ProviderContextWindowExceeded):
             await provider.decide(request())
         assert bodies(srv) == []
@@ -755,9 +756,7 @@ async def test_minimum_over_the_window_raises_without_generating() -> None:
 async def test_count_unavailable_generates_nothing(
     openai_server: FakeOpenAIServer, failure: str
 ) -> None:
-    sdk = openai.AsyncOpenAI(
-        base_url=openai_server.base_url + "/v1", api_key="sk-test", max_retries=0, timeout=0.3
-    )
+    sdk = openai_sdk(openai_server, timeout=0.3)
     store = MemoryHistoryStore()
     provider = create_openai_decision_provider(
         model=MODEL,
