@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from tests.history._clock import Clock
 from tests.history._sqlite import raw
+from tests.history._stores import WHO
 from touba.errors import (
     DecisionHistoryBusy,
     DecisionHistoryLimitExceeded,
@@ -32,7 +33,6 @@ from touba.errors import (
 )
 from touba.history import (
     CapabilityCall,
-    ConversationIdentity,
     DecisionHistory,
     DecisionMessage,
     HistoryConfig,
@@ -44,8 +44,6 @@ from touba.history._common import iso
 from touba.history._reserving import HINT_MEMORY, Recent, Reserved, TailCache
 from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history.sqlite import PURGE_INTERVAL, SqliteHistoryStore
-
-WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
 
 
 @pytest.fixture

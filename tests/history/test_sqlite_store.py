@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tests.history._clock import Clock
 from tests.history._sqlite import raw
+from tests.history._stores import WHO
 from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
@@ -769,7 +770,6 @@ async def test_reservation_survives_a_killed_worker_until_recover(db_path: Path,
 async def test_two_stores_on_one_file_alternating_decisions_see_each_others_saves(
     db_path: Path,
 ) -> None:
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
     seen: list[list[str | None]] = []
     async with SqliteHistoryStore(db_path) as one, SqliteHistoryStore(db_path) as two:
         histories = [
@@ -784,7 +784,7 @@ async def test_two_stores_on_one_file_alternating_decisions_see_each_others_save
                 call = CapabilityCall(f"c{step}", "f", {})
                 return DecisionMessage(text=f"d{step}", calls=(call,))
 
-            await histories[step % 2].step(who, observations, generate)
+            await histories[step % 2].step(WHO, observations, generate)
             observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
     # Each window holds the decisions of both stores, up to the one just before.
     for step, texts in enumerate(seen):
@@ -792,7 +792,6 @@ async def test_two_stores_on_one_file_alternating_decisions_see_each_others_save
 
 
 async def test_a_decision_costs_two_hops_to_the_store_thread(db_path: Path) -> None:
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
     async with SqliteHistoryStore(db_path) as store:
         history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
         hops = 0
@@ -811,7 +810,7 @@ async def test_a_decision_costs_two_hops_to_the_store_thread(db_path: Path) -> N
                 return DecisionMessage(calls=(CapabilityCall(f"c{step}", "f", {}),))
 
             hops = 0
-            await history.step(who, observations, generate)
+            await history.step(WHO, observations, generate)
             observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
             if step >= 2:  # once the store has seen how much of the tail is read
                 assert hops == 2, step
