@@ -24,6 +24,7 @@ import pytest
 
 from tests.history._clock import Clock
 from tests.history._stores import LOOKUP, Stores, state
+from tests.providers._requests import decision_request
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import (
     ConversationIdentity,
@@ -58,16 +59,8 @@ def guarded(openai_client: openai.AsyncOpenAI, store: HistoryStore, **config: An
     )
 
 
-def request(invocation: str = "i1", **kwargs: Any) -> DecisionRequest:
-    return DecisionRequest(
-        run_id="r1",
-        invocation_id=invocation,
-        agent_ref="support",
-        instructions="Help with orders.",
-        input="Where is order A1?",
-        capabilities=(LOOKUP,),
-        **kwargs,
-    )
+def request(invocation: str = "i1", **fields: Any) -> DecisionRequest:
+    return decision_request(LOOKUP, invocation_id=invocation, **fields)
 
 
 def answer(decision: Any, result: Any) -> tuple[Observation, ...]:
