@@ -180,15 +180,20 @@ async def test_native_call_then_final_sends_exact_bodies(
     assert_accepted(anthropic_server)
 
 
+async def _two_lookups(server: FakeAnthropicServer, provider: Any) -> Any:
+    """A decision of two lookup_order calls, toolu_a and toolu_b."""
+    server.script_response(
+        anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="toolu_a"),
+        anthropic_tool_use("lookup_order", {"order_id": "B2"}, id="toolu_b"),
+    )
+    return await provider.decide(request())
+
+
 async def test_parallel_calls_answer_with_all_results_first(
     anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     provider = make(anthropic_client)
-    anthropic_server.script_response(
-        anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="toolu_a"),
-        anthropic_tool_use("lookup_order", {"order_id": "B2"}, id="toolu_b"),
-    )
-    first = await provider.decide(request())
+    first = await _two_lookups(anthropic_server, provider)
     assert [c.call_id for c in first.calls] == ["toolu_a", "toolu_b"]
     anthropic_server.script_response(anthropic_text("Both shipped."))
     await provider.decide(request(observations=tuple(reversed(answer(first)))))
@@ -205,11 +210,7 @@ async def test_error_and_denied_observations_are_error_results(
     anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     provider = make(anthropic_client)
-    anthropic_server.script_response(
-        anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="toolu_a"),
-        anthropic_tool_use("lookup_order", {"order_id": "B2"}, id="toolu_b"),
-    )
-    first = await provider.decide(request())
+    first = await _two_lookups(anthropic_server, provider)
     a, b = first.calls
     observations = (
         Observation(a.call_id, a.name, a.arguments, "error", error="timeout"),
