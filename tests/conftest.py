@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,3 +78,11 @@ def _no_internet() -> Iterator[None]:
     mp.setattr(socket, "getaddrinfo", _guarded_getaddrinfo)
     yield
     mp.undo()
+
+
+@pytest.fixture
+def private_dir(tmp_path: Path) -> Path:
+    """A directory only its owner may enter (0o700), as the SQLite stores require of theirs."""
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    return directory

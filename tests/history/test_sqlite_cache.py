@@ -47,10 +47,8 @@ from touba.history.sqlite import PURGE_INTERVAL, SqliteHistoryStore
 
 
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory / "history.sqlite"
+def db_path(private_dir: Path) -> Path:
+    return private_dir / "history.sqlite"
 
 
 class Agent:

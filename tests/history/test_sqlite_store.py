@@ -50,13 +50,6 @@ root_only = pytest.mark.skipif(
 
 
 @pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
-@pytest.fixture
 def db_path(private_dir: Path) -> Path:
     return private_dir / "history.sqlite"
 

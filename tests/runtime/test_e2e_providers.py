@@ -56,13 +56,6 @@ async def client(wire: AnyWire, server: FakeProviderServer) -> AsyncIterator[Any
         yield c
 
 
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
 def history_events(result: InvocationResult, event: str) -> list[Any]:
     return [e for e in result.trace.of_kind("history_event") if e["event"] == event]
 

@@ -191,13 +191,6 @@ async def test_items_survive_reopening(durable: Place) -> None:
 # -- SQLite -----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
 def _modes(path: Path) -> set[int]:
     files = [Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
     return {stat.S_IMODE(f.stat().st_mode) for f in files if f.exists()}
