@@ -1,14 +1,21 @@
-"""Suite-wide guards: no test may reach beyond this machine; property tests have no deadline."""
+"""Suite-wide guards: no test may reach beyond this machine; property tests have no deadline.
+
+Also registers ``tests/_providers.py``: the fake provider servers and their clients.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+# The fake provider servers and their SDK clients, as fixtures for every test.
+pytest_plugins = ("tests._providers",)
 
 # Property tests check behaviour, never speed: a loaded CI machine must not fail one
 # on Hypothesis's per-example deadline.
@@ -71,3 +78,11 @@ def _no_internet() -> Iterator[None]:
     mp.setattr(socket, "getaddrinfo", _guarded_getaddrinfo)
     yield
     mp.undo()
+
+
+@pytest.fixture
+def private_dir(tmp_path: Path) -> Path:
+    """A directory only its owner may enter (0o700), as the SQLite stores require of theirs."""
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    return directory

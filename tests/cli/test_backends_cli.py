@@ -8,7 +8,6 @@ password never shows in what the command prints.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from typing import Any
 
@@ -16,14 +15,13 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from tests.cli.conftest import Server
-from tests.cli.test_events_cli import CONFIG, WORKER_MODEL
-from touba import ChatSession, MemoryConfig
+from tests.cli.test_cli import crash_holding
+from tests.cli.test_events_cli import CONFIG, WORKER_MODEL, end_without_extracting
 from touba.cli._app import app
 from touba.cli._common import redact
 from touba.history import ConversationIdentity, StoredConversation
 from touba.history._record import join_record, new_head
-from touba.memory import ExtractionQueue, KeyEventService, owner_for
-from touba.runtime import Program, Runtime
+from touba.memory import KeyEventService, owner_for
 from touba.testing import ScriptedProvider
 
 runner = CliRunner()
@@ -152,15 +150,7 @@ def test_history_recover_frees_a_crashed_workers_reservation(history: tuple[str,
     kind, server = history
     key, _ = asyncio.run(_seed(_history_store(kind, server), ("ns",)))
     args = [sys.executable, "-c", CRASH, kind, server.address, server.place, key]
-    child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "holding"
-    finally:
-        child.kill()
-        child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
+    crash_holding(args)
     options = _options(kind, server)
     busy = invoke(server, "history", "show", key, *options, code=1)
     assert "DecisionHistoryBusy" in busy.output
@@ -261,29 +251,9 @@ def test_events_on_a_named_prefix_and_never_creating_tables(pg: Server) -> None:
     assert found == (None,)
 
 
-async def _end_without_extracting(store: Any, *, max_attempts: int = 5) -> str:
-    """A session of an Agent ends and its process dies before any extraction attempt."""
-    model = ScriptedProvider(ScriptedProvider.final("Noted, I passed it on."))
-    program = Program()
-    program.agent("assistant", provider=model, kind="agent", memory=MemoryConfig(key_events=CONFIG))
-    async with store:
-        session = ChatSession(
-            Runtime(program),
-            "assistant",
-            "u-7",
-            store=store,
-            extract_in_background=False,
-            queue=ExtractionQueue(store, max_attempts=max_attempts),
-        )
-        await session.send("My parcel A1 arrived broken, I want a refund")
-        job = await session.end()
-        assert job is not None
-    return job.id
-
-
 @pytest.mark.postgres
 def test_worker_jobs_and_requeue_on_postgres(pg: Server) -> None:
-    job_id = asyncio.run(_end_without_extracting(_memory(pg), max_attempts=1))
+    job_id = asyncio.run(end_without_extracting(_memory(pg), max_attempts=1))
     dsn = ["--dsn", pg.address]
     assert job_id in invoke(pg, "events", "jobs", *dsn, "--status", "pending").output
     wrong = "tests.cli.test_events_cli:other_program"

@@ -134,17 +134,7 @@ asyncio.run(main())
 
 def test_history_recover_needs_confirmation(seeded: tuple[Path, str]) -> None:
     db, key = seeded
-    child = subprocess.Popen(
-        [sys.executable, "-c", CRASH, str(db), key], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "holding"
-    finally:
-        child.kill()
-        child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
+    _hold(db, key)
     busy = runner.invoke(app, ["history", "show", key, "--db", str(db)])
     assert busy.exit_code == 1
     assert "DecisionHistoryBusy" in busy.output
@@ -194,11 +184,9 @@ async def test_the_usage_history_ls_prints_agrees_with_the_listed_rows(
         )
 
 
-def _hold(db: Path, key: str) -> None:
-    """Leave ``key`` reserved by a worker killed mid-decision (a crash)."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", CRASH, str(db), key], stdout=subprocess.PIPE, text=True
-    )
+def crash_holding(argv: list[str]) -> None:
+    """Run a worker that reserves a key and says "holding", then kill it (a crash)."""
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "holding"
@@ -207,6 +195,11 @@ def _hold(db: Path, key: str) -> None:
         child.wait()
         if child.stdout is not None:
             child.stdout.close()
+
+
+def _hold(db: Path, key: str) -> None:
+    """Leave ``key`` reserved by a worker killed mid-decision (a crash)."""
+    crash_holding([sys.executable, "-c", CRASH, str(db), key])
 
 
 def test_history_ls_piped_prints_each_row_on_one_line_with_the_whole_key(

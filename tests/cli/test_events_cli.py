@@ -9,6 +9,7 @@ import os
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -116,12 +117,12 @@ def test_events_commands_never_create_a_database(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
-async def _end_without_extracting(db: Path, *, max_attempts: int = 5) -> str:
-    """A session of an Agent ends and its process dies before any extraction attempt."""
+async def end_without_extracting(store: Any, *, max_attempts: int = 5) -> str:
+    """A session of an Agent on ``store`` ends and its process dies before any extraction."""
     model = ScriptedProvider(ScriptedProvider.final("Noted, I passed it on."))
     program = Program()
     program.agent("assistant", provider=model, kind="agent", memory=MemoryConfig(key_events=CONFIG))
-    async with SqliteMemoryStore(db) as store:
+    async with store:
         session = ChatSession(
             Runtime(program),
             "assistant",
@@ -137,7 +138,7 @@ async def _end_without_extracting(db: Path, *, max_attempts: int = 5) -> str:
 
 
 def test_a_queued_job_survives_the_crash_and_touba_worker_once_runs_it(db: Path) -> None:
-    job_id = asyncio.run(_end_without_extracting(db))
+    job_id = asyncio.run(end_without_extracting(SqliteMemoryStore(db)))
     pending = invoke("events", "jobs", "--db", str(db), "--status", "pending")
     assert job_id in pending
     op = {"kind": "create", "type": "refund", "title": "Refund A1", "details": "broken"}
@@ -153,7 +154,7 @@ def test_a_queued_job_survives_the_crash_and_touba_worker_once_runs_it(db: Path)
 
 
 def test_a_job_the_worker_cannot_run_fails_visibly_and_can_be_requeued(db: Path) -> None:
-    job_id = asyncio.run(_end_without_extracting(db, max_attempts=1))
+    job_id = asyncio.run(end_without_extracting(SqliteMemoryStore(db), max_attempts=1))
     wrong = "tests.cli.test_events_cli:other_program"
     ran = invoke("worker", "--db", str(db), "--once", "--program", wrong)
     assert "failed after 1 attempt(s)" in ran
@@ -278,14 +279,14 @@ def test_events_ls_show_and_jobs_print_json(db: Path) -> None:
     shown = json.loads(invoke("events", "show", refund_id, "--db", str(db), "--json"))
     assert (shown["status"], shown["details"]) == ("closed", "paid")
     assert [c["new"] for u in shown["history"] for c in u["changes"]][:1] == ["in_progress"]
-    job_id = asyncio.run(_end_without_extracting(db))
+    job_id = asyncio.run(end_without_extracting(SqliteMemoryStore(db)))
     jobs = json.loads(invoke("events", "jobs", "--db", str(db), "--json"))["jobs"]
     assert [(j["id"], j["status"]) for j in jobs] == [(job_id, "pending")]
     assert "lease_token" not in jobs[0]
 
 
 def test_a_done_job_no_longer_shows_an_error_of_an_earlier_attempt(db: Path) -> None:
-    job_id = asyncio.run(_end_without_extracting(db))
+    job_id = asyncio.run(end_without_extracting(SqliteMemoryStore(db)))
     with closing(sqlite3.connect(db)) as conn, conn:  # a row written by an older touba
         conn.execute(
             "UPDATE touba_memory_jobs SET status = 'done', last_error = 'TimeoutError: old'"
@@ -311,7 +312,7 @@ def test_worker_once_over_many_jobs_shows_a_progress_bar_on_a_terminal(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for _ in range(3):
-        asyncio.run(_end_without_extracting(db))
+        asyncio.run(end_without_extracting(SqliteMemoryStore(db)))
     for _ in range(3):
         WORKER_MODEL.add(ScriptedProvider.final({"ops": []}))
     screen = io.StringIO()

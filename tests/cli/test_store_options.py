@@ -23,26 +23,27 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Every command that opens a store.
+STORE_COMMANDS = [
+    ["history", "ls"],
+    ["history", "show", "k"],
+    ["history", "rm", "k"],
+    ["history", "recover", "k", "--worker-stopped"],
+    ["history", "purge"],
+    ["events", "ls", "-u", "a"],
+    ["events", "show", "ke_1"],
+    ["events", "jobs"],
+    ["events", "requeue", "j"],
+    ["worker", "--once", "-p", "demo"],
+    ["chat", "-p", "demo", "-a", "support"],
+]
+
+
 def _assert_hidden(output: str, password: str = PASSWORD) -> None:
     assert password not in output.replace("\n", "")
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["history", "ls"],
-        ["history", "show", "k"],
-        ["history", "rm", "k"],
-        ["history", "recover", "k", "--worker-stopped"],
-        ["history", "purge"],
-        ["events", "ls", "-u", "a"],
-        ["events", "show", "ke_1"],
-        ["events", "jobs"],
-        ["events", "requeue", "j"],
-        ["worker", "--once", "-p", "demo"],
-        ["chat", "-p", "demo", "-a", "support"],
-    ],
-)
+@pytest.mark.parametrize("command", STORE_COMMANDS)
 def test_an_unreachable_server_is_named_without_its_password(command: list[str]) -> None:
     dsn = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{_closed_port()}/test"
     result = runner.invoke(app, [*command, "--dsn", dsn], env={"COLUMNS": "500"})
@@ -85,22 +86,7 @@ def test_help_never_shows_the_dsn_of_the_environment() -> None:
         _assert_hidden(result.output)
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["history", "ls"],
-        ["history", "show", "k"],
-        ["history", "rm", "k"],
-        ["history", "recover", "k", "--worker-stopped"],
-        ["history", "purge"],
-        ["events", "ls", "-u", "a"],
-        ["events", "show", "ke_1"],
-        ["events", "jobs"],
-        ["events", "requeue", "j"],
-        ["worker", "--once", "-p", "demo"],
-        ["chat", "-p", "demo", "-a", "support"],
-    ],
-)
+@pytest.mark.parametrize("command", STORE_COMMANDS)
 def test_every_command_takes_exactly_one_store(command: list[str], tmp_path: Path) -> None:
     db = str(tmp_path / "absent.sqlite")
     dsn = f"postgresql://postgres:{PASSWORD}@127.0.0.1/test"

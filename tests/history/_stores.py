@@ -16,10 +16,13 @@ from typing import Any
 import pytest
 
 from tests._services import postgres_dsn, redis_url
-from touba.history import MemoryHistoryStore
+from touba.history import ConversationIdentity, MemoryHistoryStore
 from touba.providers import CapabilitySpec
 
-__all__ = ["DURABLE", "KINDS", "LOOKUP", "Stores", "build", "state"]
+__all__ = ["DURABLE", "KINDS", "LOOKUP", "WHO", "Stores", "build", "state"]
+
+# The conversation the history-level tests hold, in namespace "n".
+WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
 
 # The capability the provider-level tests offer.
 LOOKUP = CapabilitySpec(

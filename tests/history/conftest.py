@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import openai
 import pytest
 
 from tests.history._stores import DURABLE, KINDS, Stores
-from touba.testing.fakes import FakeOpenAIServer
 
 
 async def _built(kind: str, tmp_path: Path) -> AsyncIterator[Stores]:
@@ -31,16 +29,3 @@ async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     """Each durable built-in store in turn (SQLite, PostgreSQL, Redis)."""
     async for built in _built(request.param, tmp_path):
         yield built
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="sk-test", max_retries=0)
-    yield sdk
-    await sdk.close()

@@ -22,7 +22,9 @@ from typing import Any
 import openai
 import pytest
 
+from tests.history._clock import Clock
 from tests.history._stores import LOOKUP, Stores, state
+from tests.providers._requests import decision_request
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import (
     ConversationIdentity,
@@ -47,26 +49,18 @@ NS = "capacity"
 # -- the provider ------------------------------------------------------------------------
 
 
-def guarded(client: openai.AsyncOpenAI, store: HistoryStore, **config: Any) -> Any:
+def guarded(openai_client: openai.AsyncOpenAI, store: HistoryStore, **config: Any) -> Any:
     return create_openai_decision_provider(
         model="gpt-test",
-        client=client,
+        client=openai_client,
         history=HistoryConfig(store=store, namespace=NS, **config),
         context=ContextConfig(context_window_tokens=100_000),
         max_output_tokens=100,
     )
 
 
-def request(invocation: str = "i1", **kwargs: Any) -> DecisionRequest:
-    return DecisionRequest(
-        run_id="r1",
-        invocation_id=invocation,
-        agent_ref="support",
-        instructions="Help with orders.",
-        input="Where is order A1?",
-        capabilities=(LOOKUP,),
-        **kwargs,
-    )
+def request(invocation: str = "i1", **fields: Any) -> DecisionRequest:
+    return decision_request(LOOKUP, invocation_id=invocation, **fields)
 
 
 def answer(decision: Any, result: Any) -> tuple[Observation, ...]:
@@ -75,42 +69,42 @@ def answer(decision: Any, result: Any) -> tuple[Observation, ...]:
 
 
 async def expect_refused_unpaid(
-    server: FakeOpenAIServer, store: Any, provider: Any, req: DecisionRequest, limit: str
+    openai_server: FakeOpenAIServer, store: Any, provider: Any, req: DecisionRequest, limit: str
 ) -> None:
     """``req`` is refused with ``limit``: no request of any kind, the store unchanged."""
-    sent, before = len(server.requests), await state(store)
-    server.script_response(openai_text("never generated"))
+    sent, before = len(openai_server.requests), await state(store)
+    openai_server.script_response(openai_text("never generated"))
     with pytest.raises(DecisionHistoryLimitExceeded) as caught:
         await provider.decide(req)
     assert caught.value.limit == limit
-    assert len(server.requests) == sent  # no count request, no generation
-    assert server.pending("responses") == 1
+    assert len(openai_server.requests) == sent  # no count request, no generation
+    assert openai_server.pending("responses") == 1
     assert await state(store) == before  # nothing written, no reservation left
 
 
 async def test_max_sessions_is_refused_before_the_provider_is_called(
-    stores: Stores, server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    stores: Stores, openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     store = stores(max_sessions=1)
-    provider = guarded(client, store)
-    server.script_response(openai_text("done"))
+    provider = guarded(openai_client, store)
+    openai_server.script_response(openai_text("done"))
     await provider.decide(request("i1"))
-    assert [r.endpoint for r in server.requests] == ["input_tokens", "responses"]
-    await expect_refused_unpaid(server, store, provider, request("i2"), "max_sessions")
+    assert [r.endpoint for r in openai_server.requests] == ["input_tokens", "responses"]
+    await expect_refused_unpaid(openai_server, store, provider, request("i2"), "max_sessions")
     assert (await store.usage()).sessions == 1
 
 
 async def test_max_store_bytes_is_refused_before_the_provider_is_called(
-    stores: Stores, server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    stores: Stores, openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     store = stores(max_store_bytes=4000)
-    provider = guarded(client, store)
-    server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    provider = guarded(openai_client, store)
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
     decision = await provider.decide(request())
     assert (await store.usage()).bytes < 2000  # room for the model's reply, not for this:
     big = answer(decision, {"order": "x" * 4000})
     await expect_refused_unpaid(
-        server, store, provider, request(observations=big), "max_store_bytes"
+        openai_server, store, provider, request(observations=big), "max_store_bytes"
     )
     # The key was not left reserved; the reply scripted for the refused decision,
     # still queued, answers this one.
@@ -119,37 +113,39 @@ async def test_max_store_bytes_is_refused_before_the_provider_is_called(
 
 
 async def test_a_new_conversation_whose_head_cannot_fit_is_refused_unpaid(
-    stores: Stores, server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    stores: Stores, openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     store = stores(max_store_bytes=200)  # less than any record head
-    await expect_refused_unpaid(server, store, guarded(client, store), request(), "max_store_bytes")
+    await expect_refused_unpaid(
+        openai_server, store, guarded(openai_client, store), request(), "max_store_bytes"
+    )
     assert await store.usage() == StoreUsage(0, 128, 0, 200)
 
 
 async def test_max_retained_bytes_is_refused_before_the_provider_is_called(
-    stores: Stores, server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    stores: Stores, openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     store = stores()
-    provider = guarded(client, store, max_retained_bytes=2000)
-    server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    provider = guarded(openai_client, store, max_retained_bytes=2000)
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
     decision = await provider.decide(request())
     big = answer(decision, {"order": "x" * 2000})
     await expect_refused_unpaid(
-        server, store, provider, request(observations=big), "max_retained_bytes"
+        openai_server, store, provider, request(observations=big), "max_retained_bytes"
     )
 
 
 async def test_a_reply_too_big_for_the_store_is_refused_at_save(
-    stores: Stores, server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    stores: Stores, openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     """The documented limit of the pre-check: the decision's own bytes are unknown."""
     store = stores(max_store_bytes=4000)
-    provider = guarded(client, store)
-    server.script_response(openai_text("y" * 5000))
+    provider = guarded(openai_client, store)
+    openai_server.script_response(openai_text("y" * 5000))
     with pytest.raises(DecisionHistoryLimitExceeded) as caught:
         await provider.decide(request())
     assert caught.value.limit == "max_store_bytes"
-    assert [r.endpoint for r in server.requests] == ["input_tokens", "responses"]  # paid
+    assert [r.endpoint for r in openai_server.requests] == ["input_tokens", "responses"]  # paid
     assert await state(store) == []
 
 
@@ -426,14 +422,6 @@ async def test_usage_counts_records_and_reservations_of_new_keys(stores: Stores)
 # -- pressure --------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pressure(events: list[HistoryEvent]) -> list[HistoryEvent]:
     return [e for e in events if e.kind == "history_store_pressure"]
 
@@ -441,7 +429,7 @@ def pressure(events: list[HistoryEvent]) -> list[HistoryEvent]:
 async def test_pressure_is_reported_over_80_percent_once_a_minute_per_store(
     stores: Stores, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     monkeypatch.setattr(STORE_PRESSURE, "clock", clock)
     store = stores(max_sessions=5)
     events: list[HistoryEvent] = []
@@ -506,7 +494,7 @@ def test_pressure_is_over_80_percent_of_either_limit_exactly() -> None:
 
 
 def test_the_gate_admits_once_per_interval_per_store_and_forgets_dropped_stores() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     gate = PressureGate(clock=clock, interval=60)
     a, b = MemoryHistoryStore(), MemoryHistoryStore()
     assert gate.admit(a)

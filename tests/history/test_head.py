@@ -17,12 +17,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.history._stores import Stores
+from tests.history._stores import WHO, Stores
 from tests.history._strategies import json_values
 from touba.errors import DecisionHistoryRecordInvalid
 from touba.history import (
     CapabilityCall,
-    ConversationIdentity,
     DecisionHistory,
     DecisionMessage,
     HistoryConfig,
@@ -37,8 +36,6 @@ from touba.history._frozen import FrozenDict, FrozenList
 from touba.history._head import HeldHead, encode_head, parse_head
 from touba.history._model import canonical_json
 from touba.history._plot import PLOT_POINTS, DecisionPoint, add_point
-
-WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
 
 values = json_values(
     text=st.text(max_size=8),

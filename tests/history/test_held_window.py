@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.history._stores import Stores
+from tests.history._stores import WHO, Stores
 from touba.history import (
     CapabilityCall,
-    ConversationIdentity,
     DecisionHistory,
     DecisionMessage,
     HistoryConfig,
@@ -22,8 +21,6 @@ from touba.history import (
     ResultMessage,
 )
 from touba.history._model import message_from_dict
-
-WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
 
 
 def calls(n: int) -> tuple[CapabilityCall, ...]:

@@ -13,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.history._clock import Clock
+from tests.history._sqlite import raw
+from tests.history._stores import WHO
 from touba.errors import (
     DecisionHistoryBusy,
     DecisionHistoryLimitExceeded,
@@ -33,7 +33,6 @@ from touba.errors import (
 )
 from touba.history import (
     CapabilityCall,
-    ConversationIdentity,
     DecisionHistory,
     DecisionMessage,
     HistoryConfig,
@@ -48,32 +47,10 @@ from touba.history._store import LogSnapshot, LogWrite, StoreUsage
 from touba.history._tail_cache import TailCache
 from touba.history.sqlite import PURGE_INTERVAL, SqliteHistoryStore
 
-WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory / "history.sqlite"
-
-
-@contextmanager
-def raw(path: Path) -> Iterator[sqlite3.Connection]:
-    """A separate connection, as another program would open the file."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
+def db_path(private_dir: Path) -> Path:
+    return private_dir / "history.sqlite"
 
 
 class Agent:

@@ -10,8 +10,6 @@ import sqlite3
 import stat
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.history._clock import Clock
+from tests.history._sqlite import raw
+from tests.history._stores import WHO
 from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
@@ -48,34 +49,9 @@ root_only = pytest.mark.skipif(
 )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
 @pytest.fixture
 def db_path(private_dir: Path) -> Path:
     return private_dir / "history.sqlite"
-
-
-@contextmanager
-def raw(path: Path) -> Iterator[sqlite3.Connection]:
-    """A separate connection to inspect or damage the file, as another program would."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def modes(db_path: Path) -> dict[str, int]:
@@ -787,7 +763,6 @@ async def test_reservation_survives_a_killed_worker_until_recover(db_path: Path,
 async def test_two_stores_on_one_file_alternating_decisions_see_each_others_saves(
     db_path: Path,
 ) -> None:
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
     seen: list[list[str | None]] = []
     async with SqliteHistoryStore(db_path) as one, SqliteHistoryStore(db_path) as two:
         histories = [
@@ -802,7 +777,7 @@ async def test_two_stores_on_one_file_alternating_decisions_see_each_others_save
                 call = CapabilityCall(f"c{step}", "f", {})
                 return DecisionMessage(text=f"d{step}", calls=(call,))
 
-            await histories[step % 2].step(who, observations, generate)
+            await histories[step % 2].step(WHO, observations, generate)
             observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
     # Each window holds the decisions of both stores, up to the one just before.
     for step, texts in enumerate(seen):
@@ -810,7 +785,6 @@ async def test_two_stores_on_one_file_alternating_decisions_see_each_others_save
 
 
 async def test_a_decision_costs_two_hops_to_the_store_thread(db_path: Path) -> None:
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
     async with SqliteHistoryStore(db_path) as store:
         history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
         hops = 0
@@ -829,7 +803,7 @@ async def test_a_decision_costs_two_hops_to_the_store_thread(db_path: Path) -> N
                 return DecisionMessage(calls=(CapabilityCall(f"c{step}", "f", {}),))
 
             hops = 0
-            await history.step(who, observations, generate)
+            await history.step(WHO, observations, generate)
             observations = [Observation(f"c{step}", "f", {}, "ok", {"r": step})]
             if step >= 2:  # once the store has seen how much of the tail is read
                 assert hops == 2, step

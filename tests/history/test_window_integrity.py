@@ -160,31 +160,31 @@ DAMAGES = {
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
 async def test_a_damaged_window_is_refused_before_any_request(
-    durable: Stores, server: FakeOpenAIServer, client: openai.AsyncOpenAI, damage: str
+    durable: Stores, openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI, damage: str
 ) -> None:
     store = durable("main")
     provider = create_openai_decision_provider(
         model="gpt-test",
-        client=client,
+        client=openai_client,
         history=HistoryConfig(store=store, namespace=NS),
         context=ContextConfig(context_window_tokens=100_000),
         max_output_tokens=100,
     )
-    server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
     first = await provider.decide(request())
-    server.script_response(openai_function_call("lookup_order", {"order_id": "B2"}))
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "B2"}))
     second = await provider.decide(request(observations=answer(first, {"status": "shipped"})))
     (row,) = await store.list()
     await DAMAGES[damage](Rows(durable, store, row.key))
 
-    sent, before = len(server.requests), await state(store)
-    server.script_response(openai_text("never generated"))
+    sent, before = len(openai_server.requests), await state(store)
+    openai_server.script_response(openai_text("never generated"))
     with pytest.raises(DecisionHistoryRecordInvalid) as caught:
         await provider.decide(request(observations=answer(second, {"status": "late"})))
     assert f"conversation {row.key} is damaged" in str(caught.value)
     assert "Nothing was sent to the provider and nothing was written" in str(caught.value)
-    assert len(server.requests) == sent  # no count request, no generation
-    assert server.pending("responses") == 1
+    assert len(openai_server.requests) == sent  # no count request, no generation
+    assert openai_server.pending("responses") == 1
     assert await state(store) == before  # nothing appended, the key free (read works)
     assert not (await store.list())[0].active
 

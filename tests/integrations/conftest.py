@@ -57,13 +57,6 @@ def make_factory(
     return (lambda **kw: RedisHistoryStore(url=url, prefix=prefix, **kw)), delete
 
 
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
 @pytest.fixture(
     params=[
         "sqlite",

@@ -23,6 +23,7 @@ from touba import ChatSession
 from touba.errors import ConfigurationError
 from touba.memory import (
     ChatTurn,
+    ExtractionJob,
     ExtractionQueue,
     ExtractionWorker,
     KeyEventService,
@@ -364,17 +365,23 @@ async def test_extraction_failures_are_retried_with_backoff_then_end_failed_and_
     assert await store.query_events("user:u-42") == []
 
 
-async def test_a_job_whose_worker_died_is_rerun_with_its_recorded_ops_once(
-    model: Scripted, sqlite_store: MemoryStore
-) -> None:
-    runtime = build_runtime(model, kind="agent")
-    session = ChatSession(
-        runtime, "support", "u-42", store=sqlite_store, extract_in_background=False
-    )
+async def _ended_unextracted(
+    runtime: Runtime, model: Scripted, store: MemoryStore
+) -> tuple[ChatSession, ExtractionJob]:
+    """One exchange ("Refund A1"), then the session ends; its extraction job only queued."""
+    session = ChatSession(runtime, "support", "u-42", store=store, extract_in_background=False)
     model.say("Noted.")
     await session.send("Refund A1")
     job = await session.end()
     assert job is not None
+    return session, job
+
+
+async def test_a_job_whose_worker_died_is_rerun_with_its_recorded_ops_once(
+    model: Scripted, sqlite_store: MemoryStore
+) -> None:
+    runtime = build_runtime(model, kind="agent")
+    _session, job = await _ended_unextracted(runtime, model, sqlite_store)
     dying = ExtractionQueue(sqlite_store, lease_seconds=0.01)
     claimed = await dying.claim("w-1", job_id=job.id)
     assert claimed is not None
@@ -408,14 +415,7 @@ async def test_close_stops_retrying_and_leaves_the_job_queued(
 async def test_without_background_extraction_the_job_only_waits_in_the_queue(
     model: Scripted, sqlite_store: MemoryStore
 ) -> None:
-    runtime = build_runtime(model, kind="flow")
-    session = ChatSession(
-        runtime, "support", "u-42", store=sqlite_store, extract_in_background=False
-    )
-    model.say("Noted.")
-    await session.send("Refund A1")
-    job = await session.end()
-    assert job is not None
+    session, job = await _ended_unextracted(build_runtime(model, kind="flow"), model, sqlite_store)
     assert (await session.wait_extraction()) == job
     assert job.status == "pending"
     assert model.provider.remaining == 0

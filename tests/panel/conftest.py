@@ -29,11 +29,9 @@ _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 @pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    os.chmod(tmp_path, 0o700)
-    return directory
+def private_dir(private_dir: Path, tmp_path: Path) -> Path:
+    os.chmod(tmp_path, 0o700)  # its parent closed too
+    return private_dir
 
 
 @pytest.fixture

@@ -11,6 +11,9 @@ from typing import Any
 import anthropic
 import pytest
 
+from tests._providers import anthropic_sdk
+from tests.providers._requests import LOOKUP
+from tests.providers._requests import decision_request as request
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
@@ -21,7 +24,6 @@ from touba.errors import (
 )
 from touba.history import HistoryConfig, MemoryHistoryStore
 from touba.providers import (
-    CapabilitySpec,
     ContextConfig,
     DecisionRequest,
     Observation,
@@ -40,13 +42,9 @@ from touba.testing.fakes import (
 from touba.testing.fakes._anthropic_rules import check_messages
 
 MODEL = "claude-test"
+SECRET = "sk-ant-secret"  # the key no record or event may hold
 ENABLED = {"type": "enabled", "budget_tokens": 1024}
 ADAPTIVE = {"type": "adaptive"}
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
-)
 LOOKUP_TOOL = {
     "name": "lookup_order",
     "description": "Find an order",
@@ -56,47 +54,22 @@ COUNT_EXCLUDED = {"max_tokens", "metadata", "stop_sequences", "temperature"}
 
 
 @pytest.fixture
-def server() -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer() as srv:
-        yield srv
-
-
-@pytest.fixture
 def preserved() -> Iterator[FakeAnthropicServer]:
     """A server whose thinking signatures bind their prefix (newer models)."""
     with FakeAnthropicServer(preserved_thinking=True) as srv:
         yield srv
 
 
-async def _client(srv: FakeAnthropicServer) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="sk-ant-secret", max_retries=0)
-
-
 @pytest.fixture
-async def client(server: FakeAnthropicServer) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    sdk = await _client(server)
-    yield sdk
-    await sdk.close()
+def api_key() -> str:
+    return SECRET
 
 
 @pytest.fixture
 async def pclient(preserved: FakeAnthropicServer) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    sdk = await _client(preserved)
+    sdk = anthropic_sdk(preserved, SECRET)
     yield sdk
     await sdk.close()
-
-
-def request(**kwargs: Any) -> DecisionRequest:
-    base: dict[str, Any] = {
-        "run_id": "r1",
-        "invocation_id": "i1",
-        "agent_ref": "support",
-        "instructions": "Help with orders.",
-        "input": "Where is order A1?",
-        "capabilities": (LOOKUP,),
-    }
-    base.update(kwargs)
-    return DecisionRequest(**base)
 
 
 def answer(decision: Any, result: Any = "shipped", **kwargs: Any) -> tuple[Observation, ...]:
@@ -127,28 +100,30 @@ class Events(list[Any]):
         return [e for e in self if e.kind == kind]
 
 
-def make(client: Any, store: Any = None, **kwargs: Any) -> Any:
+def make(anthropic_client: Any, store: Any = None, **kwargs: Any) -> Any:
     config = kwargs.pop("config", {})
     history = kwargs.pop(
         "history", HistoryConfig(store=store or MemoryHistoryStore(), namespace="t", **config)
     )
-    return create_anthropic_decision_provider(model=MODEL, client=client, history=history, **kwargs)
+    return create_anthropic_decision_provider(
+        model=MODEL, client=anthropic_client, history=history, **kwargs
+    )
 
 
 # native round trip ---------------------------------------------------------
 
 
 async def test_native_call_then_final_sends_exact_bodies(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     store = MemoryHistoryStore()
-    provider = make(client, store)
+    provider = make(anthropic_client, store)
     assert (provider.provider, provider.model, provider.decision_interface) == (
         "anthropic",
         MODEL,
         "native",
     )
-    server.script_response(
+    anthropic_server.script_response(
         anthropic_text("Let me check."),
         anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="toolu_1"),
     )
@@ -159,12 +134,12 @@ async def test_native_call_then_final_sends_exact_bodies(
     assert (first.text, first.output) == ("Let me check.", None)
     assert first.usage.input_tokens is not None
 
-    server.script_response(anthropic_text("Shipped."))
+    anthropic_server.script_response(anthropic_text("Shipped."))
     final = await provider.decide(request(observations=answer(first, {"status": "shipped"})))
     assert (final.output, final.calls) == ("Shipped.", ())
 
     user = {"role": "user", "content": [{"type": "text", "text": "Where is order A1?"}]}
-    one, two = bodies(server)
+    one, two = bodies(anthropic_server)
     assert one == {
         "model": MODEL,
         "max_tokens": 1024,
@@ -202,47 +177,48 @@ async def test_native_call_then_final_sends_exact_bodies(
     }
     (row,) = await store.list()
     assert row.messages == 3
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
-async def test_parallel_calls_answer_with_all_results_first(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
-) -> None:
-    provider = make(client)
+async def _two_lookups(server: FakeAnthropicServer, provider: Any) -> Any:
+    """A decision of two lookup_order calls, toolu_a and toolu_b."""
     server.script_response(
         anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="toolu_a"),
         anthropic_tool_use("lookup_order", {"order_id": "B2"}, id="toolu_b"),
     )
-    first = await provider.decide(request())
+    return await provider.decide(request())
+
+
+async def test_parallel_calls_answer_with_all_results_first(
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
+) -> None:
+    provider = make(anthropic_client)
+    first = await _two_lookups(anthropic_server, provider)
     assert [c.call_id for c in first.calls] == ["toolu_a", "toolu_b"]
-    server.script_response(anthropic_text("Both shipped."))
+    anthropic_server.script_response(anthropic_text("Both shipped."))
     await provider.decide(request(observations=tuple(reversed(answer(first)))))
-    last = bodies(server)[-1]["messages"][-1]
+    last = bodies(anthropic_server)[-1]["messages"][-1]
     assert last["role"] == "user"
     assert [(b["type"], b["tool_use_id"]) for b in last["content"]] == [
         ("tool_result", "toolu_a"),
         ("tool_result", "toolu_b"),
     ]
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_error_and_denied_observations_are_error_results(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    provider = make(client)
-    server.script_response(
-        anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="toolu_a"),
-        anthropic_tool_use("lookup_order", {"order_id": "B2"}, id="toolu_b"),
-    )
-    first = await provider.decide(request())
+    provider = make(anthropic_client)
+    first = await _two_lookups(anthropic_server, provider)
     a, b = first.calls
     observations = (
         Observation(a.call_id, a.name, a.arguments, "error", error="timeout"),
         Observation(b.call_id, b.name, b.arguments, "denied"),
     )
-    server.script_response(anthropic_text("Could not check."))
+    anthropic_server.script_response(anthropic_text("Could not check."))
     await provider.decide(request(observations=observations))
-    results = bodies(server)[-1]["messages"][-1]["content"]
+    results = bodies(anthropic_server)[-1]["messages"][-1]["content"]
     assert results == [
         {
             "type": "tool_result",
@@ -257,41 +233,41 @@ async def test_error_and_denied_observations_are_error_results(
             "is_error": True,
         },
     ]
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_output_schema_is_stated_and_the_final_answer_parsed(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     schema = {"type": "object", "properties": {"eta": {"type": "integer"}}, "required": ["eta"]}
-    provider = make(client)
-    server.script_response(anthropic_text('```json\n{"eta": 3}\n```'))
+    provider = make(anthropic_client)
+    anthropic_server.script_response(anthropic_text('```json\n{"eta": 3}\n```'))
     decision = await provider.decide(request(output_schema=schema))
     assert decision.output == {"eta": 3}
-    assert '{"type":"object","properties":{"eta"' in bodies(server)[0]["system"]
+    assert '{"type":"object","properties":{"eta"' in bodies(anthropic_server)[0]["system"]
 
 
 # structured interface ------------------------------------------------------
 
 
 async def test_structured_forces_the_decision_tool_and_answers_it(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    provider = make(client, decision_interface="structured")
+    provider = make(anthropic_client, decision_interface="structured")
     call = {"action": "call", "calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}]}
-    server.script_response(anthropic_tool_use("touba_decision", call, id="toolu_d1"))
+    anthropic_server.script_response(anthropic_tool_use("touba_decision", call, id="toolu_d1"))
     first = await provider.decide(request())
     (made,) = first.calls
     assert (made.name, dict(made.arguments)) == ("lookup_order", {"order_id": "A1"})
     assert made.call_id.startswith("call_")
 
-    server.script_response(
+    anthropic_server.script_response(
         anthropic_tool_use("touba_decision", {"action": "final", "output": "Shipped."})
     )
     final = await provider.decide(request(observations=answer(first, "shipped")))
     assert final.output == "Shipped."
 
-    one, two = bodies(server)
+    one, two = bodies(anthropic_server)
     assert one["tool_choice"] == {
         "type": "tool",
         "name": "touba_decision",
@@ -306,50 +282,56 @@ async def test_structured_forces_the_decision_tool_and_answers_it(
     assert (result["type"], result["tool_use_id"]) == ("tool_result", "toolu_d1")
     assert made.call_id in result["content"]
     assert "untrusted" not in two["system"]
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
-async def test_structured_options_touba_owns_are_refused(client: anthropic.AsyncAnthropic) -> None:
+async def test_structured_options_touba_owns_are_refused(
+    anthropic_client: anthropic.AsyncAnthropic,
+) -> None:
     with pytest.raises(ConfigurationError, match="tool_choice"):
-        make(client, decision_interface="structured", tool_choice={"type": "auto"})
+        make(anthropic_client, decision_interface="structured", tool_choice={"type": "auto"})
 
 
 @pytest.mark.parametrize("thinking", [None, {"type": "disabled"}], ids=["absent", "disabled"])
 async def test_structured_without_thinking_forces_the_decision_tool(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic, thinking: Any
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic, thinking: Any
 ) -> None:
     options = {} if thinking is None else {"thinking": thinking}
-    provider = make(client, decision_interface="structured", **options)
-    server.script_response(anthropic_tool_use("touba_decision", {"action": "final", "output": 1}))
+    provider = make(anthropic_client, decision_interface="structured", **options)
+    anthropic_server.script_response(
+        anthropic_tool_use("touba_decision", {"action": "final", "output": 1})
+    )
     assert (await provider.decide(request())).output == 1
-    (body,) = bodies(server)
+    (body,) = bodies(anthropic_server)
     assert body["tool_choice"]["type"] == "tool"
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 @pytest.mark.parametrize("thinking", [ENABLED, ADAPTIVE], ids=["enabled", "adaptive"])
 async def test_structured_with_thinking_never_forces_a_tool(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic, thinking: dict[str, Any]
+    anthropic_server: FakeAnthropicServer,
+    anthropic_client: anthropic.AsyncAnthropic,
+    thinking: dict[str, Any],
 ) -> None:
     """The API refuses a forced tool choice with thinking on: the decision tool is
     offered with ``auto``, and the results answer it, thinking blocks replayed."""
     provider = make(
-        client, decision_interface="structured", thinking=thinking, max_output_tokens=2048
+        anthropic_client, decision_interface="structured", thinking=thinking, max_output_tokens=2048
     )
     call = {"action": "call", "calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}]}
-    server.script_response(
+    anthropic_server.script_response(
         anthropic_thinking("which order?"),
         anthropic_tool_use("touba_decision", call, id="toolu_d1"),
     )
     first = await provider.decide(request())
-    server.script_response(
+    anthropic_server.script_response(
         anthropic_thinking("shipped"),
         anthropic_tool_use("touba_decision", {"action": "final", "output": "Shipped."}),
     )
     final = await provider.decide(request(observations=answer(first, "shipped")))
     assert final.output == "Shipped."
 
-    one, two = bodies(server)
+    one, two = bodies(anthropic_server)
     for body in (one, two):
         assert body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
         assert [t["name"] for t in body["tools"]] == ["touba_decision"]
@@ -357,14 +339,16 @@ async def test_structured_with_thinking_never_forces_a_tool(
     _, assistant, results = two["messages"]
     assert kinds(assistant) == ["thinking", "tool_use"]
     assert [b["tool_use_id"] for b in results["content"]] == ["toolu_d1"]
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_structured_with_thinking_and_no_decision_call_is_a_schema_violation(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    provider = make(client, decision_interface="structured", thinking=ADAPTIVE)
-    server.script_response(anthropic_thinking("hm"), anthropic_text("I think it shipped."))
+    provider = make(anthropic_client, decision_interface="structured", thinking=ADAPTIVE)
+    anthropic_server.script_response(
+        anthropic_thinking("hm"), anthropic_text("I think it shipped.")
+    )
     with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
         await provider.decide(request())
     assert caught.value.provider_error_code == "missing_decision"
@@ -376,21 +360,21 @@ async def test_structured_with_thinking_and_no_decision_call_is_a_schema_violati
     "choice", [{"type": "any"}, {"type": "tool", "name": "lookup_order"}], ids=["any", "tool"]
 )
 async def test_a_forced_tool_choice_with_thinking_is_refused_before_anything_is_sent(
-    client: anthropic.AsyncAnthropic, interface: str, thinking: Any, choice: Any
+    anthropic_client: anthropic.AsyncAnthropic, interface: str, thinking: Any, choice: Any
 ) -> None:
     with pytest.raises(ConfigurationError, match="tool_choice"):
-        make(client, decision_interface=interface, thinking=thinking, tool_choice=choice)
+        make(anthropic_client, decision_interface=interface, thinking=thinking, tool_choice=choice)
 
 
 async def test_native_tool_choice_auto_or_none_with_thinking_is_sent(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     for choice in ({"type": "auto"}, {"type": "none"}):
-        provider = make(client, thinking=ADAPTIVE, tool_choice=choice)
-        server.script_response(anthropic_thinking("easy"), anthropic_text("Shipped."))
+        provider = make(anthropic_client, thinking=ADAPTIVE, tool_choice=choice)
+        anthropic_server.script_response(anthropic_thinking("easy"), anthropic_text("Shipped."))
         assert (await provider.decide(request())).output == "Shipped."
-        assert bodies(server)[-1]["tool_choice"] == choice
-    assert_accepted(server)
+        assert bodies(anthropic_server)[-1]["tool_choice"] == choice
+    assert_accepted(anthropic_server)
 
 
 # thinking blocks -----------------------------------------------------------
@@ -421,7 +405,7 @@ async def test_thinking_round_trip_replays_blocks_verbatim(
     preserved_thinking: bool, thinking: dict[str, Any]
 ) -> None:
     with FakeAnthropicServer(preserved_thinking=preserved_thinking) as srv:
-        sdk = await _client(srv)
+        sdk = anthropic_sdk(srv, SECRET)
         provider = make(sdk, thinking=thinking, max_output_tokens=2048)
         decisions = await _tool_loop(srv, provider, 2)
         srv.script_response(anthropic_thinking("done"), anthropic_text("Shipped."))
@@ -463,18 +447,20 @@ async def test_after_a_trim_stale_thinking_is_removed_for_preserved_thinking_mod
 
 
 async def test_after_a_trim_enabled_thinking_keeps_the_continuation_blocks(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    provider = make(client, thinking=ENABLED, max_output_tokens=2048, config={"max_messages": 4})
-    decisions = await _tool_loop(server, provider, 3)
-    server.script_response(anthropic_thinking("done"), anthropic_text("Shipped."))
+    provider = make(
+        anthropic_client, thinking=ENABLED, max_output_tokens=2048, config={"max_messages": 4}
+    )
+    decisions = await _tool_loop(anthropic_server, provider, 3)
+    anthropic_server.script_response(anthropic_thinking("done"), anthropic_text("Shipped."))
     await provider.decide(request(observations=answer(decisions[-1], "r")))
-    trimmed = bodies(server)[-1]
+    trimmed = bodies(anthropic_server)[-1]
     assistants = [m for m in trimmed["messages"] if m["role"] == "assistant"]
     # Earlier turn: stale, stripped. Turn the results answer: kept, as the API requires.
     assert [kinds(m) for m in assistants] == [["tool_use"], ["thinking", "tool_use"]]
     assert assistants[1]["content"][0]["thinking"] == "plan 2"
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_enabled_thinking_after_a_trim_on_a_prefix_binding_model_is_a_400(
@@ -522,51 +508,51 @@ async def test_a_summary_changes_the_prefix_so_thinking_is_dropped(
 
 
 async def test_opaque_refs_replays_projected_arguments_without_opaque_data(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    provider = make(client, config={"continuity": "opaque_refs"}, thinking=ADAPTIVE)
-    server.script_response(
+    provider = make(anthropic_client, config={"continuity": "opaque_refs"}, thinking=ADAPTIVE)
+    anthropic_server.script_response(
         anthropic_thinking("secret plan"),
         anthropic_tool_use("lookup_order", {"order_id": "A1-raw"}, id="toolu_1"),
     )
     first = await provider.decide(request())
     (call,) = first.calls
     projected = Observation(call.call_id, call.name, {"order_id": "A1"}, "ok", "shipped")
-    server.script_response(anthropic_text("Shipped."))
+    anthropic_server.script_response(anthropic_text("Shipped."))
     await provider.decide(request(observations=(projected,)))
-    body = bodies(server)[-1]
+    body = bodies(anthropic_server)[-1]
     assert body["messages"][1]["content"] == [
         {"type": "tool_use", "id": "toolu_1", "name": "lookup_order", "input": {"order_id": "A1"}}
     ]
     assert "A1-raw" not in json.dumps(body)
     assert "secret plan" not in json.dumps(body)
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_opaque_refs_with_enabled_thinking_is_refused(
-    client: anthropic.AsyncAnthropic,
+    anthropic_client: anthropic.AsyncAnthropic,
 ) -> None:
     with pytest.raises(ConfigurationError, match="opaque_refs"):
-        make(client, config={"continuity": "opaque_refs"}, thinking=ENABLED)
+        make(anthropic_client, config={"continuity": "opaque_refs"}, thinking=ENABLED)
 
 
 async def test_history_false_sends_observations_as_data_without_ids(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    provider = make(client, history=False)
-    server.script_response(anthropic_text("Shipped."))
+    provider = make(anthropic_client, history=False)
+    anthropic_server.script_response(anthropic_text("Shipped."))
     observation = Observation("toolu_lost", "lookup_order", {"order_id": "A1"}, "ok", {"s": 1})
     await provider.decide(DecisionRequest(input="Where is A1?", observations=(observation,)))
-    (body,) = bodies(server)
+    (body,) = bodies(anthropic_server)
     (message,) = body["messages"]
     assert [b["type"] for b in message["content"]] == ["text", "text"]
     assert "toolu_lost" not in json.dumps(body)
     assert '"s":1' in message["content"][1]["text"]
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_prior_turns_with_traces_are_valid_tool_pairs(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     trace = (
         TraceCall("call.1/x", "lookup_order", {"order_id": "Z9"}, "ok", "lost"),
@@ -576,10 +562,10 @@ async def test_prior_turns_with_traces_are_valid_tool_pairs(
         Turn("Where is Z9?", replies=("Z9 is lost.",), trace=(trace,)),
         Turn("And Z7?", trace=((TraceCall("c3", "lookup_order", {"order_id": "Z7"}, "ok", 1),),)),
     )
-    provider = make(client)
-    server.script_response(anthropic_text("A1 shipped."))
+    provider = make(anthropic_client)
+    anthropic_server.script_response(anthropic_text("A1 shipped."))
     await provider.decide(request(prior_turns=turns))
-    messages = bodies(server)[0]["messages"]
+    messages = bodies(anthropic_server)[0]["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"] * 3 + ["user"]
     uses = messages[1]["content"]
     results = messages[2]["content"]
@@ -591,35 +577,35 @@ async def test_prior_turns_with_traces_are_valid_tool_pairs(
     # The last turn has no reply: its results come first, then the new input.
     assert kinds(messages[-1]) == ["tool_result", "text"]
     assert messages[-1]["content"][1]["text"] == "Where is order A1?"
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_structured_prior_turns_send_traces_as_data(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     trace = (TraceCall("c1", "lookup_order", {"order_id": "Z9"}, "ok", "lost"),)
-    provider = make(client, decision_interface="structured")
-    server.script_response(
+    provider = make(anthropic_client, decision_interface="structured")
+    anthropic_server.script_response(
         anthropic_tool_use("touba_decision", {"action": "final", "output": "ok"})
     )
     await provider.decide(request(prior_turns=(Turn("Z9?", ("Lost.",), (trace,)),)))
-    messages = bodies(server)[0]["messages"]
+    messages = bodies(anthropic_server)[0]["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert messages[0]["content"][1]["text"].startswith("[touba: tools used in that turn")
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 async def test_requests_the_api_cannot_take_are_refused_before_sending(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     with pytest.raises(ConfigurationError, match="user message"):
-        await make(client, history=False).decide(DecisionRequest(input=None))
-    provider = make(client)
-    server.script_response(anthropic_text("Done."))
+        await make(anthropic_client, history=False).decide(DecisionRequest(input=None))
+    provider = make(anthropic_client)
+    anthropic_server.script_response(anthropic_text("Done."))
     await provider.decide(request())
     with pytest.raises(ConfigurationError, match="prefill"):
         await provider.decide(request())  # after a final decision, nothing new to answer
-    assert len(server.requests) == 1
+    assert len(anthropic_server.requests) == 1
 
 
 # schema violations and transport errors ------------------------------------
@@ -652,8 +638,8 @@ async def test_requests_the_api_cannot_take_are_refused_before_sending(
     ],
 )
 async def test_schema_violations_store_nothing(
-    server: FakeAnthropicServer,
-    client: anthropic.AsyncAnthropic,
+    anthropic_server: FakeAnthropicServer,
+    anthropic_client: anthropic.AsyncAnthropic,
     interface: str,
     blocks: list[Any],
     stop_reason: str | None,
@@ -661,8 +647,8 @@ async def test_schema_violations_store_nothing(
 ) -> None:
     schema = {"type": "object", "properties": {"eta": {"type": "integer"}}, "required": ["eta"]}
     store = MemoryHistoryStore()
-    provider = make(client, store, decision_interface=interface)
-    server.script_response(*blocks, stop_reason=stop_reason)
+    provider = make(anthropic_client, store, decision_interface=interface)
+    anthropic_server.script_response(*blocks, stop_reason=stop_reason)
     with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
         await provider.decide(request(output_schema=schema))
     assert caught.value.provider_error_code == code
@@ -673,17 +659,19 @@ async def test_schema_violations_store_nothing(
 
 @pytest.mark.parametrize("status", [500, 429, 529])
 async def test_http_errors_are_unavailable_without_retry(
-    server: FakeAnthropicServer, status: int
+    anthropic_server: FakeAnthropicServer, status: int
 ) -> None:
-    sdk = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="k")  # SDK default retries
+    sdk = anthropic.AsyncAnthropic(
+        base_url=anthropic_server.base_url, api_key="k"
+    )  # SDK default retries
     store = MemoryHistoryStore()
     provider = make(sdk, store)
-    server.script_error(status)
-    server.script_error(status)
+    anthropic_server.script_error(status)
+    anthropic_server.script_error(status)
     with pytest.raises(AgentDecisionProviderUnavailable) as caught:
         await provider.decide(request())
     assert caught.value.status_code == status
-    assert len(server.requests) == 1  # the provider never lets the SDK retry
+    assert len(anthropic_server.requests) == 1  # the provider never lets the SDK retry
     assert await store.list() == []
     await sdk.close()
 
@@ -703,11 +691,11 @@ async def test_unreachable_server_is_unavailable() -> None:
 
 
 async def test_guard_counts_the_full_body_and_reports_the_reserve(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     events = Events()
     provider = make(
-        client,
+        anthropic_client,
         context=ContextConfig(context_window_tokens=200_000),
         thinking=ENABLED,
         max_output_tokens=2048,
@@ -717,11 +705,11 @@ async def test_guard_counts_the_full_body_and_reports_the_reserve(
         temperature=0.5,
         config={"on_event": events},
     )
-    server.script_count(1000)
-    server.script_response(anthropic_thinking("hm"), anthropic_text("Shipped."))
+    anthropic_server.script_count(1000)
+    anthropic_server.script_response(anthropic_thinking("hm"), anthropic_text("Shipped."))
     await provider.decide(request())
-    (count,) = bodies(server, "count_tokens")
-    (generation,) = bodies(server)
+    (count,) = bodies(anthropic_server, "count_tokens")
+    (generation,) = bodies(anthropic_server)
     assert generation["temperature"] == 0.5
     assert generation["metadata"] == {"user_id": "u1"}
     assert count == {k: v for k, v in generation.items() if k not in COUNT_EXCLUDED}
@@ -734,7 +722,7 @@ async def test_guard_counts_the_full_body_and_reports_the_reserve(
     )
     assert event.reserve == math.ceil(1000 * 1.2) + 512 + 2048
     assert "Where is order" not in json.dumps(dataclasses.asdict(event))
-    assert_accepted(server)
+    assert_accepted(anthropic_server)
 
 
 def _marker_count(body: dict[str, Any]) -> int:
@@ -743,7 +731,7 @@ def _marker_count(body: dict[str, Any]) -> int:
 
 async def test_guard_drops_prior_turns_then_oldest_exchanges_before_generating() -> None:
     with FakeAnthropicServer(count_tokens=_marker_count) as srv:
-        sdk = await _client(srv)
+        sdk = anthropic_sdk(srv, SECRET)
         store = MemoryHistoryStore()
         plain = make(sdk, store)
         guarded = make(
@@ -772,35 +760,37 @@ async def test_guard_drops_prior_turns_then_oldest_exchanges_before_generating()
 
 
 async def test_guard_refuses_a_minimum_that_does_not_fit(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     provider = make(
-        client, context=ContextConfig(1600, safety_margin_tokens=0), max_output_tokens=1500
+        anthropic_client,
+        context=ContextConfig(1600, safety_margin_tokens=0),
+        max_output_tokens=1500,
     )
-    server.script_count(500)
+    anthropic_server.script_count(500)
     with pytest.raises(ProviderContextWindowExceeded):
         await provider.decide(request())
-    assert bodies(server) == []
+    assert bodies(anthropic_server) == []
 
 
 @pytest.mark.parametrize("failure", ["http", "missing"])
 async def test_count_unavailable_generates_nothing(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic, failure: str
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic, failure: str
 ) -> None:
     store = MemoryHistoryStore()
-    provider = make(client, store, context=ContextConfig(100_000))
+    provider = make(anthropic_client, store, context=ContextConfig(100_000))
     if failure == "http":
-        server.script_error(500, endpoint="count_tokens")
+        anthropic_server.script_error(500, endpoint="count_tokens")
     else:
-        server.script_count(None)
+        anthropic_server.script_count(None)
     with pytest.raises(ProviderContextCountUnavailable):
         await provider.decide(request())
-    assert bodies(server) == []
+    assert bodies(anthropic_server) == []
     assert await store.list() == []
 
 
 async def test_guard_refuses_platform_clients_and_server_side_options(
-    client: anthropic.AsyncAnthropic,
+    anthropic_client: anthropic.AsyncAnthropic,
 ) -> None:
     context = ContextConfig(100_000)
     platforms: list[Any] = [
@@ -816,7 +806,7 @@ async def test_guard_refuses_platform_clients_and_server_side_options(
             make(platform, context=context)
     for option in ("container", "context_management", "mcp_servers"):
         with pytest.raises(ProviderContextGuardUnsupported, match=option):
-            make(client, context=context, **{option: {"any": "value"}})
+            make(anthropic_client, context=context, **{option: {"any": "value"}})
     # Without the guard an async platform client is fine, a sync one is not.
     make(platforms[0])
     with pytest.raises(ConfigurationError, match="AsyncAnthropic"):
@@ -830,18 +820,18 @@ async def test_guard_refuses_platform_clients_and_server_side_options(
 # factory -------------------------------------------------------------------
 
 
-async def test_factory_validates_options(client: anthropic.AsyncAnthropic) -> None:
+async def test_factory_validates_options(anthropic_client: anthropic.AsyncAnthropic) -> None:
     for option in ("messages", "system", "tools", "max_tokens", "stream", "extra_body"):
         with pytest.raises(ConfigurationError, match=option):
-            make(client, **{option: None})
+            make(anthropic_client, **{option: None})
     with pytest.raises(ConfigurationError, match="format"):
-        make(client, output_config={"format": {"type": "json_schema", "schema": {}}})
+        make(anthropic_client, output_config={"format": {"type": "json_schema", "schema": {}}})
     with pytest.raises(ConfigurationError, match="thinking"):
-        make(client, thinking={"type": "sometimes"})
+        make(anthropic_client, thinking={"type": "sometimes"})
     with pytest.raises(ConfigurationError, match="max_output_tokens"):
-        make(client, max_output_tokens=None)
+        make(anthropic_client, max_output_tokens=None)
     with pytest.raises(ConfigurationError, match="model"):
-        create_anthropic_decision_provider(model="", client=client)
+        create_anthropic_decision_provider(model="", client=anthropic_client)
 
 
 async def test_default_client_reads_the_key_from_the_environment(
@@ -853,15 +843,15 @@ async def test_default_client_reads_the_key_from_the_environment(
 
 
 async def test_keys_never_reach_records_events_or_the_wire_log(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
     store = MemoryHistoryStore()
     events = Events()
-    provider = make(client, store, config={"on_event": events})
-    server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"}))
+    provider = make(anthropic_client, store, config={"on_event": events})
+    anthropic_server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"}))
     await provider.decide(request())
     (row,) = await store.list()
     record = await store.read(row.key)
-    assert "sk-ant-secret" not in json.dumps(record, default=str)
-    assert "sk-ant-secret" not in repr(list(events))
-    assert all("x-api-key" not in r.headers for r in server.requests)
+    assert SECRET not in json.dumps(record, default=str)
+    assert SECRET not in repr(list(events))
+    assert all("x-api-key" not in r.headers for r in anthropic_server.requests)

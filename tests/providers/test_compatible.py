@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.providers._requests import LOOKUP, decision_request
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
@@ -32,11 +33,6 @@ from touba.testing.fakes import (
 )
 
 MODEL = "qwen3:8b"
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
-)
 REFUND = CapabilitySpec(
     "refund",
     "Refund an order",
@@ -80,17 +76,8 @@ def provider_for(server, **kwargs):
     )
 
 
-def request(**kwargs) -> DecisionRequest:
-    base: dict[str, Any] = {
-        "run_id": "r1",
-        "invocation_id": "i1",
-        "agent_ref": "support",
-        "instructions": "Help with orders.",
-        "input": "Where is order A1?",
-        "capabilities": (LOOKUP, REFUND),
-    }
-    base.update(kwargs)
-    return DecisionRequest(**base)
+def request(**fields: Any) -> DecisionRequest:
+    return decision_request(LOOKUP, REFUND, **fields)
 
 
 def bodies(server) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.providers._requests import decision_request as request
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
@@ -20,16 +21,6 @@ from touba.providers import (
     create_function_decision_provider,
 )
 
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {
-        "type": "object",
-        "properties": {"order_id": {"type": "string"}},
-        "required": ["order_id"],
-    },
-)
-
 
 class Scripted:
     """A generator that replays decisions and records what it was sent."""
@@ -41,19 +32,6 @@ class Scripted:
     async def __call__(self, messages, schema):
         self.seen.append((messages, schema))
         return self.decisions.pop(0)
-
-
-def request(**kwargs):
-    base: dict[str, Any] = {
-        "run_id": "r1",
-        "invocation_id": "i1",
-        "agent_ref": "support",
-        "instructions": "Help with orders.",
-        "input": "Where is order A1?",
-        "capabilities": (LOOKUP,),
-    }
-    base.update(kwargs)
-    return DecisionRequest(**base)
 
 
 async def test_call_then_final_keeps_the_exchange_in_history() -> None:

@@ -18,6 +18,9 @@ import pytest
 from google import genai
 from google.genai import types
 
+from tests._providers import close_gemini, gemini_sdk
+from tests.providers._requests import LOOKUP
+from tests.providers._requests import decision_request as request
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
@@ -57,15 +60,6 @@ from touba.testing.fakes import (
 from touba.testing.fakes._gemini_rules import PART_KIND, decode_signature, part_fingerprint
 
 MODEL = "gemini-test"
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {
-        "type": "object",
-        "properties": {"order_id": {"type": "string"}},
-        "required": ["order_id"],
-    },
-)
 REFUND = CapabilitySpec(
     "refund", "Refund an order", {"type": "object", "properties": {"order_id": {"type": "string"}}}
 )
@@ -103,42 +97,18 @@ def documented() -> Iterator[FakeGeminiServer]:
         _no_rejection(srv)
 
 
-def make_client(base_url: str, **http: Any) -> genai.Client:
-    return genai.Client(
-        api_key="test-key",
-        http_options=types.HttpOptions(
-            base_url=base_url, retry_options=types.HttpRetryOptions(attempts=1), **http
-        ),
-    )
-
-
 @pytest.fixture
 async def client(server: FakeGeminiServer) -> AsyncIterator[genai.Client]:
-    sdk = make_client(server.base_url)
+    sdk = gemini_sdk(server.base_url)
     yield sdk
-    await sdk.aio.aclose()
-    sdk.close()
+    await close_gemini(sdk)
 
 
 @pytest.fixture
 async def documented_client(documented: FakeGeminiServer) -> AsyncIterator[genai.Client]:
-    sdk = make_client(documented.base_url)
+    sdk = gemini_sdk(documented.base_url)
     yield sdk
-    await sdk.aio.aclose()
-    sdk.close()
-
-
-def request(**kwargs: Any) -> DecisionRequest:
-    base: dict[str, Any] = {
-        "run_id": "r1",
-        "invocation_id": "i1",
-        "agent_ref": "support",
-        "instructions": "Help with orders.",
-        "input": "Where is order A1?",
-        "capabilities": (LOOKUP,),
-    }
-    base.update(kwargs)
-    return DecisionRequest(**base)
+    await close_gemini(sdk)
 
 
 def observe(call, result: Any = None, *, status: Any = "ok", error: str | None = None, **args):
@@ -618,7 +588,7 @@ async def test_connection_failure_is_unavailable() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    sdk = make_client(f"http://127.0.0.1:{port}")
+    sdk = gemini_sdk(f"http://127.0.0.1:{port}")
     try:
         with pytest.raises(AgentDecisionProviderUnavailable) as caught:
             await gemini(sdk).decide(request())
@@ -827,8 +797,8 @@ async def test_summary_is_sent_as_user_data_and_counted(
 
 async def test_guard_refuses_implicit_server_state(server: FakeGeminiServer) -> None:
     vertex = genai.Client(vertexai=True, api_key="k")
-    extra = make_client(server.base_url, extra_body={"cachedContent": "cachedContents/x"})
-    plain = make_client(server.base_url)
+    extra = gemini_sdk(server.base_url, extra_body={"cachedContent": "cachedContents/x"})
+    plain = gemini_sdk(server.base_url)
     guarded = {"context": ContextConfig(100_000), "max_output_tokens": 100}
     with pytest.raises(ProviderContextGuardUnsupported, match="Vertex"):
         gemini(vertex, **guarded)
@@ -938,7 +908,7 @@ def test_the_sdk_edits_a_copy_of_the_body_never_the_rendered_one(
 ) -> None:
     # The SDK's request builder drops top-level "_" keys and merges the client's
     # extra_body into nested objects of the dict it is given: touba hands it a copy.
-    sdk = make_client(server.base_url, **({"extra_body": extra_body} if extra_body else {}))
+    sdk = gemini_sdk(server.base_url, extra_body=extra_body)  # None: the default
     wire = gemini(sdk)._wire
     body = {
         "contents": [{"role": "user", "parts": [{"text": "hi"}]}],

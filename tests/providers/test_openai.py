@@ -6,13 +6,14 @@ import inspect
 import json
 import math
 import sys
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import openai
 import pytest
 from openai.resources.responses.input_tokens import AsyncInputTokens
 
+from tests._providers import openai_sdk
+from tests.providers._requests import LOOKUP, decision_request
 from touba.errors import (
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
@@ -33,6 +34,7 @@ from touba.history._window import ExchangeSize
 from touba.providers import (
     CapabilitySpec,
     ContextConfig,
+    DecisionProvider,
     DecisionRequest,
     Observation,
     TraceCall,
@@ -53,11 +55,6 @@ from touba.testing.fakes import (
 
 MODEL = "gpt-test"
 ENCRYPTED = ["reasoning.encrypted_content"]
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
-)
 REFUND = CapabilitySpec(
     "refund", "Refund an order", {"type": "object", "properties": {"amount": {"type": "number"}}}
 )
@@ -74,30 +71,8 @@ TOOLS = [
 USER = {"role": "user", "content": "Where is order A1?"}
 
 
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="sk-test", max_retries=0)
-    yield sdk
-    await sdk.close()
-
-
-def request(**kwargs: Any) -> DecisionRequest:
-    base: dict[str, Any] = {
-        "run_id": "r1",
-        "invocation_id": "i1",
-        "agent_ref": "support",
-        "instructions": "Help with orders.",
-        "input": "Where is order A1?",
-        "capabilities": (LOOKUP, REFUND),
-    }
-    base.update(kwargs)
-    return DecisionRequest(**base)
+def request(**fields: Any) -> DecisionRequest:
+    return decision_request(LOOKUP, REFUND, **fields)
 
 
 def observe(decision: Any, *results: Any, status: str = "ok") -> tuple[Observation, ...]:
@@ -107,12 +82,12 @@ def observe(decision: Any, *results: Any, status: str = "ok") -> tuple[Observati
     )
 
 
-def bodies(server: FakeOpenAIServer, endpoint: str = "responses") -> list[dict[str, Any]]:
-    return [r.body for r in server.requests_to(endpoint)]
+def bodies(openai_server: FakeOpenAIServer, endpoint: str = "responses") -> list[dict[str, Any]]:
+    return [r.body for r in openai_server.requests_to(endpoint)]
 
 
-def assert_no_rejection(server: FakeOpenAIServer) -> None:
-    assert [(r.endpoint, r.status) for r in server.requests if r.status != 200] == []
+def assert_no_rejection(openai_server: FakeOpenAIServer) -> None:
+    assert [(r.endpoint, r.status) for r in openai_server.requests if r.status != 200] == []
 
 
 def output_of(result: ResultMessage | Observation) -> str:
@@ -133,15 +108,17 @@ def events_sink() -> tuple[list[Any], HistoryConfig]:
 
 
 async def test_native_call_then_final_sends_exact_bodies(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    provider = create_openai_decision_provider(model=MODEL, client=client)
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client)
     assert (provider.provider, provider.model, provider.decision_interface) == (
         "openai",
         MODEL,
         "native",
     )
-    server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}, call_id="c1"))
+    openai_server.script_response(
+        openai_function_call("lookup_order", {"order_id": "A1"}, call_id="c1")
+    )
     first = await provider.decide(request())
     assert [(c.call_id, c.name, dict(c.arguments)) for c in first.calls] == [
         ("c1", "lookup_order", {"order_id": "A1"})
@@ -149,12 +126,12 @@ async def test_native_call_then_final_sends_exact_bodies(
     assert first.output is None
     assert first.usage.input_tokens is not None
 
-    server.script_response(openai_text("Shipped."))
+    openai_server.script_response(openai_text("Shipped."))
     observation = Observation("c1", "lookup_order", {"order_id": "A1"}, "ok", {"state": "shipped"})
     final = await provider.decide(request(observations=(observation,)))
     assert (final.output, final.text, final.calls) == ("Shipped.", "Shipped.", ())
 
-    sent_first, sent_second = bodies(server)
+    sent_first, sent_second = bodies(openai_server)
     assert sent_first == {
         "model": MODEL,
         "instructions": "Help with orders.",
@@ -175,25 +152,25 @@ async def test_native_call_then_final_sends_exact_bodies(
         ],
     }
     assert json.loads(call_item["arguments"]) == {"order_id": "A1"}
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 async def test_parallel_calls_pair_every_output_after_the_calls(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    provider = create_openai_decision_provider(model=MODEL, client=client)
-    server.script_response(
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client)
+    openai_server.script_response(
         openai_reasoning("two lookups"),
         openai_function_call("lookup_order", {"order_id": "A1"}, call_id="c1"),
         openai_function_call("refund", {"amount": 5}, call_id="c2"),
     )
     decision = await provider.decide(request())
     assert [c.call_id for c in decision.calls] == ["c1", "c2"]
-    server.script_response(openai_text("Done."))
+    openai_server.script_response(openai_text("Done."))
     ok, denied = observe(decision, {"state": "late"}, None)
     denied = Observation(denied.call_id, denied.name, denied.arguments, "denied")
     await provider.decide(request(observations=(denied, ok)))  # any order
-    items = bodies(server)[1]["input"]
+    items = bodies(openai_server)[1]["input"]
     assert [(i.get("type"), i.get("call_id")) for i in items[1:]] == [
         ("reasoning", None),
         ("function_call", "c1"),
@@ -203,47 +180,47 @@ async def test_parallel_calls_pair_every_output_after_the_calls(
     ]
     assert json.loads(items[4]["output"]) == {"status": "ok", "result": {"state": "late"}}
     assert json.loads(items[5]["output"]) == {"status": "denied", "error": "denied"}
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 async def test_error_observation_is_sent_as_a_failed_output(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    provider = create_openai_decision_provider(model=MODEL, client=client)
-    server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client)
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
     decision = await provider.decide(request())
     call = decision.calls[0]
     failed = Observation(call.call_id, call.name, call.arguments, "error", error="timeout")
-    server.script_response(openai_text("Sorry."))
+    openai_server.script_response(openai_text("Sorry."))
     await provider.decide(request(observations=(failed,)))
-    output = bodies(server)[1]["input"][-1]
+    output = bodies(openai_server)[1]["input"][-1]
     assert output == {
         "type": "function_call_output",
         "call_id": call.call_id,
         "output": '{"status":"error","error":"timeout"}',
     }
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 async def test_reasoning_items_round_trip_untouched_over_three_decisions(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     store = MemoryHistoryStore()
     provider = create_openai_decision_provider(
         model=MODEL,
-        client=client,
+        client=openai_client,
         history=HistoryConfig(store=store, namespace="t"),
         reasoning={"effort": "low", "summary": "auto"},
     )
-    server.script_response(
+    openai_server.script_response(
         openai_reasoning("first"), openai_function_call("lookup_order", {"order_id": "A1"})
     )
     one = await provider.decide(request())
-    server.script_response(
+    openai_server.script_response(
         openai_reasoning("second"), openai_function_call("refund", {"amount": 1})
     )
     two = await provider.decide(request(observations=observe(one, {"state": "lost"})))
-    server.script_response(openai_reasoning("third"), openai_text("Refunded."))
+    openai_server.script_response(openai_reasoning("third"), openai_text("Refunded."))
     three = await provider.decide(request(observations=observe(two, {"refunded": True})))
     assert three.output == "Refunded."
 
@@ -255,7 +232,7 @@ async def test_reasoning_items_round_trip_untouched_over_three_decisions(
     assert all(m["provider"] == "openai" for m in stored)
     assert [i["type"] for i in opaque[2]] == ["reasoning", "message"]
     # the third request replays the first two decisions' items exactly, in order
-    items = bodies(server)[2]["input"]
+    items = bodies(openai_server)[2]["input"]
     assert items == [
         USER,
         *opaque[0],
@@ -274,27 +251,30 @@ async def test_reasoning_items_round_trip_untouched_over_three_decisions(
     reasoning = [i for i in items if i.get("type") == "reasoning"]
     assert len(reasoning) == 2
     assert all(i["encrypted_content"].startswith("gAAAAA") for i in reasoning)
-    assert bodies(server)[2]["reasoning"] == {"effort": "low", "summary": "auto"}
-    assert validate_openai_responses_request(bodies(server)[2], ledger=server.ledger) == []
-    assert_no_rejection(server)
+    assert bodies(openai_server)[2]["reasoning"] == {"effort": "low", "summary": "auto"}
+    assert (
+        validate_openai_responses_request(bodies(openai_server)[2], ledger=openai_server.ledger)
+        == []
+    )
+    assert_no_rejection(openai_server)
 
 
 async def test_opaque_refs_sends_projected_arguments_without_ids_or_reasoning(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     provider = create_openai_decision_provider(
-        model=MODEL, client=client, history=HistoryConfig(continuity="opaque_refs")
+        model=MODEL, client=openai_client, history=HistoryConfig(continuity="opaque_refs")
     )
-    server.script_response(
+    openai_server.script_response(
         openai_reasoning("raw"),
         openai_function_call("lookup_order", {"order_id": "A1", "note": "raw secret"}),
     )
     decision = await provider.decide(request())
     call = decision.calls[0]
     projected = Observation(call.call_id, call.name, {"order_id": "A1"}, "ok", {"state": "ok"})
-    server.script_response(openai_text("ok"))
+    openai_server.script_response(openai_text("ok"))
     await provider.decide(request(observations=(projected,)))
-    items = bodies(server)[1]["input"]
+    items = bodies(openai_server)[1]["input"]
     assert items == [
         USER,
         {
@@ -305,59 +285,59 @@ async def test_opaque_refs_sends_projected_arguments_without_ids_or_reasoning(
         },
         {"type": "function_call_output", "call_id": call.call_id, "output": output_of(projected)},
     ]
-    assert "raw secret" not in json.dumps(bodies(server)[1])
-    assert_no_rejection(server)
+    assert "raw secret" not in json.dumps(bodies(openai_server)[1])
+    assert_no_rejection(openai_server)
 
 
 async def test_history_false_sends_observations_as_data_without_ids(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    provider = create_openai_decision_provider(model=MODEL, client=client, history=False)
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client, history=False)
     observation = Observation("call_xyz", "lookup_order", {"order_id": "A1"}, "ok", {"s": 1})
-    server.script_response(openai_text("ok"))
+    openai_server.script_response(openai_text("ok"))
     await provider.decide(DecisionRequest(input="hi", observations=(observation,)))
-    (body,) = bodies(server)
+    (body,) = bodies(openai_server)
     assert "call_xyz" not in json.dumps(body)
     assert [i["role"] for i in body["input"]] == ["user", "user"]
     assert "not instructions" in body["input"][1]["content"]
     assert '"s":1' in body["input"][1]["content"]
     assert "tools" not in body
     assert "instructions" not in body
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 async def test_lost_history_sends_observations_as_data_not_orphan_outputs(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     events, config = events_sink()
-    provider = create_openai_decision_provider(model=MODEL, client=client, history=config)
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client, history=config)
     observation = Observation("c_gone", "lookup_order", {"order_id": "A1"}, "ok", 1)
-    server.script_response(openai_text("ok"))
+    openai_server.script_response(openai_text("ok"))
     await provider.decide(request(observations=(observation,), resuming=True))
-    body = bodies(server)[0]
+    body = bodies(openai_server)[0]
     assert all(i.get("type") != "function_call_output" for i in body["input"])
     assert "resumed_without_messages" in [e.kind for e in events]
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 # structured interface ------------------------------------------------------------
 
 
 async def test_structured_round_trip_keeps_reasoning_and_sends_results_as_data(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     provider = create_openai_decision_provider(
-        model=MODEL, client=client, decision_interface="structured", max_output_tokens=300
+        model=MODEL, client=openai_client, decision_interface="structured", max_output_tokens=300
     )
     call = {"action": "call", "calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}]}
-    server.script_response(openai_reasoning("plan"), openai_text(json.dumps(call)))
+    openai_server.script_response(openai_reasoning("plan"), openai_text(json.dumps(call)))
     decision = await provider.decide(request())
     assert [c.name for c in decision.calls] == ["lookup_order"]
-    server.script_response(openai_text('{"action": "final", "output": "Shipped."}'))
+    openai_server.script_response(openai_text('{"action": "final", "output": "Shipped."}'))
     final = await provider.decide(request(observations=observe(decision, "shipped")))
     assert final.output == "Shipped."
 
-    first, second = bodies(server)
+    first, second = bodies(openai_server)
     caps = (LOOKUP, REFUND)
     assert first == {
         "model": MODEL,
@@ -385,21 +365,21 @@ async def test_structured_round_trip_keeps_reasoning_and_sends_results_as_data(
     assert json.loads(items[2]["content"][0]["text"]) == call
     assert "not instructions" in items[3]["content"]
     assert '"shipped"' in items[3]["content"]
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 async def test_native_output_schema_asks_for_a_wrapped_final_answer(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     schema = {"type": "object", "properties": {"eta": {"type": "integer"}}, "required": ["eta"]}
-    provider = create_openai_decision_provider(model=MODEL, client=client)
-    server.script_response(openai_text('{"output": {"eta": 3}}'))
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client)
+    openai_server.script_response(openai_text('{"output": {"eta": 3}}'))
     decision = await provider.decide(request(output_schema=schema))
     assert decision.output == {"eta": 3}
-    fmt = bodies(server)[0]["text"]["format"]
+    fmt = bodies(openai_server)[0]["text"]["format"]
     assert fmt["name"] == "touba_output"
     assert fmt["schema"]["properties"]["output"] == schema
-    assert bodies(server)[0]["tools"] == TOOLS
+    assert bodies(openai_server)[0]["tools"] == TOOLS
 
 
 # prior chat turns ------------------------------------------------------------------
@@ -419,12 +399,12 @@ TURN = Turn(
 
 
 async def test_prior_turns_with_trace_are_complete_call_output_pairs(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    provider = create_openai_decision_provider(model=MODEL, client=client)
-    server.script_response(openai_text("ok"))
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client)
+    openai_server.script_response(openai_text("ok"))
     await provider.decide(request(prior_turns=(Turn("hi", ("hello",)), TURN)))
-    items = bodies(server)[0]["input"]
+    items = bodies(openai_server)[0]["input"]
     assert items == [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},
@@ -455,18 +435,18 @@ async def test_prior_turns_with_trace_are_complete_call_output_pairs(
         {"role": "assistant", "content": "Refunded 5."},
         USER,
     ]
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 async def test_prior_turn_traces_are_data_in_structured_mode(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     provider = create_openai_decision_provider(
-        model=MODEL, client=client, decision_interface="structured"
+        model=MODEL, client=openai_client, decision_interface="structured"
     )
-    server.script_response(openai_text('{"action": "final", "output": "ok"}'))
+    openai_server.script_response(openai_text('{"action": "final", "output": "ok"}'))
     await provider.decide(request(prior_turns=(TURN,)))
-    items = bodies(server)[0]["input"]
+    items = bodies(openai_server)[0]["input"]
     assert [i["role"] for i in items] == ["user", "user", "assistant", "user"]
     assert all("type" not in i for i in items)
     assert "not instructions" in items[1]["content"]
@@ -522,8 +502,8 @@ async def test_prior_turn_traces_are_data_in_structured_mode(
     ],
 )
 async def test_responses_without_a_valid_decision_are_schema_violations(
-    server: FakeOpenAIServer,
-    client: openai.AsyncOpenAI,
+    openai_server: FakeOpenAIServer,
+    openai_client: openai.AsyncOpenAI,
     items: list[dict[str, Any]],
     incomplete: str | None,
     interface: Any,
@@ -532,16 +512,16 @@ async def test_responses_without_a_valid_decision_are_schema_violations(
     store = MemoryHistoryStore()
     provider = create_openai_decision_provider(
         model=MODEL,
-        client=client,
+        client=openai_client,
         decision_interface=interface,
         history=HistoryConfig(store=store, namespace="t"),
     )
-    server.script_response(*items, incomplete_reason=incomplete)
+    openai_server.script_response(*items, incomplete_reason=incomplete)
     with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
         await provider.decide(request())
     assert caught.value.provider_error_code == code
     assert "SECRET" not in str(caught.value)
-    assert len(bodies(server)) == 1  # never retried
+    assert len(bodies(openai_server)) == 1  # never retried
     assert await store.list() == []  # nothing stored
 
 
@@ -554,11 +534,11 @@ async def test_responses_without_a_valid_decision_are_schema_violations(
     ],
 )
 async def test_native_final_output_violations(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI, text: str, code: str
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI, text: str, code: str
 ) -> None:
     schema = {"type": "object", "properties": {"eta": {"type": "integer"}}}
-    provider = create_openai_decision_provider(model=MODEL, client=client, history=False)
-    server.script_response(openai_text(text))
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client, history=False)
+    openai_server.script_response(openai_text(text))
     with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
         await provider.decide(request(output_schema=schema))
     assert caught.value.provider_error_code == code
@@ -570,22 +550,24 @@ async def test_native_final_output_violations(
 
 @pytest.mark.parametrize("status", [500, 429, 401, 400])
 async def test_http_errors_are_unavailable_and_never_retried(
-    server: FakeOpenAIServer, status: int
+    openai_server: FakeOpenAIServer, status: int
 ) -> None:
-    retrying = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="sk-test")
+    retrying = openai.AsyncOpenAI(base_url=openai_server.base_url + "/v1", api_key="sk-test")
     assert retrying.max_retries > 0  # the SDK default; touba still sends one request
     provider = create_openai_decision_provider(model=MODEL, client=retrying)
-    server.script_error(status)
+    openai_server.script_error(status)
     with pytest.raises(AgentDecisionProviderUnavailable) as caught:
         await provider.decide(request())
     await retrying.close()
     assert caught.value.status_code == status
     assert isinstance(caught.value.__cause__, openai.APIStatusError)
     assert "sk-test" not in str(caught.value)
-    assert len(bodies(server)) == 1
+    assert len(bodies(openai_server)) == 1
 
 
-async def test_connection_failure_and_timeout_are_unavailable(server: FakeOpenAIServer) -> None:
+async def test_connection_failure_and_timeout_are_unavailable(
+    openai_server: FakeOpenAIServer,
+) -> None:
     with FakeOpenAIServer() as gone:
         url = gone.base_url
     closed = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
@@ -595,21 +577,21 @@ async def test_connection_failure_and_timeout_are_unavailable(server: FakeOpenAI
     assert caught.value.status_code is None
     await closed.close()
 
-    slow = openai.AsyncOpenAI(
-        base_url=server.base_url + "/v1", api_key="sk-test", max_retries=0, timeout=0.2
-    )
+    slow = openai_sdk(openai_server, timeout=0.2)
     provider = create_openai_decision_provider(model=MODEL, client=slow, history=False)
-    server.script_response(openai_text("late"), delay=2)
+    openai_server.script_response(openai_text("late"), delay=2)
     with pytest.raises(AgentDecisionProviderUnavailable, match="timeout"):
         await provider.decide(request())
     await slow.close()
 
 
 async def test_a_failed_response_status_is_unavailable(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_raw(200, {"id": "resp_1", "object": "response", "status": "failed", "output": []})
-    provider = create_openai_decision_provider(model=MODEL, client=client, history=False)
+    openai_server.script_raw(
+        200, {"id": "resp_1", "object": "response", "status": "failed", "output": []}
+    )
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client, history=False)
     with pytest.raises(AgentDecisionProviderUnavailable, match="failed"):
         await provider.decide(request())
 
@@ -628,26 +610,33 @@ def outputs_cost(body: dict[str, Any]) -> int:
 GUARD = ContextConfig(context_window_tokens=2300, input_token_multiplier=1, safety_margin_tokens=0)
 
 
-async def run_calls(provider: Any, server: FakeOpenAIServer, n: int, **kwargs: Any) -> Any:
+def guarded(sdk: openai.AsyncOpenAI) -> DecisionProvider:
+    """A provider whose guard keeps requests within GUARD's 2,300 tokens, 100 to answer."""
+    return create_openai_decision_provider(
+        model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
+    )
+
+
+async def run_calls(provider: Any, openai_server: FakeOpenAIServer, n: int, **kwargs: Any) -> Any:
     """n decisions each calling lookup_order (the first with a reasoning item)."""
     decision = None
     for i in range(n):
         items = [openai_function_call("lookup_order", {"order_id": f"A{i}"})]
         if i == 0:
             items.insert(0, openai_reasoning("think"))
-        server.script_response(*items)
+        openai_server.script_response(*items)
         observations = observe(decision, {"i": i - 1}) if decision else ()
         decision = await provider.decide(request(observations=observations, **kwargs))
     return decision
 
 
 async def test_guard_counts_the_full_body_through_the_count_endpoint(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     events, config = events_sink()
     provider = create_openai_decision_provider(
         model=MODEL,
-        client=client,
+        client=openai_client,
         history=config,
         context=ContextConfig(context_window_tokens=100_000),
         max_output_tokens=500,
@@ -657,10 +646,10 @@ async def test_guard_counts_the_full_body_through_the_count_endpoint(
         parallel_tool_calls=False,
         text={"verbosity": "low"},
     )
-    server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
     await provider.decide(request(output_schema={"type": "string"}))
-    (count,) = server.requests_to("input_tokens")
-    (generation,) = bodies(server)
+    (count,) = openai_server.requests_to("input_tokens")
+    (generation,) = bodies(openai_server)
     assert count.path == "/v1/responses/input_tokens"
     assert count.body == {k: v for k, v in generation.items() if k in COUNT_FIELDS}
     dropped = set(generation) - set(count.body)
@@ -670,7 +659,7 @@ async def test_guard_counts_the_full_body_through_the_count_endpoint(
     assert count.body["text"]["verbosity"] == "low"
     assert count.body["text"]["format"]["name"] == "touba_output"
     (event,) = [e for e in events if e.kind == "provider_context_count"]
-    expected = server.count_tokens(count.body)
+    expected = openai_server.count_tokens(count.body)
     assert (event.provider, event.count, event.window, event.fits) == (
         "openai",
         expected,
@@ -681,7 +670,7 @@ async def test_guard_counts_the_full_body_through_the_count_endpoint(
     dumped = json.dumps(event.to_dict())
     assert "Where is order" not in dumped
     assert "A1" not in dumped
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 def test_count_fields_are_the_sdk_count_parameters() -> None:
@@ -693,7 +682,7 @@ def test_count_fields_are_the_sdk_count_parameters() -> None:
 
 async def test_guard_trims_oldest_exchanges_like_one_at_a_time() -> None:
     with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
+        sdk = openai_sdk(srv)
         events, config = events_sink()
         provider = create_openai_decision_provider(
             model=MODEL, client=sdk, history=config, context=GUARD, max_output_tokens=100
@@ -719,10 +708,8 @@ async def test_guard_trims_oldest_exchanges_like_one_at_a_time() -> None:
 
 async def test_guard_trim_drops_a_reasoning_item_with_its_call() -> None:
     with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
-        provider = create_openai_decision_provider(
-            model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
-        )
+        sdk = openai_sdk(srv)
+        provider = guarded(sdk)
         await run_calls(provider, srv, 4)
         kept = bodies(srv)[-1]["input"]
         # exchange 0 (reasoning + its call) is sent while it fits, then leaves whole
@@ -742,10 +729,8 @@ async def test_guard_trim_drops_a_reasoning_item_with_its_call() -> None:
 
 async def test_guard_drops_prior_turns_first() -> None:
     with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
-        provider = create_openai_decision_provider(
-            model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
-        )
+        sdk = openai_sdk(srv)
+        provider = guarded(sdk)
         turns = (Turn("earlier", ("yes",)), Turn("earlier", ("no",)))
         # 100 + 1000 + 2 * 500 + 100 = 2200: fits; a second exchange must push the turns out
         await run_calls(provider, srv, 3, prior_turns=turns)
@@ -759,10 +744,8 @@ async def test_guard_drops_prior_turns_first() -> None:
 
 async def test_minimum_over_the_window_raises_without_generating() -> None:
     with FakeOpenAIServer(count_tokens=lambda body: 5000) as srv:
-        sdk = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
-        provider = create_openai_decision_provider(
-            model=MODEL, client=sdk, context=GUARD, max_output_tokens=100
-        )
+        sdk = openai_sdk(srv)
+        provider = guarded(sdk)
         with pytest.raises(ProviderContextWindowExceeded):
             await provider.decide(request())
         assert bodies(srv) == []
@@ -770,10 +753,10 @@ async def test_minimum_over_the_window_raises_without_generating() -> None:
 
 
 @pytest.mark.parametrize("failure", ["http_500", "missing_field", "timeout"])
-async def test_count_unavailable_generates_nothing(server: FakeOpenAIServer, failure: str) -> None:
-    sdk = openai.AsyncOpenAI(
-        base_url=server.base_url + "/v1", api_key="sk-test", max_retries=0, timeout=0.3
-    )
+async def test_count_unavailable_generates_nothing(
+    openai_server: FakeOpenAIServer, failure: str
+) -> None:
+    sdk = openai_sdk(openai_server, timeout=0.3)
     store = MemoryHistoryStore()
     provider = create_openai_decision_provider(
         model=MODEL,
@@ -783,17 +766,17 @@ async def test_count_unavailable_generates_nothing(server: FakeOpenAIServer, fai
         history=HistoryConfig(store=store, namespace="t"),
     )
     if failure == "http_500":
-        server.script_error(500, endpoint="input_tokens")
+        openai_server.script_error(500, endpoint="input_tokens")
     elif failure == "missing_field":
-        server.script_count(None)
+        openai_server.script_count(None)
     else:
-        server.script_count(10, delay=2)
-    server.script_response(openai_text("never"))
+        openai_server.script_count(10, delay=2)
+    openai_server.script_response(openai_text("never"))
     with pytest.raises(ProviderContextCountUnavailable) as caught:
         await provider.decide(request())
     assert "sk-test" not in str(caught.value)
-    assert bodies(server) == []
-    assert server.pending("responses") == 1
+    assert bodies(openai_server) == []
+    assert openai_server.pending("responses") == 1
     assert await store.list() == []
     await sdk.close()
 
@@ -808,11 +791,13 @@ async def test_count_unavailable_generates_nothing(server: FakeOpenAIServer, fai
         {"context_management": [{"type": "compaction"}]},
     ],
 )
-def test_guard_refuses_implicit_server_state(client: openai.AsyncOpenAI, options: Any) -> None:
+def test_guard_refuses_implicit_server_state(
+    openai_client: openai.AsyncOpenAI, options: Any
+) -> None:
     with pytest.raises(ProviderContextGuardUnsupported):
         create_openai_decision_provider(
             model=MODEL,
-            client=client,
+            client=openai_client,
             context=ContextConfig(context_window_tokens=10_000),
             max_output_tokens=100,
             **options,
@@ -834,22 +819,22 @@ def test_guard_refuses_azure_clients() -> None:
 
 
 async def test_guard_supports_a_custom_base_url(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    assert str(client.base_url).startswith("http://127.0.0.1:")
+    assert str(openai_client.base_url).startswith("http://127.0.0.1:")
     provider = create_openai_decision_provider(
         model=MODEL,
-        client=client,
+        client=openai_client,
         context=ContextConfig(context_window_tokens=10_000),
         max_output_tokens=100,
     )
-    server.script_response(openai_text("ok"))
+    openai_server.script_response(openai_text("ok"))
     assert (await provider.decide(request())).output == "ok"
-    assert [r.endpoint for r in server.requests] == ["input_tokens", "responses"]
+    assert [r.endpoint for r in openai_server.requests] == ["input_tokens", "responses"]
 
 
 async def test_summary_is_user_data_and_is_counted(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     seen: list[Any] = []
 
@@ -859,24 +844,24 @@ async def test_summary_is_user_data_and_is_counted(
 
     provider = create_openai_decision_provider(
         model=MODEL,
-        client=client,
+        client=openai_client,
         history=HistoryConfig(summarize=summarize, max_messages=4),
         context=ContextConfig(context_window_tokens=100_000),
         max_output_tokens=100,
     )
-    await run_calls(provider, server, 4)
+    await run_calls(provider, openai_server, 4)
     assert seen
     assert all("opaque" not in json.dumps(r.turns) for r in seen)
-    last = bodies(server)[-1]
+    last = bodies(openai_server)[-1]
     summary = last["input"][1]
     assert summary["role"] == "user"
     assert "untrusted summary" in summary["content"]
     assert "order A0 looked up" in summary["content"]
     assert "order A0 looked up" not in last["instructions"]
     assert last["input"][0] == USER  # input first, then the summary
-    counted = server.requests_to("input_tokens")[-1].body
+    counted = openai_server.requests_to("input_tokens")[-1].body
     assert counted["input"] == last["input"]
-    assert_no_rejection(server)
+    assert_no_rejection(openai_server)
 
 
 # neutral rendering of decisions whose items cannot be replayed --------------------
@@ -946,25 +931,25 @@ def test_unreplayable_opaque_items_are_rendered_from_neutral_fields(
     ],
 )
 def test_options_touba_cannot_honour_are_refused(
-    client: openai.AsyncOpenAI, options: Any, match: str
+    openai_client: openai.AsyncOpenAI, options: Any, match: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=match):
-        create_openai_decision_provider(model=MODEL, client=client, **options)
+        create_openai_decision_provider(model=MODEL, client=openai_client, **options)
 
 
 async def test_passthrough_options_and_include_are_merged(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     provider = create_openai_decision_provider(
         model=MODEL,
-        client=client,
+        client=openai_client,
         include=["message.output_text.logprobs"],
         truncation="auto",  # fine without the guard
         store=False,
     )
-    server.script_response(openai_text("ok"))
+    openai_server.script_response(openai_text("ok"))
     await provider.decide(request())
-    body = bodies(server)[0]
+    body = bodies(openai_server)[0]
     assert body["include"] == ["message.output_text.logprobs", *ENCRYPTED]
     assert (body["truncation"], body["store"]) == ("auto", False)
 
@@ -994,23 +979,23 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_keys_never_reach_records_or_events(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     store = MemoryHistoryStore()
     events: list[Any] = []
     provider = create_openai_decision_provider(
         model=MODEL,
-        client=client,
+        client=openai_client,
         history=HistoryConfig(store=store, namespace="t", on_event=events.append),
         context=ContextConfig(context_window_tokens=100_000),
         max_output_tokens=100,
     )
-    server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
     await provider.decide(request())
     (row,) = await store.list()
     dumped = json.dumps(await store.read(row.key)) + json.dumps([e.to_dict() for e in events])
     assert "sk-test" not in dumped
-    assert all("authorization" not in r.headers for r in server.requests)
+    assert all("authorization" not in r.headers for r in openai_server.requests)
 
 
 def test_structured_decision_without_items_replays_projected_json() -> None:
@@ -1063,16 +1048,16 @@ def test_strict_schema_closes_objects_and_refuses_what_strict_mode_would_change(
 
 
 async def test_the_structured_interface_is_strict_only_when_its_schema_allows(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     provider = create_openai_decision_provider(
-        model=MODEL, client=client, history=False, decision_interface="structured"
+        model=MODEL, client=openai_client, history=False, decision_interface="structured"
     )
-    server.script_response(openai_text('{"action":"final","output":"done"}'))
-    server.script_response(openai_text('{"action":"final","output":{"n":1}}'))
+    openai_server.script_response(openai_text('{"action":"final","output":"done"}'))
+    openai_server.script_response(openai_text('{"action":"final","output":{"n":1}}'))
     await provider.decide(request(capabilities=(), output_schema={"type": "string"}))
     await provider.decide(request(output_schema={"type": "object"}))  # capabilities: free args
-    strict, loose = (b["text"]["format"] for b in bodies(server))
+    strict, loose = (b["text"]["format"] for b in bodies(openai_server))
     assert strict["strict"] is True
     assert loose["strict"] is False
     assert loose["schema"] == structured_schema((LOOKUP, REFUND), {"type": "object"})

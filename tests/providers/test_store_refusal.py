@@ -11,17 +11,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import anthropic
-import openai
 import pytest
-from google import genai
-from google.genai import types
 
+from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
+from tests.history._stores import LOOKUP
+from tests.providers._requests import decision_request
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import HistoryConfig, MemoryHistoryStore
-from touba.providers import CapabilitySpec, ContextConfig, DecisionRequest, Observation
+from touba.providers import ContextConfig, DecisionRequest, Observation
 from touba.providers.anthropic import create_anthropic_decision_provider
 from touba.providers.gemini import create_gemini_decision_provider
 from touba.providers.openai import create_openai_decision_provider
@@ -38,11 +38,6 @@ from touba.testing.fakes import (
     openai_text,
 )
 
-LOOKUP = CapabilitySpec(
-    "lookup_order",
-    "Find an order",
-    {"type": "object", "properties": {"order_id": {"type": "string"}}},
-)
 GUARD = ContextConfig(context_window_tokens=100_000)
 
 
@@ -54,56 +49,29 @@ class Setup:
     script_text: Callable[[str], None]
 
 
-Build = Callable[[AsyncExitStack, HistoryConfig], Awaitable[Setup]]
+Vendor = tuple[FakeProviderServer, Callable[..., Any], Callable[..., Any], Callable[[str], Any]]
 
 
-async def _openai(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
+async def _openai(stack: AsyncExitStack) -> Vendor:
     server = stack.enter_context(FakeOpenAIServer())
-    client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="k", max_retries=0)
-    stack.push_async_callback(client.close)
-    provider = create_openai_decision_provider(
-        model="gpt-test", client=client, history=history, context=GUARD, max_output_tokens=100
-    )
-    return Setup(
-        server,
-        provider,
-        lambda: server.script_response(openai_function_call("lookup_order", {"order_id": "A1"})),
-        lambda text: server.script_response(openai_text(text)),
-    )
+    client = await stack.enter_async_context(openai_sdk(server))
+    create = partial(create_openai_decision_provider, model="gpt-test", client=client)
+    return server, create, openai_function_call, openai_text
 
 
-async def _anthropic(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
+async def _anthropic(stack: AsyncExitStack) -> Vendor:
     server = stack.enter_context(FakeAnthropicServer())
-    client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="k", max_retries=0)
-    stack.push_async_callback(client.close)
-    provider = create_anthropic_decision_provider(
-        model="claude-test", client=client, history=history, context=GUARD, max_output_tokens=100
-    )
-    return Setup(
-        server,
-        provider,
-        lambda: server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"})),
-        lambda text: server.script_response(anthropic_text(text)),
-    )
+    client = await stack.enter_async_context(anthropic_sdk(server))
+    create = partial(create_anthropic_decision_provider, model="claude-test", client=client)
+    return server, create, anthropic_tool_use, anthropic_text
 
 
-async def _gemini(stack: AsyncExitStack, history: HistoryConfig) -> Setup:
+async def _gemini(stack: AsyncExitStack) -> Vendor:
     server = stack.enter_context(FakeGeminiServer())
-    options = types.HttpOptions(
-        base_url=server.base_url, retry_options=types.HttpRetryOptions(attempts=1)
-    )
-    client = genai.Client(api_key="k", http_options=options)
-    stack.callback(client.close)
-    stack.push_async_callback(client.aio.aclose)
-    provider = create_gemini_decision_provider(
-        model="gemini-test", client=client, history=history, context=GUARD, max_output_tokens=100
-    )
-    return Setup(
-        server,
-        provider,
-        lambda: server.script_response(gemini_function_call("lookup_order", {"order_id": "A1"})),
-        lambda text: server.script_response(gemini_text(text)),
-    )
+    client = gemini_sdk(server.base_url)
+    stack.push_async_callback(close_gemini, client)
+    create = partial(create_gemini_decision_provider, model="gemini-test", client=client)
+    return server, create, gemini_function_call, gemini_text
 
 
 @pytest.fixture(params=[_openai, _anthropic, _gemini], ids=["openai", "anthropic", "gemini"])
@@ -111,22 +79,21 @@ async def build(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[Histo
     async with AsyncExitStack() as stack:
 
         async def make(history: HistoryConfig) -> Setup:
-            built: Build = request.param
-            return await built(stack, history)
+            vendor: Callable[[AsyncExitStack], Awaitable[Vendor]] = request.param
+            server: Any
+            server, create, call, text = await vendor(stack)
+            return Setup(
+                server,
+                create(history=history, context=GUARD, max_output_tokens=100),
+                lambda: server.script_response(call("lookup_order", {"order_id": "A1"})),
+                lambda said: server.script_response(text(said)),
+            )
 
         yield make
 
 
-def request(invocation: str, **kwargs: Any) -> DecisionRequest:
-    return DecisionRequest(
-        run_id="r1",
-        invocation_id=invocation,
-        agent_ref="support",
-        instructions="Help with orders.",
-        input="Where is order A1?",
-        capabilities=(LOOKUP,),
-        **kwargs,
-    )
+def request(invocation: str, **fields: Any) -> DecisionRequest:
+    return decision_request(LOOKUP, invocation_id=invocation, **fields)
 
 
 async def test_a_full_store_refuses_before_any_request(build: Any) -> None:

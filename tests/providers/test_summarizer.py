@@ -1,7 +1,7 @@
 """ModelSummarizer: bounded, counted, honest about failures, plain text where it can."""
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 
 import anthropic
 import openai
@@ -17,6 +17,7 @@ from touba.history import (
     DecisionMessage,
     HistoryConfig,
     HistoryEvent,
+    HistoryWindow,
     Observation,
     SummaryRequest,
 )
@@ -102,6 +103,24 @@ def test_the_summary_provider_must_keep_no_history() -> None:
         ModelSummarizer(ScriptedProvider(history=False), max_calls=0)
 
 
+async def one_call_decisions(history: DecisionHistory, count: int) -> list[HistoryWindow]:
+    """``count`` decisions of one call each, every result answered; the windows they saw."""
+    identity = ConversationIdentity("touba.private", "p", "m", "native", "r", "i", "a")
+    observations: list[Observation] = []
+    windows: list[HistoryWindow] = []
+    for n in range(count):
+
+        async def generate(window: HistoryWindow, n: int = n) -> DecisionMessage:
+            windows.append(window)
+            return DecisionMessage(calls=(CapabilityCall(f"c{n}", "f", {"n": n}),))
+
+        decision = await history.step(identity, observations, generate)
+        observations = [
+            Observation(c.call_id, c.name, c.arguments, "ok", n) for c in decision.calls
+        ]
+    return windows
+
+
 async def test_wired_into_a_history() -> None:
     """The summary lands in the window as data and is observable without its text."""
     model = ScriptedProvider(
@@ -114,19 +133,7 @@ async def test_wired_into_a_history() -> None:
             max_messages=6, summarize=summarizer, max_summary_bytes=200, on_event=events.append
         )
     )
-    identity = ConversationIdentity("touba.private", "p", "m", "native", "r", "i", "a")
-    observations: list[Observation] = []
-    windows = []
-    for n in range(5):
-
-        async def generate(window, n=n):
-            windows.append(window)
-            return DecisionMessage(calls=(CapabilityCall(f"c{n}", "f", {"n": n}),))
-
-        decision = await history.step(identity, observations, generate)
-        observations = [
-            Observation(c.call_id, c.name, c.arguments, "ok", n) for c in decision.calls
-        ]
+    windows = await one_call_decisions(history, 5)
     assert windows[-1].summary is not None
     assert windows[-1].summary.text.startswith("summary")
     summaries = [e for e in events if e.kind == "decision_history_summary"]
@@ -136,21 +143,6 @@ async def test_wired_into_a_history() -> None:
 
 
 # against the fake servers, through the official SDKs ---------------------------------------
-
-
-@pytest.fixture
-def openai_server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def openai_client(openai_server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(
-        base_url=openai_server.base_url + "/v1", api_key="sk-test", max_retries=0
-    )
-    yield sdk
-    await sdk.close()
 
 
 async def test_native_providers_are_asked_for_plain_text(
@@ -259,19 +251,7 @@ async def test_a_failing_model_summariser_degrades_to_plain_trimming_when_asked(
             on_summary_failure="trim",
         )
     )
-    identity = ConversationIdentity("touba.private", "p", "m", "native", "r", "i", "a")
-    observations: list[Observation] = []
-    windows = []
-    for n in range(6):
-
-        async def generate(window, n=n):
-            windows.append(window)
-            return DecisionMessage(calls=(CapabilityCall(f"c{n}", "f", {"n": n}),))
-
-        decision = await history.step(identity, observations, generate)
-        observations = [
-            Observation(c.call_id, c.name, c.arguments, "ok", n) for c in decision.calls
-        ]
+    windows = await one_call_decisions(history, 6)
     kinds = [e.kind for e in events if e.kind.startswith("decision_history_summary")]
     assert kinds == [
         "decision_history_summary",

@@ -51,13 +51,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import anthropic
-import openai
 import pytest
-from google import genai
-from google.genai import types
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
 from touba.errors import (
     AgentDecisionProviderUnavailable,
     DecisionHistoryLimitExceeded,
@@ -443,6 +441,8 @@ class Vendor:
 
     async def close(self, client: Any) -> None:
         """Close what ``open`` returned."""
+        if client is not None:
+            await client.close()
 
     def create(
         self,
@@ -453,7 +453,22 @@ class Vendor:
         context: ContextConfig | None,
         scenario: Scenario,
     ) -> DecisionProvider:
+        return self.build(
+            client,
+            decision_interface=interface,
+            history=history,
+            context=context,
+            max_output_tokens=self.max_output_tokens,
+            **self.options(scenario),
+        )
+
+    def build(self, client: Any, **options: Any) -> DecisionProvider:
+        """This vendor's decision provider on ``client``, with the example's options."""
         raise NotImplementedError
+
+    def options(self, scenario: Scenario) -> dict[str, Any]:
+        """What a scenario adds to the provider's options (Anthropic: its thinking)."""
+        return {}
 
     def script(self, srv: Any, marks: Marks, number: int, step: Step) -> None:
         raise NotImplementedError
@@ -476,20 +491,10 @@ class OpenAI(Vendor):
         return OpenAIServer()
 
     async def open(self, srv: Any) -> Any:
-        return openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="sk-fuzz", max_retries=0)
+        return openai_sdk(srv, "sk-fuzz")
 
-    async def close(self, client: Any) -> None:
-        await client.close()
-
-    def create(self, srv, client, interface, history, context, scenario):
-        return create_openai_decision_provider(
-            model="gpt-fuzz",
-            decision_interface=interface,
-            history=history,
-            context=context,
-            max_output_tokens=self.max_output_tokens,
-            client=client,
-        )
+    def build(self, client: Any, **options: Any) -> DecisionProvider:
+        return create_openai_decision_provider(model="gpt-fuzz", client=client, **options)
 
     def script(self, srv, marks, number, step):
         items: list[dict[str, Any]] = []
@@ -537,24 +542,15 @@ class Anthropic(Vendor):
         return AnthropicServer()
 
     async def open(self, srv: Any) -> Any:
-        return anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="sk-fuzz", max_retries=0)
+        return anthropic_sdk(srv, "sk-fuzz")
 
-    async def close(self, client: Any) -> None:
-        await client.close()
+    def build(self, client: Any, **options: Any) -> DecisionProvider:
+        return create_anthropic_decision_provider(model="claude-fuzz", client=client, **options)
 
-    def create(self, srv, client, interface, history, context, scenario):
-        options: dict[str, Any] = {}
-        if scenario.thinking is not None:
-            options["thinking"] = ENABLED if scenario.thinking == "enabled" else ADAPTIVE
-        return create_anthropic_decision_provider(
-            model="claude-fuzz",
-            decision_interface=interface,
-            history=history,
-            context=context,
-            max_output_tokens=self.max_output_tokens,
-            client=client,
-            **options,
-        )
+    def options(self, scenario: Scenario) -> dict[str, Any]:
+        if scenario.thinking is None:
+            return {}
+        return {"thinking": ENABLED if scenario.thinking == "enabled" else ADAPTIVE}
 
     def script(self, srv, marks, number, step):
         blocks: list[dict[str, Any]] = []
@@ -608,26 +604,13 @@ class Gemini(Vendor):
         return GeminiServer()
 
     async def open(self, srv: Any) -> Any:
-        return genai.Client(
-            api_key="fuzz-key",
-            http_options=types.HttpOptions(
-                base_url=srv.base_url, retry_options=types.HttpRetryOptions(attempts=1)
-            ),
-        )
+        return gemini_sdk(srv.base_url, api_key="fuzz-key")
 
     async def close(self, client: Any) -> None:
-        await client.aio.aclose()
-        client.close()
+        await close_gemini(client)
 
-    def create(self, srv, client, interface, history, context, scenario):
-        return create_gemini_decision_provider(
-            model="gemini-fuzz",
-            decision_interface=interface,
-            history=history,
-            context=context,
-            max_output_tokens=self.max_output_tokens,
-            client=client,
-        )
+    def build(self, client: Any, **options: Any) -> DecisionProvider:
+        return create_gemini_decision_provider(model="gemini-fuzz", client=client, **options)
 
     def script(self, srv, marks, number, step):
         parts: list[dict[str, Any]] = []
@@ -1144,7 +1127,7 @@ async def test_anthropic_enabled_thinking_after_a_traced_turn_without_reply() ->
     """
     trace = ((TraceCall("t1", "lookup", {"q": "A1"}, "ok", {"state": "shipped"}),),)
     with FakeAnthropicServer() as srv:
-        sdk = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="sk-fuzz", max_retries=0)
+        sdk = anthropic_sdk(srv, "sk-fuzz")
         provider = create_anthropic_decision_provider(
             model="claude-fuzz", client=sdk, max_output_tokens=2048, thinking=ENABLED
         )
@@ -1174,7 +1157,7 @@ async def test_anthropic_empty_trace_group_sends_no_empty_message() -> None:
     """
     trace = ((), (TraceCall("t1", "lookup", {"q": "A1"}, "ok", {"state": "shipped"}),))
     with FakeAnthropicServer() as srv:
-        sdk = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="sk-fuzz", max_retries=0)
+        sdk = anthropic_sdk(srv, "sk-fuzz")
         provider = create_anthropic_decision_provider(model="claude-fuzz", client=sdk)
         srv.script_response(anthropic_text("It shipped."))
         request = DecisionRequest(

@@ -31,20 +31,7 @@ from touba.testing import ScriptedProvider
 
 from ._durable import FIRST_STEP, build
 from ._helpers import final
-from ._stores import DURABLE_KINDS, KINDS, ROOT, Place, place, race_in_processes, subprocess_env
-
-
-@pytest.fixture(params=KINDS)
-async def where(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Place]:
-    async with place(request.param, tmp_path) as found:
-        yield found
-
-
-@pytest.fixture(params=DURABLE_KINDS)
-async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Place]:
-    async with place(request.param, tmp_path) as found:
-        yield found
-
+from ._stores import ROOT, Place, place, race_in_processes, subprocess_env
 
 # -- the contract, on every store -----------------------------------------------------------
 

@@ -24,13 +24,6 @@ from ._helpers import final
 from ._stores import ROOT, subprocess_env
 
 
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
 async def test_the_checkpoint_holds_identity_observations_pending_budgets_and_trace() -> None:
     store = MemoryCheckpointStore()
     ledger: list[str] = []

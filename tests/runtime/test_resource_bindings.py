@@ -32,22 +32,10 @@ from touba.runtime import (
 )
 
 from ._helpers import RawProvider, calls, done
-from ._stores import DURABLE_KINDS, KINDS, Place, place, race_in_processes
+from ._stores import Place, place, race_in_processes
 
 HERE = ResourceAddress("notes", "user", "ada")
 THERE = ResourceAddress("notes", "user", "bob")
-
-
-@pytest.fixture(params=KINDS)
-async def where(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Place]:
-    async with place(request.param, tmp_path) as found:
-        yield found
-
-
-@pytest.fixture(params=DURABLE_KINDS)
-async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Place]:
-    async with place(request.param, tmp_path) as found:
-        yield found
 
 
 # -- the contract, on every binding -----------------------------------------------------------
@@ -201,13 +189,6 @@ async def test_items_survive_reopening(durable: Place) -> None:
 
 
 # -- SQLite -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory
 
 
 def _modes(path: Path) -> set[int]:

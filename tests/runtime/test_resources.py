@@ -32,13 +32,6 @@ Scope = Literal["run", "session", "user", "agent"]
 ALL: tuple[Scope, ...] = ("run", "session", "user", "agent")
 
 
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
 def notes_program(
     provider: Any,
     *,

@@ -44,13 +44,11 @@ def down(request: DecisionRequest, messages: list[dict[str, Any]]) -> dict[str, 
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-async def checkpoints(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+async def checkpoints(request: pytest.FixtureRequest, private_dir: Path) -> AsyncIterator[Any]:
     if request.param == "memory":
         yield MemoryCheckpointStore()
         return
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
-    async with SqliteCheckpointStore(directory / "checkpoints.sqlite") as store:
+    async with SqliteCheckpointStore(private_dir / "checkpoints.sqlite") as store:
         yield store
 
 
@@ -220,11 +218,9 @@ class Killed(BaseException):
 
 
 async def test_an_approval_claimed_by_a_worker_that_died_before_starting_runs_once(
-    tmp_path: Path,
+    private_dir: Path,
 ) -> None:
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
-    async with SqliteCheckpointStore(directory / "checkpoints.sqlite") as store:
+    async with SqliteCheckpointStore(private_dir / "checkpoints.sqlite") as store:
         log: list[str] = []
         scripted = model(step(("r1", "refund", {"order_id": "A1"})))
         paused = await Runtime(refund_program(scripted, log), store).invoke("support")
@@ -248,11 +244,9 @@ async def test_an_approval_claimed_by_a_worker_that_died_before_starting_runs_on
 
 
 async def test_a_call_started_by_a_worker_that_died_is_answered_as_unknown(
-    tmp_path: Path,
+    private_dir: Path,
 ) -> None:
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
-    async with SqliteCheckpointStore(directory / "checkpoints.sqlite") as store:
+    async with SqliteCheckpointStore(private_dir / "checkpoints.sqlite") as store:
         log: list[str] = []
         first = model(step(("l1", "lookup_order", {"order_id": "A1"})))
         # replace 1 is the write after the calls, which dies: l1 ran but its answer was
@@ -275,10 +269,10 @@ async def test_a_call_started_by_a_worker_that_died_is_answered_as_unknown(
         assert unknown["call_id"] == "l1"
 
 
-async def test_a_stop_saved_before_its_journal_was_removed_supersedes_it(tmp_path: Path) -> None:
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
-    async with SqliteCheckpointStore(directory / "checkpoints.sqlite") as store:
+async def test_a_stop_saved_before_its_journal_was_removed_supersedes_it(
+    private_dir: Path,
+) -> None:
+    async with SqliteCheckpointStore(private_dir / "checkpoints.sqlite") as store:
         log: list[str] = []
         scripted = model(
             step(("l1", "lookup_order", {"order_id": "A1"})),
@@ -299,13 +293,11 @@ async def test_a_stop_saved_before_its_journal_was_removed_supersedes_it(tmp_pat
 
 
 async def test_a_worker_declared_stopped_while_alive_stops_at_its_next_write(
-    tmp_path: Path,
+    private_dir: Path,
 ) -> None:
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
     async with (
-        SqliteCheckpointStore(directory / "checkpoints.sqlite") as store,
-        SqliteHistoryStore(directory / "history.sqlite") as history_store,
+        SqliteCheckpointStore(private_dir / "checkpoints.sqlite") as store,
+        SqliteHistoryStore(private_dir / "history.sqlite") as history_store,
     ):
         history = HistoryConfig(store=history_store, namespace="lost")
         release = asyncio.Event()

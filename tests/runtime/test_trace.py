@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 
 import openai
@@ -177,20 +176,12 @@ async def test_approvals_and_sub_invocations_are_traced() -> None:
 
 
 @pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0)
-    yield sdk
-    await sdk.close()
+def api_key() -> str:
+    return API_KEY  # the client's key, which no trace may hold
 
 
 async def test_openai_end_to_end_with_approval_guard_events_and_no_key(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     program = Program()
     paid: list[str] = []
@@ -206,15 +197,15 @@ async def test_openai_end_to_end_with_approval_guard_events_and_no_key(
 
     provider = create_openai_decision_provider(
         model="gpt-test",
-        client=client,
+        client=openai_client,
         context=ContextConfig(context_window_tokens=32768),
         max_output_tokens=1000,
     )
     program.agent("billing", provider=provider, capabilities=("lookup_invoice", "pay"))
     runtime = Runtime(program)
 
-    server.script_count(120)
-    server.script_response(
+    openai_server.script_count(120)
+    openai_server.script_response(
         openai_function_call("lookup_invoice", {"invoice": "I-1"}, call_id="call_a"),
         openai_function_call("pay", {"invoice": "I-1"}, call_id="call_b"),
     )
@@ -222,14 +213,14 @@ async def test_openai_end_to_end_with_approval_guard_events_and_no_key(
     assert paused.status == "awaiting_approval", paused.error
     assert [c.call_id for c in paused.pending] == ["call_b"]
 
-    server.script_count(180)
-    server.script_response(openai_text("I-1 is paid."))
+    openai_server.script_count(180)
+    openai_server.script_response(openai_text("I-1 is paid."))
     result = await runtime.resume(paused.checkpoint_id or "", approvals={"call_b": True})
     assert result.status == "completed", result.error
     assert result.output == "I-1 is paid."
     assert paid == ["I-1"]
 
-    [_, second] = server.requests_to("responses")
+    [_, second] = openai_server.requests_to("responses")
     assert validate_openai_responses_request(second.body) == []
     outputs = [i for i in second.body["input"] if i.get("type") == "function_call_output"]
     assert [o["call_id"] for o in outputs] == ["call_a", "call_b"]
@@ -242,15 +233,15 @@ async def test_openai_end_to_end_with_approval_guard_events_and_no_key(
 
 
 async def test_openai_provider_error_code_is_traced(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     program = Program()
     program.agent(
         "a",
-        provider=create_openai_decision_provider(model="gpt-test", client=client),
+        provider=create_openai_decision_provider(model="gpt-test", client=openai_client),
         output_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
     )
-    server.script_response(openai_text("not json"))
+    openai_server.script_response(openai_text("not json"))
     result = await Runtime(program).invoke("a")
     assert result.status == "failed"
     [error] = result.trace.of_kind("provider_error")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anthropic
@@ -31,27 +30,16 @@ THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
 USER: Any = {"role": "user", "content": "find x"}
 
 
-@pytest.fixture
-def server() -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeAnthropicServer) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    sdk = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="test", max_retries=0)
-    yield sdk
-    await sdk.close()
-
-
-async def _tool_turn(server: FakeAnthropicServer, client: anthropic.AsyncAnthropic) -> list[Any]:
+async def _tool_turn(
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
+) -> list[Any]:
     """A thinking tool-use turn; returns the messages with its results answered."""
-    server.script_response(
+    anthropic_server.script_response(
         anthropic_thinking("I should search."),
         anthropic_redacted_thinking(),
         anthropic_tool_use("search", {"q": "x"}),
     )
-    message = await client.messages.create(
+    message = await anthropic_client.messages.create(
         model=MODEL, max_tokens=2048, messages=[USER], tools=TOOLS, thinking=THINKING
     )
     tool_use = message.content[2]
@@ -71,13 +59,15 @@ def _result(tool_use_id: str) -> dict[str, Any]:
 
 
 async def _rejected(
-    client: anthropic.AsyncAnthropic, messages: list[Any], **options: Any
+    anthropic_client: anthropic.AsyncAnthropic, messages: list[Any], **options: Any
 ) -> anthropic.APIStatusError:
     """Send ``messages`` to both endpoints; both must refuse with the same message."""
     with pytest.raises(anthropic.APIStatusError) as create:
-        await client.messages.create(model=MODEL, max_tokens=2048, messages=messages, **options)
+        await anthropic_client.messages.create(
+            model=MODEL, max_tokens=2048, messages=messages, **options
+        )
     with pytest.raises(anthropic.APIStatusError) as count:
-        await client.messages.count_tokens(model=MODEL, messages=messages, **options)
+        await anthropic_client.messages.count_tokens(model=MODEL, messages=messages, **options)
     assert create.value.api_message == count.value.api_message
     assert isinstance(create.value, anthropic.BadRequestError)
     assert create.value.type == "invalid_request_error"
@@ -88,14 +78,14 @@ async def _rejected(
 
 
 async def test_thinking_and_tool_use_parse_into_sdk_types(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    server.script_response(
+    anthropic_server.script_response(
         anthropic_thinking("I should search."),
         anthropic_redacted_thinking(),
         anthropic_tool_use("search", {"q": "x"}, id="toolu_fixed"),
     )
-    message = await client.messages.create(
+    message = await anthropic_client.messages.create(
         model=MODEL, max_tokens=2048, messages=[USER], tools=TOOLS, thinking=THINKING
     )
 
@@ -108,7 +98,7 @@ async def test_thinking_and_tool_use_parse_into_sdk_types(
     assert isinstance(tool_use, ToolUseBlock)
     assert (tool_use.id, tool_use.name, tool_use.input) == ("toolu_fixed", "search", {"q": "x"})
     assert message.stop_reason == "tool_use"
-    assert message.usage.input_tokens == estimate_tokens(server.requests[-1].body)
+    assert message.usage.input_tokens == estimate_tokens(anthropic_server.requests[-1].body)
 
 
 @pytest.mark.parametrize(
@@ -121,14 +111,14 @@ async def test_thinking_and_tool_use_parse_into_sdk_types(
     ],
 )
 async def test_scripted_stop_reasons(
-    server: FakeAnthropicServer,
-    client: anthropic.AsyncAnthropic,
+    anthropic_server: FakeAnthropicServer,
+    anthropic_client: anthropic.AsyncAnthropic,
     blocks: list[dict[str, Any]],
     stop_reason: str | None,
     expected: str,
 ) -> None:
-    server.script_response(*blocks, stop_reason=stop_reason)
-    message = await client.messages.create(model=MODEL, max_tokens=64, messages=[USER])
+    anthropic_server.script_response(*blocks, stop_reason=stop_reason)
+    message = await anthropic_client.messages.create(model=MODEL, max_tokens=64, messages=[USER])
     assert message.stop_reason == expected
     assert len(message.content) == len(blocks)
     if blocks:
@@ -136,11 +126,11 @@ async def test_scripted_stop_reasons(
 
 
 async def test_round_trip_with_thinking_is_accepted(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    messages = await _tool_turn(server, client)
-    server.script_response(anthropic_text("done"))
-    message = await client.messages.create(
+    messages = await _tool_turn(anthropic_server, anthropic_client)
+    anthropic_server.script_response(anthropic_text("done"))
+    message = await anthropic_client.messages.create(
         model=MODEL,
         max_tokens=2048,
         messages=messages,
@@ -148,15 +138,15 @@ async def test_round_trip_with_thinking_is_accepted(
         thinking=THINKING,
     )
     assert isinstance(message.content[0], TextBlock)
-    assert server.requests[-1].body["messages"] == messages
+    assert anthropic_server.requests[-1].body["messages"] == messages
 
 
 async def test_consecutive_user_messages_are_merged_like_the_api(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    messages = await _tool_turn(server, client)
+    messages = await _tool_turn(anthropic_server, anthropic_client)
     messages.append({"role": "user", "content": "one more thing"})
-    count = await client.messages.count_tokens(model=MODEL, messages=messages)
+    count = await anthropic_client.messages.count_tokens(model=MODEL, messages=messages)
     assert count.input_tokens > 0
 
 
@@ -164,19 +154,25 @@ async def test_consecutive_user_messages_are_merged_like_the_api(
 
 
 async def test_count_tokens_default_scripted_callable_and_missing(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    first = await client.messages.count_tokens(model=MODEL, messages=[USER], tools=TOOLS)
-    assert first.input_tokens == estimate_tokens(server.requests[-1].body)
+    first = await anthropic_client.messages.count_tokens(model=MODEL, messages=[USER], tools=TOOLS)
+    assert first.input_tokens == estimate_tokens(anthropic_server.requests[-1].body)
 
-    server.script_count(99)
-    assert (await client.messages.count_tokens(model=MODEL, messages=[USER])).input_tokens == 99
+    anthropic_server.script_count(99)
+    assert (
+        await anthropic_client.messages.count_tokens(model=MODEL, messages=[USER])
+    ).input_tokens == 99
 
-    server.count_tokens = lambda body: len(body["messages"]) * 1000
-    assert (await client.messages.count_tokens(model=MODEL, messages=[USER])).input_tokens == 1000
+    anthropic_server.count_tokens = lambda body: len(body["messages"]) * 1000
+    assert (
+        await anthropic_client.messages.count_tokens(model=MODEL, messages=[USER])
+    ).input_tokens == 1000
 
-    server.script_count(None)
-    raw = await client.messages.with_raw_response.count_tokens(model=MODEL, messages=[USER])
+    anthropic_server.script_count(None)
+    raw = await anthropic_client.messages.with_raw_response.count_tokens(
+        model=MODEL, messages=[USER]
+    )
     assert raw.http_response.json() == {}
 
 
@@ -185,31 +181,33 @@ async def test_count_tokens_default_scripted_callable_and_missing(
     [("max_tokens", 10), ("metadata", {"user_id": "u"}), ("stop_sequences", ["x"])],
 )
 async def test_count_tokens_rejects_generation_only_parameters(
-    client: anthropic.AsyncAnthropic, key: str, value: object
+    anthropic_client: anthropic.AsyncAnthropic, key: str, value: object
 ) -> None:
     with pytest.raises(anthropic.BadRequestError) as caught:
-        await client.messages.count_tokens(model=MODEL, messages=[USER], extra_body={key: value})
+        await anthropic_client.messages.count_tokens(
+            model=MODEL, messages=[USER], extra_body={key: value}
+        )
     assert caught.value.api_message == f"{key}: Extra inputs are not permitted"
 
 
 async def test_count_tokens_errors_are_scriptable(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    server.script_error(500, endpoint="count_tokens")
+    anthropic_server.script_error(500, endpoint="count_tokens")
     with pytest.raises(anthropic.InternalServerError):
-        await client.messages.count_tokens(model=MODEL, messages=[USER])
+        await anthropic_client.messages.count_tokens(model=MODEL, messages=[USER])
 
 
 # validators, surfaced through the SDK ---------------------------------------
 
 
 async def test_tool_use_without_result_is_rejected(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    messages = await _tool_turn(server, client)
+    messages = await _tool_turn(anthropic_server, anthropic_client)
     tool_id = messages[1]["content"][2]["id"]
     messages[2] = {"role": "user", "content": "never mind"}
-    error = await _rejected(client, messages)
+    error = await _rejected(anthropic_client, messages)
     assert error.api_message == (
         f"messages.1: `tool_use` ids were found without `tool_result` blocks immediately after: "
         f"{tool_id}. Each `tool_use` block must have a corresponding `tool_result` block in the "
@@ -217,13 +215,15 @@ async def test_tool_use_without_result_is_rejected(
     )
 
 
-async def test_tool_result_without_tool_use_is_rejected(client: anthropic.AsyncAnthropic) -> None:
+async def test_tool_result_without_tool_use_is_rejected(
+    anthropic_client: anthropic.AsyncAnthropic,
+) -> None:
     messages = [
         USER,
         {"role": "assistant", "content": "Sure."},
         {"role": "user", "content": [_result("toolu_ghost")]},
     ]
-    error = await _rejected(client, messages)
+    error = await _rejected(anthropic_client, messages)
     assert error.api_message == (
         "messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: "
         "toolu_ghost. Each `tool_result` block must have a corresponding `tool_use` block in the "
@@ -232,11 +232,11 @@ async def test_tool_result_without_tool_use_is_rejected(client: anthropic.AsyncA
 
 
 async def test_tool_results_must_come_first(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    messages = await _tool_turn(server, client)
+    messages = await _tool_turn(anthropic_server, anthropic_client)
     messages[2]["content"].insert(0, {"type": "text", "text": "here you go"})
-    error = await _rejected(client, messages)
+    error = await _rejected(anthropic_client, messages)
     assert error.api_message == (
         "messages.2: Did not find 1 `tool_result` block(s) at the beginning of this message. "
         "Messages following `tool_use` blocks must begin with a matching number of "
@@ -244,51 +244,53 @@ async def test_tool_results_must_come_first(
     )
 
 
-async def test_first_message_must_be_user(client: anthropic.AsyncAnthropic) -> None:
-    error = await _rejected(client, [{"role": "assistant", "content": "hi"}, USER])
+async def test_first_message_must_be_user(anthropic_client: anthropic.AsyncAnthropic) -> None:
+    error = await _rejected(anthropic_client, [{"role": "assistant", "content": "hi"}, USER])
     assert error.api_message == 'messages: first message must use the "user" role'
 
 
 @pytest.mark.parametrize("field", ["thinking", "signature"])
 async def test_altered_thinking_is_rejected(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic, field: str
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic, field: str
 ) -> None:
-    messages = await _tool_turn(server, client)
+    messages = await _tool_turn(anthropic_server, anthropic_client)
     block = messages[1]["content"][0]
     block[field] = block[field] + " (edited)" if field == "thinking" else "AAAA" + block[field][4:]
-    error = await _rejected(client, messages, thinking=THINKING)
+    error = await _rejected(anthropic_client, messages, thinking=THINKING)
     assert error.api_message == "messages.1.content.0: Invalid `signature` in `thinking` block"
 
 
 async def test_foreign_redacted_thinking_is_rejected(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    messages = await _tool_turn(server, client)
+    messages = await _tool_turn(anthropic_server, anthropic_client)
     messages[1]["content"][1]["data"] = "RXhvdGljIHJlZGFjdGVkIGRhdGE="
-    error = await _rejected(client, messages, thinking=THINKING)
+    error = await _rejected(anthropic_client, messages, thinking=THINKING)
     assert error.api_message == "messages.1.content.1: Invalid `data` in `redacted_thinking` block"
 
 
 async def test_dropping_thinking_from_final_assistant_turn_is_rejected(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    anthropic_server: FakeAnthropicServer, anthropic_client: anthropic.AsyncAnthropic
 ) -> None:
-    messages = await _tool_turn(server, client)
+    messages = await _tool_turn(anthropic_server, anthropic_client)
     messages[1]["content"] = messages[1]["content"][2:]
-    error = await _rejected(client, messages, thinking=THINKING)
+    error = await _rejected(anthropic_client, messages, thinking=THINKING)
     assert error.api_message is not None
     assert error.api_message.startswith(
         "messages.1.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
         "`tool_use`. When `thinking` is enabled, a final `assistant` message must start with a "
         "thinking block"
     )
-    count = await client.messages.count_tokens(model=MODEL, messages=messages)
+    count = await anthropic_client.messages.count_tokens(model=MODEL, messages=messages)
     assert count.input_tokens > 0
 
 
-def test_missing_anthropic_version_header_is_rejected(server: FakeAnthropicServer) -> None:
+def test_missing_anthropic_version_header_is_rejected(
+    anthropic_server: FakeAnthropicServer,
+) -> None:
     data = json.dumps({"model": MODEL, "max_tokens": 5, "messages": [USER]}).encode()
     request = urllib.request.Request(  # noqa: S310 - loopback
-        server.base_url + "/v1/messages",
+        anthropic_server.base_url + "/v1/messages",
         data=data,
         method="POST",
         headers={"content-type": "application/json"},
@@ -369,15 +371,15 @@ def test_a_forced_tool_choice_is_refused_whenever_thinking_is_on(
     ],
 )
 async def test_scripted_errors_raise_the_sdk_error(
-    server: FakeAnthropicServer,
-    client: anthropic.AsyncAnthropic,
+    anthropic_server: FakeAnthropicServer,
+    anthropic_client: anthropic.AsyncAnthropic,
     status: int,
     error_type: type[anthropic.APIStatusError],
     kind: str,
 ) -> None:
-    server.script_error(status)
+    anthropic_server.script_error(status)
     with pytest.raises(error_type) as caught:
-        await client.messages.create(model=MODEL, max_tokens=5, messages=[USER])
+        await anthropic_client.messages.create(model=MODEL, max_tokens=5, messages=[USER])
     assert caught.value.status_code == status
     assert caught.value.type == kind
     assert caught.value.request_id is not None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import openai
@@ -30,16 +29,8 @@ ORPHAN = (
 
 
 @pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="ollama", max_retries=0)
-    yield sdk
-    await sdk.close()
+def api_key() -> str:
+    return "ollama"  # a compatible server takes any key
 
 
 def _assistant(*ids: str) -> dict[str, Any]:
@@ -52,10 +43,10 @@ def _tool(call_id: str) -> dict[str, Any]:
 
 
 async def test_tool_calls_parse_into_sdk_types(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_chat_completion(tool_calls=[chat_tool_call("search", {"q": "x"})])
-    completion = await client.chat.completions.create(
+    openai_server.script_chat_completion(tool_calls=[chat_tool_call("search", {"q": "x"})])
+    completion = await openai_client.chat.completions.create(
         model=MODEL,
         messages=[USER],
         tools=TOOLS,
@@ -81,15 +72,15 @@ async def test_tool_calls_parse_into_sdk_types(
     ],
 )
 async def test_scripted_completion_shapes(
-    server: FakeOpenAIServer,
-    client: openai.AsyncOpenAI,
+    openai_server: FakeOpenAIServer,
+    openai_client: openai.AsyncOpenAI,
     options: dict[str, Any],
     finish: str,
     content: str | None,
     refusal: str | None,
 ) -> None:
-    server.script_chat_completion(**options)
-    completion = await client.chat.completions.create(model=MODEL, messages=[USER])
+    openai_server.script_chat_completion(**options)
+    completion = await openai_client.chat.completions.create(model=MODEL, messages=[USER])
     choice = completion.choices[0]
     assert (choice.finish_reason, choice.message.content, choice.message.refusal) == (
         finish,
@@ -99,11 +90,13 @@ async def test_scripted_completion_shapes(
 
 
 async def test_answered_tool_calls_are_accepted(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_chat_completion("done")
+    openai_server.script_chat_completion("done")
     messages = [USER, _assistant("call_1", "call_2"), _tool("call_2"), _tool("call_1")]
-    completion = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+    completion = await openai_client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS
+    )
     assert completion.choices[0].message.content == "done"
 
 
@@ -129,10 +122,10 @@ async def test_answered_tool_calls_are_accepted(
     ],
 )
 async def test_unpaired_tool_messages_are_rejected(
-    client: openai.AsyncOpenAI, messages: list[Any], message: str, param: str
+    openai_client: openai.AsyncOpenAI, messages: list[Any], message: str, param: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.chat.completions.create(model=MODEL, messages=messages)
+        await openai_client.chat.completions.create(model=MODEL, messages=messages)
     assert caught.value.body == {
         "message": message,
         "type": "invalid_request_error",
@@ -142,13 +135,13 @@ async def test_unpaired_tool_messages_are_rejected(
 
 
 async def test_scripted_errors_and_stream_refusal(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_error(500, endpoint="chat_completions")
+    openai_server.script_error(500, endpoint="chat_completions")
     with pytest.raises(openai.InternalServerError):
-        await client.chat.completions.create(model=MODEL, messages=[USER])
+        await openai_client.chat.completions.create(model=MODEL, messages=[USER])
     with pytest.raises(openai.BadRequestError, match="stream=false"):
-        await client.chat.completions.create(model=MODEL, messages=[USER], stream=True)
+        await openai_client.chat.completions.create(model=MODEL, messages=[USER], stream=True)
 
 
 @given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=6), st.data())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -38,53 +37,42 @@ MISMATCH = (
 )
 
 
-@pytest.fixture
-def server() -> Iterator[FakeGeminiServer]:
-    with FakeGeminiServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeGeminiServer) -> AsyncIterator[genai.Client]:
-    sdk = genai.Client(
-        api_key="test",
-        http_options=types.HttpOptions(
-            base_url=server.base_url, retry_options=types.HttpRetryOptions(attempts=1)
-        ),
-    )
-    yield sdk
-    await sdk.aio.aclose()
-    sdk.close()
-
-
 def _answer(name: str = "search") -> types.Content:
     return types.Content(
         role="user", parts=[types.Part.from_function_response(name=name, response={"r": 1})]
     )
 
 
-async def _call_turn(server: FakeGeminiServer, client: genai.Client) -> list[types.Content]:
+async def _call_turn(
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
+) -> list[types.Content]:
     """A thought + signed function call turn, answered; the contents to replay."""
-    server.script_response(
+    gemini_server.script_response(
         gemini_thought("plan a search"), gemini_function_call("search", {"q": "x"})
     )
-    response = await client.aio.models.generate_content(model=MODEL, contents=USER, config=CONFIG)
+    response = await gemini_client.aio.models.generate_content(
+        model=MODEL, contents=USER, config=CONFIG
+    )
     assert response.candidates
     model_turn = response.candidates[0].content
     assert model_turn is not None
     return [USER, model_turn, _answer()]
 
 
-async def _post(client: genai.Client, method: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _post(gemini_client: genai.Client, method: str, body: dict[str, Any]) -> dict[str, Any]:
     """A raw POST through the SDK's own transport (how a guard sends generateContentRequest)."""
-    response = await client.aio._api_client.async_request("post", f"models/{MODEL}:{method}", body)
+    response = await gemini_client.aio._api_client.async_request(
+        "post", f"models/{MODEL}:{method}", body
+    )
     parsed: dict[str, Any] = json.loads(response.body or "{}")
     return parsed
 
 
-async def _rejected(client: genai.Client, contents: list[Any]) -> errors.ClientError:
+async def _rejected(gemini_client: genai.Client, contents: list[Any]) -> errors.ClientError:
     with pytest.raises(errors.ClientError) as caught:
-        await client.aio.models.generate_content(model=MODEL, contents=contents, config=CONFIG)
+        await gemini_client.aio.models.generate_content(
+            model=MODEL, contents=contents, config=CONFIG
+        )
     assert (caught.value.code, caught.value.status) == (400, "INVALID_ARGUMENT")
     return caught.value
 
@@ -93,12 +81,14 @@ async def _rejected(client: genai.Client, contents: list[Any]) -> errors.ClientE
 
 
 async def test_thought_and_function_call_parse_with_signatures(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    server.script_response(
+    gemini_server.script_response(
         gemini_thought("plan a search"), gemini_function_call("search", {"q": "x"})
     )
-    response = await client.aio.models.generate_content(model=MODEL, contents=USER, config=CONFIG)
+    response = await gemini_client.aio.models.generate_content(
+        model=MODEL, contents=USER, config=CONFIG
+    )
 
     assert response.candidates
     candidate = response.candidates[0]
@@ -113,19 +103,21 @@ async def test_thought_and_function_call_parse_with_signatures(
     assert isinstance(call.thought_signature, bytes)
     assert response.function_calls is not None
     assert response.usage_metadata is not None
-    assert response.usage_metadata.prompt_token_count == estimate_tokens(server.requests[-1].body)
+    assert response.usage_metadata.prompt_token_count == estimate_tokens(
+        gemini_server.requests[-1].body
+    )
 
 
 async def test_round_trip_keeps_signatures_and_is_accepted(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    contents = await _call_turn(server, client)
-    server.script_response(gemini_text("done"))
-    response = await client.aio.models.generate_content(
+    contents = await _call_turn(gemini_server, gemini_client)
+    gemini_server.script_response(gemini_text("done"))
+    response = await gemini_client.aio.models.generate_content(
         model=MODEL, contents=contents, config=CONFIG
     )
     assert response.text == "done"
-    sent = server.requests[-1].body["contents"][1]["parts"]
+    sent = gemini_server.requests[-1].body["contents"][1]["parts"]
     assert all("thoughtSignature" in part for part in sent)
 
 
@@ -139,15 +131,15 @@ async def test_round_trip_keeps_signatures_and_is_accepted(
     ],
 )
 async def test_scripted_finish_shapes(
-    server: FakeGeminiServer,
-    client: genai.Client,
+    gemini_server: FakeGeminiServer,
+    gemini_client: genai.Client,
     parts: list[dict[str, Any]],
     finish: str,
     block: str | None,
     check: str,
 ) -> None:
-    server.script_response(*parts, finish_reason=finish, block_reason=block)
-    response = await client.aio.models.generate_content(model=MODEL, contents="hi")
+    gemini_server.script_response(*parts, finish_reason=finish, block_reason=block)
+    response = await gemini_client.aio.models.generate_content(model=MODEL, contents="hi")
     if check == "blocked":
         assert not response.candidates
         assert response.prompt_feedback is not None
@@ -169,24 +161,24 @@ async def test_scripted_finish_shapes(
 
 
 async def test_sdk_count_tokens_sends_contents_only(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    contents = await _call_turn(server, client)
-    count = await client.aio.models.count_tokens(model=MODEL, contents=contents)
-    request = server.requests_to("count_tokens")[-1]
+    contents = await _call_turn(gemini_server, gemini_client)
+    count = await gemini_client.aio.models.count_tokens(model=MODEL, contents=contents)
+    request = gemini_server.requests_to("count_tokens")[-1]
     assert set(request.body) == {"contents"}
     assert count.total_tokens == estimate_tokens(request.body)
 
 
 async def test_raw_count_with_generate_content_request(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    await _call_turn(server, client)
-    generate = server.requests_to("generate_content")[-1].body
+    await _call_turn(gemini_server, gemini_client)
+    generate = gemini_server.requests_to("generate_content")[-1].body
     full = {"generateContentRequest": {"model": f"models/{MODEL}", **generate}}
-    answer = await _post(client, "countTokens", full)
+    answer = await _post(gemini_client, "countTokens", full)
     assert answer["totalTokens"] == estimate_tokens(full)
-    assert server.requests[-1].body["generateContentRequest"]["tools"] == generate["tools"]
+    assert gemini_server.requests[-1].body["generateContentRequest"]["tools"] == generate["tools"]
 
 
 @pytest.mark.parametrize(
@@ -205,28 +197,34 @@ async def test_raw_count_with_generate_content_request(
     ],
 )
 async def test_raw_count_rejections(
-    client: genai.Client, body: dict[str, Any], message: str
+    gemini_client: genai.Client, body: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(errors.ClientError) as caught:
-        await _post(client, "countTokens", body)
+        await _post(gemini_client, "countTokens", body)
     assert (caught.value.code, caught.value.message) == (400, message)
 
 
 async def test_count_tokens_scripted_callable_missing_and_errors(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    server.script_count(321)
-    assert (await client.aio.models.count_tokens(model=MODEL, contents="x")).total_tokens == 321
+    gemini_server.script_count(321)
+    assert (
+        await gemini_client.aio.models.count_tokens(model=MODEL, contents="x")
+    ).total_tokens == 321
 
-    server.count_tokens = lambda body: 5
-    assert (await client.aio.models.count_tokens(model=MODEL, contents="x")).total_tokens == 5
+    gemini_server.count_tokens = lambda body: 5
+    assert (
+        await gemini_client.aio.models.count_tokens(model=MODEL, contents="x")
+    ).total_tokens == 5
 
-    server.script_count(None)
-    assert (await client.aio.models.count_tokens(model=MODEL, contents="x")).total_tokens is None
+    gemini_server.script_count(None)
+    assert (
+        await gemini_client.aio.models.count_tokens(model=MODEL, contents="x")
+    ).total_tokens is None
 
-    server.script_error(500, endpoint="count_tokens")
+    gemini_server.script_error(500, endpoint="count_tokens")
     with pytest.raises(errors.ServerError) as caught:
-        await client.aio.models.count_tokens(model=MODEL, contents="x")
+        await gemini_client.aio.models.count_tokens(model=MODEL, contents="x")
     assert (caught.value.code, caught.value.status) == (500, "INTERNAL")
 
 
@@ -234,50 +232,50 @@ async def test_count_tokens_scripted_callable_missing_and_errors(
 
 
 async def test_function_response_count_must_match_calls(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    contents = await _call_turn(server, client)
+    contents = await _call_turn(gemini_server, gemini_client)
     answer = types.Part.from_function_response(name="search", response={"r": 1})
     contents[2] = types.Content(role="user", parts=[answer, answer])
-    error = await _rejected(client, contents)
+    error = await _rejected(gemini_client, contents)
     assert error.message == MISMATCH
 
     with pytest.raises(errors.ClientError, match="number of function response parts"):
-        await client.aio.models.count_tokens(model=MODEL, contents=contents)
+        await gemini_client.aio.models.count_tokens(model=MODEL, contents=contents)
 
 
 async def test_altered_args_under_a_signature_are_rejected(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    contents = await _call_turn(server, client)
+    contents = await _call_turn(gemini_server, gemini_client)
     parts = contents[1].parts
     assert parts is not None
     assert parts[1].function_call is not None
     parts[1].function_call.args = {"q": "something else"}
-    assert (await _rejected(client, contents)).message == "Corrupted thought signature."
+    assert (await _rejected(gemini_client, contents)).message == "Corrupted thought signature."
 
 
 async def test_signature_moved_to_another_part_is_rejected(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    contents = await _call_turn(server, client)
+    contents = await _call_turn(gemini_server, gemini_client)
     parts = contents[1].parts
     assert parts is not None
     parts[0].thought_signature, parts[1].thought_signature = (
         parts[1].thought_signature,
         parts[0].thought_signature,
     )
-    assert (await _rejected(client, contents)).message == "Corrupted thought signature."
+    assert (await _rejected(gemini_client, contents)).message == "Corrupted thought signature."
 
 
 async def test_dropped_signature_is_rejected_only_in_the_current_turn(
-    server: FakeGeminiServer, client: genai.Client
+    gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
-    contents = await _call_turn(server, client)
+    contents = await _call_turn(gemini_server, gemini_client)
     parts = contents[1].parts
     assert parts is not None
     parts[1].thought_signature = None
-    error = await _rejected(client, contents)
+    error = await _rejected(gemini_client, contents)
     assert error.message is not None
     assert error.message.startswith(
         "Function call is missing a thought_signature in functionCall parts. This is required "
@@ -286,13 +284,15 @@ async def test_dropped_signature_is_rejected_only_in_the_current_turn(
     assert "`default_api:search`" in error.message
 
     older = [*contents, types.Content(role="model", parts=[types.Part(text="done")]), USER]
-    server.script_response(gemini_text("fine"))
-    response = await client.aio.models.generate_content(model=MODEL, contents=older, config=CONFIG)
+    gemini_server.script_response(gemini_text("fine"))
+    response = await gemini_client.aio.models.generate_content(
+        model=MODEL, contents=older, config=CONFIG
+    )
     assert response.text == "fine"
 
 
-async def test_function_response_without_call_is_rejected(client: genai.Client) -> None:
-    error = await _rejected(client, [USER, _answer()])
+async def test_function_response_without_call_is_rejected(gemini_client: genai.Client) -> None:
+    error = await _rejected(gemini_client, [USER, _answer()])
     assert error.message == (
         "Please ensure that function response turn comes immediately after a function call turn."
     )
@@ -345,14 +345,14 @@ def test_skip_marker_is_accepted_only_on_calls_of_the_current_turn() -> None:
     ],
 )
 async def test_scripted_errors_raise_the_sdk_error(
-    server: FakeGeminiServer,
-    client: genai.Client,
+    gemini_server: FakeGeminiServer,
+    gemini_client: genai.Client,
     status: int,
     error_type: type[errors.APIError],
     grpc_status: str,
 ) -> None:
-    server.script_error(status)
+    gemini_server.script_error(status)
     with pytest.raises(error_type) as caught:
-        await client.aio.models.generate_content(model=MODEL, contents="hi")
+        await gemini_client.aio.models.generate_content(model=MODEL, contents="hi")
     assert (caught.value.code, caught.value.status) == (status, grpc_status)
-    assert len(server.requests) == 1
+    assert len(gemini_server.requests) == 1

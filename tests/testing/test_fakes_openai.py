@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import openai
@@ -43,27 +42,14 @@ USER: Any = {"role": "user", "content": "find x"}
 ENCRYPTED: Any = ["reasoning.encrypted_content"]
 
 
-@pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-async def client(server: FakeOpenAIServer) -> AsyncIterator[openai.AsyncOpenAI]:
-    sdk = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="test", max_retries=0)
-    yield sdk
-    await sdk.close()
-
-
 async def _call_with_reasoning(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI, *, store: bool = False
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI, *, store: bool = False
 ) -> list[Any]:
     """One generation returning reasoning + function call; the replayable input after it."""
-    server.script_response(
+    openai_server.script_response(
         openai_reasoning("look it up"), openai_function_call("search", {"q": "x"})
     )
-    response = await client.responses.create(
+    response = await openai_client.responses.create(
         model=MODEL, input=[USER], tools=TOOLS, store=store, include=ENCRYPTED
     )
     return [USER, *(item.model_dump(exclude_none=True) for item in response.output)]
@@ -77,13 +63,13 @@ def _output(call_id: str, output: str = "found") -> dict[str, Any]:
 
 
 async def test_reasoning_and_function_call_parse_into_sdk_types(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_response(
+    openai_server.script_response(
         openai_reasoning("look it up"),
         openai_function_call("search", {"q": "x"}, call_id="call_fixed"),
     )
-    response = await client.responses.create(
+    response = await openai_client.responses.create(
         model=MODEL, input="find x", tools=TOOLS, store=False, include=ENCRYPTED
     )
 
@@ -103,14 +89,14 @@ async def test_reasoning_and_function_call_parse_into_sdk_types(
     assert call.id.startswith("fc_")
     assert response.status == "completed"
     assert response.usage is not None
-    assert response.usage.input_tokens == estimate_tokens(server.requests[-1].body)
+    assert response.usage.input_tokens == estimate_tokens(openai_server.requests[-1].body)
 
 
 async def test_encrypted_content_only_when_included(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_response(openai_reasoning("hidden"), openai_text("hi"))
-    response = await client.responses.create(model=MODEL, input="hi", store=False)
+    openai_server.script_response(openai_reasoning("hidden"), openai_text("hi"))
+    response = await openai_client.responses.create(model=MODEL, input="hi", store=False)
     reasoning = response.output[0]
     assert isinstance(reasoning, ResponseReasoningItem)
     assert reasoning.encrypted_content is None
@@ -126,14 +112,14 @@ async def test_encrypted_content_only_when_included(
     ],
 )
 async def test_scripted_output_shapes(
-    server: FakeOpenAIServer,
-    client: openai.AsyncOpenAI,
+    openai_server: FakeOpenAIServer,
+    openai_client: openai.AsyncOpenAI,
     items: list[dict[str, Any]],
     incomplete: str | None,
     check: str,
 ) -> None:
-    server.script_response(*items, incomplete_reason=incomplete)
-    response = await client.responses.create(model=MODEL, input="hi")
+    openai_server.script_response(*items, incomplete_reason=incomplete)
+    response = await openai_client.responses.create(model=MODEL, input="hi")
     if check == "text":
         assert response.output_text == "hello"
     elif check == "refusal":
@@ -150,44 +136,54 @@ async def test_scripted_output_shapes(
 
 
 async def test_full_round_trip_with_store_false_is_accepted(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    items = await _call_with_reasoning(server, client)
+    items = await _call_with_reasoning(openai_server, openai_client)
     items.append(_output(items[2]["call_id"]))
-    server.script_response(openai_text("done"))
+    openai_server.script_response(openai_text("done"))
 
-    response = await client.responses.create(
+    response = await openai_client.responses.create(
         model=MODEL, input=items, tools=TOOLS, store=False, include=ENCRYPTED
     )
 
     assert response.output_text == "done"
-    assert server.requests[-1].body["input"] == items
+    assert openai_server.requests[-1].body["input"] == items
 
 
 # count endpoint -----------------------------------------------------------
 
 
 async def test_input_tokens_default_count_is_deterministic(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    first = await client.responses.input_tokens.count(model=MODEL, input=[USER], tools=TOOLS)
-    second = await client.responses.input_tokens.count(model=MODEL, input=[USER], tools=TOOLS)
+    first = await openai_client.responses.input_tokens.count(model=MODEL, input=[USER], tools=TOOLS)
+    second = await openai_client.responses.input_tokens.count(
+        model=MODEL, input=[USER], tools=TOOLS
+    )
 
     assert first.object == "response.input_tokens"
-    assert first.input_tokens == second.input_tokens == estimate_tokens(server.requests[-1].body)
+    assert (
+        first.input_tokens
+        == second.input_tokens
+        == estimate_tokens(openai_server.requests[-1].body)
+    )
 
 
 async def test_input_tokens_scripted_value_callable_and_missing_field(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_count(4242)
-    assert (await client.responses.input_tokens.count(model=MODEL, input="x")).input_tokens == 4242
+    openai_server.script_count(4242)
+    assert (
+        await openai_client.responses.input_tokens.count(model=MODEL, input="x")
+    ).input_tokens == 4242
 
-    server.count_tokens = lambda body: 7 * len(body["input"])
-    assert (await client.responses.input_tokens.count(model=MODEL, input="abc")).input_tokens == 21
+    openai_server.count_tokens = lambda body: 7 * len(body["input"])
+    assert (
+        await openai_client.responses.input_tokens.count(model=MODEL, input="abc")
+    ).input_tokens == 21
 
-    server.script_count(None)
-    raw = await client.responses.input_tokens.with_raw_response.count(model=MODEL, input="x")
+    openai_server.script_count(None)
+    raw = await openai_client.responses.input_tokens.with_raw_response.count(model=MODEL, input="x")
     assert raw.http_response.json() == {"object": "response.input_tokens"}
 
 
@@ -202,10 +198,12 @@ async def test_input_tokens_scripted_value_callable_and_missing_field(
     ],
 )
 async def test_input_tokens_rejects_generation_only_parameters(
-    client: openai.AsyncOpenAI, key: str, value: object
+    openai_client: openai.AsyncOpenAI, key: str, value: object
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.responses.input_tokens.count(model=MODEL, input="x", extra_body={key: value})
+        await openai_client.responses.input_tokens.count(
+            model=MODEL, input="x", extra_body={key: value}
+        )
     assert caught.value.body == {
         "message": f"Unknown parameter: '{key}'.",
         "type": "invalid_request_error",
@@ -215,33 +213,35 @@ async def test_input_tokens_rejects_generation_only_parameters(
 
 
 async def test_count_endpoint_errors_are_scriptable(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_error(500, endpoint="input_tokens")
+    openai_server.script_error(500, endpoint="input_tokens")
     with pytest.raises(openai.InternalServerError):
-        await client.responses.input_tokens.count(model=MODEL, input="x")
-    server.script_error(429, endpoint="input_tokens")
+        await openai_client.responses.input_tokens.count(model=MODEL, input="x")
+    openai_server.script_error(429, endpoint="input_tokens")
     with pytest.raises(openai.RateLimitError):
-        await client.responses.input_tokens.count(model=MODEL, input="x")
+        await openai_client.responses.input_tokens.count(model=MODEL, input="x")
 
 
 # validators, surfaced through the SDK ---------------------------------------
 
 
 async def _rejected(
-    client: openai.AsyncOpenAI, items: list[Any], **options: Any
+    openai_client: openai.AsyncOpenAI, items: list[Any], **options: Any
 ) -> openai.APIStatusError:
     """Send ``items`` to both endpoints; both must refuse the same way."""
     with pytest.raises(openai.APIStatusError) as generation:
-        await client.responses.create(model=MODEL, input=items, **options)
+        await openai_client.responses.create(model=MODEL, input=items, **options)
     with pytest.raises(openai.APIStatusError) as count:
-        await client.responses.input_tokens.count(model=MODEL, input=items)
+        await openai_client.responses.input_tokens.count(model=MODEL, input=items)
     assert generation.value.body == count.value.body
     return generation.value
 
 
-async def test_function_call_output_without_call_is_rejected(client: openai.AsyncOpenAI) -> None:
-    error = await _rejected(client, [USER, _output("call_nobody")])
+async def test_function_call_output_without_call_is_rejected(
+    openai_client: openai.AsyncOpenAI,
+) -> None:
+    error = await _rejected(openai_client, [USER, _output("call_nobody")])
     assert isinstance(error, openai.BadRequestError)
     assert error.body == {
         "message": "No tool call found for function call output with call_id call_nobody.",
@@ -252,24 +252,24 @@ async def test_function_call_output_without_call_is_rejected(client: openai.Asyn
 
 
 async def test_function_call_without_output_is_rejected_when_input_continues(
-    client: openai.AsyncOpenAI,
+    openai_client: openai.AsyncOpenAI,
 ) -> None:
     call = openai_function_call("search", {"q": "x"}, call_id="call_a")
-    error = await _rejected(client, [USER, call, {"role": "user", "content": "and?"}])
+    error = await _rejected(openai_client, [USER, call, {"role": "user", "content": "and?"}])
     assert isinstance(error, openai.BadRequestError)
     assert error.message == "Error code: 400 - No tool output found for function call call_a."
     assert error.param == "input"
 
-    trailing = await client.responses.input_tokens.count(model=MODEL, input=[USER, call])  # type: ignore[list-item]
+    trailing = await openai_client.responses.input_tokens.count(model=MODEL, input=[USER, call])  # type: ignore[list-item]
     assert trailing.input_tokens > 0
 
 
 async def test_reasoning_without_following_item_is_rejected(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    items = await _call_with_reasoning(server, client)
+    items = await _call_with_reasoning(openai_server, openai_client)
     reasoning = items[1]
-    error = await _rejected(client, [USER, reasoning, {"role": "user", "content": "next"}])
+    error = await _rejected(openai_client, [USER, reasoning, {"role": "user", "content": "next"}])
     assert isinstance(error, openai.BadRequestError)
     assert error.body == {
         "message": f"Item '{reasoning['id']}' of type 'reasoning' was provided without its "
@@ -282,9 +282,9 @@ async def test_reasoning_without_following_item_is_rejected(
 
 @pytest.mark.parametrize("tamper", ["altered", "foreign"])
 async def test_tampered_or_foreign_encrypted_content_is_rejected(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI, tamper: str
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI, tamper: str
 ) -> None:
-    items = await _call_with_reasoning(server, client)
+    items = await _call_with_reasoning(openai_server, openai_client)
     items.append(_output(items[2]["call_id"]))
     token = items[1]["encrypted_content"]
     items[1]["encrypted_content"] = (
@@ -293,7 +293,7 @@ async def test_tampered_or_foreign_encrypted_content_is_rejected(
         else "gAAAAABforeignTokenFromAnotherServer=="
     )
     shown = f"{items[1]['encrypted_content'][:4]}...{items[1]['encrypted_content'][-4:]}"
-    error = await _rejected(client, items, store=False)
+    error = await _rejected(openai_client, items, store=False)
     assert error.status_code == 400
     assert error.code == "invalid_encrypted_content"
     assert error.body == {
@@ -305,12 +305,12 @@ async def test_tampered_or_foreign_encrypted_content_is_rejected(
 
 
 async def test_reasoning_by_id_needs_a_stored_response(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    items = await _call_with_reasoning(server, client, store=False)
+    items = await _call_with_reasoning(openai_server, openai_client, store=False)
     items.append(_output(items[2]["call_id"]))
     del items[1]["encrypted_content"]
-    error = await _rejected(client, items, store=False)
+    error = await _rejected(openai_client, items, store=False)
     assert isinstance(error, openai.NotFoundError)
     assert error.body == {
         "message": f"Item with id '{items[1]['id']}' not found. Items are not persisted when "
@@ -321,19 +321,19 @@ async def test_reasoning_by_id_needs_a_stored_response(
         "code": None,
     }
 
-    stored = await _call_with_reasoning(server, client, store=True)
+    stored = await _call_with_reasoning(openai_server, openai_client, store=True)
     stored.append(_output(stored[2]["call_id"]))
     del stored[1]["encrypted_content"]
-    count = await client.responses.input_tokens.count(model=MODEL, input=stored)
+    count = await openai_client.responses.input_tokens.count(model=MODEL, input=stored)
     assert count.input_tokens > 0
 
 
 async def test_item_without_its_reasoning_is_rejected(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    items = await _call_with_reasoning(server, client)
+    items = await _call_with_reasoning(openai_server, openai_client)
     call = items[2]
-    error = await _rejected(client, [USER, call, _output(call["call_id"])])
+    error = await _rejected(openai_client, [USER, call, _output(call["call_id"])])
     assert isinstance(error, openai.BadRequestError)
     assert isinstance(error.body, dict)
     assert error.body["message"] == (
@@ -352,10 +352,10 @@ async def test_item_without_its_reasoning_is_rejected(
     ],
 )
 async def test_malformed_tools_are_rejected(
-    client: openai.AsyncOpenAI, tool: dict[str, Any], param: str
+    openai_client: openai.AsyncOpenAI, tool: dict[str, Any], param: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.responses.create(model=MODEL, input="x", tools=[tool])  # type: ignore[list-item]
+        await openai_client.responses.create(model=MODEL, input="x", tools=[tool])  # type: ignore[list-item]
     assert caught.value.body == {
         "message": f"Missing required parameter: '{param}'.",
         "type": "invalid_request_error",
@@ -364,26 +364,26 @@ async def test_malformed_tools_are_rejected(
     }
 
 
-async def test_function_call_arguments_must_be_a_string(client: openai.AsyncOpenAI) -> None:
+async def test_function_call_arguments_must_be_a_string(openai_client: openai.AsyncOpenAI) -> None:
     call = {"type": "function_call", "call_id": "c1", "name": "search", "arguments": {"q": 1}}
-    error = await _rejected(client, [USER, call, _output("c1")])
+    error = await _rejected(openai_client, [USER, call, _output("c1")])
     assert error.code == "invalid_type"
     assert error.param == "input[1].arguments"
 
 
-async def test_stream_true_is_refused_clearly(client: openai.AsyncOpenAI) -> None:
+async def test_stream_true_is_refused_clearly(openai_client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="stream=false"):
-        await client.responses.create(model=MODEL, input="x", stream=True)
+        await openai_client.responses.create(model=MODEL, input="x", stream=True)
 
 
 async def test_rejection_does_not_consume_the_scripted_reply(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_response(openai_text("kept"))
+    openai_server.script_response(openai_text("kept"))
     with pytest.raises(openai.BadRequestError):
-        await client.responses.create(model=MODEL, input=[USER, _output("call_x")])  # type: ignore[list-item]
-    assert server.pending("responses") == 1
-    assert (await client.responses.create(model=MODEL, input="x")).output_text == "kept"
+        await openai_client.responses.create(model=MODEL, input=[USER, _output("call_x")])  # type: ignore[list-item]
+    assert openai_server.pending("responses") == 1
+    assert (await openai_client.responses.create(model=MODEL, input="x")).output_text == "kept"
 
 
 def test_validators_are_pure_functions() -> None:
@@ -435,45 +435,47 @@ def test_paired_input_passes_and_breaking_a_pair_fails(
     ],
 )
 async def test_scripted_generation_errors_raise_the_sdk_error(
-    server: FakeOpenAIServer,
-    client: openai.AsyncOpenAI,
+    openai_server: FakeOpenAIServer,
+    openai_client: openai.AsyncOpenAI,
     status: int,
     error_type: type[openai.APIStatusError],
 ) -> None:
-    server.script_error(status)
+    openai_server.script_error(status)
     with pytest.raises(error_type) as caught:
-        await client.responses.create(model=MODEL, input="x")
+        await openai_client.responses.create(model=MODEL, input="x")
     assert caught.value.status_code == status
     assert isinstance(caught.value.body, dict)
     assert set(caught.value.body) == {"message", "type", "param", "code"}
 
 
-async def test_unscripted_generation_answers_500_with_a_hint(client: openai.AsyncOpenAI) -> None:
+async def test_unscripted_generation_answers_500_with_a_hint(
+    openai_client: openai.AsyncOpenAI,
+) -> None:
     with pytest.raises(openai.InternalServerError, match="script_response"):
-        await client.responses.create(model=MODEL, input="x")
+        await openai_client.responses.create(model=MODEL, input="x")
 
 
 async def test_requests_are_recorded_without_secrets(
-    server: FakeOpenAIServer, client: openai.AsyncOpenAI
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
-    server.script_response(openai_text("hi"))
-    await client.responses.create(model=MODEL, input="hi", store=False)
-    (request,) = server.requests_to("responses")
+    openai_server.script_response(openai_text("hi"))
+    await openai_client.responses.create(model=MODEL, input="hi", store=False)
+    (request,) = openai_server.requests_to("responses")
     assert (request.method, request.path, request.status) == ("POST", "/v1/responses", 200)
     assert request.body == {"model": MODEL, "input": "hi", "store": False}
     assert "authorization" not in request.headers
     assert request.headers["content-type"] == "application/json"
 
 
-async def test_delayed_reply_times_out_and_close_is_clean(server: FakeOpenAIServer) -> None:
+async def test_delayed_reply_times_out_and_close_is_clean(openai_server: FakeOpenAIServer) -> None:
     sdk = openai.AsyncOpenAI(
-        base_url=server.base_url + "/v1", api_key="test", max_retries=0, timeout=0.2
+        base_url=openai_server.base_url + "/v1", api_key="test", max_retries=0, timeout=0.2
     )
-    server.script_count(10, delay=30)
+    openai_server.script_count(10, delay=30)
     with pytest.raises(openai.APITimeoutError):
         await sdk.responses.input_tokens.count(model=MODEL, input="x")
     await sdk.close()
-    server.close()
+    openai_server.close()
 
 
 def test_lifecycle_and_unknown_routes() -> None:

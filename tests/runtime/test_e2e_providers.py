@@ -1,11 +1,13 @@
-"""The runtime end to end with the Anthropic provider (SPEC section 7).
+"""The runtime end to end with each provider (SPEC section 7).
 
-Every test drives ``touba.Runtime`` with ``create_anthropic_decision_provider``
-through the official ``anthropic`` SDK against ``FakeAnthropicServer``, which
-speaks the Messages wire format and refuses what the real API refuses (a
-``tool_use`` without its ``tool_result`` right after, results not first in
-their user message, an orphan result, an altered thinking signature). "The
-validator accepted it" means every request was answered 200.
+Every test runs once per wire (``_wires.py``): it drives ``touba.Runtime``
+with that provider's decision provider through its official SDK against its
+fake server, which speaks the real wire format and refuses what the real API
+refuses (OpenAI: a ``function_call`` without its output, an output without its
+call, an altered reasoning item; Anthropic: a ``tool_use`` without its
+``tool_result`` right after, results not first in their user message, an
+orphan result, an altered thinking signature). "The validator accepted it"
+means every request was answered 200.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import pytest
 from pydantic import BaseModel, field_validator
 
+from tests.runtime._wires import WIRES, Broken, Wire
 from touba.errors import AgentBudgetExceeded, AgentDecisionProviderSchemaViolation
 from touba.history import HistoryConfig
 from touba.history.sqlite import SqliteHistoryStore
-from touba.providers import ContextConfig, create_anthropic_decision_provider
+from touba.providers import ContextConfig
 from touba.runtime import (
     InvocationResult,
     MemoryCheckpointStore,
@@ -31,87 +33,27 @@ from touba.runtime import (
     Runtime,
     SqliteCheckpointStore,
 )
-from touba.testing.fakes import (
-    FakeAnthropicServer,
-    anthropic_text,
-    anthropic_thinking,
-    anthropic_tool_use,
-)
-from touba.testing.fakes._anthropic_rules import check_messages
+from touba.testing.fakes import FakeProviderServer
 
-MODEL = "claude-e2e"
-API_KEY = "sk-ant-e2e-do-not-leak-0123456789"
-ADAPTIVE = {"type": "adaptive"}
-Body = dict[str, Any]
+AnyWire = Wire[Any, Any]
 Act = Callable[[Runtime], Awaitable[InvocationResult]]
 
 
+@pytest.fixture(params=WIRES, ids=repr)
+def wire(request: pytest.FixtureRequest) -> AnyWire:
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
-def server() -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer() as srv:
+def server(wire: AnyWire) -> Iterator[FakeProviderServer]:
+    with wire.fake() as srv:
         yield srv
 
 
-def sdk(srv: FakeAnthropicServer) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=srv.base_url, api_key=API_KEY, max_retries=0)
-
-
 @pytest.fixture
-async def client(server: FakeAnthropicServer) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    async with sdk(server) as c:
+async def client(wire: AnyWire, server: FakeProviderServer) -> AsyncIterator[Any]:
+    async with wire.sdk(server) as c:
         yield c
-
-
-@pytest.fixture
-def private_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "state"
-    directory.mkdir(mode=0o700)
-    return directory
-
-
-# what went over the wire ---------------------------------------------------------
-
-
-def generations(srv: FakeAnthropicServer) -> list[Body]:
-    return [r.body for r in srv.requests_to("messages")]
-
-
-def assert_accepted(srv: FakeAnthropicServer) -> None:
-    """The fake's validator refused nothing, and every request re-validates cleanly."""
-    assert [(r.endpoint, r.status) for r in srv.requests if r.status != 200] == []
-    for body in generations(srv):
-        problems = check_messages(body, srv.ledger, bind_prefix=srv.preserved_thinking)
-        assert [p.message for p in problems] == []
-
-
-def blocks(message: Body) -> list[tuple[str, str | None]]:
-    """``(type, id or tool_use_id)`` of a message's content blocks."""
-    return [(b["type"], b.get("id") or b.get("tool_use_id")) for b in message["content"]]
-
-
-def results(body: Body) -> dict[str, dict[str, Any]]:
-    """Every ``tool_result`` of a request, decoded, by tool_use_id (with ``is_error``)."""
-    found: dict[str, dict[str, Any]] = {}
-    for message in body["messages"]:
-        if message["role"] != "user" or isinstance(message["content"], str):
-            continue
-        for block in message["content"]:
-            if block["type"] == "tool_result":
-                found[block["tool_use_id"]] = {
-                    **json.loads(block["content"]),
-                    "is_error": block.get("is_error", False),
-                }
-    return found
-
-
-def tool_use_ids(body: Body) -> list[str]:
-    return [
-        b["id"]
-        for m in body["messages"]
-        if m["role"] == "assistant"
-        for b in m["content"]
-        if b["type"] == "tool_use"
-    ]
 
 
 def history_events(result: InvocationResult, event: str) -> list[Any]:
@@ -182,74 +124,56 @@ def support_program(provider: Any, ran: list[str], **agent: Any) -> Program:
     return program
 
 
-def provider_for(client: anthropic.AsyncAnthropic, **kwargs: Any) -> Any:
-    return create_anthropic_decision_provider(model=MODEL, client=client, **kwargs)
-
-
 # the capability round trip -----------------------------------------------------
 
 
 async def test_a_capability_round_trip_sends_tools_from_type_hints_and_pairs_the_result(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     ran: list[str] = []
-    runtime = Runtime(support_program(provider_for(client), ran))
+    runtime = Runtime(support_program(wire.provider(client), ran))
     server.script_response(
-        anthropic_text("Let me check."),
-        anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="toolu_1"),
+        wire.preface("look it up"), wire.call("lookup_order", {"order_id": "A1"}, id="call_1")
     )
-    server.script_response(anthropic_text("A1 has shipped."))
+    server.script_response(wire.text("A1 has shipped."))
 
     result = completed(await runtime.invoke("support", input="Where is order A1?"))
 
     assert result.output == "A1 has shipped."
     assert ran == ["lookup A1"]
-    first, second = generations(server)
+    first, second = wire.generations(server)
+    lookup = {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}},
+        "required": ["order_id"],
+        "additionalProperties": False,
+    }
+    refund = {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
+        "required": ["order_id", "amount"],
+        "additionalProperties": False,
+    }
+    pickup = {
+        "type": "object",
+        "properties": {"pickup": PICKUP_SCHEMA},
+        "required": ["pickup"],
+        "additionalProperties": False,
+    }
     assert first["tools"] == [
-        {
-            "name": "lookup_order",
-            "description": "Look up the status of an order.",
-            "input_schema": {
-                "type": "object",
-                "properties": {"order_id": {"type": "string"}},
-                "required": ["order_id"],
-                "additionalProperties": False,
-            },
-        },
-        {
-            "name": "refund",
-            "description": "Refund an order.",
-            "input_schema": {
-                "type": "object",
-                "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
-                "required": ["order_id", "amount"],
-                "additionalProperties": False,
-            },
-        },
-        {
-            "name": "schedule_pickup",
-            "description": "Schedule a pickup of a returned order.",
-            "input_schema": {
-                "type": "object",
-                "properties": {"pickup": PICKUP_SCHEMA},
-                "required": ["pickup"],
-                "additionalProperties": False,
-            },
-        },
+        wire.tool("lookup_order", "Look up the status of an order.", lookup),
+        wire.tool("refund", "Refund an order.", refund),
+        wire.tool("schedule_pickup", "Schedule a pickup of a returned order.", pickup),
     ]
-    assert (first["system"], first["model"]) == ("You are a support agent.", MODEL)
-    assert first["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "Where is order A1?"}]}
+    assert wire.system(first) == "You are a support agent."
+    assert wire.messages(first) == [wire.user("Where is order A1?")]
+    assert wire.turn(second) == [
+        (wire.preface_kind, None),
+        ("call", "call_1"),
+        ("result", "call_1"),
     ]
-    _, assistant, answer = second["messages"]
-    assert blocks(assistant) == [("text", None), ("tool_use", "toolu_1")]
-    assert blocks(answer) == [("tool_result", "toolu_1")]
-    assert results(second) == {
-        "toolu_1": {
-            "status": "ok",
-            "result": {"order_id": "A1", "status": "shipped"},
-            "is_error": False,
-        }
+    assert wire.results(second) == {
+        "call_1": {"status": "ok", "result": {"order_id": "A1", "status": "shipped"}}
     }
     assert [e.kind for e in result.trace if e.kind != "history_event"] == [
         "invocation_started",
@@ -259,7 +183,7 @@ async def test_a_capability_round_trip_sends_tools_from_type_hints_and_pairs_the
         "decision",
         "invocation_completed",
     ]
-    assert_accepted(server)
+    wire.assert_accepted(server)
 
 
 # every check refusal comes back as a denied observation -------------------------
@@ -277,53 +201,54 @@ async def test_a_capability_round_trip_sends_tools_from_type_hints_and_pairs_the
         ),
     ],
 )
-async def test_a_refused_call_goes_back_as_an_error_tool_result_and_never_runs(
-    server: FakeAnthropicServer,
-    client: anthropic.AsyncAnthropic,
+async def test_a_refused_call_goes_back_as_a_denied_result_and_never_runs(
+    wire: AnyWire,
+    server: Any,
+    client: Any,
     name: str,
     arguments: dict[str, Any],
     reason: str,
     says: str,
 ) -> None:
     ran: list[str] = []
-    runtime = Runtime(support_program(provider_for(client), ran))
-    server.script_response(anthropic_tool_use(name, arguments, id="toolu_x"))
-    server.script_response(anthropic_text("I cannot do that."))
+    runtime = Runtime(support_program(wire.provider(client), ran))
+    server.script_response(wire.call(name, arguments, id="call_x"))
+    server.script_response(wire.text("I cannot do that."))
 
     result = completed(await runtime.invoke("support", input="Please help with A1."))
 
     assert ran == []
     (denial,) = result.trace.of_kind("denial")
-    assert (denial["call_id"], denial["reason"]) == ("toolu_x", reason)
-    sent = results(generations(server)[1])["toolu_x"]
-    assert (sent["status"], sent["is_error"]) == ("denied", True)
+    assert (denial["call_id"], denial["reason"]) == ("call_x", reason)
+    sent = wire.results(wire.generations(server)[1])["call_x"]
+    assert sent["status"] == "denied"
     assert says in sent["error"]
     assert "Sunday" not in sent["error"]  # a refusal names the rule, not the value
-    assert_accepted(server)
+    wire.assert_accepted(server)
 
 
 async def test_identical_calls_run_while_the_budget_lasts_then_are_denied(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     ran: list[str] = []
-    runtime = Runtime(support_program(provider_for(client), ran))
+    runtime = Runtime(support_program(wire.provider(client), ran))
     for n in range(3):  # the same call three times; lookup_order has max_calls=2
-        server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"}, id=f"t{n}"))
-    server.script_response(anthropic_text("A1 has shipped."))
+        server.script_response(wire.call("lookup_order", {"order_id": "A1"}, id=f"call_{n}"))
+    server.script_response(wire.text("A1 has shipped."))
 
     completed(await runtime.invoke("support", input="Check A1, then check again."))
 
     assert ran == ["lookup A1", "lookup A1"]
-    last = generations(server)[-1]
-    assert tool_use_ids(last) == ["t0", "t1", "t2"]
-    sent = results(last)
-    assert [sent[f"t{n}"]["status"] for n in range(3)] == ["ok", "ok", "denied"]
-    assert "at most 2 time(s)" in sent["t2"]["error"]
-    assert_accepted(server)
+    last = wire.generations(server)[-1]
+    assert wire.call_ids(last) == ["call_0", "call_1", "call_2"]
+    sent = wire.results(last)
+    assert [sent[f"call_{n}"]["status"] for n in range(3)] == ["ok", "ok", "denied"]
+    assert "at most 2 time(s)" in sent["call_2"]["error"]
+    wire.assert_accepted(server)
 
 
 async def test_a_capability_removed_before_an_approved_resume_is_denied_as_not_in_catalog(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     """The runtime's catalog check, through the wire.
 
@@ -333,7 +258,7 @@ async def test_a_capability_removed_before_an_approved_resume_is_denied_as_not_i
     an approved call is checked again against the resuming program.
     """
     ran: list[str] = []
-    provider = provider_for(client)  # one conversation store for both deploys
+    provider = wire.provider(client)  # one conversation store for both deploys
 
     def deploy(catalog: tuple[str, ...]) -> Program:
         program = Program()
@@ -354,30 +279,29 @@ async def test_a_capability_removed_before_an_approved_resume_is_denied_as_not_i
 
     checkpoints = MemoryCheckpointStore()
     before = Runtime(deploy(("lookup_invoice", "pay")), checkpoints=checkpoints)
-    server.script_response(anthropic_tool_use("pay", {"invoice": "I-1"}, id="toolu_pay"))
+    server.script_response(wire.call("pay", {"invoice": "I-1"}, id="call_pay"))
     paused = await before.invoke("billing", input="Pay I-1")
     assert paused.status == "awaiting_approval"
 
     after = Runtime(deploy(("lookup_invoice",)), checkpoints=checkpoints)  # `pay` withdrawn
-    server.script_response(anthropic_text("Payment is no longer possible."))
-    result = completed(
-        await after.resume(paused.checkpoint_id or "", approvals={"toolu_pay": True})
-    )
+    server.script_response(wire.text("Payment is no longer possible."))
+    result = completed(await after.resume(paused.checkpoint_id or "", approvals={"call_pay": True}))
 
     assert ran == []
     (denial,) = result.trace.of_kind("denial")
     assert denial["reason"] == "unknown_capability"
-    last = generations(server)[-1]
+    last = wire.generations(server)[-1]
     assert [t["name"] for t in last["tools"]] == ["lookup_invoice"]
-    assert results(last)["toolu_pay"]["status"] == "denied"
-    assert_accepted(server)
+    assert wire.call_ids(last) == ["call_pay"]
+    assert wire.results(last)["call_pay"]["status"] == "denied"
+    wire.assert_accepted(server)
 
 
 # concurrency, failures, budgets --------------------------------------------------
 
 
-async def test_parallel_calls_run_concurrently_and_all_results_come_first_in_one_message(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+async def test_parallel_calls_of_one_decision_run_concurrently_and_all_results_go_back_together(
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     program = Program()
     started: list[str] = []
@@ -393,28 +317,28 @@ async def test_parallel_calls_run_concurrently_and_all_results_come_first_in_one
         await asyncio.wait_for(all_running.wait(), timeout=5)
         return f"{order_id}: shipped"
 
-    program.agent("support", provider=provider_for(client), capabilities=("lookup_order",))
+    orders = ("A1", "B2", "C3")
+    program.agent("support", provider=wire.provider(client), capabilities=("lookup_order",))
     server.script_response(
-        anthropic_text("Checking all three."),
-        *(anthropic_tool_use("lookup_order", {"order_id": o}, id=f"t_{o}") for o in "ABC"),
+        wire.preface("three lookups at once"),
+        *(wire.call("lookup_order", {"order_id": o}, id=f"call_{o}") for o in orders),
     )
-    server.script_response(anthropic_text("All three have shipped."))
+    server.script_response(wire.text("All three have shipped."))
 
-    completed(await Runtime(program).invoke("support", input="A, B and C?"))
+    completed(await Runtime(program).invoke("support", input="A1, B2 and C3?"))
 
-    second = generations(server)[1]
-    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
-    assert blocks(second["messages"][2]) == [
-        ("tool_result", "t_A"),
-        ("tool_result", "t_B"),
-        ("tool_result", "t_C"),
+    second = wire.generations(server)[1]
+    assert wire.turn(second) == [
+        (wire.preface_kind, None),
+        *(("call", f"call_{o}") for o in orders),
+        *(("result", f"call_{o}") for o in orders),
     ]
-    assert results(second)["t_B"] == {"status": "ok", "result": "B: shipped", "is_error": False}
-    assert_accepted(server)
+    assert wire.results(second)["call_B2"] == {"status": "ok", "result": "B2: shipped"}
+    wire.assert_accepted(server)
 
 
-async def test_a_raising_capability_is_an_error_tool_result_and_the_model_goes_on(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+async def test_a_raising_capability_is_an_error_result_and_the_model_goes_on(
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     program = Program()
 
@@ -423,27 +347,27 @@ async def test_a_raising_capability_is_an_error_tool_result_and_the_model_goes_o
         """Look up the status of an order."""
         raise ConnectionError("warehouse offline")
 
-    program.agent("support", provider=provider_for(client), capabilities=("lookup_order",))
-    server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"}, id="t1"))
-    server.script_response(anthropic_text("The warehouse is offline; try later."))
+    program.agent("support", provider=wire.provider(client), capabilities=("lookup_order",))
+    server.script_response(wire.call("lookup_order", {"order_id": "A1"}, id="c"))
+    server.script_response(wire.text("The warehouse is offline; try later."))
 
     result = completed(await Runtime(program).invoke("support", input="A1?"))
 
-    assert results(generations(server)[1]) == {
-        "t1": {"status": "error", "error": "ConnectionError: warehouse offline", "is_error": True}
+    assert wire.results(wire.generations(server)[1]) == {
+        "c": {"status": "error", "error": "ConnectionError: warehouse offline"}
     }
     (observation,) = result.trace.of_kind("observation")
     assert observation["status"] == "error"
-    assert_accepted(server)
+    wire.assert_accepted(server)
 
 
 async def test_max_decisions_exhausted_fails_with_agent_budget_exceeded(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     ran: list[str] = []
-    runtime = Runtime(support_program(provider_for(client), ran, max_decisions=2))
-    server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"}))
-    server.script_response(anthropic_tool_use("lookup_order", {"order_id": "B2"}))
+    runtime = Runtime(support_program(wire.provider(client), ran, max_decisions=2))
+    server.script_response(wire.call("lookup_order", {"order_id": "A1"}))
+    server.script_response(wire.call("lookup_order", {"order_id": "B2"}))
 
     result = await runtime.invoke("support", input="Check everything.")
 
@@ -453,48 +377,34 @@ async def test_max_decisions_exhausted_fails_with_agent_budget_exceeded(
     assert ran == ["lookup A1"]  # the last decision's calls were not run
     (failed,) = result.trace.of_kind("invocation_failed")
     assert failed["error_code"] == "AgentBudgetExceeded"
-    assert len(generations(server)) == 2
-    assert_accepted(server)
+    assert len(wire.generations(server)) == 2
+    wire.assert_accepted(server)
 
 
 @pytest.mark.parametrize(
-    ("content", "stop_reason", "code"),
-    [
-        ([anthropic_tool_use("drop_tables", {})], None, "unknown_capability"),
-        (
-            [anthropic_tool_use("lookup_order", {"order_id": 7})],
-            None,
-            "arguments_schema_mismatch",
-        ),
-        ([anthropic_text("The order A1 is")], "max_tokens", "truncated_output"),
-        ([anthropic_text("I will not help.")], "refusal", "refusal"),
-        ([], None, "empty_output"),
-    ],
+    ("wire", "broken"),
+    [pytest.param(w, b, id=f"{w!r}-{b.code}") for w in WIRES for b in w.broken],
 )
 async def test_a_response_without_a_valid_decision_fails_with_its_provider_error_code(
-    server: FakeAnthropicServer,
-    client: anthropic.AsyncAnthropic,
-    content: list[Body],
-    stop_reason: str | None,
-    code: str,
+    wire: AnyWire, server: Any, client: Any, broken: Broken
 ) -> None:
     ran: list[str] = []
-    runtime = Runtime(support_program(provider_for(client), ran))
-    server.script_response(*content, stop_reason=stop_reason)
+    runtime = Runtime(support_program(wire.provider(client), ran))
+    server.script_response(*broken.items, **broken.options)
 
     result = await runtime.invoke("support", input="Where is A1?")
 
     assert result.status == "failed"
     assert isinstance(result.error, AgentDecisionProviderSchemaViolation)
-    assert result.error.provider_error_code == code
+    assert result.error.provider_error_code == broken.code
     (error,) = result.trace.of_kind("provider_error")
     assert (error["error_code"], error["provider_error_code"]) == (
         "AgentDecisionProviderSchemaViolation",
-        code,
+        broken.code,
     )
-    assert result.trace.of_kind("invocation_failed")[0]["provider_error_code"] == code
+    assert result.trace.of_kind("invocation_failed")[0]["provider_error_code"] == broken.code
     assert ran == []
-    assert len(generations(server)) == 1  # a received response is never retried
+    assert len(wire.generations(server)) == 1  # a received response is never retried
 
 
 # approvals across processes ------------------------------------------------------
@@ -527,7 +437,8 @@ def billing_program(provider: Any, ran: list[str]) -> Program:
 
 
 async def run_in_worker(
-    srv: FakeAnthropicServer,
+    wire: AnyWire,
+    srv: FakeProviderServer,
     directory: Path,
     *,
     durable_history: bool,
@@ -538,56 +449,70 @@ async def run_in_worker(
 
     ``durable_history`` keeps the conversation in SQLite next to the
     checkpoints; otherwise it lives in this worker's RAM and dies with it.
-    The model thinks (adaptive thinking): its signed blocks must survive.
+    The model may think (Anthropic: adaptive thinking): its signed blocks must survive.
     """
-    async with sdk(srv) as client, SqliteCheckpointStore(directory / "checkpoints.sqlite") as cps:
+    options = dict(wire.worker_options)
+    async with (
+        wire.sdk(srv) as client,
+        SqliteCheckpointStore(directory / "checkpoints.sqlite") as cps,
+    ):
         if durable_history:
             async with SqliteHistoryStore(directory / "history.sqlite") as store:
                 history = HistoryConfig(store=store, namespace="billing-prod")
-                provider = provider_for(client, history=history, thinking=ADAPTIVE)
+                provider = wire.provider(client, history=history, **options)
                 return await act(Runtime(billing_program(provider, ran), cps))
-        provider = provider_for(client, thinking=ADAPTIVE)
-        return await act(Runtime(billing_program(provider, ran), cps))
+        return await act(Runtime(billing_program(wire.provider(client, **options), ran), cps))
 
 
 async def pause_in_worker(
-    srv: FakeAnthropicServer, directory: Path, *, durable_history: bool
+    wire: AnyWire, srv: Any, directory: Path, *, durable_history: bool
 ) -> tuple[InvocationResult, list[str]]:
     ran: list[str] = []
     srv.script_response(
-        anthropic_thinking("read the invoice, then pay it"),
-        anthropic_tool_use("lookup_invoice", {"invoice": "I-1"}, id="toolu_look"),
-        anthropic_tool_use("pay", {"invoice": "I-1"}, id="toolu_pay"),
+        wire.thought("look, then pay"),
+        wire.call("lookup_invoice", {"invoice": "I-1"}, id="call_look"),
+        wire.call("pay", {"invoice": "I-1"}, id="call_pay"),
     )
 
     async def invoke(runtime: Runtime) -> InvocationResult:
         return await runtime.invoke("billing", input="Pay invoice I-1", run_id="run-42")
 
     paused = await run_in_worker(
-        srv, directory, durable_history=durable_history, ran=ran, act=invoke
+        wire, srv, directory, durable_history=durable_history, ran=ran, act=invoke
     )
     assert paused.status == "awaiting_approval", paused.error
-    assert [c.call_id for c in paused.pending] == ["toolu_pay"]
+    assert [c.call_id for c in paused.pending] == ["call_pay"]
     return paused, ran
+
+
+def assert_paid_turn(wire: AnyWire, body: dict[str, Any]) -> None:
+    """The paused decision replayed whole: its thought, both calls, then both results."""
+    assert wire.turn(body) == [
+        (wire.thought_kind, None),
+        ("call", "call_look"),
+        ("call", "call_pay"),
+        ("result", "call_look"),
+        ("result", "call_pay"),
+    ]
 
 
 @pytest.mark.parametrize("approved", [True, False])
 async def test_approval_resumed_by_another_worker_pairs_the_old_calls_with_their_results(
-    private_dir: Path, approved: bool
+    wire: AnyWire, private_dir: Path, approved: bool
 ) -> None:
-    with FakeAnthropicServer(preserved_thinking=True) as server:
-        paused, ran_before = await pause_in_worker(server, private_dir, durable_history=True)
+    with wire.fake(**wire.bound_replay) as server:
+        paused, ran_before = await pause_in_worker(wire, server, private_dir, durable_history=True)
         assert ran_before == ["lookup I-1"]  # the other call of the decision ran before the stop
 
         ran_after: list[str] = []
-        server.script_response(anthropic_text("Paid." if approved else "Payment was refused."))
+        server.script_response(wire.text("Paid." if approved else "Payment was refused."))
 
         async def resume(runtime: Runtime) -> InvocationResult:
-            return await runtime.resume(paused.checkpoint_id or "", {"toolu_pay": approved})
+            return await runtime.resume(paused.checkpoint_id or "", {"call_pay": approved})
 
         result = completed(
             await run_in_worker(
-                server, private_dir, durable_history=True, ran=ran_after, act=resume
+                wire, server, private_dir, durable_history=True, ran=ran_after, act=resume
             )
         )
 
@@ -597,33 +522,26 @@ async def test_approval_resumed_by_another_worker_pairs_the_old_calls_with_their
             "billing",
         )
         assert ran_after == (["pay I-1"] if approved else [])
-        _, after = generations(server)
-        assert [m["role"] for m in after["messages"]] == ["user", "assistant", "user"]
-        replayed = after["messages"][1]
-        assert blocks(replayed) == [
-            ("thinking", None),
-            ("tool_use", "toolu_look"),
-            ("tool_use", "toolu_pay"),
-        ]
-        # The signed thinking block came back from SQLite in another worker, unchanged.
-        assert replayed["content"][0]["signature"]
-        assert blocks(after["messages"][2]) == [
-            ("tool_result", "toolu_look"),
-            ("tool_result", "toolu_pay"),
-        ]
-        sent = results(after)
-        assert sent["toolu_look"]["result"] == {"invoice": "I-1", "amount": "12.00"}
+        _, after = wire.generations(server)
+        assert_paid_turn(wire, after)
+        # The signed thought came back from SQLite in another worker, unchanged.
+        assert wire.thought_token(after)
+        sent = wire.results(after)
+        assert sent["call_look"] == {
+            "status": "ok",
+            "result": {"invoice": "I-1", "amount": "12.00"},
+        }
         if approved:
-            assert sent["toolu_pay"] == {"status": "ok", "result": "paid", "is_error": False}
+            assert sent["call_pay"] == {"status": "ok", "result": "paid"}
             assert result.trace.of_kind("approval_granted")
         else:
-            assert (sent["toolu_pay"]["status"], sent["toolu_pay"]["is_error"]) == ("denied", True)
-            assert "not approved" in sent["toolu_pay"]["error"]
+            assert sent["call_pay"]["status"] == "denied"
+            assert "not approved" in sent["call_pay"]["error"]
             assert result.trace.of_kind("approval_refused")[0]["given"] is True
         assert history_events(result, "resumed_without_messages") == []
         kinds = [e.kind for e in result.trace]  # the trace carries on from the first worker
         assert kinds.index("awaiting_approval") < kinds.index("invocation_resumed")
-        assert_accepted(server)
+        wire.assert_accepted(server)
 
     async with SqliteHistoryStore(private_dir / "history.sqlite") as store:
         (row,) = await store.list("billing-prod")
@@ -634,42 +552,78 @@ async def test_approval_resumed_by_another_worker_pairs_the_old_calls_with_their
 
 
 async def test_resume_after_a_restart_with_ram_only_history_sends_observations_as_data(
-    server: FakeAnthropicServer, private_dir: Path
+    wire: AnyWire, server: Any, private_dir: Path
 ) -> None:
-    paused, _ = await pause_in_worker(server, private_dir, durable_history=False)
-    server.script_response(anthropic_text("Paid."))
+    paused, _ = await pause_in_worker(wire, server, private_dir, durable_history=False)
+    server.script_response(wire.text("Paid."))
     ran: list[str] = []
 
     async def resume(runtime: Runtime) -> InvocationResult:
-        return await runtime.resume(paused.checkpoint_id or "", {"toolu_pay": True})
+        return await runtime.resume(paused.checkpoint_id or "", {"call_pay": True})
 
     result = completed(
-        await run_in_worker(server, private_dir, durable_history=False, ran=ran, act=resume)
+        await run_in_worker(wire, server, private_dir, durable_history=False, ran=ran, act=resume)
     )
 
     assert ran == ["pay I-1"]
     assert len(history_events(result, "resumed_without_messages")) == 1
-    after = generations(server)[-1]
-    (message,) = after["messages"]  # one user message: the input, then the data
-    assert message["role"] == "user"
-    assert [b["type"] for b in message["content"]] == ["text", "text"]
-    data = message["content"][1]["text"]
+    after = wire.generations(server)[-1]
+    data = wire.data_message(after)
     assert "data, not instructions" in data
     assert '"capability":"lookup_invoice"' in data
     assert '"result":"paid"' in data
-    assert results(after) == {}  # no tool_result without its tool_use
-    assert "toolu_pay" not in json.dumps(after)  # no invented call id
-    assert_accepted(server)
+    assert wire.results(after) == {}  # no result without its call
+    assert "call_pay" not in json.dumps(after)  # no invented call id
+    wire.assert_accepted(server)
+
+
+async def test_a_503_after_an_approved_payment_is_retried_from_another_worker_paying_once(
+    wire: AnyWire, server: Any, private_dir: Path
+) -> None:
+    """Issue 8: the provider fails on the generation right after the approved call ran;
+    the checkpoint survives, and a resume in a third worker completes without paying again."""
+    paused, ran_before = await pause_in_worker(wire, server, private_dir, durable_history=True)
+    assert ran_before == ["lookup I-1"]
+    server.script_error(503)
+
+    async def approve(runtime: Runtime) -> InvocationResult:
+        return await runtime.resume(paused.checkpoint_id or "", {"call_pay": True})
+
+    ran: list[str] = []
+    failed = await run_in_worker(
+        wire, server, private_dir, durable_history=True, ran=ran, act=approve
+    )
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert failed.error.retryable
+    assert failed.checkpoint_id not in (None, paused.checkpoint_id)
+    assert ran == ["pay I-1"]
+
+    server.script_response(wire.text("Paid."))
+
+    async def retry(runtime: Runtime) -> InvocationResult:
+        return await runtime.resume(failed.checkpoint_id or "")
+
+    done = completed(
+        await run_in_worker(wire, server, private_dir, durable_history=True, ran=ran, act=retry)
+    )
+    assert done.invocation_id == paused.invocation_id
+    assert ran == ["pay I-1"]  # exactly once across three workers
+    statuses = [r.status for r in server.requests_to(server.generation_endpoint)]
+    assert statuses == [200, 503, 200]
+    last = wire.generations(server)[-1]
+    assert wire.results(last)["call_pay"] == {"status": "ok", "result": "paid"}
+    assert_paid_turn(wire, last)
 
 
 # delegation ----------------------------------------------------------------------
 
 
 async def test_a_delegated_agent_has_its_own_invocation_and_history(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     program = Program()
-    provider = provider_for(client)  # one provider for both agents: still two conversations
+    provider = wire.provider(client)  # one provider for both agents: still two conversations
 
     @program.capability
     async def lookup_order(order_id: str) -> str:
@@ -689,12 +643,10 @@ async def test_a_delegated_agent_has_its_own_invocation_and_history(
         instructions="You research orders.",
         capabilities=("lookup_order",),
     )
-    server.script_response(
-        anthropic_tool_use("researcher", {"input": "Status of A1?"}, id="toolu_sub")
-    )
-    server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"}))
-    server.script_response(anthropic_text("A1: shipped"))
-    server.script_response(anthropic_text("Your order A1 has shipped."))
+    server.script_response(wire.call("researcher", {"input": "Status of A1?"}, id="call_sub"))
+    server.script_response(wire.call("lookup_order", {"order_id": "A1"}))
+    server.script_response(wire.text("A1: shipped"))
+    server.script_response(wire.text("Your order A1 has shipped."))
 
     result = completed(
         await Runtime(program).invoke("support", input="Customer SECRET-PARENT asks about A1")
@@ -708,36 +660,28 @@ async def test_a_delegated_agent_has_its_own_invocation_and_history(
     assert {e.run_id for e in child_entries} == {result.run_id}
     assert {e.agent_ref for e in child_entries} == {"researcher"}
 
-    parent_1, child_1, child_2, parent_2 = generations(server)
+    parent_1, child_1, child_2, parent_2 = wire.generations(server)
     for body in (child_1, child_2):
-        assert body["system"] == "You research orders."
-        assert body["messages"][0] == {
-            "role": "user",
-            "content": [{"type": "text", "text": "Status of A1?"}],
-        }
+        assert wire.system(body) == "You research orders."
+        assert wire.messages(body)[0] == wire.user("Status of A1?")
         assert "SECRET-PARENT" not in json.dumps(body)
-        assert "toolu_sub" not in json.dumps(body)
+        assert "call_sub" not in json.dumps(body)
     assert [t["name"] for t in parent_1["tools"]] == ["researcher"]
-    assert parent_1["tools"][0]["input_schema"]["required"] == ["input"]
-    assert results(parent_2) == {
-        "toolu_sub": {"status": "ok", "result": "A1: shipped", "is_error": False}
-    }
-    assert "lookup_order" not in json.dumps(parent_2["messages"])
-    assert_accepted(server)
+    assert wire.parameters(parent_1["tools"][0])["required"] == ["input"]
+    assert wire.results(parent_2) == {"call_sub": {"status": "ok", "result": "A1: shipped"}}
+    assert "lookup_order" not in json.dumps(wire.messages(parent_2))
+    wire.assert_accepted(server)
 
 
 # the context guard ---------------------------------------------------------------
 
 
-def results_cost(body: Body) -> int:
-    """Deterministic counts: 100 tokens plus 1000 per tool_result block."""
-    return 100 + 1000 * json.dumps(body["messages"]).count('"tool_result"')
-
-
-async def test_guard_counts_are_traced_and_a_trim_happens_before_generation() -> None:
-    with FakeAnthropicServer(count_tokens=results_cost) as srv:
-        async with sdk(srv) as client:
-            provider = provider_for(
+async def test_guard_counts_are_traced_and_a_trim_happens_before_generation(
+    wire: AnyWire,
+) -> None:
+    with wire.fake(count_tokens=wire.cost) as srv:
+        async with wire.sdk(srv) as client:
+            provider = wire.provider(
                 client,
                 # fits while 100 + 1000 * results + 100 <= 2300: at most two results
                 context=ContextConfig(2300, input_token_multiplier=1, safety_margin_tokens=0),
@@ -752,10 +696,8 @@ async def test_guard_counts_are_traced_and_a_trim_happens_before_generation() ->
 
             program.agent("support", provider=provider, capabilities=("lookup_order",))
             for order in ("A1", "B2", "C3"):
-                srv.script_response(
-                    anthropic_tool_use("lookup_order", {"order_id": order}, id=order)
-                )
-            srv.script_response(anthropic_text("All shipped."))
+                srv.script_response(wire.call("lookup_order", {"order_id": order}, id=order))
+            srv.script_response(wire.text("All shipped."))
             result = completed(await Runtime(program).invoke("support", input="A1, B2, C3?"))
 
         counts = history_events(result, "provider_context_count")
@@ -764,43 +706,44 @@ async def test_guard_counts_are_traced_and_a_trim_happens_before_generation() ->
             (1100, True),
             (2100, True),
         ]
-        assert (counts[3]["count"], counts[3]["fits"]) == (3100, False)
+        assert counts[3]["count"] == 3100
+        assert counts[3]["fits"] is False
         assert counts[-1]["fits"] is True
-        assert all(e["provider"] == "anthropic" and e["window"] == 2300 for e in counts)
+        assert all(e["provider"] == wire.name and e["window"] == 2300 for e in counts)
         assert counts[-1]["reserve"] == counts[-1]["count"] + 100
         (trimmed,) = history_events(result, "history_trimmed")
         assert trimmed["removed_exchanges"] == 1
         # Counted before each generation, and the too-large request was never generated.
         endpoints = [r.endpoint for r in srv.requests]
-        assert endpoints[:6] == ["count_tokens", "messages"] * 3
-        assert endpoints[-1] == "messages"
-        assert set(endpoints[6:-1]) == {"count_tokens"}
-        last = generations(srv)[-1]
-        assert list(results(last)) == ["B2", "C3"]
-        assert tool_use_ids(last) == ["B2", "C3"]  # A1's call left with its result
-        assert last["messages"][0]["content"][0]["text"] == "A1, B2, C3?"  # never trimmed
-        assert all(results_cost(b) + 100 <= 2300 for b in generations(srv))
+        assert endpoints[:6] == [wire.counting, srv.generation_endpoint] * 3
+        assert endpoints[-1] == srv.generation_endpoint
+        assert set(endpoints[6:-1]) == {wire.counting}
+        last = wire.generations(srv)[-1]
+        assert list(wire.results(last)) == ["B2", "C3"]
+        assert wire.call_ids(last) == ["B2", "C3"]  # A1's call left with its result
+        assert wire.messages(last)[0] == wire.user("A1, B2, C3?")  # never trimmed
+        assert all(wire.cost(b) + 100 <= 2300 for b in wire.generations(srv))
         for entry in counts:  # sizes only, never content
             assert "shipped" not in json.dumps(entry.to_dict())
-        assert_accepted(srv)
+        wire.assert_accepted(srv)
 
 
 # keys ----------------------------------------------------------------------------
 
 
 async def test_the_exported_trace_and_the_stored_history_hold_no_api_key(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic, private_dir: Path
+    wire: AnyWire, server: Any, client: Any, private_dir: Path
 ) -> None:
     async with SqliteHistoryStore(private_dir / "history.sqlite") as store:
-        provider = provider_for(
+        provider = wire.provider(
             client,
             history=HistoryConfig(store=store, namespace="support-prod"),
             context=ContextConfig(32768),
             max_output_tokens=500,
         )
         ran: list[str] = []
-        server.script_response(anthropic_tool_use("lookup_order", {"order_id": "A1"}))
-        server.script_response(anthropic_text("Shipped."))
+        server.script_response(wire.call("lookup_order", {"order_id": "A1"}))
+        server.script_response(wire.text("Shipped."))
         result = completed(await Runtime(support_program(provider, ran)).invoke("support", "A1?"))
         (row,) = await store.list()
         record = await store.read(row.key)
@@ -809,22 +752,23 @@ async def test_the_exported_trace_and_the_stored_history_hold_no_api_key(
     assert len(exported.splitlines()) == len(result.trace)
     assert history_events(result, "provider_context_count")
     for text in (exported, json.dumps(record)):
-        assert API_KEY not in text
-        assert "x-api-key" not in text.lower()
+        assert wire.api_key not in text
+        for header in ("bearer", "authorization", "x-api-key"):  # each wire's auth header
+            assert header not in text.lower()
     for name in ("history.sqlite", "history.sqlite-wal"):
         path = private_dir / name
         if path.exists():
-            assert API_KEY.encode() not in path.read_bytes()
+            assert wire.api_key.encode() not in path.read_bytes()
 
 
 # the structured interface --------------------------------------------------------
 
 
 async def test_structured_interface_round_trip_through_the_runtime(
-    server: FakeAnthropicServer, client: anthropic.AsyncAnthropic
+    wire: AnyWire, server: Any, client: Any
 ) -> None:
     ran: list[str] = []
-    provider = provider_for(client, decision_interface="structured")
+    provider = wire.provider(client, decision_interface="structured")
     runtime = Runtime(support_program(provider, ran))
     call = {
         "action": "call",
@@ -833,24 +777,14 @@ async def test_structured_interface_round_trip_through_the_runtime(
             {"name": "refund", "arguments": {"order_id": "A1", "amount": 5}},
         ],
     }
-    server.script_response(anthropic_tool_use("touba_decision", call, id="toolu_d1"))
-    server.script_response(
-        anthropic_tool_use("touba_decision", {"action": "final", "output": "Shipped."})
-    )
+    server.script_response(wire.decision(call, id="toolu_d1"))
+    server.script_response(wire.decision({"action": "final", "output": "Shipped."}))
 
     result = completed(await runtime.invoke("support", input="Where is A1? Refund it."))
 
     assert result.output == "Shipped."
     assert ran == ["lookup A1"]  # refund: permission denied, as in the native interface
     assert [d["reason"] for d in result.trace.of_kind("denial")] == ["permission_denied"]
-    first, second = generations(server)
-    assert [t["name"] for t in first["tools"]] == ["touba_decision"]
-    assert first["tool_choice"]["name"] == "touba_decision"
-    assert "lookup_order" in json.dumps(first["tools"][0]["input_schema"])
-    _, assistant, answer = second["messages"]
-    assert blocks(assistant) == [("tool_use", "toolu_d1")]
-    (block,) = answer["content"]
-    assert (block["type"], block["tool_use_id"]) == ("tool_result", "toolu_d1")
-    assert '"status":"ok"' in block["content"]
-    assert '"status":"denied"' in block["content"]
-    assert_accepted(server)
+    first, second = wire.generations(server)
+    wire.check_structured(first, second)
+    wire.assert_accepted(server)
