@@ -19,6 +19,21 @@ from touba.history._common import iso
 from touba.history._model import parse_json
 from touba.history._store import Record, StoredConversation
 
+__all__ = [
+    "LIST_FIELDS",
+    "appends",
+    "damaged",
+    "entries",
+    "head",
+    "listed",
+    "loads",
+    "ms_iso",
+    "opt_text",
+    "row",
+    "rows",
+    "text",
+]
+
 # The head fields list.lua returns (its ARGV after P).
 LIST_FIELDS: Final = (
     "key",
@@ -43,10 +58,12 @@ def text(value: Any) -> str:
 
 
 def opt_text(value: Any) -> str | None:
+    """A reply as text, None kept."""
     return None if value is None else text(value)
 
 
 def damaged(what: str) -> DecisionHistoryRecordInvalid:
+    """The refusal of a stored value that is not what touba wrote (``what`` says which)."""
     return DecisionHistoryRecordInvalid(
         f"{what} of this conversation in Redis is damaged; it was not modified. Inspect it "
         "with `touba history show` or delete the conversation"
@@ -54,6 +71,7 @@ def damaged(what: str) -> DecisionHistoryRecordInvalid:
 
 
 def loads(value: Any) -> Any:
+    """A stored JSON value, parsed (damaged when it is not JSON)."""
     try:
         return parse_json(text(value))
     except (ValueError, UnicodeDecodeError) as e:
@@ -102,6 +120,7 @@ def entries(value: Any, count: int) -> list[int]:
 
 
 def row(exchange: int, size: int, message: str) -> str:
+    """A message row as stored: ``[exchange,bytes,message]``."""
     return f"[{exchange},{size},{message}]"
 
 
@@ -115,6 +134,7 @@ def appends(write: Write) -> list[str | int]:
 
 
 def ms_iso(value: Any) -> str | None:
+    """A stored time in milliseconds (Redis's clock) as an ISO string, None kept."""
     return None if value is None else iso(int(text(value)) / 1000)
 
 

@@ -28,6 +28,7 @@ from touba.providers._types import CapabilitySpec, TraceCall
 __all__ = [
     "data_text",
     "input_text",
+    "invalid_json",
     "observation_payload",
     "parse_structured",
     "parse_structured_text",
@@ -37,6 +38,7 @@ __all__ = [
     "structured_schema",
     "summary_text",
     "trace_text",
+    "violation",
 ]
 
 _UNTRUSTED = (
