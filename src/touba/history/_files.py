@@ -116,13 +116,21 @@ def check_private_location(filename: str | os.PathLike[str]) -> str:
     """
     path = os.path.abspath(os.fspath(filename))
     _check_directories(os.path.dirname(path))
+    _check_files(path)
+    return path
+
+
+def _check_files(path: str, *, private: bool = False) -> None:
+    """Check each of the database's files (``path`` and SQLite's side files) that exists:
+    with ``private``, also that neither group nor others may read or write it."""
     for candidate in (path + suffix for suffix in SQLITE_SUFFIXES):
         try:
             st = os.lstat(candidate)
         except FileNotFoundError:
             continue
         _check_file(candidate, st)
-    return path
+        if private and _POSIX and stat.S_IMODE(st.st_mode) & 0o077:
+            raise _unsafe(f"{candidate} is readable or writable by group or others")
 
 
 def ensure_private_file(path: str) -> None:
@@ -146,14 +154,7 @@ def ensure_private_file(path: str) -> None:
 
 def verify_private_files(path: str) -> None:
     """Check, once SQLite has opened ``path``, that its files are still private."""
-    for candidate in (path + suffix for suffix in SQLITE_SUFFIXES):
-        try:
-            st = os.lstat(candidate)
-        except FileNotFoundError:
-            continue
-        _check_file(candidate, st)
-        if _POSIX and stat.S_IMODE(st.st_mode) & 0o077:
-            raise _unsafe(f"{candidate} is readable or writable by group or others")
+    _check_files(path, private=True)
 
 
 def open_private_sqlite(

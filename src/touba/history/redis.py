@@ -69,10 +69,10 @@ from touba._closing import AsyncClosing
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryLimitExceeded,
-    DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
     ToubaError,
 )
+from touba.history import _redis_replies as replies
 from touba.history._backend import (
     Read,
     Reserved,
@@ -91,12 +91,10 @@ from touba.history._common import (
     check_key,
     check_limits_config,
     check_sessions,
-    iso,
     recovered,
     require_worker_stopped,
 )
 from touba.history._lua import load
-from touba.history._model import parse_json
 from touba.history._record import join_record
 from touba.history._reservations import MAX_TAIL, Recent, Reservations
 from touba.history._store import (
@@ -136,20 +134,8 @@ Client = aioredis.Redis | aioredis.RedisCluster
 
 
 # The scripts are lua/*.lua, registered by RedisHistoryStore (KEYS and ARGV are
-# documented in each file). The head fields list.lua returns (its ARGV after P):
-_LIST_FIELDS: Final = (
-    "key",
-    "identity",
-    "messages",
-    "bytes",
-    "updated_at",
-    "expires_at",
-    "split",
-    "worker_id",
-    "pid",
-    "host",
-    "since",
-)
+# documented in each file); their replies and the stored rows are read by
+# touba.history._redis_replies.
 
 
 @contextmanager
@@ -163,89 +149,6 @@ def _driver_errors(what: str) -> Iterator[None]:
             "retry; a conversation whose reservation could not be released answers "
             "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
         ) from e
-
-
-def _text(value: Any) -> str:
-    """A reply as text, whether or not the client decodes responses."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return str(value)
-
-
-def _opt_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _damaged(what: str) -> DecisionHistoryRecordInvalid:
-    return DecisionHistoryRecordInvalid(
-        f"{what} of this conversation in Redis is damaged; it was not modified. Inspect it "
-        "with `touba history show` or delete the conversation"
-    )
-
-
-def _loads(value: Any) -> Any:
-    try:
-        return parse_json(_text(value))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _damaged("a stored value (not valid JSON)") from e
-
-
-def _object(value: Any) -> Record:
-    """A stored head: always a JSON object (a record is a dict), else it was tampered with."""
-    parsed = _loads(value)
-    if not isinstance(parsed, dict):
-        raise _damaged(f"the stored head (a JSON {type(parsed).__name__}, not an object)")
-    return parsed
-
-
-def _rows(raw: Sequence[Any], exchanges: int) -> list[tuple[int, int, str]]:
-    """Stored rows ``[exchange,bytes,message]`` as (exchange, bytes, message text),
-    the message left unparsed (the shared layer parses it, or finds it unchanged);
-    a row of another shape or naming an exchange outside 0 .. ``exchanges - 1`` is
-    damaged."""
-    out = []
-    for value in raw:
-        try:
-            row = value.decode("utf-8") if isinstance(value, bytes) else value
-            first = row.index(",")
-            second = row.index(",", first + 1)
-            exchange, size = int(row[1:first]), int(row[first + 1 : second])
-            body = row[second + 1 : -1]
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            raise _damaged("a stored message row") from None
-        if row[0] != "[" or row[-1] != "]" or not 0 <= exchange < exchanges:
-            raise _damaged("a stored message row")
-        out.append((exchange, size, body))
-    return out
-
-
-def _entries(value: Any, count: int) -> list[int]:
-    """The claim's exchange entries: first row, messages, bytes of each."""
-    entries = _loads(value)
-    if (
-        not isinstance(entries, list)
-        or len(entries) != 3 * count
-        or (entries and set(map(type, entries)) != {int})
-    ):
-        raise _damaged("an exchange entry")
-    return entries
-
-
-def _row(exchange: int, size: int, message: str) -> str:
-    return f"[{exchange},{size},{message}]"
-
-
-def _appends(write: Write) -> list[str | int]:
-    """An append's ARGV for commit.lua and append_if.lua: drop, n, then (exchange,
-    bytes, row) per message."""
-    flat: list[str | int] = [write.dropped, len(write.rows)]
-    for _seq, exchange, size, body in write.rows:
-        flat += [exchange, size, _row(exchange, size, body)]
-    return flat
-
-
-def _ms_iso(value: Any) -> str | None:
-    return None if value is None else iso(int(_text(value)) / 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,7 +236,7 @@ class _Backend:
         """A claim's or a peek's result: its reply, the rows listed with it (when
         ``rows`` were), its status; ``DecisionHistoryBusy`` when the key is held."""
         reply, listed = result if rows is not None else (result, ())
-        status = _text(reply[0])
+        status = replies.text(reply[0])
         if status == "busy":
             raise self._store._busy(key, reply)
         return reply, listed, status
@@ -365,7 +268,7 @@ class _Backend:
         if isinstance(store._client, aioredis.RedisCluster) and rows is not None:
             # (its pipelines refuse scripts: the script brings the rows itself)
             found = list(await store._conv(store._peek_rows_script, keys, (*args, tail), "a read"))
-            result = (found, found.pop() if _text(found[0]) == "found" else [])
+            result = (found, found.pop() if replies.text(found[0]) == "found" else [])
         else:
             result = await store._conv(store._peek_script, keys, args, "a read", rows, atomic=True)
         reply, listed, status = self._answer(key, result, rows)
@@ -387,15 +290,15 @@ class _Backend:
         """The claim's ``reply`` (and the ``listed`` rows) as the protocol reads it;
         without ``further`` (no reservation holds the rows still), None where the
         window starts before the rows listed."""
-        head, split = _text(reply[3]), _text(reply[4]) == "1"
+        head, split = replies.text(reply[3]), replies.text(reply[4]) == "1"
         count = int(reply[5]) if split else 0
-        version, messages, size = _text(reply[6]) or None, int(reply[7]), int(reply[8])
+        version, messages, size = replies.text(reply[6]) or None, int(reply[7]), int(reply[8])
         if read.whole:
-            rows = _rows(listed, count)
+            rows = replies.rows(listed, count)
             return Reserved(head, split, count, messages, size, version, usage, [], rows)
         if not split:  # a record kept whole: the protocol shows it as a head with no rows
             return Reserved(head, split, 0, messages, size, version, usage, [], [])
-        entries = _entries(reply[10], int(reply[9]))
+        entries = replies.entries(reply[10], int(reply[9]))
         sizes_first = count - len(entries) // 3
         bodies_first = max(0, count - read.bodies)
         at = 3 * (bodies_first - sizes_first)
@@ -407,7 +310,7 @@ class _Backend:
         first = entries[at]  # the window's first row
         offset = messages - len(listed)  # the first row the LRANGE brought
         if not 0 <= first <= messages:
-            raise _damaged("an exchange entry")
+            raise replies.damaged("an exchange entry")
         if first < offset and not further:
             return None
         if first < offset:  # the window grew past what was read ahead: one more trip
@@ -418,7 +321,7 @@ class _Backend:
         else:
             raw = listed[first - offset :]
         self._per_exchange.note(-(-1000 * (messages - first) // (count - bodies_first)))
-        rows = _rows(raw, count)
+        rows = replies.rows(raw, count)
         return Reserved(head, split, count, messages, size, version, usage, sizes, rows)
 
     async def save(self, key: str, token: str, write: Write) -> None:
@@ -432,7 +335,7 @@ class _Backend:
             for _seq, exchange, size, body in write.rows:
                 counts[exchange] += 1
                 sizes[exchange] += size
-                rows.append(_row(exchange, size, body))
+                rows.append(replies.row(exchange, size, body))
             entries: list[str] = []
             first = 0
             for n, total in zip(counts, sizes, strict=True):
@@ -449,7 +352,7 @@ class _Backend:
             await self._commit(key, token, "put", write, args)
         else:
             self._appended_hint.note(min(MAX_ROWS, len(write.rows)))
-            await self._commit(key, token, "append", write, _appends(write))
+            await self._commit(key, token, "append", write, replies.appends(write))
 
     def _write_args(
         self, token: str, mode: str, write: Write | None, args: Sequence[str | int]
@@ -466,7 +369,7 @@ class _Backend:
         store = self._store
         args = self._write_args(token, mode, write, args)
         reply = await store._conv(store._commit_script, store._keys(key), args, "a commit")
-        status = _text(reply[0])
+        status = replies.text(reply[0])
         if status == "ok":
             return
         if status == "stale":
@@ -486,9 +389,9 @@ class _Backend:
             found, expected = int(reply[1]), int(reply[2])
             raise dropped_elsewhere(key, _LABEL, found, expected)
         if status == "damaged_row":
-            raise _damaged("a stored message row")
+            raise replies.damaged("a stored message row")
         if status == "damaged_entry":
-            raise _damaged("an exchange entry")
+            raise replies.damaged("an exchange entry")
         raise ValueError(f"append refused by the store ({status} {reply[1:]}); nothing saved")
 
     async def save_if(
@@ -505,16 +408,19 @@ class _Backend:
         store = self._store
         entries = "\n".join(f"{first}:{n}:{size}" for first, n, size in seen.entries)
         rows = "\n".join(
-            _row(e, len(body.encode("utf-8", "surrogatepass")), body) for e, body in seen.rows
+            replies.row(e, len(body.encode("utf-8", "surrogatepass")), body)
+            for e, body in seen.rows
         )
         stored = write.kept + write.dropped  # before this write
         proof = (version, head, stored, seen.count)
         seen_text = (seen.entries_from, entries, seen.rows_from, rows)
-        args = self._write_args(token, "append", write, (*_appends(write), *proof, *seen_text))
+        args = self._write_args(
+            token, "append", write, (*replies.appends(write), *proof, *seen_text)
+        )
         reply = await store._conv(
             store._append_if_script, store._keys(key), args, "an optimistic commit"
         )
-        saved = _text(reply[0]) == "ok"
+        saved = replies.text(reply[0]) == "ok"
         if saved:
             self._appended_hint.note(min(MAX_ROWS, len(write.rows)))
         return saved
@@ -549,10 +455,10 @@ class _Backend:
         sizes = []
         for exchange, entry in enumerate(raw, start):
             try:
-                _first, messages, size = _text(entry).split(":")
+                _first, messages, size = replies.text(entry).split(":")
                 sizes.append((exchange, int(messages), int(size)))
             except (ValueError, UnicodeDecodeError):
-                raise _damaged("an exchange entry") from None
+                raise replies.damaged("an exchange entry") from None
         return sizes
 
     async def read_rows(self, key: str, start: int, stop: int) -> Rows:
@@ -564,7 +470,7 @@ class _Backend:
         raw = await store._run(
             store._exchanges, (keys.messages, keys.exchanges), (start, stop), "a read"
         )
-        return _rows(raw, stop)
+        return replies.rows(raw, stop)
 
 
 class RedisHistoryStore(AsyncClosing):
@@ -735,8 +641,8 @@ class RedisHistoryStore(AsyncClosing):
         )
 
     def _busy(self, key: str, reply: Sequence[Any]) -> ToubaError:
-        worker, pid, host, since = (_opt_text(v) for v in reply[1:5])
-        held = f" (held by worker {worker}, pid {pid} on {host} since {_ms_iso(since)})"
+        worker, pid, host, since = (replies.opt_text(v) for v in reply[1:5])
+        held = f" (held by worker {worker}, pid {pid} on {host} since {replies.ms_iso(since)})"
         return busy(key, held)
 
     def _usage_of(self, sessions: Any, size: Any) -> StoreUsage:
@@ -783,24 +689,24 @@ class RedisHistoryStore(AsyncClosing):
         """A detached copy, or None if absent or expired; does not renew the TTL."""
         keys = self._keys(key)
         reply = await self._conv(self._read_script, keys, (), "a read")
-        status = _text(reply[0])
+        status = replies.text(reply[0])
         if status == "busy":
             raise self._busy(key, reply)
         if status == "absent":
             return None
-        head = _object(reply[1])
-        if _text(reply[2]) != "1":
+        head = replies.head(reply[1])
+        if replies.text(reply[2]) != "1":
             return head
         count = int(reply[3])
         exchanges: list[list[Record]] = [[] for _ in range(count)]
-        for exchange, _size, body in _rows(reply[4:], count):
+        for exchange, _size, body in replies.rows(reply[4:], count):
             exchanges[exchange].append(parse_object(body, key, "a message", _LABEL))
         return join_record(head, exchanges)
 
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; False if it was absent or expired."""
         reply = await self._conv(self._delete_script, self._keys(key), (), "a delete")
-        status = _text(reply[0])
+        status = replies.text(reply[0])
         if status == "busy":
             raise self._busy(key, reply)
         return status == "deleted"
@@ -834,36 +740,6 @@ class RedisHistoryStore(AsyncClosing):
 
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Every live conversation (and reserved key), sizes and holder, no content."""
-        args = (self._base, *_LIST_FIELDS)
+        args = (self._base, *replies.LIST_FIELDS)
         reply = list(await self._run(self._list_script, self._store_keys, args, "a list"))
-        width = len(_LIST_FIELDS) + 1
-        rows = []
-        for i in range(0, len(reply), width):
-            values = dict(zip(_LIST_FIELDS, reply[i : i + width], strict=False))
-            active = int(reply[i + width - 1]) == 1
-            identity: Any = _loads(values["identity"]) if values["identity"] else None
-            if namespace is not None and (identity or {}).get("namespace") != namespace:
-                continue
-            holder = None
-            if active:
-                holder = {
-                    "worker_id": _opt_text(values["worker_id"]),
-                    "pid": int(_text(values["pid"])) if values["pid"] is not None else None,
-                    "host": _opt_text(values["host"]),
-                    "since": _ms_iso(values["since"]),
-                }
-            has_record = values["split"] is not None
-            rows.append(
-                StoredConversation(
-                    key=json.loads(_text(values["key"])),
-                    identity=identity if isinstance(identity, dict) else None,
-                    messages=int(_text(values["messages"])) if has_record else 0,
-                    bytes=int(_text(values["bytes"])) if has_record else 0,
-                    updated_at=_ms_iso(values["updated_at"] or values["since"]) or "",
-                    expires_at=_ms_iso(values["expires_at"]),
-                    active=active,
-                    reservation=holder,
-                )
-            )
-        rows.sort(key=lambda row: row.key)
-        return rows
+        return replies.listed(reply, namespace)

@@ -37,6 +37,7 @@ from touba.integrations._records import (
     check_owner,
     check_retained,
     corrupt,
+    exchange_objects,
     foreign_kind,
     log_head,
     now,
@@ -106,12 +107,7 @@ def whole_items(
         check_head(record, kind=kind, namespace=namespace, conversation_id=conversation_id)
     except Legacy:
         return record_items(record, kind=kind, namespace=namespace, conversation_id=conversation_id)
-    exchanges = record.get("exchanges")
-    if not isinstance(exchanges, list) or not all(
-        isinstance(ex, list) and all(isinstance(i, dict) for i in ex) for ex in exchanges
-    ):
-        raise corrupt(kind, "its exchanges are not lists of objects")
-    return [item for exchange in exchanges for item in exchange]
+    return exchange_objects(record, kind)
 
 
 def record_of(

@@ -57,6 +57,7 @@ __all__ = [
     "conversation_store_key",
     "corrupt",
     "dump_item_texts",
+    "exchange_objects",
     "foreign_kind",
     "log_head",
     "now",
@@ -141,6 +142,17 @@ def corrupt(kind: str, what: str) -> DecisionHistoryRecordInvalid:
         f"the stored {kind} record is corrupt ({what}); it was not modified. Inspect it with "
         "`touba history show`"
     )
+
+
+def exchange_objects(record: Record, kind: str) -> list[Record]:
+    """The objects of a version 2 record's ``exchanges``, oldest first (``corrupt``
+    when they are not lists of objects)."""
+    exchanges = record.get("exchanges")
+    if not isinstance(exchanges, list) or not all(
+        isinstance(ex, list) and all(isinstance(o, dict) for o in ex) for ex in exchanges
+    ):
+        raise corrupt(kind, "its exchanges are not lists of objects")
+    return [o for exchange in exchanges for o in exchange]
 
 
 def check_retained(size: int, max_retained_bytes: int) -> None:

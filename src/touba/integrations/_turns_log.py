@@ -41,6 +41,7 @@ from touba.integrations._records import (
     check_owner,
     check_retained,
     corrupt,
+    exchange_objects,
     foreign_kind,
     log_head,
     now,
@@ -122,12 +123,7 @@ def stored_messages(
         check_head(record, kind=kind, namespace=namespace, conversation_id=conversation_id)
     except Legacy:
         return record_items(record, kind=kind, namespace=namespace, conversation_id=conversation_id)
-    exchanges = record.get("exchanges")
-    if not isinstance(exchanges, list) or not all(
-        isinstance(ex, list) and all(isinstance(m, dict) for m in ex) for ex in exchanges
-    ):
-        raise corrupt(kind, "its exchanges are not lists of objects")
-    return [m for exchange in exchanges for m in exchange]
+    return exchange_objects(record, kind)
 
 
 CHUNK: Final = 16  # earlier turns a window bounded by bytes alone reads first

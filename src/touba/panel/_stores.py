@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Protocol
 
 from touba.history._store import AdminStore
 from touba.memory import (
     ExtractionJob,
     KeyEvent,
-    MemoryConfig,
     MemoryStore,
     SessionMeta,
     StoredTurn,
 )
-from touba.memory._model import JobStatus, KeyEventActor, KeyEventStatus, OwnerSummary
+from touba.memory._model import JobStatus, KeyEventStatus, OwnerSummary
+from touba.memory._store import MemoryConfigStore
 
 __all__ = ["HistoryView", "MemoryAdmin"]
 
 
-class MemoryAdmin(MemoryStore, Protocol):
+class MemoryAdmin(MemoryStore, MemoryConfigStore, Protocol):
     """A memory store with saved settings and the operator's paged reads
     (``SqliteMemoryStore`` and ``PostgresMemoryStore``)."""
-
-    async def save_memory_config(self, agent_ref: str, config: MemoryConfig) -> None: ...
-
-    async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None: ...
 
     async def count_sessions(self, *, owner: str | None = None) -> int: ...
 
@@ -62,17 +57,6 @@ class MemoryAdmin(MemoryStore, Protocol):
         text: str | None = None,
         include_closed: bool = False,
     ) -> int: ...
-
-    async def update_event(
-        self,
-        owner: str,
-        event_id: str,
-        changes: Mapping[str, str],
-        *,
-        session_id: str,
-        op_id: str | None = None,
-        actor: KeyEventActor = "model",
-    ) -> KeyEvent | None: ...
 
     async def list_jobs(
         self, *, status: JobStatus | None = None, limit: int = 100, offset: int = 0

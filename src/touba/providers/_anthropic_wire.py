@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from touba.errors import AgentDecisionProviderSchemaViolation, ConfigurationError
+from touba.errors import ConfigurationError
 from touba.history._model import (
     DataMessage,
     DecisionMessage,
@@ -35,12 +35,14 @@ from touba.history._model import (
 from touba.providers._framing import (
     data_text,
     input_text,
+    invalid_json,
     observation_payload,
     parse_structured,
     results_text,
     structured_decision_json,
     summary_text,
     trace_text,
+    violation,
 )
 from touba.providers._memo import ExchangeMemo
 from touba.providers._types import CapabilityCall, DecisionInterface, TraceCall, Turn
@@ -65,10 +67,6 @@ _THINKING = frozenset({"thinking", "redacted_thinking"})
 _TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 _TRUNCATED = frozenset({"max_tokens", "model_context_window_exceeded"})
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
-
-
-def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
-    return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)
 
 
 # prefix digests ----------------------------------------------------------------
@@ -392,9 +390,7 @@ def _final_output(text: str, output_schema: Mapping[str, Any] | None) -> Any:
     except json.JSONDecodeError as e:
         if schema_validator(output_schema, "output_schema").is_valid(text):
             return text  # a plain string answer to a string schema
-        raise _violation(
-            f"the final answer is not valid JSON ({e.msg} at char {e.pos})", "invalid_json"
-        ) from e
+        raise invalid_json("the final answer", e) from e
 
 
 def _calls(content: list[dict[str, Any]]) -> tuple[CapabilityCall, ...]:
@@ -404,9 +400,9 @@ def _calls(content: list[dict[str, Any]]) -> tuple[CapabilityCall, ...]:
             continue
         call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
         if not isinstance(call_id, str) or not isinstance(name, str):
-            raise _violation("a tool_use block has no id or name", "malformed_response")
+            raise violation("a tool_use block has no id or name", "malformed_response")
         if not isinstance(arguments, dict):
-            raise _violation(f"the input of {name!r} is not a JSON object", "bad_call")
+            raise violation(f"the input of {name!r} is not a JSON object", "bad_call")
         calls.append(CapabilityCall(call_id, name, arguments))
     return tuple(calls)
 
@@ -421,12 +417,12 @@ def parse_message(
     """A Messages API response body into a neutral decision (opaque: its content)."""
     content = data.get("content") if isinstance(data, Mapping) else None
     if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-        raise _violation("the response has no content list", "malformed_response")
+        raise violation("the response has no content list", "malformed_response")
     stop = data.get("stop_reason")
     if stop == "refusal":
-        raise _violation("the model refused to answer (stop_reason refusal)", "refusal")
+        raise violation("the model refused to answer (stop_reason refusal)", "refusal")
     if stop in _TRUNCATED:
-        raise _violation(
+        raise violation(
             f"the answer was cut off (stop_reason {stop}); raise max_output_tokens",
             "truncated_output",
         )
@@ -439,12 +435,12 @@ def parse_message(
         decisions = [c for c in calls if c.name == DECISION_TOOL]
         if not decisions:
             code = "empty_output" if not (text and text.strip()) else "missing_decision"
-            raise _violation(f"the model did not call the {DECISION_TOOL} tool", code)
+            raise violation(f"the model did not call the {DECISION_TOOL} tool", code)
         message = parse_structured(decisions[0].arguments, text=text)
     elif calls:
         message = DecisionMessage(text=text, calls=calls)
     elif text is None or not text.strip():
-        raise _violation("the model returned neither tool calls nor text", "empty_output")
+        raise violation("the model returned neither tool calls nor text", "empty_output")
     else:
         message = DecisionMessage(text=text, output=_final_output(text, output_schema), final=True)
     return replace(message, provider=PROVIDER, opaque={"content": content, "prefix": prefix})

@@ -28,6 +28,7 @@ from touba.providers._types import CapabilitySpec, TraceCall
 __all__ = [
     "data_text",
     "input_text",
+    "invalid_json",
     "observation_payload",
     "parse_structured",
     "parse_structured_text",
@@ -37,6 +38,7 @@ __all__ = [
     "structured_schema",
     "summary_text",
     "trace_text",
+    "violation",
 ]
 
 _UNTRUSTED = (
@@ -186,17 +188,17 @@ def structured_decision_json(
 def parse_structured(value: Any, *, text: str | None = None) -> DecisionMessage:
     """A structured decision object into a neutral decision (ids assigned here)."""
     if not isinstance(value, Mapping):
-        raise _violation("the structured decision is not a JSON object", "decision_not_object")
+        raise violation("the structured decision is not a JSON object", "decision_not_object")
     action = value.get("action")
     if action == "final":
         if "output" not in value:
-            raise _violation("a final decision has no output", "missing_output")
+            raise violation("a final decision has no output", "missing_output")
         return DecisionMessage(text=text, output=value["output"], final=True)
     if action != "call":
-        raise _violation("the structured decision's action is not 'call' or 'final'", "bad_action")
+        raise violation("the structured decision's action is not 'call' or 'final'", "bad_action")
     raw_calls = value.get("calls")
     if not isinstance(raw_calls, list) or not raw_calls:
-        raise _violation("a call decision has no calls", "missing_calls")
+        raise violation("a call decision has no calls", "missing_calls")
     calls = []
     for raw in raw_calls:
         if (
@@ -204,7 +206,7 @@ def parse_structured(value: Any, *, text: str | None = None) -> DecisionMessage:
             or not isinstance(raw.get("name"), str)
             or not isinstance(raw.get("arguments", {}), Mapping)
         ):
-            raise _violation("a structured call lacks a name or object arguments", "bad_call")
+            raise violation("a structured call lacks a name or object arguments", "bad_call")
         call_id = raw.get("call_id")
         calls.append(
             CapabilityCall(
@@ -223,15 +225,19 @@ def _new_call_id() -> str:
 def parse_structured_text(text: str | None) -> DecisionMessage:
     """Parse the model's JSON text of a structured decision."""
     if text is None or not text.strip():
-        raise _violation("the model returned no text for a structured decision", "empty_output")
+        raise violation("the model returned no text for a structured decision", "empty_output")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _violation(
-            f"the structured decision is not valid JSON ({e.msg} at char {e.pos})", "invalid_json"
-        ) from e
+        raise invalid_json("the structured decision", e) from e
     return parse_structured(value)
 
 
-def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
+def violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
+    """The schema violation a wire raises for a reply it cannot read (``code`` says why)."""
     return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)
+
+
+def invalid_json(what: str, e: json.JSONDecodeError) -> AgentDecisionProviderSchemaViolation:
+    """The violation for ``what`` (say "the final answer") that ``json.loads`` refused."""
+    return violation(f"{what} is not valid JSON ({e.msg} at char {e.pos})", "invalid_json")

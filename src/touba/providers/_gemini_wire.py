@@ -32,7 +32,6 @@ from dataclasses import replace
 from typing import Any
 
 from touba.errors import (
-    AgentDecisionProviderSchemaViolation,
     ConfigurationError,
     DecisionHistoryMismatch,
     ProviderContextCountUnavailable,
@@ -50,6 +49,7 @@ from touba.providers._base import Plan
 from touba.providers._framing import (
     data_text,
     input_text,
+    invalid_json,
     observation_payload,
     parse_structured_text,
     results_text,
@@ -58,6 +58,7 @@ from touba.providers._framing import (
     structured_schema,
     summary_text,
     trace_text,
+    violation,
 )
 from touba.providers._memo import ExchangeMemo, rendered_exchanges
 from touba.providers._types import CapabilitySpec, DecisionInterface, TraceCall, Turn, Usage
@@ -534,27 +535,27 @@ def parse_response(
 ) -> tuple[DecisionMessage, Usage]:
     """A ``generateContent`` answer into a neutral decision; problems are violations."""
     if not isinstance(data, Mapping):
-        raise _violation("the Gemini response is not a JSON object", "malformed_response")
+        raise violation("the Gemini response is not a JSON object", "malformed_response")
     feedback = data.get("promptFeedback")
     block = feedback.get("blockReason") if isinstance(feedback, Mapping) else None
     if block not in (None, "BLOCKED_REASON_UNSPECIFIED"):
-        raise _violation("Gemini blocked the prompt (promptFeedback.blockReason)", "blocked")
+        raise violation("Gemini blocked the prompt (promptFeedback.blockReason)", "blocked")
     candidates = data.get("candidates")
     if not isinstance(candidates, list) or not candidates:
-        raise _violation("Gemini returned no candidate", "empty_output")
+        raise violation("Gemini returned no candidate", "empty_output")
     candidate = candidates[0]
     if not isinstance(candidate, Mapping):
-        raise _violation("the Gemini candidate is not an object", "malformed_response")
+        raise violation("the Gemini candidate is not an object", "malformed_response")
     reason = candidate.get("finishReason")
     if isinstance(reason, str) and reason not in ("STOP", "FINISH_REASON_UNSPECIFIED"):
         code = _FINISH_CODES.get(reason)
         if code is None:
             code = reason.lower() if re.fullmatch(r"[A-Z_]{1,64}", reason) else "finish_reason"
-        raise _violation(f"Gemini stopped with finishReason {reason[:64]}", code)
+        raise violation(f"Gemini stopped with finishReason {reason[:64]}", code)
     content = candidate.get("content")
     parts = content.get("parts", []) if isinstance(content, Mapping) else []
     if not isinstance(parts, list) or not all(isinstance(p, Mapping) for p in parts):
-        raise _violation("the Gemini candidate parts are not objects", "malformed_response")
+        raise violation("the Gemini candidate parts are not objects", "malformed_response")
     calls: list[CapabilityCall] = []
     texts: list[str] = []
     base = hashlib.sha256(
@@ -568,7 +569,7 @@ def parse_response(
     text = "".join(texts) or None
     if structured:
         if calls:
-            raise _violation(
+            raise violation(
                 "Gemini returned a function call in the structured interface",
                 "unexpected_function_call",
             )
@@ -576,7 +577,7 @@ def parse_response(
     elif calls:
         message = DecisionMessage(text=text, calls=tuple(calls))
     elif text is None or not text.strip():
-        raise _violation("Gemini returned neither a function call nor text", "empty_output")
+        raise violation("Gemini returned neither a function call nor text", "empty_output")
     else:
         output = text if output_schema is None else _json_output(text)
         message = DecisionMessage(text=text, output=output, final=True)
@@ -590,7 +591,7 @@ def _call(raw: Any, invented: str) -> CapabilityCall:
         or not isinstance(raw.get("name"), str)
         or not isinstance(raw.get("args") or {}, Mapping)
     ):
-        raise _violation("a Gemini functionCall part has no name or object args", "bad_call")
+        raise violation("a Gemini functionCall part has no name or object args", "bad_call")
     given = raw.get("id")
     call_id = given if isinstance(given, str) and given else invented
     return CapabilityCall(call_id, raw["name"], dict(raw.get("args") or {}))
@@ -604,9 +605,7 @@ def _json_output(text: str) -> Any:
     try:
         return json.loads(body)
     except json.JSONDecodeError as e:
-        raise _violation(
-            f"the final answer is not valid JSON ({e.msg} at char {e.pos})", "invalid_json"
-        ) from e
+        raise invalid_json("the final answer", e) from e
 
 
 def _usage(meta: Any) -> Usage:
@@ -622,7 +621,3 @@ def _usage(meta: Any) -> Usage:
         None if candidates is None and thoughts is None else (candidates or 0) + (thoughts or 0)
     )
     return Usage(input_tokens=number("promptTokenCount"), output_tokens=output, details=dict(meta))
-
-
-def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
-    return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from touba.errors import AgentDecisionProviderSchemaViolation, AgentDecisionProviderUnavailable
+from touba.errors import AgentDecisionProviderUnavailable
 from touba.history._model import (
     JSON,
     CapabilityCall,
@@ -25,12 +25,14 @@ from touba.history._model import (
 )
 from touba.providers._base import Plan
 from touba.providers._framing import (
+    invalid_json,
     observation_payload,
     parse_structured_text,
     structured_decision_json,
     structured_instructions,
     structured_schema,
     trace_text,
+    violation,
 )
 from touba.providers._memo import ExchangeMemo
 from touba.providers._openai_shared import (
@@ -315,24 +317,20 @@ def count_body(body: Mapping[str, Any]) -> dict[str, Any]:
 # response --------------------------------------------------------------------
 
 
-def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
-    return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)
-
-
 def _check_status(data: Mapping[str, Any]) -> None:
     status = data.get("status")
     if status == "incomplete":
         details = data.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, Mapping) else None
         if reason == "max_output_tokens":
-            raise _violation(
+            raise violation(
                 "the response stopped at max_output_tokens before the decision was complete; "
                 "raise max_output_tokens (reasoning tokens count against it)",
                 "truncated_output",
             )
         if reason == "content_filter":
-            raise _violation("OpenAI's content filter blocked the response", "blocked")
-        raise _violation(f"the response is incomplete (reason {reason!r})", "incomplete_output")
+            raise violation("OpenAI's content filter blocked the response", "blocked")
+        raise violation(f"the response is incomplete (reason {reason!r})", "incomplete_output")
     if status not in (None, "completed"):
         raise AgentDecisionProviderUnavailable(
             f"the OpenAI response has status {status!r}, not 'completed'; no decision was "
@@ -343,16 +341,16 @@ def _check_status(data: Mapping[str, Any]) -> None:
 def _parse_call(item: Mapping[str, Any]) -> CapabilityCall:
     call_id, name, raw = item.get("call_id"), item.get("name"), item.get("arguments")
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(raw, str):
-        raise _violation("a function_call item lacks call_id, name or arguments", "bad_call")
+        raise violation("a function_call item lacks call_id, name or arguments", "bad_call")
     try:
         arguments = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise _violation(
+        raise violation(
             f"the arguments of call {call_id!r} are not valid JSON ({e.msg} at char {e.pos})",
             "invalid_json",
         ) from e
     if not isinstance(arguments, dict):
-        raise _violation(f"the arguments of call {call_id!r} are not a JSON object", "bad_call")
+        raise violation(f"the arguments of call {call_id!r} are not a JSON object", "bad_call")
     return CapabilityCall(call_id, name, arguments)
 
 
@@ -361,11 +359,9 @@ def _final_output(text: str) -> JSON:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _violation(
-            f"the final answer is not valid JSON ({e.msg} at char {e.pos})", "invalid_json"
-        ) from e
+        raise invalid_json("the final answer", e) from e
     if not isinstance(value, dict) or "output" not in value:
-        raise _violation("the final answer has no 'output' field", "missing_output")
+        raise violation("the final answer has no 'output' field", "missing_output")
     return value["output"]
 
 
@@ -396,13 +392,13 @@ def parse_response(
                 if not isinstance(part, Mapping):
                     continue
                 if part.get("type") == "refusal":
-                    raise _violation("the model refused to answer", "refusal")
+                    raise violation("the model refused to answer", "refusal")
                 if part.get("type") == "output_text" and isinstance(part.get("text"), str):
                     texts.append(part["text"])
         elif kind == "function_call" and interface == "native":
             calls.append(_parse_call(item))
         elif kind != "reasoning":
-            raise _violation(
+            raise violation(
                 f"the response holds a {kind!r} output item, which touba did not ask for",
                 "unexpected_output_item",
             )
@@ -412,7 +408,7 @@ def parse_response(
     elif calls:
         decision = DecisionMessage(text=text, calls=tuple(calls))
     elif text is None or not text.strip():
-        raise _violation("the model returned neither calls nor text", "empty_output")
+        raise violation("the model returned neither calls nor text", "empty_output")
     elif not wrapped_output:
         decision = DecisionMessage(text=text, output=text, final=True)
     else:

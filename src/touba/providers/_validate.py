@@ -9,8 +9,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from touba.errors import AgentDecisionProviderSchemaViolation, ConfigurationError
+from touba.errors import ConfigurationError
 from touba.history._model import DecisionMessage, canonical_json
+from touba.providers._framing import violation
 from touba.providers._types import CapabilitySpec
 
 __all__ = ["check_catalog", "check_decision", "schema_validator"]
@@ -55,10 +56,6 @@ def _where(error: Any) -> str:
     return f"{path} fails {error.validator!r}"
 
 
-def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
-    return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)
-
-
 def check_decision(
     decision: DecisionMessage,
     capabilities: Sequence[CapabilitySpec],
@@ -66,16 +63,16 @@ def check_decision(
 ) -> None:
     """Raise a schema violation unless every call and the output are valid."""
     if not decision.final and not decision.calls:
-        raise _violation("the model returned neither calls nor a final output", "empty_output")
+        raise violation("the model returned neither calls nor a final output", "empty_output")
     by_name = {c.name: c for c in capabilities}
     ids: set[str] = set()
     for call in decision.calls:
         if call.call_id in ids:
-            raise _violation(f"call id {call.call_id!r} appears twice", "duplicate_call_id")
+            raise violation(f"call id {call.call_id!r} appears twice", "duplicate_call_id")
         ids.add(call.call_id)
         spec = by_name.get(call.name)
         if spec is None:
-            raise _violation(
+            raise violation(
                 f"the model called {call.name!r}, which is not in the agent's catalog",
                 "unknown_capability",
             )
@@ -84,7 +81,7 @@ def check_decision(
             key=str,
         )
         if errors:
-            raise _violation(
+            raise violation(
                 f"arguments of {call.name!r} do not match its schema: {_where(errors[0])}",
                 "arguments_schema_mismatch",
             )
@@ -93,7 +90,7 @@ def check_decision(
             schema_validator(output_schema, "output_schema").iter_errors(decision.output), key=str
         )
         if errors:
-            raise _violation(
+            raise violation(
                 f"the final output does not match output_schema: {_where(errors[0])}",
                 "output_schema_mismatch",
             )

@@ -54,7 +54,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 from urllib.parse import urlsplit
 
 from touba.errors import (
-    AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
     ConfigurationError,
     ProviderContextGuardUnsupported,
@@ -76,6 +75,7 @@ from touba.providers._framing import (
     structured_instructions,
     structured_schema,
     trace_text,
+    violation,
 )
 from touba.providers._memo import ExchangeMemo
 from touba.providers._openai_shared import (
@@ -287,10 +287,6 @@ def chat_messages(plan: Plan, memo: ExchangeMemo[list[Item]] | None = None) -> l
 # response --------------------------------------------------------------------
 
 
-def _violation(message: str, code: str) -> AgentDecisionProviderSchemaViolation:
-    return AgentDecisionProviderSchemaViolation(message, provider_error_code=code)
-
-
 def _unfenced(text: str) -> str:
     """The text inside one surrounding Markdown code fence, if that is all there is."""
     match = _FENCE.match(text.strip())
@@ -301,23 +297,23 @@ def _parse_call(raw: Any, index: int, total: int) -> tuple[CapabilityCall, Item]
     """One ``tool_calls`` entry; also returns it with an id when the server gave none."""
     where = f"tool call {index + 1} of {total}"
     if not isinstance(raw, dict) or not isinstance(raw.get("function"), dict):
-        raise _violation(f"{where} has no function object", "bad_call")
+        raise violation(f"{where} has no function object", "bad_call")
     kind = raw.get("type", "function")
     if kind != "function":
-        raise _violation(
+        raise violation(
             f"{where} has type {kind!r}; touba offers function tools only", "unexpected_tool_call"
         )
     function = raw["function"]
     name, arguments = function.get("name"), function.get("arguments")
     if not isinstance(name, str) or not name:
-        raise _violation(f"{where} has no function name", "bad_call")
+        raise violation(f"{where} has no function name", "bad_call")
     if isinstance(arguments, str):
         if not arguments.strip():
             arguments = "{}"  # some servers send "" for a call without arguments
         try:
             value = json.loads(arguments)
         except json.JSONDecodeError as e:
-            raise _violation(
+            raise violation(
                 f"the arguments the model wrote for {name!r} ({where}) are not valid JSON "
                 f"({e.msg} at char {e.pos}); small local models often write malformed tool "
                 "calls: try a model tuned for tool use, a lower temperature, or "
@@ -327,7 +323,7 @@ def _parse_call(raw: Any, index: int, total: int) -> tuple[CapabilityCall, Item]
     else:
         value = arguments
     if not isinstance(value, dict):
-        raise _violation(f"the arguments for {name!r} ({where}) are not a JSON object", "bad_call")
+        raise violation(f"the arguments for {name!r} ({where}) are not a JSON object", "bad_call")
     call_id = raw.get("id")
     if not isinstance(call_id, str) or not call_id:
         # The server issued no id; one is needed to pair the result with the call.
@@ -343,7 +339,7 @@ def _final_output(text: str, output_schema: Mapping[str, JSON]) -> JSON:
     except json.JSONDecodeError as e:
         if schema_validator(output_schema, "output_schema").is_valid(text.strip()):
             return text.strip()  # a plain text answer to a string schema
-        raise _violation(
+        raise violation(
             f"the final answer is not valid JSON ({e.msg} at char {e.pos}) but output_schema "
             "asks for a JSON value; small local models often add prose around it: try "
             "decision_interface='structured' or a model that follows formats better",
@@ -353,17 +349,17 @@ def _final_output(text: str, output_schema: Mapping[str, JSON]) -> JSON:
 
 def _check_finish(finish: Any, message: Mapping[str, Any]) -> None:
     if finish == "length":
-        raise _violation(
+        raise violation(
             "the model stopped at the output token limit before its decision was complete; "
             "raise max_output_tokens (thinking models spend tokens on reasoning first) or "
             "check the server's context size",
             "truncated_output",
         )
     if finish == "content_filter":
-        raise _violation("the server's content filter blocked the answer", "blocked")
+        raise violation("the server's content filter blocked the answer", "blocked")
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal.strip():
-        raise _violation("the model refused to answer", "refusal")
+        raise violation("the model refused to answer", "refusal")
 
 
 def parse_completion(
@@ -388,14 +384,14 @@ def parse_completion(
     kept["role"] = "assistant"
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
-        raise _violation("the message's tool_calls is not a list", "bad_call")
+        raise violation("the message's tool_calls is not a list", "bad_call")
     if not raw_calls:
         kept.pop("tool_calls", None)  # an empty list sent back is refused by strict servers
     content = message.get("content")
     text = content if isinstance(content, str) and content.strip() else None
     if interface == "structured":
         if raw_calls:
-            raise _violation(
+            raise violation(
                 "the model called a tool although the structured interface offers none",
                 "unexpected_tool_call",
             )
@@ -412,7 +408,7 @@ def parse_completion(
             if reasoned
             else ""
         )
-        raise _violation(f"the model returned neither tool calls nor text{hint}", "empty_output")
+        raise violation(f"the model returned neither tool calls nor text{hint}", "empty_output")
     elif output_schema is None:
         decision = DecisionMessage(text=text, output=text, final=True)
     else:

@@ -122,18 +122,25 @@ class InvocationState:
 
 
 @dataclass(frozen=True, slots=True)
-class PendingApproval:
+class _PendingCall:
+    """A call of a paused decision, in the state its subclass names."""
+
     call: CapabilityCall
 
 
 @dataclass(frozen=True, slots=True)
-class PendingApproved:
-    call: CapabilityCall
+class PendingApproval(_PendingCall):
+    """Awaiting its reviewer."""
 
 
 @dataclass(frozen=True, slots=True)
-class PendingStarted:
-    call: CapabilityCall
+class PendingApproved(_PendingCall):
+    """Approved, not started yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStarted(_PendingCall):
+    """Started before the pause: its outcome is unknown."""
 
 
 @dataclass(frozen=True, slots=True)

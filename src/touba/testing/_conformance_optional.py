@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Awaitable
 from typing import Any, cast
 
 from touba.errors import ConfigurationError, DecisionHistoryBusy, DecisionHistoryLimitExceeded
@@ -55,6 +56,19 @@ __all__ = [
 ]
 
 
+async def _refused_at_once(call: Awaitable[object], what: str) -> None:
+    """``call``, on a key a transact holds, raises ``DecisionHistoryBusy`` within ``AT_ONCE``."""
+    try:
+        async with asyncio.timeout(AT_ONCE):
+            await call
+    except DecisionHistoryBusy:
+        pass
+    except TimeoutError:
+        fail_check(f"{what} of an active conversation waited; it must raise DecisionHistoryBusy")
+    else:
+        fail_check(f"{what} of an active conversation must raise DecisionHistoryBusy")
+
+
 async def check_read(store: HistoryStore) -> None:
     """``read`` gives a detached copy or None, renews nothing, and refuses active keys."""
     require(store, Readable, "read(key)")
@@ -84,15 +98,7 @@ async def check_read(store: HistoryStore) -> None:
         )
 
     async with holding(store, key):
-        try:
-            async with asyncio.timeout(AT_ONCE):
-                await store.read(key)
-        except DecisionHistoryBusy:
-            pass
-        except TimeoutError:
-            fail_check("read of an active conversation waited; it must raise DecisionHistoryBusy")
-        else:
-            fail_check("read of an active conversation must raise DecisionHistoryBusy")
+        await _refused_at_once(store.read(key), "read")
     expect_same(record, await store.read(key), "read after the operation finished")
 
 
@@ -107,15 +113,7 @@ async def check_delete(store: HistoryStore) -> None:
     record: Record = {"to": "delete"}
     await save_record(store, key, record)
     async with holding(store, key):
-        try:
-            async with asyncio.timeout(AT_ONCE):
-                await store.delete(key)
-        except DecisionHistoryBusy:
-            pass
-        except TimeoutError:
-            fail_check("delete of an active conversation waited; it must raise DecisionHistoryBusy")
-        else:
-            fail_check("delete of an active conversation must raise DecisionHistoryBusy")
+        await _refused_at_once(store.delete(key), "delete")
     await expect_stored(store, key, record, "a refused delete of an active conversation")
 
     expect(await store.delete(key) is True, "delete of a stored conversation must return True")
