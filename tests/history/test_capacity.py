@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from tests.history._clock import Clock
-from tests.history._stores import LOOKUP, Stores, state
+from tests.history._stores import LOOKUP, Stores, holding, state
 from tests.providers._requests import decision_request
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import (
@@ -401,15 +401,10 @@ async def test_usage_counts_records_and_reservations_of_new_keys(stores: Stores)
     assert (usage.sessions, usage.bytes) == (2, 2 * len(json.dumps({"pad": "a" * 100})) - 2)
     assert usage.bytes == sum(row.bytes for row in await store.list())
 
-    inside, leave = asyncio.Event(), asyncio.Event()
-
-    async def hold(snapshot: Any) -> tuple[Any, None]:
-        inside.set()
-        await leave.wait()
+    def give_up(snapshot: Any) -> tuple[Any, None]:
         raise RuntimeError("given up")
 
-    held = asyncio.create_task(store.transact("new", hold))
-    await inside.wait()
+    held, leave = await holding(store, "new", give_up)
     assert await store.usage() == StoreUsage(3, 10, usage.bytes, 10_000)
     leave.set()
     with pytest.raises(RuntimeError):
