@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import stat
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from touba.runtime import (
 )
 
 from ._helpers import RawProvider, calls, done
-from ._stores import Place, place, race_in_processes
+from ._stores import Place, postgres_sql, race_in_processes
 
 HERE = ResourceAddress("notes", "user", "ada")
 THERE = ResourceAddress("notes", "user", "bob")
@@ -255,36 +254,20 @@ def test_postgres_misconfiguration_is_refused_at_construction(
         _postgres()(**options)
 
 
-@pytest.fixture
-async def pg(tmp_path: Path) -> AsyncIterator[Place]:
-    async with place("postgres", tmp_path) as found:
-        yield found
-
-
-async def _sql(dsn: str, statement: str, table: str) -> list[tuple[Any, ...]]:
-    import psycopg
-    from psycopg import sql
-
-    composed = sql.SQL(statement).format(
-        t=sql.Identifier(table), meta=sql.Identifier(f"{table}_meta")
-    )
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(composed)
-        return await cur.fetchall() if cur.description else []
-
-
 @pytest.mark.postgres
 async def test_postgres_schema_is_versioned_and_refused_when_foreign_or_newer(pg: Place) -> None:
     dsn, table = pg.where
     await pg.resources().put(HERE, "k", 1)
-    assert await _sql(dsn, "SELECT name, value FROM {meta}", table) == [("schema_version", "1")]
-    await _sql(dsn, "UPDATE {meta} SET value = '2'", table)
+    assert await postgres_sql(dsn, "SELECT name, value FROM {meta}", table) == [
+        ("schema_version", "1")
+    ]
+    await postgres_sql(dsn, "UPDATE {meta} SET value = '2'", table)
     with pytest.raises(ConfigurationError, match="resource schema version '2'"):
         await pg.resources().open()
-    await _sql(dsn, "DROP TABLE {meta}", table)
+    await postgres_sql(dsn, "DROP TABLE {meta}", table)
     with pytest.raises(ConfigurationError, match="not a touba resource table"):
         await pg.resources().open()
-    assert await _sql(dsn, "SELECT key, value FROM {t}", table) == [("k", "1")]
+    assert await postgres_sql(dsn, "SELECT key, value FROM {t}", table) == [("k", "1")]
 
 
 @pytest.mark.postgres
