@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests._sqlite import raw
 from tests.history._clock import Clock
-from tests.history._sqlite import raw
 from tests.history._stores import WHO, holding
 from tests.history._strategies import json_values
 from touba.errors import (

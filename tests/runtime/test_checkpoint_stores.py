@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests._services import DEFAULT_POSTGRES_DSN
+from tests._sqlite import set_schema_version
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.runtime import (
     CheckpointStore,
@@ -279,10 +280,7 @@ async def test_sqlite_file_of_the_first_version_one_layout_is_migrated(tmp_path:
 async def test_sqlite_store_refuses_another_schema_version(tmp_path: Path) -> None:
     path = _sqlite_dir(tmp_path) / "checkpoints.sqlite"
     await SqliteCheckpointStore(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'checkpoint_schema_version'")
-    conn.commit()
-    conn.close()
+    set_schema_version(path, "checkpoint_schema_version", "99")
     with pytest.raises(ConfigurationError, match="version '99'"):
         SqliteCheckpointStore(path)
 

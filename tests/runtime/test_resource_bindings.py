@@ -7,7 +7,6 @@ close), SQLite's file rules and PostgreSQL's own (schema, NUL, failures).
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import stat
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests._services import DEFAULT_POSTGRES_DSN
+from tests._sqlite import set_schema_version
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryStorageUnsafe,
@@ -216,10 +216,7 @@ def test_sqlite_binding_refuses_unsafe_places(tmp_path: Path) -> None:
 async def test_sqlite_binding_refuses_another_schema_version(private_dir: Path) -> None:
     path = private_dir / "resources.db"
     await SqliteResourceBinding(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'resource_schema_version'")
-    conn.commit()
-    conn.close()
+    set_schema_version(path, "resource_schema_version", "99")
     with pytest.raises(ConfigurationError, match="version '99'"):
         SqliteResourceBinding(path)
 
