@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -144,7 +145,11 @@ async def test_a_version_1_sqlite_file_is_migrated_in_place_and_keeps_its_data(
     assert version == ("2",)
 
 
-async def _assert_migrated(store: MemoryStore, event_id: str) -> None:
+class _ConfiguredStore(MemoryStore, MemoryConfigStore, Protocol):
+    """A memory store that keeps memory configs too (the built-in ones)."""
+
+
+async def _assert_migrated(store: _ConfiguredStore, event_id: str) -> None:
     """What version 2 added works on a migrated store: the event's update history names
     its actor, and memory configs are saved and loaded."""
     found = await store.get_event("user:u", event_id)
