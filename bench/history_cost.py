@@ -59,16 +59,24 @@ def _exchange(n: int) -> list[dict[str, Any]]:
     return [message_to_dict(decision), message_to_dict(result)]
 
 
-def _seed_record(identity: ConversationIdentity, exchanges: int) -> dict[str, Any]:
-    """A conversation with ``exchanges`` complete exchanges, then one pending call."""
-    rows = [_exchange(n) for n in range(exchanges)]
+def pending_record(
+    identity: ConversationIdentity, exchanges: list[list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """A stored record of ``exchanges`` (complete ones, as message dicts), then one pending
+    ``lookup_order`` call, with the head and totals a store would have written."""
     pending = CapabilityCall("pending", "lookup_order", {"order_id": "P"})
-    rows.append([message_to_dict(DecisionMessage(calls=(pending,)))])
+    rows = [*exchanges, [message_to_dict(DecisionMessage(calls=(pending,)))]]
     head = new_head(identity)
     head["pending"] = [{"call_id": "pending", "name": "lookup_order"}]
     size = sum(message_bytes(m) for ex in rows for m in ex)
-    head["stats"] = {"exchanges": len(rows), "messages": 2 * exchanges + 1, "bytes": size}
+    messages = sum(len(ex) for ex in rows)
+    head["stats"] = {"exchanges": len(rows), "messages": messages, "bytes": size}
     return join_record(head, rows)
+
+
+def _seed_record(identity: ConversationIdentity, exchanges: int) -> dict[str, Any]:
+    """A conversation with ``exchanges`` complete exchanges, then one pending call."""
+    return pending_record(identity, [_exchange(n) for n in range(exchanges)])
 
 
 async def _seed(store: HistoryStore, identity: ConversationIdentity, exchanges: int) -> None:

@@ -520,8 +520,16 @@ class Backend:
             floor.hops = 2
         return floor
 
-    async def langgraph(self, name: str, size: int) -> LangGraphConversation | None:
+    async def langgraph_saver(self) -> Any:
+        """The LangGraph checkpointer of this kind, set up, its connection closed with the
+        backend; None where LangGraph (or its saver for this kind) is not installed."""
         return None
+
+    async def langgraph(self, name: str, size: int) -> LangGraphConversation | None:
+        if not hasattr(self, "_graph"):
+            saver = await self.langgraph_saver()
+            self._graph = None if saver is None else _langgraph(saver)
+        return None if self._graph is None else LangGraphConversation(self._graph, size)
 
     async def close(self) -> None:
         for closer in reversed(self._closers):
@@ -585,22 +593,19 @@ class SqliteBackend(Backend):
         self._closers.append(_async(conn.close))
         return FloorConversation(conn, abs(hash(name)) % 2**31, size)
 
-    async def langgraph(self, name: str, size: int) -> LangGraphConversation | None:
-        if not hasattr(self, "_graph"):
-            try:
-                import aiosqlite
-                from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-            except ImportError:
-                self._graph = None
-            else:
-                conn = await aiosqlite.connect(self.directory / "langgraph.sqlite")
-                await conn.execute("PRAGMA journal_mode=WAL")
-                await conn.execute("PRAGMA synchronous=FULL")
-                saver = AsyncSqliteSaver(conn)
-                await saver.setup()
-                self._closers.append(conn.close)
-                self._graph = _langgraph(saver)
-        return None if self._graph is None else LangGraphConversation(self._graph, size)
+    async def langgraph_saver(self) -> Any:
+        try:
+            import aiosqlite
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        except ImportError:
+            return None
+        conn = await aiosqlite.connect(self.directory / "langgraph.sqlite")
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=FULL")
+        saver = AsyncSqliteSaver(conn)
+        await saver.setup()
+        self._closers.append(conn.close)
+        return saver
 
 
 def _async(function: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
@@ -639,27 +644,24 @@ class PostgresBackend(Backend):
         session = SQLAlchemySession(name, engine=self._engine, create_tables=True)
         return AgentsConversation(session, size)
 
-    async def langgraph(self, name: str, size: int) -> LangGraphConversation | None:
-        if not hasattr(self, "_graph"):
-            try:
-                import psycopg
-                from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-                from psycopg.rows import dict_row
-            except ImportError:
-                self._graph = None
-            else:
-                conn = await psycopg.AsyncConnection.connect(
-                    DSN,
-                    autocommit=True,
-                    prepare_threshold=0,
-                    row_factory=dict_row,
-                    options=f"-csearch_path={self.schema}",
-                )
-                saver = AsyncPostgresSaver(conn)
-                await saver.setup()
-                self._closers.append(conn.close)
-                self._graph = _langgraph(saver)
-        return None if self._graph is None else LangGraphConversation(self._graph, size)
+    async def langgraph_saver(self) -> Any:
+        try:
+            import psycopg
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+            from psycopg.rows import dict_row
+        except ImportError:
+            return None
+        conn = await psycopg.AsyncConnection.connect(
+            DSN,
+            autocommit=True,
+            prepare_threshold=0,
+            row_factory=dict_row,
+            options=f"-csearch_path={self.schema}",
+        )
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        self._closers.append(conn.close)
+        return saver
 
     async def close(self) -> None:
         await super().close()

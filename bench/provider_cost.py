@@ -35,9 +35,11 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -45,6 +47,10 @@ import openai
 from google import genai
 from google.genai import types
 
+if __package__ in (None, ""):  # run as a script: bench/ is a package of the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.history_cost import pending_record
 from touba.history import (
     CapabilityCall,
     ConversationIdentity,
@@ -54,8 +60,7 @@ from touba.history import (
     MemoryHistoryStore,
 )
 from touba.history._common import MiB
-from touba.history._model import ResultMessage, message_bytes, message_to_dict
-from touba.history._record import join_record, new_head
+from touba.history._model import ResultMessage, message_to_dict
 from touba.providers import (
     CapabilitySpec,
     ContextConfig,
@@ -247,13 +252,7 @@ def _seed_record(identity: ConversationIdentity, exchanges: int) -> dict[str, An
         call = CapabilityCall(f"call-{n:06d}", "lookup_order", {"order_id": f"A{n:06d}"})
         result = ResultMessage(call.call_id, call.name, call.arguments, "ok", {"n": f"{n:06d}"})
         rows.append([message_to_dict(DecisionMessage(calls=(call,))), message_to_dict(result)])
-    pending = CapabilityCall("pending", "lookup_order", {"order_id": "P"})
-    rows.append([message_to_dict(DecisionMessage(calls=(pending,)))])
-    head = new_head(identity)
-    head["pending"] = [{"call_id": "pending", "name": "lookup_order"}]
-    size = sum(message_bytes(m) for exchange in rows for m in exchange)
-    head["stats"] = {"exchanges": len(rows), "messages": 2 * exchanges + 1, "bytes": size}
-    return join_record(head, rows)
+    return pending_record(identity, rows)
 
 
 @dataclass

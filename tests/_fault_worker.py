@@ -101,6 +101,17 @@ def describe(error: BaseException | None) -> dict[str, Any] | None:
     }
 
 
+def refused_open(make: Callable[[], Any]) -> dict[str, Any] | None:
+    """What ``make()`` (opening a store) fails with while the file system is read-only,
+    described; None when it opens."""
+    with FAULTS.failing(OPEN, errno.EROFS):
+        try:
+            make()
+        except Exception as e:
+            return describe(e)
+    return None
+
+
 async def outcome(action: Awaitable[Any]) -> dict[str, Any] | None:
     try:
         await action
@@ -180,12 +191,7 @@ async def history_reserve(directory: Path) -> dict[str, Any]:
 
 
 async def history_open(directory: Path) -> dict[str, Any]:
-    with FAULTS.failing(OPEN, errno.EROFS):
-        try:
-            SqliteHistoryStore(directory / "history.sqlite")
-        except Exception as e:
-            return {"error": describe(e)}
-    return {"error": None}
+    return {"error": refused_open(lambda: SqliteHistoryStore(directory / "history.sqlite"))}
 
 
 async def history_random(directory: Path) -> dict[str, Any]:
@@ -275,12 +281,7 @@ async def memory_append(directory: Path, name: str, error: int) -> dict[str, Any
 
 
 async def memory_open(directory: Path) -> dict[str, Any]:
-    with FAULTS.failing(OPEN, errno.EROFS):
-        try:
-            SqliteMemoryStore(directory / "memory.sqlite")
-        except Exception as e:
-            return {"error": describe(e)}
-    return {"error": None}
+    return {"error": refused_open(lambda: SqliteMemoryStore(directory / "memory.sqlite"))}
 
 
 # -- checkpoints and resources ---------------------------------------------------------
@@ -324,18 +325,10 @@ async def resources(directory: Path, name: str, error: int) -> dict[str, Any]:
 
 
 async def runtime_open(directory: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, make in (
-        ("checkpoints", lambda: SqliteCheckpointStore(directory / "c.sqlite")),
-        ("resources", lambda: SqliteResourceBinding(directory / "r.sqlite")),
-    ):
-        with FAULTS.failing(OPEN, errno.EROFS):
-            try:
-                make()
-                out[name] = None
-            except Exception as e:
-                out[name] = describe(e)
-    return out
+    return {
+        "checkpoints": refused_open(lambda: SqliteCheckpointStore(directory / "c.sqlite")),
+        "resources": refused_open(lambda: SqliteResourceBinding(directory / "r.sqlite")),
+    }
 
 
 SCENARIOS: dict[str, Callable[[Path], Coroutine[Any, Any, dict[str, Any]]]] = {

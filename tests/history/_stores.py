@@ -8,7 +8,9 @@ with the same name share their data, as separate workers do.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from tests._services import postgres_dsn, redis_url
 from touba.history import ConversationIdentity, MemoryHistoryStore
 from touba.providers import CapabilitySpec
 
-__all__ = ["DURABLE", "KINDS", "LOOKUP", "WHO", "Stores", "build", "state"]
+__all__ = ["DURABLE", "KINDS", "LOOKUP", "WHO", "Stores", "build", "holding", "state"]
 
 # The conversation the history-level tests hold, in namespace "n".
 WHO = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
@@ -118,3 +120,21 @@ async def state(store: Any) -> list[Any]:
     """Everything observable about a store's conversations, content included."""
     rows = await store.list()
     return [(row, await store.read(row.key)) for row in rows]
+
+
+async def holding(
+    store: Any, key: str, saved: Callable[[Any], tuple[Any, Any]]
+) -> tuple[asyncio.Task[Any], asyncio.Event]:
+    """Starts ``store.transact(key, ...)`` and returns once its callback is running: the key
+    stays reserved until the returned event is set, then the callback returns
+    ``saved(snapshot)`` (or raises what ``saved`` raises). Returns the task and that event."""
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def hold(snapshot: Any) -> tuple[Any, Any]:
+        inside.set()
+        await leave.wait()
+        return saved(snapshot)
+
+    task = asyncio.create_task(store.transact(key, hold))
+    await inside.wait()
+    return task, leave

@@ -12,10 +12,11 @@ figures; ``history_store_pressure`` goes out over 80 %, once a minute per store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import openai
 import pytest
 
 from tests.history._clock import Clock
-from tests.history._stores import LOOKUP, Stores, state
+from tests.history._stores import LOOKUP, Stores, holding, state
 from tests.providers._requests import decision_request
 from touba.errors import DecisionHistoryLimitExceeded
 from touba.history import (
@@ -200,13 +201,13 @@ async def test_two_new_keys_racing_for_the_last_place_one_wins(stores: Stores) -
 
 
 CHILD = """
-import asyncio, sys
+import asyncio, json, sys
 from tests.history._stores import build
 from touba.errors import DecisionHistoryLimitExceeded
 
-async def main(kind, key, *where):
+async def main(kind, key, limit, value, record, *where):
     loop = asyncio.get_running_loop()
-    store = build(kind, *where, max_sessions=1)
+    store = build(kind, *where, **{limit: int(value)})
     await store.usage()  # connected and ready
     print("ready", flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)
@@ -214,81 +215,7 @@ async def main(kind, key, *where):
     async def hold(snapshot):
         print("in", flush=True)
         await loop.run_in_executor(None, sys.stdin.readline)
-        return {"saved": key}, None
-
-    try:
-        await store.transact(key, hold)
-    except DecisionHistoryLimitExceeded as e:
-        print("refused", e.limit, flush=True)
-    await store.close()
-
-asyncio.run(main(*sys.argv[1:]))
-"""
-
-
-async def test_the_last_place_has_one_winner_across_processes(durable: Stores) -> None:
-    where = durable.location("shared")
-    store = durable("shared", max_sessions=1)
-    await store.usage()  # create the tables first, once
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            CHILD,
-            durable.kind,
-            key,
-            *where,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=Path(__file__).parents[2],
-        )
-        for key in ("x", "y")
-    ]
-    try:
-        for child in children:
-            assert child.stdout is not None
-            assert await asyncio.wait_for(child.stdout.readline(), 30) == b"ready\n"
-        for child in children:  # go, as close together as two writes get
-            assert child.stdin is not None
-            child.stdin.write(b"go\n")
-        await asyncio.gather(*(child.stdin.drain() for child in children if child.stdin))
-        lines = []
-        for child in children:
-            assert child.stdout is not None
-            lines.append((await asyncio.wait_for(child.stdout.readline(), 30)).decode().strip())
-        assert sorted(lines) == ["in", "refused max_sessions"], lines
-        winner = children[lines.index("in")]
-        assert (await store.usage()).sessions == 1  # the winner's reservation holds it
-        await winner.communicate(b"save\n")
-        for child in children:
-            await child.wait()
-            assert child.returncode == 0
-        key = "xy"[lines.index("in")]
-        assert await store.read(key) == {"saved": key}
-        assert [row.key for row in await store.list()] == [key]
-    finally:
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-                await child.wait()
-
-
-BYTES_CHILD = """
-import asyncio, sys
-from tests.history._stores import build
-from touba.errors import DecisionHistoryLimitExceeded
-
-async def main(kind, key, size, limit, *where):
-    loop = asyncio.get_running_loop()
-    store = build(kind, *where, max_store_bytes=int(limit))
-    await store.usage()  # connected and ready
-    print("ready", flush=True)
-    await loop.run_in_executor(None, sys.stdin.readline)
-
-    async def hold(snapshot):
-        print("in", flush=True)
-        await loop.run_in_executor(None, sys.stdin.readline)
-        return {"pad": "a" * int(size)}, None
+        return json.loads(record), None
 
     try:
         await store.transact(key, hold)
@@ -299,6 +226,75 @@ async def main(kind, key, size, limit, *where):
 
 asyncio.run(main(*sys.argv[1:]))
 """
+
+
+@contextlib.asynccontextmanager
+async def children_ready(
+    durable: Stores, where: tuple[str, ...], limit: tuple[str, int], records: dict[str, Any]
+) -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    """One CHILD process per key of ``records`` (under ``limit``, a store option and its
+    value), each ready to reserve its key and then save its record when told; killed on the
+    way out if still running."""
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD,
+            durable.kind,
+            key,
+            limit[0],
+            str(limit[1]),
+            json.dumps(record),
+            *where,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=Path(__file__).parents[2],
+        )
+        for key, record in records.items()
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert await asyncio.wait_for(child.stdout.readline(), 30) == b"ready\n"
+        yield children
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+
+
+async def say_and_read(children: list[asyncio.subprocess.Process], word: bytes) -> list[str]:
+    """Tells every child ``word`` at once (as close together as two writes get) and reads
+    each one's answer line."""
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(word)
+    await asyncio.gather(*(child.stdin.drain() for child in children if child.stdin))
+    lines = []
+    for child in children:
+        assert child.stdout is not None
+        lines.append((await asyncio.wait_for(child.stdout.readline(), 30)).decode().strip())
+    return lines
+
+
+async def test_the_last_place_has_one_winner_across_processes(durable: Stores) -> None:
+    where = durable.location("shared")
+    store = durable("shared", max_sessions=1)
+    await store.usage()  # create the tables first, once
+    records = {key: {"saved": key} for key in ("x", "y")}
+    async with children_ready(durable, where, ("max_sessions", 1), records) as children:
+        lines = await say_and_read(children, b"go\n")
+        assert sorted(lines) == ["in", "refused max_sessions"], lines
+        winner = children[lines.index("in")]
+        assert (await store.usage()).sessions == 1  # the winner's reservation holds it
+        await winner.communicate(b"save\n")
+        for child in children:
+            await child.wait()
+            assert child.returncode == 0
+        key = "xy"[lines.index("in")]
+        assert await store.read(key) == {"saved": key}
+        assert [row.key for row in await store.list()] == [key]
 
 
 @pytest.mark.parametrize("both_fit", [False, True])
@@ -319,48 +315,15 @@ async def test_the_last_bytes_have_one_winner_across_processes(
     if durable.kind == "postgres":
         shards = await _shards(durable, keys)
         assert len(set(shards)) == 2, shards
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            BYTES_CHILD,
-            durable.kind,
-            key,
-            str(size),
-            str(limit),
-            *where,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=Path(__file__).parents[2],
-        )
-        for key in keys
-    ]
-
-    async def say_and_read(word: bytes) -> list[str]:
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write(word)
-        await asyncio.gather(*(child.stdin.drain() for child in children if child.stdin))
-        lines = []
-        for child in children:
-            assert child.stdout is not None
-            lines.append((await asyncio.wait_for(child.stdout.readline(), 30)).decode().strip())
-        return lines
-
-    try:
-        for child in children:
-            assert child.stdout is not None
-            assert await asyncio.wait_for(child.stdout.readline(), 30) == b"ready\n"
-        assert await say_and_read(b"go\n") == ["in", "in"]  # both hold a reservation
-        outcomes = await say_and_read(b"save\n")  # then save as close together as they get
+    records = {key: {"pad": "a" * size} for key in keys}
+    async with children_ready(durable, where, ("max_store_bytes", limit), records) as children:
+        assert await say_and_read(children, b"go\n") == ["in", "in"]  # both hold a reservation
+        outcomes = await say_and_read(
+            children, b"save\n"
+        )  # then save as close together as they get
         for child in children:
             await child.wait()
             assert child.returncode == 0
-    finally:
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-                await child.wait()
     saved = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome == "saved"]
     if both_fit:
         assert outcomes == ["saved", "saved"]
@@ -401,15 +364,10 @@ async def test_usage_counts_records_and_reservations_of_new_keys(stores: Stores)
     assert (usage.sessions, usage.bytes) == (2, 2 * len(json.dumps({"pad": "a" * 100})) - 2)
     assert usage.bytes == sum(row.bytes for row in await store.list())
 
-    inside, leave = asyncio.Event(), asyncio.Event()
-
-    async def hold(snapshot: Any) -> tuple[Any, None]:
-        inside.set()
-        await leave.wait()
+    def give_up(snapshot: Any) -> tuple[Any, None]:
         raise RuntimeError("given up")
 
-    held = asyncio.create_task(store.transact("new", hold))
-    await inside.wait()
+    held, leave = await holding(store, "new", give_up)
     assert await store.usage() == StoreUsage(3, 10, usage.bytes, 10_000)
     leave.set()
     with pytest.raises(RuntimeError):

@@ -485,41 +485,38 @@ def test_every_step_keeps_the_window_rules(bounds: tuple[int, int], script: list
 # -- limits: refused atomically -------------------------------------------------------------
 
 
-async def test_last_exchange_over_max_bytes_is_refused_and_nothing_changes() -> None:
-    env = Env(max_bytes=1_000)
-    first = decide(*calls("a", "lookup"))
+async def refused_step(
+    env: Env, names: tuple[str, ...], result_size: int, limit: str
+) -> tuple[CapabilityCall, ...]:
+    """A decision with `calls(*names)`, then results of `result_size` bytes refused on `limit`:
+    the stored record is left exactly as it was. Returns the calls still to answer."""
+    first = decide(*calls(*names))
     await env.step([], first)
     before = await env.read()
     with pytest.raises(DecisionHistoryLimitExceeded) as caught:
-        await env.history.step(env.identity, answer(first.calls, "x" * 2_000), never)
-    assert caught.value.limit == "max_bytes"
+        await env.history.step(env.identity, answer(first.calls, "x" * result_size), never)
+    assert caught.value.limit == limit
     assert await env.read() == before
+    return first.calls
+
+
+async def test_last_exchange_over_max_bytes_is_refused_and_nothing_changes() -> None:
+    env = Env(max_bytes=1_000)
+    made = await refused_step(env, ("a", "lookup"), 2_000, "max_bytes")
     # The key is free and the conversation usable with a result that fits.
-    window = await env.step(answer(first.calls, "small"), decide())
+    window = await env.step(answer(made, "small"), decide())
     assert len(window.exchanges) == 1
 
 
 async def test_last_exchange_over_max_messages_is_refused_first() -> None:
-    env = Env(max_messages=3, max_bytes=300)
-    first = decide(*calls("a", "f", "g", "h"))
-    await env.step([], first)
-    before = await env.read()
-    with pytest.raises(DecisionHistoryLimitExceeded) as caught:
-        # Over both bounds: max_messages is named.
-        await env.history.step(env.identity, answer(first.calls, "x" * 1_000), never)
-    assert caught.value.limit == "max_messages"
-    assert await env.read() == before
+    # Over both bounds: max_messages is named.
+    await refused_step(
+        Env(max_messages=3, max_bytes=300), ("a", "f", "g", "h"), 1_000, "max_messages"
+    )
 
 
 async def test_max_retained_bytes_refuses_before_generating() -> None:
-    env = Env(max_retained_bytes=600)
-    first = decide(*calls("a", "lookup"))
-    await env.step([], first)
-    before = await env.read()
-    with pytest.raises(DecisionHistoryLimitExceeded) as caught:
-        await env.history.step(env.identity, answer(first.calls, "x" * 1_000), never)
-    assert caught.value.limit == "max_retained_bytes"
-    assert await env.read() == before
+    await refused_step(Env(max_retained_bytes=600), ("a", "lookup"), 1_000, "max_retained_bytes")
 
 
 async def test_max_retained_bytes_refuses_a_decision_too_large_to_keep() -> None:

@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tests._services import DEFAULT_POSTGRES_DSN, postgres_dsn
+from tests.history._stores import holding
 from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
@@ -1036,15 +1037,7 @@ async def test_transact_log_refuses_to_rewrite_history(
 async def test_second_worker_is_refused_at_once(make_store: Make) -> None:
     a, b = make_store(worker_id="worker-a"), make_store()
     await a.transact("k", put({"v": 0}))
-    inside, leave = asyncio.Event(), asyncio.Event()
-
-    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
-        inside.set()
-        await leave.wait()
-        return {"v": 1}, None
-
-    task = asyncio.create_task(a.transact("k", hold))
-    await inside.wait()
+    task, leave = await holding(a, "k", lambda snapshot: ({"v": 1}, None))
     async with asyncio.timeout(2):
         for attempt in (
             b.transact("k", put({"v": 2})),
@@ -1135,15 +1128,7 @@ async def test_none_deletes_and_delete_reports(make_store: Make) -> None:
 async def test_recovery_while_running_refuses_the_late_save(make_store: Make) -> None:
     a, operator = make_store(), make_store()
     await a.transact("k", put({"v": 0}))
-    inside, leave = asyncio.Event(), asyncio.Event()
-
-    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], None]:
-        inside.set()
-        await leave.wait()
-        return {"v": 1}, None
-
-    task = asyncio.create_task(a.transact("k", hold))
-    await inside.wait()
+    task, leave = await holding(a, "k", lambda snapshot: ({"v": 1}, None))
     with pytest.raises(ConfigurationError, match="worker_stopped=True"):
         await operator.recover("k", worker_stopped=False)
     assert await operator.recover("k", worker_stopped=True) is True
@@ -1329,15 +1314,7 @@ async def test_purge_spares_reserved_sessions_and_saving_renews(
     store = make_store(ttl_seconds=0.5)
     await store.transact("held", put({"v": 1}))
     await store.transact_log("idle", appender((None, {"m": 1})))
-    inside, leave = asyncio.Event(), asyncio.Event()
-
-    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any] | None, None]:
-        inside.set()
-        await leave.wait()
-        return snapshot, None
-
-    task = asyncio.create_task(store.transact("held", hold))
-    await inside.wait()
+    task, leave = await holding(store, "held", lambda snapshot: (snapshot, None))
     await asyncio.sleep(0.7)
     assert await store.purge_expired() == 1
     assert await query(dsn, "SELECT count(*) FROM {m}", table) == [(0,)]
@@ -1387,15 +1364,7 @@ async def test_list_filters_by_namespace(make_store: Make) -> None:
 
 async def test_close_lets_a_running_operation_save(make_store: Make) -> None:
     store, other = make_store(), make_store()
-    inside, leave = asyncio.Event(), asyncio.Event()
-
-    async def hold(snapshot: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
-        inside.set()
-        await leave.wait()
-        return {"v": 1}, "saved"
-
-    task = asyncio.create_task(store.transact("k", hold))
-    await inside.wait()
+    task, leave = await holding(store, "k", lambda snapshot: ({"v": 1}, "saved"))
     closing = asyncio.create_task(store.close())
     await asyncio.sleep(0.05)
     assert not closing.done()

@@ -832,24 +832,32 @@ async def decide(history: DecisionHistory, who: ConversationIdentity, texts: lis
     await history.step(who, observations, decider(texts))
 
 
+async def decided(
+    store: RedisHistoryStore, decisions: int
+) -> tuple[DecisionHistory, list[list[str | None]]]:
+    """WHO's history on ``store`` (windows of 6 messages) after ``decisions`` decisions, and
+    what each was sent, to go on with ``decide``."""
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
+    texts: list[list[str | None]] = []
+    for _ in range(decisions):
+        await decide(history, WHO, texts)
+    return history, texts
+
+
 async def test_the_claim_carries_the_window_whatever_was_read_before(
     store: RedisHistoryStore,
 ) -> None:
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
-    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-    texts: list[list[str | None]] = []
-    for _ in range(60):
-        await decide(history, who, texts)
+    history, texts = await decided(store, 60)
 
     async def look_back(snapshot: LogSnapshot | None, usage: StoreUsage | None) -> Any:
         assert snapshot is not None  # read far back, as a summary's exchanges are
         old = await snapshot.exchanges(0, snapshot.exchange_count - 1)
         return LogWrite(head=snapshot.head), len(old)
 
-    assert await store.transact_log(who.key, look_back) == 59
+    assert await store.transact_log(WHO.key, look_back) == 59
     claims = claims_of(store)
     for _ in range(5):
-        await decide(history, who, texts)
+        await decide(history, WHO, texts)
     # The rows of the window's exchanges and one more (the read-ahead: 5 stored
     # messages a window reads, its sixth the result the decision appends, in 4
     # exchanges of 2), plus the two a decision appends: not the 119 read before.
@@ -885,26 +893,22 @@ async def test_one_wide_read_or_bulk_append_widens_the_claims_for_a_while_only(
     ``get_items()``, widens only that kind's claims), plus what saves appended
     lately: one append of many messages (to any conversation) widens the next
     claims for a while only."""
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
-    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-    texts: list[list[str | None]] = []
-    for _ in range(60):
-        await decide(history, who, texts)
+    history, texts = await decided(store, 60)
     if wide == "read":
-        assert await store.transact_log(who.key, read_all) == 60
+        assert await store.transact_log(WHO.key, read_all) == 60
     else:
         await store.transact_log("bulk", bulk)
     claims = claims_of(store)
     for _ in range(HINT_MEMORY + 4):
-        await decide(history, who, texts)
+        await decide(history, WHO, texts)
     rows = [c.rows for c in claims]
     if wide == "append":
         assert rows[0] >= 100, rows  # still wide right after (all the 120 rows there are)
     # (then) the rows of the window's exchanges and the two a decision appends
     assert all(n <= 4 * 2 + 2 for n in rows[HINT_MEMORY + 1 if wide == "append" else 0 :]), rows
-    assert await store.transact_log(who.key, read_all) == 60 + HINT_MEMORY + 4
+    assert await store.transact_log(WHO.key, read_all) == 60 + HINT_MEMORY + 4
     claims.clear()
-    await decide(history, who, texts)
+    await decide(history, WHO, texts)
     assert [c.rows <= 4 * 2 + 2 for c in claims] == [True]  # a decision's, as before it
     for step, seen in enumerate(texts):  # every window was the right one
         assert seen == [f"d{n}" for n in range(max(0, step - 3), step)]
@@ -1026,14 +1030,10 @@ async def test_two_store_objects_on_one_server_never_see_stale_windows(
 async def test_a_damaged_exchange_entry_is_a_typed_error_and_frees_the_key(
     store: RedisHistoryStore, raw: Redis, prefix: str
 ) -> None:
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
-    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-    texts: list[list[str | None]] = []
-    for _ in range(4):
-        await decide(history, who, texts)
+    history, texts = await decided(store, 4)
     await raw.lset(await one_key(raw, prefix, ":exchanges"), -2, "not:an entry")
     with pytest.raises(DecisionHistoryRecordInvalid, match="damaged"):
-        await decide(history, who, texts)
+        await decide(history, WHO, texts)
     [row] = await store.list()
     assert row.active is False
 
@@ -1043,18 +1043,14 @@ async def test_a_claim_loads_its_script_when_the_server_lacks_it(
 ) -> None:
     from touba.history._lua import load
 
-    who = ConversationIdentity("n", "openai", "m", "native", "r", "i", "agent")
-    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-    texts: list[list[str | None]] = []
-    for _ in range(3):
-        await decide(history, who, texts)
+    history, texts = await decided(store, 3)
     # A script the server has never seen (as after a restart or SCRIPT FLUSH): the
     # pipelined claim gets NOSCRIPT, loads it and runs again.
     fresh = f"{load('claim').text}\n-- {uuid.uuid4().hex}\n"
     store._claim_script = store._client.register_script(fresh)
     assert await store._client.script_exists(store._claim_script.sha) == [False]
     claims = claims_of(store)
-    await decide(history, who, texts)
+    await decide(history, WHO, texts)
     assert await store._client.script_exists(store._claim_script.sha) == [True]
     assert claims[0].rows == claims[0].row_count == 5  # pipelined with the claim
     assert texts[-1] == ["d0", "d1", "d2"]
@@ -1098,10 +1094,7 @@ def counted_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 async def test_an_in_place_edit_of_a_cached_row_is_refused_on_the_next_decision(
     store: RedisHistoryStore, raw: Redis, prefix: str
 ) -> None:
-    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-    texts: list[list[str | None]] = []
-    for _ in range(5):
-        await decide(history, WHO, texts)
+    history, texts = await decided(store, 5)
     assert store._reservations.cache.peek(WHO.key) is not None  # the window is cached
     name, rows = await rows_of(raw, prefix)
     at = len(rows) - 2  # the result of exchange 3, in the window and in the cache
@@ -1120,10 +1113,7 @@ async def test_an_in_place_edit_of_a_cached_row_is_refused_on_the_next_decision(
 async def test_rows_whose_text_is_unchanged_are_not_parsed_again(
     store: RedisHistoryStore, raw: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-    texts: list[list[str | None]] = []
-    for _ in range(5):
-        await decide(history, WHO, texts)
+    history, texts = await decided(store, 5)
     parsed = counted_parses(monkeypatch)
     for _ in range(3):
         await decide(history, WHO, texts)
@@ -1406,10 +1396,7 @@ async def test_two_store_objects_on_one_server_see_each_others_rewrites(
 
 async def test_a_failed_save_drops_the_cached_tail(url: str, prefix: str) -> None:
     async with RedisHistoryStore(url, prefix=prefix, max_store_bytes=4000) as store:
-        history = DecisionHistory(HistoryConfig(store=store, namespace="n", max_messages=6))
-        texts: list[list[str | None]] = []
-        for _ in range(3):
-            await decide(history, WHO, texts)
+        history, texts = await decided(store, 3)
         assert store._reservations.cache.peek(WHO.key) is not None
         before = await store.read(WHO.key)
         large = [Observation("c2", "f", {}, "ok", {"r": "x" * 5000})]

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests._sqlite import raw
 from tests.history._clock import Clock
-from tests.history._sqlite import raw
 from tests.history._stores import WHO
 from touba.errors import (
     DecisionHistoryBusy,

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests._sqlite import raw
 from tests.history._clock import Clock
-from tests.history._sqlite import raw
-from tests.history._stores import WHO
+from tests.history._stores import WHO, holding
 from tests.history._strategies import json_values
 from touba.errors import (
     ConfigurationError,
@@ -534,16 +534,7 @@ async def test_cancelled_operation_frees_the_key(db_path: Path) -> None:
 async def test_busy_between_two_stores_on_one_file(db_path: Path) -> None:
     async with SqliteHistoryStore(db_path) as one, SqliteHistoryStore(db_path) as two:
         await one.transact("k", saving({"v": 1}))
-        inside = asyncio.Event()
-        leave = asyncio.Event()
-
-        async def hold(snapshot: Any) -> tuple[Any, None]:
-            inside.set()
-            await leave.wait()
-            return {"v": 2}, None
-
-        task = asyncio.create_task(one.transact("k", hold))
-        await inside.wait()
+        task, leave = await holding(one, "k", lambda snapshot: ({"v": 2}, None))
         for attempt in (
             two.transact("k", saving({"v": 3})),
             two.transact_log("k", failing),
@@ -574,16 +565,7 @@ async def test_save_after_recovery_meanwhile_is_refused(db_path: Path) -> None:
 
 async def test_max_sessions_counts_reservations_of_new_keys(db_path: Path) -> None:
     async with SqliteHistoryStore(db_path, max_sessions=1) as store:
-        inside = asyncio.Event()
-        leave = asyncio.Event()
-
-        async def hold(snapshot: Any) -> tuple[Any, None]:
-            inside.set()
-            await leave.wait()
-            return {"first": True}, None
-
-        task = asyncio.create_task(store.transact("first", hold))
-        await inside.wait()
+        task, leave = await holding(store, "first", lambda snapshot: ({"first": True}, None))
         [held] = await store.list()
         assert (held.key, held.active, held.messages) == ("first", True, 0)
         ran: list[str] = []
@@ -643,16 +625,7 @@ async def test_ttl_purges_on_access_and_read_does_not_renew(db_path: Path) -> No
         with raw(db_path) as conn:
             assert conn.execute("SELECT key FROM touba_history_sessions").fetchall() == [("b",)]
 
-        inside = asyncio.Event()
-        leave = asyncio.Event()
-
-        async def hold(snapshot: Any) -> tuple[Any, None]:
-            inside.set()
-            await leave.wait()
-            return snapshot, None
-
-        task = asyncio.create_task(store.transact("b", hold))
-        await inside.wait()
+        task, leave = await holding(store, "b", lambda snapshot: (snapshot, None))
         clock.now += 100
         assert await store.purge_expired() == 0  # a reserved key is never purged
         leave.set()

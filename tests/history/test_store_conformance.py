@@ -68,13 +68,17 @@ class DictStore:
         if lock.locked():
             raise DecisionHistoryBusy(f"conversation {key} is in use; retry", session_key=key)
         async with lock:
-            stored = self._records.get(key)
-            record, result = await operation(None if stored is None else json.loads(stored))
-            if record is None:
-                self._records.pop(key, None)
-            else:
-                self._records[key] = json.dumps(record)
-            return result
+            return await self._run(key, operation)
+
+    async def _run(self, key: str, operation: Operation[T]) -> T:
+        """The operation on a private copy of the record, saved (or deleted) once it returns."""
+        stored = self._records.get(key)
+        record, result = await operation(None if stored is None else json.loads(stored))
+        if record is None:
+            self._records.pop(key, None)
+        else:
+            self._records[key] = json.dumps(record)
+        return result
 
 
 # -- which stores ------------------------------------------------------------------------
@@ -232,13 +236,7 @@ class WaitingStore(DictStore):
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
         async with self._locks[key]:
-            stored = self._records.get(key)
-            record, result = await operation(None if stored is None else json.loads(stored))
-            if record is None:
-                self._records.pop(key, None)
-            else:
-                self._records[key] = json.dumps(record)
-            return result
+            return await self._run(key, operation)
 
 
 async def test_an_adapter_may_wait_instead_of_refusing() -> None:
@@ -269,13 +267,7 @@ class GetSetStore(DictStore):
     """BROKEN: a bare get/set pair, without exclusion."""
 
     async def transact(self, key: str, operation: Operation[T]) -> T:
-        stored = self._records.get(key)
-        record, result = await operation(None if stored is None else json.loads(stored))
-        if record is None:
-            self._records.pop(key, None)
-        else:
-            self._records[key] = json.dumps(record)
-        return result
+        return await self._run(key, operation)
 
 
 class GlobalLockStore(DictStore):

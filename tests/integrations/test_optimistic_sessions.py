@@ -86,6 +86,15 @@ async def two(store_factory: Factory) -> AsyncIterator[tuple[Any, Any]]:
         yield first, second
 
 
+def sessions_of(two: tuple[Any, Any]) -> tuple[ToubaSession, ToubaSession]:
+    """The one session "s1" (namespace "ns"), through each of the two store objects."""
+    first, second = two
+    return (
+        ToubaSession("s1", store=first, namespace="ns"),
+        ToubaSession("s1", store=second, namespace="ns"),
+    )
+
+
 async def test_a_cached_operation_is_one_store_call(two: tuple[Any, Any]) -> None:
     store, _ = two
     session = ToubaSession("s1", store=store, namespace="ns")
@@ -102,13 +111,11 @@ async def test_another_writer_since_sends_the_operation_through_a_reservation(
     two: tuple[Any, Any],
 ) -> None:
     """No lost update: the stale tail's write is refused, then made on the stored state."""
-    first, second = two
-    mine = ToubaSession("s1", store=first, namespace="ns")
-    theirs = ToubaSession("s1", store=second, namespace="ns")
+    mine, theirs = sessions_of(two)
     await mine.add_items([item(0)])
     assert await mine.get_items() == [item(0)]
     await theirs.add_items([item(1)])  # first's cached tail is stale now
-    calls = Calls(first)
+    calls = Calls(two[0])
     await mine.add_items([item(2)])
     calls.refused_then_reserved()  # the stale tail wrote nothing
     assert await theirs.get_items() == [item(0), item(1), item(2)]
@@ -118,9 +125,7 @@ async def test_another_writer_since_sends_the_operation_through_a_reservation(
 async def test_a_session_held_elsewhere_refuses_and_keeps_the_holders_write(
     two: tuple[Any, Any],
 ) -> None:
-    first, second = two
-    mine = ToubaSession("s1", store=first, namespace="ns")
-    holder = ToubaSession("s1", store=second, namespace="ns")
+    mine, holder = sessions_of(two)
     await mine.add_items([item(0)])
     assert await mine.get_items() == [item(0)]  # cached: the optimistic path is armed
     async with holder.exclusive():
@@ -151,11 +156,7 @@ async def test_a_write_that_does_not_fit_is_refused_and_changes_nothing(
 async def test_interleaved_writers_lose_nothing(two: tuple[Any, Any]) -> None:
     """Two store objects taking turns on one session, each with a tail the other
     keeps making stale: every item lands once, in order."""
-    first, second = two
-    sessions = [
-        ToubaSession("s1", store=first, namespace="ns"),
-        ToubaSession("s1", store=second, namespace="ns"),
-    ]
+    sessions = sessions_of(two)
     for n in range(12):
         session = sessions[(n // 2) % 2]  # two in a row each: a hit, then a stale tail
         await session.add_items([item(n)])
@@ -173,11 +174,7 @@ async def test_interleaved_adds_and_pops_keep_the_items_and_the_totals(
     are those of one writer doing it all, and (SQLite and PostgreSQL, where a
     pop's drop is weighed from the cached tail) the recorded totals are the
     rows' own."""
-    first, second = two
-    sessions = [
-        ToubaSession("s1", store=first, namespace="ns"),
-        ToubaSession("s1", store=second, namespace="ns"),
-    ]
+    sessions = sessions_of(two)
     expected: list[Any] = []
     for n in range(24):
         session = sessions[(n // 3) % 2]

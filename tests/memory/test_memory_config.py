@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
 from tests.memory.conftest import FakeClock, MakeStore
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
-from touba.memory import KeyEventsConfig, KeyEventService, MemoryConfig, SqliteMemoryStore
+from touba.memory import (
+    KeyEventsConfig,
+    KeyEventService,
+    MemoryConfig,
+    MemoryStore,
+    SqliteMemoryStore,
+)
 from touba.memory._config import config_from_data, config_to_data
 from touba.memory._store import MemoryConfigStore, resolve_memory_config
 
@@ -129,18 +136,28 @@ async def test_a_version_1_sqlite_file_is_migrated_in_place_and_keeps_its_data(
     async with SqliteMemoryStore(path, clock=clock) as store:
         [turn] = await store.recent_turns("s-1", 5)
         assert (turn.user, turn.replies) == ("hi", ("hello",))
-        found = await store.get_event("user:u", event.id)
-        assert found is not None
-        assert found.history is not None
-        assert [u.actor for u in found.history] == ["model"]
-        await store.save_memory_config("support", CONFIG)
-        assert await store.load_memory_config("support") == CONFIG
+        await _assert_migrated(store, event.id)
     conn = sqlite3.connect(path)
     version = conn.execute(
         "SELECT value FROM touba_meta WHERE name = 'memory_schema_version'"
     ).fetchone()
     conn.close()
     assert version == ("2",)
+
+
+class _ConfiguredStore(MemoryStore, MemoryConfigStore, Protocol):
+    """A memory store that keeps memory configs too (the built-in ones)."""
+
+
+async def _assert_migrated(store: _ConfiguredStore, event_id: str) -> None:
+    """What version 2 added works on a migrated store: the event's update history names
+    its actor, and memory configs are saved and loaded."""
+    found = await store.get_event("user:u", event_id)
+    assert found is not None
+    assert found.history is not None
+    assert [u.actor for u in found.history] == ["model"]
+    await store.save_memory_config("support", CONFIG)
+    assert await store.load_memory_config("support") == CONFIG
 
 
 @pytest.mark.postgres
@@ -168,12 +185,7 @@ async def test_version_1_postgresql_tables_are_migrated_in_place(
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN actor").format(name("history")))
         conn.execute(sql.SQL("UPDATE {} SET value = '1'").format(name("meta")))
     async with PostgresMemoryStore(dsn, prefix=prefix, clock=clock) as store:
-        found = await store.get_event("user:u", event.id)
-        assert found is not None
-        assert found.history is not None
-        assert [u.actor for u in found.history] == ["model"]
-        await store.save_memory_config("support", CONFIG)
-        assert await store.load_memory_config("support") == CONFIG
+        await _assert_migrated(store, event.id)
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(sql.SQL("SELECT value FROM {}").format(name("meta"))).fetchone()
     assert row == ("2",)

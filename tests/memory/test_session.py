@@ -345,14 +345,22 @@ async def test_extraction_through_each_provider(backend: str, sqlite_store: Memo
         assert "My account is locked" in model.bodies()[-1]
 
 
+async def _after_one_exchange(
+    model: Scripted, store: MemoryStore, runtime: Runtime | None = None, **options: Any
+) -> ChatSession:
+    """An agent's session of "u-42" (with ``options``) after one exchange ("Refund A1")."""
+    runtime = runtime or build_runtime(model, kind="agent")
+    session = ChatSession(runtime, "support", "u-42", store=store, **options)
+    model.say("Noted.")
+    await session.send("Refund A1")
+    return session
+
+
 async def test_extraction_failures_are_retried_with_backoff_then_end_failed_and_visible(
     model: Scripted, store: MemoryStore
 ) -> None:
-    runtime = build_runtime(model, kind="agent")
     queue = fast_queue(store, max_attempts=3)
-    session = ChatSession(runtime, "support", "u-42", store=store, queue=queue)
-    model.say("Noted.")
-    await session.send("Refund A1")
+    session = await _after_one_exchange(model, store, queue=queue)
     model.fail()
     model.output({"wrong": "shape"})
     model.fail()
@@ -369,9 +377,7 @@ async def _ended_unextracted(
     runtime: Runtime, model: Scripted, store: MemoryStore
 ) -> tuple[ChatSession, ExtractionJob]:
     """One exchange ("Refund A1"), then the session ends; its extraction job only queued."""
-    session = ChatSession(runtime, "support", "u-42", store=store, extract_in_background=False)
-    model.say("Noted.")
-    await session.send("Refund A1")
+    session = await _after_one_exchange(model, store, runtime, extract_in_background=False)
     job = await session.end()
     assert job is not None
     return session, job
@@ -399,11 +405,8 @@ async def test_a_job_whose_worker_died_is_rerun_with_its_recorded_ops_once(
 async def test_close_stops_retrying_and_leaves_the_job_queued(
     model: Scripted, sqlite_store: MemoryStore
 ) -> None:
-    runtime = build_runtime(model, kind="agent")
     queue = ExtractionQueue(sqlite_store, base_delay_seconds=60)
-    session = ChatSession(runtime, "support", "u-42", store=sqlite_store, queue=queue)
-    model.say("Noted.")
-    await session.send("Refund A1")
+    session = await _after_one_exchange(model, sqlite_store, queue=queue)
     model.fail()
     await session.end()
     await asyncio.wait_for(session.close(), timeout=5)  # does not wait out the backoff

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import stat
 from pathlib import Path
 
 import pytest
 
+from tests._sqlite import set_schema_version
 from tests.memory.conftest import FakeClock
 from touba.errors import ConfigurationError, DecisionHistoryStorageUnsafe, MemoryStoreUnavailable
 from touba.history.sqlite import SqliteHistoryStore
@@ -102,10 +102,7 @@ async def test_it_can_share_a_file_with_the_history_store(private_dir: Path) -> 
 async def test_a_file_of_another_schema_version_is_refused_untouched(private_dir: Path) -> None:
     path = private_dir / "memory.db"
     await SqliteMemoryStore(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'memory_schema_version'")
-    conn.commit()
-    conn.close()
+    set_schema_version(path, "memory_schema_version", "99")
     before = path.read_bytes()
     with pytest.raises(ConfigurationError, match="version '99'"):
         SqliteMemoryStore(path)

@@ -6,6 +6,7 @@ import inspect
 import json
 import math
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -607,6 +608,14 @@ def outputs_cost(body: dict[str, Any]) -> int:
     return 100 + 1000 * outputs + 500 * turns
 
 
+@pytest.fixture
+async def outputs_counted() -> AsyncIterator[tuple[FakeOpenAIServer, openai.AsyncOpenAI]]:
+    """A fake server counting tokens with ``outputs_cost``, and an SDK client on it."""
+    with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
+        async with openai_sdk(srv) as sdk:
+            yield srv, sdk
+
+
 GUARD = ContextConfig(context_window_tokens=2300, input_token_multiplier=1, safety_margin_tokens=0)
 
 
@@ -680,66 +689,66 @@ def test_count_fields_are_the_sdk_count_parameters() -> None:
     )
 
 
-async def test_guard_trims_oldest_exchanges_like_one_at_a_time() -> None:
-    with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai_sdk(srv)
-        events, config = events_sink()
-        provider = create_openai_decision_provider(
-            model=MODEL, client=sdk, history=config, context=GUARD, max_output_tokens=100
-        )
-        decision = await run_calls(provider, srv, 5)
-        before = len(srv.requests_to("input_tokens"))
-        srv.script_response(openai_text("done"))
-        await provider.decide(request(observations=observe(decision, {"i": 4})))
-        counted = [r.body for r in srv.requests_to("input_tokens")[before:]]
-        # 5 exchanges in the window: at most 2 + ceil(log2(5)) counts
-        assert len(counted) <= 2 + math.ceil(math.log2(5))
-        last = bodies(srv)[-1]
-        outputs = [i for i in last["input"] if i.get("type") == "function_call_output"]
-        # one at a time: 100 + 1000 * 2 + 100 fits 2300, one exchange more would not
-        assert len(outputs) == 2
-        assert [json.loads(o["output"])["result"]["i"] for o in outputs] == [3, 4]
-        assert last["input"][0] == USER  # the input is never trimmed
-        assert {k: v for k, v in last.items() if k in COUNT_FIELDS} in counted
-        assert any(e.kind == "history_trimmed" for e in events)
-        assert_no_rejection(srv)
-        await sdk.close()
+async def test_guard_trims_oldest_exchanges_like_one_at_a_time(
+    outputs_counted: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    srv, sdk = outputs_counted
+    events, config = events_sink()
+    provider = create_openai_decision_provider(
+        model=MODEL, client=sdk, history=config, context=GUARD, max_output_tokens=100
+    )
+    decision = await run_calls(provider, srv, 5)
+    before = len(srv.requests_to("input_tokens"))
+    srv.script_response(openai_text("done"))
+    await provider.decide(request(observations=observe(decision, {"i": 4})))
+    counted = [r.body for r in srv.requests_to("input_tokens")[before:]]
+    # 5 exchanges in the window: at most 2 + ceil(log2(5)) counts
+    assert len(counted) <= 2 + math.ceil(math.log2(5))
+    last = bodies(srv)[-1]
+    outputs = [i for i in last["input"] if i.get("type") == "function_call_output"]
+    # one at a time: 100 + 1000 * 2 + 100 fits 2300, one exchange more would not
+    assert len(outputs) == 2
+    assert [json.loads(o["output"])["result"]["i"] for o in outputs] == [3, 4]
+    assert last["input"][0] == USER  # the input is never trimmed
+    assert {k: v for k, v in last.items() if k in COUNT_FIELDS} in counted
+    assert any(e.kind == "history_trimmed" for e in events)
+    assert_no_rejection(srv)
 
 
-async def test_guard_trim_drops_a_reasoning_item_with_its_call() -> None:
-    with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai_sdk(srv)
-        provider = guarded(sdk)
-        await run_calls(provider, srv, 4)
-        kept = bodies(srv)[-1]["input"]
-        # exchange 0 (reasoning + its call) is sent while it fits, then leaves whole
-        for sent in bodies(srv)[1:3]:
-            assert [i.get("type") for i in sent["input"][1:3]] == ["reasoning", "function_call"]
-        assert [i.get("type") for i in kept[1:]] == [
-            "function_call",
-            "function_call_output",
-            "function_call",
-            "function_call_output",
-        ]
-        assert all(i.get("type") != "reasoning" for i in kept)
-        assert validate_openai_responses_request(bodies(srv)[-1], ledger=srv.ledger) == []
-        assert_no_rejection(srv)
-        await sdk.close()
+async def test_guard_trim_drops_a_reasoning_item_with_its_call(
+    outputs_counted: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    srv, sdk = outputs_counted
+    provider = guarded(sdk)
+    await run_calls(provider, srv, 4)
+    kept = bodies(srv)[-1]["input"]
+    # exchange 0 (reasoning + its call) is sent while it fits, then leaves whole
+    for sent in bodies(srv)[1:3]:
+        assert [i.get("type") for i in sent["input"][1:3]] == ["reasoning", "function_call"]
+    assert [i.get("type") for i in kept[1:]] == [
+        "function_call",
+        "function_call_output",
+        "function_call",
+        "function_call_output",
+    ]
+    assert all(i.get("type") != "reasoning" for i in kept)
+    assert validate_openai_responses_request(bodies(srv)[-1], ledger=srv.ledger) == []
+    assert_no_rejection(srv)
 
 
-async def test_guard_drops_prior_turns_first() -> None:
-    with FakeOpenAIServer(count_tokens=outputs_cost) as srv:
-        sdk = openai_sdk(srv)
-        provider = guarded(sdk)
-        turns = (Turn("earlier", ("yes",)), Turn("earlier", ("no",)))
-        # 100 + 1000 + 2 * 500 + 100 = 2200: fits; a second exchange must push the turns out
-        await run_calls(provider, srv, 3, prior_turns=turns)
-        second, third = bodies(srv)[1:]
-        assert [i.get("content") for i in second["input"][:1]] == ["earlier"]
-        assert "earlier" not in json.dumps(third["input"])
-        assert sum(1 for i in third["input"] if i.get("type") == "function_call_output") == 2
-        assert_no_rejection(srv)
-        await sdk.close()
+async def test_guard_drops_prior_turns_first(
+    outputs_counted: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    srv, sdk = outputs_counted
+    provider = guarded(sdk)
+    turns = (Turn("earlier", ("yes",)), Turn("earlier", ("no",)))
+    # 100 + 1000 + 2 * 500 + 100 = 2200: fits; a second exchange must push the turns out
+    await run_calls(provider, srv, 3, prior_turns=turns)
+    second, third = bodies(srv)[1:]
+    assert [i.get("content") for i in second["input"][:1]] == ["earlier"]
+    assert "earlier" not in json.dumps(third["input"])
+    assert sum(1 for i in third["input"] if i.get("type") == "function_call_output") == 2
+    assert_no_rejection(srv)
 
 
 async def test_minimum_over_the_window_raises_without_generating() -> None:

@@ -133,6 +133,19 @@ async def place(kind: Kind, tmp_path: Path) -> AsyncIterator[Place]:
             await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(names)))
 
 
+async def postgres_sql(dsn: str, statement: str, table: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Runs ``statement`` with ``{t}`` and ``{meta}`` naming the test's tables; its rows."""
+    import psycopg
+    from psycopg import sql
+
+    composed = sql.SQL(statement).format(
+        t=sql.Identifier(table), meta=sql.Identifier(f"{table}_meta")
+    )
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(composed, params)
+        return await cur.fetchall() if cur.description else []
+
+
 async def race_in_processes(
     where: Place, what: Literal["checkpoints", "resources"], count: int, processes: int = 4
 ) -> list[list[str]]:

@@ -22,3 +22,10 @@ async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     """Each durable place in turn."""
     async with place(request.param, tmp_path) as found:
         yield found
+
+
+@pytest.fixture
+async def pg(tmp_path: Path) -> AsyncIterator[Place]:
+    """The PostgreSQL place alone."""
+    async with place("postgres", tmp_path) as found:
+        yield found

@@ -46,6 +46,15 @@ def paying_model(
     )
 
 
+async def paused_for_approval() -> tuple[Runtime, str, list[str]]:
+    """A runtime whose "billing" invocation paused on ``pay`` (c2; the model then answers
+    "done"): the runtime, the checkpoint to resume and the capabilities' log."""
+    program, log = make_program(paying_model(final("done")))
+    runtime = Runtime(program)
+    paused = await runtime.invoke("billing")
+    return runtime, paused.checkpoint_id or "", log
+
+
 async def test_a_call_needing_approval_stops_the_invocation_after_the_others_ran() -> None:
     model = paying_model()
     program, log = make_program(model)
@@ -105,11 +114,7 @@ async def test_refused_or_missing_approval_is_a_denied_observation(
 
 
 async def test_a_checkpoint_is_consumed_by_its_first_resume() -> None:
-    model = paying_model(final("done"))
-    program, _ = make_program(model)
-    runtime = Runtime(program)
-    paused = await runtime.invoke("billing")
-    checkpoint = paused.checkpoint_id or ""
+    runtime, checkpoint, _ = await paused_for_approval()
     await runtime.resume(checkpoint, approvals={"c2": True})
     with pytest.raises(ConfigurationError, match="already resumed"):
         await runtime.resume(checkpoint, approvals={"c2": True})
@@ -118,11 +123,7 @@ async def test_a_checkpoint_is_consumed_by_its_first_resume() -> None:
 
 
 async def test_two_concurrent_resumes_have_exactly_one_winner() -> None:
-    model = paying_model(final("done"))
-    program, log = make_program(model)
-    runtime = Runtime(program)
-    paused = await runtime.invoke("billing")
-    checkpoint = paused.checkpoint_id or ""
+    runtime, checkpoint, log = await paused_for_approval()
     outcomes = await asyncio.gather(
         runtime.resume(checkpoint, approvals={"c2": True}),
         runtime.resume(checkpoint, approvals={"c2": True}),
@@ -135,11 +136,7 @@ async def test_two_concurrent_resumes_have_exactly_one_winner() -> None:
 
 
 async def test_bad_approvals_are_refused_before_the_checkpoint_is_consumed() -> None:
-    model = paying_model(final("done"))
-    program, _ = make_program(model)
-    runtime = Runtime(program)
-    paused = await runtime.invoke("billing")
-    checkpoint = paused.checkpoint_id or ""
+    runtime, checkpoint, _ = await paused_for_approval()
     with pytest.raises(ConfigurationError, match="not pending"):
         await runtime.resume(checkpoint, approvals={"c1": True})
     with pytest.raises(ConfigurationError, match="True or False"):

@@ -13,7 +13,6 @@ import json
 import signal
 import sqlite3
 import sys
-from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests._services import DEFAULT_POSTGRES_DSN
+from tests._sqlite import set_schema_version
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.runtime import (
     CheckpointStore,
@@ -31,7 +31,7 @@ from touba.testing import ScriptedProvider
 
 from ._durable import FIRST_STEP, build
 from ._helpers import final
-from ._stores import ROOT, Place, place, race_in_processes, subprocess_env
+from ._stores import ROOT, Place, postgres_sql, race_in_processes, subprocess_env
 
 # -- the contract, on every store -----------------------------------------------------------
 
@@ -280,10 +280,7 @@ async def test_sqlite_file_of_the_first_version_one_layout_is_migrated(tmp_path:
 async def test_sqlite_store_refuses_another_schema_version(tmp_path: Path) -> None:
     path = _sqlite_dir(tmp_path) / "checkpoints.sqlite"
     await SqliteCheckpointStore(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'checkpoint_schema_version'")
-    conn.commit()
-    conn.close()
+    set_schema_version(path, "checkpoint_schema_version", "99")
     with pytest.raises(ConfigurationError, match="version '99'"):
         SqliteCheckpointStore(path)
 
@@ -362,49 +359,32 @@ async def test_postgres_unreachable_server_is_a_configuration_error_at_open() ->
     await store.close()
 
 
-@pytest.fixture
-async def pg(tmp_path: Path) -> AsyncIterator[Place]:
-    async with place("postgres", tmp_path) as found:
-        yield found
-
-
-async def _sql(dsn: str, statement: str, table: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Run ``statement`` with ``{t}`` and ``{meta}`` naming the test's tables."""
-    import psycopg
-    from psycopg import sql
-
-    composed = sql.SQL(statement).format(
-        t=sql.Identifier(table), meta=sql.Identifier(f"{table}_meta")
-    )
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(composed, params)
-        return await cur.fetchall() if cur.description else []
-
-
 @pytest.mark.postgres
 async def test_postgres_schema_is_created_once_and_versioned(pg: Place) -> None:
     dsn, table = pg.where
     await asyncio.gather(*(pg.checkpoints().open() for _ in range(3)))
-    assert await _sql(dsn, "SELECT name, value FROM {meta}", table) == [("schema_version", "1")]
+    assert await postgres_sql(dsn, "SELECT name, value FROM {meta}", table) == [
+        ("schema_version", "1")
+    ]
 
 
 @pytest.mark.postgres
 async def test_postgres_other_schema_version_is_refused_untouched(pg: Place) -> None:
     dsn, table = pg.where
     await pg.checkpoints().save("a", {"v": 1})
-    await _sql(dsn, "UPDATE {meta} SET value = '2'", table)
+    await postgres_sql(dsn, "UPDATE {meta} SET value = '2'", table)
     with pytest.raises(ConfigurationError, match="schema version '2'"):
         await pg.checkpoints().get("a")
-    assert await _sql(dsn, "SELECT id, body FROM {t}", table) == [("a", '{"v":1}')]
+    assert await postgres_sql(dsn, "SELECT id, body FROM {t}", table) == [("a", '{"v":1}')]
 
 
 @pytest.mark.postgres
 async def test_postgres_foreign_table_is_refused_untouched(pg: Place) -> None:
     dsn, table = pg.where
-    await _sql(dsn, "CREATE TABLE {t} (x integer)", table)
+    await postgres_sql(dsn, "CREATE TABLE {t} (x integer)", table)
     with pytest.raises(ConfigurationError, match="not a touba checkpoint table"):
         await pg.checkpoints().open()
-    assert await _sql(dsn, "SELECT count(*) FROM {t}", table) == [(0,)]
+    assert await postgres_sql(dsn, "SELECT count(*) FROM {t}", table) == [(0,)]
 
 
 @pytest.mark.postgres

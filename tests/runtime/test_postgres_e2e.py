@@ -49,9 +49,10 @@ def environment() -> dict[str, str]:
     return env
 
 
-def worker(action: str, dsn: str, name: str, effects: Path, *extra: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.runtime._pg_worker", action, dsn, name, str(effects), *extra],
+def _run_module(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``python -m *argv`` from the repository root, with its output."""
+    return subprocess.run(
+        [sys.executable, "-m", *argv],
         cwd=ROOT,
         env=environment(),
         capture_output=True,
@@ -59,21 +60,17 @@ def worker(action: str, dsn: str, name: str, effects: Path, *extra: str) -> dict
         timeout=120,
         check=False,
     )
+
+
+def worker(action: str, dsn: str, name: str, effects: Path, *extra: str) -> dict[str, Any]:
+    done = _run_module("tests.runtime._pg_worker", action, dsn, name, str(effects), *extra)
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
 def touba(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "touba.cli", *args],
-        cwd=ROOT,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _run_module("touba.cli", *args)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -7,15 +7,14 @@ close), SQLite's file rules and PostgreSQL's own (schema, NUL, failures).
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import stat
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests._services import DEFAULT_POSTGRES_DSN
+from tests._sqlite import set_schema_version
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryStorageUnsafe,
@@ -32,7 +31,7 @@ from touba.runtime import (
 )
 
 from ._helpers import RawProvider, calls, done
-from ._stores import Place, place, race_in_processes
+from ._stores import Place, postgres_sql, race_in_processes
 
 HERE = ResourceAddress("notes", "user", "ada")
 THERE = ResourceAddress("notes", "user", "bob")
@@ -217,10 +216,7 @@ def test_sqlite_binding_refuses_unsafe_places(tmp_path: Path) -> None:
 async def test_sqlite_binding_refuses_another_schema_version(private_dir: Path) -> None:
     path = private_dir / "resources.db"
     await SqliteResourceBinding(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'resource_schema_version'")
-    conn.commit()
-    conn.close()
+    set_schema_version(path, "resource_schema_version", "99")
     with pytest.raises(ConfigurationError, match="version '99'"):
         SqliteResourceBinding(path)
 
@@ -255,36 +251,20 @@ def test_postgres_misconfiguration_is_refused_at_construction(
         _postgres()(**options)
 
 
-@pytest.fixture
-async def pg(tmp_path: Path) -> AsyncIterator[Place]:
-    async with place("postgres", tmp_path) as found:
-        yield found
-
-
-async def _sql(dsn: str, statement: str, table: str) -> list[tuple[Any, ...]]:
-    import psycopg
-    from psycopg import sql
-
-    composed = sql.SQL(statement).format(
-        t=sql.Identifier(table), meta=sql.Identifier(f"{table}_meta")
-    )
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(composed)
-        return await cur.fetchall() if cur.description else []
-
-
 @pytest.mark.postgres
 async def test_postgres_schema_is_versioned_and_refused_when_foreign_or_newer(pg: Place) -> None:
     dsn, table = pg.where
     await pg.resources().put(HERE, "k", 1)
-    assert await _sql(dsn, "SELECT name, value FROM {meta}", table) == [("schema_version", "1")]
-    await _sql(dsn, "UPDATE {meta} SET value = '2'", table)
+    assert await postgres_sql(dsn, "SELECT name, value FROM {meta}", table) == [
+        ("schema_version", "1")
+    ]
+    await postgres_sql(dsn, "UPDATE {meta} SET value = '2'", table)
     with pytest.raises(ConfigurationError, match="resource schema version '2'"):
         await pg.resources().open()
-    await _sql(dsn, "DROP TABLE {meta}", table)
+    await postgres_sql(dsn, "DROP TABLE {meta}", table)
     with pytest.raises(ConfigurationError, match="not a touba resource table"):
         await pg.resources().open()
-    assert await _sql(dsn, "SELECT key, value FROM {t}", table) == [("k", "1")]
+    assert await postgres_sql(dsn, "SELECT key, value FROM {t}", table) == [("k", "1")]
 
 
 @pytest.mark.postgres

@@ -60,13 +60,19 @@ async def held(store: MemoryHistoryStore) -> int:
     return len(await store.list(NAMESPACE))
 
 
-async def test_by_default_finished_conversations_stay_until_they_expire() -> None:
-    store = MemoryHistoryStore()
+def checked_lookup(store: MemoryHistoryStore) -> Program:
+    """The lead asks its delegate "checker", which looks order A1 up, then both answer."""
     program, _ = programs(
         store,
         [step(("d1", "checker", {"input": "A1"})), final("ok")],
         [step(("l1", "lookup", {"order_id": "A1"})), final("shipped")],
     )
+    return program
+
+
+async def test_by_default_finished_conversations_stay_until_they_expire() -> None:
+    store = MemoryHistoryStore()
+    program = checked_lookup(store)
     result = await Runtime(program).invoke("lead")
     assert result.status == "completed"
     assert await held(store) == 2  # the lead's and its delegate's
@@ -74,11 +80,7 @@ async def test_by_default_finished_conversations_stay_until_they_expire() -> Non
 
 async def test_without_retention_a_completed_invocation_and_its_delegates_leave_nothing() -> None:
     store = MemoryHistoryStore()
-    program, _ = programs(
-        store,
-        [step(("d1", "checker", {"input": "A1"})), final("ok")],
-        [step(("l1", "lookup", {"order_id": "A1"})), final("shipped")],
-    )
+    program = checked_lookup(store)
     result = await Runtime(program, retain_finished_history=False).invoke("lead")
     assert result.status == "completed"
     assert await held(store) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -244,27 +245,35 @@ async def test_function_response_count_must_match_calls(
         await gemini_client.aio.models.count_tokens(model=MODEL, contents=contents)
 
 
-async def test_altered_args_under_a_signature_are_rejected(
-    gemini_server: FakeGeminiServer, gemini_client: genai.Client
-) -> None:
-    contents = await _call_turn(gemini_server, gemini_client)
+def _model_parts(contents: list[types.Content]) -> list[types.Part]:
+    """The parts of the model turn of a ``_call_turn`` (the thought, the signed call)."""
     parts = contents[1].parts
     assert parts is not None
+    return parts
+
+
+def _alter_args(parts: list[types.Part]) -> None:
     assert parts[1].function_call is not None
     parts[1].function_call.args = {"q": "something else"}
-    assert (await _rejected(gemini_client, contents)).message == "Corrupted thought signature."
 
 
-async def test_signature_moved_to_another_part_is_rejected(
-    gemini_server: FakeGeminiServer, gemini_client: genai.Client
-) -> None:
-    contents = await _call_turn(gemini_server, gemini_client)
-    parts = contents[1].parts
-    assert parts is not None
+def _move_signature(parts: list[types.Part]) -> None:
     parts[0].thought_signature, parts[1].thought_signature = (
         parts[1].thought_signature,
         parts[0].thought_signature,
     )
+
+
+@pytest.mark.parametrize(
+    "tamper", [_alter_args, _move_signature], ids=["altered_args", "moved_signature"]
+)
+async def test_altered_args_or_a_moved_signature_are_rejected(
+    gemini_server: FakeGeminiServer,
+    gemini_client: genai.Client,
+    tamper: Callable[[list[types.Part]], None],
+) -> None:
+    contents = await _call_turn(gemini_server, gemini_client)
+    tamper(_model_parts(contents))
     assert (await _rejected(gemini_client, contents)).message == "Corrupted thought signature."
 
 
@@ -272,9 +281,7 @@ async def test_dropped_signature_is_rejected_only_in_the_current_turn(
     gemini_server: FakeGeminiServer, gemini_client: genai.Client
 ) -> None:
     contents = await _call_turn(gemini_server, gemini_client)
-    parts = contents[1].parts
-    assert parts is not None
-    parts[1].thought_signature = None
+    _model_parts(contents)[1].thought_signature = None
     error = await _rejected(gemini_client, contents)
     assert error.message is not None
     assert error.message.startswith(

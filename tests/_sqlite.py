@@ -16,3 +16,9 @@ def raw(path: Path) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.close()
+
+
+def set_schema_version(path: Path, name: str, value: str) -> None:
+    """Writes ``value`` as the file's ``name`` row of ``touba_meta`` (another touba's file)."""
+    with raw(path) as conn:
+        conn.execute("UPDATE touba_meta SET value = ? WHERE name = ?", (value, name))
