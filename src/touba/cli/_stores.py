@@ -39,6 +39,8 @@ from touba.cli._common import errors, run, scrub
 from touba.cli._common import redact as redact_address
 from touba.cli._kinds import StoreKind, pg_contents, sqlite_contents
 from touba.errors import ToubaError
+from touba.history._files import check_private_location
+from touba.history._sqlite import describe, failure_kind
 from touba.history._store import AdminStore
 from touba.memory import MemoryStore, SqliteMemoryStore
 
@@ -254,10 +256,15 @@ async def _check_sqlite(
     ``create``, nothing yet); see the module docstring."""
     import sqlite3
 
+    # The store's own rules first (links, owners, directories), as its opening says them.
+    await asyncio.to_thread(check_private_location, path)
     try:
         found = await asyncio.to_thread(sqlite_contents, path)
-    except (sqlite3.DatabaseError, OSError) as e:
-        reason = f"this file is not a SQLite database ({e}); nothing was changed"
+    except (sqlite3.Error, OSError) as e:
+        if failure_kind(e) == "not_a_database":
+            reason = "this file is not a SQLite database; nothing was changed"
+        else:
+            reason = f"this SQLite file cannot be read ({describe(e)}); nothing was changed"
         raise _refused(str(path), reason) from e
     if want not in found.kinds:
         if create and not found.tables:
