@@ -67,15 +67,19 @@ def files(private_dir: Path) -> Path:
     """A history file, a memory file, one holding both, another application's SQLite
     file (0644) and a text file (0644)."""
     asyncio.run(_stores(private_dir))
-    foreign = private_dir / "app.sqlite"
-    with closing(sqlite3.connect(foreign)) as conn:
+    add_foreign_files(private_dir)
+    return private_dir
+
+
+def add_foreign_files(directory: Path) -> None:
+    """``app.sqlite``, another application's database, and ``notes.txt``, both 0644."""
+    with closing(sqlite3.connect(directory / "app.sqlite")) as conn:
         conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)")
         conn.execute("INSERT INTO orders (total) VALUES (9.5)")
         conn.commit()
-    (private_dir / "notes.txt").write_text("not a database\n")
+    (directory / "notes.txt").write_text("not a database\n")
     for name in ("app.sqlite", "notes.txt"):
-        os.chmod(private_dir / name, 0o644)
-    return private_dir
+        os.chmod(directory / name, 0o644)
 
 
 def run_on(directory: Path, command: list[str], db: str) -> tuple[Result, Snapshot]:

@@ -10,22 +10,18 @@ table given as the memory prefix is refused and no table is created.
 from __future__ import annotations
 
 import asyncio
-import http.client
-import os
-import sqlite3
 import subprocess
 import sys
-from contextlib import closing
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from tests.cli.conftest import Server
 from tests.cli.conftest import pg as pg_schema  # noqa: F401 - a fixture, used by name
-from tests.cli.test_read_only import snapshot
+from tests.cli.test_read_only import add_foreign_files, snapshot
 from tests.panel._data import seed_memory
 from tests.panel._serve import panel_env, serve
+from tests.panel.test_cli_panel import request as get
 from touba.history.sqlite import SqliteHistoryStore
 from touba.memory import SqliteMemoryStore
 
@@ -40,12 +36,7 @@ async def _stores(directory: Path) -> None:
 @pytest.fixture
 def files(private_dir: Path) -> Path:
     asyncio.run(_stores(private_dir))
-    with closing(sqlite3.connect(private_dir / "app.sqlite")) as conn:
-        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
-        conn.commit()
-    (private_dir / "notes.txt").write_text("not a database\n")
-    for name in ("app.sqlite", "notes.txt"):
-        os.chmod(private_dir / name, 0o644)
+    add_foreign_files(private_dir)
     return private_dir
 
 
@@ -95,24 +86,14 @@ def test_the_panel_swapped_stores_say_which_option_was_meant(files: Path) -> Non
     assert "did you mean --db" in history_as_memory.stderr
 
 
-def _get(base: str, path: str, cookie: str | None = None) -> http.client.HTTPResponse:
-    parts = urlsplit(base)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
-    conn.request("GET", path, headers={"Cookie": cookie} if cookie else {})
-    response = conn.getresponse()
-    response.read()
-    conn.close()
-    return response
-
-
 def test_pages_served_over_the_right_stores_change_neither(files: Path) -> None:
     before = snapshot(files)
     args = ["--db", "memory.sqlite", "--history-db", "history.sqlite", "--program", "demo"]
     with serve(args, files) as served:
-        login = _get(served.base, "/?" + served.login.split("?", 1)[1])
+        login = get(served.base, "/?" + served.login.split("?", 1)[1])
         cookie = login.getheader("set-cookie", "").split(";", 1)[0]
         for page in ("/", "/users", "/jobs"):
-            assert _get(served.base, page, cookie).status == 200, page
+            assert get(served.base, page, cookie).status == 200, page
     assert snapshot(files) == before
 
 
