@@ -74,6 +74,7 @@ def sqlite_contents(path: Path) -> SqliteContents:
     kinds: dict[str, str] = {}
     for name, value in rows:
         kind = str(name).removesuffix(_SUFFIX)
+        # A kind without a main table here (checkpoint, resource) counts by its row alone.
         if str(name).endswith(_SUFFIX) and _MAIN.get(kind, "touba_meta") in names:
             kinds[kind] = str(value)
     return SqliteContents(kinds, bool(names), mode)

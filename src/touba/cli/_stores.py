@@ -41,8 +41,10 @@ from touba.cli._kinds import StoreKind, pg_contents, sqlite_contents
 from touba.errors import ToubaError
 from touba.history._files import check_private_location
 from touba.history._sqlite import describe, failure_kind
+from touba.history._sqlite_schema import SCHEMA_VERSION as HISTORY_SQLITE_VERSION
 from touba.history._store import AdminStore
 from touba.memory import MemoryStore, SqliteMemoryStore
+from touba.memory.sqlite import SCHEMA_VERSION as MEMORY_SQLITE_VERSION
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -244,8 +246,14 @@ _HINTS: dict[StoreKind, str] = {
     "history": "did you mean `touba events --db`?",
     "memory": "did you mean `touba history --db`?",
 }
-_SQLITE_VERSIONS: dict[StoreKind, str] = {"history": "2", "memory": "2"}
-_PG_VERSIONS: dict[StoreKind, str] = {"history": "4", "memory": "2"}
+_SQLITE_VERSIONS: dict[StoreKind, str] = {
+    "history": str(HISTORY_SQLITE_VERSION),
+    "memory": str(MEMORY_SQLITE_VERSION),
+}
+_PG_NAMES: dict[StoreKind, tuple[str, str]] = {
+    "history": ("touba_history", "--table"),
+    "memory": ("touba_memory", "--prefix"),
+}
 _MIGRATES = "opening it would migrate it, and a read-only command does not"
 
 
@@ -297,6 +305,17 @@ async def _check_sqlite(
         )
 
 
+def _pg_version(kind: StoreKind) -> str:
+    """The PostgreSQL schema version this touba writes (imported here: psycopg's extra)."""
+    if kind == "history":
+        from touba.history._pg_sql import SCHEMA_VERSION as HISTORY_PG_VERSION
+
+        return str(HISTORY_PG_VERSION)
+    from touba.memory.postgres import SCHEMA_VERSION as MEMORY_PG_VERSION
+
+    return str(MEMORY_PG_VERSION)
+
+
 async def _check_postgres(
     backend: Backend,
     name: str,
@@ -314,7 +333,7 @@ async def _check_postgres(
         return
     place = f"{option} {name!r} at {backend.shown}"
     if want in found.kinds:
-        if read_only and found.version != _PG_VERSIONS[want]:
+        if read_only and found.version != _pg_version(want):
             raise _refused(place, f"touba {want} schema version {found.version}; {_MIGRATES}")
         return
     if found.kinds:
@@ -371,12 +390,6 @@ async def check_store(
             await _check_postgres(
                 backend, name or default, want, read_only=read_only, create=create, option=option
             )
-
-
-_PG_NAMES: dict[StoreKind, tuple[str, str]] = {
-    "history": ("touba_history", "--table"),
-    "memory": ("touba_memory", "--prefix"),
-}
 
 
 @contextmanager
