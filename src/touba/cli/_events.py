@@ -91,9 +91,12 @@ _store_command = functools.partial(
 
 
 @asynccontextmanager
-async def open_store(target: MemoryTarget) -> AsyncIterator[MemoryStore]:
-    """Open an existing memory store (never create one by mistake)."""
-    async with open_memory(target.backend, prefix=target.prefix) as store:
+async def open_store(
+    target: MemoryTarget, *, read_only: bool = False
+) -> AsyncIterator[MemoryStore]:
+    """Open an existing memory store (never create one by mistake); ``read_only`` for
+    the commands that only read (``ls``, ``show``, ``jobs``), which then change nothing."""
+    async with open_memory(target.backend, prefix=target.prefix, read_only=read_only) as store:
         yield store
 
 
@@ -125,7 +128,7 @@ def ls(
     """List the key events of a user or a session, most recently updated first."""
 
     async def go() -> None:
-        async with open_store(target) as store:
+        async with open_store(target, read_only=True) as store:
             owner = await _owner(store, user, session)
             events = await store.query_events(owner, include_closed=include_closed, limit=limit)
         if user is not None and session is not None:
@@ -183,7 +186,7 @@ def show(
     """Show one key event with its update history."""
 
     async def go() -> None:
-        async with open_store(target) as store:
+        async with open_store(target, read_only=True) as store:
             if user is not None or session is not None:
                 owner: str | None = await _owner(store, user, session)
             else:
@@ -233,7 +236,7 @@ def jobs(
     wanted = cast("JobStatus | None", status)
 
     async def go() -> None:
-        async with open_store(target) as store:
+        async with open_store(target, read_only=True) as store:
             found = await store.list_jobs(status=wanted, limit=limit)
         if raw:
             print_json({"jobs": [_job(j) for j in found]})

@@ -101,10 +101,13 @@ _store_command = functools.partial(
 
 
 @asynccontextmanager
-async def _open(target: _Target, **limits: Unpack[Limits]) -> AsyncIterator[HistoryAdmin]:
-    """Open an existing store (never create one by mistake)."""
+async def _open(
+    target: _Target, *, read_only: bool = False, **limits: Unpack[Limits]
+) -> AsyncIterator[HistoryAdmin]:
+    """Open an existing store (never create one by mistake); ``read_only`` for the
+    commands that only read (``ls``, ``show``), which then change nothing."""
     async with open_history(
-        target.backend, table=target.table, prefix=target.prefix, **limits
+        target.backend, table=target.table, prefix=target.prefix, read_only=read_only, **limits
     ) as store:
         yield store
 
@@ -134,7 +137,7 @@ def ls(
         limits["max_store_bytes"] = max_store_bytes
 
     async def go() -> None:
-        async with _open(target, **limits) as store:
+        async with _open(target, read_only=True, **limits) as store:
             rows = await store.list(namespace)
             usage = await store.usage()
         if raw:
@@ -213,7 +216,7 @@ def show(
     """Show one conversation: identity, sizes, summary state and exchanges."""
 
     async def go() -> None:
-        async with _open(target) as store:
+        async with _open(target, read_only=True) as store:
             record = await store.read(key)
             namespace = (record or {}).get("identity", {}).get("namespace")
             listed = [r for r in await store.list(namespace) if r.key == key] if record else []

@@ -5,7 +5,10 @@
   is one of ``--history-db PATH``, ``--history-dsn DSN`` (``--history-table``)
   or ``--redis-url URL`` (``--history-prefix``), with the application's
   ``--max-sessions`` / ``--max-store-bytes`` for its usage. Neither is
-  created: a missing one is an error, as for every administration command.
+  created: a missing one is an error, as for every administration command,
+  and each is opened as the read-only commands open theirs (a store of the
+  other kind, another application's database, a file that opening would
+  migrate or chmod, are refused before anything is written).
 - ``--program module:attr`` gives the agents (their names, kinds, the
   program's ``MemoryConfig``, and the model the preview box runs).
 - It binds ``--host`` (127.0.0.1) and ``--port`` (8765; 0 picks a free one)
@@ -26,7 +29,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -40,6 +43,7 @@ from touba.cli._stores import (
     Kind,
     Limits,
     RedisUrlOption,
+    check_store,
     open_history,
     open_memory,
 )
@@ -47,6 +51,11 @@ from touba.cli._stores import (
 __all__ = ["TOKEN_ENV", "panel"]
 
 TOKEN_ENV = "TOUBA_PANEL_TOKEN"  # noqa: S105 - the name of the variable, not a secret
+
+
+# The panel opens its stores as the read-only commands do, with its own options as advice.
+_MEMORY_HINT: Final = "did you mean --history-db?"
+_HISTORY_HINT: Final = "did you mean --db (the memory store)?"
 
 
 def _usage(message: str) -> typer.Exit:
@@ -85,7 +94,9 @@ async def _maybe_history(
     if backend is None:
         yield None
         return
-    async with open_history(backend, table=table, prefix=prefix, **limits) as store:
+    async with open_history(
+        backend, table=table, prefix=prefix, read_only=True, hint=_HISTORY_HINT, **limits
+    ) as store:
         yield store
 
 
@@ -188,9 +199,18 @@ def panel(
         raise typer.Exit(2) from e
 
     async def go() -> None:
+        # Both stores are checked before either is opened: nothing is touched when one
+        # of them is refused.
+        await check_store(
+            target.backend, "memory", name=target.prefix, read_only=True, hint=_MEMORY_HINT
+        )
+        if history is not None:
+            await check_store(
+                history, "history", name=history_table, read_only=True, hint=_HISTORY_HINT
+            )
         async with AsyncExitStack() as stack:
             memory: Any = await stack.enter_async_context(
-                open_memory(target.backend, prefix=target.prefix)
+                open_memory(target.backend, prefix=target.prefix, read_only=True, hint=_MEMORY_HINT)
             )
             history_store = await stack.enter_async_context(
                 _maybe_history(history, history_table, history_prefix, limits)

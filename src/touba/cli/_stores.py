@@ -10,6 +10,12 @@
 - Administration commands never create a store: a missing SQLite file or
   missing touba tables in PostgreSQL is an error (exit 1) and nothing is
   created. ``touba chat`` creates its memory store, as a session would.
+- Every command first checks, reading only (:mod:`touba.cli._kinds`), that its
+  store is a touba store of the expected kind, and refuses (exit 1, one line
+  saying what it found) another kind of touba store or another application's
+  database, before anything opens it. A command that only reads
+  (``read_only``) also refuses a store that opening would migrate or whose
+  file mode it would reset, so it changes no byte and no mode.
 - A store that cannot be opened (server unreachable, bad credentials, bad
   DSN) is one line naming it by its redacted address; no password is printed
   (:func:`touba.cli._common.redact`), whatever the driver's message quotes.
@@ -18,9 +24,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypedDict, TypeVar, Unpack
@@ -30,9 +37,14 @@ from rich.markup import escape
 
 from touba.cli._common import errors, run, scrub
 from touba.cli._common import redact as redact_address
+from touba.cli._kinds import StoreKind, pg_contents, sqlite_contents
 from touba.errors import ToubaError
+from touba.history._files import check_private_location
+from touba.history._sqlite import describe, failure_kind
+from touba.history._sqlite_schema import SCHEMA_VERSION as HISTORY_SQLITE_VERSION
 from touba.history._store import AdminStore
 from touba.memory import MemoryStore, SqliteMemoryStore
+from touba.memory.sqlite import SCHEMA_VERSION as MEMORY_SQLITE_VERSION
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -45,6 +57,7 @@ __all__ = [
     "Kind",
     "Limits",
     "RedisUrlOption",
+    "check_store",
     "choose_backend",
     "memory_table",
     "only_with",
@@ -196,23 +209,6 @@ async def postgres_connection(dsn: str) -> AsyncIterator[AsyncConnection[Any]]:
         await conn.close()
 
 
-async def _has_table(dsn: str, parts: list[str]) -> bool:
-    from psycopg import sql
-
-    async with postgres_connection(dsn) as conn:
-        name = sql.Identifier(*parts).as_string(conn)
-        cur = await conn.execute("SELECT to_regclass(%s)", (name,))
-        row = await cur.fetchone()
-    return row is not None and row[0] is not None
-
-
-async def _has_meta_table(dsn: str, name: str) -> bool:
-    """Whether the PostgreSQL store of table (or table prefix) ``name``, maybe
-    ``schema.name``, exists: both stores keep a ``<name>_meta`` table."""
-    *schema, last = _parts(name)
-    return await _has_table(dsn, [*schema, f"{last}_meta"])
-
-
 class _Openable(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
@@ -240,6 +236,118 @@ def _missing(what: str, place: str, backend: Backend, option: str) -> typer.Exit
     return typer.Exit(1)
 
 
+def _refused(place: str, why: str) -> typer.Exit:
+    errors.print(f"[bold red]{escape(place)}[/]: {escape(why)}")
+    return typer.Exit(1)
+
+
+_OTHER: dict[StoreKind, StoreKind] = {"history": "memory", "memory": "history"}
+_HINTS: dict[StoreKind, str] = {
+    "history": "did you mean `touba events --db`?",
+    "memory": "did you mean `touba history --db`?",
+}
+_SQLITE_VERSIONS: dict[StoreKind, str] = {
+    "history": str(HISTORY_SQLITE_VERSION),
+    "memory": str(MEMORY_SQLITE_VERSION),
+}
+_PG_NAMES: dict[StoreKind, tuple[str, str]] = {
+    "history": ("touba_history", "--table"),
+    "memory": ("touba_memory", "--prefix"),
+}
+_MIGRATES = "opening it would migrate it, and a read-only command does not"
+
+
+async def _check_sqlite(
+    path: Path, want: StoreKind, *, read_only: bool, create: bool, hint: str | None
+) -> None:
+    """Refuse ``path`` unless it holds a touba store of kind ``want`` (or, with
+    ``create``, nothing yet); see the module docstring."""
+    import sqlite3
+
+    # The store's own rules first (links, owners, directories), as its opening says them.
+    await asyncio.to_thread(check_private_location, path)
+    try:
+        found = await asyncio.to_thread(sqlite_contents, path)
+    except (sqlite3.Error, OSError) as e:
+        if failure_kind(e) == "not_a_database":
+            reason = "this file is not a SQLite database; nothing was changed"
+        else:
+            reason = f"this SQLite file cannot be read ({describe(e)}); nothing was changed"
+        raise _refused(str(path), reason) from e
+    if want not in found.kinds:
+        if create and not found.tables:
+            return
+        other = [k for k in found.kinds if k != want]
+        if not other:
+            raise _refused(str(path), "this SQLite file has no touba tables; nothing was changed")
+        names = " and ".join(other)
+        hint = (hint or _HINTS[want]) if _OTHER[want] in other else None
+        raise _refused(
+            str(path),
+            f"this file holds a touba {names} store, not a {want} store"
+            + (f": {hint}" if hint else ""),
+        )
+    if not read_only:
+        return
+    version = found.kinds[want]
+    if version != _SQLITE_VERSIONS[want]:
+        raise _refused(
+            str(path),
+            f"this file holds touba {want} schema version {version}; {_MIGRATES}: open it "
+            "once with your application or a writing command first",
+        )
+    if found.mode & 0o077:
+        raise _refused(
+            str(path),
+            f"this file is readable or writable by group or others (mode {found.mode:o}); "
+            f"opening it would reset it to 0600, and a read-only command does not: "
+            f"chmod 600 {path}",
+        )
+
+
+def _pg_version(kind: StoreKind) -> str:
+    """The PostgreSQL schema version this touba writes (imported here: psycopg's extra)."""
+    if kind == "history":
+        from touba.history._pg_sql import SCHEMA_VERSION as HISTORY_PG_VERSION
+
+        return str(HISTORY_PG_VERSION)
+    from touba.memory.postgres import SCHEMA_VERSION as MEMORY_PG_VERSION
+
+    return str(MEMORY_PG_VERSION)
+
+
+async def _check_postgres(
+    backend: Backend,
+    name: str,
+    want: StoreKind,
+    *,
+    read_only: bool = False,
+    create: bool = False,
+    option: str,
+) -> None:
+    """Refuse the PostgreSQL ``name`` unless it holds a touba store of kind ``want``
+    (or, with ``create``, nothing yet)."""
+    async with postgres_connection(backend.address) as conn:
+        found = await pg_contents(conn, name)
+    if create and not found.main and found.version is None:
+        return
+    place = f"{option} {name!r} at {backend.shown}"
+    if want in found.kinds:
+        if read_only and found.version != _pg_version(want):
+            raise _refused(place, f"touba {want} schema version {found.version}; {_MIGRATES}")
+        return
+    if found.kinds:
+        other = found.kinds[0]
+        raise _refused(
+            place,
+            f"this holds a touba {other} store, not a {want} store; nothing was changed",
+        )
+    what = "touba history table" if want == "history" else "touba memory tables with prefix"
+    if found.main:
+        raise _refused(place, f"this table is not touba's: no {what} here; nothing was changed")
+    raise _missing(what, repr(name), backend, option)
+
+
 class Limits(TypedDict, total=False):
     """The limits an application gives its history store (the store's defaults if absent)."""
 
@@ -251,40 +359,92 @@ HistoryAdmin = AdminStore
 """What ``touba history`` needs of a built-in history store."""
 
 
+async def check_store(
+    backend: Backend,
+    want: StoreKind,
+    *,
+    name: str | None = None,
+    read_only: bool = False,
+    create: bool = False,
+    hint: str | None = None,
+) -> None:
+    """Refuse (exit 1, one line) unless ``backend`` holds a touba store of kind ``want``.
+
+    ``name``: the PostgreSQL table (history) or prefix (memory), the default if None.
+    ``create``: a missing store, or an empty file, is accepted (``touba chat``).
+    ``read_only``: also refuse a store that opening would migrate or chmod.
+    ``hint``: the advice for a store of the other kind (a default names the command).
+    Reads only; a Redis prefix is not checked (its keys mark no kind).
+    """
+    if backend.kind == "sqlite":
+        path = Path(backend.address)
+        exists = await asyncio.to_thread(path.is_file)
+        if not exists and not create:
+            errors.print(f"[bold red]no {want} database at {escape(str(path))}[/]")
+            raise typer.Exit(1)
+        if exists:
+            await _check_sqlite(path, want, read_only=read_only, create=create, hint=hint)
+    elif backend.kind == "postgresql":
+        default, option = _PG_NAMES[want]
+        with _opening(backend, f"{want} store"):
+            await _check_postgres(
+                backend, name or default, want, read_only=read_only, create=create, option=option
+            )
+
+
+@contextmanager
+def _no_new_journal(backend: Backend, read_only: bool) -> Iterator[None]:
+    """Take away the empty ``-journal`` file a SQLite store's opening left beside its
+    file (it creates each side file 0600 before SQLite opens it; in WAL mode SQLite
+    removes the ``-wal`` and ``-shm`` files on close but never uses the journal), so
+    that a read-only command leaves the directory as it found it."""
+    journal = Path(backend.address + "-journal")
+    there = backend.kind != "sqlite" or not read_only or journal.exists()
+    try:
+        yield
+    finally:
+        if not there:
+            with suppress(OSError):
+                if journal.lstat().st_size == 0:
+                    journal.unlink()
+
+
 @asynccontextmanager
 async def open_history(
     backend: Backend,
     *,
     table: str | None = None,
     prefix: str | None = None,
+    read_only: bool = False,
+    hint: str | None = None,
     **limits: Unpack[Limits],
 ) -> AsyncIterator[HistoryAdmin]:
     """Open an existing history store (never create one by mistake), closed on exit.
 
     ``limits`` (``max_sessions``, ``max_store_bytes``) are the application's, for
-    ``store.usage()``; the store's defaults otherwise.
+    ``store.usage()``; the store's defaults otherwise. ``read_only`` and ``hint``: as
+    for :func:`check_store`, which runs first.
     """
+    check = functools.partial(
+        check_store, backend, "history", name=table, read_only=read_only, hint=hint
+    )
     if backend.kind == "sqlite":
         from touba.history.sqlite import SqliteHistoryStore
 
-        path = Path(backend.address)
-        if not await asyncio.to_thread(path.is_file):
-            errors.print(f"[bold red]no history database at {escape(str(path))}[/]")
-            raise typer.Exit(1)
-        async with SqliteHistoryStore(path, **limits) as sqlite_store:
-            yield sqlite_store
+        await check()
+        with _no_new_journal(backend, read_only):
+            async with SqliteHistoryStore(backend.address, **limits) as sqlite_store:
+                yield sqlite_store
     elif backend.kind == "postgresql":
         with _opening(backend, "history store"):
             from touba.history.postgres import PostgresHistoryStore
 
-            name = table or "touba_history"
-            store = PostgresHistoryStore(backend.address, table=name, **limits)
-            found = await _has_meta_table(backend.address, name)
-        if not found:
-            raise _missing("touba history table", repr(name), backend, "--table")
+            store = PostgresHistoryStore(backend.address, table=table or "touba_history", **limits)
+        await check()  # after the constructor, which names a bad table best
         async with _opened(backend, "history store", store) as pg_store:
             yield pg_store
     else:
+        await check()
         async with _open_redis_history(backend, prefix or "touba:", limits) as redis_store:
             yield redis_store
 
@@ -314,25 +474,31 @@ async def _open_redis_history(
 
 @asynccontextmanager
 async def open_memory(
-    backend: Backend, *, prefix: str | None = None, create: bool = False
+    backend: Backend,
+    *,
+    prefix: str | None = None,
+    create: bool = False,
+    read_only: bool = False,
+    hint: str | None = None,
 ) -> AsyncIterator[MemoryStore]:
-    """Open a memory store, closed on exit; an absent one is an error unless ``create``."""
+    """Open a memory store, closed on exit; an absent one is an error unless ``create``.
+
+    ``read_only`` and ``hint``: as for :func:`check_store`, which runs first.
+    """
+    check = functools.partial(
+        check_store, backend, "memory", name=prefix, read_only=read_only, create=create, hint=hint
+    )
     if backend.kind == "sqlite":
-        path = Path(backend.address)
-        if not create and not await asyncio.to_thread(path.is_file):
-            errors.print(f"[bold red]no memory database at {escape(str(path))}[/]")
-            raise typer.Exit(1)
-        async with SqliteMemoryStore(path) as sqlite_store:
-            yield sqlite_store
+        await check()
+        with _no_new_journal(backend, read_only):
+            async with SqliteMemoryStore(backend.address) as sqlite_store:
+                yield sqlite_store
         return
     with _opening(backend, "memory store"):
         from touba.memory.postgres import PostgresMemoryStore
 
-        name = prefix or "touba_memory"
-        store = PostgresMemoryStore(backend.address, prefix=name)
-        found = create or await _has_meta_table(backend.address, name)
-    if not found:
-        raise _missing("touba memory tables with prefix", repr(name), backend, "--prefix")
+        store = PostgresMemoryStore(backend.address, prefix=prefix or "touba_memory")
+    await check()  # after the constructor, which names a bad prefix best
     async with _opened(backend, "memory store", store) as pg_store:
         yield pg_store
 
