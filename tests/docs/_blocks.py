@@ -1,7 +1,8 @@
 """Reading the code blocks of a Markdown page, and checking each kind as a reader would.
 
 - ```python runs (``run_python``): in order, one namespace per page, in a temporary
-  working directory, top-level ``await`` allowed (on one event loop per page).
+  working directory, as a script would: no top-level ``await`` (a sample that awaits
+  runs its coroutine with ``asyncio.run``), so a block pasted into a file runs as is.
 - ```output is what the python blocks before it (since the previous output block)
   printed: each of its lines, in order, must be a line they printed (``check_output``).
 - ```sh and ```console lines (``check_shell_line``): ``touba ...`` runs through the CLI
@@ -14,9 +15,7 @@
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
 import os
 import re
 import shlex
@@ -51,14 +50,11 @@ def blocks_of(path: Path) -> list[Block]:
     ]
 
 
-def run_python(path: Path, block: Block, namespace: dict[str, Any], loop: Any) -> None:
-    """Runs one block; a block with top-level ``await`` runs on the page's ``loop``."""
+def run_python(path: Path, block: Block, namespace: dict[str, Any]) -> None:
+    """Runs one block as a script would (a top-level ``await`` is a SyntaxError)."""
     # Padding keeps tracebacks on the Markdown file's own line numbers.
     source = "\n" * block.line + block.code
-    code = compile(source, str(path), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    result = eval(code, namespace)  # noqa: S307 - our own docs
-    if inspect.iscoroutine(result):
-        loop.run_until_complete(result)
+    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 - our own docs
 
 
 def check_output(path: Path, block: Block, printed: str) -> None:

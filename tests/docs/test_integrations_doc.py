@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.docs.test_tutorials import DOCS, code_blocks, run_python
+from tests.docs._blocks import run_python
+from tests.docs.test_tutorials import DOCS, code_blocks
 
 
 def test_every_sample_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

@@ -13,7 +13,6 @@ Pages whose samples need PostgreSQL or Redis get the server of ``TOUBA_POSTGRES_
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
@@ -115,14 +114,13 @@ def run_page(path: Path, tmp_path: Path, capsys: Any, skip: tuple[str, ...] = ()
     run = PageRun(path, tmp_path)
     namespace: dict[str, Any] = {"__name__": "__docs__"}
     env: dict[str, str] = {}
-    loop = asyncio.new_event_loop()
     printed = ""
     try:
         for block in blocks_of(path):
             if block.language in skip:
                 continue
             if block.language == "python":
-                run_python(path, block, namespace, loop)
+                run_python(path, block, namespace)
                 out = capsys.readouterr().out
                 run.outputs.append(out)
                 printed += out
@@ -142,8 +140,6 @@ def run_page(path: Path, tmp_path: Path, capsys: Any, skip: tuple[str, ...] = ()
         for value in namespace.values():
             if isinstance(value, FakeProviderServer):
                 value.close()
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
     return run
 
 

@@ -21,19 +21,13 @@ from typing import Any
 
 import pytest
 
-from tests.docs._blocks import Block, blocks_of, check_output
+from tests.docs._blocks import Block, blocks_of, check_output, run_python
 from touba.testing.fakes import FakeProviderServer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TUTORIALS = ("context-and-compaction.md", "sqlite-persistence.md")
 # One reading of the fences for every docs test (a fence inside a list item counts).
 code_blocks = blocks_of
-
-
-def run_python(path: Path, block: Block, namespace: dict[str, Any]) -> None:
-    # Padding keeps tracebacks on the Markdown file's own line numbers.
-    source = "\n" * block.line + block.code
-    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 - our own docs
 
 
 def touba(*args: str) -> subprocess.CompletedProcess[str]:
