@@ -5,8 +5,9 @@ gains, loses or reorders a block fails ``test_every_block_is_checked`` until the
 block is listed here, and a block of a language with no check fails it too. What each
 language's check is: ``tests/docs/_blocks.py``. The tutorials' and the integrations
 page's python (and the tutorials' sh) blocks run in ``test_tutorials.py`` and
-``test_integrations_doc.py``; this file checks their other blocks, and runs every
-block of every other page, in order, in one namespace, in a temporary directory.
+``test_integrations_doc.py``, the observability page's in ``test_observability_doc.py``;
+this file checks their other blocks, and runs every block of every other page, in
+order, in one namespace, in a temporary directory.
 Pages whose samples need PostgreSQL or Redis get the server of ``TOUBA_POSTGRES_DSN``
 / ``TOUBA_REDIS_URL`` (skipped when unreachable, except under ``CI=true``).
 """
@@ -71,7 +72,7 @@ PAGES: dict[str, str] = {
     "docs/operations/cli.md": "sh sh sh",
     "docs/operations/recovery.md": "sh",
     "docs/operations/capacity.md": "",
-    "docs/operations/observability.md": "",
+    "docs/operations/observability.md": "python output",
     "docs/operations/errors.md": "",
     "docs/testing.md": "python output",
     "docs/benchmarks.md": "sh sh sh sh sh sh",
@@ -95,6 +96,8 @@ RUN_ELSEWHERE: dict[str, tuple[str, ...]] = {
     "docs/context-and-compaction.md": ("python", "sh", "output"),
     "docs/sqlite-persistence.md": ("python", "sh", "output"),
     "docs/integrations.md": ("python", "output"),
+    # Sets OpenTelemetry's global tracer provider: runs in a process of its own.
+    "docs/operations/observability.md": ("python", "output"),
 }
 SERVICES: dict[str, Callable[[], str]] = {
     "docs/stores/postgres.md": postgres_dsn,
