@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,8 @@ def test_every_sample_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     blocks = [b for b in code_blocks(path) if b.language == "python"]
     assert len(blocks) == 5
     namespace: dict[str, Any] = {"__name__": "__docs__"}
-    with warnings.catch_warnings():
-        # langgraph's create_react_agent, as its hello world uses it, is deprecated upstream
-        warnings.filterwarnings("ignore", message=".*create_react_agent.*")
-        for block in blocks:
-            run_python(path, block, namespace)
+    for block in blocks:  # under the suite's -W error: no deprecated API in the samples
+        run_python(path, block, namespace)
     out = capsys.readouterr().out
     assert "All six orders have shipped." in out
     assert "8 items sent; 6 in the window" in out  # after the second turn

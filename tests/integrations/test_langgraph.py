@@ -1,7 +1,9 @@
-"""LangChain trimmer with langchain-core's fake chat model, and LangGraph's pre_model_hook."""
+"""LangChain trimmer with langchain-core's fake chat model; LangChain's ``create_agent`` with
+``ToubaWindowMiddleware`` and LangGraph's deprecated ``create_react_agent`` with the hook."""
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from typing import Any
 
@@ -16,8 +18,13 @@ from langchain_core.messages import (
 )
 from langchain_core.tools import tool
 
-from touba.errors import DecisionHistoryLimitExceeded
-from touba.integrations.langgraph import touba_pre_model_hook, touba_trimmer, trim_messages
+from touba.errors import ConfigurationError, DecisionHistoryLimitExceeded
+from touba.integrations.langgraph import (
+    ToubaWindowMiddleware,
+    touba_pre_model_hook,
+    touba_trimmer,
+    trim_messages,
+)
 
 
 def assert_no_orphan(messages: list[BaseMessage]) -> None:
@@ -86,35 +93,70 @@ def lookup(i: int) -> str:
     return f"result {i}"
 
 
+class Recording(GenericFakeChatModel):
+    """langchain-core's fake chat model, keeping every list of messages it was sent."""
+
+    seen: list[list[BaseMessage]]
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
+        self.seen.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+def ten_lookups() -> Recording:
+    replies = [
+        AIMessage("", tool_calls=[{"name": "lookup", "args": {"i": i}, "id": f"c{i}"}])
+        for i in range(10)
+    ] + [AIMessage("done")]
+    return Recording(messages=iter(replies), seen=[])
+
+
+def assert_windows(seen: list[list[BaseMessage]], *, lead: int) -> None:
+    assert len(seen) == 11
+    for sent in seen:
+        assert_no_orphan(sent)
+        assert sent[lead].content == "look up ten things"
+        assert len(sent) <= lead + 1 + 4
+    assert len(seen[-1]) == lead + 1 + 4  # the bound was reached, and kept
+
+
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_create_agent_with_the_window_middleware(run: str) -> None:
+    from langchain.agents import create_agent
+
+    model = ten_lookups()
+    agent = create_agent(
+        model,
+        [lookup],
+        system_prompt="You look things up.",
+        middleware=[ToubaWindowMiddleware(max_messages=4)],
+    )
+    request: Any = {"messages": [HumanMessage("look up ten things")]}
+    state = agent.invoke(request) if run == "sync" else asyncio.run(agent.ainvoke(request))
+    assert_windows(model.seen, lead=1)
+    assert all(isinstance(sent[0], SystemMessage) for sent in model.seen)  # sent apart, kept
+    assert len(state["messages"]) == 1 + 10 * 2 + 1  # the agent's state keeps everything
+
+
+def test_the_middleware_checks_its_bounds_when_built() -> None:
+    with pytest.raises(ConfigurationError):
+        ToubaWindowMiddleware(max_messages=0)
+
+
 def test_create_react_agent_with_the_pre_model_hook() -> None:
     with warnings.catch_warnings():  # create_react_agent is deprecated in favour of langchain's
         warnings.simplefilter("ignore")
         from langgraph.prebuilt import create_react_agent
 
-    seen: list[list[BaseMessage]] = []
-
-    class Recording(GenericFakeChatModel):
-        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self
-
-        def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
-            seen.append(list(messages))
-            return super()._generate(messages, *args, **kwargs)
-
-    replies = [
-        AIMessage("", tool_calls=[{"name": "lookup", "args": {"i": i}, "id": f"c{i}"}])
-        for i in range(10)
-    ] + [AIMessage("done")]
-    model = Recording(messages=iter(replies))
+    model = ten_lookups()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         agent = create_react_agent(
             model, [lookup], pre_model_hook=touba_pre_model_hook(max_messages=4)
         )
     state = agent.invoke({"messages": [HumanMessage("look up ten things")]})
-    assert len(seen) == 11
-    for sent in seen:
-        assert_no_orphan(sent)
-        assert sent[0].content == "look up ten things"
-        assert len(sent) <= 1 + 4
+    assert_windows(model.seen, lead=0)
     assert len(state["messages"]) == 1 + 10 * 2 + 1  # the graph's state keeps everything

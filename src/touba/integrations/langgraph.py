@@ -1,11 +1,14 @@
 """LangChain message lists and LangGraph agents with touba's window.
 
 ```python
-from langgraph.prebuilt import create_react_agent
-from touba.integrations.langgraph import touba_pre_model_hook
+from langchain.agents import create_agent
+from touba.integrations.langgraph import ToubaWindowMiddleware
 
-agent = create_react_agent(model, tools, pre_model_hook=touba_pre_model_hook(max_messages=40))
+agent = create_agent(model, tools, middleware=[ToubaWindowMiddleware(max_messages=40)])
 ```
+
+(``create_agent`` is the agent LangGraph 1 recommends; ``touba_pre_model_hook`` serves
+its deprecated ``create_react_agent``.)
 
 Behaviour decisions:
 
@@ -19,10 +22,12 @@ Behaviour decisions:
   first, the last one always (``DecisionHistoryLimitExceeded`` when it alone
   exceeds a bound); then whole earlier turns. Leading ``SystemMessage``\\ s are
   instructions: always kept, first, and not counted.
-- **The hook trims what the model sees, not the graph's state.**
-  :func:`touba_pre_model_hook` returns ``{"llm_input_messages": ...}``, so
-  the checkpointed ``messages`` keep every exchange (touba's rule: trimming
-  deletes nothing).
+- **The middleware and the hook trim what the model sees, not the graph's
+  state.** :class:`ToubaWindowMiddleware` hands the model call a request whose
+  ``messages`` are the window (``request.override(messages=...)``), and
+  :func:`touba_pre_model_hook` returns ``{"llm_input_messages": ...}``, so the
+  checkpointed ``messages`` keep every exchange (touba's rule: trimming deletes
+  nothing).
 - **Measure.** A message weighs the UTF-8 bytes of the compact JSON of its
   LangChain serialisation (``message.model_dump(mode="json")``).
 """
@@ -30,17 +35,20 @@ Behaviour decisions:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from touba.history import ExchangeSize, message_bytes
 from touba.integrations._cut import Unit, check_bound
 from touba.integrations._turns import TurnUnit, turn_window
 
 try:
+    from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
+    from langchain.agents.middleware.types import ModelCallResult, ModelResponse
     from langchain_core.messages import (
         AIMessage,
+        AnyMessage,
         BaseMessage,
         HumanMessage,
         SystemMessage,
@@ -48,11 +56,11 @@ try:
     )
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise ImportError(
-        "touba.integrations.langgraph needs langchain-core and langgraph: "
+        "touba.integrations.langgraph needs langchain, langchain-core and langgraph: "
         'pip install "touba[langgraph]"'
     ) from e
 
-__all__ = ["touba_pre_model_hook", "touba_trimmer", "trim_messages"]
+__all__ = ["ToubaWindowMiddleware", "touba_pre_model_hook", "touba_trimmer", "trim_messages"]
 
 
 @dataclass(slots=True)
@@ -146,3 +154,39 @@ def touba_pre_model_hook(
         return {"llm_input_messages": trim(state["messages"])}
 
     return hook
+
+
+class ToubaWindowMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """A ``create_agent(..., middleware=[...])`` middleware: each model call gets the window.
+
+    Before every model call of the agent, the request's ``messages`` (the system
+    prompt travels apart, in ``request.system_message``) are cut to touba's
+    window (:func:`trim_messages`); the agent's ``messages`` state is left whole.
+    Bounds are checked here (``ConfigurationError``); a last exchange that alone
+    exceeds one raises ``DecisionHistoryLimitExceeded`` from the model call.
+    """
+
+    def __init__(self, *, max_messages: int | None = None, max_bytes: int | None = None) -> None:
+        super().__init__()
+        self._trim = touba_trimmer(max_messages=max_messages, max_bytes=max_bytes)
+
+    def _windowed(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        # The window is a sub-list of request.messages: the same AnyMessage objects.
+        window = cast("list[AnyMessage]", self._trim(request.messages))
+        return request.override(messages=window)
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelCallResult[Any]:
+        """Call the model with the window of ``request.messages``."""
+        return handler(self._windowed(request))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelCallResult[Any]:
+        """Call the model with the window of ``request.messages`` (async agents)."""
+        return await handler(self._windowed(request))
