@@ -51,7 +51,7 @@ PAGES: dict[str, str] = {
     "docs/concepts/reservations.md": "",
     "docs/concepts/chat-memory.md": "python python output",
     "docs/concepts/key-events.md": "json json",
-    "docs/stores/index.md": "python",
+    "docs/stores/index.md": "python output",
     "docs/stores/ram.md": "python output",
     "docs/stores/sqlite.md": "python output",
     "docs/stores/postgres.md": "python output",
