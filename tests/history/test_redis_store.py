@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from redis.asyncio import Redis
@@ -26,6 +27,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests._services import redis_url
+from tests._tcp_cut import tcp_cut
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
@@ -1411,25 +1413,19 @@ async def test_a_failed_save_drops_the_cached_tail(url: str, prefix: str) -> Non
 @pytest.mark.parametrize("when", ["between decisions", "during the model call"])
 @pytest.mark.parametrize("retries", ["the store's own client", "a client without retries"])
 async def test_connections_cut_by_the_server(
-    url: str, raw: Redis, prefix: str, when: str, retries: str
+    url: str, prefix: str, when: str, retries: str
 ) -> None:
-    """A killed client connection, between two decisions or while one waits for its
-    model: the client the store makes from ``url`` sends the failed command again on a
-    new connection (every write is a script a second run finds done), so the decision
-    goes through once; a client of the caller's with no retries fails that decision
-    with DecisionHistoryStoreUnavailable (retryable, chained to redis-py's error),
-    which saves nothing and leaves the conversation free for the next one."""
-    name = f"touba-cut-{uuid.uuid4().hex[:8]}"
+    """A connection cut with a command in flight, at the first command of a decision or
+    at the save after its model answered: the client the store makes from ``url`` sends
+    the failed command again on a new connection (every write is a script a second run
+    finds done), so the decision goes through once; a client of the caller's with no
+    retries fails that decision with DecisionHistoryStoreUnavailable (retryable, chained
+    to redis-py's error), which saves nothing and leaves the conversation free for the
+    next one. The cut is a relay's (tests/_tcp_cut.py): redis-py heals an idle
+    connection the server killed before it sends on it, so a killed idle client would
+    prove nothing."""
     own = retries == "the store's own client"
-    client = None if own else Redis.from_url(url, client_name=name, retry=Retry(NoBackoff(), 0))
-
-    async def cut() -> None:
-        listed = await raw.client_list()
-        ids = [c["id"] for c in listed if c.get("name") == name]
-        assert ids
-        for id_ in ids:
-            await raw.client_kill_filter(_id=id_)
-
+    parts = urlsplit(url)
     identity = ConversationIdentity("ns", "openai", "m", "native", "r", "i", "a")
     texts: list[list[str | None]] = []
 
@@ -1444,29 +1440,39 @@ async def test_connections_cut_by_the_server(
 
         await history.step(identity, [], generate)
 
-    store = (
-        RedisHistoryStore(f"{url}?client_name={name}", prefix=prefix)
-        if own
-        else RedisHistoryStore(client=client, prefix=prefix)
-    )
-    try:
-        async with store:
-            history = DecisionHistory(HistoryConfig(store=store, namespace="ns", max_messages=6))
-            for n in range(3):
-                await decide(f"d{n}")
-            if when == "between decisions":
-                await cut()
-            during = cut if when == "during the model call" else None
-            if own:
-                await decide("kept", during)
-            else:
-                with pytest.raises(DecisionHistoryStoreUnavailable) as caught:
-                    await decide("lost", during)
-                assert caught.value.retryable
-                assert isinstance(caught.value.__cause__, RedisConnectionError)
-            await decide("d3")  # not left reserved, and the client connects again
-            await decide("d4")
-    finally:
-        if client is not None:
-            await client.aclose()
+    async with tcp_cut(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
+        relayed = parts._replace(netloc=f"127.0.0.1:{relay.port}").geturl()
+
+        async def cut() -> None:
+            relay.arm()
+
+        client = None if own else Redis.from_url(relayed, retry=Retry(NoBackoff(), 0))
+        store = (
+            RedisHistoryStore(relayed, prefix=prefix)
+            if own
+            else RedisHistoryStore(client=client, prefix=prefix)
+        )
+        try:
+            async with store:
+                history = DecisionHistory(
+                    HistoryConfig(store=store, namespace="ns", max_messages=6)
+                )
+                for n in range(3):
+                    await decide(f"d{n}")
+                if when == "between decisions":
+                    await cut()
+                during = cut if when == "during the model call" else None
+                if own:
+                    await decide("kept", during)
+                else:
+                    with pytest.raises(DecisionHistoryStoreUnavailable) as caught:
+                        await decide("lost", during)
+                    assert caught.value.retryable
+                    assert isinstance(caught.value.__cause__, RedisConnectionError)
+                assert relay.cuts == 1
+                await decide("d3")  # not left reserved, and the client connects again
+                await decide("d4")
+        finally:
+            if client is not None:
+                await client.aclose()
     assert texts[-1] == ["d0", "d1", "d2", *(["kept"] if own else []), "d3"]
