@@ -23,7 +23,6 @@ from tests.cli.test_read_only import _stores, add_foreign_files, refused, run_on
 from touba.cli._agents import describe
 from touba.cli._app import app
 from touba.memory import KeyEventsConfig, MemoryConfig, MemoryConfigChange, SqliteMemoryStore
-from touba.memory._sql import SqlMemoryStore
 from touba.runtime import Program
 from touba.testing import ScriptedProvider
 
@@ -52,13 +51,13 @@ def db(private_dir: Path) -> Path:
     return private_dir / "memory.sqlite"
 
 
-async def _save(store: SqlMemoryStore, *changes: tuple[MemoryConfig, str]) -> None:
+async def _save(store: Any, *changes: tuple[MemoryConfig, str]) -> None:
     async with store:
         for config, actor in changes:
             await store.save_memory_config("support", config, actor=actor)
 
 
-async def _read(store: SqlMemoryStore) -> tuple[MemoryConfig | None, list[MemoryConfigChange]]:
+async def _read(store: Any) -> tuple[MemoryConfig | None, list[MemoryConfigChange]]:
     async with store:
         saved = await store.load_memory_config("support")
         return saved, await store.memory_config_history("support", limit=100)
