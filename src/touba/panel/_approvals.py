@@ -139,12 +139,10 @@ async def _resume(
                 worker_stopped=worker_stopped,
                 actor=ACTOR,
             )
-        where = (
-            f" and is stored as turn {turn.stored.index + 1} of session {meta.session_id}"
-            if turn.stored is not None
-            else ""
-        )
-        return _outcome(turn.result, f"The chat turn{where}")
+        said = _outcome(turn.result, "The chat turn")
+        if turn.stored is None:
+            return said
+        return f"{said} It is stored as turn {turn.stored.index + 1} of session {meta.session_id}."
     result = await runtime.resume(
         waiting.checkpoint_id, approvals, worker_stopped=worker_stopped, actor=ACTOR
     )
