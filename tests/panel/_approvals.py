@@ -131,9 +131,9 @@ async def crash_while_resuming(
     """A real second process approves the paused turn, starts the refund, and is
     ``kill -9``-ed inside it: the checkpoint stays ``running``, held by a dead worker."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    arguments = [str(directory), session_id, checkpoint_id, call_id, user_id]
     worker = subprocess.Popen(  # noqa: ASYNC220 - read from a thread below
-        [sys.executable, "-c", CRASHING_RESUME, str(directory), session_id, checkpoint_id]
-        + [call_id, user_id],
+        [sys.executable, "-c", CRASHING_RESUME, *arguments],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
