@@ -22,7 +22,7 @@ from typing import Any
 
 from touba.memory import KeyEventsConfig, MemoryConfig
 from touba.providers import DecisionRequest
-from touba.runtime import Program
+from touba.runtime import Program, Runtime, SqliteCheckpointStore
 from touba.testing import ScriptedProvider
 
 DIR_ENV = "TOUBA_TEST_DIR"
@@ -103,6 +103,15 @@ def build_program(provider: Any = None, *, slow: bool = False) -> Program:
 def program() -> Program:
     """The factory ``touba panel --program tests.panel._approvals:program`` loads."""
     return build_program()
+
+
+def runtime() -> Runtime:
+    """``--program tests.panel._approvals:runtime``: the application's Runtime, its durable
+    checkpoint store (``checkpoints.sqlite`` in ``$TOUBA_TEST_DIR``) with it."""
+    directory = _directory()
+    assert directory is not None, f"set {DIR_ENV}"
+    store = SqliteCheckpointStore(directory / "checkpoints.sqlite")  # closed at the exit
+    return Runtime(build_program(), checkpoints=store)
 
 
 CRASHING_RESUME = """
