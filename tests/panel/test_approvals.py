@@ -406,3 +406,24 @@ async def test_create_app_refuses_a_runtime_of_another_program(
 ) -> None:
     with pytest.raises(ConfigurationError, match="running the panel's program"):
         create_app(build_program(), memory, token=TOKEN, runtime=runtime)
+
+
+async def test_a_turn_whose_session_ended_since_resumes_through_the_runtime(
+    client: TestClient,
+    runtime: Runtime,
+    memory: SqliteMemoryStore,
+    model: ScriptedProvider,
+    checkpoints: SqliteCheckpointStore,
+) -> None:
+    turn = await paused_turn(runtime, memory, model)
+    async with ChatSession(  # another process's session object ends the session
+        runtime, "support", "alice", "s-1", store=memory, extract_in_background=False
+    ) as other:
+        await other.end()
+    model.add(ScriptedProvider.final("refunded"))
+    assert decide(client, turn, "approve").status_code == 303
+    assert REFUNDS == ["A1"]
+    page = flashes(client)
+    assert "The invocation completed. Its chat session had ended: the turn is not stored" in page
+    assert await memory.list_turns("s-1") == ()
+    assert await checkpoints.get(turn.result.checkpoint_id or "") is None

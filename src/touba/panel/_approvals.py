@@ -16,7 +16,9 @@
   (``touba panel --program`` naming a Runtime, or ``--checkpoints-db``): a
   chat turn (its ``run_id`` is a live chat session of the panel's memory
   store) through :meth:`~touba.memory.ChatSession.resume`, so the turn is
-  stored in the session; anything else through :meth:`~touba.Runtime.resume`.
+  stored in the session; anything else, and a turn whose session has ended
+  since (a session that ended stores no more turns), through
+  :meth:`~touba.Runtime.resume`.
 - Errors (no checkpoint store, the checkpoint gone or resumed by someone
   else, a worker running it now, a decision missing, no confirmation) are a
   one-line message and change nothing: every check happens before the
@@ -124,7 +126,8 @@ async def _resume(
 ) -> str:
     """Resume ``waiting`` through the chat session or the runtime; what happened, in a line."""
     meta = waiting.session
-    if meta is not None and isinstance(waiting.input, str):
+    ended = meta is not None and meta.ended_at is not None
+    if meta is not None and not ended and isinstance(waiting.input, str):
         async with ChatSession(
             runtime,
             waiting.agent,
@@ -146,7 +149,10 @@ async def _resume(
     result = await runtime.resume(
         waiting.checkpoint_id, approvals, worker_stopped=worker_stopped, actor=ACTOR
     )
-    return _outcome(result, "The invocation")
+    said = _outcome(result, "The invocation")
+    if ended:
+        return f"{said} Its chat session had ended: the turn is not stored in it."
+    return said
 
 
 def _outcome(result: InvocationResult, subject: str) -> str:
