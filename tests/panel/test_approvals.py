@@ -427,3 +427,19 @@ async def test_a_turn_whose_session_ended_since_resumes_through_the_runtime(
     assert "The invocation completed. Its chat session had ended: the turn is not stored" in page
     assert await memory.list_turns("s-1") == ()
     assert await checkpoints.get(turn.result.checkpoint_id or "") is None
+
+
+async def test_a_long_list_shows_the_oldest_and_counts_the_rest(
+    client: TestClient,
+    runtime: Runtime,
+    memory: SqliteMemoryStore,
+    model: ScriptedProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("touba.panel._approvals.SHOWN", 1)
+    first = await paused_turn(runtime, memory, model, session_id="s-1")
+    second = await paused_turn(runtime, memory, model, session_id="s-2", user_id="bob")
+    page = client.get("/approvals").text
+    assert f"<code>{first.result.checkpoint_id}</code>" in page
+    assert f"<code>{second.result.checkpoint_id}</code>" not in page
+    assert "1 more not shown (the oldest are listed first)." in page

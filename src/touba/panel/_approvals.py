@@ -71,6 +71,7 @@ async def approvals(request: Request) -> Response:
     panel = _panel(request)
     runtime = _runtime(panel)
     found: list[Waiting] = []
+    total = 0
     problem = None
     durable = True
     if runtime is None:
@@ -78,14 +79,14 @@ async def approvals(request: Request) -> Response:
     else:
         durable = bool(getattr(runtime.checkpoints, "durable", True))
         try:
-            found = await list_waiting(runtime, panel.memory)
+            found, total = await list_waiting(runtime, panel.memory, limit=SHOWN)
         except ToubaError as e:
             problem = e.message
     return panel.render(
         request,
         "approvals.html",
-        items=found[:SHOWN],
-        more=max(len(found) - SHOWN, 0),
+        items=found,
+        more=max(total - SHOWN, 0),
         problem=problem,
         durable=durable,
         shown=_shown,

@@ -33,7 +33,7 @@ from touba.errors import ConfigurationError
 from touba.history._model import JSON, CapabilityCall
 from touba.memory import MemoryStore, SessionMeta
 from touba.runtime import Runtime
-from touba.runtime._checkpoints import CheckpointInfo
+from touba.runtime._checkpoints import CheckpointInfo, status_of
 from touba.runtime._state import Paused
 
 __all__ = ["Holder", "Waiting", "find_waiting", "list_waiting", "paused_turns"]
@@ -134,18 +134,18 @@ async def _session(memory: MemoryStore, run_id: str, agent: str) -> SessionMeta 
 
 
 async def _waiting(
-    runtime: Runtime, memory: MemoryStore, info: CheckpointInfo, body: dict[str, JSON]
+    memory: MemoryStore, checkpoint_id: str, status: str, created_at: str, body: dict[str, JSON]
 ) -> Waiting | None:
     try:
         paused = Paused.from_dict(body)
     except ConfigurationError:
         return None  # another version, or damaged: not something the panel can resume
     state = paused.state
-    holder = _holder(body.get("holder")) if info.status == "running" else None
-    since = holder.since if holder is not None else info.created_at
+    holder = _holder(body.get("holder")) if status == "running" else None
+    since = holder.since if holder is not None else created_at
     return Waiting(
-        checkpoint_id=info.checkpoint_id,
-        status=info.status,
+        checkpoint_id=checkpoint_id,
+        status=status,
         agent=state.agent_ref,
         run_id=state.run_id,
         user_id=state.user_id,
@@ -158,10 +158,11 @@ async def _waiting(
 
 
 async def list_waiting(
-    runtime: Runtime, memory: MemoryStore, *, run_id: str | None = None
-) -> list[Waiting]:
+    runtime: Runtime, memory: MemoryStore, *, run_id: str | None = None, limit: int | None = None
+) -> tuple[list[Waiting], int]:
     """The listed checkpoints of ``runtime``'s store (``run_id``'s only when given),
-    oldest first. ConfigurationError when the store cannot list its checkpoints."""
+    oldest first, the first ``limit`` read whole; and how many are listed in all.
+    ConfigurationError when the store cannot list its checkpoints."""
     store: Any = runtime.checkpoints
     if not callable(getattr(store, "list", None)):
         raise ConfigurationError(
@@ -169,17 +170,16 @@ async def list_waiting(
             "checkpoints (it has no list method)"
         )
     infos: list[CheckpointInfo] = await store.list(run_id=run_id)
+    listed = [info for info in infos if info.status in LISTED]
     found: list[Waiting] = []
-    for info in infos:
-        if info.status not in LISTED:
-            continue
+    for info in listed[:limit]:
         body = await store.get(info.checkpoint_id)
         if body is None:
             continue  # resumed meanwhile
-        waiting = await _waiting(runtime, memory, info, body)
+        waiting = await _waiting(memory, info.checkpoint_id, info.status, info.created_at, body)
         if waiting is not None:
             found.append(waiting)
-    return found
+    return found, len(listed)
 
 
 async def find_waiting(runtime: Runtime, memory: MemoryStore, checkpoint_id: str) -> Waiting:
@@ -192,24 +192,14 @@ async def find_waiting(runtime: Runtime, memory: MemoryStore, checkpoint_id: str
             f"no checkpoint {checkpoint_id!r}: it is unknown, or it was already resumed "
             "(by this panel or another worker)"
         )
-    status = body.get("status", "awaiting_approval")
-    status = status if isinstance(status, str) else "awaiting_approval"
+    status = status_of(body)
     if status not in LISTED:
         raise ConfigurationError(
             f"checkpoint {checkpoint_id!r} is {status}: it waits for a retry, not for a reviewer"
         )
     created = body.get("created_at")
-    info = CheckpointInfo(
-        checkpoint_id=checkpoint_id,
-        run_id=None,
-        invocation_id=None,
-        agent_ref=None,
-        status=status,
-        revision=0,
-        created_at=created if isinstance(created, str) else "",
-        updated_at="",
-    )
-    waiting = await _waiting(runtime, memory, info, body)
+    created_at = created if isinstance(created, str) else ""
+    waiting = await _waiting(memory, checkpoint_id, status, created_at, body)
     if waiting is None:
         raise ConfigurationError(
             f"checkpoint {checkpoint_id!r} was written by another touba version or is "
@@ -226,7 +216,7 @@ async def paused_turns(
     if runtime is None:
         return []
     try:
-        found = await list_waiting(runtime, memory, run_id=session_id)
+        found, _ = await list_waiting(runtime, memory, run_id=session_id)
     except ConfigurationError:
         return []
     return [w for w in found if w.session is not None]
