@@ -58,7 +58,7 @@ PAGES: dict[str, str] = {
     "docs/stores/redis.md": "python output",
     "docs/runtime.md": "python python output python output python",
     "docs/providers.md": "python output",
-    "docs/panel.md": "sh",
+    "docs/panel.md": "sh sh",
     "docs/integrations.md": "sh python python python python python",
     "docs/openai-agents-sessions.md": "python output",
     "docs/context-and-compaction.md": (

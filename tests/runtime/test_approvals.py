@@ -113,6 +113,43 @@ async def test_refused_or_missing_approval_is_a_denied_observation(
     assert result.trace.of_kind("denial")[0]["reason"] == "not_approved"
 
 
+@pytest.mark.parametrize("approve", [True, False])
+async def test_the_actor_who_decided_is_recorded_and_told_to_the_model(approve: bool) -> None:
+    model = paying_model(final("ok"))
+    program, log = make_program(model)
+    runtime = Runtime(program)
+    paused = await runtime.invoke("billing")
+    result = await runtime.resume(
+        paused.checkpoint_id or "", approvals={"c2": approve}, actor="operator"
+    )
+    [decided] = result.trace.of_kind("approval_granted" if approve else "approval_refused")
+    assert decided["actor"] == "operator"
+    if not approve:
+        denied = model.requests[1].observations[1]
+        assert denied.error == "'pay' needs approval and was not approved (refused by operator)"
+        assert log == ["lookup I-1"]
+
+
+async def test_without_an_actor_none_is_recorded() -> None:
+    model = paying_model(final("ok"))
+    program, _ = make_program(model)
+    runtime = Runtime(program)
+    paused = await runtime.invoke("billing")
+    result = await runtime.resume(paused.checkpoint_id or "", approvals={"c2": False})
+    [refused] = result.trace.of_kind("approval_refused")
+    assert "actor" not in refused.data
+    assert model.requests[1].observations[1].error == "'pay' needs approval and was not approved"
+
+
+@pytest.mark.parametrize("actor", ["", "  ", 7])
+async def test_a_bad_actor_is_refused_before_anything_is_consumed(actor: object) -> None:
+    runtime, checkpoint, log = await paused_for_approval()
+    with pytest.raises(ConfigurationError, match="actor must be a non-empty str"):
+        await runtime.resume(checkpoint, approvals={"c2": True}, actor=actor)  # type: ignore[arg-type]
+    assert log == ["lookup I-1"]
+    assert await runtime.checkpoints.get(checkpoint) is not None
+
+
 async def test_a_checkpoint_is_consumed_by_its_first_resume() -> None:
     runtime, checkpoint, _ = await paused_for_approval()
     await runtime.resume(checkpoint, approvals={"c2": True})

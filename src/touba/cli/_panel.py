@@ -11,6 +11,15 @@
   migrate or chmod, are refused before anything is written).
 - ``--program module:attr`` gives the agents (their names, kinds, the
   program's ``MemoryConfig``, and the model the preview box runs).
+- Approvals: the approvals page lists and resumes the checkpoints of the
+  application's runtime. When ``--program`` names a ``touba.Runtime`` (or a
+  factory of one), its checkpoint store and resources binding are used;
+  otherwise ``--checkpoints-db PATH`` opens the application's
+  ``SqliteCheckpointStore`` file under a runtime of the program (with RAM
+  resources: name a Runtime when capabilities use business resources). The
+  file is checked as the stores are (it must exist and hold a touba
+  checkpoint store; nothing is created); it is written when an operator
+  approves, denies or recovers. Neither: the page says how to give one.
 - It binds ``--host`` (127.0.0.1) and ``--port`` (8765; 0 picks a free one)
   and refuses a host that is not loopback unless ``--allow-remote`` says a
   TLS proxy is in front.
@@ -32,10 +41,12 @@ from pathlib import Path
 from typing import Annotated, Any, Final
 
 import typer
+from rich.markup import escape
 
 from touba.cli._common import errors
 from touba.cli._events import Db, PrefixOption, memory_target
-from touba.cli._programs import ProgramOption, load_program
+from touba.cli._kinds import sqlite_contents
+from touba.cli._programs import ProgramOption, load_host
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -47,6 +58,8 @@ from touba.cli._stores import (
     open_history,
     open_memory,
 )
+from touba.errors import ToubaError
+from touba.runtime import Program, Runtime
 
 __all__ = ["TOKEN_ENV", "panel"]
 
@@ -98,6 +111,58 @@ async def _maybe_history(
         backend, table=table, prefix=prefix, read_only=True, hint=_HISTORY_HINT, **limits
     ) as store:
         yield store
+
+
+def _refused(path: Path, why: str) -> typer.Exit:
+    errors.print(f"[bold red]{escape(str(path))}[/]: {escape(why)}")
+    return typer.Exit(1)
+
+
+def _check_checkpoints(path: Path) -> None:
+    """Refuse ``path`` unless it is a touba checkpoint store this touba opens as it is
+    (exists, schema version 1, mode 0600, a private location); reads only."""
+    import sqlite3
+
+    from touba.history._files import check_private_location
+    from touba.history._sqlite import describe
+    from touba.runtime._checkpoints import SCHEMA_VERSION
+
+    if not path.exists():
+        raise _refused(path, "no such file; nothing was created (give the application's file)")
+    try:
+        check_private_location(path)
+        found = sqlite_contents(path)
+    except (sqlite3.Error, OSError) as e:
+        raise _refused(path, f"this file cannot be read as SQLite ({describe(e)})") from e
+    except ToubaError as e:
+        raise _refused(path, e.message) from e
+    if "checkpoint" not in found.kinds:
+        raise _refused(path, "this SQLite file holds no touba checkpoint store")
+    if found.kinds["checkpoint"] != str(SCHEMA_VERSION):
+        raise _refused(
+            path,
+            f"this file holds touba checkpoint schema version {found.kinds['checkpoint']}; "
+            f"this touba reads version {SCHEMA_VERSION}",
+        )
+    if found.mode & 0o077:
+        raise _refused(
+            path,
+            f"this file is readable or writable by group or others (mode {found.mode:o}); "
+            f"opening it would reset it to 0600: chmod 600 {path}",
+        )
+
+
+def _hosts(spec: str | None, checkpoints_db: Path | None) -> tuple[Program, Runtime | None]:
+    """The program, and the runtime whose checkpoints the approvals page resumes (if any)."""
+    loaded = load_host(spec)
+    if isinstance(loaded, Runtime):
+        if checkpoints_db is not None:
+            raise _usage(
+                "--checkpoints-db applies to a --program naming a touba.Program; this one "
+                "names a touba.Runtime, whose own checkpoint store the panel uses"
+            )
+        return loaded.program, loaded
+    return loaded, None
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -152,6 +217,14 @@ def panel(
         typer.Option("--max-store-bytes", min=1, help="The history store's max_store_bytes."),
     ] = None,
     program: ProgramOption = None,
+    checkpoints_db: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoints-db",
+            help="The application's SqliteCheckpointStore file: the approvals page resumes "
+            "its invocations (not with a --program naming a Runtime).",
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option("--host", help="The address to bind (loopback unless --allow-remote).")
     ] = "127.0.0.1",
@@ -166,7 +239,8 @@ def panel(
         ),
     ] = False,
 ) -> None:
-    """Serve the web memory panel: settings, users, key events, conversations, jobs."""
+    """Serve the web memory panel: settings, users, key events, conversations, jobs,
+    approvals."""
     if not _loopback(host) and not allow_remote:
         raise _usage(
             f"--host {host} is not a loopback address: the panel shows conversation data and "
@@ -184,7 +258,9 @@ def panel(
         limits["max_sessions"] = max_sessions
     if max_store_bytes is not None:
         limits["max_store_bytes"] = max_store_bytes
-    loaded = load_program(program)
+    loaded, runtime = _hosts(program, checkpoints_db)
+    if checkpoints_db is not None:
+        _check_checkpoints(checkpoints_db)
     token = os.environ.get(TOKEN_ENV) or None
     if token is not None and len(token) < 16:
         raise _usage(f"{TOKEN_ENV} must hold at least 16 characters")
@@ -215,6 +291,12 @@ def panel(
             history_store = await stack.enter_async_context(
                 _maybe_history(history, history_table, history_prefix, limits)
             )
+            runtime_now: Runtime | None = runtime
+            if checkpoints_db is not None:
+                from touba.runtime import SqliteCheckpointStore
+
+                checkpoints = await stack.enter_async_context(SqliteCheckpointStore(checkpoints_db))
+                runtime_now = Runtime(loaded, checkpoints=checkpoints)
             secret = token or new_token()
             hosts = ("127.0.0.1", "localhost", "::1", "[::1]", host)
             app = create_app(
@@ -224,6 +306,7 @@ def panel(
                 token=secret,
                 allow_remote=allow_remote,
                 allowed_hosts=hosts,
+                runtime=runtime_now,
             )
             sock = _listen(host, port)
             bound = sock.getsockname()[1]

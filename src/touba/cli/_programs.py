@@ -22,7 +22,7 @@ import typer
 from touba.cli._common import errors
 from touba.runtime import Program, Runtime
 
-__all__ = ["DEMO", "ProgramOption", "load_program"]
+__all__ = ["DEMO", "ProgramOption", "load_host", "load_program"]
 
 DEMO = "demo"
 
@@ -45,6 +45,13 @@ def _fail(message: str) -> typer.Exit:
 
 def load_program(spec: str | None) -> Program:
     """The Program named by ``spec`` (see the module documentation)."""
+    loaded = load_host(spec)
+    return loaded.program if isinstance(loaded, Runtime) else loaded
+
+
+def load_host(spec: str | None) -> Program | Runtime:
+    """What ``spec`` names: a Program, or a Runtime kept whole (its checkpoint store and
+    resources binding with it), as ``touba panel`` needs it for approvals."""
     if not spec:
         raise _fail(
             "give --program module:attr (or set TOUBA_PROGRAM) naming your touba.Program; "
@@ -70,8 +77,6 @@ def load_program(spec: str | None) -> Program:
             raise _fail(f"{spec!r}: no attribute {part!r}") from e
     if callable(value) and not isinstance(value, Program | Runtime):
         value = value()
-    if isinstance(value, Runtime):
-        return value.program
-    if isinstance(value, Program):
+    if isinstance(value, Program | Runtime):
         return value
     raise _fail(f"{spec!r} is a {type(value).__name__}, not a touba.Program or touba.Runtime")

@@ -411,14 +411,22 @@ class ChatSession(AsyncClosing):
             return await self._conclude(text, result, context)
 
     async def resume(
-        self, approvals: Mapping[str, bool] | None = None, *, checkpoint_id: str | None = None
+        self,
+        approvals: Mapping[str, bool] | None = None,
+        *,
+        checkpoint_id: str | None = None,
+        worker_stopped: bool = False,
+        actor: str | None = None,
     ) -> ChatTurn:
         """Resume the turn awaiting approval (``approvals``: call id -> True/False).
 
         ``checkpoint_id`` resumes a turn of this session paused by another
-        process; by default, the one this object paused. ``ConfigurationError`` when
-        the session is closed, when no turn (or another checkpoint) awaits, or when
-        the session ended meanwhile; the runtime's and the store's errors propagate.
+        process; by default, the one this object paused. ``worker_stopped`` and
+        ``actor`` are passed to :meth:`~touba.Runtime.resume` (take over a turn
+        whose worker crashed and was checked gone; who decided the approvals).
+        ``ConfigurationError`` when the session is closed, when no turn (or another
+        checkpoint) awaits, or when the session ended meanwhile; the runtime's and
+        the store's errors propagate.
         """
         async with self._lock:
             if self._closed:
@@ -446,7 +454,11 @@ class ChatSession(AsyncClosing):
                     await self._paused_user(checkpoint_id), checkpoint_id, await self._context()
                 )
             result = await self.runtime.resume(
-                paused.checkpoint_id, approvals, context=paused.context
+                paused.checkpoint_id,
+                approvals,
+                context=paused.context,
+                worker_stopped=worker_stopped,
+                actor=actor,
             )
             self._touch()
             return await self._conclude(paused.user, result, paused.context)

@@ -43,6 +43,13 @@ Decisions (documented here because they are behaviour):
   conversation, behind a confirmation that repeats the seed's warning: stop
   and check the old worker first; this frees storage, it decides nothing
   about an uncertain business effect.
+- **Approvals.** Invocations awaiting approval in the application's
+  checkpoint store (given as ``create_app(..., runtime=...)``) are listed
+  with their pending calls; the operator approves or denies each call behind
+  a confirmation, and the invocation resumes in the panel's process with
+  ``actor="operator"`` (a chat turn through its ``ChatSession``, so the turn
+  is stored). A checkpoint held by a dead worker offers ``recover`` instead.
+  See :mod:`touba.panel._approvals`.
 - **Preview.** The preview box runs a turn of the agent with
   ``mode="preview"``: blank memory, no key event read or written, stored in
   a preview session of its own. Capabilities run; a call that needs

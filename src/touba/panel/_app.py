@@ -21,11 +21,12 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     ) from e
 
 from touba.errors import ConfigurationError
+from touba.panel._approvals import router as approvals_router
 from touba.panel._auth import COOKIE, PanelAuth, same_origin
 from touba.panel._routes import router
 from touba.panel._state import Panel, set_cookie
 from touba.panel._stores import HistoryView, MemoryAdmin
-from touba.runtime import Program
+from touba.runtime import Program, Runtime
 
 __all__ = ["LOOPBACK_HOSTS", "create_app"]
 
@@ -70,6 +71,7 @@ def create_app(
     token: str,
     allow_remote: bool = False,
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS,
+    runtime: Runtime | None = None,
 ) -> FastAPI:
     """The panel over open stores (the caller opens and closes them).
 
@@ -78,9 +80,16 @@ def create_app(
     session cookie. ``allowed_hosts``: the ``Host`` names accepted (loopback
     by default; DNS rebinding is refused). ``allow_remote``: served behind a
     TLS proxy (any host name; the cookie is ``Secure``; ``https`` origins).
+    ``runtime``: the application's runtime over ``program``, whose checkpoint
+    store the approvals page lists and whose ``resume`` (or a chat session's)
+    an approval goes through; None: the page says how to give one.
+    ConfigurationError when ``program`` is not a Program, or ``runtime`` does
+    not run it.
     """
     if not isinstance(program, Program):
         raise ConfigurationError("the panel needs a touba.Program (see --program)")
+    if runtime is not None and (not isinstance(runtime, Runtime) or runtime.program is not program):
+        raise ConfigurationError("runtime must be a touba.Runtime running the panel's program")
     panel = Panel(
         program=program,
         memory=memory,
@@ -88,10 +97,12 @@ def create_app(
         auth=PanelAuth(token),
         templates=_environment(),
         remote=allow_remote,
+        approvals=runtime,
     )
     app = FastAPI(title="touba memory panel", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.panel = panel
     app.include_router(router)
+    app.include_router(approvals_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.exception_handler(HTTPException)

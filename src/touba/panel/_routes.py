@@ -38,6 +38,7 @@ from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, 
 from touba.panel._forms import SettingsForm, parse_settings
 from touba.panel._state import Panel, set_cookie
 from touba.panel._svg import render_plot
+from touba.panel._waiting import paused_turns
 from touba.runtime import AgentDefinition
 
 __all__ = ["PAGE_SIZE", "router"]
@@ -388,6 +389,7 @@ async def session_page(request: Request) -> Response:
         anonymous=_anonymous(meta.owner),
         page=_paged(list(turns), number, meta.turns),
         shown=_shown,
+        paused=await paused_turns(panel.approvals, panel.memory, session_id),
     )
 
 

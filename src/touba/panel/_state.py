@@ -33,6 +33,8 @@ class Panel:
     templates: Environment
     remote: bool = False
     runtime: Runtime | None = field(default=None)
+    approvals: Runtime | None = None
+    """The application's runtime: the approvals pages list and resume its checkpoints."""
 
     def preview_runtime(self) -> Runtime:
         """The runtime of preview turns (built once: a Program is sealed by its first)."""

@@ -223,6 +223,7 @@ class Runtime:
         *,
         context: InvocationContext | None = None,
         worker_stopped: bool = False,
+        actor: str | None = None,
     ) -> InvocationResult:
         """Resume a paused or failed invocation; ``approvals`` maps pending call ids to
         True/False.
@@ -234,8 +235,15 @@ class Runtime:
         (a ConfigurationError) unless ``worker_stopped=True`` says that this
         worker crashed and was checked gone. The checkpoint does not keep an
         invocation's ``context``: pass the one it was invoked with.
+
+        ``actor`` names who decided the approvals (``"operator"`` for the
+        memory panel; None: not recorded). It is kept as the ``actor`` field of
+        the trace's ``approval_granted`` and ``approval_refused`` entries, and a
+        refused call's ``denied`` observation (what the model reads) names it.
         """
         context = check_context(context, self._program.capabilities)
+        if actor is not None and (not isinstance(actor, str) or not actor.strip()):
+            raise ConfigurationError("actor must be a non-empty str, or None")
         approvals = dict(approvals or {})
         if not all(isinstance(v, bool) for v in approvals.values()):
             raise ConfigurationError("approvals must map call ids to True or False")
@@ -275,7 +283,7 @@ class Runtime:
                 holder.get("worker_id") if isinstance(holder, dict) else None,
             )
         trace = Trace.from_dicts(stored.get("trace") or [])
-        tree = decide_approvals(paused, approvals, trace)
+        tree = decide_approvals(paused, approvals, trace, actor=actor)
         journal = Journal(
             self._checkpoints,
             worker_id=self.worker_id,
@@ -439,34 +447,49 @@ class Runtime:
         return deleted
 
 
-def decide_approvals(paused: Paused, approvals: Mapping[str, bool], trace: Trace) -> Paused:
+def decide_approvals(
+    paused: Paused, approvals: Mapping[str, bool], trace: Trace, *, actor: str | None = None
+) -> Paused:
     """``paused`` with every call awaiting a reviewer decided: approved calls become
-    approved-not-started, the others ``denied`` observations (noted in ``trace``)."""
+    approved-not-started, the others ``denied`` observations (noted in ``trace``, with
+    ``actor`` when given)."""
     state = paused.state
     identity = (state.run_id, state.invocation_id, state.agent_ref)
+    by: dict[str, JSON] = {} if actor is None else {"actor": actor}
     done = dict(paused.done)
     pending: list[Pending] = []
     for item in paused.pending:
         call = item.call
         if isinstance(item, PendingChild):
-            pending.append(PendingChild(call, decide_approvals(item.child, approvals, trace)))
+            child = decide_approvals(item.child, approvals, trace, actor=actor)
+            pending.append(PendingChild(call, child))
         elif not isinstance(item, PendingApproval):
             pending.append(item)
         elif approvals.get(call.call_id) is True:
-            trace.add("approval_granted", *identity, call_id=call.call_id, name=call.name)
+            trace.add("approval_granted", *identity, call_id=call.call_id, name=call.name, **by)
             pending.append(PendingApproved(call))
         else:
             given = call.call_id in approvals
             trace.add(
-                "approval_refused", *identity, call_id=call.call_id, name=call.name, given=given
+                "approval_refused",
+                *identity,
+                call_id=call.call_id,
+                name=call.name,
+                given=given,
+                **by,
             )
+            if not given:
+                why = " (no decision was given)"
+            elif actor is not None:
+                why = f" (refused by {actor})"
+            else:
+                why = ""
             done[call.call_id] = deny(
                 trace,
                 state,
                 call,
                 "not_approved",
-                f"{call.name!r} needs approval and was not approved"
-                + ("" if given else " (no decision was given)"),
+                f"{call.name!r} needs approval and was not approved{why}",
             )
     return replace(paused, done=done, pending=tuple(pending))
 

@@ -22,7 +22,9 @@ their parent's trace, every entry naming its own ``invocation_id`` and
   exactly one per call answered, denied ones included.
 - ``approval_requested`` / ``approval_granted`` / ``approval_refused``
   (``call_id``, ``name``; ``arguments`` on the request; ``given`` on a
-  refusal: False when ``approvals`` left the call out).
+  refusal: False when ``approvals`` left the call out; ``actor`` on a grant
+  or refusal when the resume named who decided, e.g. ``"operator"`` from the
+  memory panel).
 - ``sub_invocation_started`` / ``sub_invocation_finished`` (``call_id``,
   ``child_invocation_id``, ``child_agent_ref``; ``status`` when finished).
 - ``history_event``: a :class:`~touba.HistoryEvent`'s fields, its kind as
