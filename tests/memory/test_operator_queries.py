@@ -8,6 +8,7 @@ import pytest
 from tests.memory.conftest import FakeClock
 from touba.errors import ConfigurationError
 from touba.memory import KeyEvent, KeyEventsConfig, KeyEventService
+from touba.memory._model import SessionMode
 from touba.memory._sql import SqlMemoryStore
 
 TYPES = ("refund", "bug")
@@ -79,7 +80,7 @@ async def test_the_search_filters_by_text_type_and_status(
 
 async def test_the_search_takes_odd_text_literally(store: SqlMemoryStore, clock: FakeClock) -> None:
     service = KeyEventService(store, KeyEventsConfig(enabled=True, types=TYPES))
-    titles = ("100% off", "a_b", "back\\slash", "it's \"quoted\"", "plain ab", "tab;--")
+    titles = ("100% off", "a_b", "back\\slash", 'it\'s "quoted"', "plain ab", "tab;--")
     for index, title in enumerate(titles):
         clock.advance(1)
         await service.create(f"user:u{index}", "bug", title, "", "s-1")
@@ -87,8 +88,8 @@ async def test_the_search_takes_odd_text_literally(store: SqlMemoryStore, clock:
         ("%", ["100% off"]),
         ("_", ["a_b"]),
         ("\\", ["back\\slash"]),
-        ("'", ["it's \"quoted\""]),
-        ('"', ["it's \"quoted\""]),
+        ("'", ['it\'s "quoted"']),
+        ('"', ['it\'s "quoted"']),
         ("%off", []),
         ("a%b", []),
         (";--", ["tab;--"]),
@@ -141,12 +142,13 @@ async def test_a_filter_no_store_can_match_is_a_configuration_error(
 async def test_sessions_and_owners_are_listed_by_mode(
     store: SqlMemoryStore, clock: FakeClock
 ) -> None:
-    for session_id, owner, mode in (
+    sessions: tuple[tuple[str, str, SessionMode], ...] = (
         ("s-1", "user:alice", "live"),
         ("s-2", "user:bob", "live"),
         ("p-1", "session:p-1", "preview"),
         ("p-2", "user:alice", "preview"),
-    ):
+    )
+    for session_id, owner, mode in sessions:
         clock.advance(1)
         await store.open_session(session_id, owner=owner, agent_ref="support", mode=mode)
         await store.append_turn(session_id, user="hi", replies=["hello"])

@@ -399,8 +399,8 @@ async def test_a_done_jobs_page_shows_its_ops_and_what_they_became(
     assert "<dd>1 of 3 attempts</dd>" in html
     assert "<dd>none (done)</dd>" in html  # no next attempt
     assert "3 ops extracted" in html
-    [created] = job.result["created"]  # type: ignore[index]
-    [updated] = job.result["updated"]  # type: ignore[index]
+    [created] = job.result["created"]
+    [updated] = job.result["updated"]
     assert f'created <a href="/event?owner=user%3Aalice&amp;id={created}">' in html
     assert f'updated <a href="/event?owner=user%3Aalice&amp;id={updated}">' in html
     assert "rejected</span> type &#39;Refund&#39; is not a configured key-event type" in html
