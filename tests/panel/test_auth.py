@@ -24,6 +24,7 @@ PAGES = (
     "/conversation?key=th1:x:y",
     "/conversation/recover?key=th1:x:y",
     "/jobs",
+    "/job?id=xj_1",
 )
 ACTIONS: tuple[tuple[str, dict[str, str]], ...] = (
     ("/agents/support/memory", {"short_term_on": "on", "short_term_turns": "3"}),

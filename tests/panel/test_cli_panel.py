@@ -126,6 +126,8 @@ async def test_the_panel_runs_on_a_postgresql_memory_store(
             "/users",
             "/user?owner=user:alice",
             "/events?owner=user:alice",
+            "/events?text=details",  # the search across owners
+            "/users?mode=preview",
             "/session?id=s-1",
             "/jobs",
             "/agents/support",

@@ -40,7 +40,7 @@ def test_sizes_trims_and_summaries_are_drawn() -> None:
     assert len(root.findall(f"{ns}rect[@class='plot-summary']")) == 2
     assert len(root.findall(f"{ns}line[@class='plot-trim']")) == 2 * 2
     titles = [t.text or "" for t in root.iter(f"{ns}title")]
-    assert "decision 3; retained 6 messages, 900 bytes; sent 4 messages, 900 bytes" in titles[2]
+    assert "decision 3; retained 6 messages, 900 B; sent 4 messages, 900 B" in titles[2]
     assert "style=" not in svg
     assert "context guard" not in svg
 
@@ -69,7 +69,7 @@ def test_the_guard_chart_appears_when_the_guard_ran() -> None:
         svg
     )
     assert "context guard" in svg
-    assert "count 300, reserve 1100 of window 1000 (does not fit; 2 count request(s))" in svg
+    assert "count 300, reserve 1100 of window 1000 (does not fit; 2 count requests)" in svg
 
 
 def test_a_single_point_is_centred() -> None:

@@ -7,7 +7,8 @@
 ``{events}``, ``{history}``, ``{jobs}``, ``{configs}`` and ``{changes}`` (the
 history of the settings) are table names,
 ``{for_update}`` and ``{skip_locked}`` row-lock clauses (empty in SQLite,
-whose writers are serialised), ``{*_cols}`` the column lists below; each
+whose writers are serialised), ``{*_cols}`` the column lists and
+``{mode_filter}``, ``{event_filters}`` the optional filters below; each
 backend fills them in once.
 """
 
@@ -80,6 +81,14 @@ COLUMNS = {
     "history_cols": HISTORY_COLUMNS,
     "change_cols": CHANGE_COLUMNS,
     "job_cols": JOB_COLUMNS,
+    # Optional filters, each parameter given twice (``None`` turns the filter off). Text
+    # is matched with ``strpos``: a plain substring, where ``%``, ``_`` and ``\`` are
+    # characters like any other.
+    "mode_filter": "(CAST(%s AS TEXT) IS NULL OR mode = %s)",
+    "event_filters": "(CAST(%s AS TEXT) IS NULL OR type = %s)"
+    " AND (CAST(%s AS TEXT) IS NULL OR status = %s) AND (%s OR status <> 'closed')"
+    " AND (CAST(%s AS TEXT) IS NULL OR strpos(lower(title), lower(%s)) > 0"
+    " OR strpos(lower(details), lower(%s)) > 0)",
 }
 # {sessions} {turns} {events} {history} {jobs} {configs} {changes}: table names; {for_update} and
 # {skip_locked}: row-lock clauses (empty in SQLite, whose writers are serialised).
@@ -89,14 +98,14 @@ STATEMENTS: dict[str, str] = {
     " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
     "end_session": "UPDATE {sessions} SET ended_at = COALESCE(ended_at, %s) WHERE session_id = %s",
     "list_sessions": "SELECT {session_cols} FROM {sessions}"
-    " WHERE CAST(%s AS TEXT) IS NULL OR owner = %s ORDER BY created_at DESC, session_id"
-    " LIMIT %s OFFSET %s",
+    " WHERE (CAST(%s AS TEXT) IS NULL OR owner = %s) AND {mode_filter}"
+    " ORDER BY created_at DESC, session_id LIMIT %s OFFSET %s",
     "count_sessions": "SELECT COUNT(*) FROM {sessions}"
-    " WHERE CAST(%s AS TEXT) IS NULL OR owner = %s",
+    " WHERE (CAST(%s AS TEXT) IS NULL OR owner = %s) AND {mode_filter}",
     "owners": "SELECT owner, COUNT(*), SUM(turns), MAX(created_at),"
-    " SUM(CASE WHEN mode = 'preview' THEN 1 ELSE 0 END) FROM {sessions}"
+    " SUM(CASE WHEN mode = 'preview' THEN 1 ELSE 0 END) FROM {sessions} WHERE {mode_filter}"
     " GROUP BY owner ORDER BY MAX(created_at) DESC, owner LIMIT %s OFFSET %s",
-    "count_owners": "SELECT COUNT(DISTINCT owner) FROM {sessions}",
+    "count_owners": "SELECT COUNT(DISTINCT owner) FROM {sessions} WHERE {mode_filter}",
     "owner_events": "SELECT COUNT(*), SUM(CASE WHEN status <> 'closed' THEN 1 ELSE 0 END)"
     " FROM {events} WHERE owner = %s",
     "delete_turns": "DELETE FROM {turns} WHERE session_id = %s",
@@ -108,6 +117,8 @@ STATEMENTS: dict[str, str] = {
     " ORDER BY idx DESC LIMIT %s",
     "turns_page": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
     " ORDER BY idx LIMIT %s OFFSET %s",
+    "turns_page_newest": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
+    " ORDER BY idx DESC LIMIT %s OFFSET %s",
     "event_by_op": "SELECT {event_cols} FROM {events} WHERE op_id = %s",
     "event": "SELECT {event_cols} FROM {events} WHERE id = %s AND owner = %s",
     "event_locked": "SELECT {event_cols} FROM {events} WHERE id = %s AND owner = %s{for_update}",
@@ -122,17 +133,13 @@ STATEMENTS: dict[str, str] = {
     "insert_history": "INSERT INTO {history} (event_id, at, session_id, changes, op_id, actor)"
     " VALUES (%s, %s, %s, %s, %s, %s)",
     "history": "SELECT {history_cols} FROM {history} WHERE event_id = %s ORDER BY seq",
-    "query_events": "SELECT {event_cols} FROM {events} WHERE owner = %s"
-    " AND (CAST(%s AS TEXT) IS NULL OR type = %s)"
-    " AND (CAST(%s AS TEXT) IS NULL OR status = %s) AND (%s OR status <> 'closed')"
-    " AND (CAST(%s AS TEXT) IS NULL OR strpos(lower(title), lower(%s)) > 0"
-    " OR strpos(lower(details), lower(%s)) > 0) ORDER BY touched DESC, id DESC"
-    " LIMIT %s OFFSET %s",
-    "count_events": "SELECT COUNT(*) FROM {events} WHERE owner = %s"
-    " AND (CAST(%s AS TEXT) IS NULL OR type = %s)"
-    " AND (CAST(%s AS TEXT) IS NULL OR status = %s) AND (%s OR status <> 'closed')"
-    " AND (CAST(%s AS TEXT) IS NULL OR strpos(lower(title), lower(%s)) > 0"
-    " OR strpos(lower(details), lower(%s)) > 0)",
+    "query_events": "SELECT {event_cols} FROM {events} WHERE owner = %s AND {event_filters}"
+    " ORDER BY touched DESC, id DESC LIMIT %s OFFSET %s",
+    "count_events": "SELECT COUNT(*) FROM {events} WHERE owner = %s AND {event_filters}",
+    # Across owners (the panel's search): ``touched`` counts per owner, so the clock orders.
+    "query_all_events": "SELECT {event_cols} FROM {events} WHERE {event_filters}"
+    " ORDER BY updated_at DESC, touched DESC, id DESC LIMIT %s OFFSET %s",
+    "count_all_events": "SELECT COUNT(*) FROM {events} WHERE {event_filters}",
     "insert_job": "INSERT INTO {jobs} (id, session_id, owner, agent_ref, transcript_ref, status,"
     " attempts, max_attempts, next_attempt_at, created_at, updated_at)"
     " VALUES (%s, %s, %s, %s, %s, 'pending', 0, %s, %s, %s, %s) ON CONFLICT DO NOTHING",

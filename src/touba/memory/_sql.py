@@ -20,6 +20,7 @@ from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._model import JSON
 from touba.memory._config import MemoryConfig, config_to_data
 from touba.memory._model import (
+    KEY_EVENT_STATUSES,
     ExtractedOp,
     ExtractionJob,
     JobStatus,
@@ -152,10 +153,16 @@ class SqlMemoryStore(ABC):
         return await self._atomic(body)
 
     async def list_sessions(
-        self, *, owner: str | None = None, limit: int = 100, offset: int = 0
+        self,
+        *,
+        owner: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        mode: SessionMode | None = None,
     ) -> list[SessionMeta]:
-        """Sessions, newest first (all owners when ``owner`` is None), from ``offset``."""
-        params = (owner, owner, max(limit, 0), max(offset, 0))
+        """Sessions, newest first (all owners when ``owner`` is None, every mode when
+        ``mode`` is None), from ``offset``. ``ConfigurationError`` for another mode."""
+        params = (owner, owner, *_mode_filter(mode), max(limit, 0), max(offset, 0))
         rows = await self._read("list_sessions", params)
         return [session_from_row(row, self._dec) for row in rows]
 
@@ -310,7 +317,7 @@ class SqlMemoryStore(ABC):
     ) -> list[KeyEvent]:
         """The owner's events, most recently updated first (history not loaded), from
         ``offset``."""
-        filters = (owner, type, type, status, status, include_closed, text, text, text)
+        filters = (owner, *_event_filters(type, status, text, include_closed))
         rows = await self._read("query_events", (*filters, max(limit, 0), max(offset, 0)))
         return [event_from_row(row, self._dec) for row in rows]
 
@@ -324,8 +331,45 @@ class SqlMemoryStore(ABC):
         include_closed: bool = False,
     ) -> int:
         """How many events ``query_events`` would find with these filters and no limit."""
-        filters = (owner, type, type, status, status, include_closed, text, text, text)
+        filters = (owner, *_event_filters(type, status, text, include_closed))
         rows = await self._read("count_events", filters)
+        return int(rows[0][0])
+
+    async def query_all_events(
+        self,
+        *,
+        type: str | None = None,
+        status: KeyEventStatus | None = None,
+        text: str | None = None,
+        include_closed: bool = False,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> list[KeyEvent]:
+        """Every owner's events that match, most recently updated first (history not
+        loaded), from ``offset``: the operator's search, never a turn's (a turn reads
+        only its owner's, with ``query_events``).
+
+        ``type`` matches exactly; ``text`` is a case-insensitive substring of the title
+        or the details, taken literally (``%`` and ``_`` are plain characters). A
+        filter that is not a str (``status``: not a key-event status), or a NUL
+        character in one, is a ``ConfigurationError``.
+        """
+        filters = _event_filters(type, status, text, include_closed)
+        rows = await self._read("query_all_events", (*filters, max(limit, 0), max(offset, 0)))
+        return [event_from_row(row, self._dec) for row in rows]
+
+    async def count_all_events(
+        self,
+        *,
+        type: str | None = None,
+        status: KeyEventStatus | None = None,
+        text: str | None = None,
+        include_closed: bool = False,
+    ) -> int:
+        """How many events ``query_all_events`` would find with these filters and no limit."""
+        rows = await self._read(
+            "count_all_events", _event_filters(type, status, text, include_closed)
+        )
         return int(rows[0][0])
 
     # -- extraction jobs -----------------------------------------------------------------
@@ -529,21 +573,30 @@ class SqlMemoryStore(ABC):
 
     # -- operator reads (the memory panel's lists: counts and pages) ---------------------
 
-    async def count_sessions(self, *, owner: str | None = None) -> int:
-        """How many sessions there are (of one owner, or of all)."""
-        rows = await self._read("count_sessions", (owner, owner))
+    async def count_sessions(
+        self, *, owner: str | None = None, mode: SessionMode | None = None
+    ) -> int:
+        """How many sessions there are (of one owner, or of all; of one mode, or of both)."""
+        rows = await self._read("count_sessions", (owner, owner, *_mode_filter(mode)))
         return int(rows[0][0])
 
-    async def count_owners(self) -> int:
-        """How many owners have at least one session."""
-        rows = await self._read("count_owners", ())
+    async def count_owners(self, *, mode: SessionMode | None = None) -> int:
+        """How many owners have at least one session (of ``mode``, when given)."""
+        rows = await self._read("count_owners", _mode_filter(mode))
         return int(rows[0][0])
 
-    async def list_owners(self, *, limit: int = 50, offset: int = 0) -> list[OwnerSummary]:
-        """Owners of sessions, the one with the newest session first, with their counts."""
+    async def list_owners(
+        self, *, limit: int = 50, offset: int = 0, mode: SessionMode | None = None
+    ) -> list[OwnerSummary]:
+        """Owners of sessions, the one with the newest session first, with their counts.
+
+        With ``mode`` (``"live"`` or ``"preview"``) only sessions of that mode count:
+        an owner with none is left out, and its session counts are of that mode
+        alone (its key-event counts are all of its events)."""
+        filters = _mode_filter(mode)
 
         async def body(db: Db) -> list[OwnerSummary]:
-            found = await db.all("owners", (max(limit, 0), max(offset, 0)))
+            found = await db.all("owners", (*filters, max(limit, 0), max(offset, 0)))
             out = []
             for owner, sessions, turns, last, previews in found:
                 counted = await db.one("owner_events", (owner,))
@@ -564,10 +617,12 @@ class SqlMemoryStore(ABC):
         return await self._atomic(body, write=False)
 
     async def list_turns(
-        self, session_id: str, *, limit: int = 50, offset: int = 0
+        self, session_id: str, *, limit: int = 50, offset: int = 0, newest_first: bool = False
     ) -> tuple[StoredTurn, ...]:
-        """Turns ``offset`` .. ``offset + limit - 1`` of a session, oldest first."""
-        rows = await self._read("turns_page", (session_id, max(limit, 0), max(offset, 0)))
+        """Turns ``offset`` .. ``offset + limit - 1`` of a session, oldest first (with
+        ``newest_first``, counted from the last turn, the last one first)."""
+        name = "turns_page_newest" if newest_first else "turns_page"
+        rows = await self._read(name, (session_id, max(limit, 0), max(offset, 0)))
         return tuple(turn_from_row(row, self._dec) for row in rows)
 
 
@@ -585,3 +640,27 @@ def _readable(stored: str) -> str | None:
     except MemoryStoreUnavailable:
         return None
     return dumps(config_to_data(config))
+
+
+def _mode_filter(mode: object) -> tuple[str | None, str | None]:
+    """The two parameters of the optional session-mode filter (None: every mode)."""
+    if mode is not None:
+        check_mode(mode)
+    value = None if mode is None else str(mode)
+    return value, value
+
+
+def _event_filters(
+    type: object, status: object, text: object, include_closed: object
+) -> tuple[object, ...]:
+    """The parameters of the key-event filters, each checked (``ConfigurationError``)."""
+    for name, value in (("type", type), ("text", text)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigurationError(f"{name} must be a str or None, got {value!r}")
+        if isinstance(value, str) and "\x00" in value:
+            raise ConfigurationError(f"{name} must not contain a NUL character")
+    if status is not None and status not in KEY_EVENT_STATUSES:
+        raise ConfigurationError(
+            f"status must be one of {', '.join(KEY_EVENT_STATUSES)} or None, got {status!r}"
+        )
+    return (type, type, status, status, bool(include_closed), text, text, text)

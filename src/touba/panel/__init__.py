@@ -50,6 +50,14 @@ Decisions (documented here because they are behaviour):
   ``actor="operator"`` (a chat turn through its ``ChatSession``, so the turn
   is stored). A checkpoint held by a dead worker offers ``recover`` instead.
   See :mod:`touba.panel._approvals`.
+- **Finding things.** A user is looked up by its id with or without
+  ``user:`` (then ``session:``, an anonymous session's owner); one with no
+  session and no key event is a "No such user" page (404). Key events are
+  searched across every owner (``store.query_all_events``) or one's. Lists of
+  owners and sessions show live sessions, preview ones behind a filter
+  (``?mode=preview|all``). A session's turns are newest first. Times are in
+  UTC with the zone, sizes binary, counts with their noun
+  (:mod:`touba.panel._format`, the ``when``, ``size`` and ``plural`` filters).
 - **Preview.** The preview box runs a turn of the agent with
   ``mode="preview"``: blank memory, no key event read or written, stored in
   a preview session of its own. Capabilities run; a call that needs

@@ -23,6 +23,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from touba.errors import ConfigurationError
 from touba.panel._approvals import router as approvals_router
 from touba.panel._auth import COOKIE, PanelAuth, same_origin
+from touba.panel._format import register as register_filters
 from touba.panel._routes import router
 from touba.panel._state import Panel, set_cookie
 from touba.panel._stores import HistoryView, MemoryAdmin
@@ -57,9 +58,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["when"] = lambda moment: (
-        "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
-    )
+    register_filters(env)  # when, size, plural: every template writes them one way
     return env
 
 

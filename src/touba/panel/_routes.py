@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request, Response
@@ -33,7 +34,13 @@ from touba.memory import (
     KeyEventService,
     resolve_memory_settings,
 )
-from touba.memory._model import KEY_EVENT_STATUSES, JobStatus, KeyEventStatus
+from touba.memory._model import (
+    KEY_EVENT_STATUSES,
+    ExtractionJob,
+    JobStatus,
+    KeyEventStatus,
+    SessionMode,
+)
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
 from touba.panel._forms import SettingsForm, parse_settings
 from touba.panel._state import Panel, set_cookie
@@ -53,6 +60,10 @@ FETCH_HEADER: Final = "x-touba-fetch"
 JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("pending", "running", "done", "failed")
 SETTINGS_CHANGES_SHOWN: Final = 20
 OPERATOR: Final = "operator"
+ModeFilter = Literal["live", "preview", "all"]
+MODE_FILTERS: Final[tuple[ModeFilter, ...]] = ("live", "preview", "all")
+OWNER_PREFIXES: Final = ("user:", "session:")
+ERROR_CODE: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?::|$)")
 
 router = APIRouter()
 T = TypeVar("T")
@@ -338,26 +349,75 @@ async def _run_preview(
 # -- users, sessions, turns ----------------------------------------------------------------
 
 
+def _mode_filter(request: Request, default: ModeFilter) -> ModeFilter:
+    """The ``mode`` of a sessions list: live (real users), preview, or all."""
+    raw = request.query_params.get("mode")
+    return next((mode for mode in MODE_FILTERS if mode == raw), default)
+
+
+def _session_mode(shown: ModeFilter) -> SessionMode | None:
+    return None if shown == "all" else shown
+
+
+def _owner_candidates(raw: str) -> tuple[str, ...]:
+    """The owners a typed name may mean: itself when it has its prefix, else a user
+    of that id, else the anonymous session of that id."""
+    if raw.startswith(OWNER_PREFIXES):
+        return (raw,)
+    return tuple(prefix + raw for prefix in OWNER_PREFIXES)
+
+
+async def _find_owner(panel: Panel, raw: str) -> str | None:
+    """The owner ``raw`` names (with or without ``user:``) that has a session or a
+    key event in the memory store, or None."""
+    if any(ord(c) < 32 or c == "\x7f" for c in raw):
+        return None  # no owner id holds a control character (and PostgreSQL refuses NUL)
+    for owner in _owner_candidates(raw):
+        if await panel.memory.count_sessions(owner=owner) or await panel.memory.count_events(
+            owner, include_closed=True
+        ):
+            return owner
+    return None
+
+
+def _no_such_user(request: Request, panel: Panel, raw: str) -> Response:
+    return panel.render(request, "no_user.html", 404, raw=raw, candidates=_owner_candidates(raw))
+
+
 @router.get("/users")
 async def users(request: Request) -> Response:
     panel = _panel(request)
+    shown = _mode_filter(request, "live")
+    mode = _session_mode(shown)
     number = _page_number(request)
-    found = await panel.memory.list_owners(limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE)
-    total = await panel.memory.count_owners()
-    return panel.render(request, "users.html", page=_paged(found, number, total))
+    found = await panel.memory.list_owners(
+        limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE, mode=mode
+    )
+    total = await panel.memory.count_owners(mode=mode)
+    return panel.render(
+        request, "users.html", page=_paged(found, number, total), shown=shown, modes=MODE_FILTERS
+    )
 
 
 @router.get("/user")
 async def user(request: Request) -> Response:
     panel = _panel(request)
-    owner = request.query_params.get("owner", "").strip()
-    if not owner:
+    raw = request.query_params.get("owner", "").strip()
+    if not raw:
         return _back("/users")
+    owner = await _find_owner(panel, raw)
+    if owner is None:
+        return _no_such_user(request, panel, raw)
+    shown = _mode_filter(request, "all")
+    if owner != raw:  # one address per owner: links and bookmarks name it whole
+        kept = {k: v for k, v in request.query_params.items() if k != "owner"}
+        return _back("/user", owner=owner, **kept)
+    mode = _session_mode(shown)
     number = _page_number(request)
     found = await panel.memory.list_sessions(
-        owner=owner, limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE
+        owner=owner, limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE, mode=mode
     )
-    total = await panel.memory.count_sessions(owner=owner)
+    total = await panel.memory.count_sessions(owner=owner, mode=mode)
     open_events = await panel.memory.count_events(owner)
     all_events = await panel.memory.count_events(owner, include_closed=True)
     return panel.render(
@@ -368,6 +428,8 @@ async def user(request: Request) -> Response:
         page=_paged(found, number, total),
         open_events=open_events,
         all_events=all_events,
+        shown=shown,
+        modes=MODE_FILTERS,
     )
 
 
@@ -379,8 +441,9 @@ async def session_page(request: Request) -> Response:
     if meta is None:
         raise HTTPException(404, "No such chat session (it may have been deleted).")
     number = _page_number(request)
+    # Newest first: the turn a complaint is about is the last one, at the top.
     turns = await panel.memory.list_turns(
-        session_id, limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE
+        session_id, limit=PAGE_SIZE + 1, offset=(number - 1) * PAGE_SIZE, newest_first=True
     )
     return panel.render(
         request,
@@ -388,6 +451,7 @@ async def session_page(request: Request) -> Response:
         meta=meta,
         anonymous=_anonymous(meta.owner),
         page=_paged(list(turns), number, meta.turns),
+        page_size=PAGE_SIZE,
         shown=_shown,
         paused=await paused_turns(panel.approvals, panel.memory, session_id),
     )
@@ -405,31 +469,52 @@ def _status_filter(raw: str | None) -> KeyEventStatus | None:
 
 @router.get("/events")
 async def events(request: Request) -> Response:
+    """One owner's key events, or every owner's (the search), filtered and paged."""
     panel = _panel(request)
     params = request.query_params
-    owner = params.get("owner", "").strip()
+    raw = params.get("owner", "").strip()
     type_ = params.get("type") or None
     status = _status_filter(params.get("status"))
     text = (params.get("text") or "").strip() or None
     closed = params.get("closed") == "1"
     filters = {"type": type_, "status": status, "text": text, "include_closed": closed}
-    page = None
-    if owner:
-        number = _page_number(request)
-        include_closed = closed or status == "closed"
-        found = await panel.memory.query_events(
-            owner,
-            type=type_,
-            status=status,
-            text=text,
-            include_closed=include_closed,
-            limit=PAGE_SIZE + 1,
-            offset=(number - 1) * PAGE_SIZE,
-        )
-        total = await panel.memory.count_events(
-            owner, type=type_, status=status, text=text, include_closed=include_closed
-        )
-        page = _paged(found, number, total)
+    owner = ""
+    if raw:
+        found_owner = await _find_owner(panel, raw)
+        if found_owner is None:
+            return _no_such_user(request, panel, raw)
+        owner = found_owner
+    number = _page_number(request)
+    include_closed = closed or status == "closed"
+    offset = (number - 1) * PAGE_SIZE
+    try:
+        if owner:
+            found = await panel.memory.query_events(
+                owner,
+                type=type_,
+                status=status,
+                text=text,
+                include_closed=include_closed,
+                limit=PAGE_SIZE + 1,
+                offset=offset,
+            )
+            total = await panel.memory.count_events(
+                owner, type=type_, status=status, text=text, include_closed=include_closed
+            )
+        else:
+            found = await panel.memory.query_all_events(
+                type=type_,
+                status=status,
+                text=text,
+                include_closed=include_closed,
+                limit=PAGE_SIZE + 1,
+                offset=offset,
+            )
+            total = await panel.memory.count_all_events(
+                type=type_, status=status, text=text, include_closed=include_closed
+            )
+    except ConfigurationError as e:  # a filter no store can match (a NUL character)
+        raise HTTPException(400, f"{e.message}; change the filter.") from e
     return panel.render(
         request,
         "events.html",
@@ -437,7 +522,7 @@ async def events(request: Request) -> Response:
         anonymous=_anonymous(owner),
         filters=filters,
         statuses=KEY_EVENT_STATUSES,
-        page=page,
+        page=_paged(found, number, total),
     )
 
 
@@ -654,6 +739,64 @@ async def jobs(request: Request) -> Response:
     )
 
 
+def _error_code(last_error: str | None) -> str | None:
+    """The code a failed attempt's ``last_error`` starts with (a touba error's code, or
+    an exception's type), or None when it names none."""
+    if not last_error:
+        return None
+    found = ERROR_CODE.match(last_error)
+    return found.group(1) if found else None
+
+
+def _op_rows(job: ExtractionJob) -> list[dict[str, Any]]:
+    """Each recorded op with what it became: the event it created or updated, or why it
+    was rejected. Fields are named, with their sizes: the events hold the text."""
+    result = job.result if isinstance(job.result, dict) else {}
+    created = iter(_strings(result.get("created")))
+    updated = iter(_strings(result.get("updated")))
+    rejected = {}
+    for entry in result.get("rejected") or ():
+        if isinstance(entry, dict) and isinstance(entry.get("op"), int):
+            rejected[entry["op"]] = str(entry.get("error", ""))
+    rows = []
+    for index, op in enumerate(job.ops or ()):
+        row: dict[str, Any] = {"index": index, "op": op, "event": None, "rejected": None}
+        if job.status != "done":
+            pass  # not applied yet (or applied in part by an attempt that then failed)
+        elif index in rejected:
+            row["rejected"] = rejected[index]
+        else:
+            row["event"] = next(created if op.kind == "create" else updated, None)
+        rows.append(row)
+    return rows
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+@router.get("/job")
+async def job_page(request: Request) -> Response:
+    """One extraction job: its owner, attempts, next attempt, ops and their outcome,
+    or its error code (never its lease token)."""
+    panel = _panel(request)
+    job_id = request.query_params.get("id", "").strip()
+    job = await panel.memory.get_job(job_id) if job_id else None
+    if job is None:
+        raise HTTPException(
+            404,
+            "No such extraction job: the id may be mistyped, or the job's store is another "
+            "one. The jobs are listed on Extraction jobs.",
+        )
+    return panel.render(
+        request,
+        "job.html",
+        job=job,
+        code=_error_code(job.last_error),
+        ops=_op_rows(job),
+    )
+
+
 @router.post("/jobs/requeue")
 async def requeue(request: Request) -> Response:
     panel = _panel(request)
@@ -665,4 +808,6 @@ async def requeue(request: Request) -> Response:
         session.flash("error", e.message)
     else:
         session.flash("ok", f"Job {job.id} is pending again, with fresh attempts.")
+    if form.get("back") == "job":
+        return _back("/job", id=form.get("id", ""))
     return _back("/jobs", status=form.get("status") or None)

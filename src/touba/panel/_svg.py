@@ -19,6 +19,7 @@ from typing import Final
 from markupsafe import Markup, escape
 
 from touba.history._plot import DecisionPoint
+from touba.panel._format import count_of, size
 
 __all__ = ["render_plot"]
 
@@ -38,9 +39,9 @@ class _Series:
 
 
 def _human(value: float) -> str:
-    for unit, size in (("Mi", 1 << 20), ("Ki", 1 << 10)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
+    for unit, scale in (("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
     return f"{value:.0f}"
 
 
@@ -121,14 +122,15 @@ def _chart(
 def _sizes(point: DecisionPoint) -> str:
     parts = [
         f"decision {point.decision}",
-        f"retained {point.retained_messages} messages, {point.retained_bytes} bytes",
-        f"sent {point.sent_messages} messages, {point.sent_bytes} bytes",
+        f"retained {count_of(point.retained_messages, 'message')}, {size(point.retained_bytes)}",
+        f"sent {count_of(point.sent_messages, 'message')}, {size(point.sent_bytes)}",
     ]
     if point.trimmed_exchanges:
-        parts.append(f"trimmed: {point.trimmed_exchanges} oldest exchanges not sent")
+        oldest = count_of(point.trimmed_exchanges, "oldest exchange")
+        parts.append(f"trimmed: {oldest} not sent")
     if point.summary_exchanges:
         made = "made now, " if point.new_summary else ""
-        parts.append(f"summary ({made}covers {point.summary_exchanges} exchanges)")
+        parts.append(f"summary ({made}covers {count_of(point.summary_exchanges, 'exchange')})")
     return "; ".join(parts)
 
 
@@ -139,7 +141,7 @@ def _guard(point: DecisionPoint) -> str:
     return (
         f"decision {point.decision}: count {point.guard_count}, reserve "
         f"{point.guard_reserve} of window {point.guard_window} ({verdict}; "
-        f"{point.guard_counts} count request(s))"
+        f"{count_of(point.guard_counts, 'count request')})"
     )
 
 
