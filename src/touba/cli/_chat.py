@@ -31,6 +31,7 @@ of input (Ctrl-D) and ``/quit`` do, printing the ``--session`` to continue with.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -218,6 +219,13 @@ def chat(
     target = memory_target(db, dsn, prefix)
     mode = "preview" if preview else "live"
     continuing = session_id is not None and not new
+    if continuing and target.backend.kind == "sqlite" and not Path(target.backend.address).exists():
+        assert session_id is not None
+        errors.print(
+            f"{_refusal(session_id, None, new=False, user=user, agent=agent, mode=mode)} "
+            f"(there is no memory database at {escape(target.backend.address)} yet)"
+        )
+        raise typer.Exit(1)
 
     async def go() -> None:
         # Checkpoints stay in this process's RAM: approvals and retries are answered
