@@ -36,6 +36,7 @@ from touba.cli._common import (
     store_command,
 )
 from touba.cli._common import table as make_table
+from touba.cli._holder import holder_lines, process_state, recover_command
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -217,7 +218,14 @@ def show(
 
     async def go() -> None:
         async with _open(target, read_only=True) as store:
-            record = await store.read(key)
+            try:
+                record = await store.read(key)
+            except DecisionHistoryBusy as e:
+                found = await _listed(store, key)
+                if found is None or not found.active:
+                    raise
+                _show_reserved(target, found, raw)
+                raise typer.Exit(1) from e
             namespace = (record or {}).get("identity", {}).get("namespace")
             listed = [r for r in await store.list(namespace) if r.key == key] if record else []
         if record is None:
@@ -251,6 +259,55 @@ def show(
     target.backend.run(go())
 
 
+async def _listed(store: HistoryAdmin, key: str) -> StoredConversation | None:
+    """The listing row of ``key`` (sizes, identity, reservation), or None."""
+    for row in await store.list():
+        if row.key == key:
+            return row
+    return None
+
+
+def _recover_hint(target: _Target, key: str) -> str:
+    command, masked = recover_command(target.backend, key, table=target.table, prefix=target.prefix)
+    note = " (with your password in place of ***)" if masked else ""
+    return f"{command}{note}"
+
+
+def _show_reserved(target: _Target, row: StoredConversation, raw: bool) -> None:
+    """``history show`` of a conversation a worker holds: its metadata, the holder,
+    and what to run (the record itself is read only once it is free)."""
+    reservation = row.reservation or {}
+    command = _recover_hint(target, row.key)
+    if raw:
+        print_json(
+            {
+                **_row(row),
+                "holder_process": process_state(reservation.get("pid"), reservation.get("host")),
+                "recover_command": command,
+            }
+        )
+        return
+    errors.print(
+        f"[bold red]DecisionHistoryBusy[/]: conversation {escape(row.key)} is reserved by a "
+        "worker; its messages are shown once it is free"
+    )
+    for field, value in (row.identity or {}).items():
+        console.print(f"[bold]{escape(str(field))}[/]: {escape(str(value))}")
+    console.print(
+        f"[bold]stored[/]: {row.messages} messages, {row.bytes} stored bytes; updated "
+        f"{row.updated_at[:19]}, expires {(row.expires_at or '-')[:19]}"
+    )
+    console.print("[bold]held by[/]:")
+    for line in holder_lines(reservation):
+        console.print(f"  {escape(line)}")
+    console.print(
+        "If that worker is working, wait for it. If it crashed, stop it and check it is "
+        "gone, then free the conversation (storage only; it decides nothing about what the "
+        "worker did):"
+    )
+    console.print(f"  {escape(command)}", soft_wrap=True)
+
+
 def _describe(exchange: list[dict[str, Any]]) -> tuple[str, str]:
     decision, results = "", []
     for message in exchange:
@@ -279,9 +336,9 @@ def rm(
             except DecisionHistoryBusy as e:
                 errors.print(
                     f"[bold red]{e.code}[/]: conversation {escape(key)} is active: a worker "
-                    "holds it. Retry once it finishes. If that worker crashed, stop and check "
-                    "it, free the conversation with `touba history recover KEY` (same store "
-                    "options), then remove it"
+                    "holds it (`touba history show` says which). Retry once it finishes. If "
+                    "that worker crashed, stop and check it, free the conversation with "
+                    f"`{escape(_recover_hint(target, key))}`, then remove it"
                 )
                 raise typer.Exit(1) from e
         console.print("deleted" if deleted else f"no conversation {escape(key)}")
@@ -303,7 +360,25 @@ def recover(
         ),
     ] = False,
 ) -> None:
-    """Free a reservation left by a crashed worker (storage only, no business effect)."""
+    """Free a reservation left by a crashed worker (storage only, no business effect).
+
+    Says who holds the conversation first, and exits 1 when nothing holds it."""
+
+    async def held() -> StoredConversation | None:
+        async with _open(target) as store:
+            return await _listed(store, key)
+
+    found = target.backend.run(held())
+    if found is None or not found.active:
+        errors.print(
+            f"no reservation on conversation {escape(key)}"
+            + (" (no such conversation)" if found is None else "")
+            + "; nothing to recover"
+        )
+        raise typer.Exit(1)
+    console.print(f"conversation {escape(key)} is held by:")
+    for line in holder_lines(found.reservation or {}):
+        console.print(f"  {escape(line)}")
     if not worker_stopped:
         confirmed = typer.confirm(
             "Recovering frees the conversation for another worker. Have you stopped and "
@@ -317,7 +392,10 @@ def recover(
     async def go() -> None:
         async with _open(target) as store:
             freed = await store.recover(key, worker_stopped=True)
-        console.print("reservation freed" if freed else "no reservation on that key")
+        if not freed:  # freed by its worker, or by another operator, meanwhile
+            errors.print("no reservation on that key any more; nothing done")
+            raise typer.Exit(1)
+        console.print("reservation freed")
 
     target.backend.run(go())
 
