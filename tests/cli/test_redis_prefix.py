@@ -62,6 +62,7 @@ def test_a_prefix_that_holds_a_store_is_opened(redis: Server) -> None:
     listed = runner.invoke(app, ["history", "ls", *options], env={"COLUMNS": "500"})
     assert listed.exit_code == 0, listed.output
     assert "1 conversation(s)" in listed.output
+    assert key in listed.output
     other = runner.invoke(app, ["history", "ls", *options[:2], "--prefix", redis.place + "x:"])
     assert other.exit_code == 1
     assert "no touba history keys under prefix" in other.output

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Annotated, Any, Unpack
 
 import typer
+from rich import box
 from rich.markup import escape
+from rich.table import Table
 
 from touba.cli._common import (
     JsonOption,
@@ -67,7 +69,13 @@ PrefixOption = Annotated[
     typer.Option("--prefix", help="With --redis-url: the store's key prefix (default 'touba:')."),
 ]
 Namespace = Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")]
-Key = Annotated[str, typer.Argument(help="The session key (see `touba history ls`).")]
+Key = Annotated[
+    str,
+    typer.Argument(help="The session key, whole or shortened as `touba history ls` shows it."),
+]
+KEY_SHOWN = 21
+"""How many characters of a key ``ls`` shows on a terminal (without ``--wide``)."""
+ELLIPSIS = "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +135,20 @@ def ls(
             "--max-store-bytes", min=1, help="The store's max_store_bytes (default 32 MiB)."
         ),
     ] = None,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", help="Every column and whole keys, one row per line (as when piped)."
+        ),
+    ] = False,
     raw: JsonOption = False,
 ) -> None:
     """List conversations: identity, sizes, expiry and reservations (never content),
-    then the store's usage against its limits."""
+    then the store's usage against its limits.
+
+    On a terminal, keys are shortened in the middle (``show``, ``rm`` and ``recover``
+    take the short form while it names one conversation) and the columns fit its
+    width; ``--wide``, or a pipe, gives every column and whole keys."""
     limits = Limits()
     if max_sessions is not None:
         limits["max_sessions"] = max_sessions
@@ -144,31 +162,10 @@ def ls(
         if raw:
             print_json({"conversations": [_row(r) for r in rows], "usage": _usage_data(usage)})
             return
-        shown = make_table(
-            "key",
-            "namespace",
-            "agent",
-            "invocation",
-            "messages",
-            "stored bytes",
-            "updated",
-            "expires",
-            "active",
-        )
-        for row in rows:
-            identity = row.identity or {}
-            shown.add_row(
-                escape(row.key),
-                escape(identity.get("namespace", "-")),
-                escape(identity.get("agent_ref", "-")),
-                escape(identity.get("invocation_id", "-")),
-                str(row.messages),
-                str(row.bytes),
-                row.updated_at[:19],
-                (row.expires_at or "-")[:19],
-                escape(_active(row.reservation)) if row.active else "no",
-            )
-        print_table(shown)
+        whole = wide or not console.is_terminal
+        print_table(_wide_table(rows) if whole else _narrow_table(rows), whole=whole)
+        if not whole:
+            _holders(rows)
         console.print(f"{len(rows)} conversation(s)")
         console.print(
             f"store usage: {usage.sessions}/{usage.max_sessions} conversations, "
@@ -176,6 +173,104 @@ def ls(
         )
 
     target.backend.run(go())
+
+
+def _wide_table(rows: list[StoredConversation]) -> Table:
+    """Every column, whole keys (``--wide``, or piped)."""
+    shown = make_table(
+        "key",
+        "namespace",
+        "agent",
+        "invocation",
+        "messages",
+        "stored bytes",
+        "updated",
+        "expires",
+        "active",
+    )
+    for row in rows:
+        identity = row.identity or {}
+        shown.add_row(
+            escape(row.key),
+            escape(identity.get("namespace", "-")),
+            escape(identity.get("agent_ref", "-")),
+            escape(identity.get("invocation_id", "-")),
+            str(row.messages),
+            str(row.bytes),
+            row.updated_at[:19],
+            (row.expires_at or "-")[:19],
+            escape(_active(row.reservation)) if row.active else "no",
+        )
+    return shown
+
+
+def _narrow_table(rows: list[StoredConversation]) -> Table:
+    """What an operator scans on a terminal of 80 columns: the key shortened in the
+    middle, the agent, sizes, the last update (UTC, to the minute), whether it is held
+    (:func:`_holders` says by whom, under the table)."""
+    shown = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    shown.add_column("key", no_wrap=True)
+    shown.add_column("agent", overflow="fold")
+    shown.add_column("msgs", justify="right")
+    shown.add_column("bytes", justify="right")  # stored bytes, as in --wide
+    shown.add_column("updated (UTC)", no_wrap=True)
+    shown.add_column("active", overflow="fold")
+    for row in rows:
+        shown.add_row(
+            escape(shorten(row.key)),
+            escape((row.identity or {}).get("agent_ref", "-")),
+            str(row.messages),
+            str(row.bytes),
+            row.updated_at[:16].replace("T", " "),
+            "yes" if row.active else "no",
+        )
+    return shown
+
+
+def _holders(rows: list[StoredConversation]) -> None:
+    """Under the narrow table: who holds each active conversation, one line each."""
+    for row in rows:
+        if row.active and row.reservation:
+            held = row.reservation
+            console.print(
+                f"{escape(shorten(row.key))} is held by pid {held.get('pid')} on "
+                f"{escape(str(held.get('host')))} since {str(held.get('since'))[:16]}",
+                highlight=False,
+            )
+
+
+def shorten(key: str, width: int = KEY_SHOWN) -> str:
+    """``key`` cut to ``width`` characters by an ellipsis in the middle: its start (the
+    namespace's part) and its end (which tells keys of one namespace apart)."""
+    if len(key) <= width:
+        return key
+    head = width // 2
+    return f"{key[:head]}{ELLIPSIS}{key[len(key) - (width - 1 - head) :]}"
+
+
+async def _resolve(store: HistoryAdmin, key: str) -> str:
+    """The whole key of ``key``, which may be shortened as ``ls`` shows it; exits 1
+    when a short form names no conversation, or several."""
+    if ELLIPSIS not in key:
+        return key
+    head, _, tail = key.partition(ELLIPSIS)
+    found = [
+        row.key
+        for row in await store.list()
+        if len(row.key) >= len(head) + len(tail)
+        and row.key.startswith(head)
+        and row.key.endswith(tail)
+    ]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
+    else:
+        errors.print(
+            f"[bold red]{escape(key)} names {len(found)} conversations[/]: give the whole key "
+            "(`touba history ls --wide`)"
+        )
+    raise typer.Exit(1)
 
 
 def _row(row: StoredConversation) -> dict[str, Any]:
@@ -217,7 +312,9 @@ def show(
     """Show one conversation: identity, sizes, summary state and exchanges."""
 
     async def go() -> None:
+        nonlocal key
         async with _open(target, read_only=True) as store:
+            key = await _resolve(store, key)
             try:
                 record = await store.read(key)
             except DecisionHistoryBusy as e:
@@ -330,7 +427,9 @@ def rm(
     """Delete an inactive conversation."""
 
     async def go() -> None:
+        nonlocal key
         async with _open(target) as store:
+            key = await _resolve(store, key)
             try:
                 deleted = await store.delete(key)
             except DecisionHistoryBusy as e:
@@ -364,11 +463,12 @@ def recover(
 
     Says who holds the conversation first, and exits 1 when nothing holds it."""
 
-    async def held() -> StoredConversation | None:
+    async def held() -> tuple[str, StoredConversation | None]:
         async with _open(target) as store:
-            return await _listed(store, key)
+            whole = await _resolve(store, key)
+            return whole, await _listed(store, whole)
 
-    found = target.backend.run(held())
+    key, found = target.backend.run(held())
     if found is None or not found.active:
         errors.print(
             f"no reservation on conversation {escape(key)}"
