@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -35,7 +36,9 @@ async def _seed(db: Path, count: int) -> list[str]:
             head["stats"] = {"exchanges": 1, "messages": 1, "bytes": 10}
             record = join_record(head, [[{"kind": "decision", "final": True, "output": "hi"}]])
 
-            async def put(_: object, record: dict[str, object] = record) -> tuple[object, None]:
+            async def put(
+                _: dict[str, Any] | None, record: dict[str, Any] = record
+            ) -> tuple[dict[str, Any] | None, None]:
                 return record, None
 
             await store.transact(identity.key, put)
