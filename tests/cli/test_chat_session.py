@@ -41,6 +41,10 @@ PROGRAM = textwrap.dedent(
 
     async def model(messages, schema):
         users = [str(m["content"]) for m in messages if m["role"] == "user"]
+        if messages[-1]["role"] == "tool":
+            return {"action": "final", "output": "refunded"}
+        if "refund" in users[-1]:
+            return {"action": "call", "calls": [{"name": "refund", "arguments": {}}]}
         if "slow" in users[-1]:
             THINKING.write_text("yes")
             await asyncio.sleep(120)
@@ -52,12 +56,18 @@ PROGRAM = textwrap.dedent(
 
     def program():
         program = Program()
+
+        @program.capability(requires_approval=True)
+        async def refund() -> str:
+            return "refunded"
+
         for name in ("echo", "other"):
             program.agent(
                 name,
                 provider=create_function_decision_provider(
                     generate=model, name="echo-model", decision_interface="native"
                 ),
+                capabilities=("refund",),
             )
         return program
     '''
@@ -210,6 +220,21 @@ def test_ctrl_d_at_the_prompt_leaves_with_the_session_id(
     screen.type(b"\x04")
     screen.wait_for(f"left; continue with --session {session_id}")
     assert screen.process.wait(timeout=10) == 0
+
+
+def test_ctrl_c_at_an_approval_prompt_leaves_without_storing_the_turn(
+    place: Path, screens: list[Screen]
+) -> None:
+    screen = Screen([sys.executable, *chat(place, "-a", "echo", "-u", "ada")], place)
+    screens.append(screen)
+    (session_id,) = re.findall(r"session (\S+) \(live\)", screen.wait_for("you> "))
+    screen.type(b"a refund please\n")
+    screen.wait_for("approve refund({})? [y/N] ")
+    screen.type(b"\x03")
+    screen.wait_for("interrupted; the turn awaiting an answer was not stored")
+    screen.wait_for(f"left; continue with --session {session_id}")
+    assert screen.process.wait(timeout=10) == 1
+    assert _stored(place / "state" / "memory.db", session_id) == []
 
 
 def _invoke(place: Path, *args: str, input: str = "hi\n") -> tuple[int, str]:

@@ -283,6 +283,7 @@ async def _converse(
                 console.print()  # after the ^C the terminal echoed
                 break
             if text is None:
+                console.print()  # end the prompt's line
                 break
             if not text:
                 continue
