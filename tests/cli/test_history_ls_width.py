@@ -134,3 +134,25 @@ def test_a_short_key_that_names_several_conversations_is_refused(
     assert "--wide" in refused.output
     listed = runner.invoke(app, ["history", "ls", "--db", str(db), "--json"])
     assert listed.output.count('"key"') == 3  # nothing was removed
+
+
+def test_a_whole_key_holding_an_ellipsis_is_taken_as_it_is(tmp_path: Path) -> None:
+    directory = tmp_path / "state"
+    directory.mkdir(mode=0o700)
+    db = directory / "history.sqlite"
+
+    async def seed() -> None:
+        async with SqliteHistoryStore(db) as store:
+            for key in ("chat…42", "chat-with-ada-42"):  # an application's own session keys
+
+                async def put(
+                    _: dict[str, Any] | None, key: str = key
+                ) -> tuple[dict[str, Any] | None, None]:
+                    return {"note": key}, None
+
+                await store.transact(key, put)
+
+    asyncio.run(seed())
+    shown = runner.invoke(app, ["history", "show", "chat…42", "--db", str(db), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert '"note": "chat…42"' in shown.output

@@ -254,12 +254,13 @@ async def _resolve(store: HistoryAdmin, key: str) -> str:
     if ELLIPSIS not in key:
         return key
     head, _, tail = key.partition(ELLIPSIS)
+    keys = [row.key for row in await store.list()]
+    if key in keys:  # a session key of the application's may hold an ellipsis itself
+        return key
     found = [
-        row.key
-        for row in await store.list()
-        if len(row.key) >= len(head) + len(tail)
-        and row.key.startswith(head)
-        and row.key.endswith(tail)
+        k
+        for k in keys
+        if len(k) >= len(head) + len(tail) and k.startswith(head) and k.endswith(tail)
     ]
     if len(found) == 1:
         return found[0]
