@@ -161,7 +161,7 @@ def test_history_recover_frees_a_crashed_workers_reservation(history: tuple[str,
     assert confirmed.exit_code == 0, confirmed.output
     assert "reservation freed" in confirmed.output
     invoke(server, "history", "show", key, *options)
-    again = invoke(server, "history", "recover", key, *options, "--worker-stopped")
+    again = invoke(server, "history", "recover", key, *options, "--worker-stopped", code=1)
     assert "no reservation" in again.output
 
 

@@ -338,7 +338,7 @@ def test_chat_handles_its_commands_itself(db: Path) -> None:
 
 def test_chat_refuses_an_ended_session_before_its_banner(db: Path) -> None:
     base = ["chat", "--db", str(db), "-p", "demo", "-a", "support", "-u", "di", "-s", "s-ended"]
-    assert "session ended" in invoke(*base, input="hello\n/end\n")
+    assert "session ended" in invoke(*base, "--new", input="hello\n/end\n")
     again = runner.invoke(app, base, input="hello again\n", env={"COLUMNS": "200"})
     assert again.exit_code == 1
     assert "session s-ended has ended" in again.output

@@ -184,6 +184,15 @@ async def test_none_deletes_and_list_reports_sizes(store: RedisHistoryStore, raw
     assert await store_bytes(raw, store.prefix) == 0
 
 
+async def test_is_empty_until_something_is_stored_and_reads_only(
+    store: RedisHistoryStore, raw: Redis
+) -> None:
+    assert await store.is_empty()
+    assert await keys_of(raw, store.prefix) == []  # the check wrote nothing
+    await save(store, "k", record([{"a": 1}]))
+    assert not await store.is_empty()
+
+
 # -- append-only log ----------------------------------------------------------------------
 
 

@@ -167,13 +167,16 @@ async def test_sessions_refuse_an_unknown_mode_and_a_foreign_reopen(private_dir:
             await store.open_session("s-1", owner="user:u", agent_ref="a", mode="debug")  # type: ignore[arg-type]
         first = await store.open_session("s-1", owner="user:u", agent_ref="a", mode="live")
         assert await store.open_session("s-1", owner="user:u", agent_ref="a", mode="live") == first
-        for owner, agent, mode in (
-            ("user:v", "a", "live"),
-            ("user:u", "b", "live"),
-            ("user:u", "a", "preview"),
+        for owner, agent, mode, differ in (
+            ("user:v", "a", "live", "with another owner; "),
+            ("user:u", "b", "live", "with another agent (it is agent 'a''s, not 'b'); "),
+            ("user:u", "a", "preview", "with another mode (it is a live session, not preview)"),
+            ("user:v", "b", "preview", "another owner, another agent (it is agent 'a''s, not"),
         ):
-            with pytest.raises(ConfigurationError, match="already exists"):
+            with pytest.raises(ConfigurationError, match="already exists") as refused:
                 await store.open_session("s-1", owner=owner, agent_ref=agent, mode=mode)  # type: ignore[arg-type]
+            assert differ in str(refused.value)  # names what differs ...
+            assert "user:u" not in str(refused.value)  # ... never the session's owner
         with pytest.raises(ConfigurationError, match="never opened"):
             await store.end_session("s-404")
         assert await store.list_sessions(limit=-1) == []

@@ -17,13 +17,21 @@ turns are kept) and 0 otherwise.
 The memory store (turns, key events, jobs) is a SQLite file (``--db``) or
 PostgreSQL (``--dsn`` or ``TOUBA_DSN``), created if absent. Checkpoints stay
 in RAM: an approval is answered in the same process.
+
+Continuing and leaving. ``--session ID`` continues a session of this store: an
+unknown id is refused (a typo would otherwise start an empty session) unless
+``--new`` says to start it, and ``--new`` refuses an id that exists. A session
+continued with another ``--user``, ``--agent`` or ``--preview`` than it was
+started with is refused, naming which of owner, agent and mode differs. One
+Ctrl-C during a reply cancels that reply: the turn is not stored and the session
+goes on (:mod:`touba.cli._terminal`). Ctrl-C at a prompt leaves at once, as end
+of input (Ctrl-D) and ``/quit`` do, printing the ``--session`` to continue with.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
-import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -33,9 +41,11 @@ from touba.cli._common import console, errors
 from touba.cli._events import Db, PrefixOption, memory_target
 from touba.cli._programs import ProgramOption, load_program
 from touba.cli._stores import DsnOption, open_memory
+from touba.cli._terminal import Interrupted, Terminal
 from touba.cli._worker import report_job
 from touba.history._model import canonical_json
-from touba.memory import ChatSession, ChatTurn, ExtractionWorker, MemoryStore
+from touba.memory import ChatSession, ChatTurn, ExtractionWorker, MemoryStore, owner_for
+from touba.memory._model import SessionMeta
 from touba.runtime import Runtime
 
 COMMANDS = {
@@ -47,10 +57,12 @@ COMMANDS = {
 _COMMAND = re.compile(r"/\w+")
 
 
-async def _line(prompt: str) -> str | None:
+async def _line(terminal: Terminal, prompt: str) -> str | None:
+    """The next line typed after ``prompt``, stripped; None at end of input.
+    :class:`Interrupted` on Ctrl-C."""
     console.print(prompt, end="")
-    line = await asyncio.to_thread(sys.stdin.readline)
-    return line.strip() if line else None
+    line = await terminal.line()
+    return line.strip() if line is not None else None
 
 
 def _show(turn: ChatTurn) -> None:
@@ -70,7 +82,7 @@ def _show(turn: ChatTurn) -> None:
         console.print(error.message, markup=False)
 
 
-async def _approve(session: ChatSession, turn: ChatTurn) -> ChatTurn:
+async def _approve(session: ChatSession, turn: ChatTurn, terminal: Terminal) -> ChatTurn:
     """Ask for each approval, and offer to retry a turn that failed retryably.
 
     A retry resumes the turn's checkpoint: calls that ran are not run again.
@@ -80,14 +92,14 @@ async def _approve(session: ChatSession, turn: ChatTurn) -> ChatTurn:
     while turn.result.checkpoint_id is not None:
         approvals: dict[str, bool] = {}
         if turn.status == "failed":
-            answer = await _line("the turn failed after running calls; retry it? [Y/n] ")
+            answer = await _line(terminal, "the turn failed after running calls; retry it? [Y/n] ")
             if (answer or "y").lower() not in ("y", "yes"):
                 return turn
         for call in turn.result.pending:
             question = f"approve {call.name}({canonical_json(dict(call.arguments))})? [y/N] "
-            answer = await _line(escape(question))
+            answer = await _line(terminal, escape(question))
             approvals[call.call_id] = (answer or "").lower() in ("y", "yes")
-        turn = await session.resume(approvals)
+        turn = await terminal.reply(session.resume(approvals))
         _show(turn)
     return turn
 
@@ -105,14 +117,22 @@ async def _command(session: ChatSession, text: str) -> None:
         )
 
 
-async def _end(runtime: Runtime, store: MemoryStore, session: ChatSession) -> None:
+async def _end(
+    runtime: Runtime, store: MemoryStore, session: ChatSession, terminal: Terminal
+) -> None:
     """End the session; an agent or flow's key events are extracted now (one attempt:
-    a retry is the worker's)."""
+    a retry is the worker's; Ctrl-C stops it and leaves the job queued)."""
     job = await session.end()
     console.print("session ended")
     if job is not None:
         worker = ExtractionWorker(runtime, store, queue=session.queue)
-        done = await worker.run_job(job_id=job.id)
+        try:
+            done = await terminal.reply(worker.run_job(job_id=job.id))
+        except Interrupted:
+            errors.print(
+                f"extraction interrupted; job {escape(job.id)} stays queued for `touba worker`"
+            )
+            return
         report_job(done if done is not None else job)
 
 
@@ -127,6 +147,48 @@ async def _events(session: ChatSession) -> None:
         console.print(f"  {event.id} {kind} {escape(event.title)} ({event.status})")
 
 
+def _refusal(
+    session_id: str,
+    found: SessionMeta | None,
+    *,
+    new: bool,
+    user: str | None,
+    agent: str,
+    mode: str,
+) -> str | None:
+    """Why ``--session session_id`` cannot be used as given (None: it can); see the
+    module documentation. Names what differs, never the session's owner."""
+    shown = escape(session_id)
+    if found is None:
+        if new:
+            return None
+        return (
+            f"no session {shown} in this store; nothing was started. Start it with --new, "
+            "or omit --session for a new session"
+        )
+    if new:
+        return f"session {shown} already exists; continue it without --new"
+    differ: list[str] = []
+    if found.owner != owner_for(user, session_id):
+        if found.owner.startswith("session:"):
+            differ.append("owner (it is an anonymous session: continue it without --user)")
+        elif user is None:
+            differ.append("owner (it belongs to a user: give the --user it was started with)")
+        else:
+            differ.append(
+                f"owner (it belongs to another user than {escape(user)}: give the --user it "
+                "was started with)"
+            )
+    if found.agent_ref != agent:
+        differ.append(f"agent (it is a session of --agent {escape(found.agent_ref)})")
+    if found.mode != mode:
+        how = "with --preview" if found.mode == "preview" else "without --preview"
+        differ.append(f"mode (it is a {found.mode} session: continue it {how})")
+    if not differ:
+        return None
+    return f"session {shown} was started with another " + "; another ".join(differ)
+
+
 def chat(
     agent: Annotated[str, typer.Option("--agent", "-a", help="The agent to talk to.")],
     db: Db = None,
@@ -137,24 +199,49 @@ def chat(
         str | None, typer.Option("--user", "-u", help="The user id (none: anonymous).")
     ] = None,
     session_id: Annotated[
-        str | None, typer.Option("--session", "-s", help="Continue this session.")
+        str | None,
+        typer.Option("--session", "-s", help="Continue this session (it must exist)."),
     ] = None,
+    new: Annotated[
+        bool,
+        typer.Option("--new", help="Start the session --session names (refused if it exists)."),
+    ] = False,
     preview: Annotated[
         bool,
         typer.Option("--preview", help="Preview mode: blank memory, no key event written."),
     ] = False,
 ) -> None:
-    """Chat with an agent of your program, with its chat memory and key events."""
+    """Chat with an agent of your program, with its chat memory and key events.
+
+    Ctrl-C during a reply cancels it (the turn is not stored); at the prompt it leaves.
+    """
     loaded = load_program(program)
     target = memory_target(db, dsn, prefix)
+    mode = "preview" if preview else "live"
+    continuing = session_id is not None and not new
+    if continuing and target.backend.kind == "sqlite" and not Path(target.backend.address).exists():
+        assert session_id is not None
+        errors.print(
+            f"{_refusal(session_id, None, new=False, user=user, agent=agent, mode=mode)} "
+            f"(there is no memory database at {escape(target.backend.address)} yet)"
+        )
+        raise typer.Exit(1)
 
     async def go() -> None:
         # Checkpoints stay in this process's RAM: approvals and retries are answered
         # inline, in this conversation.
         runtime = Runtime(loaded)
-        async with (
-            open_memory(target.backend, prefix=target.prefix, create=True) as store,
-            ChatSession(
+        name = runtime.agent(agent).name
+        async with open_memory(
+            target.backend, prefix=target.prefix, create=not continuing
+        ) as store:
+            found = None if session_id is None else await store.get_session(session_id)
+            if session_id is not None:
+                refused = _refusal(session_id, found, new=new, user=user, agent=name, mode=mode)
+                if refused is not None:
+                    errors.print(refused)
+                    raise typer.Exit(1)
+            async with ChatSession(
                 runtime,
                 agent,
                 user,
@@ -162,47 +249,86 @@ def chat(
                 store=store,
                 mode="preview" if preview else "live",
                 extract_in_background=False,
-            ) as session,
-        ):
-            if session.ended:
-                errors.print(
-                    f"session {escape(session.session_id)} has ended; start a new one "
-                    "(omit --session)"
-                )
-                raise typer.Exit(1)
-            mode = "preview" if preview else "live"
-            console.print(
-                f"session {escape(session.session_id)} ({mode}), agent {escape(agent)}, "
-                f"owner {escape(session.owner)}. Type /help for the commands."
-            )
-            failed = 0
-            ended = False
-            while (text := await _line("[bold]you>[/] ")) is not None:
-                if not text:
-                    continue
-                if _COMMAND.fullmatch(text):
-                    if text == "/quit":
-                        break
-                    if text == "/end":
-                        await _end(runtime, store, session)
-                        ended = True
-                        break
-                    await _command(session, text)
-                    continue
-                turn = await session.send(text)
-                _show(turn)
-                turn = await _approve(session, turn)
-                if session.pending_checkpoint is not None:
-                    errors.print("the failed turn was not retried; it is lost with this process")
-                    raise typer.Exit(1)
-                failed += turn.status == "failed"
-            if not ended:
-                console.print(f"left; continue with --session {escape(session.session_id)}")
-            if failed:
-                errors.print(f"{failed} turn(s) failed")
-                raise typer.Exit(1)
+            ) as session:
+                await _converse(runtime, store, session, 0 if found is None else found.turns)
 
     try:
         target.backend.run(go())
     except KeyboardInterrupt:
         console.print("interrupted; the session stays open")
+
+
+async def _converse(
+    runtime: Runtime, store: MemoryStore, session: ChatSession, stored: int
+) -> None:
+    """The chat loop, once the session is open (``stored``: its turns so far)."""
+    if session.ended:
+        errors.print(
+            f"session {escape(session.session_id)} has ended; start a new one (omit --session)"
+        )
+        raise typer.Exit(1)
+    console.print(
+        f"session {escape(session.session_id)} ({session.mode}), agent {escape(session.agent)}, "
+        f"owner {escape(session.owner)}. Type /help for the commands."
+    )
+    left = f"left; continue with --session {escape(session.session_id)}"
+    failed = 0
+    ended = False
+    terminal = Terminal()
+    with terminal.handling_ctrl_c():
+        while True:
+            try:
+                text = await _line(terminal, "[bold]you>[/] ")
+            except Interrupted:
+                console.print()  # after the ^C the terminal echoed
+                break
+            if text is None:
+                console.print()  # end the prompt's line
+                break
+            if not text:
+                continue
+            if _COMMAND.fullmatch(text):
+                if text == "/quit":
+                    break
+                if text == "/end":
+                    await _end(runtime, store, session, terminal)
+                    ended = True
+                    break
+                await _command(session, text)
+                continue
+            try:
+                turn = await terminal.reply(session.send(text))
+            except Interrupted:
+                stored = await _cancelled(store, session, stored)
+                continue
+            _show(turn)
+            try:
+                turn = await _approve(session, turn, terminal)
+            except Interrupted:
+                console.print()
+                errors.print("interrupted; the turn awaiting an answer was not stored")
+                console.print(left)
+                raise typer.Exit(1) from None
+            if session.pending_checkpoint is not None:
+                errors.print("the failed turn was not retried; it is lost with this process")
+                raise typer.Exit(1)
+            failed += turn.status == "failed"
+            stored += turn.stored is not None
+    if not ended:
+        console.print(left)
+    if failed:
+        errors.print(f"{failed} turn(s) failed")
+        raise typer.Exit(1)
+
+
+async def _cancelled(store: MemoryStore, session: ChatSession, stored: int) -> int:
+    """Say that Ctrl-C cancelled a reply and whether its turn was stored anyway (the
+    store's write had begun): the session's turn count says. Returns that count."""
+    meta = await store.get_session(session.session_id)
+    now = stored if meta is None else meta.turns
+    console.print()
+    if now > stored:
+        errors.print("reply cancelled too late: the turn was already stored")
+    else:
+        errors.print("reply cancelled; this turn was not stored (the session goes on)")
+    return now

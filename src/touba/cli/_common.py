@@ -161,9 +161,10 @@ def table(*columns: str, title: str | None = None) -> Table:
     return out
 
 
-def print_table(shown: Table) -> None:
-    """Print ``shown`` at the terminal's width, or (piped) at its natural width."""
-    if console.is_terminal:
+def print_table(shown: Table, *, whole: bool = False) -> None:
+    """Print ``shown`` at the terminal's width, or (piped, or ``whole``) at its natural
+    width, one row per line."""
+    if console.is_terminal and not whole:
         console.print(shown)
         return
     width = console.measure(shown, options=console.options.update_width(_UNBOUNDED)).maximum

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Annotated, Any, Unpack
 
 import typer
+from rich import box
 from rich.markup import escape
+from rich.table import Table
 
 from touba.cli._common import (
     JsonOption,
@@ -36,6 +38,7 @@ from touba.cli._common import (
     store_command,
 )
 from touba.cli._common import table as make_table
+from touba.cli._holder import holder_lines, process_state, recover_command
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -66,7 +69,13 @@ PrefixOption = Annotated[
     typer.Option("--prefix", help="With --redis-url: the store's key prefix (default 'touba:')."),
 ]
 Namespace = Annotated[str | None, typer.Option("--namespace", "-n", help="Only this namespace.")]
-Key = Annotated[str, typer.Argument(help="The session key (see `touba history ls`).")]
+Key = Annotated[
+    str,
+    typer.Argument(help="The session key, whole or shortened as `touba history ls` shows it."),
+]
+KEY_SHOWN = 21
+"""How many characters of a key ``ls`` shows on a terminal (without ``--wide``)."""
+ELLIPSIS = "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +135,20 @@ def ls(
             "--max-store-bytes", min=1, help="The store's max_store_bytes (default 32 MiB)."
         ),
     ] = None,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", help="Every column and whole keys, one row per line (as when piped)."
+        ),
+    ] = False,
     raw: JsonOption = False,
 ) -> None:
     """List conversations: identity, sizes, expiry and reservations (never content),
-    then the store's usage against its limits."""
+    then the store's usage against its limits.
+
+    On a terminal, keys are shortened in the middle (``show``, ``rm`` and ``recover``
+    take the short form while it names one conversation) and the columns fit its
+    width; ``--wide``, or a pipe, gives every column and whole keys."""
     limits = Limits()
     if max_sessions is not None:
         limits["max_sessions"] = max_sessions
@@ -143,31 +162,10 @@ def ls(
         if raw:
             print_json({"conversations": [_row(r) for r in rows], "usage": _usage_data(usage)})
             return
-        shown = make_table(
-            "key",
-            "namespace",
-            "agent",
-            "invocation",
-            "messages",
-            "stored bytes",
-            "updated",
-            "expires",
-            "active",
-        )
-        for row in rows:
-            identity = row.identity or {}
-            shown.add_row(
-                escape(row.key),
-                escape(identity.get("namespace", "-")),
-                escape(identity.get("agent_ref", "-")),
-                escape(identity.get("invocation_id", "-")),
-                str(row.messages),
-                str(row.bytes),
-                row.updated_at[:19],
-                (row.expires_at or "-")[:19],
-                escape(_active(row.reservation)) if row.active else "no",
-            )
-        print_table(shown)
+        whole = wide or not console.is_terminal
+        print_table(_wide_table(rows) if whole else _narrow_table(rows), whole=whole)
+        if not whole:
+            _holders(rows)
         console.print(f"{len(rows)} conversation(s)")
         console.print(
             f"store usage: {usage.sessions}/{usage.max_sessions} conversations, "
@@ -175,6 +173,105 @@ def ls(
         )
 
     target.backend.run(go())
+
+
+def _wide_table(rows: list[StoredConversation]) -> Table:
+    """Every column, whole keys (``--wide``, or piped)."""
+    shown = make_table(
+        "key",
+        "namespace",
+        "agent",
+        "invocation",
+        "messages",
+        "stored bytes",
+        "updated",
+        "expires",
+        "active",
+    )
+    for row in rows:
+        identity = row.identity or {}
+        shown.add_row(
+            escape(row.key),
+            escape(identity.get("namespace", "-")),
+            escape(identity.get("agent_ref", "-")),
+            escape(identity.get("invocation_id", "-")),
+            str(row.messages),
+            str(row.bytes),
+            row.updated_at[:19],
+            (row.expires_at or "-")[:19],
+            escape(_active(row.reservation)) if row.active else "no",
+        )
+    return shown
+
+
+def _narrow_table(rows: list[StoredConversation]) -> Table:
+    """What an operator scans on a terminal of 80 columns: the key shortened in the
+    middle, the agent, sizes, the last update (UTC, to the minute), whether it is held
+    (:func:`_holders` says by whom, under the table)."""
+    shown = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    shown.add_column("key", no_wrap=True)
+    shown.add_column("agent", overflow="fold")
+    shown.add_column("msgs", justify="right")
+    shown.add_column("bytes", justify="right")  # stored bytes, as in --wide
+    shown.add_column("updated (UTC)", no_wrap=True)
+    shown.add_column("active", overflow="fold")
+    for row in rows:
+        shown.add_row(
+            escape(shorten(row.key)),
+            escape((row.identity or {}).get("agent_ref", "-")),
+            str(row.messages),
+            str(row.bytes),
+            row.updated_at[:16].replace("T", " "),
+            "yes" if row.active else "no",
+        )
+    return shown
+
+
+def _holders(rows: list[StoredConversation]) -> None:
+    """Under the narrow table: who holds each active conversation, one line each."""
+    for row in rows:
+        if row.active and row.reservation:
+            held = row.reservation
+            console.print(
+                f"{escape(shorten(row.key))} is held by pid {held.get('pid')} on "
+                f"{escape(str(held.get('host')))} since {str(held.get('since'))[:16]}",
+                highlight=False,
+            )
+
+
+def shorten(key: str, width: int = KEY_SHOWN) -> str:
+    """``key`` cut to ``width`` characters by an ellipsis in the middle: its start (the
+    namespace's part) and its end (which tells keys of one namespace apart)."""
+    if len(key) <= width:
+        return key
+    head = width // 2
+    return f"{key[:head]}{ELLIPSIS}{key[len(key) - (width - 1 - head) :]}"
+
+
+async def _resolve(store: HistoryAdmin, key: str) -> str:
+    """The whole key of ``key``, which may be shortened as ``ls`` shows it; exits 1
+    when a short form names no conversation, or several."""
+    if ELLIPSIS not in key:
+        return key
+    head, _, tail = key.partition(ELLIPSIS)
+    keys = [row.key for row in await store.list()]
+    if key in keys:  # a session key of the application's may hold an ellipsis itself
+        return key
+    found = [
+        k
+        for k in keys
+        if len(k) >= len(head) + len(tail) and k.startswith(head) and k.endswith(tail)
+    ]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
+    else:
+        errors.print(
+            f"[bold red]{escape(key)} names {len(found)} conversations[/]: give the whole key "
+            "(`touba history ls --wide`)"
+        )
+    raise typer.Exit(1)
 
 
 def _row(row: StoredConversation) -> dict[str, Any]:
@@ -216,8 +313,17 @@ def show(
     """Show one conversation: identity, sizes, summary state and exchanges."""
 
     async def go() -> None:
+        nonlocal key
         async with _open(target, read_only=True) as store:
-            record = await store.read(key)
+            key = await _resolve(store, key)
+            try:
+                record = await store.read(key)
+            except DecisionHistoryBusy as e:
+                found = await _listed(store, key)
+                if found is None or not found.active:
+                    raise
+                _show_reserved(target, found, raw)
+                raise typer.Exit(1) from e
             namespace = (record or {}).get("identity", {}).get("namespace")
             listed = [r for r in await store.list(namespace) if r.key == key] if record else []
         if record is None:
@@ -251,6 +357,55 @@ def show(
     target.backend.run(go())
 
 
+async def _listed(store: HistoryAdmin, key: str) -> StoredConversation | None:
+    """The listing row of ``key`` (sizes, identity, reservation), or None."""
+    for row in await store.list():
+        if row.key == key:
+            return row
+    return None
+
+
+def _recover_hint(target: _Target, key: str) -> str:
+    command, masked = recover_command(target.backend, key, table=target.table, prefix=target.prefix)
+    note = " (with your password in place of ***)" if masked else ""
+    return f"{command}{note}"
+
+
+def _show_reserved(target: _Target, row: StoredConversation, raw: bool) -> None:
+    """``history show`` of a conversation a worker holds: its metadata, the holder,
+    and what to run (the record itself is read only once it is free)."""
+    reservation = row.reservation or {}
+    command = _recover_hint(target, row.key)
+    if raw:
+        print_json(
+            {
+                **_row(row),
+                "holder_process": process_state(reservation.get("pid"), reservation.get("host")),
+                "recover_command": command,
+            }
+        )
+        return
+    errors.print(
+        f"[bold red]DecisionHistoryBusy[/]: conversation {escape(row.key)} is reserved by a "
+        "worker; its messages are shown once it is free"
+    )
+    for field, value in (row.identity or {}).items():
+        console.print(f"[bold]{escape(str(field))}[/]: {escape(str(value))}")
+    console.print(
+        f"[bold]stored[/]: {row.messages} messages, {row.bytes} stored bytes; updated "
+        f"{row.updated_at[:19]}, expires {(row.expires_at or '-')[:19]}"
+    )
+    console.print("[bold]held by[/]:")
+    for line in holder_lines(reservation):
+        console.print(f"  {escape(line)}")
+    console.print(
+        "If that worker is working, wait for it. If it crashed, stop it and check it is "
+        "gone, then free the conversation (storage only; it decides nothing about what the "
+        "worker did):"
+    )
+    console.print(f"  {escape(command)}", soft_wrap=True)
+
+
 def _describe(exchange: list[dict[str, Any]]) -> tuple[str, str]:
     decision, results = "", []
     for message in exchange:
@@ -273,15 +428,17 @@ def rm(
     """Delete an inactive conversation."""
 
     async def go() -> None:
+        nonlocal key
         async with _open(target) as store:
+            key = await _resolve(store, key)
             try:
                 deleted = await store.delete(key)
             except DecisionHistoryBusy as e:
                 errors.print(
                     f"[bold red]{e.code}[/]: conversation {escape(key)} is active: a worker "
-                    "holds it. Retry once it finishes. If that worker crashed, stop and check "
-                    "it, free the conversation with `touba history recover KEY` (same store "
-                    "options), then remove it"
+                    "holds it (`touba history show` says which). Retry once it finishes. If "
+                    "that worker crashed, stop and check it, free the conversation with "
+                    f"`{escape(_recover_hint(target, key))}`, then remove it"
                 )
                 raise typer.Exit(1) from e
         console.print("deleted" if deleted else f"no conversation {escape(key)}")
@@ -303,7 +460,26 @@ def recover(
         ),
     ] = False,
 ) -> None:
-    """Free a reservation left by a crashed worker (storage only, no business effect)."""
+    """Free a reservation left by a crashed worker (storage only, no business effect).
+
+    Says who holds the conversation first, and exits 1 when nothing holds it."""
+
+    async def held() -> tuple[str, StoredConversation | None]:
+        async with _open(target) as store:
+            whole = await _resolve(store, key)
+            return whole, await _listed(store, whole)
+
+    key, found = target.backend.run(held())
+    if found is None or not found.active:
+        errors.print(
+            f"no reservation on conversation {escape(key)}"
+            + (" (no such conversation)" if found is None else "")
+            + "; nothing to recover"
+        )
+        raise typer.Exit(1)
+    console.print(f"conversation {escape(key)} is held by:")
+    for line in holder_lines(found.reservation or {}):
+        console.print(f"  {escape(line)}")
     if not worker_stopped:
         confirmed = typer.confirm(
             "Recovering frees the conversation for another worker. Have you stopped and "
@@ -317,7 +493,10 @@ def recover(
     async def go() -> None:
         async with _open(target) as store:
             freed = await store.recover(key, worker_stopped=True)
-        console.print("reservation freed" if freed else "no reservation on that key")
+        if not freed:  # freed by its worker, or by another operator, meanwhile
+            errors.print("no reservation on that key any more; nothing done")
+            raise typer.Exit(1)
+        console.print("reservation freed")
 
     target.backend.run(go())
 

@@ -8,8 +8,9 @@
   memory) name the store as the application's constructor does; they are
   refused with another backend rather than ignored.
 - Administration commands never create a store: a missing SQLite file or
-  missing touba tables in PostgreSQL is an error (exit 1) and nothing is
-  created. ``touba chat`` creates its memory store, as a session would.
+  missing touba tables in PostgreSQL, or a Redis prefix that holds no key of a
+  history store, is an error (exit 1) and nothing is created. ``touba chat``
+  creates its memory store, as a session would.
 - Every command first checks, reading only (:mod:`touba.cli._kinds`), that its
   store is a touba store of the expected kind, and refuses (exit 1, one line
   saying what it found) another kind of touba store or another application's
@@ -229,9 +230,10 @@ async def _opened(backend: Backend, what: str, store: _S) -> AsyncIterator[_S]:
 
 
 def _missing(what: str, place: str, backend: Backend, option: str) -> typer.Exit:
+    address = "--redis-url" if backend.kind == "redis" else "--dsn"
     errors.print(
         f"[bold red]no {what} {escape(place)} at {escape(backend.shown)}[/]: nothing was "
-        f"created; check --dsn and {option}"
+        f"created; check {address} and {option}"
     )
     return typer.Exit(1)
 
@@ -374,7 +376,8 @@ async def check_store(
     ``create``: a missing store, or an empty file, is accepted (``touba chat``).
     ``read_only``: also refuse a store that opening would migrate or chmod.
     ``hint``: the advice for a store of the other kind (a default names the command).
-    Reads only; a Redis prefix is not checked (its keys mark no kind).
+    Reads only; a Redis prefix is not checked here (its keys mark no kind): opening
+    it refuses one that holds nothing.
     """
     if backend.kind == "sqlite":
         path = Path(backend.address)
@@ -465,6 +468,10 @@ async def _open_redis_history(
             store = RedisHistoryStore(client=client, prefix=prefix, **limits)
             await client.ping()
         try:
+            with _opening(backend, "history store"):
+                empty = await store.is_empty()
+            if empty:  # a wrong prefix or database, most likely: as a missing table
+                raise _missing("touba history keys under prefix", repr(prefix), backend, "--prefix")
             yield store
         finally:
             await store.close()

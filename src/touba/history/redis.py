@@ -738,6 +738,14 @@ class RedisHistoryStore(AsyncClosing):
         reply = await self._run(self._usage_script, self._store_keys, (self._base,), "a usage")
         return self._usage_of(reply[0], reply[1])
 
+    async def is_empty(self) -> bool:
+        """True when the prefix holds none of this store's keys: nothing was ever
+        stored there (a wrong ``prefix`` or database), or the store emptied itself.
+        One EXISTS over the store-wide keys; it reads only (no purge, no expiry)."""
+        self._check_open()
+        with _driver_errors("a check"):
+            return int(await self._client.exists(*self._store_keys)) == 0
+
     async def list(self, namespace: str | None = None) -> list[StoredConversation]:
         """Every live conversation (and reserved key), sizes and holder, no content."""
         args = (self._base, *replies.LIST_FIELDS)

@@ -337,10 +337,22 @@ def check_op_owner(event: KeyEvent, owner: str, op_id: str) -> KeyEvent:
 
 
 def check_reopen(found: SessionMeta, owner: str, agent_ref: str, mode: str) -> SessionMeta:
-    """An existing session may only be reopened with the same owner, agent and mode."""
-    if (found.owner, found.agent_ref, found.mode) != (owner, agent_ref, mode):
+    """An existing session may only be reopened with the same owner, agent and mode.
+
+    The ``ConfigurationError`` names which of them differ, with the session's agent
+    and mode; never its owner (a user id the caller did not give).
+    """
+    differ = []
+    if found.owner != owner:
+        differ.append("owner")
+    if found.agent_ref != agent_ref:
+        differ.append(f"agent (it is agent {found.agent_ref!r}'s, not {agent_ref!r})")
+    if found.mode != mode:
+        differ.append(f"mode (it is a {found.mode} session, not {mode})")
+    if differ:
         raise ConfigurationError(
-            f"chat session {found.session_id!r} already exists for another owner, agent or "
-            "mode; use a new session_id"
+            f"chat session {found.session_id!r} already exists with another "
+            + ", another ".join(differ)
+            + "; reopen it as it was opened, or use a new session_id"
         )
     return found
