@@ -20,7 +20,16 @@ from tests._services import postgres_dsn
 from touba.memory._sql import SqlMemoryStore
 from touba.memory.sqlite import SqliteMemoryStore
 
-POSTGRES_TABLES = ("sessions", "turns", "events", "history", "jobs", "configs", "meta")
+POSTGRES_TABLES = (
+    "sessions",
+    "turns",
+    "events",
+    "history",
+    "jobs",
+    "configs",
+    "config_changes",
+    "meta",
+)
 
 
 class FakeClock:

@@ -12,16 +12,19 @@ from touba.memory._extraction import ExtractionQueue, parse_ops
 from touba.memory._key_events import KeyEventService, owner_for, render_key_events_block
 from touba.memory._model import (
     CreateEventOp,
+    EffectiveMemoryConfig,
     ExtractionJob,
     FieldChange,
     KeyEvent,
     KeyEventUpdate,
+    MemoryConfigChange,
+    SavedMemoryConfig,
     SessionMeta,
     StoredTurn,
     UpdateEventOp,
 )
 from touba.memory._session import ChatSession, ChatTurn
-from touba.memory._store import MemoryStore
+from touba.memory._store import MemoryStore, resolve_memory_settings
 from touba.memory._window import select_prior_turns
 from touba.memory._worker import ExtractionWorker
 from touba.memory.sqlite import SqliteMemoryStore
@@ -33,6 +36,7 @@ __all__ = [
     "ChatSession",
     "ChatTurn",
     "CreateEventOp",
+    "EffectiveMemoryConfig",
     "ExtractionJob",
     "ExtractionQueue",
     "ExtractionWorker",
@@ -42,8 +46,10 @@ __all__ = [
     "KeyEventUpdate",
     "KeyEventsConfig",
     "MemoryConfig",
+    "MemoryConfigChange",
     "MemoryStore",
     "PostgresMemoryStore",
+    "SavedMemoryConfig",
     "SessionMeta",
     "SqliteMemoryStore",
     "StoredTurn",
@@ -51,6 +57,7 @@ __all__ = [
     "owner_for",
     "parse_ops",
     "render_key_events_block",
+    "resolve_memory_settings",
     "select_prior_turns",
 ]
 

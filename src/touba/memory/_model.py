@@ -13,12 +13,14 @@ from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
 from touba.history._model import JSON
+from touba.memory._config import MemoryConfig
 from touba.providers._types import TraceCall, Turn
 
 __all__ = [
     "KEY_EVENT_ACTORS",
     "KEY_EVENT_STATUSES",
     "CreateEventOp",
+    "EffectiveMemoryConfig",
     "ExtractedOp",
     "ExtractionJob",
     "FieldChange",
@@ -27,7 +29,10 @@ __all__ = [
     "KeyEventActor",
     "KeyEventStatus",
     "KeyEventUpdate",
+    "MemoryConfigChange",
+    "MemoryConfigSource",
     "OwnerSummary",
+    "SavedMemoryConfig",
     "SessionMeta",
     "SessionMode",
     "StoredTurn",
@@ -46,6 +51,7 @@ JobStatus = Literal["pending", "running", "done", "failed"]
 KeyEventActor = Literal["model", "operator"]
 KEY_EVENT_ACTORS: tuple[KeyEventActor, ...] = ("model", "operator")
 EventField = Literal["status", "title", "details"]
+MemoryConfigSource = Literal["saved", "program", "defaults"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +91,57 @@ class StoredTurn:
     trace: tuple[tuple[TraceCall, ...], ...]
     invocation_id: str | None
     created_at: datetime
+    context: Mapping[str, JSON] | None = None
+    """What the turn's invocation was given (sizes, ids and settings, never content),
+    as its caller recorded it; None for turns stored without one (and older ones)."""
 
     def as_turn(self, *, with_trace: bool) -> Turn:
         """The turn as providers take it, with or without its whole trace."""
         return Turn(self.user, self.replies, self.trace if with_trace else ())
+
+
+@dataclass(frozen=True, slots=True)
+class SavedMemoryConfig:
+    """An agent's memory settings as saved in a store (by the memory panel or an API
+    call), with when and by whom they were last saved."""
+
+    config: MemoryConfig
+    saved_at: datetime
+    saved_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfigChange:
+    """One change of an agent's saved memory settings.
+
+    ``before`` is None when none were saved (the program's were in effect),
+    ``after`` None when a reset deleted them. ``actor``: who made it
+    (``"operator"`` from the panel, ``"cli"`` from ``touba agents settings``, the
+    API caller's name, ``"api"`` by default; ``"unknown"`` for settings saved
+    before touba kept this history).
+    """
+
+    agent_ref: str
+    before: MemoryConfig | None
+    after: MemoryConfig | None
+    at: datetime
+    actor: str
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveMemoryConfig:
+    """The settings an agent runs with now, and where they come from.
+
+    ``source``: ``"saved"`` (saved in the store, at ``saved_at`` by ``saved_by``),
+    ``"program"`` (the ``MemoryConfig`` the program gave the agent) or
+    ``"defaults"`` (neither: ``MemoryConfig()``); ``saved_at`` and ``saved_by`` are
+    None unless saved.
+    """
+
+    config: MemoryConfig
+    source: MemoryConfigSource
+    saved_at: datetime | None = None
+    saved_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

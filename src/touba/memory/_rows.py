@@ -4,7 +4,8 @@
 ``RETURNING``, ``ON CONFLICT DO NOTHING`` (and ``DO UPDATE ... excluded``),
 ``CAST(%s AS TEXT) IS NULL`` for optional filters, ``strpos`` and ``lower``
 (SQLite gets Unicode-aware ones as functions). ``{sessions}``, ``{turns}``,
-``{events}``, ``{history}``, ``{jobs}`` and ``{configs}`` are table names,
+``{events}``, ``{history}``, ``{jobs}``, ``{configs}`` and ``{changes}`` (the
+history of the settings) are table names,
 ``{for_update}`` and ``{skip_locked}`` row-lock clauses (empty in SQLite,
 whose writers are serialised), ``{*_cols}`` the column lists below; each
 backend fills them in once.
@@ -18,12 +19,14 @@ from typing import Any
 
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._model import STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
+from touba.memory._config import MemoryConfig, config_from_data
 from touba.memory._model import (
     ExtractedOp,
     ExtractionJob,
     FieldChange,
     KeyEvent,
     KeyEventUpdate,
+    MemoryConfigChange,
     SessionMeta,
     StoredTurn,
     op_from_dict,
@@ -37,7 +40,9 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "STATEMENTS",
     "Row",
+    "change_from_row",
     "changes_json",
+    "config_from_text",
     "dumps",
     "event_from_row",
     "job_from_row",
@@ -52,9 +57,10 @@ Row = Sequence[Any]
 Ts = Callable[[Any], datetime]
 
 SESSION_COLUMNS = "session_id, owner, agent_ref, mode, created_at, ended_at, turns"
-TURN_COLUMNS = "session_id, idx, user_text, replies, trace, invocation_id, created_at"
+TURN_COLUMNS = "session_id, idx, user_text, replies, trace, invocation_id, created_at, context"
 EVENT_COLUMNS = "id, owner, type, title, status, details, created_at, updated_at, session_id"
 HISTORY_COLUMNS = "at, session_id, changes, op_id, actor"
+CHANGE_COLUMNS = "agent_ref, before_config, after_config, at, actor"
 JOB_COLUMNS = (
     "id, session_id, owner, agent_ref, transcript_ref, status, attempts, max_attempts, "
     "next_attempt_at, created_at, updated_at, lease_owner, lease_token, lease_expires_at, "
@@ -72,9 +78,10 @@ COLUMNS = {
     "turn_cols": TURN_COLUMNS,
     "event_cols": EVENT_COLUMNS,
     "history_cols": HISTORY_COLUMNS,
+    "change_cols": CHANGE_COLUMNS,
     "job_cols": JOB_COLUMNS,
 }
-# {sessions} {turns} {events} {history} {jobs} {configs}: table names; {for_update} and
+# {sessions} {turns} {events} {history} {jobs} {configs} {changes}: table names; {for_update} and
 # {skip_locked}: row-lock clauses (empty in SQLite, whose writers are serialised).
 STATEMENTS: dict[str, str] = {
     "session": "SELECT {session_cols} FROM {sessions} WHERE session_id = %s",
@@ -96,7 +103,7 @@ STATEMENTS: dict[str, str] = {
     "delete_session": "DELETE FROM {sessions} WHERE session_id = %s",
     "next_turn": "UPDATE {sessions} SET turns = turns + 1"
     " WHERE session_id = %s AND ended_at IS NULL RETURNING turns",
-    "insert_turn": "INSERT INTO {turns} ({turn_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+    "insert_turn": "INSERT INTO {turns} ({turn_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
     "recent_turns": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
     " ORDER BY idx DESC LIMIT %s",
     "turns_page": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
@@ -150,10 +157,18 @@ STATEMENTS: dict[str, str] = {
     "list_jobs": "SELECT {job_cols} FROM {jobs} WHERE CAST(%s AS TEXT) IS NULL OR status = %s"
     " ORDER BY updated_at DESC, id LIMIT %s OFFSET %s",
     "job_counts": "SELECT status, COUNT(*) FROM {jobs} GROUP BY status",
-    "load_config": "SELECT config FROM {configs} WHERE agent_ref = %s",
-    "save_config": "INSERT INTO {configs} (agent_ref, config, updated_at) VALUES (%s, %s, %s)"
-    " ON CONFLICT (agent_ref) DO UPDATE SET config = excluded.config,"
-    " updated_at = excluded.updated_at",
+    "load_config": "SELECT config, updated_at, saved_by FROM {configs} WHERE agent_ref = %s",
+    # A save inserts, or else locks the saved row and updates it: concurrent saves of
+    # one agent queue up, so each change records the settings it really replaced.
+    "insert_config": "INSERT INTO {configs} (agent_ref, config, updated_at, saved_by)"
+    " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+    "config_locked": "SELECT config FROM {configs} WHERE agent_ref = %s{for_update}",
+    "update_config": "UPDATE {configs} SET config = %s, updated_at = %s, saved_by = %s"
+    " WHERE agent_ref = %s",
+    "delete_config": "DELETE FROM {configs} WHERE agent_ref = %s RETURNING config",
+    "insert_change": "INSERT INTO {changes} ({change_cols}) VALUES (%s, %s, %s, %s, %s)",
+    "config_changes": "SELECT {change_cols} FROM {changes} WHERE agent_ref = %s"
+    " ORDER BY seq DESC LIMIT %s",
 }
 
 
@@ -180,8 +195,11 @@ def session_from_row(row: Sequence[Any], ts: Ts) -> SessionMeta:
 
 
 def turn_from_row(row: Sequence[Any], ts: Ts) -> StoredTurn:
-    session_id, index, user, replies, trace, invocation_id, created = row
+    session_id, index, user, replies, trace, invocation_id, created, context = row
     parsed_user, parsed_replies = loads(user, "user message"), loads(replies, "replies")
+    parsed_context = None if context is None else loads(context, "turn context")
+    if parsed_context is not None and not isinstance(parsed_context, dict):
+        raise MemoryStoreUnavailable(f"turn {index} of session {session_id}: bad context")
     try:
         parsed_trace = trace_from_data(loads(trace, "trace"))
     except ValueError as e:
@@ -196,6 +214,7 @@ def turn_from_row(row: Sequence[Any], ts: Ts) -> StoredTurn:
         parsed_trace,
         invocation_id,
         ts(created),
+        parsed_context,
     )
 
 
@@ -226,6 +245,31 @@ def update_from_row(row: Sequence[Any], ts: Ts) -> KeyEventUpdate:
         tuple(FieldChange(c[0], c[1], c[2]) for c in parsed),
         op_id,
         "operator" if actor == "operator" else "model",
+    )
+
+
+def config_from_text(text: str, what: str, fix: str) -> MemoryConfig:
+    """Settings as stored; ``MemoryStoreUnavailable`` saying ``what`` is invalid and
+    what to do (``fix``) when they cannot be read."""
+    try:
+        return config_from_data(loads(text, what))
+    except ValueError as e:
+        raise MemoryStoreUnavailable(f"{what} are invalid ({e}); {fix}") from e
+
+
+def change_from_row(row: Sequence[Any], ts: Ts) -> MemoryConfigChange:
+    agent_ref, before, after, at, actor = row
+
+    def config(text: str) -> MemoryConfig:
+        what = f"the memory settings in the settings history of agent {agent_ref!r}"
+        return config_from_text(text, what, "repair or delete that history row")
+
+    return MemoryConfigChange(
+        agent_ref,
+        None if before is None else config(before),
+        None if after is None else config(after),
+        ts(at),
+        actor,
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._model import JSON
-from touba.memory._config import MemoryConfig, config_from_data, config_to_data
+from touba.memory._config import MemoryConfig, config_to_data
 from touba.memory._model import (
     ExtractedOp,
     ExtractionJob,
@@ -26,7 +26,9 @@ from touba.memory._model import (
     KeyEvent,
     KeyEventActor,
     KeyEventStatus,
+    MemoryConfigChange,
     OwnerSummary,
+    SavedMemoryConfig,
     SessionMeta,
     SessionMode,
     StoredTurn,
@@ -37,11 +39,12 @@ from touba.memory._rows import (
     EXPIRED_LAST_ATTEMPT,
     MAX_ERROR_CHARS,
     Row,
+    change_from_row,
     changes_json,
+    config_from_text,
     dumps,
     event_from_row,
     job_from_row,
-    loads,
     ops_json,
     session_from_row,
     turn_from_row,
@@ -49,6 +52,7 @@ from touba.memory._rows import (
 )
 from touba.memory._store import (
     Clock,
+    check_actor,
     check_clock,
     check_mode,
     check_op_owner,
@@ -172,11 +176,21 @@ class SqlMemoryStore(ABC):
         replies: Sequence[str],
         trace: Sequence[Sequence[TraceCall]] = (),
         invocation_id: str | None = None,
+        context: Mapping[str, JSON] | None = None,
     ) -> StoredTurn:
-        """Add the next turn of an open session; its index is given by the store."""
-        # All three as JSON: PostgreSQL text cannot hold a NUL character, JSON escapes it.
+        """Add the next turn of an open session; its index is given by the store.
+        ``context`` (a JSON object, or None) is kept as the turn's ``context``."""
+        # All as JSON: PostgreSQL text cannot hold a NUL character, JSON escapes it.
         user_json, replies_json = dumps(user, "user"), dumps(list(replies), "replies")
         trace_json = dumps(trace_to_data(trace), "trace")
+        context_json = None
+        if context is not None:
+            if not isinstance(context, Mapping):
+                raise ConfigurationError(
+                    f"context must be a JSON object (a mapping with str keys) or None, got "
+                    f"{type(context).__name__}; nothing was saved"
+                )
+            context_json = dumps(dict(context), "context")
 
         async def body(db: Db) -> StoredTurn:
             row = await db.one("next_turn", (session_id,))
@@ -193,6 +207,7 @@ class SqlMemoryStore(ABC):
                 trace_json,
                 invocation_id,
                 now,
+                context_json,
             )
             await db.run("insert_turn", values)
             return turn_from_row(values, self._dec)
@@ -435,33 +450,82 @@ class SqlMemoryStore(ABC):
 
     # -- per-agent memory settings (the memory panel's) ----------------------------------
 
-    async def save_memory_config(self, agent_ref: str, config: MemoryConfig) -> None:
-        """Save ``agent_ref``'s settings, replacing any saved before. Every
-        ``ChatSession`` of that agent reads them at the start of its next turn."""
-        if not isinstance(agent_ref, str) or not agent_ref:
-            raise ConfigurationError(f"agent_ref must be a non-empty str, got {agent_ref!r}")
+    async def save_memory_config(
+        self, agent_ref: str, config: MemoryConfig, *, actor: str = "api"
+    ) -> None:
+        """Save ``agent_ref``'s settings, replacing any saved before, and record the change
+        (before, after, the store's time, ``actor``) in the same transaction; settings
+        equal to the saved ones change and record nothing (saved ones this touba cannot
+        read are replaced, recorded as ``before`` None). Every ``ChatSession`` of that
+        agent reads them at the start of its next turn. ``ConfigurationError`` (nothing
+        written) for an empty ``agent_ref``, a ``config`` that is not a ``MemoryConfig``
+        or a bad ``actor``."""
+        _check_agent(agent_ref)
         if not isinstance(config, MemoryConfig):
             raise ConfigurationError("config must be a touba.MemoryConfig")
+        check_actor(actor)
         encoded = dumps(config_to_data(config))
 
         async def body(db: Db) -> None:
-            await db.run("save_config", (agent_ref, encoded, self._enc(self.now())))
+            now = self._enc(self.now())
+            while True:
+                if await db.run("insert_config", (agent_ref, encoded, now, actor)):
+                    before = None
+                    break
+                row = await db.one("config_locked", (agent_ref,))
+                if row is not None:
+                    before = _readable(row[0])
+                    if before == encoded:
+                        return
+                    await db.run("update_config", (encoded, now, actor, agent_ref))
+                    break
+                # deleted by a reset committed meanwhile: insert again
+            await db.run("insert_change", (agent_ref, before, encoded, now, actor))
 
         await self._atomic(body)
+
+    async def reset_memory_config(self, agent_ref: str, *, actor: str = "api") -> bool:
+        """Delete ``agent_ref``'s saved settings and record the change (``after`` None) in
+        the same transaction: the program's settings apply again from the next turn.
+        False, with nothing recorded, when none were saved. ``ConfigurationError``
+        (nothing written) for an empty ``agent_ref`` or a bad ``actor``."""
+        _check_agent(agent_ref)
+        check_actor(actor)
+
+        async def body(db: Db) -> bool:
+            row = await db.one("delete_config", (agent_ref,))
+            if row is None:
+                return False
+            now = self._enc(self.now())
+            await db.run("insert_change", (agent_ref, row[0], None, now, actor))
+            return True
+
+        return await self._atomic(body)
 
     async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None:
         """``agent_ref``'s saved settings, or None. Saved settings this touba cannot
         read raise ``MemoryStoreUnavailable`` (save them again to repair)."""
+        saved = await self.load_saved_memory_config(agent_ref)
+        return None if saved is None else saved.config
+
+    async def load_saved_memory_config(self, agent_ref: str) -> SavedMemoryConfig | None:
+        """``agent_ref``'s saved settings with when and by whom they were saved, or None.
+        Saved settings this touba cannot read raise ``MemoryStoreUnavailable``."""
         rows = await self._read("load_config", (agent_ref,))
         if not rows:
             return None
-        try:
-            return config_from_data(loads(rows[0][0], "memory settings"))
-        except ValueError as e:
-            raise MemoryStoreUnavailable(
-                f"the saved memory settings of agent {agent_ref!r} are invalid ({e}); save "
-                "them again (touba panel)"
-            ) from e
+        text, saved_at, saved_by = rows[0]
+        what = f"the saved memory settings of agent {agent_ref!r}"
+        config = config_from_text(text, what, "save them again (touba panel)")
+        return SavedMemoryConfig(config, self._dec(saved_at), saved_by)
+
+    async def memory_config_history(
+        self, agent_ref: str, *, limit: int = 50
+    ) -> list[MemoryConfigChange]:
+        """The last ``limit`` changes of ``agent_ref``'s saved settings, newest first
+        (in the order they were made, even when clock readings tie)."""
+        rows = await self._read("config_changes", (agent_ref, max(limit, 0)))
+        return [change_from_row(row, self._dec) for row in rows]
 
     # -- operator reads (the memory panel's lists: counts and pages) ---------------------
 
@@ -505,3 +569,19 @@ class SqlMemoryStore(ABC):
         """Turns ``offset`` .. ``offset + limit - 1`` of a session, oldest first."""
         rows = await self._read("turns_page", (session_id, max(limit, 0), max(offset, 0)))
         return tuple(turn_from_row(row, self._dec) for row in rows)
+
+
+def _check_agent(agent_ref: object) -> None:
+    if not isinstance(agent_ref, str) or not agent_ref:
+        raise ConfigurationError(f"agent_ref must be a non-empty str, got {agent_ref!r}")
+
+
+def _readable(stored: str) -> str | None:
+    """Saved settings in the canonical form of ``encoded``, or None when this touba cannot
+    read them (a save repairs them; its change records ``before`` as None, so that the
+    history stays readable)."""
+    try:
+        config = config_from_text(stored, "saved memory settings", "")
+    except MemoryStoreUnavailable:
+        return None
+    return dumps(config_to_data(config))

@@ -19,12 +19,15 @@ from touba.errors import ConfigurationError, ExtractionLeaseLost
 from touba.history._model import JSON
 from touba.memory._config import MemoryConfig
 from touba.memory._model import (
+    EffectiveMemoryConfig,
     ExtractedOp,
     ExtractionJob,
     JobStatus,
     KeyEvent,
     KeyEventActor,
     KeyEventStatus,
+    MemoryConfigChange,
+    SavedMemoryConfig,
     SessionMeta,
     SessionMode,
     StoredTurn,
@@ -38,6 +41,7 @@ __all__ = [
     "check_clock",
     "check_mode",
     "check_op_owner",
+    "check_actor",
     "check_reopen",
     "ended",
     "job_id_for",
@@ -45,6 +49,7 @@ __all__ = [
     "new_event_id",
     "requeued_job",
     "resolve_memory_config",
+    "resolve_memory_settings",
     "unknown_session",
     "utc_now",
 ]
@@ -94,9 +99,13 @@ class MemoryStore(Protocol):
         replies: Sequence[str],
         trace: Sequence[Sequence[TraceCall]] = (),
         invocation_id: str | None = None,
+        context: Mapping[str, JSON] | None = None,
     ) -> StoredTurn:
-        """Add the next turn of an open session; the store numbers it.
-        ``ConfigurationError`` for a session never opened or already ended."""
+        """Add the next turn of an open session; the store numbers it. ``context``: what
+        the turn's invocation was given (a JSON object of sizes, ids and settings, never
+        content), kept as the turn's ``context``. ``ConfigurationError`` for a session
+        never opened or already ended, or a ``context`` that is not a JSON object
+        (nothing written)."""
 
     async def recent_turns(self, session_id: str, limit: int) -> tuple[StoredTurn, ...]:
         """The last ``limit`` turns, oldest first (none for an unknown session)."""
@@ -188,32 +197,80 @@ class MemoryStore(Protocol):
 
 @runtime_checkable
 class MemoryConfigStore(Protocol):
-    """A store that keeps per-agent memory settings (the built-in ones do).
+    """A store that keeps per-agent memory settings and their history (the built-in
+    ones do).
 
     The memory panel saves them; every :class:`~touba.ChatSession` and
     extraction worker reads them, and saved settings win over the program's.
+    Every change (a save that changes something, a reset) is recorded with its
+    time and actor in the same transaction. ``actor`` is a non-empty printable str
+    of at most 64 characters (``"operator"`` from the panel, ``"cli"`` from the
+    command line); anything else is a ``ConfigurationError`` and nothing is written.
     """
 
-    async def save_memory_config(self, agent_ref: str, config: MemoryConfig) -> None:
-        """Save ``agent_ref``'s settings (replacing any saved before), atomically."""
+    async def save_memory_config(
+        self, agent_ref: str, config: MemoryConfig, *, actor: str = "api"
+    ) -> None:
+        """Save ``agent_ref``'s settings (replacing any saved before) and record the
+        change, atomically; settings equal to the saved ones change and record nothing."""
+
+    async def reset_memory_config(self, agent_ref: str, *, actor: str = "api") -> bool:
+        """Delete ``agent_ref``'s saved settings (the program's apply again) and record
+        the change; False, with nothing recorded, when none were saved."""
 
     async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None:
         """``agent_ref``'s saved settings, or None when none were saved."""
+
+    async def load_saved_memory_config(self, agent_ref: str) -> SavedMemoryConfig | None:
+        """``agent_ref``'s saved settings with when and by whom, or None."""
+
+    async def memory_config_history(
+        self, agent_ref: str, *, limit: int = 50
+    ) -> list[MemoryConfigChange]:
+        """The last ``limit`` changes of ``agent_ref``'s saved settings, newest first."""
 
 
 # -- shared pieces -----------------------------------------------------------------------
 
 
+async def resolve_memory_settings(
+    store: object, agent_ref: str, program_config: MemoryConfig | None
+) -> EffectiveMemoryConfig:
+    """The settings an agent runs with now and where they come from: those saved in
+    ``store`` (the panel's) when there are any, else the program's ``MemoryConfig``,
+    else the defaults. One read of the store (none when it keeps no settings)."""
+    if isinstance(store, MemoryConfigStore):
+        saved = await store.load_saved_memory_config(agent_ref)
+        if saved is not None:
+            return EffectiveMemoryConfig(saved.config, "saved", saved.saved_at, saved.saved_by)
+    if program_config is not None:
+        return EffectiveMemoryConfig(program_config, "program")
+    return EffectiveMemoryConfig(MemoryConfig(), "defaults")
+
+
 async def resolve_memory_config(
     store: object, agent_ref: str, program_config: MemoryConfig | None
 ) -> MemoryConfig:
-    """The settings an agent runs with now: those saved in ``store`` (the panel's) when
-    there are any, else the program's ``MemoryConfig``, else the defaults."""
-    if isinstance(store, MemoryConfigStore):
-        saved = await store.load_memory_config(agent_ref)
-        if saved is not None:
-            return saved
-    return program_config if program_config is not None else MemoryConfig()
+    """The settings an agent runs with now (:func:`resolve_memory_settings`' config)."""
+    return (await resolve_memory_settings(store, agent_ref, program_config)).config
+
+
+MAX_ACTOR_CHARS = 64
+
+
+def check_actor(actor: object) -> str:
+    """Who changes memory settings: a non-empty printable str of at most 64 characters."""
+    if (
+        not isinstance(actor, str)
+        or not actor
+        or len(actor) > MAX_ACTOR_CHARS
+        or not actor.isprintable()
+    ):
+        raise ConfigurationError(
+            f"actor must be a non-empty printable str of at most {MAX_ACTOR_CHARS} characters "
+            f"(such as 'operator'), got {actor!r:.80}; nothing was saved"
+        )
+    return actor
 
 
 def utc_now() -> datetime:

@@ -1,8 +1,9 @@
 """``PostgresMemoryStore``: chat turns, key events and extraction jobs in PostgreSQL.
 
 Tables ``<prefix>_sessions``, ``_turns``, ``_events``, ``_history``, ``_jobs``,
-``_configs`` (per-agent settings) and ``_meta`` (the schema version; version 1
-tables are migrated to 2 in place), every name quoted with
+``_configs`` (per-agent settings), ``_config_changes`` (their history) and
+``_meta`` (the schema version; version 1 and 2 tables are migrated to 3 in
+place), every name quoted with
 ``psycopg.sql.Identifier``; ``prefix`` may carry a schema (``app.touba_memory``).
 A table of that name without touba's ``_meta``, or of another schema version,
 is refused untouched. Each operation is one READ COMMITTED transaction; jobs
@@ -48,7 +49,7 @@ from touba.memory._store import Clock, check_clock, utc_now
 __all__ = ["SCHEMA_VERSION", "PostgresMemoryStore"]
 
 R = TypeVar("R")
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 _DDL: tuple[LiteralString, ...] = (
     "CREATE TABLE {sessions} (session_id text PRIMARY KEY, owner text NOT NULL,"
     " agent_ref text NOT NULL, mode text NOT NULL, created_at timestamptz NOT NULL,"
@@ -56,7 +57,7 @@ _DDL: tuple[LiteralString, ...] = (
     "CREATE INDEX {sessions_idx} ON {sessions} (owner, created_at)",
     "CREATE TABLE {turns} (session_id text NOT NULL, idx integer NOT NULL,"
     " user_text text NOT NULL, replies text NOT NULL, trace text NOT NULL, invocation_id text,"
-    " created_at timestamptz NOT NULL, PRIMARY KEY (session_id, idx))",
+    " created_at timestamptz NOT NULL, context text, PRIMARY KEY (session_id, idx))",
     "CREATE TABLE {events} (id text PRIMARY KEY, owner text NOT NULL, type text NOT NULL,"
     " title text NOT NULL, status text NOT NULL, details text NOT NULL,"
     " created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL,"
@@ -84,6 +85,16 @@ _DDL_2: tuple[LiteralString, ...] = (
     " updated_at timestamptz NOT NULL)",
     "CREATE INDEX {sessions_created_idx} ON {sessions} (created_at)",
     "CREATE INDEX {jobs_updated_idx} ON {jobs} (updated_at)",
+)
+# Version 2 tables are brought to version 3 in place: each turn's ``context``, who saved
+# the settings ("unknown" for the old ones) and the settings' history.
+_MIGRATE_2_TO_3: tuple[LiteralString, ...] = ("ALTER TABLE {turns} ADD COLUMN context text",)
+_DDL_3: tuple[LiteralString, ...] = (
+    "ALTER TABLE {configs} ADD COLUMN saved_by text NOT NULL DEFAULT 'unknown'",
+    "CREATE TABLE {changes} (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    " agent_ref text NOT NULL, before_config text, after_config text,"
+    " at timestamptz NOT NULL, actor text NOT NULL)",
+    "CREATE INDEX {changes_idx} ON {changes} (agent_ref, seq)",
 )
 
 
@@ -126,8 +137,8 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         check_clock(clock)
         self.prefix = prefix
         self._clock = clock
-        tables = {t: sql.Identifier(*schema, f"{name}_{t}") for t in _TABLE_NAMES}
-        indexes = {f"{t}_idx": sql.Identifier(f"{name}_{t}_idx") for t in _TABLE_NAMES}
+        tables = {t: sql.Identifier(*schema, f"{name}_{s}") for t, s in _TABLE_NAMES.items()}
+        indexes = {f"{t}_idx": sql.Identifier(f"{name}_{s}_idx") for t, s in _TABLE_NAMES.items()}
         indexes["sessions_created_idx"] = sql.Identifier(f"{name}_sessions_created_idx")
         indexes["jobs_updated_idx"] = sql.Identifier(f"{name}_jobs_updated_idx")
         names: dict[str, sql.Composable] = {**tables, **indexes}
@@ -152,13 +163,16 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
                 table=f"{prefix}_sessions",
                 main=tables["sessions"],
                 meta=tables["meta"],
-                create=ddl((*_DDL, *_DDL_2)),
+                create=ddl((*_DDL, *_DDL_2, *_DDL_3)),
                 version=SCHEMA_VERSION,
                 what="chat memory",
                 # The lock key of earlier releases, so that they and this one exclude
                 # each other.
                 lock=lock_key(f"touba.memory.postgres:{prefix}"),
-                migrations={1: ddl((*_MIGRATE_1_TO_2, *_DDL_2))},
+                migrations={
+                    1: ddl((*_MIGRATE_1_TO_2, *_DDL_2)),
+                    2: ddl((*_MIGRATE_2_TO_3, *_DDL_3)),
+                },
             ),
             unavailable=_unavailable,
         )
@@ -185,4 +199,8 @@ def _unavailable(error: Exception) -> MemoryStoreUnavailable:
     )
 
 
-_TABLE_NAMES = ("sessions", "turns", "events", "history", "jobs", "configs", "meta")
+# The tables by the name the statements use, and the suffix of each after the prefix.
+_TABLE_NAMES = {
+    **{t: t for t in ("sessions", "turns", "events", "history", "jobs", "configs", "meta")},
+    "changes": "config_changes",
+}

@@ -7,8 +7,9 @@ group- or other-writable directories are refused
 (``DecisionHistoryStorageUnsafe``). It may be the same file as a
 ``SqliteHistoryStore``'s: the tables are ``touba_memory_*``
 (``touba_memory_configs`` holds the per-agent settings the memory panel
-saves) and the schema version sits in the shared ``touba_meta`` table under
-its own name; a version-1 file is migrated to version 2 in place when opened.
+saves, ``touba_memory_config_changes`` their history) and the schema version
+sits in the shared ``touba_meta`` table under its own name; a version-1 or
+version-2 file is migrated to version 3 in place when opened.
 
 One thread owns the connection and runs an event loop of its own: each
 operation (one transaction, :mod:`touba.memory._sql`) is submitted to it
@@ -40,17 +41,19 @@ from touba.memory._store import Clock, check_clock, utc_now
 __all__ = ["SCHEMA_VERSION", "SqliteMemoryStore"]
 
 R = TypeVar("R")
-SCHEMA_VERSION: Final = 2
-# Versions this touba opens: 1 is migrated to 2 in place (the ``actor`` of each update
-# history row, "model" for the old ones, and the per-agent settings table).
-_READABLE = ("1", str(SCHEMA_VERSION))
+SCHEMA_VERSION: Final = 3
+# Versions this touba opens, older ones migrated in place: 2 added the ``actor`` of each
+# update history row ("model" for the old ones) and the per-agent settings table; 3 each
+# turn's ``context``, who saved the settings ("unknown" for the old ones) and their
+# history. New tables and indexes come from ``_SCHEMA``; ``_ADDED`` are the columns.
+_READABLE = ("1", "2", str(SCHEMA_VERSION))
 BUSY_TIMEOUT_SECONDS: Final = 5.0
 _VERSION_NAME = "memory_schema_version"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TABLES = {
     name: f"touba_memory_{name}"
     for name in ("sessions", "turns", "events", "history", "jobs", "configs")
-}
+} | {"changes": "touba_memory_config_changes"}
 _SQL = {
     name: text.format(**_TABLES, **COLUMNS, for_update="", skip_locked="").replace("%s", "?")
     for name, text in STATEMENTS.items()
@@ -66,7 +69,7 @@ _SCHEMA = (
     "ON touba_memory_sessions (created_at)",
     """CREATE TABLE IF NOT EXISTS touba_memory_turns (session_id TEXT NOT NULL,
         idx INTEGER NOT NULL, user_text TEXT NOT NULL, replies TEXT NOT NULL,
-        trace TEXT NOT NULL, invocation_id TEXT, created_at INTEGER NOT NULL,
+        trace TEXT NOT NULL, invocation_id TEXT, created_at INTEGER NOT NULL, context TEXT,
         PRIMARY KEY (session_id, idx))""",
     """CREATE TABLE IF NOT EXISTS touba_memory_events (id TEXT PRIMARY KEY,
         owner TEXT NOT NULL, type TEXT NOT NULL, title TEXT NOT NULL, status TEXT NOT NULL,
@@ -88,11 +91,23 @@ _SCHEMA = (
     "ON touba_memory_jobs (status, next_attempt_at)",
     "CREATE INDEX IF NOT EXISTS touba_memory_jobs_updated ON touba_memory_jobs (updated_at)",
     """CREATE TABLE IF NOT EXISTS touba_memory_configs (agent_ref TEXT PRIMARY KEY,
-        config TEXT NOT NULL, updated_at INTEGER NOT NULL)""",
+        config TEXT NOT NULL, updated_at INTEGER NOT NULL,
+        saved_by TEXT NOT NULL DEFAULT 'unknown')""",
+    """CREATE TABLE IF NOT EXISTS touba_memory_config_changes (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, agent_ref TEXT NOT NULL,
+        before_config TEXT, after_config TEXT, at INTEGER NOT NULL, actor TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS touba_memory_config_changes_agent "
+    "ON touba_memory_config_changes (agent_ref, seq)",
 )
-_MIGRATE_1_TO_2 = (
-    "ALTER TABLE touba_memory_history ADD COLUMN actor TEXT NOT NULL DEFAULT 'model'",
-)
+# The columns each version added to tables an older file already has: (table, column,
+# definition), added when missing (a table ``_SCHEMA`` just made has them all).
+_ADDED: dict[int, tuple[tuple[str, str, str], ...]] = {
+    2: (("touba_memory_history", "actor", "TEXT NOT NULL DEFAULT 'model'"),),
+    3: (
+        ("touba_memory_turns", "context", "TEXT"),
+        ("touba_memory_configs", "saved_by", "TEXT NOT NULL DEFAULT 'unknown'"),
+    ),
+}
 
 
 def _check_schema(conn: sqlite3.Connection) -> None:
@@ -110,12 +125,15 @@ def _check_schema(conn: sqlite3.Connection) -> None:
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Bring a version-1 file to the current version, inside the opening transaction."""
+    """Bring an older file to the current version, inside the opening transaction."""
     row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (_VERSION_NAME,)).fetchone()
     if row is None or row[0] == str(SCHEMA_VERSION):
         return
-    for statement in _MIGRATE_1_TO_2:
-        conn.execute(statement)
+    for version in range(int(row[0]) + 1, SCHEMA_VERSION + 1):
+        for table, column, definition in _ADDED[version]:
+            columns = {info[1] for info in conn.execute(f"PRAGMA table_info({table})")}
+            if column not in columns:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
     conn.execute(
         "UPDATE touba_meta SET value = ? WHERE name = ?", (str(SCHEMA_VERSION), _VERSION_NAME)
     )

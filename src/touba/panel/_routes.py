@@ -26,7 +26,13 @@ from touba.errors import (
     ToubaError,
 )
 from touba.history._plot import PLOT_POINTS, read_points
-from touba.memory import ChatSession, KeyEventsConfig, KeyEventService, MemoryConfig
+from touba.memory import (
+    ChatSession,
+    EffectiveMemoryConfig,
+    KeyEventsConfig,
+    KeyEventService,
+    resolve_memory_settings,
+)
 from touba.memory._model import KEY_EVENT_STATUSES, JobStatus, KeyEventStatus
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
 from touba.panel._forms import SettingsForm, parse_settings
@@ -44,6 +50,8 @@ MAX_SHOWN_CHARS: Final = 4000
 PANEL_SESSION: Final = "panel"
 FETCH_HEADER: Final = "x-touba-fetch"
 JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("pending", "running", "done", "failed")
+SETTINGS_CHANGES_SHOWN: Final = 20
+OPERATOR: Final = "operator"
 
 router = APIRouter()
 T = TypeVar("T")
@@ -119,14 +127,9 @@ def _agent(panel: Panel, name: str) -> AgentDefinition:
     return agent
 
 
-async def _settings(panel: Panel, agent: AgentDefinition) -> tuple[MemoryConfig, str]:
-    """The agent's settings now, and where they come from."""
-    saved = await panel.memory.load_memory_config(agent.name)
-    if saved is not None:
-        return saved, "saved"
-    if agent.memory is not None:
-        return agent.memory, "program"
-    return MemoryConfig(), "defaults"
+async def _settings(panel: Panel, agent: AgentDefinition) -> EffectiveMemoryConfig:
+    """The agent's settings now, and where they come from (saved: when and by whom)."""
+    return await resolve_memory_settings(panel.memory, agent.name, agent.memory)
 
 
 def _shown(value: Any) -> str:
@@ -187,8 +190,8 @@ async def home(request: Request) -> Response:
     panel = _panel(request)
     agents = []
     for agent in panel.program.agents.values():
-        config, source = await _settings(panel, agent)
-        agents.append({"agent": agent, "config": config, "source": source})
+        effective = await _settings(panel, agent)
+        agents.append({"agent": agent, "config": effective.config, "source": effective.source})
     memory = panel.memory
     counts = {
         "sessions": await memory.count_sessions(),
@@ -202,7 +205,8 @@ async def home(request: Request) -> Response:
 async def _agent_page(
     request: Request, panel: Panel, agent: AgentDefinition, form: SettingsForm | None, status: int
 ) -> Response:
-    config, source = await _settings(panel, agent)
+    effective = await _settings(panel, agent)
+    changes = await panel.memory.memory_config_history(agent.name, limit=SETTINGS_CHANGES_SHOWN)
     session = _operator(request)
     preview_id = session.previews.get(agent.name)
     turns = await panel.memory.list_turns(preview_id, limit=PAGE_SIZE) if preview_id else ()
@@ -211,9 +215,12 @@ async def _agent_page(
         "agent.html",
         status,
         agent=agent,
-        config=config,
-        source=source,
-        form=form or SettingsForm.of(config),
+        config=effective.config,
+        source=effective.source,
+        effective=effective,
+        changes=changes,
+        changes_shown=SETTINGS_CHANGES_SHOWN,
+        form=form or SettingsForm.of(effective.config),
         preview_turns=turns,
         preview_id=preview_id,
     )
@@ -233,11 +240,41 @@ async def save_settings(request: Request, name: str) -> Response:
     config, shown = parse_settings(form)
     if config is None:
         return await _agent_page(request, panel, agent, shown, 400)
-    await panel.memory.save_memory_config(agent.name, config)
-    logger.info("memory settings of agent %s saved", agent.name)
+    saved = await panel.memory.load_memory_config(agent.name)
+    if saved == config:
+        _operator(request).flash("ok", "These are the saved settings already: nothing changed.")
+        return _back(f"/agents/{agent.name}")
+    await panel.memory.save_memory_config(agent.name, config, actor=OPERATOR)
+    logger.info("memory settings of agent %s saved by the operator", agent.name)
     _operator(request).flash(
         "ok", f"Saved. Sessions of {agent.name} use these settings from their next turn."
     )
+    return _back(f"/agents/{agent.name}")
+
+
+@router.post("/agents/{name}/memory/reset")
+async def reset_settings(request: Request, name: str) -> Response:
+    """Delete the settings saved for the agent (confirmed by the form's ``confirm=yes``):
+    the program's apply again from each session's next turn; the change is recorded."""
+    panel = _panel(request)
+    agent = _agent(panel, name)
+    form = await _form(request)
+    session = _operator(request)
+    if form.get("confirm") != "yes":
+        session.flash(
+            "error",
+            "Nothing done: tick the box to confirm that the saved settings are to be deleted.",
+        )
+        return _back(f"/agents/{agent.name}", anchor="reset")
+    if await panel.memory.reset_memory_config(agent.name, actor=OPERATOR):
+        logger.info("memory settings of agent %s reset by the operator", agent.name)
+        follows = "the program's settings" if agent.memory is not None else "the defaults"
+        session.flash(
+            "ok",
+            f"Reset. Sessions of {agent.name} use {follows} from their next turn.",
+        )
+    else:
+        session.flash("error", "No settings were saved for this agent: nothing to reset.")
     return _back(f"/agents/{agent.name}")
 
 
