@@ -12,6 +12,7 @@ from touba.memory._model import KeyEvent, KeyEventStatus
 from touba.memory._turn_context import (
     NOT_RECORDED,
     describe_context,
+    describe_history,
     describe_windows,
     given_context,
     human_bytes,
@@ -268,13 +269,16 @@ def test_windows_are_read_per_decision_with_trims_summaries_and_guard_counts() -
         "error": "provider_unavailable",
     }
     lines = describe_windows(record)
-    assert "decision 1: 2 messages, 300 B; provider reported 120 input tokens" in lines
     assert (
-        "decision 2: 6 messages, 2 KiB; trimmed 4 exchanges (8 messages, 4 KiB); new summary of "
-        "4 exchanges (512 B); guard: 7000 tokens counted, reserve 8912 of 10000 (fits; 3 counts)"
+        "decision 1: history window 2 messages, 300 B; provider reported 120 input tokens" in lines
+    )
+    assert (
+        "decision 2: history window 6 messages, 2 KiB; trimmed 4 exchanges (8 messages, "
+        "4 KiB); new summary of 4 exchanges (512 B); guard: 7000 tokens counted, reserve "
+        "8912 of 10000 (fits; 3 counts)"
     ) in lines
     assert (
-        "failed decision: 1 message, 10 B; summary failed, trimmed plainly; "
+        "failed decision: history window 1 message, 10 B; summary failed, trimmed plainly; "
         "error provider_unavailable"
     ) in lines
     assert {k: record[k] for k in given()} == given()  # the given part, unchanged
@@ -288,7 +292,14 @@ def test_a_provider_without_history_gives_decisions_without_window() -> None:
     assert record["conversation_key"] is None
     lines = describe_windows(record)
     assert "decision 1: no history window (the provider keeps no decision history)" in lines
-    assert lines[-1].startswith("decision history deleted when the turn was stored")
+    assert describe_history(record) == ("no decision history (its provider keeps none)")
+    assert describe_history({**record, "conversation_key": "th1:k"}) == (
+        "decision history deleted when the turn was stored (retain_decision_history=False)"
+    )
+    assert describe_history(
+        {**record, "conversation_key": "th1:k", "decision_history": "retained"}
+    ) == ("decision history retained: conversation th1:k")
+    assert describe_history(None) is None
 
 
 def test_a_guard_that_never_fit_records_its_last_count() -> None:

@@ -69,6 +69,7 @@ from touba.runtime._trace import Trace
 __all__ = [
     "TURN_CONTEXT_VERSION",
     "describe_context",
+    "describe_history",
     "describe_windows",
     "given_context",
     "human_bytes",
@@ -349,7 +350,8 @@ def _window_line(window: Mapping[str, Any]) -> str:
     parts: list[str] = []
     if isinstance(window.get("messages"), int):
         parts.append(
-            f"{_plural(window['messages'], 'message')}, {human_bytes(window.get('bytes') or 0)}"
+            f"history window {_plural(window['messages'], 'message')}, "
+            f"{human_bytes(window.get('bytes') or 0)}"
         )
     else:
         parts.append("no history window (the provider keeps no decision history)")
@@ -408,8 +410,16 @@ def describe_windows(record: Mapping[str, Any] | None) -> list[str]:
         for w in (windows if isinstance(windows, list) else [])
         if isinstance(w, Mapping)
     )
-    if record.get("decision_history") == "deleted":
-        lines.append(
-            "decision history deleted when the turn was stored (retain_decision_history=False)"
-        )
     return lines
+
+
+def describe_history(record: Mapping[str, Any] | None) -> str | None:
+    """Where the turn's decision history went, from its record (None: not recorded)."""
+    if record is None:
+        return None
+    key = record.get("conversation_key")
+    if not isinstance(key, str):
+        return "no decision history (its provider keeps none)"
+    if record.get("decision_history") == "deleted":
+        return "decision history deleted when the turn was stored (retain_decision_history=False)"
+    return f"decision history retained: conversation {key}"

@@ -35,6 +35,7 @@ from touba.memory import (
 )
 from touba.memory._model import KEY_EVENT_STATUSES, JobStatus, KeyEventStatus
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
+from touba.panel._context_view import context_views
 from touba.panel._forms import SettingsForm, parse_settings
 from touba.panel._state import Panel, set_cookie
 from touba.panel._svg import render_plot
@@ -388,6 +389,7 @@ async def session_page(request: Request) -> Response:
         anonymous=_anonymous(meta.owner),
         page=_paged(list(turns), number, meta.turns),
         shown=_shown,
+        given=await context_views(turns[:PAGE_SIZE], panel.history),
     )
 
 
