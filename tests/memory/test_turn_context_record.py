@@ -11,6 +11,7 @@ from touba.memory import KeyEventsConfig, MemoryConfig, StoredTurn, select_prior
 from touba.memory._model import KeyEvent, KeyEventStatus
 from touba.memory._turn_context import (
     NOT_RECORDED,
+    UNKNOWN_FORMAT,
     describe_context,
     describe_history,
     describe_windows,
@@ -173,9 +174,13 @@ def test_preview_is_blank_memory_whatever_was_read() -> None:
     assert describe_context(record).startswith("preview: blank memory")
 
 
-def test_a_turn_without_record_says_so() -> None:
+def test_a_turn_without_record_or_with_a_foreign_one_says_so() -> None:
     assert describe_context(None) == NOT_RECORDED
     assert describe_windows(None) == []
+    assert describe_context({"given_turns": [2]}) == UNKNOWN_FORMAT
+    assert describe_context({"version": True}) == UNKNOWN_FORMAT
+    later = {**given(), "version": 2, "something_new": 1}  # a later version: known keys read
+    assert describe_context(later).startswith("given no earlier turn; short-term memory 2")
 
 
 # -- windows, from the trace -------------------------------------------------------------------
@@ -287,8 +292,12 @@ def test_windows_are_read_per_decision_with_trims_summaries_and_guard_counts() -
 def test_a_provider_without_history_gives_decisions_without_window() -> None:
     trace = Trace()
     trace.add("decision", "run", "inv", "support", number=1, calls=[])
+    trace.add("provider_error", "run", "inv", "support", error_code="provider_unavailable")
     record = turn_context(given(), trace, "inv", retained=False)
-    assert record["windows"] == [{"decision": 1}]
+    assert record["windows"] == [
+        {"decision": 1},
+        {"decision": None, "error": "provider_unavailable"},
+    ]
     assert record["conversation_key"] is None
     lines = describe_windows(record)
     assert "decision 1: no history window (the provider keeps no decision history)" in lines

@@ -78,6 +78,7 @@ __all__ = [
 
 TURN_CONTEXT_VERSION: Final = 1
 NOT_RECORDED: Final = "not recorded (stored before this touba version)"
+UNKNOWN_FORMAT: Final = "recorded in a form this touba does not read (no version)"
 _SOURCES: Final = ("saved", "program", "defaults")
 
 
@@ -232,8 +233,9 @@ def _windows(trace: Trace, invocation_id: str) -> tuple[list[JSON], str | None]:
                 )
             )
             pending = None
-        elif entry.kind == "provider_error" and pending is not None:
+        elif entry.kind == "provider_error":
             code = entry.get("error_code")
+            pending = pending or _Window()
             windows.append(pending.close(None, error=code if isinstance(code, str) else None))
             pending = None
     if pending is not None:  # events of a decision that never came (the invocation stopped)
@@ -330,6 +332,9 @@ def describe_context(record: Mapping[str, Any] | None) -> str:
     """
     if record is None:
         return NOT_RECORDED
+    version = record.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        return UNKNOWN_FORMAT
     if record.get("mode") == "preview":
         return "preview: blank memory (no earlier turn, no key event)"
     settings = record.get("settings")

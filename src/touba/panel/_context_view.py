@@ -35,8 +35,8 @@ class TurnContextView:
 
 
 def _note(record: Mapping[str, Any], key: str | None, history: bool, held: set[str]) -> str | None:
-    if record.get("mode") is None:
-        return None
+    if not isinstance(record.get("version"), int):
+        return None  # not a record this touba reads: its line says so
     if key is None:
         return "no decision history (its provider keeps none)"
     if record.get("decision_history") == "deleted":
