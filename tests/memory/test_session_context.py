@@ -7,13 +7,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import pytest
 
 from tests.memory._chat import INSTRUCTIONS, Scripted, build_runtime, memory, open_store
 from touba import ChatSession
+from touba.history import HistoryConfig, MemoryHistoryStore, SummaryRequest
 from touba.memory import KeyEventService, MemoryStore, owner_for
 from touba.memory._key_events import render_key_events_block
 from touba.memory._turn_context import describe_context
+from touba.providers import ContextConfig
+from touba.providers.anthropic import create_anthropic_decision_provider
+from touba.testing import ScriptedProvider
+from touba.testing.fakes import FakeAnthropicServer, anthropic_text
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -173,3 +179,59 @@ async def test_a_resumed_turn_keeps_the_record_it_started_with(
     assert record["turns"] == [{"number": 1, "full_trace": True, "calls": 0}]
     # Both parts of the turn (before and after the approval) have their windows.
     assert [w["decision"] for w in record["windows"]] == [1, 2]
+
+
+async def test_windows_record_trims_summaries_and_the_guards_count_end_to_end(
+    store: MemoryStore,
+) -> None:
+    """The field names read from the trace are the ones the history and the guard emit."""
+
+    async def summarize(request: SummaryRequest) -> str:
+        return f"{len(request.turns)} earlier exchanges"
+
+    scripted = ScriptedProvider(
+        history=HistoryConfig(
+            store=MemoryHistoryStore(), namespace="t", max_messages=2, summarize=summarize
+        )
+    )
+    for order in ("A1", "B2", "C3"):
+        scripted.add(ScriptedProvider.call("lookup_order", order_id=order))
+    scripted.add(ScriptedProvider.final("All shipped."))
+    session = ChatSession(build_runtime(scripted), "support", "u-1", "s-w", store=store)
+    turn = await session.send("Where are A1, B2 and C3?")
+    assert turn.stored is not None
+    record: Any = turn.stored.context
+    windows = record["windows"]
+    assert [w["decision"] for w in windows] == [1, 2, 3, 4]
+    assert "trimmed" not in windows[1]
+    assert windows[2]["trimmed"] == {"exchanges": 1, "messages": 2, "bytes": 296}
+    assert windows[3]["trimmed"]["exchanges"] == 2
+    assert windows[3]["summary"] == {"covered_exchanges": 2, "bytes": 19, "new": True}
+    assert (windows[3]["messages"], windows[3]["bytes"]) == (2, 296)
+
+    with FakeAnthropicServer() as server:
+        sdk = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="sk-ant", max_retries=0)
+        guarded = create_anthropic_decision_provider(
+            model="claude-test",
+            client=sdk,
+            history=HistoryConfig(store=MemoryHistoryStore(), namespace="t"),
+            context=ContextConfig(context_window_tokens=200_000),
+            max_output_tokens=1024,
+        )
+        server.script_count(1000)
+        server.script_response(anthropic_text("Hello."))
+        chat = ChatSession(build_runtime(guarded), "support", "u-1", "s-g", store=store)
+        said = await chat.send("hi")
+        await sdk.close()
+    assert said.stored is not None
+    [window] = said.stored.context["windows"]  # type: ignore[index]
+    assert window["guard"] == {
+        "counts": 1,
+        "tokens": 1000,
+        "reserve": 1000 * 12 // 10 + 512 + 1024,
+        "window": 200_000,
+        "fits": True,
+        "messages": 0,
+        "bytes": 0,
+    }
+    assert isinstance(window["input_tokens"], int)
