@@ -235,3 +235,22 @@ async def test_windows_record_trims_summaries_and_the_guards_count_end_to_end(
         "bytes": 0,
     }
     assert isinstance(window["input_tokens"], int)
+
+
+async def test_settings_saved_equal_to_the_programs_are_recorded_as_saved(
+    model: Scripted, store: MemoryStore
+) -> None:
+    runtime = build_runtime(model, config=memory(short_term_turns=5))
+    session = ChatSession(runtime, "support", None, "s-4", store=store)
+    model.say("one")
+    await session.send("first")
+    await store.save_memory_config("support", memory(short_term_turns=5), actor="billing-api")  # type: ignore[attr-defined]
+    model.say("two")
+    turn = await session.send("second")
+    assert turn.stored is not None
+    record: Any = turn.stored.context
+    assert (record["settings"]["source"], record["settings"]["saved_by"]) == (
+        "saved",
+        "billing-api",
+    )
+    assert "saved by billing-api " in describe_context(record)

@@ -332,9 +332,10 @@ class ChatSession(AsyncClosing):
 
     async def _refresh_config(self) -> None:
         """Take the agent's saved settings, if they changed (see the module docstring)."""
-        self._settings = await resolve_memory_settings(self.store, self.agent, self._program_config)
-        config = self._settings.config
+        settings = await resolve_memory_settings(self.store, self.agent, self._program_config)
+        config = settings.config
         if config == self.config:
+            self._settings = settings  # the same settings may have a new source
             return
         events = KeyEventService(self.store, config.key_events, read_only=self.mode == "preview")
         previous = self.config, self.events
@@ -344,6 +345,7 @@ class ChatSession(AsyncClosing):
         except ConfigurationError:
             self.config, self.events = previous
             raise
+        self._settings = settings
 
     def _key_event_tools(self) -> tuple[InvocationTool, ...]:
         if self.mode == "preview" or self.kind != "loop" or not self.events.active:
