@@ -74,7 +74,7 @@ async def test_a_setting_changed_in_the_panel_shows_beside_the_turns_it_shaped(
         windows = await third.locator("details.windows").inner_text()
         assert "decision 1: " in windows
         assert "decision history not kept" in await third.inner_text()
-        await shots.take(page, "session-turn-context", '.given[data-turn="3"]')
+        await shots.take(page, "panel-turn-context", 'li.turn:has(.given[data-turn="3"])')
 
         # Back to the program's settings: the next turn follows the program.
         await page.goto(served.base + "/agents/support")
