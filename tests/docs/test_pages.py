@@ -48,7 +48,7 @@ PAGES: dict[str, str] = {
     "docs/concepts/decision-history.md": "python output",
     "docs/concepts/exchanges-and-windows.md": "",
     "docs/concepts/reservations.md": "",
-    "docs/concepts/chat-memory.md": "python python output",
+    "docs/concepts/chat-memory.md": "python python output python output",
     "docs/concepts/key-events.md": "json json",
     "docs/stores/index.md": "python",
     "docs/stores/ram.md": "python output",

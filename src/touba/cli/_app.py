@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from touba.cli import _chat, _demo, _events, _history, _panel, _worker
+from touba.cli import _agents, _chat, _demo, _events, _history, _panel, _worker
 
 app = typer.Typer(
     name="touba",
@@ -16,6 +16,7 @@ app = typer.Typer(
 app.command("demo")(_demo.demo)
 app.add_typer(_history.app, name="history")
 app.add_typer(_events.app, name="events")
+app.add_typer(_agents.app, name="agents")
 app.command("worker")(_worker.worker)
 app.command("chat")(_chat.chat)
 app.command("panel")(_panel.panel)

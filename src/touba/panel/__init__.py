@@ -31,8 +31,11 @@ Decisions (documented here because they are behaviour):
 - **What is editable.** An agent's memory settings (short-term turns with
   its switch, full context 0 to 5, the key-event switch and types),
   validated by ``MemoryConfig`` itself (its messages, next to the field),
-  saved with ``store.save_memory_config``: they win over the program's and
-  reach every session at its next turn. A key event's status, title and
+  saved with ``store.save_memory_config(..., actor="operator")``: they win
+  over the program's and reach every session at its next turn. Each change is
+  recorded (before, after, when, by whom) and listed on the agent's page;
+  "reset to the program's settings" deletes the saved ones behind a
+  confirmation (a box the server checks), recorded too. A key event's status, title and
   details, recorded in its update history as made by the operator (session
   ``"panel"``). A failed extraction job can be requeued. An inactive
   conversation can be deleted. Turns and sessions are read-only.
