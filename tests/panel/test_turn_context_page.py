@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import html
 import re
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 from fastapi.testclient import TestClient
 
 from tests.memory._chat import build_runtime
 from tests.memory._chat import memory as memory_settings
-from tests.panel._data import HOSTILE
+from tests.panel._data import HOSTILE, seed_conversation
 from touba import ChatSession
 from touba.history import HistoryConfig
 from touba.history.sqlite import SqliteHistoryStore
-from touba.memory import KeyEventService, MemoryConfig, SqliteMemoryStore
-from touba.memory._turn_context import NOT_RECORDED
+from touba.memory import KeyEventService, MemoryConfig, SqliteMemoryStore, StoredTurn
+from touba.memory._turn_context import NOT_RECORDED, UNKNOWN_FORMAT, given_context
+from touba.panel._context_view import context_views
 from touba.testing import ScriptedProvider
 
 
@@ -99,3 +102,34 @@ async def test_deleted_history_and_preview_turns_say_so(
 
 def memory_config(short_term_turns: int = 30) -> MemoryConfig:
     return memory_settings(short_term_turns=short_term_turns, full_context_turns=1)
+
+
+async def test_where_the_history_is_said_for_every_case(history: SqliteHistoryStore) -> None:
+    at = datetime(2026, 12, 7, 8, 20, tzinfo=UTC)
+    base = given_context(mode="live", config=memory_config(), source="program")
+
+    def turn(index: int, context: dict[str, Any] | None) -> StoredTurn:
+        return StoredTurn("s", index, "u", ("r",), (), None, at, context)
+
+    kept = await seed_conversation(history)
+    turns = [
+        turn(0, None),
+        turn(1, {"given_turns": [2]}),  # not a record this touba reads
+        turn(2, {**base, "conversation_key": None, "decision_history": "deleted"}),
+        turn(3, {**base, "conversation_key": "th1:x", "decision_history": "deleted"}),
+        turn(4, {**base, "conversation_key": "th1:gone", "decision_history": "retained"}),
+        turn(5, {**base, "conversation_key": kept, "decision_history": "retained"}),
+    ]
+    views = await context_views(turns, history)
+    assert views[0].line == NOT_RECORDED
+    assert views[1].line == UNKNOWN_FORMAT
+    assert (views[1].note, views[1].conversation) == (None, None)
+    assert views[2].note == "no decision history (its provider keeps none)"
+    assert views[3].note == "decision history not kept (deleted when the turn was stored)"
+    assert views[4].note == "decision history no longer in the history store (expired or deleted)"
+    assert (views[5].note, views[5].conversation) == (None, kept)
+    without = await context_views(turns, None)  # a panel started without --history-db
+    assert without[5].note == (
+        "decision history kept, but the panel has no history store (--history-db)"
+    )
+    assert without[5].conversation is None
