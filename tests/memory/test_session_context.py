@@ -18,6 +18,7 @@ from touba.memory._key_events import render_key_events_block
 from touba.memory._turn_context import describe_context
 from touba.providers import ContextConfig
 from touba.providers.anthropic import create_anthropic_decision_provider
+from touba.runtime import MemoryCheckpointStore
 from touba.testing import ScriptedProvider
 from touba.testing.fakes import FakeAnthropicServer, anthropic_text
 
@@ -176,6 +177,7 @@ async def test_a_resumed_turn_keeps_the_record_it_started_with(
     record: Any = turn.stored.context
     assert record["settings"]["short_term_turns"] == 3
     assert record["settings"]["source"] == "program"
+    assert "rebuilt_at_resume" not in record
     assert record["turns"] == [{"number": 1, "full_trace": True, "calls": 0}]
     # Both parts of the turn (before and after the approval) have their windows.
     assert [w["decision"] for w in record["windows"]] == [1, 2]
@@ -254,3 +256,20 @@ async def test_settings_saved_equal_to_the_programs_are_recorded_as_saved(
         "billing-api",
     )
     assert "saved by billing-api " in describe_context(record)
+
+
+async def test_a_turn_resumed_by_another_process_says_its_record_was_built_again(
+    model: Scripted, store: MemoryStore
+) -> None:
+    checkpoints = MemoryCheckpointStore()  # shared, as a SqliteCheckpointStore file would be
+    runtime = build_runtime(model, approval=True, checkpoints=checkpoints)
+    first = ChatSession(runtime, "support", "u-42", "s-5", store=store)
+    model.call("refund", order_id="A1")
+    paused = await first.send("Refund A1")
+    later = ChatSession(runtime, "support", "u-42", "s-5", store=store)
+    model.say("Refund refused.")
+    turn = await later.resume({}, checkpoint_id=paused.result.checkpoint_id)
+    assert turn.stored is not None
+    record: Any = turn.stored.context
+    assert record["rebuilt_at_resume"] is True
+    assert describe_context(record).endswith("; built again when resumed by another process")

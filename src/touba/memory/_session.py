@@ -468,7 +468,9 @@ class ChatSession(AsyncClosing):
                     )
                 await self._refresh_config()
                 user = await self._paused_user(checkpoint_id)
-                paused = _Paused(user, checkpoint_id, *await self._context())
+                context, given = await self._context()
+                given["rebuilt_at_resume"] = True  # what the turn started with lived elsewhere
+                paused = _Paused(user, checkpoint_id, context, given)
             result = await self.runtime.resume(
                 paused.checkpoint_id, approvals, context=paused.context
             )

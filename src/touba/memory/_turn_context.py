@@ -46,6 +46,9 @@ Schema (``version`` 1; a reader skips keys it does not know):
   ``bytes`` after its cut), ``input_tokens`` (what the provider reported);
   ``error`` (an error code) when the decision failed. A decision of a
   provider without history has no window event: only its number and tokens;
+- ``rebuilt_at_resume``: true when the turn was resumed after an approval
+  by another process or session object (``resume(checkpoint_id=...)``): the
+  record, like the context, is then the one built at the resume;
 - ``conversation_key``: the decision history's conversation of the top-level
   invocation (null when its provider keeps none); ``decision_history``:
   ``"retained"`` or ``"deleted"`` (the session's ``retain_decision_history``).
@@ -344,9 +347,10 @@ def describe_context(record: Mapping[str, Any] | None) -> str:
     memory = f"short-term memory {_plural(short, 'turn') if isinstance(short, int) else '?'}"
     if isinstance(full, int) and full:
         memory += f" ({full} with full trace)"
-    return "; ".join(
-        (_turns(record.get("turns")), f"{memory}, {_source(settings)}", _events(record))
-    )
+    parts = [_turns(record.get("turns")), f"{memory}, {_source(settings)}", _events(record)]
+    if record.get("rebuilt_at_resume"):
+        parts.append("built again when resumed by another process")
+    return "; ".join(parts)
 
 
 def _window_line(window: Mapping[str, Any]) -> str:
