@@ -10,6 +10,15 @@ line is refused as an unknown command; a line that only starts with ``/``
 ("/etc/hosts is empty") is a message. A call awaiting approval is asked
 about, ``y`` approving it.
 
+``/context`` says what the last stored turn's invocation was given (earlier
+turns, memory settings and where they came from, key events, system prompt
+size, decision windows), in the panel's words.
+
+``--json`` prints each turn on standard output as one JSON object (its
+number, status, user message, replies, tool trace and its ``context``
+record), and ``/context`` as the record's JSON; everything meant for a
+person (prompts, notices) then goes to standard error.
+
 An ended session is refused before anything else is printed. The command
 exits 1 when a turn failed (after the session goes on to its end: the other
 turns are kept) and 0 otherwise.
@@ -30,9 +39,13 @@ of input (Ctrl-D) and ``/quit`` do, printing the ``--session`` to continue with.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -44,13 +57,22 @@ from touba.cli._stores import DsnOption, open_memory
 from touba.cli._terminal import Interrupted, Terminal
 from touba.cli._worker import report_job
 from touba.history._model import canonical_json
-from touba.memory import ChatSession, ChatTurn, ExtractionWorker, MemoryStore, owner_for
+from touba.memory import (
+    ChatSession,
+    ChatTurn,
+    ExtractionWorker,
+    MemoryStore,
+    StoredTurn,
+    owner_for,
+)
 from touba.memory._model import SessionMeta
+from touba.memory._turn_context import describe_context, describe_history, describe_windows
 from touba.runtime import Runtime
 
 COMMANDS = {
     "/help": "list these commands",
     "/events": "the key events this session sees",
+    "/context": "what the last stored turn was given (turns, settings, key events, windows)",
     "/end": "end the session (key events of an agent or flow are extracted now)",
     "/quit": "leave; the session stays open (continue it with --session)",
 }
@@ -104,10 +126,73 @@ async def _approve(session: ChatSession, turn: ChatTurn, terminal: Terminal) -> 
     return turn
 
 
-async def _command(session: ChatSession, text: str) -> None:
-    """``/help``, ``/events``, or an unknown command (never sent to the model)."""
+def _turn_data(turn: ChatTurn) -> dict[str, Any]:
+    """A turn as ``--json`` prints it: the stored turn with its context record."""
+    stored = turn.stored
+    error = turn.result.error
+    return {
+        "session_id": turn.session_id,
+        "turn": stored.index + 1 if stored is not None else None,
+        "status": turn.status,
+        "user": turn.user,
+        "replies": list(turn.replies),
+        "trace": [
+            [
+                {"name": c.name, "arguments": dict(c.arguments), "status": c.status}
+                | ({"result": c.result} if c.status == "ok" else {"error": c.error})
+                for c in group
+            ]
+            for group in (stored.trace if stored is not None else ())
+        ],
+        "context": dict(stored.context) if stored and stored.context is not None else None,
+        "error": error.code if error is not None else None,
+    }
+
+
+def _print_json_line(data: object) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def _people_on_stderr(on: bool) -> Iterator[None]:
+    """With ``--json``, what is meant for a person goes to standard error."""
+    if not on:
+        yield
+        return
+    console.file = sys.stderr
+    try:
+        yield
+    finally:
+        console.file = None  # type: ignore[assignment]  # back to the current sys.stdout
+
+
+async def _context(session: ChatSession, as_json: bool) -> None:
+    """``/context``: what the last stored turn's invocation was given."""
+    last: tuple[StoredTurn, ...] = await session.store.recent_turns(session.session_id, 1)
+    if as_json:
+        _print_json_line(dict(last[0].context) if last and last[0].context else None)
+        return
+    if not last:
+        console.print("no turn stored yet in this session")
+        return
+    turn = last[0]
+    console.print(f"turn {turn.index + 1}: ", end="")
+    console.print(describe_context(turn.context), markup=False)
+    for line in describe_windows(turn.context):
+        console.print(f"  {line}", markup=False)
+    history = describe_history(turn.context)
+    if history is not None:
+        console.print(f"  {history}", markup=False)
+
+
+async def _command(session: ChatSession, text: str, as_json: bool = False) -> None:
+    """``/help``, ``/events``, ``/context``, or an unknown command (never sent to the
+    model)."""
     if text == "/events":
         await _events(session)
+    elif text == "/context":
+        await _context(session, as_json)
     elif text == "/help":
         for name, what in COMMANDS.items():
             console.print(f"  {name}: {what}", markup=False)
@@ -210,6 +295,13 @@ def chat(
         bool,
         typer.Option("--preview", help="Preview mode: blank memory, no key event written."),
     ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print each turn (and /context) as one JSON object; prompts go to stderr.",
+        ),
+    ] = False,
 ) -> None:
     """Chat with an agent of your program, with its chat memory and key events.
 
@@ -250,18 +342,22 @@ def chat(
                 mode="preview" if preview else "live",
                 extract_in_background=False,
             ) as session:
-                await _converse(runtime, store, session, 0 if found is None else found.turns)
+                await _converse(
+                    runtime, store, session, 0 if found is None else found.turns, as_json
+                )
 
     try:
-        target.backend.run(go())
+        with _people_on_stderr(as_json):
+            target.backend.run(go())
     except KeyboardInterrupt:
         console.print("interrupted; the session stays open")
 
 
 async def _converse(
-    runtime: Runtime, store: MemoryStore, session: ChatSession, stored: int
+    runtime: Runtime, store: MemoryStore, session: ChatSession, stored: int, as_json: bool
 ) -> None:
-    """The chat loop, once the session is open (``stored``: its turns so far)."""
+    """The chat loop, once the session is open (``stored``: its turns so far; ``as_json``:
+    each turn printed as one JSON object)."""
     if session.ended:
         errors.print(
             f"session {escape(session.session_id)} has ended; start a new one (omit --session)"
@@ -294,7 +390,7 @@ async def _converse(
                     await _end(runtime, store, session, terminal)
                     ended = True
                     break
-                await _command(session, text)
+                await _command(session, text, as_json)
                 continue
             try:
                 turn = await terminal.reply(session.send(text))
@@ -309,6 +405,8 @@ async def _converse(
                 errors.print("interrupted; the turn awaiting an answer was not stored")
                 console.print(left)
                 raise typer.Exit(1) from None
+            if as_json:
+                _print_json_line(_turn_data(turn))
             if session.pending_checkpoint is not None:
                 errors.print("the failed turn was not retried; it is lost with this process")
                 raise typer.Exit(1)

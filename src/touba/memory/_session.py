@@ -28,6 +28,15 @@ Decisions (documented here because they are behaviour):
   program's ``MemoryConfig``, so a change applies from the next turn of every
   running session, without a restart. A turn resumed after an approval keeps
   the context it started with.
+- **What a turn was given.** Each stored turn carries a record (its
+  ``context``, :mod:`touba.memory._turn_context`) of what its invocation was
+  given: the settings in effect and where they came from (program, defaults,
+  saved, with the save's time and author), the earlier turns sent (their
+  numbers, which with their trace), the key events injected (ids, titles,
+  statuses), the system prompt's size and each decision's window (read from
+  the invocation's trace). Sizes, ids and settings only, never content; built
+  from what the turn already read, so it never grows with the stored history.
+  A turn resumed after an approval keeps the record it started with.
 
 - **Storage.** A turn is stored when its invocation ends: completed, or failed
   after running at least one call (its effects happened; the memory says so,
@@ -97,8 +106,16 @@ from touba.memory._key_events import (
     owner_for,
     render_key_events_block,
 )
-from touba.memory._model import ExtractionJob, SessionMeta, SessionMode, StoredTurn
-from touba.memory._store import MemoryStore, check_mode, resolve_memory_config
+from touba.memory._model import (
+    EffectiveMemoryConfig,
+    ExtractionJob,
+    KeyEvent,
+    SessionMeta,
+    SessionMode,
+    StoredTurn,
+)
+from touba.memory._store import MemoryStore, check_mode, resolve_memory_settings
+from touba.memory._turn_context import given_context, turn_context
 from touba.memory._window import select_prior_turns
 from touba.memory._worker import ExtractionWorker, new_worker_id
 from touba.providers._types import CapabilitySpec, TraceCall
@@ -148,6 +165,7 @@ class _Paused:
     user: str
     checkpoint_id: str
     context: InvocationContext
+    given: Mapping[str, JSON]
     failed: bool = False
 
 
@@ -284,7 +302,11 @@ class ChatSession(AsyncClosing):
         self.agent = definition.name
         self.kind = definition.kind
         self._program_config = definition.memory
+        self._instructions = definition.instructions
         self.config = definition.memory if definition.memory is not None else MemoryConfig()
+        self._settings = EffectiveMemoryConfig(
+            self.config, "program" if definition.memory is not None else "defaults"
+        )
         self.user_id = user_id
         self.session_id = session_id
         self.owner = owner
@@ -310,8 +332,10 @@ class ChatSession(AsyncClosing):
 
     async def _refresh_config(self) -> None:
         """Take the agent's saved settings, if they changed (see the module docstring)."""
-        config = await resolve_memory_config(self.store, self.agent, self._program_config)
+        settings = await resolve_memory_settings(self.store, self.agent, self._program_config)
+        config = settings.config
         if config == self.config:
+            self._settings = settings  # the same settings may have a new source
             return
         events = KeyEventService(self.store, config.key_events, read_only=self.mode == "preview")
         previous = self.config, self.events
@@ -321,6 +345,7 @@ class ChatSession(AsyncClosing):
         except ConfigurationError:
             self.config, self.events = previous
             raise
+        self._settings = settings
 
     def _key_event_tools(self) -> tuple[InvocationTool, ...]:
         if self.mode == "preview" or self.kind != "loop" or not self.events.active:
@@ -401,14 +426,14 @@ class ChatSession(AsyncClosing):
             await self.open()
             self._usable()
             await self._refresh_config()
-            context = await self._context()
+            context, given = await self._context()
             try:
                 result = await self.runtime.invoke(
                     self.agent, input=text, run_id=self.session_id, context=context
                 )
             finally:
                 self._touch()
-            return await self._conclude(text, result, context)
+            return await self._conclude(text, result, context, given)
 
     async def resume(
         self,
@@ -450,9 +475,10 @@ class ChatSession(AsyncClosing):
                         "stored. Resume it with runtime.resume if its calls must still run"
                     )
                 await self._refresh_config()
-                paused = _Paused(
-                    await self._paused_user(checkpoint_id), checkpoint_id, await self._context()
-                )
+                user = await self._paused_user(checkpoint_id)
+                context, given = await self._context()
+                given["rebuilt_at_resume"] = True  # what the turn started with lived elsewhere
+                paused = _Paused(user, checkpoint_id, context, given)
             result = await self.runtime.resume(
                 paused.checkpoint_id,
                 approvals,
@@ -461,7 +487,7 @@ class ChatSession(AsyncClosing):
                 actor=actor,
             )
             self._touch()
-            return await self._conclude(paused.user, result, paused.context)
+            return await self._conclude(paused.user, result, paused.context, paused.given)
 
     async def _paused_user(self, checkpoint_id: str) -> str:
         checkpoint = await self.runtime.checkpoints.get(checkpoint_id)
@@ -481,15 +507,31 @@ class ChatSession(AsyncClosing):
             )
         return user
 
-    async def _context(self) -> InvocationContext:
-        if self.mode == "preview":
-            return InvocationContext(session_id=self.session_id, user_id=self.user_id)
+    async def _context(self) -> tuple[InvocationContext, dict[str, JSON]]:
+        """The turn's invocation context, and the record of what it gives."""
+        settings = self._settings
         config = self.config
         stored: tuple[StoredTurn, ...] = ()
-        if config.short_term_turns:
-            stored = await self.store.recent_turns(self.session_id, config.short_term_turns)
-        block = render_key_events_block(await self.events.open_for_prompt(self.owner))
-        return InvocationContext(
+        events: list[KeyEvent] = []
+        if self.mode != "preview":
+            if config.short_term_turns:
+                stored = await self.store.recent_turns(self.session_id, config.short_term_turns)
+            events = await self.events.open_for_prompt(self.owner)
+        block = render_key_events_block(events)
+        given = given_context(
+            mode=self.mode,
+            config=config,
+            source=settings.source,
+            saved_at=settings.saved_at,
+            saved_by=settings.saved_by,
+            recent=stored,
+            key_events=events,
+            agent_instructions=self._instructions,
+            injected=block,
+        )
+        if self.mode == "preview":
+            return InvocationContext(session_id=self.session_id, user_id=self.user_id), given
+        context = InvocationContext(
             prior_turns=select_prior_turns(
                 stored, config.short_term_turns, config.full_context_turns
             ),
@@ -498,15 +540,20 @@ class ChatSession(AsyncClosing):
             session_id=self.session_id,
             user_id=self.user_id,
         )
+        return context, given
 
     async def _conclude(
-        self, user: str, result: InvocationResult, context: InvocationContext
+        self,
+        user: str,
+        result: InvocationResult,
+        context: InvocationContext,
+        given: Mapping[str, JSON],
     ) -> ChatTurn:
         replies = turn_replies(result)
         result = self._explained(result)
         if result.checkpoint_id is not None:  # awaiting approval, or failed and resumable
             failed = result.status == "failed"
-            self._paused = _Paused(user, result.checkpoint_id, context, failed)
+            self._paused = _Paused(user, result.checkpoint_id, context, given, failed)
             return ChatTurn(self.session_id, user, replies, result, None)
         self._paused = None
         trace = turn_trace(result.trace, result.invocation_id)
@@ -518,6 +565,12 @@ class ChatSession(AsyncClosing):
                 replies=replies,
                 trace=trace,
                 invocation_id=result.invocation_id,
+                context=turn_context(
+                    given,
+                    result.trace,
+                    result.invocation_id,
+                    retained=self.retain_decision_history,
+                ),
             )
         if not self.retain_decision_history:
             await self.runtime.discard_history(result)

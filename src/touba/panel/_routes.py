@@ -42,6 +42,7 @@ from touba.memory._model import (
     SessionMode,
 )
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
+from touba.panel._context_view import context_views
 from touba.panel._forms import SettingsForm, parse_settings
 from touba.panel._state import Panel, set_cookie
 from touba.panel._svg import render_plot
@@ -454,6 +455,7 @@ async def session_page(request: Request) -> Response:
         page_size=PAGE_SIZE,
         shown=_shown,
         paused=await paused_turns(panel.approvals, panel.memory, session_id),
+        given=await context_views(turns[:PAGE_SIZE], panel.history),
     )
 
 
