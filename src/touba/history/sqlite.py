@@ -30,7 +30,8 @@ Expired conversations: a key whose record expired is purged when it is
 reserved or deleted; every expired, unreserved record is purged at most once
 a minute per store object (by its clock), whenever the store is 80 % full or
 a write would not fit otherwise (so expired records never refuse a write),
-and by ``usage``, ``list`` and ``purge_expired``.
+and by ``usage``, ``list`` and ``purge_expired``. ``usage``, ``list`` and
+``read`` with ``purge=False`` write nothing (the read-only commands use them).
 
 Failures (:func:`_translate`, the one place ``sqlite3`` and OS errors become
 touba errors, chained): a file locked past the busy timeout is
@@ -456,12 +457,15 @@ class _Db:
             self.q("DELETE FROM touba_history_sessions WHERE id = ?", row[0])
             return row[1] is not None and row[3] > self.store._clock()  # expired: purged
 
-    def usage(self) -> StoreUsage:
-        self.purge()
+    def usage(self, purge: bool) -> StoreUsage:
+        if purge:
+            self.purge()
         return self._usage()
 
-    def listing(self, namespace: str | None) -> list[StoredConversation]:
-        self.purge()
+    def listing(self, namespace: str | None, purge: bool) -> list[StoredConversation]:
+        if purge:
+            self.purge()
+        now = self.store._clock()
         rows = self.q(
             "SELECT key, identity, messages, bytes, updated_at, expires_at, token, worker_id, "
             "pid, host, since FROM touba_history_sessions "
@@ -486,6 +490,7 @@ class _Db:
                     expires_at=iso(expires),
                     active=active,
                     reservation=Reservation(token, *held).describe() if active else None,
+                    expired=expires is not None and expires <= now,
                 )
             )
         return out
@@ -720,11 +725,12 @@ class SqliteHistoryStore(AsyncClosing):
         with self._using():
             return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
 
-    async def read(self, key: str) -> Record | None:
+    async def read(self, key: str, *, purge: bool = True) -> Record | None:
         """A detached copy of the record, or None if absent or expired (TTL not renewed).
 
         ``DecisionHistoryBusy`` while reserved; ``DecisionHistoryStoreUnavailable``
-        when the file cannot be read."""
+        when the file cannot be read. It never purges: ``purge`` is accepted for
+        :class:`~touba.history._store.AdminStore`'s sake."""
         check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.read(key))
@@ -751,22 +757,27 @@ class SqliteHistoryStore(AsyncClosing):
         with self._using():
             return await self._run("", self._db.purge)
 
-    async def usage(self) -> StoreUsage:
+    async def usage(self, *, purge: bool = True) -> StoreUsage:
         """How full the store is now, over every process sharing the file.
 
         ``sessions`` counts stored conversations plus reservations of keys that
         have no record yet (a crashed worker's included, until ``recover``);
         ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
-        Expired conversations are purged first.
+        Expired conversations are purged first; with ``purge=False`` nothing is
+        written and they are counted.
         """
         with self._using():
-            return await self._run("", self._db.usage)
+            return await self._run("", lambda: self._db.usage(purge))
 
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+    async def list(
+        self, namespace: str | None = None, *, purge: bool = True
+    ) -> list[StoredConversation]:
         """Sizes and reservations, never content. A key reserved before its first
-        save has no identity yet: it is listed only when ``namespace`` is None."""
+        save has no identity yet: it is listed only when ``namespace`` is None.
+        Expired conversations are purged first; with ``purge=False`` nothing is
+        written and they are listed with ``expired=True``."""
         with self._using():
-            return await self._run("", lambda: self._db.listing(namespace))
+            return await self._run("", lambda: self._db.listing(namespace, purge))
 
     async def close(self) -> None:
         """Wait for running operations to save or release, then close what it opened."""
