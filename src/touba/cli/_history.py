@@ -138,10 +138,19 @@ def ls(
 
     async def go() -> None:
         async with _open(target, read_only=True, **limits) as store:
-            rows = await store.list(namespace)
-            usage = await store.usage()
+            # purge=False: a read-only command leaves expired conversations for a purge.
+            every = await store.list(namespace, purge=False)
+            usage = await store.usage(purge=False)
+        rows = [r for r in every if r.active or not r.expired]
+        expired = len(every) - len(rows)
         if raw:
-            print_json({"conversations": [_row(r) for r in rows], "usage": _usage_data(usage)})
+            print_json(
+                {
+                    "conversations": [_row(r) for r in rows],
+                    "expired": expired,
+                    "usage": _usage_data(usage),
+                }
+            )
             return
         shown = make_table(
             "key",
@@ -169,6 +178,11 @@ def ls(
             )
         print_table(shown)
         console.print(f"{len(rows)} conversation(s)")
+        if expired:
+            console.print(
+                f"{expired} expired conversation(s) still stored, counted below until "
+                "`touba history purge` (or the application's next access) removes them"
+            )
         console.print(
             f"store usage: {usage.sessions}/{usage.max_sessions} conversations, "
             f"{usage.bytes}/{usage.max_store_bytes} bytes ({usage.fraction:.0%} full)"
@@ -217,9 +231,10 @@ def show(
 
     async def go() -> None:
         async with _open(target, read_only=True) as store:
-            record = await store.read(key)
+            record = await store.read(key, purge=False)  # purges nothing: read-only
             namespace = (record or {}).get("identity", {}).get("namespace")
-            listed = [r for r in await store.list(namespace) if r.key == key] if record else []
+            found = await store.list(namespace, purge=False) if record else []
+            listed = [r for r in found if r.key == key]
         if record is None:
             errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
             raise typer.Exit(1)
