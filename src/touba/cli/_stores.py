@@ -27,7 +27,7 @@ import asyncio
 import functools
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypedDict, TypeVar, Unpack
@@ -392,23 +392,6 @@ async def check_store(
             )
 
 
-@contextmanager
-def _no_new_journal(backend: Backend, read_only: bool) -> Iterator[None]:
-    """Take away the empty ``-journal`` file a SQLite store's opening left beside its
-    file (it creates each side file 0600 before SQLite opens it; in WAL mode SQLite
-    removes the ``-wal`` and ``-shm`` files on close but never uses the journal), so
-    that a read-only command leaves the directory as it found it."""
-    journal = Path(backend.address + "-journal")
-    there = backend.kind != "sqlite" or not read_only or journal.exists()
-    try:
-        yield
-    finally:
-        if not there:
-            with suppress(OSError):
-                if journal.lstat().st_size == 0:
-                    journal.unlink()
-
-
 @asynccontextmanager
 async def open_history(
     backend: Backend,
@@ -432,9 +415,8 @@ async def open_history(
         from touba.history.sqlite import SqliteHistoryStore
 
         await check()
-        with _no_new_journal(backend, read_only):
-            async with SqliteHistoryStore(backend.address, **limits) as sqlite_store:
-                yield sqlite_store
+        async with SqliteHistoryStore(backend.address, **limits) as sqlite_store:
+            yield sqlite_store
     elif backend.kind == "postgresql":
         with _opening(backend, "history store"):
             from touba.history.postgres import PostgresHistoryStore
@@ -490,9 +472,8 @@ async def open_memory(
     )
     if backend.kind == "sqlite":
         await check()
-        with _no_new_journal(backend, read_only):
-            async with SqliteMemoryStore(backend.address) as sqlite_store:
-                yield sqlite_store
+        async with SqliteMemoryStore(backend.address) as sqlite_store:
+            yield sqlite_store
         return
     with _opening(backend, "memory store"):
         from touba.memory.postgres import PostgresMemoryStore
