@@ -129,11 +129,15 @@ def test_every_command_refuses_a_missing_file(files: Path, command: list[str]) -
     assert not (files / "absent.sqlite").exists()
 
 
-def test_chat_still_creates_a_new_memory_file(files: Path) -> None:
+def test_chat_still_creates_a_new_memory_file_and_says_so(files: Path) -> None:
     command = ["chat", "--program", "demo", "--agent", "support"]
     result, _ = run_on(files, command, "new.sqlite")
     assert result.exit_code == 0, result.output
     assert "memory_schema_version" in _meta(files / "new.sqlite")
+    assert f"created memory store at {files / 'new.sqlite'}" in result.stderr.replace("\n", "")
+    again, _ = run_on(files, command, "new.sqlite")
+    assert again.exit_code == 0, again.output
+    assert "created memory store" not in again.stderr
 
 
 def _meta(path: Path) -> dict[str, str]:
@@ -244,3 +248,17 @@ def test_postgres_stores_of_the_other_kind_are_refused(pg: Server) -> None:
         _pg_refused(pg, [*command, "--prefix", "touba_history"], "a touba history store, not a")
     chat = [*MEMORY_WRITES[2], "--prefix", "touba_history"]
     _pg_refused(pg, chat, "a touba history store, not a memory store")
+
+
+@pytest.mark.postgres
+def test_chat_says_when_it_creates_its_postgres_memory_store(pg: Server) -> None:
+    command = ["chat", "--program", "demo", "--agent", "support", "--dsn", pg.address]
+    first = runner.invoke(app, command, input="")
+    assert first.exit_code == 0, first.output
+    assert "created memory store at" in first.stderr
+    assert "(tables touba_memory_*)" in first.stderr.replace("\n", "")
+    assert pg.password not in first.stderr
+    assert "touba_memory_sessions" in _pg_tables(pg)
+    again = runner.invoke(app, command, input="")
+    assert again.exit_code == 0, again.output
+    assert "created memory store" not in again.stderr

@@ -9,7 +9,9 @@
   refused with another backend rather than ignored.
 - Administration commands never create a store: a missing SQLite file or
   missing touba tables in PostgreSQL is an error (exit 1) and nothing is
-  created. ``touba chat`` creates its memory store, as a session would.
+  created; they open the store with ``create=False`` too. ``touba chat``
+  creates its memory store, as a session would, and says so on stderr
+  ("created memory store at ...").
 - Every command first checks, reading only (:mod:`touba.cli._kinds`), that its
   store is a touba store of the expected kind, and refuses (exit 1, one line
   saying what it found) another kind of touba store or another application's
@@ -259,9 +261,9 @@ _MIGRATES = "opening it would migrate it, and a read-only command does not"
 
 async def _check_sqlite(
     path: Path, want: StoreKind, *, read_only: bool, create: bool, hint: str | None
-) -> None:
+) -> bool:
     """Refuse ``path`` unless it holds a touba store of kind ``want`` (or, with
-    ``create``, nothing yet); see the module docstring."""
+    ``create``, nothing yet: then False); see the module docstring."""
     import sqlite3
 
     # The store's own rules first (links, owners, directories), as its opening says them.
@@ -276,7 +278,7 @@ async def _check_sqlite(
         raise _refused(str(path), reason) from e
     if want not in found.kinds:
         if create and not found.tables:
-            return
+            return False
         other = [k for k in found.kinds if k != want]
         if not other:
             raise _refused(str(path), "this SQLite file has no touba tables; nothing was changed")
@@ -288,7 +290,7 @@ async def _check_sqlite(
             + (f": {hint}" if hint else ""),
         )
     if not read_only:
-        return
+        return True
     version = found.kinds[want]
     if version != _SQLITE_VERSIONS[want]:
         raise _refused(
@@ -303,6 +305,7 @@ async def _check_sqlite(
             f"opening it would reset it to 0600, and a read-only command does not: "
             f"chmod 600 {path}",
         )
+    return True
 
 
 def _pg_version(kind: StoreKind) -> str:
@@ -324,18 +327,18 @@ async def _check_postgres(
     read_only: bool = False,
     create: bool = False,
     option: str,
-) -> None:
+) -> bool:
     """Refuse the PostgreSQL ``name`` unless it holds a touba store of kind ``want``
-    (or, with ``create``, nothing yet)."""
+    (or, with ``create``, nothing yet: then False)."""
     async with postgres_connection(backend.address) as conn:
         found = await pg_contents(conn, name)
     if create and not found.main and found.version is None:
-        return
+        return False
     place = f"{option} {name!r} at {backend.shown}"
     if want in found.kinds:
         if read_only and found.version != _pg_version(want):
             raise _refused(place, f"touba {want} schema version {found.version}; {_MIGRATES}")
-        return
+        return True
     if found.kinds:
         other = found.kinds[0]
         raise _refused(
@@ -367,8 +370,9 @@ async def check_store(
     read_only: bool = False,
     create: bool = False,
     hint: str | None = None,
-) -> None:
-    """Refuse (exit 1, one line) unless ``backend`` holds a touba store of kind ``want``.
+) -> bool:
+    """Refuse (exit 1, one line) unless ``backend`` holds a touba store of kind ``want``;
+    whether it does (False: ``create`` accepted its absence; True for Redis).
 
     ``name``: the PostgreSQL table (history) or prefix (memory), the default if None.
     ``create``: a missing store, or an empty file, is accepted (``touba chat``).
@@ -382,14 +386,16 @@ async def check_store(
         if not exists and not create:
             errors.print(f"[bold red]no {want} database at {escape(str(path))}[/]")
             raise typer.Exit(1)
-        if exists:
-            await _check_sqlite(path, want, read_only=read_only, create=create, hint=hint)
-    elif backend.kind == "postgresql":
+        if not exists:
+            return False
+        return await _check_sqlite(path, want, read_only=read_only, create=create, hint=hint)
+    if backend.kind == "postgresql":
         default, option = _PG_NAMES[want]
         with _opening(backend, f"{want} store"):
-            await _check_postgres(
+            return await _check_postgres(
                 backend, name or default, want, read_only=read_only, create=create, option=option
             )
+    return True
 
 
 @asynccontextmanager
@@ -415,13 +421,15 @@ async def open_history(
         from touba.history.sqlite import SqliteHistoryStore
 
         await check()
-        async with SqliteHistoryStore(backend.address, **limits) as sqlite_store:
+        async with SqliteHistoryStore(backend.address, create=False, **limits) as sqlite_store:
             yield sqlite_store
     elif backend.kind == "postgresql":
         with _opening(backend, "history store"):
             from touba.history.postgres import PostgresHistoryStore
 
-            store = PostgresHistoryStore(backend.address, table=table or "touba_history", **limits)
+            store = PostgresHistoryStore(
+                backend.address, table=table or "touba_history", create=False, **limits
+            )
         await check()  # after the constructor, which names a bad table best
         async with _opened(backend, "history store", store) as pg_store:
             yield pg_store
@@ -463,7 +471,8 @@ async def open_memory(
     read_only: bool = False,
     hint: str | None = None,
 ) -> AsyncIterator[MemoryStore]:
-    """Open a memory store, closed on exit; an absent one is an error unless ``create``.
+    """Open a memory store, closed on exit; an absent one is an error unless ``create``
+    (then it is created, and stderr says so: "created memory store at ...").
 
     ``read_only`` and ``hint``: as for :func:`check_store`, which runs first.
     """
@@ -471,17 +480,26 @@ async def open_memory(
         check_store, backend, "memory", name=prefix, read_only=read_only, create=create, hint=hint
     )
     if backend.kind == "sqlite":
-        await check()
-        async with SqliteMemoryStore(backend.address) as sqlite_store:
+        existed = await check()
+        async with SqliteMemoryStore(backend.address, create=create) as sqlite_store:
+            _say_created(backend, existed, "")
             yield sqlite_store
         return
     with _opening(backend, "memory store"):
         from touba.memory.postgres import PostgresMemoryStore
 
-        store = PostgresMemoryStore(backend.address, prefix=prefix or "touba_memory")
-    await check()  # after the constructor, which names a bad prefix best
+        name = prefix or "touba_memory"
+        store = PostgresMemoryStore(backend.address, prefix=name, create=create)
+    existed = await check()  # after the constructor, which names a bad prefix best
     async with _opened(backend, "memory store", store) as pg_store:
+        _say_created(backend, existed, f" (tables {name}_*)")
         yield pg_store
+
+
+def _say_created(backend: Backend, existed: bool, detail: str) -> None:
+    """The one line a writing command prints on stderr when it made its store."""
+    if not existed:
+        errors.print(f"created memory store at {escape(backend.shown)}{escape(detail)}")
 
 
 def memory_table(prefix: str | None, table: str) -> list[str]:

@@ -447,7 +447,9 @@ class PostgresHistoryStore(PooledStore):
     Give exactly one of ``dsn`` (the store creates, opens and closes its own
     pool of 1 to 4 connections) or ``pool`` (an ``AsyncConnectionPool`` you
     open and close). Tables are created on first use, or by
-    ``await store.open()``. Defaults: 128 conversations, 32 MiB, 24 hours of
+    ``await store.open()``; with ``create=False`` missing tables raise
+    ``ConfigurationError`` there instead, and nothing is created (an older schema
+    version is still migrated). Defaults: 128 conversations, 32 MiB, 24 hours of
     inactivity. ``worker_id`` names this worker in reservations (default
     ``host:pid``), so an operator can find a crashed one. Reserving a key that
     has no record claims its place among ``max_sessions`` at once; when every
@@ -472,6 +474,7 @@ class PostgresHistoryStore(PooledStore):
         max_store_bytes: int = 32 * MiB,
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
+        create: bool = True,
     ) -> None:
         parts = table_parts(table, example="touba_history")
         check_limits_config(
@@ -493,6 +496,7 @@ class PostgresHistoryStore(PooledStore):
                 migrations={1: [], 2: self._sql.upgrade_to_3, 3: self._sql.upgrade_to_4},
             ),
             unavailable=_unavailable,
+            create=create,
         )
         self.table = table
         self.max_sessions = max_sessions

@@ -93,6 +93,7 @@ from touba.history._files import open_private_sqlite
 from touba.history._record import join_record
 from touba.history._reservations import Reservations
 from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
+from touba.history._sqlite_kinds import require_sqlite_store
 from touba.history._sqlite_schema import PAGE_SIZE, SCHEMA_VERSION, check_schema, init_schema
 from touba.history._store import (
     LogOperation,
@@ -557,13 +558,17 @@ class SqliteHistoryStore(AsyncClosing):
     """SQLite store: durable, shared by processes, bounded, refusing when full.
 
     Give exactly one of ``filename`` or ``database``. With ``filename``, the
-    location is checked and the file and its ``-wal``, ``-shm`` and
-    ``-journal`` companions are created or reset to 0600 before SQLite opens
-    them (:mod:`touba.history._files`); the directory is not created: make it
+    location is checked, the file is created or reset to 0600 and its ``-wal``,
+    ``-shm`` and ``-journal`` companions that exist are reset to 0600 before SQLite
+    opens them (those SQLite creates get the file's mode:
+    :mod:`touba.history._files`); the directory is not created: make it
     yourself, mode 0700. ``database`` is an open ``sqlite3.Connection`` made
     with ``check_same_thread=False`` that only this store uses until
     ``close()``; its pragmas, closing and file protection are the
-    application's.
+    application's. ``create=False`` (with ``filename``) opens an existing store
+    only: a missing file, or one holding no touba history store, raises
+    ``ConfigurationError`` and nothing is created or changed (a file of an older
+    schema version is still migrated on opening).
 
     The file is opened at construction (blocking briefly). A reservation
     outlives a crashed worker: the key answers ``DecisionHistoryBusy`` until
@@ -591,6 +596,7 @@ class SqliteHistoryStore(AsyncClosing):
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        create: bool = True,
     ) -> None:
         if (filename is None) == (database is None):
             raise ConfigurationError(
@@ -616,18 +622,25 @@ class SqliteHistoryStore(AsyncClosing):
         # One thread owns the connection and runs every SQLite call, in order.
         self._thread = OwnedThread("touba-sqlite")
         try:
-            self._db = self._thread.call(lambda: self._open(filename, database))
+            self._db = self._thread.call(lambda: self._open(filename, database, create))
         except BaseException:
             self._thread.shutdown()
             raise
         self._reservations = Reservations(_Backend(self), self.worker_id)
 
     def _open(
-        self, filename: str | os.PathLike[str] | None, conn: sqlite3.Connection | None
+        self,
+        filename: str | os.PathLike[str] | None,
+        conn: sqlite3.Connection | None,
+        create: bool,
     ) -> _Db:
         try:
             if conn is None:
                 assert filename is not None
+                if not create:
+                    require_sqlite_store(
+                        filename, "history", "SqliteHistoryStore", "decision history"
+                    )
                 conn = open_private_sqlite(
                     filename,
                     timeout=BUSY_TIMEOUT_SECONDS,

@@ -274,9 +274,7 @@ EXPIRY_TTL = 1.0
 def _purges(store: HistoryStore) -> bool:
     """Whether ``list``, ``read`` and ``usage`` all take ``purge=`` (a read-only look)."""
     methods = [getattr(store, name, None) for name in ("list", "read", "usage")]
-    return all(
-        m is not None and "purge" in inspect.signature(m).parameters for m in methods
-    )
+    return all(m is not None and "purge" in inspect.signature(m).parameters for m in methods)
 
 
 async def check_expiry(expiring_factory: ExpiringStoreFactory | None) -> None:
@@ -310,13 +308,9 @@ async def check_expiry(expiring_factory: ExpiringStoreFactory | None) -> None:
                 f"usage(purge=False) should count the expired conversation: {usage!r}",
             )
         rows = await within(admin.list(), STEP_TIMEOUT, "list()")
-        expect(
-            key not in [r.key for r in rows], "list() must purge an expired conversation first"
-        )
+        expect(key not in [r.key for r in rows], "list() must purge an expired conversation first")
         again = await within(admin.list(purge=False), STEP_TIMEOUT, "list(purge=False)")
-        expect(
-            key not in [r.key for r in again], "after list(), the expired conversation is gone"
-        )
+        expect(key not in [r.key for r in again], "after list(), the expired conversation is gone")
 
 
 def _json(value: Any) -> bytes:
