@@ -258,8 +258,8 @@ class Schema:
         if meta is None:
             for statement in self.create:
                 await run(conn, statement)
-            create = sql.SQL("CREATE TABLE {} (name text PRIMARY KEY, value text NOT NULL)")
-            await run(conn, create.format(self.meta))
+            make_meta = sql.SQL("CREATE TABLE {} (name text PRIMARY KEY, value text NOT NULL)")
+            await run(conn, make_meta.format(self.meta))
             insert = sql.SQL("INSERT INTO {} (name, value) VALUES ('schema_version', %s)")
             await run(conn, insert.format(self.meta), (str(self.version),))
             return
