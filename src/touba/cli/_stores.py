@@ -65,6 +65,7 @@ __all__ = [
     "only_with",
     "open_history",
     "open_memory",
+    "pg_version",
     "postgres_connection",
 ]
 
@@ -308,7 +309,7 @@ async def _check_sqlite(
     return True
 
 
-def _pg_version(kind: StoreKind) -> str:
+def pg_version(kind: StoreKind) -> str:
     """The PostgreSQL schema version this touba writes (imported here: psycopg's extra)."""
     if kind == "history":
         from touba.history._pg_sql import SCHEMA_VERSION as HISTORY_PG_VERSION
@@ -336,7 +337,7 @@ async def _check_postgres(
         return False
     place = f"{option} {name!r} at {backend.shown}"
     if want in found.kinds:
-        if read_only and found.version != _pg_version(want):
+        if read_only and found.version != pg_version(want):
             raise _refused(place, f"touba {want} schema version {found.version}; {_MIGRATES}")
         return True
     if found.kinds:
