@@ -60,7 +60,8 @@ def test_healthy_stores_exit_0_with_their_facts(files: Path) -> None:
     assert snapshot(files) == before
     text = runner.invoke(app, ["check", "--history-db", str(files / "history.sqlite")])
     assert text.exit_code == 0
-    assert "healthy" in text.output
+    assert "(SQLite): healthy" in text.output
+    assert "holds: touba history store (schema" in text.output
 
 
 def _old_memory(directory: Path) -> None:

@@ -382,7 +382,10 @@ def _print(report: Report) -> None:
     )
     for name, value in report.facts.items():
         shown = value
-        if isinstance(value, dict):
+        if name == "holds":
+            shown = ", ".join(f"touba {k} store (schema {v})" for k, v in value.items())
+            shown = shown or "no touba store"
+        elif isinstance(value, dict):
             shown = ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
         elif isinstance(value, list):
             shown = ", ".join(str(v.get("key", v) if isinstance(v, dict) else v) for v in value)
