@@ -150,13 +150,6 @@ def _sqlite(path: Path, kind: StoreKind, option: str) -> tuple[Report, bool]:
     report.facts["mode"] = f"{mode:o}"
     report.facts["owner"] = _owner(st.st_uid)
     report.facts["unsafe_mode"] = bool(mode & 0o077)
-    if mode & 0o077:
-        safe = False
-        report.problem(
-            f"the file is readable or writable by group or others (mode {mode:o}); opening "
-            "it resets it to 0600, so the read-only commands and the panel refuse it",
-            f"chmod 600 {path}",
-        )
     if not stat.S_ISREG(st.st_mode):
         return report, False
     try:
@@ -193,6 +186,13 @@ def _sqlite(path: Path, kind: StoreKind, option: str) -> tuple[Report, bool]:
                 f"check {option}",
             )
         return report, False
+    if mode & 0o077:  # said of touba's stores only: another file's mode is not ours to fix
+        safe = False
+        report.problem(
+            f"the file is readable or writable by group or others (mode {mode:o}); opening "
+            "it resets it to 0600, so the read-only commands and the panel refuse it",
+            f"chmod 600 {shlex.quote(str(path))}",
+        )
     writer = (
         f"touba history purge --db {shlex.quote(str(path))}"
         if kind == "history"
