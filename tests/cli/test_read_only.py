@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import os
 import sqlite3
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tests.cli.conftest import Server
 from touba.cli._app import app
 from touba.history.sqlite import SqliteHistoryStore
 from touba.memory import SqliteMemoryStore
+from touba.testing._conformance_base import messages, save_record, touba_record
 
 runner = CliRunner()
 WORKER = "tests.cli.test_events_cli:worker_program"
@@ -127,11 +129,15 @@ def test_every_command_refuses_a_missing_file(files: Path, command: list[str]) -
     assert not (files / "absent.sqlite").exists()
 
 
-def test_chat_still_creates_a_new_memory_file(files: Path) -> None:
+def test_chat_still_creates_a_new_memory_file_and_says_so(files: Path) -> None:
     command = ["chat", "--program", "demo", "--agent", "support"]
     result, _ = run_on(files, command, "new.sqlite")
     assert result.exit_code == 0, result.output
     assert "memory_schema_version" in _meta(files / "new.sqlite")
+    assert f"created memory store at {files / 'new.sqlite'}" in result.stderr.replace("\n", "")
+    again, _ = run_on(files, command, "new.sqlite")
+    assert again.exit_code == 0, again.output
+    assert "created memory store" not in again.stderr
 
 
 def _meta(path: Path) -> dict[str, str]:
@@ -150,6 +156,42 @@ def test_read_commands_change_nothing_in_a_store_of_their_kind(
         assert result.exit_code in (0, 1), result.output  # 1: no such key, event or job
         assert "this file" not in result.output, result.output  # not refused
         assert after == before, (command, db)
+
+
+def add_expired_conversation(path: Path) -> str:
+    """Save a conversation in the history file ``path`` that expires at once; its key."""
+    key, record = touba_record("expired-ns", [messages(1)])
+
+    async def save() -> None:
+        async with SqliteHistoryStore(path, ttl_seconds=0.2) as store:
+            await save_record(store, key, record)
+
+    asyncio.run(save())
+    time.sleep(0.3)
+    return key
+
+
+def stored_keys(path: Path) -> list[str]:
+    """The keys of every row of the history file ``path``, expired ones included."""
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        return [str(r[0]) for r in conn.execute("SELECT key FROM touba_history_sessions")]
+
+
+def test_history_ls_and_show_leave_an_expired_conversation_stored(files: Path) -> None:
+    key = add_expired_conversation(files / "history.sqlite")
+    before = snapshot(files)
+    listed, after = run_on(files, ["history", "ls"], "history.sqlite")
+    assert listed.exit_code == 0, listed.output
+    assert "0 conversation(s)" in listed.output
+    assert "1 expired conversation(s) still stored" in listed.output
+    assert after == before
+    shown, after = run_on(files, ["history", "show", key], "history.sqlite")
+    assert shown.exit_code == 1, shown.output  # expired: not shown, and not purged
+    assert "absent or expired" in shown.output
+    assert after == before
+    assert stored_keys(files / "history.sqlite") == [key]
+    raw, _ = run_on(files, ["history", "ls", "--json"], "history.sqlite")
+    assert '"expired": 1' in raw.output
 
 
 def test_read_commands_refuse_what_opening_would_chmod_or_migrate(files: Path) -> None:
@@ -206,3 +248,17 @@ def test_postgres_stores_of_the_other_kind_are_refused(pg: Server) -> None:
         _pg_refused(pg, [*command, "--prefix", "touba_history"], "a touba history store, not a")
     chat = [*MEMORY_WRITES[2], "--prefix", "touba_history"]
     _pg_refused(pg, chat, "a touba history store, not a memory store")
+
+
+@pytest.mark.postgres
+def test_chat_says_when_it_creates_its_postgres_memory_store(pg: Server) -> None:
+    command = ["chat", "--program", "demo", "--agent", "support", "--dsn", pg.address]
+    first = runner.invoke(app, command, input="")
+    assert first.exit_code == 0, first.output
+    assert "created memory store at" in first.stderr
+    assert "(tables touba_memory_*)" in first.stderr.replace("\n", "")
+    assert pg.password not in first.stderr
+    assert "touba_memory_sessions" in _pg_tables(pg)
+    again = runner.invoke(app, command, input="")
+    assert again.exit_code == 0, again.output
+    assert "created memory store" not in again.stderr

@@ -69,7 +69,7 @@ PAGES: dict[str, str] = {
         "python python python python python sh python python python python python python sh "
         "python python sh python python"
     ),
-    "docs/operations/cli.md": "sh sh sh",
+    "docs/operations/cli.md": "sh sh sh sh",
     "docs/operations/recovery.md": "sh",
     "docs/operations/capacity.md": "",
     "docs/operations/observability.md": "python output",

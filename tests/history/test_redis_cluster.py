@@ -141,7 +141,7 @@ async def test_the_store_passes_the_conformance_suite_on_a_cluster(
             client=client, prefix=f"{request.node.name}-{next(stores)}:", **limits
         )
 
-    report = await check_store(make, limited_factory=make)
+    report = await check_store(make, limited_factory=make, expiring_factory=make)
     assert report.passed == CHECK_NAMES
 
 

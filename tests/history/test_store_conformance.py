@@ -32,6 +32,7 @@ from touba.history import MemoryHistoryStore
 from touba.testing import store_conformance
 from touba.testing.store_conformance import (
     CHECK_NAMES,
+    ExpiringStoreFactory,
     LimitedStoreFactory,
     StoreConformance,
     StoreFactory,
@@ -89,6 +90,12 @@ class Backend:
     factory: StoreFactory
     limited: LimitedStoreFactory | None = None
     cleanup: Callable[[], None] = lambda: None
+    expiring: ExpiringStoreFactory | None = None
+
+    def __post_init__(self) -> None:
+        if self.expiring is None and self.limited is not None:
+            # The built-ins' factories pass every keyword to the store.
+            object.__setattr__(self, "expiring", self.limited)
 
 
 def _store_module(name: str) -> ModuleType:
@@ -111,7 +118,7 @@ def _sqlite(tmp_path: Path) -> Backend:
     store_class = _store_module("touba.history.sqlite").SqliteHistoryStore
     files = itertools.count()
 
-    def make(**limits: int) -> Any:  # a new file per store
+    def make(**limits: Any) -> Any:  # a new file per store
         return store_class(filename=str(tmp_path / f"history-{next(files)}.sqlite"), **limits)
 
     return Backend(make, make)
@@ -128,7 +135,7 @@ def _postgres(tmp_path: Path) -> Backend:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     tables = itertools.count()
 
-    def make(**limits: int) -> Any:  # a new table per store, in a schema of this test
+    def make(**limits: Any) -> Any:  # a new table per store, in a schema of this test
         return store_class(dsn=dsn, table=f"{schema}.h{next(tables)}", **limits)
 
     def drop_schema() -> None:
@@ -146,7 +153,7 @@ def _redis(tmp_path: Path) -> Backend:
     root = f"touba-conformance:{uuid.uuid4().hex}:"
     prefixes = itertools.count()
 
-    def make(**limits: int) -> Any:  # a new key prefix per store, under one of this test
+    def make(**limits: Any) -> Any:  # a new key prefix per store, under one of this test
         return store_class(url=url, prefix=f"{root}{next(prefixes)}:", **limits)
 
     def delete_keys() -> None:
@@ -195,19 +202,25 @@ class TestStoreConformance(StoreConformance):
     def limited_store_factory(self, backend: Backend) -> LimitedStoreFactory | None:
         return backend.limited
 
+    @pytest.fixture
+    def expiring_store_factory(self, backend: Backend) -> ExpiringStoreFactory | None:
+        return backend.expiring
+
 
 # -- the function API --------------------------------------------------------------------
 
 
 async def test_check_store_passes_the_memory_store() -> None:
-    report = await check_store(MemoryHistoryStore, limited_factory=MemoryHistoryStore)
+    report = await check_store(
+        MemoryHistoryStore, limited_factory=MemoryHistoryStore, expiring_factory=MemoryHistoryStore
+    )
     assert report.passed == CHECK_NAMES
     assert report.skipped == {}
 
 
 async def test_check_store_skips_what_a_plain_adapter_does_not_offer() -> None:
     report = await check_store(DictStore)
-    optional = {"read", "delete", "recover", "list", "capacity", "log_interface"}
+    optional = {"read", "delete", "recover", "list", "capacity", "expiry", "log_interface"}
     assert set(report.skipped) == optional
     assert set(report.passed) == set(CHECK_NAMES) - optional
     assert "DictStore has no read(key) method" in report.skipped["read"]
@@ -341,6 +354,6 @@ async def test_check_store_lists_every_failed_check() -> None:
     with pytest.raises(AssertionError) as failure:
         await check_store(GetSetStore)
     text = str(failure.value)
-    assert text.startswith("2 of 12 store conformance checks failed")
+    assert text.startswith(f"2 of {len(CHECK_NAMES)} store conformance checks failed")
     assert "- exclusion: AssertionError:" in text
     assert "- atomicity: AssertionError:" in text

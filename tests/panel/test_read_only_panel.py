@@ -13,12 +13,18 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
 from tests.cli.conftest import Server
 from tests.cli.conftest import pg as pg_schema  # noqa: F401 - a fixture, used by name
-from tests.cli.test_read_only import add_foreign_files, snapshot
+from tests.cli.test_read_only import (
+    add_expired_conversation,
+    add_foreign_files,
+    snapshot,
+    stored_keys,
+)
 from tests.panel._data import seed_memory
 from tests.panel._serve import panel_env, serve
 from tests.panel.test_cli_panel import request as get
@@ -95,6 +101,21 @@ def test_pages_served_over_the_right_stores_change_neither(files: Path) -> None:
         for page in ("/", "/users", "/jobs"):
             assert get(served.base, page, cookie).status == 200, page
     assert snapshot(files) == before
+
+
+def test_history_pages_leave_an_expired_conversation_stored(files: Path) -> None:
+    key = add_expired_conversation(files / "history.sqlite")
+    before = snapshot(files)
+    args = ["--db", "memory.sqlite", "--history-db", "history.sqlite", "--program", "demo"]
+    with serve(args, files) as served:
+        login = get(served.base, "/?" + served.login.split("?", 1)[1])
+        cookie = login.getheader("set-cookie", "").split(";", 1)[0]
+        for page in ("/", "/conversations"):
+            assert get(served.base, page, cookie).status == 200, page
+        shown = get(served.base, "/conversation?" + urlencode({"key": key}), cookie)
+        assert shown.status == 404  # expired: not shown, and not purged either
+    assert snapshot(files) == before
+    assert stored_keys(files / "history.sqlite") == [key]
 
 
 @pytest.mark.postgres

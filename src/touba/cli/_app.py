@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from touba.cli import _agents, _chat, _demo, _events, _history, _panel, _worker
+from touba.cli import _agents, _chat, _check, _demo, _events, _history, _panel, _worker
 
 app = typer.Typer(
     name="touba",
@@ -20,3 +20,4 @@ app.add_typer(_agents.app, name="agents")
 app.command("worker")(_worker.worker)
 app.command("chat")(_chat.chat)
 app.command("panel")(_panel.panel)
+app.command("check")(_check.check)

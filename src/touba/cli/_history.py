@@ -157,16 +157,30 @@ def ls(
 
     async def go() -> None:
         async with _open(target, read_only=True, **limits) as store:
-            rows = await store.list(namespace)
-            usage = await store.usage()
+            # purge=False: a read-only command leaves expired conversations for a purge.
+            every = await store.list(namespace, purge=False)
+            usage = await store.usage(purge=False)
+        rows = [r for r in every if r.active or not r.expired]
+        expired = len(every) - len(rows)
         if raw:
-            print_json({"conversations": [_row(r) for r in rows], "usage": _usage_data(usage)})
+            print_json(
+                {
+                    "conversations": [_row(r) for r in rows],
+                    "expired": expired,
+                    "usage": _usage_data(usage),
+                }
+            )
             return
         whole = wide or not console.is_terminal
         print_table(_wide_table(rows) if whole else _narrow_table(rows), whole=whole)
         if not whole:
             _holders(rows)
         console.print(f"{len(rows)} conversation(s)")
+        if expired:
+            console.print(
+                f"{expired} expired conversation(s) still stored, counted below until "
+                "`touba history purge` (or the application's next access) removes them"
+            )
         console.print(
             f"store usage: {usage.sessions}/{usage.max_sessions} conversations, "
             f"{usage.bytes}/{usage.max_store_bytes} bytes ({usage.fraction:.0%} full)"
@@ -254,7 +268,7 @@ async def _resolve(store: HistoryAdmin, key: str) -> str:
     if ELLIPSIS not in key:
         return key
     head, _, tail = key.partition(ELLIPSIS)
-    keys = [row.key for row in await store.list()]
+    keys = [row.key for row in await store.list(purge=False)]
     if key in keys:  # a session key of the application's may hold an ellipsis itself
         return key
     found = [
@@ -317,15 +331,16 @@ def show(
         async with _open(target, read_only=True) as store:
             key = await _resolve(store, key)
             try:
-                record = await store.read(key)
+                record = await store.read(key, purge=False)  # purges nothing: read-only
             except DecisionHistoryBusy as e:
-                found = await _listed(store, key)
-                if found is None or not found.active:
+                held = await _listed(store, key)
+                if held is None or not held.active:
                     raise
-                _show_reserved(target, found, raw)
+                _show_reserved(target, held, raw)
                 raise typer.Exit(1) from e
             namespace = (record or {}).get("identity", {}).get("namespace")
-            listed = [r for r in await store.list(namespace) if r.key == key] if record else []
+            found = await store.list(namespace, purge=False) if record else []
+            listed = [r for r in found if r.key == key]
         if record is None:
             errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
             raise typer.Exit(1)
@@ -359,7 +374,7 @@ def show(
 
 async def _listed(store: HistoryAdmin, key: str) -> StoredConversation | None:
     """The listing row of ``key`` (sizes, identity, reservation), or None."""
-    for row in await store.list():
+    for row in await store.list(purge=False):
         if row.key == key:
             return row
     return None

@@ -4,12 +4,10 @@ Every command checks its store this way before opening it, so that a store
 of the wrong kind, or another application's database, is refused rather than
 given touba's tables:
 
-- A SQLite file is opened read-only (``mode=ro``; ``immutable=1`` when no
-  ``-wal`` file sits beside it, so SQLite leaves no ``-wal``/``-shm`` behind)
-  and its kinds are read from the ``<kind>_schema_version`` rows of the shared
-  ``touba_meta`` table (``history``, ``memory``, ``checkpoint``, ...), each
-  with its store's main table (``touba_history_sessions``,
-  ``touba_memory_sessions``). One file may hold several kinds.
+- A SQLite file is read by :func:`touba.history._sqlite_kinds.sqlite_contents`
+  (read-only, leaving no side file): its kinds are the ``<kind>_schema_version``
+  rows of the shared ``touba_meta`` table, each with its store's main table.
+  One file may hold several kinds.
 - A PostgreSQL history table ``T`` is ``T`` with ``T_meta`` and ``T_messages``;
   a memory prefix ``P`` is ``P_sessions`` with ``P_meta``. The ``_meta`` table
   records only a version, so the companion tables tell the kinds apart.
@@ -20,14 +18,10 @@ given touba's tables:
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import stat
-import urllib.parse
-from contextlib import closing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+from touba.history._sqlite_kinds import SqliteContents, sqlite_contents
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -35,49 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["PgContents", "SqliteContents", "StoreKind", "pg_contents", "sqlite_contents"]
 
 StoreKind = Literal["history", "memory"]
-_MAIN = {"history": "touba_history_sessions", "memory": "touba_memory_sessions"}
-_SUFFIX = "_schema_version"
-
-
-@dataclass(frozen=True, slots=True)
-class SqliteContents:
-    """What a SQLite file holds: touba's kinds (name to schema version), whether it
-    holds any table at all, and its permission bits."""
-
-    kinds: dict[str, str]
-    tables: bool
-    mode: int
-
-
-def sqlite_contents(path: Path) -> SqliteContents:
-    """Read what ``path`` holds without writing to it or beside it.
-
-    Raises ``sqlite3.DatabaseError`` for a file that is not a SQLite database,
-    ``OSError`` for one that cannot be read.
-    """
-    absolute = os.path.abspath(path)
-    mode = stat.S_IMODE(os.stat(absolute).st_mode)
-    # Without a -wal file every committed page is in the file itself, and immutable
-    # reading creates nothing; with one (a live or crashed writer), SQLite must read it.
-    flag = "mode=ro" if os.path.exists(absolute + "-wal") else "immutable=1"
-    uri = f"file:{urllib.parse.quote(absolute)}?{flag}&nofollow=1"
-    with closing(sqlite3.connect(uri, uri=True)) as conn:
-        names = {
-            str(row[0])
-            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        rows: list[Any] = (
-            conn.execute("SELECT name, value FROM touba_meta").fetchall()
-            if "touba_meta" in names
-            else []
-        )
-    kinds: dict[str, str] = {}
-    for name, value in rows:
-        kind = str(name).removesuffix(_SUFFIX)
-        # A kind without a main table here (checkpoint, resource) counts by its row alone.
-        if str(name).endswith(_SUFFIX) and _MAIN.get(kind, "touba_meta") in names:
-            kinds[kind] = str(value)
-    return SqliteContents(kinds, bool(names), mode)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,9 @@
   refused with another backend rather than ignored.
 - Administration commands never create a store: a missing SQLite file or
   missing touba tables in PostgreSQL, or a Redis prefix that holds no key of a
-  history store, is an error (exit 1) and nothing is created. ``touba chat``
-  creates its memory store, as a session would.
+  history store, is an error (exit 1) and nothing is created; they open the
+  store with ``create=False`` too. ``touba chat`` creates its memory store, as a
+  session would, and says so on stderr ("created memory store at ...").
 - Every command first checks, reading only (:mod:`touba.cli._kinds`), that its
   store is a touba store of the expected kind, and refuses (exit 1, one line
   saying what it found) another kind of touba store or another application's
@@ -28,7 +29,7 @@ import asyncio
 import functools
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypedDict, TypeVar, Unpack
@@ -64,6 +65,7 @@ __all__ = [
     "only_with",
     "open_history",
     "open_memory",
+    "pg_version",
     "postgres_connection",
 ]
 
@@ -261,9 +263,9 @@ _MIGRATES = "opening it would migrate it, and a read-only command does not"
 
 async def _check_sqlite(
     path: Path, want: StoreKind, *, read_only: bool, create: bool, hint: str | None
-) -> None:
+) -> bool:
     """Refuse ``path`` unless it holds a touba store of kind ``want`` (or, with
-    ``create``, nothing yet); see the module docstring."""
+    ``create``, nothing yet: then False); see the module docstring."""
     import sqlite3
 
     # The store's own rules first (links, owners, directories), as its opening says them.
@@ -278,7 +280,7 @@ async def _check_sqlite(
         raise _refused(str(path), reason) from e
     if want not in found.kinds:
         if create and not found.tables:
-            return
+            return False
         other = [k for k in found.kinds if k != want]
         if not other:
             raise _refused(str(path), "this SQLite file has no touba tables; nothing was changed")
@@ -290,7 +292,7 @@ async def _check_sqlite(
             + (f": {hint}" if hint else ""),
         )
     if not read_only:
-        return
+        return True
     version = found.kinds[want]
     if version != _SQLITE_VERSIONS[want]:
         raise _refused(
@@ -305,9 +307,10 @@ async def _check_sqlite(
             f"opening it would reset it to 0600, and a read-only command does not: "
             f"chmod 600 {path}",
         )
+    return True
 
 
-def _pg_version(kind: StoreKind) -> str:
+def pg_version(kind: StoreKind) -> str:
     """The PostgreSQL schema version this touba writes (imported here: psycopg's extra)."""
     if kind == "history":
         from touba.history._pg_sql import SCHEMA_VERSION as HISTORY_PG_VERSION
@@ -326,18 +329,18 @@ async def _check_postgres(
     read_only: bool = False,
     create: bool = False,
     option: str,
-) -> None:
+) -> bool:
     """Refuse the PostgreSQL ``name`` unless it holds a touba store of kind ``want``
-    (or, with ``create``, nothing yet)."""
+    (or, with ``create``, nothing yet: then False)."""
     async with postgres_connection(backend.address) as conn:
         found = await pg_contents(conn, name)
     if create and not found.main and found.version is None:
-        return
+        return False
     place = f"{option} {name!r} at {backend.shown}"
     if want in found.kinds:
-        if read_only and found.version != _pg_version(want):
+        if read_only and found.version != pg_version(want):
             raise _refused(place, f"touba {want} schema version {found.version}; {_MIGRATES}")
-        return
+        return True
     if found.kinds:
         other = found.kinds[0]
         raise _refused(
@@ -369,8 +372,9 @@ async def check_store(
     read_only: bool = False,
     create: bool = False,
     hint: str | None = None,
-) -> None:
-    """Refuse (exit 1, one line) unless ``backend`` holds a touba store of kind ``want``.
+) -> bool:
+    """Refuse (exit 1, one line) unless ``backend`` holds a touba store of kind ``want``;
+    whether it does (False: ``create`` accepted its absence; True for Redis).
 
     ``name``: the PostgreSQL table (history) or prefix (memory), the default if None.
     ``create``: a missing store, or an empty file, is accepted (``touba chat``).
@@ -385,31 +389,16 @@ async def check_store(
         if not exists and not create:
             errors.print(f"[bold red]no {want} database at {escape(str(path))}[/]")
             raise typer.Exit(1)
-        if exists:
-            await _check_sqlite(path, want, read_only=read_only, create=create, hint=hint)
-    elif backend.kind == "postgresql":
+        if not exists:
+            return False
+        return await _check_sqlite(path, want, read_only=read_only, create=create, hint=hint)
+    if backend.kind == "postgresql":
         default, option = _PG_NAMES[want]
         with _opening(backend, f"{want} store"):
-            await _check_postgres(
+            return await _check_postgres(
                 backend, name or default, want, read_only=read_only, create=create, option=option
             )
-
-
-@contextmanager
-def _no_new_journal(backend: Backend, read_only: bool) -> Iterator[None]:
-    """Take away the empty ``-journal`` file a SQLite store's opening left beside its
-    file (it creates each side file 0600 before SQLite opens it; in WAL mode SQLite
-    removes the ``-wal`` and ``-shm`` files on close but never uses the journal), so
-    that a read-only command leaves the directory as it found it."""
-    journal = Path(backend.address + "-journal")
-    there = backend.kind != "sqlite" or not read_only or journal.exists()
-    try:
-        yield
-    finally:
-        if not there:
-            with suppress(OSError):
-                if journal.lstat().st_size == 0:
-                    journal.unlink()
+    return True
 
 
 @asynccontextmanager
@@ -435,14 +424,15 @@ async def open_history(
         from touba.history.sqlite import SqliteHistoryStore
 
         await check()
-        with _no_new_journal(backend, read_only):
-            async with SqliteHistoryStore(backend.address, **limits) as sqlite_store:
-                yield sqlite_store
+        async with SqliteHistoryStore(backend.address, create=False, **limits) as sqlite_store:
+            yield sqlite_store
     elif backend.kind == "postgresql":
         with _opening(backend, "history store"):
             from touba.history.postgres import PostgresHistoryStore
 
-            store = PostgresHistoryStore(backend.address, table=table or "touba_history", **limits)
+            store = PostgresHistoryStore(
+                backend.address, table=table or "touba_history", create=False, **limits
+            )
         await check()  # after the constructor, which names a bad table best
         async with _opened(backend, "history store", store) as pg_store:
             yield pg_store
@@ -488,7 +478,8 @@ async def open_memory(
     read_only: bool = False,
     hint: str | None = None,
 ) -> AsyncIterator[MemoryStore]:
-    """Open a memory store, closed on exit; an absent one is an error unless ``create``.
+    """Open a memory store, closed on exit; an absent one is an error unless ``create``
+    (then it is created, and stderr says so: "created memory store at ...").
 
     ``read_only`` and ``hint``: as for :func:`check_store`, which runs first.
     """
@@ -496,18 +487,26 @@ async def open_memory(
         check_store, backend, "memory", name=prefix, read_only=read_only, create=create, hint=hint
     )
     if backend.kind == "sqlite":
-        await check()
-        with _no_new_journal(backend, read_only):
-            async with SqliteMemoryStore(backend.address) as sqlite_store:
-                yield sqlite_store
+        existed = await check()
+        async with SqliteMemoryStore(backend.address, create=create) as sqlite_store:
+            _say_created(backend, existed, "")
+            yield sqlite_store
         return
     with _opening(backend, "memory store"):
         from touba.memory.postgres import PostgresMemoryStore
 
-        store = PostgresMemoryStore(backend.address, prefix=prefix or "touba_memory")
-    await check()  # after the constructor, which names a bad prefix best
+        name = prefix or "touba_memory"
+        store = PostgresMemoryStore(backend.address, prefix=name, create=create)
+    existed = await check()  # after the constructor, which names a bad prefix best
     async with _opened(backend, "memory store", store) as pg_store:
+        _say_created(backend, existed, f" (tables {name}_*)")
         yield pg_store
+
+
+def _say_created(backend: Backend, existed: bool, detail: str) -> None:
+    """The one line a writing command prints on stderr when it made its store."""
+    if not existed:
+        errors.print(f"created memory store at {escape(backend.shown)}{escape(detail)}")
 
 
 def memory_table(prefix: str | None, table: str) -> list[str]:

@@ -210,6 +210,11 @@ class MemoryHistoryStore(AsyncClosing):
         self._purge(now)
         return self._entries.get(key)
 
+    def _peek(self, key: str) -> _Entry | None:
+        """``key``'s entry, expired or not, purging nothing."""
+        self._check_open()
+        return self._entries.get(key)
+
     def _usage(self) -> StoreUsage:
         return StoreUsage(
             sessions=len(self._entries) + len(self._fresh),
@@ -305,15 +310,16 @@ class MemoryHistoryStore(AsyncClosing):
         finally:
             self._release(key, token)
 
-    async def read(self, key: str) -> Record | None:
+    async def read(self, key: str, *, purge: bool = True) -> Record | None:
         """A detached copy, or None if absent or expired; ``DecisionHistoryBusy`` while
-        a transaction holds it."""
+        a transaction holds it. ``purge=False``: expired entries stay (read only)."""
         check_key(key)
         with self._lock:
-            entry = self._live(key, self._clock())
+            now = self._clock()
+            entry = self._live(key, now) if purge else self._peek(key)
             if key in self._active:
                 raise busy(key)
-            return None if entry is None else entry.record()
+            return None if entry is None or entry.expires_at <= now else entry.record()
 
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; False when absent, ``DecisionHistoryBusy``
@@ -341,22 +347,33 @@ class MemoryHistoryStore(AsyncClosing):
             self._fresh.discard(key)
             return recovered(key, self._active.pop(key, None) is not None)
 
-    async def usage(self) -> StoreUsage:
-        """How full the store is now (expired entries purged first).
+    async def usage(self, *, purge: bool = True) -> StoreUsage:
+        """How full the store is now (expired entries purged first, unless ``purge``
+        is False: then they are counted, as they still hold their place).
 
         ``sessions`` counts stored conversations plus reservations of keys
         that have no record yet; ``bytes`` what the records retain (UTF-8 JSON
         of heads and messages).
         """
         with self._lock:
-            self._live("", self._clock())
+            if purge:
+                self._live("", self._clock())
+            else:
+                self._check_open()
             return self._usage()
 
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
-        """``AdminStore.list``: the live conversations (of ``namespace`` when given),
-        sizes and reservations only, never content."""
+    async def list(
+        self, namespace: str | None = None, *, purge: bool = True
+    ) -> list[StoredConversation]:
+        """``AdminStore.list``: the conversations (of ``namespace`` when given), sizes
+        and reservations only, never content; expired ones are purged first unless
+        ``purge`` is False (then listed with ``expired=True``)."""
         with self._lock:
-            self._live("", self._clock())
+            now = self._clock()
+            if purge:
+                self._live("", now)
+            else:
+                self._check_open()
             rows = []
             for key, entry in sorted(self._entries.items()):
                 identity = _identity(entry)
@@ -371,6 +388,7 @@ class MemoryHistoryStore(AsyncClosing):
                         updated_at=iso(entry.updated_at) or "",
                         expires_at=iso(entry.expires_at),
                         active=key in self._active,
+                        expired=entry.expires_at <= now,
                     )
                 )
             return rows

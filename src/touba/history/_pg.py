@@ -225,8 +225,11 @@ class Schema:
             migrations=dict(migrations or {}),
         )
 
-    async def prepare(self, conn: Conn, owner: str) -> None:
-        """Create the tables, or check the ones there; in the caller's transaction."""
+    async def prepare(self, conn: Conn, owner: str, *, create: bool = True) -> None:
+        """Create the tables, or check the ones there; in the caller's transaction.
+
+        ``create=False``: refuse (``ConfigurationError``, nothing created) when
+        the tables are not there."""
         await run(conn, sql.SQL("SELECT pg_advisory_xact_lock(%s)"), (self.lock,))
         found = await row(
             conn,
@@ -246,11 +249,17 @@ class Schema:
                 f"table (no {self.meta.as_string(conn)}); nothing was modified. Choose "
                 "another name"
             )
+        if meta is None and not create:
+            raise ConfigurationError(
+                f"{owner}(create=False): there is no touba {self.what} table "
+                f"{self.table!r} in this database; nothing was created. Check the name and "
+                "the DSN, or pass create=True to create the store"
+            )
         if meta is None:
             for statement in self.create:
                 await run(conn, statement)
-            create = sql.SQL("CREATE TABLE {} (name text PRIMARY KEY, value text NOT NULL)")
-            await run(conn, create.format(self.meta))
+            make_meta = sql.SQL("CREATE TABLE {} (name text PRIMARY KEY, value text NOT NULL)")
+            await run(conn, make_meta.format(self.meta))
             insert = sql.SQL("INSERT INTO {} (name, value) VALUES ('schema_version', %s)")
             await run(conn, insert.format(self.meta), (str(self.version),))
             return
@@ -294,8 +303,10 @@ class OwnedPool:
         pool: AsyncConnectionPool[Any] | None,
         schema: Schema,
         unavailable: Callable[[Exception], ToubaError],
+        create: bool = True,
     ) -> None:
         check_source(owner, dsn, pool)
+        self._create = create
         self._owner = owner
         self._dsn = dsn
         self._pool = pool
@@ -339,7 +350,7 @@ class OwnedPool:
         try:
             pool = await self._open_pool()
             async with pool.connection() as conn, read_committed(conn):
-                await self._schema.prepare(conn, self._owner)
+                await self._schema.prepare(conn, self._owner, create=self._create)
         except BaseException as e:
             if self._owns_pool:
                 await self._drop_own_pool()

@@ -385,7 +385,10 @@ DELETE_RESERVED: Final = "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s A
 
 # -- reading -----------------------------------------------------------------------------
 
-READ_ROW: Final = "SELECT token, head, split FROM {t} WHERE key = %s FOR SHARE"
+READ_ROW: Final = (
+    "SELECT token, head, split, coalesce(expires_at <= now(), false) FROM {t}"
+    " WHERE key = %s FOR SHARE"
+)
 ALL_MESSAGES: Final = "SELECT exchange, bytes, body FROM {m} WHERE key = %s ORDER BY exchange, seq"
 RANGE_ROWS: Final = (
     "SELECT exchange, bytes, body FROM {m}"
@@ -400,7 +403,7 @@ DELETE_ROW: Final = "SELECT token FROM {t} WHERE key = %s FOR UPDATE"
 DELETE: Final = "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s"
 _LISTED: Final = (
     "SELECT key, identity, messages, bytes, updated_at, expires_at, token IS NOT NULL,"
-    " worker_id, pid, host, since FROM {t}"
+    " worker_id, pid, host, since, coalesce(expires_at <= now(), false) FROM {t}"
 )
 LIST_ALL: Final = _LISTED + " ORDER BY key"
 LIST_NAMESPACE: Final = _LISTED + " WHERE namespace = %s ORDER BY key"

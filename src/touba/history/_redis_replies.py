@@ -34,7 +34,7 @@ __all__ = [
     "text",
 ]
 
-# The head fields list.lua returns (its ARGV after P).
+# The head fields list.lua returns (its ARGV after P and the purge flag).
 LIST_FIELDS: Final = (
     "key",
     "identity",
@@ -139,13 +139,15 @@ def ms_iso(value: Any) -> str | None:
 
 
 def listed(reply: Sequence[Any], namespace: str | None) -> list[StoredConversation]:
-    """list.lua's reply (``LIST_FIELDS`` and the active flag, per conversation) as
-    the conversations of ``namespace`` (every one for None), sorted by key."""
-    width = len(LIST_FIELDS) + 1
+    """list.lua's reply (``LIST_FIELDS``, the active and the expired flags, per
+    conversation) as the conversations of ``namespace`` (every one for None),
+    sorted by key."""
+    width = len(LIST_FIELDS) + 2
     out = []
     for i in range(0, len(reply), width):
         values = dict(zip(LIST_FIELDS, reply[i : i + width], strict=False))
-        active = int(reply[i + width - 1]) == 1
+        active = int(reply[i + width - 2]) == 1
+        expired = int(reply[i + width - 1]) == 1
         identity: Any = loads(values["identity"]) if values["identity"] else None
         if namespace is not None and (identity or {}).get("namespace") != namespace:
             continue
@@ -168,6 +170,7 @@ def listed(reply: Sequence[Any], namespace: str | None) -> list[StoredConversati
                 expires_at=ms_iso(values["expires_at"]),
                 active=active,
                 reservation=holder,
+                expired=expired,
             )
         )
     out.sort(key=lambda conversation: conversation.key)

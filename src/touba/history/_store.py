@@ -54,7 +54,12 @@ class HistoryStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class StoredConversation:
-    """One row of ``store.list()``: sizes and reservation, never content."""
+    """One row of ``store.list()``: sizes and reservation, never content.
+
+    ``expired``: its ``expires_at`` has passed, by the store's clock. Only
+    ``list(purge=False)`` shows an unreserved expired conversation (waiting for
+    the next purge); a reserved one stays until its holder ends or is recovered.
+    """
 
     key: str
     identity: dict[str, str] | None
@@ -64,6 +69,7 @@ class StoredConversation:
     expires_at: str | None
     active: bool
     reservation: dict[str, Any] | None = field(default=None)
+    expired: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +93,13 @@ class StoreUsage:
 
 
 class AdminStore(Protocol):
-    """What an operator's tools (``touba history``, the panel) use of a built-in store."""
+    """What an operator's tools (``touba history``, the panel) use of a built-in store.
+
+    ``purge=False`` (``read``, ``list``, ``usage``) reads without the purge of
+    expired conversations that every other access runs first: the read-only
+    commands and pages change nothing. ``read`` still answers None for an expired
+    conversation; ``list`` shows it with ``expired=True``; ``usage`` counts it.
+    """
 
     @property
     def max_sessions(self) -> int: ...
@@ -95,7 +107,7 @@ class AdminStore(Protocol):
     @property
     def max_store_bytes(self) -> int: ...
 
-    async def read(self, key: str) -> Record | None: ...
+    async def read(self, key: str, *, purge: bool = True) -> Record | None: ...
 
     async def delete(self, key: str) -> bool: ...
 
@@ -103,9 +115,11 @@ class AdminStore(Protocol):
 
     async def purge_expired(self) -> int: ...
 
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]: ...
+    async def list(
+        self, namespace: str | None = None, *, purge: bool = True
+    ) -> list[StoredConversation]: ...
 
-    async def usage(self) -> StoreUsage: ...
+    async def usage(self, *, purge: bool = True) -> StoreUsage: ...
 
 
 class LogSnapshot(Protocol):

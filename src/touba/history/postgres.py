@@ -48,7 +48,8 @@ Expired, unreserved rows no other transaction holds are purged at most once a
 minute per store object, and after each reservation while the store is 80%
 full (so the usage an operation is given, and pressure events, leave them
 out), in a transaction of their own; an expired, unreserved conversation is
-also purged when its key is accessed.
+also purged when its key is accessed. ``read``, ``list`` and ``usage`` with
+``purge=False`` delete nothing (the read-only commands use them).
 
 Errors: a connection or schema problem met while opening raises
 ``ConfigurationError`` chained to the driver error; a driver failure during
@@ -446,7 +447,9 @@ class PostgresHistoryStore(PooledStore):
     Give exactly one of ``dsn`` (the store creates, opens and closes its own
     pool of 1 to 4 connections) or ``pool`` (an ``AsyncConnectionPool`` you
     open and close). Tables are created on first use, or by
-    ``await store.open()``. Defaults: 128 conversations, 32 MiB, 24 hours of
+    ``await store.open()``; with ``create=False`` missing tables raise
+    ``ConfigurationError`` there instead, and nothing is created (an older schema
+    version is still migrated). Defaults: 128 conversations, 32 MiB, 24 hours of
     inactivity. ``worker_id`` names this worker in reservations (default
     ``host:pid``), so an operator can find a crashed one. Reserving a key that
     has no record claims its place among ``max_sessions`` at once; when every
@@ -471,6 +474,7 @@ class PostgresHistoryStore(PooledStore):
         max_store_bytes: int = 32 * MiB,
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
+        create: bool = True,
     ) -> None:
         parts = table_parts(table, example="touba_history")
         check_limits_config(
@@ -492,6 +496,7 @@ class PostgresHistoryStore(PooledStore):
                 migrations={1: [], 2: self._sql.upgrade_to_3, 3: self._sql.upgrade_to_4},
             ),
             unavailable=_unavailable,
+            create=create,
         )
         self.table = table
         self.max_sessions = max_sessions
@@ -613,18 +618,23 @@ class PostgresHistoryStore(PooledStore):
         async with self._using():
             return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
 
-    async def read(self, key: str) -> Record | None:
-        """A detached copy, or None if absent or expired; the TTL is not renewed."""
+    async def read(self, key: str, *, purge: bool = True) -> Record | None:
+        """A detached copy, or None if absent or expired; the TTL is not renewed.
+
+        An expired conversation is purged first, unless ``purge`` is False."""
         check_key(key)
         s = self._sql
         async with self._pg.call() as conn:
-            await _run(conn, s.purge_key, (key,))
+            if purge:
+                await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.read_row, (key,))
             if row is None:
                 return None
-            token, head, split = row
+            token, head, split, expired = row
             if token is not None:
                 raise await _held(conn, s, key)
+            if expired:
+                return None
             rows = await _rows(conn, s.all_messages, (key,)) if split else []
         return _decode(key, head, split, rows)
 
@@ -662,31 +672,38 @@ class PostgresHistoryStore(PooledStore):
         async with self._using():
             return await self._purge()
 
-    async def usage(self) -> StoreUsage:
+    async def usage(self, *, purge: bool = True) -> StoreUsage:
         """How full the table is now, over every worker sharing it.
 
         ``sessions`` counts stored conversations plus reservations of keys that
         have no record yet (a crashed worker's included, until ``recover``);
         ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
         Expired, unreserved conversations are not counted (they are purged
-        first). The figures are the sums of counters that triggers keep exact.
+        first), unless ``purge`` is False: then nothing is deleted and they count.
+        The figures are the sums of counters that triggers keep exact.
         """
         async with self._pg.call() as conn:
-            await self._purge_in(conn)
+            if purge:
+                await self._purge_in(conn)
             return await self._usage(conn)
 
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+    async def list(
+        self, namespace: str | None = None, *, purge: bool = True
+    ) -> list[StoredConversation]:
         """Sizes and reservations, never content. Bare reservations (a key that had no
-        record when its worker crashed) are listed only without ``namespace``."""
+        record when its worker crashed) are listed only without ``namespace``.
+        Expired conversations are purged first; with ``purge=False`` nothing is
+        deleted and they are listed with ``expired=True``."""
         s = self._sql
         async with self._pg.call() as conn:
-            await self._purge_in(conn)
+            if purge:
+                await self._purge_in(conn)
             if namespace is None:
                 rows = await _rows(conn, s.list_all)
             else:
                 rows = await _rows(conn, s.list_namespace, (namespace,))
         out = []
-        for key, identity, messages, size, updated, expires, active, *holder in rows:
+        for key, identity, messages, size, updated, expires, active, *holder, expired in rows:
             worker_id, pid, host, since = holder
             out.append(
                 StoredConversation(
@@ -702,6 +719,7 @@ class PostgresHistoryStore(PooledStore):
                         if active
                         else None
                     ),
+                    expired=bool(expired),
                 )
             )
         return out

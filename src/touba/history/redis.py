@@ -685,10 +685,13 @@ class RedisHistoryStore(AsyncClosing):
         check_key(key)
         return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
 
-    async def read(self, key: str) -> Record | None:
-        """A detached copy, or None if absent or expired; does not renew the TTL."""
+    async def read(self, key: str, *, purge: bool = True) -> Record | None:
+        """A detached copy, or None if absent or expired; does not renew the TTL.
+
+        Expired conversations are purged first, unless ``purge`` is False (Redis's
+        own expiry of their keys, a minute later, still removes them)."""
         keys = self._keys(key)
-        reply = await self._conv(self._read_script, keys, (), "a read")
+        reply = await self._conv(self._read_script, keys, (_flag(purge),), "a read")
         status = replies.text(reply[0])
         if status == "busy":
             raise self._busy(key, reply)
@@ -726,16 +729,18 @@ class RedisHistoryStore(AsyncClosing):
         reply = await self._run(self._purge_script, self._store_keys, (self._base,), "a purge")
         return int(reply)
 
-    async def usage(self) -> StoreUsage:
+    async def usage(self, *, purge: bool = True) -> StoreUsage:
         """How full the store is now, over every client sharing the prefix.
 
         ``sessions`` counts stored conversations plus reservations of keys that
         have no record yet (a crashed worker's included, until ``recover``);
         ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
-        Expired conversations are purged first. Two reads of counters the
-        scripts keep, whatever the number of conversations.
+        Expired conversations are purged first, unless ``purge`` is False (then
+        they count). Two reads of counters the scripts keep, whatever the number
+        of conversations.
         """
-        reply = await self._run(self._usage_script, self._store_keys, (self._base,), "a usage")
+        args = (self._base, _flag(purge))
+        reply = await self._run(self._usage_script, self._store_keys, args, "a usage")
         return self._usage_of(reply[0], reply[1])
 
     async def is_empty(self) -> bool:
@@ -746,8 +751,19 @@ class RedisHistoryStore(AsyncClosing):
         with _driver_errors("a check"):
             return int(await self._client.exists(*self._store_keys)) == 0
 
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
-        """Every live conversation (and reserved key), sizes and holder, no content."""
-        args = (self._base, *replies.LIST_FIELDS)
+    async def list(
+        self, namespace: str | None = None, *, purge: bool = True
+    ) -> list[StoredConversation]:
+        """Every live conversation (and reserved key), sizes and holder, no content.
+
+        Expired conversations are purged first; with ``purge=False`` nothing is
+        written and those Redis has not expired yet (a minute after their
+        ``expires_at``) are listed with ``expired=True``."""
+        args = (self._base, _flag(purge), *replies.LIST_FIELDS)
         reply = list(await self._run(self._list_script, self._store_keys, args, "a list"))
         return replies.listed(reply, namespace)
+
+
+def _flag(purge: bool) -> str:
+    """A script's purge argument: ``'1'`` purges expired conversations first."""
+    return "1" if purge else "0"

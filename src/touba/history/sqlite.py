@@ -30,7 +30,8 @@ Expired conversations: a key whose record expired is purged when it is
 reserved or deleted; every expired, unreserved record is purged at most once
 a minute per store object (by its clock), whenever the store is 80 % full or
 a write would not fit otherwise (so expired records never refuse a write),
-and by ``usage``, ``list`` and ``purge_expired``.
+and by ``usage``, ``list`` and ``purge_expired``. ``usage``, ``list`` and
+``read`` with ``purge=False`` write nothing (the read-only commands use them).
 
 Failures (:func:`_translate`, the one place ``sqlite3`` and OS errors become
 touba errors, chained): a file locked past the busy timeout is
@@ -92,6 +93,7 @@ from touba.history._files import open_private_sqlite
 from touba.history._record import join_record
 from touba.history._reservations import Reservations
 from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
+from touba.history._sqlite_kinds import require_sqlite_store
 from touba.history._sqlite_schema import PAGE_SIZE, SCHEMA_VERSION, check_schema, init_schema
 from touba.history._store import (
     LogOperation,
@@ -456,12 +458,15 @@ class _Db:
             self.q("DELETE FROM touba_history_sessions WHERE id = ?", row[0])
             return row[1] is not None and row[3] > self.store._clock()  # expired: purged
 
-    def usage(self) -> StoreUsage:
-        self.purge()
+    def usage(self, purge: bool) -> StoreUsage:
+        if purge:
+            self.purge()
         return self._usage()
 
-    def listing(self, namespace: str | None) -> list[StoredConversation]:
-        self.purge()
+    def listing(self, namespace: str | None, purge: bool) -> list[StoredConversation]:
+        if purge:
+            self.purge()
+        now = self.store._clock()
         rows = self.q(
             "SELECT key, identity, messages, bytes, updated_at, expires_at, token, worker_id, "
             "pid, host, since FROM touba_history_sessions "
@@ -486,6 +491,7 @@ class _Db:
                     expires_at=iso(expires),
                     active=active,
                     reservation=Reservation(token, *held).describe() if active else None,
+                    expired=expires is not None and expires <= now,
                 )
             )
         return out
@@ -552,13 +558,17 @@ class SqliteHistoryStore(AsyncClosing):
     """SQLite store: durable, shared by processes, bounded, refusing when full.
 
     Give exactly one of ``filename`` or ``database``. With ``filename``, the
-    location is checked and the file and its ``-wal``, ``-shm`` and
-    ``-journal`` companions are created or reset to 0600 before SQLite opens
-    them (:mod:`touba.history._files`); the directory is not created: make it
+    location is checked, the file is created or reset to 0600 and its ``-wal``,
+    ``-shm`` and ``-journal`` companions that exist are reset to 0600 before SQLite
+    opens them (those SQLite creates get the file's mode:
+    :mod:`touba.history._files`); the directory is not created: make it
     yourself, mode 0700. ``database`` is an open ``sqlite3.Connection`` made
     with ``check_same_thread=False`` that only this store uses until
     ``close()``; its pragmas, closing and file protection are the
-    application's.
+    application's. ``create=False`` (with ``filename``) opens an existing store
+    only: a missing file, or one holding no touba history store, raises
+    ``ConfigurationError`` and nothing is created or changed (a file of an older
+    schema version is still migrated on opening).
 
     The file is opened at construction (blocking briefly). A reservation
     outlives a crashed worker: the key answers ``DecisionHistoryBusy`` until
@@ -586,6 +596,7 @@ class SqliteHistoryStore(AsyncClosing):
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        create: bool = True,
     ) -> None:
         if (filename is None) == (database is None):
             raise ConfigurationError(
@@ -611,18 +622,25 @@ class SqliteHistoryStore(AsyncClosing):
         # One thread owns the connection and runs every SQLite call, in order.
         self._thread = OwnedThread("touba-sqlite")
         try:
-            self._db = self._thread.call(lambda: self._open(filename, database))
+            self._db = self._thread.call(lambda: self._open(filename, database, create))
         except BaseException:
             self._thread.shutdown()
             raise
         self._reservations = Reservations(_Backend(self), self.worker_id)
 
     def _open(
-        self, filename: str | os.PathLike[str] | None, conn: sqlite3.Connection | None
+        self,
+        filename: str | os.PathLike[str] | None,
+        conn: sqlite3.Connection | None,
+        create: bool,
     ) -> _Db:
         try:
             if conn is None:
                 assert filename is not None
+                if not create:
+                    require_sqlite_store(
+                        filename, "history", "SqliteHistoryStore", "decision history"
+                    )
                 conn = open_private_sqlite(
                     filename,
                     timeout=BUSY_TIMEOUT_SECONDS,
@@ -720,11 +738,12 @@ class SqliteHistoryStore(AsyncClosing):
         with self._using():
             return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
 
-    async def read(self, key: str) -> Record | None:
+    async def read(self, key: str, *, purge: bool = True) -> Record | None:
         """A detached copy of the record, or None if absent or expired (TTL not renewed).
 
         ``DecisionHistoryBusy`` while reserved; ``DecisionHistoryStoreUnavailable``
-        when the file cannot be read."""
+        when the file cannot be read. It never purges: ``purge`` is accepted for
+        :class:`~touba.history._store.AdminStore`'s sake."""
         check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.read(key))
@@ -751,22 +770,27 @@ class SqliteHistoryStore(AsyncClosing):
         with self._using():
             return await self._run("", self._db.purge)
 
-    async def usage(self) -> StoreUsage:
+    async def usage(self, *, purge: bool = True) -> StoreUsage:
         """How full the store is now, over every process sharing the file.
 
         ``sessions`` counts stored conversations plus reservations of keys that
         have no record yet (a crashed worker's included, until ``recover``);
         ``bytes`` what the records retain (UTF-8 JSON of heads and messages).
-        Expired conversations are purged first.
+        Expired conversations are purged first; with ``purge=False`` nothing is
+        written and they are counted.
         """
         with self._using():
-            return await self._run("", self._db.usage)
+            return await self._run("", lambda: self._db.usage(purge))
 
-    async def list(self, namespace: str | None = None) -> list[StoredConversation]:
+    async def list(
+        self, namespace: str | None = None, *, purge: bool = True
+    ) -> list[StoredConversation]:
         """Sizes and reservations, never content. A key reserved before its first
-        save has no identity yet: it is listed only when ``namespace`` is None."""
+        save has no identity yet: it is listed only when ``namespace`` is None.
+        Expired conversations are purged first; with ``purge=False`` nothing is
+        written and they are listed with ``expired=True``."""
         with self._using():
-            return await self._run("", lambda: self._db.listing(namespace))
+            return await self._run("", lambda: self._db.listing(namespace, purge))
 
     async def close(self) -> None:
         """Wait for running operations to save or release, then close what it opened."""

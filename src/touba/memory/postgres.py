@@ -120,7 +120,9 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
 
     Give exactly one of ``dsn`` (the store opens and closes its own pool of 1
     to 4 connections) or ``pool`` (a ``psycopg_pool.AsyncConnectionPool`` you
-    open and close). Tables are created on first use, or by ``await open()``.
+    open and close). Tables are created on first use, or by ``await open()``;
+    with ``create=False`` missing tables raise ``ConfigurationError`` there
+    instead, and nothing is created.
     The pool, the schema check and the lifecycle are those of touba's other
     PostgreSQL stores (:class:`touba.history._pg.OwnedPool`).
     """
@@ -132,6 +134,7 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         pool: AsyncConnectionPool[Any] | None = None,
         prefix: str = "touba_memory",
         clock: Clock = utc_now,
+        create: bool = True,
     ) -> None:
         *schema, name = table_parts(prefix, example="touba_memory", argument="prefix", longest=40)
         check_clock(clock)
@@ -175,6 +178,7 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
                 },
             ),
             unavailable=_unavailable,
+            create=create,
         )
 
     # -- the backend's part --------------------------------------------------------------

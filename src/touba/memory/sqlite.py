@@ -34,6 +34,7 @@ from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._files import open_private_sqlite
 from touba.history._sqlite import describe, failure_kind, finish_leftover, rollback_quietly
+from touba.history._sqlite_kinds import require_sqlite_store
 from touba.memory._rows import COLUMNS, STATEMENTS, Row
 from touba.memory._sql import Db, SqlMemoryStore
 from touba.memory._store import Clock, check_clock, utc_now
@@ -186,9 +187,11 @@ def _strpos(text: str | None, part: str | None) -> int | None:
     return text.find(part) + 1
 
 
-def _open(filename: str | os.PathLike[str]) -> sqlite3.Connection:
+def _open(filename: str | os.PathLike[str], create: bool) -> sqlite3.Connection:
     conn = None
     try:
+        if not create:
+            require_sqlite_store(filename, "memory", "SqliteMemoryStore", "chat memory")
         conn = open_private_sqlite(filename, timeout=BUSY_TIMEOUT_SECONDS, check=_check_schema)
         # Unicode-aware, like PostgreSQL's (SQLite's own lower() folds ASCII only).
         conn.create_function("lower", 1, _lower, deterministic=True)
@@ -242,10 +245,14 @@ class SqliteMemoryStore(SqlMemoryStore, AsyncClosing):
     ``filename``: a path in a private directory you created (mode 0700); the
     file is opened at construction. ``clock`` (returning aware datetimes)
     stamps every write and decides lease expiry and retry times. Close it with
-    ``await store.close()`` or ``async with``.
+    ``await store.close()`` or ``async with``. ``create=False`` opens an existing
+    store only: a missing file, or one holding no touba chat memory, raises
+    ``ConfigurationError`` and nothing is created or changed.
     """
 
-    def __init__(self, filename: str | os.PathLike[str], *, clock: Clock = utc_now) -> None:
+    def __init__(
+        self, filename: str | os.PathLike[str], *, clock: Clock = utc_now, create: bool = True
+    ) -> None:
         if not isinstance(filename, str | os.PathLike):
             raise ConfigurationError(f"filename must be a path, got {type(filename).__name__}")
         check_clock(clock)
@@ -260,7 +267,7 @@ class SqliteMemoryStore(SqlMemoryStore, AsyncClosing):
         )
         self._thread.start()
         try:
-            self._conn = self._submit(self._call(lambda: _open(filename))).result()
+            self._conn = self._submit(self._call(lambda: _open(filename, create))).result()
         except BaseException:
             self._stop_thread()
             raise

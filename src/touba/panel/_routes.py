@@ -211,7 +211,7 @@ async def home(request: Request) -> Response:
         "owners": await memory.count_owners(),
         "jobs": await memory.count_jobs(),
     }
-    usage = await panel.history.usage() if panel.history is not None else None
+    usage = await panel.history.usage(purge=False) if panel.history is not None else None
     return panel.render(request, "home.html", agents=agents, counts=counts, usage=usage)
 
 
@@ -602,9 +602,10 @@ def _history(panel: Panel) -> Any:
 
 
 async def _listed(store: Any, key: str) -> Any:
-    """The store's listed row of the conversation ``key``; 404 when absent or expired."""
-    listed = next((row for row in await store.list() if row.key == key), None)
-    if listed is None:
+    """The store's listed row of the conversation ``key``; 404 when absent or expired
+    (a reserved one stays, as a purge keeps it). Reads only: it purges nothing."""
+    listed = next((r for r in await store.list(purge=False) if r.key == key), None)
+    if listed is None or (listed.expired and not listed.active):
         raise HTTPException(404, "No such conversation (absent or expired).")
     return listed
 
@@ -615,9 +616,9 @@ async def conversations(request: Request) -> Response:
     if panel.history is None:
         return panel.render(request, "conversations.html", page=None, usage=None)
     number = _page_number(request)
-    rows = await panel.history.list()
+    rows = [r for r in await panel.history.list(purge=False) if r.active or not r.expired]
     rows.sort(key=lambda r: r.updated_at, reverse=True)
-    usage = await panel.history.usage()
+    usage = await panel.history.usage(purge=False)
     start = (number - 1) * PAGE_SIZE
     page = _paged(rows[start : start + PAGE_SIZE + 1], number, len(rows))
     return panel.render(request, "conversations.html", page=page, usage=usage)
@@ -633,7 +634,7 @@ async def conversation(request: Request) -> Response:
     busy = False
     if not listed.active:
         try:
-            record = await store.read(key)
+            record = await store.read(key, purge=False)
         except DecisionHistoryBusy:
             busy = True
     else:

@@ -37,6 +37,7 @@ __all__ = [
     "ConformanceReport",
     "Deletable",
     "Held",
+    "ExpiringStoreFactory",
     "LimitedStoreFactory",
     "Listable",
     "Measurable",
@@ -75,6 +76,12 @@ class LimitedStoreFactory(Protocol):
     """Builds a fresh store with the given capacity (SPEC section 6 bounds)."""
 
     def __call__(self, *, max_sessions: int, max_store_bytes: int) -> StoreSource: ...
+
+
+class ExpiringStoreFactory(Protocol):
+    """Builds a fresh store whose conversations expire after ``ttl_seconds``."""
+
+    def __call__(self, *, ttl_seconds: float) -> StoreSource: ...
 
 
 AT_ONCE: Final = 2.0

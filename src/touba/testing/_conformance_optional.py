@@ -1,16 +1,18 @@
 """The checks of what a store may offer beyond ``transact`` (SPEC section 6).
 
-``read``, ``delete``, ``recover``, ``list``, capacity limits and the
+``read``, ``delete``, ``recover``, ``list``, capacity limits, expiry and the
 ``transact_log`` interface of the built-in stores: each check is skipped
 (:class:`~touba.testing._conformance_base.CheckSkipped`) when the store lacks
 the capability, and holds it to the contract when it has it. ``check_capacity``
-takes a factory, since it builds stores with small limits.
+and ``check_expiry`` take a factory, since they build stores with small limits
+or a short time to live.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 from collections.abc import Awaitable
 from typing import Any, cast
@@ -24,6 +26,7 @@ from touba.testing._conformance_base import (
     STEP_TIMEOUT,
     CheckSkipped,
     Deletable,
+    ExpiringStoreFactory,
     LimitedStoreFactory,
     Listable,
     Measurable,
@@ -49,6 +52,7 @@ from touba.testing._conformance_base import (
 __all__ = [
     "check_capacity",
     "check_delete",
+    "check_expiry",
     "check_list",
     "check_log_interface",
     "check_read",
@@ -261,6 +265,52 @@ async def check_capacity(limited_factory: LimitedStoreFactory | None) -> None:
         await refused(store, k1, {"pad": "a" * 9000}, "max_store_bytes")
         await expect_stored(store, k1, small, "a refused update must keep the old record")
         await _expect_usage(store, sessions=1, max_sessions=100, bytes=len(_json(small)))
+
+
+EXPIRY_TTL = 1.0
+"""The ``ttl_seconds`` of :func:`check_expiry`'s store (it waits a little longer)."""
+
+
+def _purges(store: HistoryStore) -> bool:
+    """Whether ``list``, ``read`` and ``usage`` all take ``purge=`` (a read-only look)."""
+    methods = [getattr(store, name, None) for name in ("list", "read", "usage")]
+    return all(m is not None and "purge" in inspect.signature(m).parameters for m in methods)
+
+
+async def check_expiry(expiring_factory: ExpiringStoreFactory | None) -> None:
+    """An expired conversation reads as absent, and ``list``, ``read`` and ``usage``
+    with ``purge=False`` (the read-only look of the CLI and the panel) leave it
+    stored, listed with ``expired=True`` and counted, until a purge removes it."""
+    if expiring_factory is None:
+        raise CheckSkipped("no factory building the store with ttl_seconds was given")
+    async with open_store(expiring_factory(ttl_seconds=EXPIRY_TTL)) as store:
+        if not _purges(store):
+            raise CheckSkipped(f"{type(store).__name__} has no list/read/usage(purge=...)")
+        admin: Any = store
+        key, record = touba_record(fresh_key("expiry"), [messages(2)])
+        await save_record(store, key, record)
+        row = await _row(admin, key)
+        expect(row.expired is False, f"a live conversation must list expired=False: {row!r}")
+        await asyncio.sleep(EXPIRY_TTL + 0.5)
+        for look in ("first", "second"):  # the first look must not have purged it
+            rows = await within(admin.list(purge=False), STEP_TIMEOUT, "list(purge=False)")
+            found = [r for r in rows if r.key == key]
+            expect(
+                len(found) == 1 and found[0].expired is True,
+                f"list(purge=False), {look} look: the expired {key!r} should be listed once "
+                f"with expired=True, got {found!r}",
+            )
+            read = await within(admin.read(key, purge=False), STEP_TIMEOUT, "read(purge=False)")
+            expect(read is None, f"read(purge=False) of an expired conversation: {read!r}")
+            usage = await within(admin.usage(purge=False), STEP_TIMEOUT, "usage(purge=False)")
+            expect(
+                usage.sessions == 1,
+                f"usage(purge=False) should count the expired conversation: {usage!r}",
+            )
+        rows = await within(admin.list(), STEP_TIMEOUT, "list()")
+        expect(key not in [r.key for r in rows], "list() must purge an expired conversation first")
+        again = await within(admin.list(purge=False), STEP_TIMEOUT, "list(purge=False)")
+        expect(key not in [r.key for r in again], "after list(), the expired conversation is gone")
 
 
 def _json(value: Any) -> bytes:

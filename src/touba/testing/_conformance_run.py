@@ -22,6 +22,7 @@ from touba.testing._conformance_base import (
     CHECK_TIMEOUT,
     CheckSkipped,
     ConformanceReport,
+    ExpiringStoreFactory,
     LimitedStoreFactory,
     StoreFactory,
     open_store,
@@ -63,7 +64,7 @@ _STORE_CHECKS: Final[dict[str, _StoreCheck]] = {
     ),
 }
 
-CHECK_NAMES: Final[tuple[str, ...]] = (*_STORE_CHECKS, "capacity")
+CHECK_NAMES: Final[tuple[str, ...]] = (*_STORE_CHECKS, "capacity", "expiry")
 """Every check, in the order :func:`check_store` runs them."""
 
 
@@ -73,6 +74,7 @@ async def run_check(
     *,
     limited_factory: LimitedStoreFactory | None = None,
     expect_busy_error: bool = True,
+    expiring_factory: ExpiringStoreFactory | None = None,
 ) -> None:
     """Run one check on a fresh store from ``factory``; see :data:`CHECK_NAMES`."""
     if name not in CHECK_NAMES:
@@ -81,6 +83,9 @@ async def run_check(
         async with asyncio.timeout(CHECK_TIMEOUT):
             if name == "capacity":
                 await optional.check_capacity(limited_factory)
+                return
+            if name == "expiry":
+                await optional.check_expiry(expiring_factory)
                 return
             async with open_store(factory()) as store:
                 await _STORE_CHECKS[name](store, _Options(limited_factory, expect_busy_error))
@@ -96,13 +101,15 @@ async def check_store(
     *,
     limited_factory: LimitedStoreFactory | None = None,
     expect_busy_error: bool = True,
+    expiring_factory: ExpiringStoreFactory | None = None,
 ) -> ConformanceReport:
     """Run every check, each on a fresh store from ``factory``.
 
     ``factory`` returns a store, an awaitable of one, or an async context
     manager yielding one; it is called inside the running event loop.
     ``limited_factory(max_sessions=..., max_store_bytes=...)`` enables the
-    capacity check. Set ``expect_busy_error=False`` for an adapter that makes
+    capacity check; ``expiring_factory(ttl_seconds=...)`` the expiry check (about
+    1.5 s). Set ``expect_busy_error=False`` for an adapter that makes
     a second operation on a key wait instead of raising ``DecisionHistoryBusy``.
 
     Raises one :class:`AssertionError` listing every failed check; returns
@@ -118,6 +125,7 @@ async def check_store(
                 factory,
                 limited_factory=limited_factory,
                 expect_busy_error=expect_busy_error,
+                expiring_factory=expiring_factory,
             )
         except CheckSkipped as e:
             skipped[name] = str(e)

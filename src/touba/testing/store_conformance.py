@@ -3,8 +3,9 @@
 It checks what SPEC section 6 asks of a store: JSON round trips, private
 snapshots, exception and cancellation keep the old state, per-key exclusion
 (busy), atomicity under concurrency, and, when the store offers them,
-``read``, ``delete``, ``recover``, ``list``, capacity limits and the
-``transact_log`` interface of built-in stores. Missing optional capabilities
+``read``, ``delete``, ``recover``, ``list``, capacity limits, expiry (and the
+read-only ``purge=False`` look) and the ``transact_log`` interface of built-in
+stores. Missing optional capabilities
 are skipped, not failed. Every built-in store passes it.
 
 With pytest, subclass :class:`StoreConformance` and give it a ``store_factory``
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, ClassVar
 from touba.testing._conformance_base import (
     CheckSkipped,
     ConformanceReport,
+    ExpiringStoreFactory,
     LimitedStoreFactory,
     StoreFactory,
     StoreSource,
@@ -46,6 +48,7 @@ from touba.testing._conformance_base import (
 from touba.testing._conformance_optional import (
     check_capacity,
     check_delete,
+    check_expiry,
     check_list,
     check_log_interface,
     check_read,
@@ -68,6 +71,7 @@ __all__ = [
     "CHECK_NAMES",
     "CheckSkipped",
     "ConformanceReport",
+    "ExpiringStoreFactory",
     "LimitedStoreFactory",
     "StoreConformance",
     "StoreFactory",
@@ -78,6 +82,7 @@ __all__ = [
     "check_delete",
     "check_exception_keeps_state",
     "check_exclusion",
+    "check_expiry",
     "check_list",
     "check_log_interface",
     "check_private_snapshots",
@@ -115,6 +120,8 @@ class StoreConformance:
     - ``limited_store_factory`` (optional): a callable accepting
       ``max_sessions=`` and ``max_store_bytes=``; without it (or when it
       returns None) the capacity test is skipped.
+    - ``expiring_store_factory`` (optional): a callable accepting
+      ``ttl_seconds=``; without it the expiry test is skipped.
 
     Set ``expect_busy_error = False`` for an adapter that makes a second
     operation on a busy key wait instead of raising ``DecisionHistoryBusy``.
@@ -127,6 +134,7 @@ class StoreConformance:
         name: str,
         store_factory: StoreFactory,
         limited_store_factory: LimitedStoreFactory | None = None,
+        expiring_store_factory: ExpiringStoreFactory | None = None,
     ) -> None:
         __tracebackhide__ = True
         try:
@@ -136,6 +144,7 @@ class StoreConformance:
                     store_factory,
                     limited_factory=limited_store_factory,
                     expect_busy_error=self.expect_busy_error,
+                    expiring_factory=expiring_store_factory,
                 )
             )
         except CheckSkipped as e:
@@ -164,3 +173,15 @@ class StoreConformance:
         except pytest.FixtureLookupError:
             limited = None
         self._check("capacity", store_factory, limited)
+
+    def test_expiry(self, store_factory: StoreFactory, request: pytest.FixtureRequest) -> None:
+        """:func:`check_expiry` on ``expiring_store_factory`` (skipped without one)."""
+        import pytest
+
+        try:
+            expiring: ExpiringStoreFactory | None = request.getfixturevalue(
+                "expiring_store_factory"
+            )
+        except pytest.FixtureLookupError:
+            expiring = None
+        self._check("expiry", store_factory, expiring_store_factory=expiring)
