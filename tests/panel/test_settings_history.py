@@ -150,3 +150,18 @@ async def test_a_reset_without_the_csrf_token_or_logged_out_is_refused(
     )
     assert await memory.load_memory_config("support") == ONE
     assert len(await memory.memory_config_history("support")) == 1
+
+
+async def test_the_overview_says_who_saved_the_settings(
+    client: TestClient, memory: SqliteMemoryStore
+) -> None:
+    """Settings saved by the API (a deploy script, say) are not called the panel's."""
+    await memory.save_memory_config("support", ONE, actor="deploy-script")
+    row = client.get("/").text.split('href="/agents/support"', 1)[1].split("</tr>", 1)[0]
+    assert "saved by <code>deploy-script</code>" in row
+    assert "saved in the panel" not in row
+    assert (
+        post(client, "/agents/support/memory", FORM | {"short_term_turns": "2"}).status_code == 303
+    )
+    row = client.get("/").text.split('href="/agents/support"', 1)[1].split("</tr>", 1)[0]
+    assert "saved in the panel" in row

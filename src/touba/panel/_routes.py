@@ -204,7 +204,14 @@ async def home(request: Request) -> Response:
     agents = []
     for agent in panel.program.agents.values():
         effective = await _settings(panel, agent)
-        agents.append({"agent": agent, "config": effective.config, "source": effective.source})
+        agents.append(
+            {
+                "agent": agent,
+                "config": effective.config,
+                "source": effective.source,
+                "saved_by": effective.saved_by,
+            }
+        )
     memory = panel.memory
     counts = {
         "sessions": await memory.count_sessions(),
