@@ -180,6 +180,7 @@ def test_event_has_no_field_for_content() -> None:
         "max_sessions",
         "used_bytes",
         "max_store_bytes",
+        "prior_turns",
     }
     assert not names & {"text", "messages", "arguments", "result", "results", "signature"}
 

@@ -15,7 +15,7 @@ from touba import ChatSession
 from touba.history import HistoryConfig, MemoryHistoryStore, SummaryRequest
 from touba.memory import KeyEventService, MemoryStore, owner_for
 from touba.memory._key_events import render_key_events_block
-from touba.memory._turn_context import describe_context
+from touba.memory._turn_context import describe_context, describe_windows
 from touba.providers import ContextConfig
 from touba.providers.anthropic import create_anthropic_decision_provider
 from touba.runtime import MemoryCheckpointStore
@@ -235,8 +235,40 @@ async def test_windows_record_trims_summaries_and_the_guards_count_end_to_end(
         "fits": True,
         "messages": 0,
         "bytes": 0,
+        "prior_turns": 0,
     }
     assert isinstance(window["input_tokens"], int)
+
+
+async def test_earlier_turns_the_guard_dropped_are_recorded(store: MemoryStore) -> None:
+    """The guard drops earlier turns first when a request does not fit: the record says
+    how many of the turns it was given were sent, and that is what the model got."""
+    with FakeAnthropicServer() as server:  # counts ceil(len(body JSON) / 4) tokens
+        sdk = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="sk-ant", max_retries=0)
+        guarded = create_anthropic_decision_provider(
+            model="claude-test",
+            client=sdk,
+            history=HistoryConfig(store=MemoryHistoryStore(), namespace="t"),
+            context=ContextConfig(context_window_tokens=3000),
+            max_output_tokens=1024,
+        )
+        chat = ChatSession(build_runtime(guarded), "support", "u-1", "s-d", store=store)
+        for n in range(4):
+            server.script_response(anthropic_text(f"Noted {n}."))
+            said = await chat.send(f"turn {n}: " + "x" * 1600)
+        await sdk.close()
+        sent = server.requests_to(server.generation_endpoint)[-1].body["messages"]
+    assert said.stored is not None
+    record: Any = said.stored.context
+    assert [t["number"] for t in record["turns"]] == [1, 2, 3]
+    [window] = record["windows"]
+    kept = window["guard"]["prior_turns"]
+    assert window["guard"]["fits"] is True
+    assert 0 <= kept < 3
+    users = [m for m in sent if m["role"] == "user" and "x" * 1600 in json.dumps(m)]
+    assert len(users) == kept + 1  # the turns the guard kept, then this turn's message
+    dropped = f"the guard dropped the oldest {3 - kept} of the 3 earlier turns given"
+    assert dropped in " ".join(describe_windows(record))
 
 
 async def test_settings_saved_equal_to_the_programs_are_recorded_as_saved(

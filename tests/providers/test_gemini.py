@@ -670,7 +670,9 @@ async def test_guard_counts_the_full_generation_body(
         "reserve",
         "window",
         "fits",
+        "prior_turns",
     }
+    assert first.prior_turns == 0  # no chat turn before this invocation
 
 
 async def test_guard_counts_structured_schema_too(

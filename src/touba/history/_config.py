@@ -64,6 +64,8 @@ class HistoryEvent:
     ``decision_history_summary_failed`` (no extra field) says that the
     summariser failed and, with ``HistoryConfig(on_summary_failure="trim")``,
     this decision was sent without a summary, trimmed plainly.
+    ``provider_context_count`` also gives ``prior_turns``: the earlier chat
+    turns in the request it counted (the guard drops them first).
     """
 
     kind: EventKind
@@ -85,6 +87,7 @@ class HistoryEvent:
     max_sessions: int | None = None
     used_bytes: int | None = None
     max_store_bytes: int | None = None
+    prior_turns: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON-ready data, without the fields its kind does not use."""

@@ -202,7 +202,7 @@ class _Window:
             fitting = [c for c in self.counts if c.get("fits") is True]
             sent = max(fitting, key=lambda c: _int(c.get("count")) or 0) if fitting else None
             last = sent if sent is not None else self.counts[-1]
-            out["guard"] = {
+            guard: dict[str, JSON] = {
                 "counts": len(self.counts),
                 "tokens": _int(last.get("count")),
                 "reserve": _int(last.get("reserve")),
@@ -211,6 +211,10 @@ class _Window:
                 "messages": _int(last.get("message_count")),
                 "bytes": _int(last.get("bytes")),
             }
+            sent_turns = _int(last.get("prior_turns"))
+            if sent_turns is not None:  # the earlier turns in the request counted
+                guard["prior_turns"] = sent_turns
+            out["guard"] = guard
         out.update({k: v for k, v in extra.items() if v is not None})
         return out
 
@@ -353,7 +357,7 @@ def describe_context(record: Mapping[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
-def _window_line(window: Mapping[str, Any]) -> str:
+def _window_line(window: Mapping[str, Any], given_turns: int) -> str:
     number = window.get("decision")
     head = f"decision {number}" if number is not None else "failed decision"
     parts: list[str] = []
@@ -388,6 +392,12 @@ def _window_line(window: Mapping[str, Any]) -> str:
             f"guard: {guard.get('tokens')} tokens counted, reserve {guard.get('reserve')} of "
             f"{guard.get('window')} ({verdict}; {_plural(guard.get('counts') or 0, 'count')})"
         )
+        sent = guard.get("prior_turns")
+        if isinstance(sent, int) and sent < given_turns:
+            parts.append(
+                f"the guard dropped the oldest {given_turns - sent} of the "
+                f"{_plural(given_turns, 'earlier turn')} given (sent {sent})"
+            )
     if isinstance(window.get("input_tokens"), int):
         parts.append(f"provider reported {window['input_tokens']} input tokens")
     if isinstance(window.get("error"), str):
@@ -414,8 +424,10 @@ def describe_windows(record: Mapping[str, Any] | None) -> list[str]:
         if isinstance(e, Mapping)
     )
     windows = record.get("windows")
+    turns = record.get("turns")
+    given_turns = len(turns) if isinstance(turns, list) else 0
     lines.extend(
-        _window_line(w)
+        _window_line(w, given_turns)
         for w in (windows if isinstance(windows, list) else [])
         if isinstance(w, Mapping)
     )

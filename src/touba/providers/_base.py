@@ -350,7 +350,8 @@ class DecisionProvider:
             ):
                 count = await self._wire.count(body(drop))
             reserve = reserve_tokens(count, context, max_output)
-            size = plan.dropping(drop).window.size
+            counted = plan.dropping(drop)
+            size = counted.window.size
             await self._emit(
                 HistoryEvent(
                     kind="provider_context_count",
@@ -362,6 +363,7 @@ class DecisionProvider:
                     reserve=reserve,
                     window=context.context_window_tokens,
                     fits=reserve <= context.context_window_tokens,
+                    prior_turns=len(counted.prior_turns),
                 )
             )
             return count
