@@ -31,8 +31,7 @@ async def test_the_file_and_its_companions_are_private(private_dir: Path) -> Non
         assert isinstance(contract, MemoryStore)
         await store.open_session("s-1", owner="user:u", agent_ref="support", mode="live")
         files = [path.with_name(path.name + suffix) for suffix in ("", "-wal", "-shm")]
-        # 0600: the file before SQLite opened it, its side files as SQLite copies its mode
-        assert [mode(f) for f in files] == [0o600] * 3
+        assert [mode(f) for f in files] == [0o600] * 3  # created 0600 before SQLite opened them
 
 
 async def test_an_existing_file_is_reset_to_0600(private_dir: Path) -> None:

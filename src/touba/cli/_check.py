@@ -39,7 +39,13 @@ from rich.markup import escape
 
 from touba.cli._common import JsonOption, console, errors, print_json, redact, scrub
 from touba.cli._kinds import StoreKind, pg_contents
-from touba.cli._stores import DsnOption, RedisUrlOption, pg_version, postgres_connection
+from touba.cli._stores import (
+    DsnOption,
+    RedisUrlOption,
+    no_new_journal,
+    pg_version,
+    postgres_connection,
+)
 from touba.errors import ToubaError
 from touba.history._files import check_private_location
 from touba.history._sqlite import describe, failure_kind
@@ -162,7 +168,9 @@ def _sqlite(path: Path, kind: StoreKind, option: str) -> tuple[Report, bool]:
         return report, False
     report.facts["holds"] = found.kinds
     for suffix in ("-wal", "-journal"):
-        if os.path.exists(f"{path}{suffix}"):
+        side = f"{path}{suffix}"
+        # An empty -journal is the one every opening makes 0600 in advance (SPEC 6).
+        if os.path.exists(side) and (suffix == "-wal" or os.path.getsize(side) > 0):
             report.notes.append(
                 f"a {suffix} file is beside it: a process has the store open, or one stopped "
                 "without closing it (the next opening recovers it)"
@@ -266,13 +274,15 @@ async def _check_sqlite(path: Path, kind: StoreKind, option: str) -> Report:
     if kind == "history":
         from touba.history.sqlite import SqliteHistoryStore
 
-        async with SqliteHistoryStore(path, create=False) as store:
-            await _history_counts(report, store, f"--db {shlex.quote(str(path))}")
+        with no_new_journal(str(path)):
+            async with SqliteHistoryStore(path, create=False) as store:
+                await _history_counts(report, store, f"--db {shlex.quote(str(path))}")
     else:
         from touba.memory import SqliteMemoryStore
 
-        async with SqliteMemoryStore(path, create=False) as memory:
-            await _memory_counts(report, memory)
+        with no_new_journal(str(path)):
+            async with SqliteMemoryStore(path, create=False) as memory:
+                await _memory_counts(report, memory)
     return report
 
 

@@ -29,7 +29,7 @@ import asyncio
 import functools
 import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypedDict, TypeVar, Unpack
@@ -401,6 +401,33 @@ async def check_store(
     return True
 
 
+@contextmanager
+def no_new_journal(path: str) -> Iterator[None]:
+    """Take away the empty ``-journal`` file a SQLite store's opening left beside ``path``
+    (it creates each side file 0600 before SQLite opens it, SPEC section 6; in WAL mode
+    SQLite removes the ``-wal`` and ``-shm`` files on close but never uses the journal),
+    so that a command that only reads leaves the directory as it found it."""
+    journal = Path(path + "-journal")
+    there = journal.exists()
+    try:
+        yield
+    finally:
+        if not there:
+            with suppress(OSError):
+                if journal.lstat().st_size == 0:
+                    journal.unlink()
+
+
+@contextmanager
+def _no_new_journal(backend: Backend, read_only: bool) -> Iterator[None]:
+    """:func:`no_new_journal` for a read-only command on a SQLite store; nothing else."""
+    if backend.kind != "sqlite" or not read_only:
+        yield
+        return
+    with no_new_journal(backend.address):
+        yield
+
+
 @asynccontextmanager
 async def open_history(
     backend: Backend,
@@ -424,8 +451,9 @@ async def open_history(
         from touba.history.sqlite import SqliteHistoryStore
 
         await check()
-        async with SqliteHistoryStore(backend.address, create=False, **limits) as sqlite_store:
-            yield sqlite_store
+        with _no_new_journal(backend, read_only):
+            async with SqliteHistoryStore(backend.address, create=False, **limits) as sqlite_store:
+                yield sqlite_store
     elif backend.kind == "postgresql":
         with _opening(backend, "history store"):
             from touba.history.postgres import PostgresHistoryStore
@@ -488,9 +516,10 @@ async def open_memory(
     )
     if backend.kind == "sqlite":
         existed = await check()
-        async with SqliteMemoryStore(backend.address, create=create) as sqlite_store:
-            _say_created(backend, existed, "")
-            yield sqlite_store
+        with _no_new_journal(backend, read_only):
+            async with SqliteMemoryStore(backend.address, create=create) as sqlite_store:
+                _say_created(backend, existed, "")
+                yield sqlite_store
         return
     with _opening(backend, "memory store"):
         from touba.memory.postgres import PostgresMemoryStore

@@ -4,15 +4,8 @@ Every touba store that opens a SQLite file by name (decision history, runtime
 checkpoints, chat memory) goes through :func:`open_private_sqlite`. The rules
 (SPEC section 6): the database and its ``-wal``, ``-shm`` and ``-journal``
 files must be regular files owned by this user, never symbolic links, with
-no other hard link, and are private (0600) from the moment SQLite opens
-them: the database is created or reset to 0600 and each side file that
-exists is reset to 0600 *before* SQLite opens them, and a side file SQLite
-creates itself gets exactly the database's mode (its unix VFS copies it,
-whatever the umask), so 0600 too; every one is checked again once opened.
-Side files are not made in advance, so opening leaves none behind that
-SQLite would not (in WAL mode it never uses ``-journal``, and removes the
-``-wal`` and ``-shm`` files when the last connection closes). The directory
-holding them must belong to this user (or root) and not
+no other hard link, and are created or reset to 0600 *before* SQLite opens
+them; the directory holding them must belong to this user (or root) and not
 be writable by group or others; an ancestor above it may be, only if it has
 the sticky bit and belongs to root (as ``/tmp`` does). Anything unsafe
 raises :class:`DecisionHistoryStorageUnsafe` before a file is created.
@@ -140,18 +133,10 @@ def _check_files(path: str, *, private: bool = False) -> None:
             raise _unsafe(f"{candidate} is readable or writable by group or others")
 
 
-def ensure_private_file(path: str, *, create: bool = True) -> None:
-    """Create ``path`` empty with mode 0600, or reset it to 0600, without following links.
-
-    ``create=False``: only reset a file that exists (nothing is made when it does not).
-    """
-    flags = _OPEN_FLAGS if create else _OPEN_FLAGS & ~os.O_CREAT
+def ensure_private_file(path: str) -> None:
+    """Create ``path`` empty with mode 0600, or reset it to 0600, without following links."""
     try:
-        fd = os.open(path, flags, 0o600)
-    except FileNotFoundError:
-        if create:
-            raise
-        return
+        fd = os.open(path, _OPEN_FLAGS, 0o600)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise _unsafe(f"{path} is a symbolic link") from e
@@ -190,11 +175,8 @@ def open_private_sqlite(
     Call it from the thread that will own the connection.
     """
     path = check_private_location(filename)
-    ensure_private_file(path)
-    # The side files that exist are reset; SQLite creates the others with the
-    # database's mode, 0600 now (see the module docstring).
-    for suffix in SQLITE_SUFFIXES[1:]:
-        ensure_private_file(path + suffix, create=False)
+    for suffix in SQLITE_SUFFIXES:
+        ensure_private_file(path + suffix)
     # nofollow: SQLite itself refuses a symbolic link swapped in since the check.
     uri = "file:" + urllib.parse.quote(path) + "?nofollow=1"
     conn = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
