@@ -179,6 +179,24 @@ async def test_resolve_memory_settings_says_where_the_settings_come_from(
     )
 
 
+async def test_a_store_that_only_loads_settings_still_has_them_applied() -> None:
+    """A store of the user's written before settings had a history (``save`` and
+    ``load_memory_config`` only): its saved settings still win over the program's."""
+
+    class OldStore:
+        async def save_memory_config(self, agent_ref: str, config: MemoryConfig) -> None:
+            raise AssertionError("not called")
+
+        async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None:
+            return ONE if agent_ref == "support" else None
+
+    program = MemoryConfig(short_term_turns=3)
+    found = await resolve_memory_settings(OldStore(), "support", program)
+    assert found == EffectiveMemoryConfig(ONE, "saved")  # when and by whom: not known
+    other = await resolve_memory_settings(OldStore(), "billing", program)
+    assert (other.config, other.source) == (program, "program")
+
+
 async def test_unreadable_saved_settings_are_replaced_and_the_change_recorded(
     private_dir: Path, clock: FakeClock
 ) -> None:

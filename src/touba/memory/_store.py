@@ -230,6 +230,13 @@ class MemoryConfigStore(Protocol):
         """The last ``limit`` changes of ``agent_ref``'s saved settings, newest first."""
 
 
+@runtime_checkable
+class _LoadsMemoryConfig(Protocol):
+    """A store of settings written before their history was recorded: it loads them only."""
+
+    async def load_memory_config(self, agent_ref: str) -> MemoryConfig | None: ...
+
+
 # -- shared pieces -----------------------------------------------------------------------
 
 
@@ -243,6 +250,10 @@ async def resolve_memory_settings(
         saved = await store.load_saved_memory_config(agent_ref)
         if saved is not None:
             return EffectiveMemoryConfig(saved.config, "saved", saved.saved_at, saved.saved_by)
+    elif isinstance(store, _LoadsMemoryConfig):  # a store of the user's, written before
+        config = await store.load_memory_config(agent_ref)  # settings had a history
+        if config is not None:
+            return EffectiveMemoryConfig(config, "saved")
     if program_config is not None:
         return EffectiveMemoryConfig(program_config, "program")
     return EffectiveMemoryConfig(MemoryConfig(), "defaults")
