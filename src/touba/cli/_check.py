@@ -41,6 +41,10 @@ from touba.cli._common import JsonOption, console, errors, print_json, redact, s
 from touba.cli._kinds import StoreKind, pg_contents
 from touba.cli._stores import (
     DsnOption,
+    HistoryDbOption,
+    HistoryDsnOption,
+    HistoryPrefixOption,
+    HistoryTableOption,
     RedisUrlOption,
     no_new_journal,
     pg_version,
@@ -415,22 +419,11 @@ def check(
         str | None,
         typer.Option("--prefix", help="With --dsn: the memory store's table prefix."),
     ] = None,
-    history_db: Annotated[
-        Path | None, typer.Option("--history-db", help="Path of the SQLite history file.")
-    ] = None,
-    history_dsn: Annotated[
-        str | None,
-        typer.Option("--history-dsn", help="A PostgreSQL DSN of the decision-history store."),
-    ] = None,
+    history_db: HistoryDbOption = None,
+    history_dsn: HistoryDsnOption = None,
     redis_url: RedisUrlOption = None,
-    history_table: Annotated[
-        str | None,
-        typer.Option("--history-table", help="With --history-dsn: the table (touba_history)."),
-    ] = None,
-    history_prefix: Annotated[
-        str | None,
-        typer.Option("--history-prefix", help="With --redis-url: the key prefix ('touba:')."),
-    ] = None,
+    history_table: HistoryTableOption = None,
+    history_prefix: HistoryPrefixOption = None,
     raw: JsonOption = False,
 ) -> None:
     """Diagnose the stores given, reading only: what each is, and what needs doing.

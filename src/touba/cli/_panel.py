@@ -51,6 +51,10 @@ from touba.cli._stores import (
     Backend,
     DsnOption,
     HistoryAdmin,
+    HistoryDbOption,
+    HistoryDsnOption,
+    HistoryPrefixOption,
+    HistoryTableOption,
     Kind,
     Limits,
     RedisUrlOption,
@@ -192,22 +196,11 @@ def panel(
     db: Db = None,
     dsn: DsnOption = None,
     prefix: PrefixOption = None,
-    history_db: Annotated[
-        Path | None, typer.Option("--history-db", help="Path of the SQLite history file.")
-    ] = None,
-    history_dsn: Annotated[
-        str | None,
-        typer.Option("--history-dsn", help="A PostgreSQL DSN of the decision-history store."),
-    ] = None,
+    history_db: HistoryDbOption = None,
+    history_dsn: HistoryDsnOption = None,
     redis_url: RedisUrlOption = None,
-    history_table: Annotated[
-        str | None,
-        typer.Option("--history-table", help="With --history-dsn: the table (touba_history)."),
-    ] = None,
-    history_prefix: Annotated[
-        str | None,
-        typer.Option("--history-prefix", help="With --redis-url: the key prefix ('touba:')."),
-    ] = None,
+    history_table: HistoryTableOption = None,
+    history_prefix: HistoryPrefixOption = None,
     max_sessions: Annotated[
         int | None,
         typer.Option("--max-sessions", min=1, help="The history store's max_sessions (128)."),

@@ -92,6 +92,22 @@ RedisUrlOption = Annotated[
         help="The URL of a Redis history store, redis://host:6379/0 (instead of --db).",
     ),
 ]
+# The decision-history store of the commands that take a memory store too (panel, check).
+HistoryDbOption = Annotated[
+    Path | None, typer.Option("--history-db", help="Path of the SQLite history file.")
+]
+HistoryDsnOption = Annotated[
+    str | None,
+    typer.Option("--history-dsn", help="A PostgreSQL DSN of the decision-history store."),
+]
+HistoryTableOption = Annotated[
+    str | None,
+    typer.Option("--history-table", help="With --history-dsn: the table (touba_history)."),
+]
+HistoryPrefixOption = Annotated[
+    str | None,
+    typer.Option("--history-prefix", help="With --redis-url: the key prefix ('touba:')."),
+]
 
 
 @dataclass(frozen=True, slots=True)
