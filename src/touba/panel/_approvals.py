@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Final
 
 from fastapi import APIRouter, Request, Response
@@ -35,6 +36,7 @@ from fastapi.exceptions import HTTPException
 
 from touba.errors import ToubaError
 from touba.memory import ChatSession
+from touba.panel._auth import OperatorSession
 from touba.panel._routes import _back, _form, _operator, _panel, _shown
 from touba.panel._state import Panel
 from touba.panel._waiting import Waiting, find_waiting, list_waiting
@@ -171,8 +173,20 @@ def _outcome(result: InvocationResult, subject: str) -> str:
     return f"{subject} completed."
 
 
-@router.post("/approval/decide")
-async def decide(request: Request) -> Response:
+@dataclass(frozen=True)
+class _Posted:
+    """An approval form, checked (CSRF), with its checkpoint found waiting as ``action``."""
+
+    panel: Panel
+    session: OperatorSession
+    form: dict[str, str]
+    runtime: Runtime
+    waiting: Waiting
+
+
+async def _posted(request: Request, action: str, not_now: str) -> _Posted | Response:
+    """The form and its waiting checkpoint, or the redirect saying why nothing was done
+    (no runtime, a checkpoint gone, or one not waiting for ``action``: ``not_now``)."""
     panel = _panel(request)
     form = await _form(request)
     session = _operator(request)
@@ -186,11 +200,19 @@ async def decide(request: Request) -> Response:
     except ToubaError as e:
         session.flash("error", f"Nothing done: {e.message}")
         return _back("/approvals")
-    if waiting.action != "decide":
-        session.flash(
-            "error", f"Nothing done: checkpoint {checkpoint_id} is not awaiting approval now."
-        )
+    if waiting.action != action:
+        session.flash("error", f"Nothing done: checkpoint {checkpoint_id} {not_now}.")
         return _back("/approval", id=checkpoint_id)
+    return _Posted(panel, session, form, runtime, waiting)
+
+
+@router.post("/approval/decide")
+async def decide(request: Request) -> Response:
+    posted = await _posted(request, "decide", "is not awaiting approval now")
+    if isinstance(posted, Response):
+        return posted
+    session, form, waiting = posted.session, posted.form, posted.waiting
+    checkpoint_id = waiting.checkpoint_id
     decided = _decisions(form, waiting)
     if isinstance(decided, str):
         session.flash("error", decided)
@@ -201,7 +223,7 @@ async def decide(request: Request) -> Response:
         )
         return _back("/approval", id=checkpoint_id)
     try:
-        said = await _resume(panel, runtime, waiting, decided, worker_stopped=False)
+        said = await _resume(posted.panel, posted.runtime, waiting, decided, worker_stopped=False)
     except ToubaError as e:
         session.flash("error", f"Nothing done: {e.message}")
         return _back("/approvals")
@@ -218,34 +240,23 @@ async def decide(request: Request) -> Response:
 
 @router.post("/approval/recover")
 async def recover(request: Request) -> Response:
-    panel = _panel(request)
-    form = await _form(request)
-    session = _operator(request)
-    checkpoint_id = form.get("id", "")
-    runtime = _runtime(panel)
-    if runtime is None:
-        session.flash("error", NO_RUNTIME)
-        return _back("/approvals")
-    try:
-        waiting = await find_waiting(runtime, panel.memory, checkpoint_id)
-    except ToubaError as e:
-        session.flash("error", f"Nothing done: {e.message}")
-        return _back("/approvals")
-    if waiting.action != "recover":
-        session.flash(
-            "error",
-            f"Nothing done: checkpoint {checkpoint_id} is not held by a stopped worker "
-            "(its worker is alive, or it awaits approval).",
-        )
-        return _back("/approval", id=checkpoint_id)
-    if form.get("worker_stopped") != "yes":
+    posted = await _posted(
+        request,
+        "recover",
+        "is not held by a stopped worker (its worker is alive, or it awaits approval)",
+    )
+    if isinstance(posted, Response):
+        return posted
+    session, waiting = posted.session, posted.waiting
+    checkpoint_id = waiting.checkpoint_id
+    if posted.form.get("worker_stopped") != "yes":
         session.flash(
             "error",
             "Nothing done: confirm that you stopped and checked the worker that holds it.",
         )
         return _back("/approval", id=checkpoint_id)
     try:
-        said = await _resume(panel, runtime, waiting, {}, worker_stopped=True)
+        said = await _resume(posted.panel, posted.runtime, waiting, {}, worker_stopped=True)
     except ToubaError as e:
         session.flash("error", f"Nothing done: {e.message}")
         return _back("/approvals")
