@@ -30,6 +30,13 @@ from touba.history._model import (
 )
 from touba.history._window import ExchangeSize
 from touba.providers._guard import ContextConfig, find_cut, largest_fitting_count, reserve_tokens
+from touba.providers._stream import (
+    DecisionDelta,
+    DeltaSink,
+    StreamedCall,
+    StreamedDecision,
+    StreamedText,
+)
 from touba.providers._types import (
     Decision,
     DecisionInterface,
@@ -94,9 +101,18 @@ def _turn_dict(turn: Turn) -> dict[str, Any]:
 
 
 class Wire(ABC):
-    """One vendor API, at the edge. Subclasses convert SDK errors in one place."""
+    """One vendor API, at the edge. Subclasses convert SDK errors in one place.
+
+    A wire with ``streams = True`` sends the generation as a stream when
+    ``generate`` is given a sink, and awaits it for each :class:`StreamedText`
+    and :class:`StreamedCall` while it assembles the very body the
+    non-streaming request returns (then parsed by the same function). Other
+    wires generate as usual; the provider then reports the decision's calls
+    and text to the sink in one go.
+    """
 
     provider: ClassVar[str]
+    streams: ClassVar[bool] = False
 
     def __init__(self, *, model: str, interface: DecisionInterface) -> None:
         self.model = model
@@ -117,8 +133,13 @@ class Wire(ABC):
         """Input tokens of ``body`` by the provider's own count endpoint."""
 
     @abstractmethod
-    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
-        """Send ``body``; parse the response into a decision (schema violations raise)."""
+    async def generate(
+        self, body: dict[str, Any], sink: DeltaSink | None = None
+    ) -> tuple[DecisionMessage, Usage]:
+        """Send ``body``; parse the response into a decision (schema violations raise).
+
+        With ``sink`` (wires with ``streams = True``): as a stream, reporting deltas.
+        """
 
 
 class DecisionProvider:
@@ -208,9 +229,13 @@ class DecisionProvider:
     def _telemetry_name(self) -> str:
         return telemetry.PROVIDER_NAMES.get(self.provider, self.provider)
 
-    async def decide(self, request: DecisionRequest) -> Decision:
+    async def decide(self, request: DecisionRequest, *, sink: DeltaSink | None = None) -> Decision:
         """One decision: one history transaction, the guard's counts, one generation.
 
+        With ``sink``, the generation is sent as a stream and ``sink`` is
+        awaited for each delta (see :mod:`touba.providers._stream`): pieces of
+        the visible reply, calls as they start, then the decision once saved.
+        The decision and what is stored are those of the non-streaming request.
         Traced as a ``chat {model}`` span (see :mod:`touba._telemetry`).
         """
         with telemetry.span(
@@ -224,7 +249,7 @@ class DecisionProvider:
                 "touba.decision_interface": self.decision_interface,
             },
         ) as span:
-            decision = await self._decide(request)
+            decision = await self._decide(request, sink)
             telemetry.set_attributes(
                 span,
                 {
@@ -234,19 +259,29 @@ class DecisionProvider:
                     "touba.final": not decision.calls,
                 },
             )
-            return decision
+        if sink is not None:
+            await sink(StreamedDecision(decision))
+        return decision
 
-    async def _decide(self, request: DecisionRequest) -> Decision:
+    async def _decide(self, request: DecisionRequest, sink: DeltaSink | None = None) -> Decision:
         check_catalog(request.capabilities)
         if request.output_schema is not None:
             schema_validator(request.output_schema, "output_schema")
         usage: list[Usage] = []
         prior = tuple(request.prior_turns)
         fitted: list[Plan] = []  # the guard's plan, when it ran
+        deltas = None if sink is None else _visible(sink, self.decision_interface, request)
 
         async def generate(window: HistoryWindow) -> DecisionMessage:
             plan = fitted[-1] if fitted else Plan(request, self.decision_interface, prior, window)
-            message, used = await self._wire.generate(self._wire.render(plan))
+            body = self._wire.render(plan)
+            if deltas is None:
+                message, used = await self._wire.generate(body)
+            elif self._wire.streams:
+                message, used = await self._wire.generate(body, deltas)
+            else:
+                message, used = await self._wire.generate(body)
+                await _replay(message, deltas)
             check_decision(message, request.capabilities, request.output_schema)
             usage.append(used)
             return message
@@ -380,6 +415,27 @@ class DecisionProvider:
     async def _emit(self, event: HistoryEvent) -> None:
         if self._history is not None:
             await self._history.emit(event)
+
+
+def _visible(sink: DeltaSink, interface: str, request: DecisionRequest) -> DeltaSink:
+    """``sink``, or one without text when the text is JSON (a structured decision, a
+    structured final output): that is delivered whole, in the decision."""
+    if interface == "native" and request.output_schema is None:
+        return sink
+
+    async def calls_only(delta: DecisionDelta) -> None:
+        if not isinstance(delta, StreamedText):
+            await sink(delta)
+
+    return calls_only
+
+
+async def _replay(message: DecisionMessage, sink: DeltaSink) -> None:
+    """A wire that does not stream: its decision's calls, then its text, in one go."""
+    for index, call in enumerate(message.calls):
+        await sink(StreamedCall(index, call.name, call.call_id))
+    if message.text:
+        await sink(StreamedText(message.text))
 
 
 class _Cuts:
