@@ -661,7 +661,9 @@ class FakeProviderServer:
         elif scripted.kind == "count":
             reply = Reply(200, self.render_count(scripted.payload, body))
         else:
-            reply = self.render_generation(endpoint, path, scripted.payload, body)
+            # rendered as the non-streaming answer (the stream flags do not count as input)
+            plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            reply = self.render_generation(endpoint, path, scripted.payload, plain)
             if reply.status == 200 and self.wants_stream(endpoint, path, body):
                 events = tuple(self.stream_events(endpoint, reply.body, body))
                 knobs = scripted.knobs or self.stream_knobs

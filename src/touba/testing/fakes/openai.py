@@ -285,7 +285,8 @@ class FakeOpenAIServer(FakeProviderServer):
         if failure == "response.failed":
             response = {"object": "response", "status": "failed", "output": [], "error": error}
             return failure, {"type": failure, "response": response, "sequence_number": 0}
-        return "error", {"type": "error", **error, "param": None, "sequence_number": 0}
+        fields = {"code": error["code"], "message": error["message"], "param": None}
+        return "error", {"type": "error", **fields, "sequence_number": 0}
 
     def sse_trailer(self, endpoint: str) -> bytes:
         return b"data: [DONE]\n\n" if endpoint == "chat_completions" else b""
