@@ -389,8 +389,7 @@ def parse_completion(
             "that base_url points to an OpenAI-compatible API, usually ending in /v1"
         )
     _check_finish(choice.get("finish_reason"), message)
-    # null and empty fields dropped: a streamed answer, merged from its deltas, has none
-    kept: Item = {k: v for k, v in message.items() if v is not None and v not in ("", [], {})}
+    kept: Item = {k: v for k, v in message.items() if v is not None}
     kept["role"] = "assistant"
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
@@ -504,7 +503,8 @@ async def read_chat_stream(events: AsyncIterable[Any], sink: DeltaSink) -> dict[
     if finish is None:
         raise incomplete_stream("OpenAI-compatible")
     message: Item = {"role": "assistant", **others, **lists}
-    message.update({key: "".join(parts) for key, parts in texts.items()})
+    # a field whose deltas were all empty ("content": "" first, then tool calls) is absent
+    message.update({key: "".join(parts) for key, parts in texts.items() if any(parts)})
     message.setdefault("content", None)
     if calls:
         message["tool_calls"] = [calls[index] for index in sorted(calls)]

@@ -197,7 +197,10 @@ def chat_events(completion: JSONObject, *, include_usage: bool) -> list[Event]:
         choices = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
         events.append((None, {**base, "choices": choices}))
 
-    chunk({"role": "assistant", "content": "", "refusal": None})
+    opening: JSONObject = {"role": "assistant", "content": "", "refusal": None}
+    if "annotations" in message:
+        opening["annotations"] = message["annotations"]
+    chunk(opening)
     for key, value in message.items():
         if key in ("role", "tool_calls", "annotations") or not isinstance(value, str):
             continue
