@@ -24,7 +24,7 @@ import pytest
 from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
 from touba.errors import AgentDecisionProviderSchemaViolation, AgentDecisionProviderUnavailable
 from touba.history import HistoryConfig, MemoryHistoryStore
-from touba.providers import CapabilitySpec, DecisionProvider, DecisionRequest, Observation
+from touba.providers import CapabilitySpec, DecisionProvider, DecisionRequest
 from touba.providers._stream import DecisionDelta, StreamedCall, StreamedDecision, StreamedText
 from touba.providers.anthropic import create_anthropic_decision_provider
 from touba.providers.compatible import create_openai_compatible_decision_provider
@@ -86,9 +86,9 @@ async def _provider(
     vendor: str, srv: FakeProviderServer, history: HistoryConfig | bool, **options: Any
 ) -> AsyncIterator[DecisionProvider]:
     if vendor == "openai":
-        async with openai_sdk(srv) as client:  # type: ignore[arg-type]
+        async with openai_sdk(srv) as sdk:  # type: ignore[arg-type]
             yield create_openai_decision_provider(
-                model="gpt-test", client=client, history=history, **options
+                model="gpt-test", client=sdk, history=history, **options
             )
     elif vendor == "compatible":
         provider = create_openai_compatible_decision_provider(
@@ -98,16 +98,16 @@ async def _provider(
         await provider.aclose()
     elif vendor == "anthropic":
         options.setdefault("thinking", {"type": "adaptive"})
-        async with anthropic_sdk(srv) as client:  # type: ignore[arg-type]
+        async with anthropic_sdk(srv) as claude:  # type: ignore[arg-type]
             yield create_anthropic_decision_provider(
-                model="claude-test", client=client, history=history, **options
+                model="claude-test", client=claude, history=history, **options
             )
     else:
-        client = gemini_sdk(srv.base_url)
+        genai = gemini_sdk(srv.base_url)
         yield create_gemini_decision_provider(
-            model="gemini-test", client=client, history=history, **options
+            model="gemini-test", client=genai, history=history, **options
         )
-        await close_gemini(client)
+        await close_gemini(genai)
 
 
 def _script_calls(vendor: str, srv: Any, **knobs: Any) -> None:
@@ -183,7 +183,7 @@ def _streaming(provider: DecisionProvider, deltas: list[DecisionDelta]) -> None:
     async def decide(request: DecisionRequest, *, sink_: Any = None) -> Any:
         return await plain(request, sink=sink)
 
-    provider.decide = decide  # type: ignore[method-assign]
+    provider.decide = decide  # type: ignore[method-assign, assignment]
 
 
 async def _run(
@@ -214,7 +214,9 @@ async def _run(
         del record["created_at"], record["updated_at"]  # wall-clock times, and the plot's:
         for point in record["plot"]["points"]:
             point[1] = "at"
-        trace = [(e.kind, e.run_id, e.invocation_id, e.agent_ref, dict(e.data)) for e in result.trace]
+        trace = [
+            (e.kind, e.run_id, e.invocation_id, e.agent_ref, dict(e.data)) for e in result.trace
+        ]
         return json.dumps(record, sort_keys=True), trace, deltas, srv
 
 
@@ -226,7 +228,8 @@ async def test_streamed_and_not_streamed_store_the_same_history_and_trace(
         vendor, streamed=False, monkeypatch=monkeypatch
     )
     record, trace, deltas, srv = await _run(vendor, streamed=True, monkeypatch=monkeypatch)
-    assert none == [] and plain_srv.streams == []
+    assert none == []
+    assert plain_srv.streams == []
     assert [s.outcome for s in srv.streams] == ["completed", "completed"]
     assert record == plain_record  # byte-identical (wall-clock times aside)
     assert trace == plain_trace
@@ -238,7 +241,8 @@ async def test_streamed_and_not_streamed_store_the_same_history_and_trace(
     assert kinds == ["StreamedCall", "StreamedCall", "StreamedDecision", "StreamedDecision"]
     assert [d.index for d in deltas if isinstance(d, StreamedCall)] == [0, 1]
     final = deltas[-1]
-    assert isinstance(final, StreamedDecision) and final.decision.output == ANSWER
+    assert isinstance(final, StreamedDecision)
+    assert final.decision.output == ANSWER
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
@@ -344,7 +348,8 @@ async def test_an_error_event_midway_is_unavailable(vendor: str, failure: str | 
         _script_calls(vendor, srv, stream=StreamKnobs(fail_after=3, failure=failure))
 
     error = await _decide_and_fail(vendor, script, AgentDecisionProviderUnavailable)
-    assert "Internal" not in str(error) and "Overloaded" not in str(error)  # no provider text
+    assert "Internal" not in str(error)
+    assert "Overloaded" not in str(error)
     if failure is not None and vendor == "anthropic":
         assert failure in str(error)
 
@@ -379,7 +384,7 @@ async def test_cut_or_invalid_tool_call_json_is_a_schema_violation(
     assert error.provider_error_code == "invalid_json"  # type: ignore[attr-defined]
 
 
-UNKNOWN = {
+UNKNOWN: dict[str, list[tuple[int, str | None, object]]] = {
     "openai": [(2, "response.future_event", {"type": "response.future_event", "x": SECRET})],
     "anthropic": [
         (2, "future_event", {"type": "future_event", "x": SECRET}),
@@ -440,8 +445,74 @@ async def test_a_cancelled_decision_closes_the_response_and_stores_nothing(vendo
                 await task
             record = srv.wait_stream_end()
             assert record.outcome == "client_closed"
-            assert record.closed_at is not None and record.closed_at - stopped < 0.1
+            assert record.closed_at is not None
+            assert record.closed_at - stopped < 0.1
             assert [c.messages for c in await store.list()] in ([], [0])
             _script_calls(vendor, srv)  # the reservation was released at once
             decision = await provider.decide(request, sink=sink)
             assert len(decision.calls) == 2
+
+
+# Anthropic: a max_tokens the SDK refuses without streaming is streamed ------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "max_tokens", "seconds", "streamed"),
+    [
+        ("claude-test", 32_000, None, True),  # above 21,333: over 10 minutes by the SDK's rule
+        ("claude-test", 64_000, None, True),
+        ("claude-test", 21_000, None, False),
+        ("claude-opus-4-0", 10_000, None, True),  # above the model's MODEL_NONSTREAMING_TOKENS
+        ("claude-opus-4-0", 8_000, None, False),
+        ("claude-test", 32_000, 30.0, False),  # a timeout of the host's: the SDK refuses nothing
+    ],
+)
+async def test_anthropic_streams_what_the_sdk_refuses_without_streaming(
+    model: str, max_tokens: int, seconds: float | None, streamed: bool
+) -> None:
+    with FakeAnthropicServer() as srv:
+        _script_calls("anthropic", srv)
+        async with anthropic_sdk(srv) as client:
+            if seconds is not None:
+                client = client.with_options(timeout=seconds)
+            provider = create_anthropic_decision_provider(
+                model=model, client=client, history=False, max_output_tokens=max_tokens
+            )
+            decision = await provider.decide(  # no sink: what invoke does
+                DecisionRequest(input="A and B?", capabilities=(LOOKUP,))
+            )
+    assert [c.arguments for c in decision.calls] == [{"q": "A"}, {"q": "B"}]
+    [sent] = srv.requests_to("messages")
+    assert sent.body["max_tokens"] == max_tokens
+    assert sent.body.get("stream", False) is streamed
+    assert len(srv.streams) == int(streamed)
+
+
+async def test_anthropic_with_a_long_max_tokens_works_through_invoke() -> None:
+    store = MemoryHistoryStore()
+    with FakeAnthropicServer() as srv:
+        _script_calls("anthropic", srv)
+        _script_final("anthropic", srv)
+        async with anthropic_sdk(srv) as client:
+            provider = create_anthropic_decision_provider(
+                model="claude-test",
+                client=client,
+                history=HistoryConfig(store=store, namespace="test"),
+                max_output_tokens=48_000,
+                thinking={"type": "enabled", "budget_tokens": 32_000},
+            )
+            program = Program()
+
+            @program.capability()
+            async def lookup(q: str) -> str:
+                return f"{q} shipped"
+
+            program.agent(
+                "support", provider=provider, capabilities=("lookup",), output_schema=SCHEMA
+            )
+            result = await Runtime(program).invoke("support", input="A and B?")
+    assert result.status == "completed", result.error
+    assert result.output == ANSWER
+    assert [r.body["stream"] for r in srv.requests_to("messages")] == [True, True]
+    [conversation] = await store.list()
+    assert conversation.messages == 4  # both decisions and their results, stored

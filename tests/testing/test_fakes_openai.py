@@ -377,7 +377,8 @@ async def test_stream_true_is_answered_with_events(
     openai_server.script_response(openai_text("streamed"))
     stream = await openai_client.responses.create(model=MODEL, input="x", stream=True)
     kinds = [event.type async for event in stream]
-    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds[0] == "response.created"
+    assert kinds[-1] == "response.completed"
     assert "response.output_text.delta" in kinds
 
 

@@ -9,6 +9,7 @@ client close it.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -63,7 +64,8 @@ async def test_responses_stream_assembles_into_the_non_streamed_response() -> No
             ) as stream:
                 texts = [e.delta async for e in stream if e.type == "response.output_text.delta"]
                 final = await stream.get_final_response()
-    assert "".join(texts) == TEXT and len(texts) > 1
+    assert "".join(texts) == TEXT
+    assert len(texts) > 1
     assert final.output_text == TEXT
     assembled = [item.to_dict(exclude_none=True) for item in final.output]  # no "parsed": None
     assert assembled == [item.to_dict(exclude_none=True) for item in expected.output]
@@ -90,15 +92,21 @@ async def test_chat_completions_stream_assembles_into_the_non_streamed_completio
                     stream_options={"include_usage": True},
                 )
             ]
-    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
-    assert "".join(pieces) == TEXT and len(pieces) > 1
+    pieces = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert "".join(pieces) == TEXT
+    assert len(pieces) > 1
     [call] = expected.choices[0].message.tool_calls or []
     opened = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
-    assert opened[0].id == call.id and opened[0].function and opened[0].function.name == "lookup"
+    assert opened[0].id == call.id
+    assert opened[0].function
+    assert opened[0].function.name == "lookup"
     arguments = "".join((d.function.arguments or "") for d in opened if d.function)
     assert arguments == call.function.arguments  # type: ignore[union-attr]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-    assert chunks[-1].choices == [] and chunks[-1].usage == expected.usage
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage == expected.usage
 
 
 async def test_messages_stream_assembles_into_the_non_streamed_message() -> None:
@@ -119,7 +127,8 @@ async def test_messages_stream_assembles_into_the_non_streamed_message() -> None
             ) as stream:
                 texts = [text async for text in stream.text_stream]
                 final = await stream.get_final_message()
-    assert "".join(texts) == TEXT and len(texts) > 1
+    assert "".join(texts) == TEXT
+    assert len(texts) > 1
     assert [b.to_dict() for b in final.content] == [b.to_dict() for b in expected.content]
     assert (final.stop_reason, final.usage) == (expected.stop_reason, expected.usage)
 
@@ -141,11 +150,16 @@ async def test_gemini_stream_carries_the_non_streamed_parts() -> None:
         finally:
             await close_gemini(one)
             await close_gemini(two)
-    streamed_parts = [p for c in chunks for p in c.candidates[0].content.parts]  # type: ignore[index, union-attr]
+    streamed_parts = [
+        p
+        for c in chunks
+        for p in c.candidates[0].content.parts or []  # type: ignore[index, union-attr]
+    ]
     answer = "".join(p.text or "" for p in streamed_parts if not p.thought)
-    assert answer == TEXT and len(chunks) > 3
+    assert answer == TEXT
+    assert len(chunks) > 3
     signatures = [p.thought_signature for p in streamed_parts if p.thought_signature]
-    expected_parts = expected.candidates[0].content.parts  # type: ignore[index, union-attr]
+    expected_parts = expected.candidates[0].content.parts or []  # type: ignore[index, union-attr]
     assert signatures == [p.thought_signature for p in expected_parts if p.thought_signature]
     assert chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP  # type: ignore[index]
     assert chunks[-1].usage_metadata == expected.usage_metadata
@@ -159,11 +173,11 @@ async def test_event_delay_spaces_the_events(
     openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     openai_server.script_response(openai_text(TEXT), stream=StreamKnobs(event_delay=0.02))
-    arrivals = []
-    async for _ in await openai_client.responses.create(model=MODEL, input="x", stream=True):
-        arrivals.append(time.monotonic())
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
-    assert len(gaps) > 5 and min(gaps) >= 0.015
+    stream = await openai_client.responses.create(model=MODEL, input="x", stream=True)
+    arrivals = [time.monotonic() async for _ in stream]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert len(gaps) > 5
+    assert min(gaps) >= 0.015
     record = openai_server.streams[0]
     assert (record.outcome, record.events) == ("completed", len(arrivals))
 
@@ -182,11 +196,16 @@ async def test_cut_after_breaks_the_body(
     openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI, after: int
 ) -> None:
     openai_server.script_response(openai_text(TEXT), stream=StreamKnobs(cut_after=after))
-    received = 0
+    stream = await openai_client.responses.create(model=MODEL, input="x", stream=True)
+    received = [0]
+
+    async def read() -> None:
+        async for _ in stream:
+            received[0] += 1
+
     with pytest.raises(openai.APIConnectionError):
-        async for _ in await openai_client.responses.create(model=MODEL, input="x", stream=True):
-            received += 1
-    assert received == after
+        await read()
+    assert received == [after]
     assert (openai_server.streams[0].outcome, openai_server.streams[0].events) == ("cut", after)
 
 
@@ -238,8 +257,9 @@ async def test_the_fake_sees_the_client_close_a_stream_within_100_ms(
     closed = time.monotonic()
     await stream.close()
     record = openai_server.wait_stream_end(timeout=2)
-    assert record.outcome == "client_closed" and record.events == 1
-    assert record.closed_at is not None and 0 <= record.closed_at - closed < 0.1
+    assert (record.outcome, record.events) == ("client_closed", 1)
+    assert record.closed_at is not None
+    assert 0 <= record.closed_at - closed < 0.1
 
 
 async def test_a_seeded_fake_issues_the_same_ids_and_signatures() -> None:

@@ -46,7 +46,6 @@ from touba.history._model import (
     canonical_json,
 )
 from touba.providers._base import Plan
-from touba.providers._stream import DeltaSink, StreamedCall, StreamedText, incomplete_stream
 from touba.providers._framing import (
     data_text,
     input_text,
@@ -62,6 +61,7 @@ from touba.providers._framing import (
     violation,
 )
 from touba.providers._memo import ExchangeMemo, rendered_exchanges
+from touba.providers._stream import DeltaSink, StreamedCall, StreamedText, incomplete_stream
 from touba.providers._types import CapabilitySpec, DecisionInterface, TraceCall, Turn, Usage
 
 __all__ = [

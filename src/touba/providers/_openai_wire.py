@@ -36,13 +36,6 @@ from touba.providers._framing import (
     violation,
 )
 from touba.providers._memo import ExchangeMemo
-from touba.providers._stream import (
-    DeltaSink,
-    StreamedCall,
-    StreamedText,
-    ignore_event,
-    incomplete_stream,
-)
 from touba.providers._openai_shared import (
     Item,
     assistant,
@@ -51,6 +44,13 @@ from touba.providers._openai_shared import (
     projected_calls,
     usage,
     user,
+)
+from touba.providers._stream import (
+    DeltaSink,
+    StreamedCall,
+    StreamedText,
+    ignore_event,
+    incomplete_stream,
 )
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 

@@ -6,10 +6,11 @@ stream (``stream: true``, the SDK's ``AsyncStream`` of server-sent events
 assembled back into the message the non-streaming request answers) when
 ``decide`` is given a sink, and also whenever the SDK would refuse the
 non-streaming request (``max_tokens`` above its non-streaming limit, see
-``_anthropic_post.streaming_required``); otherwise non-streaming; the context guard counts the same body with
-``/v1/messages/count_tokens``, built from that endpoint's allow-list of
-parameters. Conversion lives in ``_anthropic_wire``, the SDK call in
-``_anthropic_post`` (the client's ``post``; the typed methods for platform clients).
+``_anthropic_post.streaming_required``); otherwise non-streaming. The
+context guard counts the same body with ``/v1/messages/count_tokens``, built
+from that endpoint's allow-list of parameters. Conversion lives in
+``_anthropic_wire``, the SDK call in ``_anthropic_post`` (the client's
+``post``; the typed methods for platform clients).
 
 Interfaces. ``"native"``: capabilities are tools; a response with
 ``tool_use`` blocks is a call decision, one with text only is final (parsed
@@ -328,9 +329,7 @@ class AnthropicWire(Wire):
         if extra:
             params["extra_body"] = extra
         sdk = _sdk()
-        streamed = sink is not None or streaming_required(
-            self._client, body, self._request_options
-        )
+        streamed = sink is not None or streaming_required(self._client, body, self._request_options)
         try:
             if streamed:
                 events = await open_stream(self._client, body, params, self._request_options)

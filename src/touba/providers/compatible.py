@@ -481,12 +481,14 @@ async def read_chat_stream(events: AsyncIterable[Any], sink: DeltaSink) -> dict[
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
-            for key, value in (delta.items() if isinstance(delta, Mapping) else ()):
+            for key, value in delta.items() if isinstance(delta, Mapping) else ():
                 if key == "tool_calls" and isinstance(value, list):
                     for position, raw in enumerate(value):
                         _, call, named = _merge_call(calls, position, raw)
                         if named:
-                            await sink(StreamedCall(started, call["function"]["name"], call.get("id")))
+                            await sink(
+                                StreamedCall(started, call["function"]["name"], call.get("id"))
+                            )
                             started += 1
                 elif key == "role" or value is None:
                     continue

@@ -2,14 +2,14 @@
 
 ``create_openai_decision_provider`` posts to ``/responses`` through the
 official ``openai`` SDK (as a stream, ``stream: true``, when ``decide`` is
-given a sink: the SDK's ``AsyncStream`` reads the server-sent events), and counts requests for the context guard
-with ``/responses/input_tokens``. Both go through the client's low-level
-``post`` with the body touba rendered and checked, not through
-``client.responses.create``: the typed method would re-transform that body
-(about eight times the cost of the request itself) into the same JSON. The
-client's base URL, auth (the same ``bearer_auth`` scope as the typed methods),
-headers, timeout, retries policy, transport and error classes are the SDK's
-as they are. Every request
+given a sink: the SDK's ``AsyncStream`` reads the server-sent events), and
+counts requests for the context guard with ``/responses/input_tokens``.
+Both go through the client's low-level ``post`` with the body touba
+rendered and checked, not through ``client.responses.create``: the typed
+method would re-transform that body (about eight times the cost of the
+request itself) into the same JSON. The client's base URL, auth (the same
+``bearer_auth`` scope as the typed methods), headers, timeout, retries
+policy, transport and error classes are the SDK's as they are. Every request
 carries the full conversation explicitly: ``store=False`` with
 ``include=["reasoning.encrypted_content"]``, so reasoning items come back
 self-contained and are replayed untouched; no server-side state (stored
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from touba.errors import (
     AgentDecisionProviderUnavailable,
-    ToubaError,
     ConfigurationError,
     ProviderContextCountUnavailable,
     ProviderContextGuardUnsupported,
+    ToubaError,
 )
 from touba.history._config import HistoryConfig
 from touba.history._model import DecisionMessage
@@ -257,7 +257,6 @@ class OpenAIWire(Wire):
             _raise_sdk_error(e, counting=False)
         wrapped = body.get("text", {}).get("format", {}).get("name") == OUTPUT_FORMAT
         return parse_response(data, interface=self.interface, wrapped_output=wrapped)
-
 
     async def _stream(self, body: dict[str, Any], sink: DeltaSink) -> Any:
         """The streamed response's final body; the HTTP response is closed on any exit

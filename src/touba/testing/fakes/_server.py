@@ -277,7 +277,10 @@ class _Handler(BaseHTTPRequestHandler):
         for position, name, data in sorted(knobs.insert, key=lambda e: e[0], reverse=True):
             events.insert(min(position, len(events)), (name, data))
         if knobs.fail_after is not None:
-            events = [*events[: knobs.fail_after], fake.stream_failure(reply.endpoint or "", knobs.failure)]
+            events = [
+                *events[: knobs.fail_after],
+                fake.stream_failure(reply.endpoint or "", knobs.failure),
+            ]
         record = fake._stream_started(reply.endpoint or "")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -471,7 +474,9 @@ class FakeProviderServer:
         with self._stream_changed:
             started = self._streams[index].started_at
             closed = time.monotonic() if outcome == "client_closed" else None
-            self._streams[index] = StreamRecord(self._streams[index].endpoint, events, outcome, started, closed)
+            self._streams[index] = StreamRecord(
+                self._streams[index].endpoint, events, outcome, started, closed
+            )
             self._stream_changed.notify_all()
 
     def new_id(self, prefix: str) -> str:
