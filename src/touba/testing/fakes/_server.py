@@ -528,7 +528,8 @@ class FakeProviderServer:
         headers: Mapping[str, str] | None = None,
         delay: float = 0.0,
     ) -> None:
-        """Answer the next request to ``endpoint`` with exactly this status and JSON body."""
+        """Answer the next request to ``endpoint`` with exactly this status and JSON body
+        (a 200 body, to a streaming request: carried by the vendor's events)."""
         target = endpoint or self.generation_endpoint
         self._enqueue(target, Scripted("reply", Reply(status, body, dict(headers or {}))), delay)
 
@@ -663,6 +664,8 @@ class FakeProviderServer:
             return self._error(Rejection(500, message))
         if scripted.kind == "reply":
             reply: Reply = scripted.payload
+            if reply.status == 200 and self.wants_stream(endpoint, path, body):
+                reply = self._streamed(reply, endpoint, body, scripted.knobs)
         elif scripted.kind == "count":
             reply = Reply(200, self.render_count(scripted.payload, body))
         else:
@@ -670,12 +673,21 @@ class FakeProviderServer:
             plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
             reply = self.render_generation(endpoint, path, scripted.payload, plain)
             if reply.status == 200 and self.wants_stream(endpoint, path, body):
-                events = tuple(self.stream_events(endpoint, reply.body, body))
-                knobs = scripted.knobs or self.stream_knobs
-                reply = replace(reply, events=events, knobs=knobs, endpoint=endpoint)
+                reply = self._streamed(reply, endpoint, body, scripted.knobs)
         if scripted.delay:
             reply = replace(reply, delay=scripted.delay)
         return reply
+
+    def _streamed(
+        self, reply: Reply, endpoint: str, body: JSONObject, knobs: StreamKnobs | None
+    ) -> Reply:
+        """``reply`` (a 200 answer, rendered or raw) as the vendor's events; a raw body
+        that is not an answer the events can carry goes out as it is."""
+        try:
+            events = tuple(self.stream_events(endpoint, reply.body, body))
+        except (AssertionError, AttributeError, KeyError, IndexError, TypeError):
+            return reply
+        return replace(reply, events=events, knobs=knobs or self.stream_knobs, endpoint=endpoint)
 
     def _error(self, rejection: Rejection) -> Reply:
         return Reply(rejection.status, self.error_body(rejection), self.error_headers())

@@ -18,6 +18,7 @@ __all__ = [
     "PIECE",
     "chat_events",
     "gemini_events",
+    "joined_gemini_parts",
     "message_events",
     "pieces",
     "response_events",
@@ -297,6 +298,33 @@ def message_events(message: JSONObject) -> list[Event]:
 
 
 # Gemini ------------------------------------------------------------------------------
+
+
+_TEXT_KEYS = frozenset({"text", "thought", "thoughtSignature"})
+
+
+def joined_gemini_parts(parts: list[JSONObject]) -> list[JSONObject]:
+    """The parts a streaming client can tell apart: a stream of text pieces marks no
+    part boundary, only a ``thoughtSignature`` closes a text part, so consecutive text
+    parts of one kind (thought or answer) after an unsigned one are one part."""
+    joined: list[JSONObject] = []
+    for part in parts:
+        previous = joined[-1] if joined else None
+        if (
+            previous is not None
+            and isinstance(previous.get("text"), str)
+            and isinstance(part.get("text"), str)
+            and set(previous) <= _TEXT_KEYS
+            and set(part) <= _TEXT_KEYS
+            and "thoughtSignature" not in previous
+            and bool(previous.get("thought")) == bool(part.get("thought"))
+        ):
+            previous["text"] += part["text"]
+            if "thoughtSignature" in part:
+                previous["thoughtSignature"] = part["thoughtSignature"]
+        else:
+            joined.append(copy.deepcopy(part))
+    return joined
 
 
 def gemini_events(answer: JSONObject) -> list[Event]:

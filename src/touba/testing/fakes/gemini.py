@@ -34,7 +34,7 @@ from touba.testing.fakes._server import (
     StreamKnobs,
     estimate_tokens,
 )
-from touba.testing.fakes._sse import gemini_events
+from touba.testing.fakes._sse import gemini_events, joined_gemini_parts
 
 __all__ = [
     "FakeGeminiServer",
@@ -171,7 +171,11 @@ class FakeGeminiServer(FakeProviderServer):
         if payload.block_reason is not None:
             answer["promptFeedback"] = {"blockReason": payload.block_reason}
             return Reply(200, {**answer, "usageMetadata": usage})
-        parts = self._issue(payload.parts)
+        scripted = list(payload.parts)
+        if match is not None and match["method"] == "streamGenerateContent":
+            # signed as a streaming client will assemble them (see joined_gemini_parts)
+            scripted = joined_gemini_parts(scripted)
+        parts = self._issue(tuple(scripted))
         candidate: JSONObject = {"finishReason": payload.finish_reason, "index": 0}
         if parts or payload.finish_reason != "SAFETY":
             candidate["content"] = {"role": "model", **({"parts": parts} if parts else {})}
