@@ -516,3 +516,26 @@ async def test_anthropic_with_a_long_max_tokens_works_through_invoke() -> None:
     assert [r.body["stream"] for r in srv.requests_to("messages")] == [True, True]
     [conversation] = await store.list()
     assert conversation.messages == 4  # both decisions and their results, stored
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+async def test_an_error_of_the_sink_reaches_the_caller_as_it_is(vendor: str) -> None:
+    async def broken(delta: DecisionDelta) -> None:
+        if isinstance(delta, StreamedCall):
+            raise LookupError("the consumer broke")
+
+    def script(srv: Any) -> None:
+        _script_calls(vendor, srv)
+
+    store = MemoryHistoryStore()
+    request = DecisionRequest(
+        run_id="r", invocation_id="i", agent_ref="a", input="A and B?", capabilities=(LOOKUP,)
+    )
+    with _server(vendor) as srv:
+        script(srv)
+        async with _provider(vendor, srv, HistoryConfig(store=store, namespace="t")) as provider:
+            with pytest.raises(LookupError, match="the consumer broke"):
+                await provider.decide(request, sink=broken)
+            assert [c.messages for c in await store.list()] in ([], [0])
+            script(srv)
+            assert len((await provider.decide(request)).calls) == 2

@@ -249,7 +249,10 @@ class DecisionProvider:
                 "touba.decision_interface": self.decision_interface,
             },
         ) as span:
-            decision = await self._decide(request, sink)
+            try:
+                decision = await self._decide(request, sink)
+            except _SinkFailure as failure:  # the consumer's own error, as it raised it
+                raise failure.error from None
             telemetry.set_attributes(
                 span,
                 {
@@ -270,7 +273,9 @@ class DecisionProvider:
         usage: list[Usage] = []
         prior = tuple(request.prior_turns)
         fitted: list[Plan] = []  # the guard's plan, when it ran
-        deltas = None if sink is None else _visible(sink, self.decision_interface, request)
+        deltas = None
+        if sink is not None:
+            deltas = _guarded(_visible(sink, self.decision_interface, request))
 
         async def generate(window: HistoryWindow) -> DecisionMessage:
             plan = fitted[-1] if fitted else Plan(request, self.decision_interface, prior, window)
@@ -415,6 +420,25 @@ class DecisionProvider:
     async def _emit(self, event: HistoryEvent) -> None:
         if self._history is not None:
             await self._history.emit(event)
+
+
+class _SinkFailure(BaseException):
+    """Carries an exception of the sink through the wire (whose handlers convert SDK
+    errors, never the consumer's) and the history step (which saves nothing)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+
+def _guarded(sink: DeltaSink) -> DeltaSink:
+    async def guarded(delta: DecisionDelta) -> None:
+        try:
+            await sink(delta)
+        except Exception as e:
+            raise _SinkFailure(e) from e
+
+    return guarded
 
 
 def _visible(sink: DeltaSink, interface: str, request: DecisionRequest) -> DeltaSink:
