@@ -8,7 +8,9 @@ back into a neutral :class:`DecisionMessage`.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -236,7 +238,9 @@ class DecisionProvider:
         awaited for each delta (see :mod:`touba.providers._stream`): pieces of
         the visible reply, calls as they start, then the decision once saved.
         The decision and what is stored are those of the non-streaming request.
-        Traced as a ``chat {model}`` span (see :mod:`touba._telemetry`).
+        Traced as a ``chat {model}`` span (see :mod:`touba._telemetry`); a streamed
+        one also records ``gen_ai.server.time_to_first_token`` (seconds to the first
+        delta), a cancelled one ``touba.cancelled``.
         """
         with telemetry.span(
             f"chat {self.model}",
@@ -249,10 +253,17 @@ class DecisionProvider:
                 "touba.decision_interface": self.decision_interface,
             },
         ) as span:
+            first: list[float] = []  # seconds to the first delta, when streamed
             try:
-                decision = await self._decide(request, sink)
+                decision = await self._decide(request, _timed(sink, first))
             except _SinkFailure as failure:  # the consumer's own error, as it raised it
                 raise failure.error from None
+            except asyncio.CancelledError:
+                telemetry.set_attributes(span, {"touba.cancelled": True})
+                raise
+            finally:
+                if first:
+                    telemetry.set_attributes(span, {"gen_ai.server.time_to_first_token": first[0]})
             telemetry.set_attributes(
                 span,
                 {
@@ -420,6 +431,20 @@ class DecisionProvider:
     async def _emit(self, event: HistoryEvent) -> None:
         if self._history is not None:
             await self._history.emit(event)
+
+
+def _timed(sink: DeltaSink | None, first: list[float]) -> DeltaSink | None:
+    """``sink``, noting in ``first`` the seconds until its first delta."""
+    if sink is None:
+        return None
+    started = time.monotonic()
+
+    async def timed(delta: DecisionDelta) -> None:
+        if not first:
+            first.append(time.monotonic() - started)
+        await sink(delta)
+
+    return timed
 
 
 class _SinkFailure(BaseException):
