@@ -192,3 +192,52 @@ async def test_a_slow_consumer_loses_nothing(
                     await asyncio.sleep(0.01)
     assert "".join(pieces) == long_reply
     assert stream.result.output == long_reply
+
+
+async def test_a_delegates_events_carry_its_own_agent_and_invocation() -> None:
+    program = Program()
+
+    @program.capability()
+    async def pay(invoice: str) -> str:
+        return "paid"
+
+    program.delegate("billing")
+    parent = ScriptedProvider(step(("d1", "billing", {"input": "pay"})), final("done"))
+    child = ScriptedProvider(step(("p1", "pay", {"invoice": "I-1"})), final("paid"))
+    program.agent("main", provider=parent, capabilities=("billing",))
+    program.agent("billing", provider=child, capabilities=("pay",))
+    async with Runtime(program).stream("main") as stream:
+        events = [event async for event in stream]
+    result = stream.result
+    assert result.status == "completed"
+    child_ids = {  # the delegate's own invocation id
+        str(e["child_invocation_id"]) for e in result.trace.of_kind("sub_invocation_started")
+    }
+    started = [(e.name, e.agent, e.invocation_id) for e in events if isinstance(e, ToolCallStarted)]
+    [child_id] = child_ids
+    assert started == [
+        ("billing", "main", result.invocation_id),
+        ("pay", "billing", child_id),
+    ]
+    decided = [(e.agent, e.final) for e in events if isinstance(e, DecisionCompleted)]
+    assert decided == [("main", False), ("billing", False), ("billing", True), ("main", True)]
+
+
+async def test_a_second_stream_on_a_busy_conversation_is_refused() -> None:
+    from touba.errors import DecisionHistoryBusy
+    from touba.providers import DecisionRequest
+
+    with FakeOpenAIServer() as srv:
+        srv.script_response(openai_text(REPLY), stream=StreamKnobs(event_delay=0.02))
+        async with openai_sdk(srv) as sdk:
+            provider = create_openai_decision_provider(model="m", client=sdk)
+            request = DecisionRequest(run_id="r", invocation_id="i", agent_ref="a", input="x")
+
+            async def sink(delta: object) -> None:
+                pass
+
+            first = asyncio.create_task(provider.decide(request, sink=sink))
+            await asyncio.sleep(0.05)
+            with pytest.raises(DecisionHistoryBusy):
+                await provider.decide(request, sink=sink)
+            assert (await first).text == REPLY
