@@ -109,7 +109,7 @@ def streamed(agent: Any, run: str) -> tuple[list[tuple[AIMessageChunk, dict[str,
 
         async def collect() -> None:
             async for item in agent.astream(request, stream_mode=modes):
-                items.append(item)  # noqa: PERF401 - an async for, read as it streams
+                items.append(item)
 
         asyncio.run(collect())
     chunks = [
