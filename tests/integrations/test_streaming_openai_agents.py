@@ -10,6 +10,7 @@ stops reading (#1658).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from typing import Any
@@ -189,3 +190,38 @@ class _nothing:
 async def _settled(result: Any) -> None:
     while not result.is_complete:  # noqa: ASYNC110 - the SDK's result offers no event to wait on
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("path", ["optimistic", "reserved"])
+async def test_add_items_cancelled_at_any_point_saves_all_or_nothing(
+    store: Any, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream that ends cancels the SDK's save where it stands (#1658): whatever the point,
+    the items are saved whole or not at all, once, and the session is free for the next run.
+    (As with the SDK's SQLiteSession, a cancel that lands after the commit still propagates.)"""
+    if path == "reserved":  # every operation through a reservation (transact_log)
+        monkeypatch.setattr(store, "transact_log_optimistic", None, raising=False)
+    session = ToubaSession("user-9", store=store, namespace="support")
+    await session.add_items([{"role": "user", "content": "hello"}])
+    saved = 0
+    for k in range(60):
+        pair: list[Any] = [
+            {"role": "user", "content": f"m{k}"},
+            {"type": "message", "role": "assistant", "content": f"r{k}"},
+        ]
+        task = asyncio.create_task(session.add_items(pair))
+        for _ in range(k):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        items = await session.get_items()  # never DecisionHistoryBusy: nothing left reserved
+        assert items[0] == {"role": "user", "content": "hello"}
+        texts = [str(i["content"]) for i in items[1:]]
+        pairs = [(int(u[1:]), int(r[1:])) for u, r in zip(texts[::2], texts[1::2], strict=True)]
+        assert all(u == r for u, r in pairs), texts  # whole pairs only
+        numbers = [u for u, _ in pairs]
+        assert numbers == sorted(set(numbers)), texts  # none twice, in order
+        assert numbers[-1:] in ([], [k]) or numbers[-1] < k
+        saved += numbers[-1:] == [k]
+    assert 0 < saved < 60  # some saves landed before their cancel, others not
