@@ -179,6 +179,38 @@ async def test_a_consumer_that_stops_early_loses_nothing_and_half_saves_nothing(
     assert ran == ["A0"]  # the finished call is not run again
 
 
+async def test_a_streamed_run_cancelled_inside_exclusive_saves_nothing_and_frees_the_session(
+    store: Any,
+) -> None:
+    """``exclusive()`` makes the run one atomic save: a consumer cancelled mid-tool ends the
+    block with the cancellation, so nothing of the run is stored (the request and the
+    finished call neither), and the reservation is released for the next run."""
+    started, release, ran = asyncio.Event(), asyncio.Event(), []
+    agent = await _slow_tool_agent(started, release, ran)
+    session = ToubaSession("user-8", store=store, namespace="support")
+
+    async def consume() -> None:
+        async with session.exclusive():
+            result = Runner.run_streamed(agent, "Where?", session=session, run_config=CONFIG)
+            async for _ in result.stream_events():
+                pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await stored(session) == []
+    assert ran == ["A0"]
+    async with session.exclusive():  # not left reserved
+        follow = Runner.run_streamed(agent, "Hello?", session=session, run_config=CONFIG)
+        async for _ in follow.stream_events():
+            pass
+    assert follow.final_output == "Hello again."
+    assert [i.get("role") for i in await stored(session)] == ["user", "assistant"]
+
+
 class _nothing:
     def __enter__(self) -> None:
         return None
