@@ -59,7 +59,7 @@ PAGES: dict[str, str] = {
     "docs/runtime.md": "python python output python output python",
     "docs/providers.md": "python output",
     "docs/panel.md": "sh sh",
-    "docs/integrations.md": "sh python python python python python",
+    "docs/integrations.md": "sh python python python python python python python",
     "docs/openai-agents-sessions.md": "python output",
     "docs/context-and-compaction.md": (
         "python python python python text text python python python output python python "
