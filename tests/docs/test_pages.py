@@ -60,7 +60,7 @@ PAGES: dict[str, str] = {
     "docs/providers.md": "python output",
     "docs/panel.md": "sh sh",
     "docs/integrations.md": "sh python python python python python python python",
-    "docs/openai-agents-sessions.md": "python output",
+    "docs/openai-agents-sessions.md": "python output python output",
     "docs/context-and-compaction.md": (
         "python python python python text text python python python output python python "
         "python python python console python python python"
