@@ -159,6 +159,49 @@ async def test_a_run_cancelled_mid_stream_stores_nothing_and_the_conversation_go
     assert prompts(await conversations.messages("user-2")) == ["first?", "third?"]
 
 
+async def test_a_run_cancelled_mid_stream_by_its_token_keeps_what_it_streamed(
+    store: Any,
+) -> None:
+    seen: list[list[ModelMessage]] = []
+    ran: list[int] = []
+    gate = asyncio.Event()
+    agent = tool_agent(streaming_model(seen, gate), ran, capabilities=[ToubaWindow()])
+    conversations = ToubaConversations(store, namespace="shop")
+    token = CancellationToken()
+    got: list[str] = []
+    first = asyncio.Event()
+
+    async def run() -> None:
+        async with conversations.open("user-4") as conversation:
+            try:
+                async with agent.run_stream(
+                    "first?", message_history=conversation.messages, cancellation_token=token
+                ) as result:
+                    async for text in result.stream_text(delta=True, debounce_by=None):
+                        got.append(text)
+                        first.set()
+            except RunCancelled as e:
+                conversation.extend(e.new_messages())
+
+    task = asyncio.create_task(run())
+    await asyncio.wait_for(first.wait(), 5)
+    token.cancel()
+    await asyncio.wait_for(task, 5)
+    assert got == ["All "]
+    stored = await conversations.messages("user-4")
+    last = stored[-1]
+    assert isinstance(last, ModelResponse)
+    assert last.state == "interrupted"  # the reply as far as it streamed
+    assert_no_orphan(stored[:-1])
+    gate.set()
+    async with conversations.open("user-4") as conversation:
+        async with agent.run_stream("again?", message_history=conversation.messages) as result:
+            assert [t async for t in result.stream_text(delta=True, debounce_by=None)] == WORDS
+        conversation.extend(result.new_messages())
+    assert len(ran) == 2  # the first run's tool is not run again
+    assert prompts(await conversations.messages("user-4")) == ["first?", "again?"]
+
+
 @pytest.mark.parametrize("how", ["token", "task"])
 async def test_a_run_cancelled_mid_tool_leaves_the_conversation_resumable(
     store: Any, how: str

@@ -20,7 +20,11 @@ Behaviour decisions:
   ``RetryPromptPart``\\ s (matched by ``tool_call_id``) are one exchange; a
   ``ModelRequest`` answering no call (a user prompt) opens a turn. A
   response whose calls were never answered, or a return whose call is gone,
-  makes its exchange incomplete.
+  makes its exchange incomplete. The request pydantic-ai writes when a run is
+  cancelled during its tools (``state="interrupted"``, no user prompt) belongs
+  to the exchange it interrupts: at the end of a conversation that exchange is
+  loaded, for pydantic-ai to close its calls out; once a turn follows it is
+  never sent (pydantic-ai closes calls out only at the end of a history).
 - **The window** (:func:`touba_history`) is the one of
   :mod:`touba.integrations._turns`: the current user request always, not
   counted in the bounds; then the current turn's exchanges, newest first, the
