@@ -133,16 +133,16 @@ def assert_whole(items: list[dict[str, Any]]) -> None:
 async def test_a_consumer_that_stops_early_loses_nothing_and_half_saves_nothing(
     store: Any, how: str
 ) -> None:
-    started, release, ran = asyncio.Event(), asyncio.Event(), []
+    started, release, ran = asyncio.Event(), asyncio.Event(), list[str]()
     agent = await _slow_tool_agent(started, release, ran)
     session = ToubaSession("user-7", store=store, namespace="support")
     result = Runner.run_streamed(agent, "Where is A1?", session=session, run_config=CONFIG)
 
     async def consume() -> None:
         async for event in result.stream_events():
-            item = getattr(event, "item", None)
+            raw = getattr(getattr(event, "item", None), "raw_item", None)
             called = getattr(event, "name", None) == "tool_called"
-            if called and getattr(item.raw_item, "call_id", None) == "c1" and how != "cancel-task":
+            if called and getattr(raw, "call_id", None) == "c1" and how != "cancel-task":
                 # the second call is out, its (slow) tool about to run
                 if how == "cancel-immediate":
                     result.cancel()
@@ -185,7 +185,7 @@ async def test_a_streamed_run_cancelled_inside_exclusive_saves_nothing_and_frees
     """``exclusive()`` makes the run one atomic save: a consumer cancelled mid-tool ends the
     block with the cancellation, so nothing of the run is stored (the request and the
     finished call neither), and the reservation is released for the next run."""
-    started, release, ran = asyncio.Event(), asyncio.Event(), []
+    started, release, ran = asyncio.Event(), asyncio.Event(), list[str]()
     agent = await _slow_tool_agent(started, release, ran)
     session = ToubaSession("user-8", store=store, namespace="support")
 
@@ -235,19 +235,24 @@ async def test_add_items_cancelled_at_any_point_saves_all_or_nothing(
         monkeypatch.setattr(store, "transact_log_optimistic", None, raising=False)
     session = ToubaSession("user-9", store=store, namespace="support")
     await session.add_items([{"role": "user", "content": "hello"}])
+    # Cancelled after k loop iterations (before it starts, then at every await of the
+    # operation), then after growing real delays (the last one lets it finish).
+    waits = [*range(60), 0.001, 0.003, 0.01, 0.03, 0.1, 1.0]
     saved = 0
-    for k in range(60):
+    for k, wait in enumerate(waits):
         pair: list[Any] = [
             {"role": "user", "content": f"m{k}"},
             {"type": "message", "role": "assistant", "content": f"r{k}"},
         ]
         task = asyncio.create_task(session.add_items(pair))
-        for _ in range(k):
+        if isinstance(wait, float):
+            await asyncio.sleep(wait)
+        for _ in range(wait if isinstance(wait, int) else 0):
             await asyncio.sleep(0)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        items = await session.get_items()  # never DecisionHistoryBusy: nothing left reserved
+        items: list[Any] = await session.get_items()  # never DecisionHistoryBusy: not reserved
         assert items[0] == {"role": "user", "content": "hello"}
         texts = [str(i["content"]) for i in items[1:]]
         pairs = [(int(u[1:]), int(r[1:])) for u, r in zip(texts[::2], texts[1::2], strict=True)]
@@ -256,4 +261,4 @@ async def test_add_items_cancelled_at_any_point_saves_all_or_nothing(
         assert numbers == sorted(set(numbers)), texts  # none twice, in order
         assert numbers[-1:] in ([], [k]) or numbers[-1] < k
         saved += numbers[-1:] == [k]
-    assert 0 < saved < 60  # some saves landed before their cancel, others not
+    assert 0 < saved < len(waits)  # some saves landed before their cancel, others not
