@@ -283,3 +283,15 @@ async def test_a_run_cancelled_mid_tool_leaves_the_conversation_resumable(
     with pytest.raises(DecisionHistoryBusy):  # (the reservation works as for run)
         async with conversations.open("user-3"), conversations.open("user-3"):
             pass
+
+
+def test_the_interrupted_request_goes_with_the_calls_it_interrupts() -> None:
+    """Once a turn follows it, the exchange a cancelled run left (its calls, the empty
+    interrupted request) is sent neither whole nor in part: pydantic-ai closes calls out
+    only at the end of a history, and an empty request is no user turn."""
+    u1 = ModelRequest(parts=[UserPromptPart("where is 1?")])
+    called = ModelResponse(parts=[ToolCallPart("lookup", {"order": 1}, "c1")])
+    interrupted = ModelRequest(parts=[], state="interrupted")
+    u2 = ModelRequest(parts=[UserPromptPart("and 2?")])
+    window = touba_history()([u1, called, interrupted, u2])
+    assert window == [u1, u2]
