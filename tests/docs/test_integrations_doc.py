@@ -16,7 +16,7 @@ def test_every_sample_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     monkeypatch.chdir(tmp_path)
     path = DOCS / "integrations.md"
     blocks = [b for b in code_blocks(path) if b.language == "python"]
-    assert len(blocks) == 5
+    assert len(blocks) == 7
     namespace: dict[str, Any] = {"__name__": "__docs__"}
     for block in blocks:  # under the suite's -W error: no deprecated API in the samples
         run_python(path, block, namespace)
@@ -27,5 +27,7 @@ def test_every_sample_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     assert "52 messages stored" in out
     assert "['SystemMessage', 'HumanMessage', 'AIMessage', 'ToolMessage', 'AIMessage'" in out
     assert "All shipped." in out
+    assert "You |rolled |a |4.| 4 messages stored" in out  # run_stream, deltas as they come
+    assert "Checking| A0.|Checking| A1.|Checking| A2.|All| three| shipped.| 8 messages" in out
     for name in os.listdir(tmp_path / ".touba"):
         assert (tmp_path / ".touba" / name).stat().st_mode & 0o077 == 0, name

@@ -59,8 +59,8 @@ PAGES: dict[str, str] = {
     "docs/runtime.md": "python python output python output python python output",
     "docs/providers.md": "python output python output",
     "docs/panel.md": "sh sh",
-    "docs/integrations.md": "sh python python python python python",
-    "docs/openai-agents-sessions.md": "python output",
+    "docs/integrations.md": "sh python python python python python python python",
+    "docs/openai-agents-sessions.md": "python output python output",
     "docs/context-and-compaction.md": (
         "python python python python text text python python python output python python "
         "python python python console python python python"

@@ -19,7 +19,9 @@ from pathlib import Path
 
 VERSION = "0.24.0"  # keep equal to the dev extra's openai-agents pin in pyproject.toml
 # The session modules, then every runner module that runs with a SQLiteSession (the
-# compaction modules are left out: they drive SQLiteSession's private compaction snapshot).
+# compaction modules are left out: they drive SQLiteSession's private compaction snapshot),
+# then the modules running sessions under Runner.run_streamed with the suite's
+# SimpleListSession, swapped for a ToubaSession too (openai_agents_plugin.STREAMED).
 MODULES = (
     "tests/memory/test_session.py",
     "tests/memory/test_session_limit.py",
@@ -31,6 +33,11 @@ MODULES = (
     "tests/test_native_tool_failure_history.py",
     "tests/test_tool_failure_boundaries.py",
     "tests/test_programmatic_tool_calling.py",
+    "tests/test_cancel_streaming.py",
+    "tests/deferred_session_writes/test_filters.py",
+    "tests/deferred_session_writes/test_max_turns.py",
+    "tests/deferred_session_writes/test_resume.py",
+    "tests/test_runtime_symmetry_contract.py",
 )
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".peers"

@@ -20,7 +20,11 @@ Behaviour decisions:
   ``RetryPromptPart``\\ s (matched by ``tool_call_id``) are one exchange; a
   ``ModelRequest`` answering no call (a user prompt) opens a turn. A
   response whose calls were never answered, or a return whose call is gone,
-  makes its exchange incomplete.
+  makes its exchange incomplete. The request pydantic-ai writes when a run is
+  cancelled during its tools (``state="interrupted"``, no user prompt) belongs
+  to the exchange it interrupts: at the end of a conversation that exchange is
+  loaded, for pydantic-ai to close its calls out; once a turn follows it is
+  never sent (pydantic-ai closes calls out only at the end of a history).
 - **The window** (:func:`touba_history`) is the one of
   :mod:`touba.integrations._turns`: the current user request always, not
   counted in the bounds; then the current turn's exchanges, newest first, the
@@ -107,6 +111,7 @@ try:
         SystemPromptPart,
         ToolCallPart,
         ToolReturnPart,
+        UserPromptPart,
     )
     from pydantic_ai.models import ModelRequestContext
     from pydantic_ai.tools import RunContext
@@ -145,6 +150,18 @@ class _Open:
     is_input: bool
     open: Counter[str] = field(default_factory=Counter)
     orphan: bool = False
+    interrupted: bool = False  # a run's interruption closed it: no response joins it
+
+
+def _interrupts(message: ModelRequest, current: _Open) -> bool:
+    """``message`` is the request a run cancelled during its tools wrote after the response
+    of ``current`` (``state="interrupted"``, no user prompt): part of that exchange, which it
+    leaves incomplete (pydantic-ai closes its calls out only at the end of a history)."""
+    return (
+        getattr(message, "state", "complete") == "interrupted"
+        and bool(+current.open)
+        and not any(isinstance(p, UserPromptPart) for p in message.parts)
+    )
 
 
 def _units(messages: Sequence[ModelMessage], sizes: Sequence[int]) -> list[TurnUnit]:
@@ -161,7 +178,9 @@ def _units(messages: Sequence[ModelMessage], sizes: Sequence[int]) -> list[TurnU
     for index, message in enumerate(messages):
         if isinstance(message, ModelRequest):
             returns = _returns(message)
-            if returns and current is not None and any(current.open[r] > 0 for r in returns):
+            answers = current is not None and any(current.open[r] > 0 for r in returns)
+            if current is not None and (answers or _interrupts(message, current)):
+                current.interrupted |= getattr(message, "state", "complete") == "interrupted"
                 for r in returns:
                     if current.open[r] > 0:
                         current.open[r] -= 1
@@ -171,7 +190,7 @@ def _units(messages: Sequence[ModelMessage], sizes: Sequence[int]) -> list[TurnU
             close(index)
             current = _Open(index, is_input=not returns, orphan=bool(returns))
         else:
-            if current is None or not +current.open:
+            if current is None or not +current.open or current.interrupted:
                 close(index)
                 current = _Open(index, is_input=False)
             current.open.update(_calls(message))
