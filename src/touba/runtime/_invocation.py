@@ -285,16 +285,20 @@ class Invocation:
                 decision = await provider.decide(request, sink=sink)
             else:
                 decision = await provider.decide(request)
+        except asyncio.CancelledError:
+            raise  # stopped while deciding: ``deciding`` stays True for ``stopped``
         except ToubaError:
+            self.deciding = False
             raise
         except Exception as e:
+            self.deciding = False
             raise AgentDecisionProviderUnavailable(
                 f"the provider of agent {self.agent.name!r} raised {type(e).__name__}; no "
                 "decision was received"
             ) from e
         finally:
-            self.deciding = False
             event_observer.reset(token)
+        self.deciding = False
         if not isinstance(decision, Decision):
             raise AgentDecisionProviderSchemaViolation(
                 "the provider returned something other than a touba Decision",

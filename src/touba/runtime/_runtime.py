@@ -380,12 +380,14 @@ class Runtime:
 
         Settles what was running (:meth:`Invocation.stopped`), notes
         ``decision_cancelled`` last, then saves a ``cancelled`` checkpoint when
-        calls ran or the invocation was itself resumed from one; otherwise
-        removes its journal (nothing to continue: invoke again).
+        a decision was saved or a call ran (in the tree), or the invocation was
+        itself resumed from a checkpoint; otherwise (stopped during its first
+        decision) removes its journal: nothing was kept, invoke again.
         """
         state, trace, journal = invocation.state, invocation.trace, invocation.journal
         report = invocation.stopped()
-        keep = resumed or invocation.snapshot().ran_calls()
+        tree = invocation.snapshot()
+        keep = resumed or tree.ran_calls() or any(s.decisions for s in tree.invocations())
         invocation.note(
             "decision_cancelled", **report, checkpoint_id=journal.successor if keep else None
         )
