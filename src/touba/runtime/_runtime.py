@@ -34,6 +34,16 @@ checkpoint; once the dead worker is checked, ``resume(checkpoint_id,
 worker_stopped=True)`` frees its history reservations and answers the calls it
 had started with ``error`` observations of unknown outcome.
 
+Cancellation. When the task running ``invoke`` or ``resume`` is cancelled
+(a stream whose consumer stopped early, an ``asyncio.timeout``), the runtime
+settles the invocation before the ``CancelledError`` goes on: what was
+running is answered or put back (:meth:`Invocation.stopped`), the trace ends
+with ``decision_cancelled``, and the invocation is saved as a ``cancelled``
+checkpoint when a decision was saved or a call ran (or it was itself resumed),
+its running journal removed; nothing is kept otherwise. ``stream.result``
+reports it as an ``InvocationResult`` of status ``"cancelled"``. These writes
+are finished even if the task is cancelled again meanwhile.
+
 Retention. ``retain_finished_history=True`` (the seed's rule) leaves a
 finished invocation's conversations in its provider's history store until
 they expire or are deleted; False deletes them, its delegates' included, as
@@ -170,7 +180,9 @@ class Runtime:
     ) -> InvocationStream:
         """``invoke``, streamed: ``async with runtime.stream(...) as stream: async for
         event in stream`` (see :mod:`touba.runtime._stream`); ``stream.result`` at the end
-        is what ``invoke`` returns. Leaving early cancels the invocation."""
+        is what ``invoke`` returns. Leaving early cancels the invocation: ``stream.result``
+        is then of status ``"cancelled"``, with a ``checkpoint_id`` to resume when a
+        decision was saved or a call ran (see the module documentation)."""
         return InvocationStream(lambda: self.invoke(agent, input, run_id=run_id, context=context))
 
     def stream_resume(

@@ -17,9 +17,19 @@ yields, in order:
 
 A delegate's events carry its own ``agent`` and ``invocation_id``. Events wait
 in a bounded buffer: a consumer that reads slowly makes the model's stream
-wait, nothing is lost. Leaving the ``async with`` before the end cancels the
-invocation: the vendor's HTTP response is closed and nothing of the unfinished
-decision is stored.
+wait, nothing is lost.
+
+Stopping. Leaving the ``async with`` before the end (a ``break``, a return, an
+exception, the consumer's task cancelled) cancels the invocation's task; the
+runtime settles it before the ``async with`` is left (``Runtime._cancelled``):
+the vendor's HTTP response is closed and nothing of the unfinished decision is
+stored, a call that had begun is answered ``error`` (interrupted, never run
+again), one recorded but not begun runs once on resume, the trace ends with
+``decision_cancelled``, and a ``cancelled`` checkpoint is saved when a
+decision was saved or a call ran. ``stream.result`` is then an
+``InvocationResult`` of status ``"cancelled"`` (``checkpoint_id`` None when
+nothing was kept) and ``stream.stopped`` is True. See docs/runtime.md,
+*Stopping a stream*.
 """
 
 from __future__ import annotations
