@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests import test_telemetry  # installs the suite's in-memory tracer provider
 from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
 from touba import DecisionCompleted, TextDelta, ToolCallStarted
-from touba.errors import AgentDecisionProviderUnavailable
+from touba.errors import AgentDecisionProviderUnavailable, ConfigurationError
 from touba.history import HistoryConfig, MemoryHistoryStore
 from touba.providers import DecisionProvider
 from touba.providers.anthropic import create_anthropic_decision_provider
@@ -404,3 +406,115 @@ async def test_a_stream_failing_midway_is_retryable_and_resumes_exactly_once(
             assert (result.status, result.output) == ("completed", DONE)
             assert world.runs == {"lookup": 1}
             assert len(srv.requests) == requests + 1
+
+
+# a stopped resume, a stop before anything ran, approvals kept, the span -------------------
+
+
+async def test_a_stopped_stream_resume_keeps_a_checkpoint_and_resumes_exactly_once() -> None:
+    world = World()
+    with FakeOpenAIServer() as srv:
+        _script("openai", srv, "decided")
+        _text("openai", srv, LONG, SLOW)
+        async with _provider("openai", srv, world.store) as provider:
+            runtime = Runtime(_program(provider, world))
+            first = await _consume_and_stop(
+                runtime, "break", _stops_here("text", world), world, "decided"
+            )
+            assert first.checkpoint_id is not None
+            assert world.runs == {"lookup": 1}
+            _text("openai", srv, LONG, SLOW)  # the resume is stopped too, mid-reply
+            async with runtime.stream_resume(first.checkpoint_id) as again:
+                async for event in again:
+                    if isinstance(event, TextDelta):
+                        break
+            second = again.result
+            assert second.status == "cancelled"
+            assert second.checkpoint_id not in (None, first.checkpoint_id)
+            assert second.trace.entries[-1]["stage"] == "deciding"
+            assert await runtime.checkpoints.get(first.checkpoint_id) is None
+            _text("openai", srv, DONE)
+            result = await runtime.resume(second.checkpoint_id or "")
+            assert (result.status, result.output) == ("completed", DONE)
+            assert world.runs == {"lookup": 1}
+            assert len(result.trace.of_kind("decision_cancelled")) == 2
+
+
+async def test_a_stop_before_the_invocation_began_changes_nothing() -> None:
+    world = World()
+    with FakeOpenAIServer() as srv:
+        _script("openai", srv, "decided")
+        _text("openai", srv, LONG, SLOW)
+        async with _provider("openai", srv, world.store) as provider:
+            runtime = Runtime(_program(provider, world))
+            stopped = await _consume_and_stop(
+                runtime, "exit", _stops_here("text", world), world, "decided"
+            )
+            checkpoint_id = stopped.checkpoint_id or ""
+            saved = await runtime.checkpoints.get(checkpoint_id)
+            untouched = runtime.stream_resume(checkpoint_id)
+            async with untouched:
+                pass  # left at once: the resume never began
+            assert untouched.stopped
+            with pytest.raises(ConfigurationError, match="before its invocation began"):
+                _ = untouched.result
+            assert await runtime.checkpoints.get(checkpoint_id) == saved
+            fresh = runtime.stream("support", input="A?")
+            async with fresh:
+                pass
+            with pytest.raises(ConfigurationError, match="before its invocation began"):
+                _ = fresh.result
+            assert len(srv.requests) == 2
+
+
+async def test_calls_awaiting_approval_stay_pending_in_the_cancelled_checkpoint() -> None:
+    world = World()
+    paid: list[str] = []
+    with FakeOpenAIServer() as srv:
+        srv.script_response(
+            openai_function_call("pay", {"invoice": "I-1"}, call_id="p1"),
+            openai_function_call("slow", {"q": "A"}, call_id="s1"),
+        )
+        async with _provider("openai", srv, world.store) as provider:
+            program = _program(provider, world)
+
+            @program.capability(requires_approval=True)
+            async def pay(invoice: str) -> str:
+                paid.append(invoice)
+                return "paid"
+
+            program.agent("billing", provider=provider, capabilities=("pay", "slow"))
+            runtime = Runtime(program)
+            async with runtime.stream("billing", input="pay I-1") as stream:
+                async for event in stream:
+                    if isinstance(event, ToolCallStarted):
+                        await asyncio.wait_for(world.slow_started.wait(), 5)
+                        break
+            stopped = stream.result
+            assert stopped.status == "cancelled"
+            assert [c.call_id for c in stopped.pending] == ["p1"]
+            with pytest.raises(ConfigurationError, match="not pending"):
+                await runtime.resume(stopped.checkpoint_id or "", {"s1": True})
+            _text("openai", srv, DONE)
+            result = await runtime.resume(stopped.checkpoint_id or "", {"p1": True})
+            assert (result.status, result.output) == ("completed", DONE)
+            assert (paid, world.runs) == (["I-1"], {"slow": 1})
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = test_telemetry._EXPORTER
+    exporter.clear()
+    yield exporter
+    exporter.clear()
+
+
+async def test_the_invoke_agent_span_says_cancelled(spans: InMemorySpanExporter) -> None:
+    world = World()
+    with FakeOpenAIServer() as srv:
+        _script("openai", srv, "text")
+        async with _provider("openai", srv, world.store) as provider:
+            runtime = Runtime(_program(provider, world))
+            await _consume_and_stop(runtime, "break", _stops_here("text", world), world, "text")
+    [span] = [s for s in spans.get_finished_spans() if s.name == "invoke_agent support"]
+    assert (span.attributes or {}).get("touba.status") == "cancelled"

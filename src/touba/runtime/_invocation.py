@@ -512,7 +512,11 @@ class Invocation:
             "touba.resumed": resumed,
         }
         with telemetry.span(f"invoke_agent {state.agent_ref}", attributes) as span:
-            outcome = await run()
+            try:
+                outcome = await run()
+            except asyncio.CancelledError:  # stopped: settled by the runtime
+                telemetry.set_attributes(span, {"touba.status": "cancelled"})
+                raise
             ended: dict[str, object] = {"touba.status": outcome.status}
             if outcome.error is not None:
                 ended["touba.error_code"] = outcome.error.code

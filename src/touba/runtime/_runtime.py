@@ -68,7 +68,6 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
-from touba import _telemetry as telemetry
 from touba.errors import ConfigurationError, InvocationBusy, ToubaError
 from touba.history._model import JSON, Observation, json_problem
 from touba.runtime._checkpoints import (
@@ -403,7 +402,6 @@ class Runtime:
         invocation.note(
             "decision_cancelled", **report, checkpoint_id=journal.successor if keep else None
         )
-        telemetry.current_event("touba.cancelled", {"touba.invocation_id": state.invocation_id})
         result = InvocationResult(
             status="cancelled",
             run_id=state.run_id,
