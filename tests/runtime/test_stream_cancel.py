@@ -518,3 +518,57 @@ async def test_the_invoke_agent_span_says_cancelled(spans: InMemorySpanExporter)
             await _consume_and_stop(runtime, "break", _stops_here("text", world), world, "text")
     [span] = [s for s in spans.get_finished_spans() if s.name == "invoke_agent support"]
     assert (span.attributes or {}).get("touba.status") == "cancelled"
+
+
+class _SlowSaves(SqliteCheckpointStore):
+    """Checkpoints whose ``save`` takes 0.2 s: a second cancel lands during the stop's."""
+
+    async def save(self, checkpoint_id: str, checkpoint: dict[str, Any]) -> None:
+        await asyncio.sleep(0.2)
+        await super().save(checkpoint_id, checkpoint)
+
+
+@pytest.mark.parametrize("point", ["decided", "capability"])
+async def test_a_consumer_cancelled_twice_still_gets_its_checkpoint_saved(
+    point: str, tmp_path: Path
+) -> None:
+    world = World()
+    checkpoints = _SlowSaves(str(tmp_path / "cp.db"))
+    try:
+        with FakeOpenAIServer() as srv:
+            _script("openai", srv, point)
+            async with _provider("openai", srv, world.store) as provider:
+                runtime = Runtime(_program(provider, world), checkpoints)
+                here = _stops_here(point, world)
+                stream = runtime.stream("support", input="A?", run_id="run-1")
+                reached = asyncio.Event()
+
+                async def consumer() -> None:
+                    async with stream:
+                        async for event in stream:
+                            if here(event):
+                                if point == "capability":
+                                    await asyncio.wait_for(world.slow_started.wait(), 5)
+                                reached.set()
+                                await asyncio.sleep(30)
+
+                task = asyncio.create_task(consumer())
+                await asyncio.wait_for(reached.wait(), 5)
+                task.cancel()
+                await asyncio.sleep(0.05)
+                task.cancel()  # again, while the stop is being written
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                stopped = stream.result  # settled before the consumer's task ended
+                assert stopped.status == "cancelled"
+                assert stopped.trace.entries[-1].kind == "decision_cancelled"
+                saved = await checkpoints.list(run_id="run-1")
+                assert [(c.checkpoint_id, c.status) for c in saved] == [
+                    (stopped.checkpoint_id, "cancelled")
+                ]
+                _text("openai", srv, DONE)
+                result = await runtime.resume(stopped.checkpoint_id or "")
+                assert (result.status, result.output) == ("completed", DONE)
+                assert world.runs == ({"slow": 1} if point == "capability" else {"lookup": 1})
+    finally:
+        await checkpoints.close()

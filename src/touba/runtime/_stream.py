@@ -203,7 +203,7 @@ class InvocationStream:
         if task is not None and not task.done():
             task.cancel()  # the consumer left early: the invocation stops here
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await task  # cancelled again meanwhile: the task is too, and is awaited
             self._stopped = True
 
     async def _produce(self) -> None:
