@@ -39,6 +39,7 @@ from touba.runtime import (
     Program,
     Runtime,
     SqliteCheckpointStore,
+    Step,
     StreamEvent,
 )
 from touba.testing.fakes import (
@@ -572,3 +573,71 @@ async def test_a_consumer_cancelled_twice_still_gets_its_checkpoint_saved(
                 assert world.runs == ({"slow": 1} if point == "capability" else {"lookup": 1})
     finally:
         await checkpoints.close()
+
+
+class _SlowRemovals(SqliteCheckpointStore):
+    """Checkpoints whose ``replace`` takes 0.2 s: the journal's removal at the end is slow."""
+
+    async def replace(self, checkpoint_id: str, checkpoint: Any, *, revision: int) -> bool:
+        if checkpoint is None:
+            await asyncio.sleep(0.2)
+        return bool(await super().replace(checkpoint_id, checkpoint, revision=revision))
+
+
+async def test_a_stop_after_the_last_decision_leaves_the_invocations_own_result(
+    tmp_path: Path,
+) -> None:
+    world = World()
+    checkpoints = _SlowRemovals(str(tmp_path / "cp.db"))
+    try:
+        with FakeOpenAIServer() as srv:
+            _script("openai", srv, "decided")
+            _text("openai", srv, DONE)
+            async with _provider("openai", srv, world.store) as provider:
+                runtime = Runtime(_program(provider, world), checkpoints)
+                async with runtime.stream("support", input="A?", run_id="run-1") as stream:
+                    async for event in stream:
+                        if isinstance(event, DecisionCompleted) and event.final:
+                            break  # the journal is being removed: the invocation completed
+                assert stream.stopped
+                result = stream.result
+                assert (result.status, result.output) == ("completed", DONE)
+                assert result.trace.entries[-1].kind == "invocation_completed"
+                assert await checkpoints.list(run_id="run-1") == []  # its removal finished
+                assert world.runs == {"lookup": 1}
+    finally:
+        await checkpoints.close()
+
+
+async def test_a_flow_stopped_in_a_call_step_resumes_from_that_step() -> None:
+    world = World()
+    with FakeOpenAIServer() as srv:
+        async with _provider("openai", srv, world.store) as provider:
+            program = _program(provider, world)
+            program.agent(
+                "steps",
+                provider=provider,
+                capabilities=("lookup", "slow"),
+                kind="flow",
+                steps=(
+                    Step.call("lookup", {"q": "A"}),
+                    Step.call("slow", {"q": "B"}, on_error="continue"),
+                    Step.model("reply"),
+                ),
+            )
+            runtime = Runtime(program)
+            async with runtime.stream("steps", input="A and B") as stream:
+                async for event in stream:
+                    if isinstance(event, ToolCallStarted) and event.name == "slow":
+                        await asyncio.wait_for(world.slow_started.wait(), 5)
+                        break
+            stopped = stream.result
+            assert stopped.status == "cancelled"
+            assert stopped.checkpoint_id is not None
+            assert stopped.trace.entries[-1]["interrupted"] == 1
+            _text("openai", srv, DONE)
+            result = await runtime.resume(stopped.checkpoint_id)
+            assert (result.status, result.output) == ("completed", DONE), result.error
+            assert world.runs == {"lookup": 1, "slow": 1}
+            [slow] = [e for e in result.trace.of_kind("flow_step_finished") if e.get("index") == 1]
+            assert slow["status"] == "error"
