@@ -641,3 +641,49 @@ async def test_a_flow_stopped_in_a_call_step_resumes_from_that_step() -> None:
             assert world.runs == {"lookup": 1, "slow": 1}
             [slow] = [e for e in result.trace.of_kind("flow_step_finished") if e.get("index") == 1]
             assert slow["status"] == "error"
+
+
+class _SlowClaims(SqliteCheckpointStore):
+    """Checkpoints whose ``replace`` by a running journal (a claim) takes 0.2 s."""
+
+    slow = False
+
+    async def replace(self, checkpoint_id: str, checkpoint: Any, *, revision: int) -> bool:
+        if self.slow and checkpoint is not None:
+            await asyncio.sleep(0.2)
+        return bool(await super().replace(checkpoint_id, checkpoint, revision=revision))
+
+
+async def test_a_resume_stopped_while_it_claims_its_checkpoint_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    world = World()
+    checkpoints = _SlowClaims(str(tmp_path / "cp.db"))
+    try:
+        with FakeOpenAIServer() as srv:
+            _script("openai", srv, "decided")
+            async with _provider("openai", srv, world.store) as provider:
+                runtime = Runtime(_program(provider, world), checkpoints)
+                first = await _consume_and_stop(
+                    runtime, "exit", _stops_here("decided", world), world, "decided"
+                )
+                assert first.checkpoint_id is not None
+                checkpoints.slow = True
+                resumed = runtime.stream_resume(first.checkpoint_id)
+                async with resumed:
+                    await asyncio.sleep(0.05)  # left while the claim is being written
+                again = resumed.result
+                assert again.status == "cancelled"
+                assert again.checkpoint_id not in (None, first.checkpoint_id)
+                saved = await checkpoints.list(run_id="run-1")
+                assert [(c.checkpoint_id, c.status) for c in saved] == [
+                    (again.checkpoint_id, "cancelled")
+                ]
+                checkpoints.slow = False
+                _text("openai", srv, DONE)
+                result = await runtime.resume(again.checkpoint_id or "")
+                assert (result.status, result.output) == ("completed", DONE), result.error
+                assert world.runs == {"lookup": 1}
+                assert len(srv.requests) == 2  # the first decision was never asked again
+    finally:
+        await checkpoints.close()
