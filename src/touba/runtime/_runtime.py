@@ -441,9 +441,7 @@ class Runtime:
                     state.invocation_id,
                     e.code,
                 )
-            if not self.retain_finished_history:
-                await self._discard(trace, state.run_id)
-        return replace(result, trace=trace.copy())
+        return replace(result, trace=trace.copy())  # no decision saved: no history to discard
 
     async def _check_running(
         self, checkpoint_id: str, stored: Mapping[str, JSON], worker_stopped: bool
