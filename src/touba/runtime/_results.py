@@ -26,8 +26,8 @@ class InvocationResult:
     - ``failed``: ``error`` is the :class:`~touba.errors.ToubaError`.
     - ``cancelled``: only for a stream its consumer stopped early
       (:attr:`InvocationStream.result <touba.runtime.InvocationStream.result>`);
-      ``checkpoint_id`` names a checkpoint to resume when calls had run (None
-      otherwise: nothing to continue), ``pending`` the calls of that
+      ``checkpoint_id`` names a checkpoint to resume when a decision was saved
+      or a call ran (None otherwise: nothing to continue), ``pending`` the calls of that
       checkpoint still awaiting a reviewer, and the trace ends with
       ``decision_cancelled``. ``invoke`` and ``resume`` never return it: a
       cancelled ``invoke`` raises ``CancelledError`` (after saving the same

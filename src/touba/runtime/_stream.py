@@ -242,8 +242,9 @@ class InvocationStream:
         was stopped.
 
         After an early stop it is the result of the stopped invocation: status
-        ``"cancelled"``, with a ``checkpoint_id`` when calls had run (resume it
-        with :meth:`~touba.Runtime.stream_resume` or ``resume``), and its trace
+        ``"cancelled"``, with a ``checkpoint_id`` when a decision was saved or a
+        call ran (resume it with :meth:`~touba.Runtime.stream_resume` or
+        ``resume``), and its trace
         ending with ``decision_cancelled``; or, when the invocation had
         already ended (the stop came after its last decision), what it ended
         with. ConfigurationError while the stream runs, and after a stop
