@@ -183,6 +183,12 @@ class Invocation:
         self.root = root
         self.frame: _Frame | None = None
         self.node_id = new_id()
+        # What a stop (the task cancelled) must know: see ``stopped``.
+        self.deciding = False
+        self.deltas = 0
+        self.counted: set[str] = set()
+        self.running: set[str] = set()
+        self.resumed_children: dict[str, Paused] = {}
         self.capabilities: Mapping[str, CapabilityDefinition] = runtime.program.capabilities
         self.tools: dict[str, InvocationTool] = {}
         self.prior_turns = context.prior_turns if context is not None else ()
@@ -268,20 +274,31 @@ class Invocation:
         token = event_observer.set(observe)
         try:
             provider = self.agent.provider
-            sink = stream_text(self.state.agent_ref, self.state.invocation_id)
-            if sink is not None and isinstance(provider, DecisionProvider):
+            text = stream_text(self.state.agent_ref, self.state.invocation_id)
+            self.deciding, self.deltas = True, 0
+            if text is not None and isinstance(provider, DecisionProvider):
+
+                async def sink(delta: object) -> None:
+                    self.deltas += 1
+                    await text(delta)
+
                 decision = await provider.decide(request, sink=sink)
             else:
                 decision = await provider.decide(request)
+        except asyncio.CancelledError:
+            raise  # stopped while deciding: ``deciding`` stays True for ``stopped``
         except ToubaError:
+            self.deciding = False
             raise
         except Exception as e:
+            self.deciding = False
             raise AgentDecisionProviderUnavailable(
                 f"the provider of agent {self.agent.name!r} raised {type(e).__name__}; no "
                 "decision was received"
             ) from e
         finally:
             event_observer.reset(token)
+        self.deciding = False
         if not isinstance(decision, Decision):
             raise AgentDecisionProviderSchemaViolation(
                 "the provider returned something other than a touba Decision",
@@ -414,6 +431,8 @@ class Invocation:
         approved-not-started and the invocation fails with the store's error.
         """
         resumed = [self._child(call, paused.state) for call, paused in children]
+        self.counted, self.running = set(), set()
+        self.resumed_children = {call.call_id: paused for call, paused in children}
         for call, checked in accepted:
             delegate = checked.capability.delegate
             if delegate is None:
@@ -429,17 +448,20 @@ class Invocation:
                 for (call, paused), _ in zip(children, resumed, strict=True):
                     frame.items[call.call_id] = PendingChild(call, paused)
                 return self.fail(e)
-        jobs = [self._start(call, checked) for call, checked in accepted]
+        jobs = [(call, self._start(call, checked)) for call, checked in accepted]
         jobs += [
-            self._resume_child(call, invocation, paused)
+            (call, self._resume_child(call, invocation, paused))
             for (call, paused), invocation in zip(children, resumed, strict=True)
         ]
         async with asyncio.TaskGroup() as group:
-            for job in jobs:
-                group.create_task(self._settle_one(frame, job))
+            for call, job in jobs:
+                group.create_task(self._settle_one(frame, call, job))
         return await self._settled(frame)
 
-    async def _settle_one(self, frame: _Frame, job: Awaitable[Answer]) -> None:
+    async def _settle_one(
+        self, frame: _Frame, call: CapabilityCall, job: Awaitable[Answer]
+    ) -> None:
+        self.running.add(call.call_id)  # from here on, its effect may happen
         answer = await job
         if isinstance(answer, PendingChild):
             frame.items[answer.call.call_id] = answer
@@ -470,6 +492,7 @@ class Invocation:
     def _start(self, call: CapabilityCall, accepted: Accepted) -> Awaitable[Answer]:
         used = self.state.calls_used
         used[call.name] = used.get(call.name, 0) + 1
+        self.counted.add(call.call_id)
         self.note("call", call_id=call.call_id, name=call.name, arguments=dict(call.arguments))
         if accepted.capability.delegate is not None:
             return _traced_call(call, self._delegate(call, accepted.capability))
@@ -489,7 +512,11 @@ class Invocation:
             "touba.resumed": resumed,
         }
         with telemetry.span(f"invoke_agent {state.agent_ref}", attributes) as span:
-            outcome = await run()
+            try:
+                outcome = await run()
+            except asyncio.CancelledError:  # stopped: settled by the runtime
+                telemetry.set_attributes(span, {"touba.status": "cancelled"})
+                raise
             ended: dict[str, object] = {"touba.status": outcome.status}
             if outcome.error is not None:
                 ended["touba.error_code"] = outcome.error.code
@@ -722,6 +749,70 @@ class Invocation:
         )
         self.note("flow_step_finished", step=step.name, index=index, status="ok", output=output)
         return None
+
+    # -- a stop ------------------------------------------------------------------------
+
+    def stopped(self) -> dict[str, JSON]:
+        """Settle this invocation (and its delegates) after its task was cancelled.
+
+        What it was doing is answered so that a resume runs nothing twice: a
+        call that had begun running is answered with an ``error`` observation
+        (its effect is unknown; it is not run again); a call recorded but not
+        begun goes back to approved-not-started (it runs once on resume); a
+        delegate that had begun is settled the same way, inside. Notes each
+        delegate's ``decision_cancelled``; returns this invocation's fields
+        of that entry (the caller notes it, with its checkpoint id).
+        """
+        state, frame = self.state, self.frame
+        stage = "deciding" if self.deciding else "calls" if frame is not None else "between"
+        report: dict[str, JSON] = {
+            "number": state.decisions + 1 if self.deciding else state.decisions,
+            "stage": stage,
+            "deltas": self.deltas if self.deciding else 0,
+        }
+        if frame is None:
+            return report
+        interrupted = not_started = 0
+        for call in frame.calls:
+            call_id = call.call_id
+            item = frame.items.get(call_id)
+            if item is None or not isinstance(item, PendingStarted | Invocation):
+                continue
+            if call_id in self.running and isinstance(item, Invocation):
+                item.note("decision_cancelled", **item.stopped())
+            elif call_id in self.running:
+                interrupted += 1
+                frame.done[call_id] = self._interrupted(call)
+                del frame.items[call_id]
+            else:
+                not_started += 1
+                if call_id in self.resumed_children:
+                    frame.items[call_id] = PendingChild(call, self.resumed_children[call_id])
+                    continue
+                frame.items[call_id] = PendingApproved(call)
+                if call_id in self.counted:
+                    self.counted.discard(call_id)
+                    state.calls_used[call.name] -= 1
+                    if not state.calls_used[call.name]:
+                        del state.calls_used[call.name]
+        report.update(
+            calls=len(frame.calls),
+            answered=len(frame.done) - interrupted,
+            interrupted=interrupted,
+            not_started=not_started,
+        )
+        return report
+
+    def _interrupted(self, call: CapabilityCall) -> Observation:
+        """The answer to a call whose invocation was cancelled while it ran."""
+        message = (
+            f"this call of {call.name!r} was interrupted: the invocation was stopped while it "
+            "ran, so its effect is unknown. It was not run again; check its effect before "
+            "calling it again"
+        )
+        return self._observe(
+            Observation(call.call_id, call.name, dict(call.arguments), "error", error=message)
+        )
 
     # -- resume ------------------------------------------------------------------------
 

@@ -110,9 +110,14 @@ class Journal:
 
         Raises :class:`JournalLost` when another worker claimed the journal,
         and the store's own errors when the write failed (nothing started).
+        A cancellation does not interrupt the write: it ends before the
+        journal's next use (a stop waits for it).
         """
         if not self.durable:
             return
+        await asyncio.shield(self._sync())
+
+    async def _sync(self) -> None:
         async with self._lock:
             paused, trace = self._current()
             body = self.body(paused, trace, "running", revision=self.revision + 1)

@@ -11,7 +11,7 @@ from touba.runtime._trace import Trace
 
 __all__ = ["InvocationResult", "InvocationStatus"]
 
-InvocationStatus = Literal["completed", "awaiting_approval", "failed"]
+InvocationStatus = Literal["completed", "awaiting_approval", "failed", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,14 @@ class InvocationResult:
       sub-invocations included); pass ``approvals={call_id: True | False}``
       to :meth:`Runtime.resume`.
     - ``failed``: ``error`` is the :class:`~touba.errors.ToubaError`.
+    - ``cancelled``: only for a stream its consumer stopped early
+      (:attr:`InvocationStream.result <touba.runtime.InvocationStream.result>`);
+      ``checkpoint_id`` names a checkpoint to resume when a decision was saved
+      or a call ran (None otherwise: nothing to continue), ``pending`` the calls of that
+      checkpoint still awaiting a reviewer, and the trace ends with
+      ``decision_cancelled``. ``invoke`` and ``resume`` never return it: a
+      cancelled ``invoke`` raises ``CancelledError`` (after saving the same
+      checkpoint).
 
     ``run_id``, ``invocation_id`` and ``agent_ref`` identify the invocation;
     a resume keeps them.

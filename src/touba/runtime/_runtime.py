@@ -34,6 +34,16 @@ checkpoint; once the dead worker is checked, ``resume(checkpoint_id,
 worker_stopped=True)`` frees its history reservations and answers the calls it
 had started with ``error`` observations of unknown outcome.
 
+Cancellation. When the task running ``invoke`` or ``resume`` is cancelled
+(a stream whose consumer stopped early, an ``asyncio.timeout``), the runtime
+settles the invocation before the ``CancelledError`` goes on: what was
+running is answered or put back (:meth:`Invocation.stopped`), the trace ends
+with ``decision_cancelled``, and the invocation is saved as a ``cancelled``
+checkpoint when a decision was saved or a call ran (or it was itself resumed),
+its running journal removed; nothing is kept otherwise. ``stream.result``
+reports it as an ``InvocationResult`` of status ``"cancelled"``. These writes
+are finished even if the task is cancelled again meanwhile.
+
 Retention. ``retain_finished_history=True`` (the seed's rule) leaves a
 finished invocation's conversations in its provider's history store until
 they expire or are deleted; False deletes them, its delegates' included, as
@@ -50,11 +60,13 @@ again keeps the parent paused under a new checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
+from typing import TypeVar
 
 from touba.errors import ConfigurationError, InvocationBusy, ToubaError
 from touba.history._model import JSON, Observation, json_problem
@@ -78,10 +90,12 @@ from touba.runtime._state import (
     PendingApproved,
     PendingChild,
 )
-from touba.runtime._stream import InvocationStream
+from touba.runtime._stream import InvocationStream, report_result
 from touba.runtime._trace import Trace
 
 __all__ = ["Runtime"]
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger("touba.runtime")
 
@@ -165,7 +179,9 @@ class Runtime:
     ) -> InvocationStream:
         """``invoke``, streamed: ``async with runtime.stream(...) as stream: async for
         event in stream`` (see :mod:`touba.runtime._stream`); ``stream.result`` at the end
-        is what ``invoke`` returns. Leaving early cancels the invocation."""
+        is what ``invoke`` returns. Leaving early cancels the invocation: ``stream.result``
+        is then of status ``"cancelled"``, with a ``checkpoint_id`` to resume when a
+        decision was saved or a call ran (see the module documentation)."""
         return InvocationStream(lambda: self.invoke(agent, input, run_id=run_id, context=context))
 
     def stream_resume(
@@ -234,9 +250,7 @@ class Runtime:
                 prior_turns=len(context.prior_turns),
                 tools=list(context.tool_names),
             )
-        return await self._finish(
-            invocation, await invocation.traced(invocation.run, resumed=False)
-        )
+        return await self._drive(invocation, invocation.run, resumed=False)
 
     def _root(
         self,
@@ -324,10 +338,23 @@ class Runtime:
             checkpoint_id=checkpoint_id,
             revision=revision_of(stored),
         )
-        if not await journal.claim(tree, trace):
-            raise self._gone(checkpoint_id)
         agent = self.agent(paused.state.agent_ref)
         invocation = self._root(agent, tree.state, trace, context, journal)
+        entered = False
+
+        def current() -> tuple[Paused, Trace]:
+            return (invocation.snapshot() if entered else tree), trace
+
+        journal.snapshot = current
+        claim = asyncio.ensure_future(journal.claim(tree, trace))
+        try:
+            claimed = await asyncio.shield(claim)
+        except asyncio.CancelledError:  # the claim ends anyway: give the checkpoint back
+            if await _unstoppable(claim):
+                await _unstoppable(self._settle(self._cancelled(invocation, resumed=True)))
+            raise
+        if not claimed:
+            raise self._gone(checkpoint_id)
 
         async def go_on() -> Outcome:
             if recovering:
@@ -335,9 +362,86 @@ class Runtime:
                     await self._recover_histories(tree, trace)
                 except ToubaError as e:
                     return invocation.fail(e)
+            nonlocal entered
+            entered = True
             return await invocation.resume(tree)
 
-        return await self._finish(invocation, await invocation.traced(go_on, resumed=True))
+        return await self._drive(invocation, go_on, resumed=True)
+
+    async def _drive(
+        self, invocation: Invocation, run: Callable[[], Awaitable[Outcome]], *, resumed: bool
+    ) -> InvocationResult:
+        """Run the invocation to its result; when its task is cancelled, settle it
+        (:meth:`_cancelled`), tell its stream, and let the cancellation go on."""
+        try:
+            outcome = await invocation.traced(run, resumed=resumed)
+        except asyncio.CancelledError:
+            await _unstoppable(self._settle(self._cancelled(invocation, resumed=resumed)))
+            raise
+        return await _unstoppable(self._settle(self._finish(invocation, outcome)))
+
+    @staticmethod
+    async def _settle(ending: Awaitable[InvocationResult]) -> InvocationResult:
+        result = await ending
+        report_result(result)
+        return result
+
+    async def _cancelled(self, invocation: Invocation, *, resumed: bool) -> InvocationResult:
+        """The end of an invocation whose task was cancelled (a stream stopped early).
+
+        Settles what was running (:meth:`Invocation.stopped`), notes
+        ``decision_cancelled`` last, then saves a ``cancelled`` checkpoint when
+        a decision was saved or a call ran (in the tree), or the invocation was
+        itself resumed from a checkpoint; otherwise (stopped during its first
+        decision) removes its journal: nothing was kept, invoke again.
+        """
+        state, trace, journal = invocation.state, invocation.trace, invocation.journal
+        report = invocation.stopped()
+        tree = invocation.snapshot()
+        keep = resumed or tree.ran_calls() or any(s.decisions for s in tree.invocations())
+        invocation.note(
+            "decision_cancelled", **report, checkpoint_id=journal.successor if keep else None
+        )
+        result = InvocationResult(
+            status="cancelled",
+            run_id=state.run_id,
+            invocation_id=state.invocation_id,
+            agent_ref=state.agent_ref,
+        )
+        if keep:
+            assert journal.snapshot is not None, "set by _root"
+            paused, _ = journal.snapshot()
+            try:
+                checkpoint_id = await journal.stop("cancelled")
+            except ToubaError as e:
+                logger.warning(
+                    "could not save the checkpoint of cancelled invocation %s (%s); its last "
+                    "running checkpoint, if any, stays in the store",
+                    state.invocation_id,
+                    e.code,
+                )
+            else:
+                logger.info(
+                    "invocation %s was cancelled after calls ran; checkpoint %s resumes it",
+                    state.invocation_id,
+                    checkpoint_id,
+                )
+                return replace(
+                    result,
+                    checkpoint_id=checkpoint_id,
+                    pending=tuple(paused.awaiting()),
+                    trace=trace.copy(),
+                )
+        else:
+            try:
+                await journal.finish()
+            except ToubaError as e:
+                logger.warning(
+                    "could not remove the running checkpoint of invocation %s (%s)",
+                    state.invocation_id,
+                    e.code,
+                )
+        return replace(result, trace=trace.copy())  # no decision saved: no history to discard
 
     async def _check_running(
         self, checkpoint_id: str, stored: Mapping[str, JSON], worker_stopped: bool
@@ -479,6 +583,24 @@ class Runtime:
                     e.code,
                 )
         return deleted
+
+
+async def _unstoppable(ending: Awaitable[_T]) -> _T:
+    """``await ending`` to its end even if the awaiting task is cancelled meanwhile
+    (the cancellation is raised once it ended): a stop never cuts a checkpoint write."""
+    task = asyncio.ensure_future(ending)
+    cancelled = False
+    while True:
+        try:
+            value = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() and task.cancelled():
+                raise
+            cancelled = True
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return value
 
 
 def decide_approvals(

@@ -17,9 +17,19 @@ yields, in order:
 
 A delegate's events carry its own ``agent`` and ``invocation_id``. Events wait
 in a bounded buffer: a consumer that reads slowly makes the model's stream
-wait, nothing is lost. Leaving the ``async with`` before the end cancels the
-invocation: the vendor's HTTP response is closed and nothing of the unfinished
-decision is stored.
+wait, nothing is lost.
+
+Stopping. Leaving the ``async with`` before the end (a ``break``, a return, an
+exception, the consumer's task cancelled) cancels the invocation's task; the
+runtime settles it before the ``async with`` is left (``Runtime._cancelled``):
+the vendor's HTTP response is closed and nothing of the unfinished decision is
+stored, a call that had begun is answered ``error`` (interrupted, never run
+again), one recorded but not begun runs once on resume, the trace ends with
+``decision_cancelled``, and a ``cancelled`` checkpoint is saved when a
+decision was saved or a call ran. ``stream.result`` is then an
+``InvocationResult`` of status ``"cancelled"`` (``checkpoint_id`` None when
+nothing was kept) and ``stream.stopped`` is True. See docs/runtime.md,
+*Stopping a stream*.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ __all__ = [
     "ToolCallStarted",
     "current_channel",
     "report_note",
+    "report_result",
     "stream_text",
 ]
 
@@ -134,6 +145,7 @@ class _Channel:
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         self._closed = False
+        self.result: InvocationResult | None = None  # how a stopped invocation ended
 
     def push(self, event: StreamEvent) -> None:
         self._items.append(event)
@@ -173,6 +185,7 @@ class InvocationStream:
         self._task: asyncio.Task[None] | None = None
         self._result: InvocationResult | None = None
         self._error: BaseException | None = None
+        self._stopped = False
 
     async def __aenter__(self) -> InvocationStream:
         if self._task is not None:
@@ -190,7 +203,8 @@ class InvocationStream:
         if task is not None and not task.done():
             task.cancel()  # the consumer left early: the invocation stops here
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await task  # cancelled again meanwhile: the task is too, and is awaited
+            self._stopped = True
 
     async def _produce(self) -> None:
         current_channel.set(self._channel)
@@ -202,6 +216,10 @@ class InvocationStream:
             self._channel.push(InvocationFinished(result))
         except Exception as e:  # a misuse the runtime raises (ConfigurationError...)
             self._error = e
+        except asyncio.CancelledError:  # stopped: the runtime settled it (report_result)
+            self._result = self._channel.result
+            self._stopped = True
+            raise
         finally:
             self._channel.close()
 
@@ -220,12 +238,33 @@ class InvocationStream:
 
     @property
     def result(self) -> InvocationResult:
-        """The ``InvocationResult``, once the events were read to the end."""
+        """The ``InvocationResult``, once the events were read to the end or the stream
+        was stopped.
+
+        After an early stop it is the result of the stopped invocation: status
+        ``"cancelled"``, with a ``checkpoint_id`` when a decision was saved or a
+        call ran (resume it with :meth:`~touba.Runtime.stream_resume` or
+        ``resume``), and its trace
+        ending with ``decision_cancelled``; or, when the invocation had
+        already ended (the stop came after its last decision), what it ended
+        with. ConfigurationError while the stream runs, and after a stop
+        that came before the invocation began (nothing ran, nothing changed).
+        """
         if self._result is None:
+            if self._stopped:
+                raise ConfigurationError(
+                    "the stream was stopped before its invocation began: nothing ran and "
+                    "nothing was stored"
+                )
             raise ConfigurationError(
                 "the stream has not finished: read its events to the end (InvocationFinished)"
             )
         return self._result
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the consumer stopped the stream before its end (see :attr:`result`)."""
+        return self._stopped
 
 
 def stream_text(agent: str, invocation_id: str) -> Callable[[Any], Awaitable[None]] | None:
@@ -239,6 +278,13 @@ def stream_text(agent: str, invocation_id: str) -> Callable[[Any], Awaitable[Non
             await channel.put(TextDelta(delta.text, agent, invocation_id))
 
     return sink
+
+
+def report_result(result: InvocationResult) -> None:
+    """Tell the stream of the current invocation, if any, how it ended (even when stopped)."""
+    channel = current_channel.get()
+    if channel is not None:
+        channel.result = result
 
 
 def report_note(kind: str, agent: str, invocation_id: str, data: dict[str, Any]) -> None:

@@ -31,6 +31,14 @@ their parent's trace, every entry naming its own ``invocation_id`` and
   ``event`` (history windows, trimming, summaries, context-guard counts,
   ``resumed_without_messages``); never message content.
 - ``provider_error`` (``error_code``, ``error``, ``provider_error_code``).
+- ``decision_cancelled``: the invocation's task was cancelled (a stream stopped
+  early; see :mod:`touba.runtime._stream`). ``number`` (the decision being
+  written, or whose calls were running), ``stage`` (``"deciding"``,
+  ``"calls"`` or ``"between"``), ``deltas`` (stream pieces received of that
+  decision), for ``"calls"`` ``calls``, ``answered``, ``interrupted`` and
+  ``not_started`` (counts), and ``checkpoint_id`` (the checkpoint that
+  resumes it, None when nothing was kept; None on a delegate's entry, which
+  comes before its parent's). The last entry of a stopped invocation's trace.
 - ``flow_step_started`` / ``flow_step_finished`` (``kind="flow"``: ``step``,
   ``index``; ``type`` and, for a capability step, ``calls`` when started;
   ``status``, ``output`` and ``error`` when finished). See
