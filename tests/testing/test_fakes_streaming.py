@@ -70,7 +70,7 @@ async def test_responses_stream_assembles_into_the_non_streamed_response() -> No
     assembled = [item.to_dict(exclude_none=True) for item in final.output]  # no "parsed": None
     assert assembled == [item.to_dict(exclude_none=True) for item in expected.output]
     assert final.usage == expected.usage
-    assert streamed.streams[0].outcome == "completed"
+    assert streamed.wait_stream_end(0).outcome == "completed"
 
 
 async def test_chat_completions_stream_assembles_into_the_non_streamed_completion() -> None:
@@ -178,7 +178,7 @@ async def test_event_delay_spaces_the_events(
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert len(gaps) > 5
     assert min(gaps) >= 0.015
-    record = openai_server.streams[0]
+    record = openai_server.wait_stream_end(0)
     assert (record.outcome, record.events) == ("completed", len(arrivals))
 
 
@@ -188,7 +188,8 @@ async def test_the_server_knobs_apply_to_every_unscripted_stream() -> None:
         async with openai_sdk(srv) as client:
             stream = await client.responses.create(model=MODEL, input="x", stream=True)
             assert len([event async for event in stream]) == 2
-    assert (srv.streams[0].outcome, srv.streams[0].events) == ("ended", 2)
+        record = srv.wait_stream_end(0)
+    assert (record.outcome, record.events) == ("ended", 2)
 
 
 @pytest.mark.parametrize("after", [0, 3])
@@ -206,7 +207,8 @@ async def test_cut_after_breaks_the_body(
     with pytest.raises(openai.APIConnectionError):
         await read()
     assert received == [after]
-    assert (openai_server.streams[0].outcome, openai_server.streams[0].events) == ("cut", after)
+    record = openai_server.wait_stream_end(0)  # the server thread records it after the cut
+    assert (record.outcome, record.events) == ("cut", after)
 
 
 async def test_cut_after_breaks_an_anthropic_body(
@@ -230,10 +232,8 @@ async def test_fail_after_sends_the_vendors_error_event(
         ) as stream:
             await stream.get_final_message()
     assert raised.value.type == "overloaded_error"
-    assert (anthropic_server.streams[0].outcome, anthropic_server.streams[0].events) == (
-        "failed",
-        4,
-    )
+    record = anthropic_server.wait_stream_end(0)  # the server thread records it after the error
+    assert (record.outcome, record.events) == ("failed", 4)
 
 
 async def test_inserted_events_are_sent_where_asked(
