@@ -52,6 +52,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/pydantic_ai_runs.py
 	$(BIN)/python bench/history_cost.py
 	$(BIN)/python bench/provider_cost.py
+	$(BIN)/python bench/stream_cost.py
 	$(BIN)/python bench/chat_traffic.py
 	$(BIN)/python bench/panel_pages.py
 

@@ -8,6 +8,7 @@ unless the host opts in; and touba works with no OpenTelemetry installed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -338,3 +339,39 @@ async def test_a_recovered_reservation_is_logged(
         r.name == "touba.history" and "recovered the reservation of conversation key-1" in r.message
         for r in caplog.records
     )
+
+
+async def test_a_streamed_decision_records_its_time_to_first_token_and_a_cancel(
+    spans: InMemorySpanExporter,
+) -> None:
+    from touba.providers import DecisionRequest
+    from touba.testing.fakes import StreamKnobs
+
+    async def sink(delta: object) -> None:
+        pass
+
+    with FakeOpenAIServer() as srv:
+        srv.script_response(openai_text("streamed reply"), stream=StreamKnobs(event_delay=0.01))
+        srv.script_response(openai_text("plain reply"))
+        srv.script_response(openai_text("a long reply " * 20), stream=StreamKnobs(event_delay=0.05))
+        async with openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k") as client:
+            provider = create_openai_decision_provider(
+                model="gpt-otel", client=client, history=False
+            )
+            await provider.decide(DecisionRequest(input="x"), sink=sink)
+            await provider.decide(DecisionRequest(input="x"))
+            task = asyncio.create_task(provider.decide(DecisionRequest(input="x"), sink=sink))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    streamed, plain, cancelled = named(list(spans.get_finished_spans()), "chat gpt-otel")
+    assert streamed.attributes is not None
+    assert plain.attributes is not None
+    assert cancelled.attributes is not None
+    ttft = streamed.attributes["gen_ai.server.time_to_first_token"]
+    assert isinstance(ttft, float)
+    assert 0.02 < ttft < 5  # the fake spaced its first events by 10 ms each
+    assert "gen_ai.server.time_to_first_token" not in plain.attributes
+    assert cancelled.attributes["touba.cancelled"] is True
+    assert "touba.cancelled" not in streamed.attributes

@@ -11,20 +11,36 @@ from touba.providers import (
     create_openai_compatible_decision_provider,
     create_openai_decision_provider,
 )
-from touba.runtime import InvocationResult, Program, Runtime
+from touba.runtime import (
+    ApprovalRequired,
+    DecisionCompleted,
+    InvocationFinished,
+    InvocationResult,
+    Program,
+    Runtime,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApprovalRequired",
     "ChatSession",
     "ContextConfig",
+    "DecisionCompleted",
     "HistoryConfig",
     "HistoryEvent",
+    "InvocationFinished",
     "InvocationResult",
     "KeyEventsConfig",
     "MemoryConfig",
     "Program",
     "Runtime",
+    "TextDelta",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToubaError",
     "__version__",
     "create_anthropic_decision_provider",

@@ -768,7 +768,7 @@ async def test_context_is_refused_with_the_reason() -> None:
     [
         ({"client": object()}, "builds its own client"),
         ({"messages": []}, "builds the messages"),
-        ({"stream": True}, "non-streaming"),
+        ({"stream": True}, "streams when decide.. is given a sink"),
         ({"n": 2}, "single choice"),
         ({"response_format": {"type": "text"}}, "structured_format"),
         ({"max_tokens": 10}, "max_output_tokens"),

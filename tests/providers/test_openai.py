@@ -932,7 +932,7 @@ def test_unreplayable_opaque_items_are_rendered_from_neutral_fields(
         ({"conversation": {"id": "conv_1"}}, "conversation"),
         ({"tools": []}, "capabilities"),
         ({"input": "x"}, "input"),
-        ({"stream": True}, "non-streaming"),
+        ({"stream": True}, "streams when decide.. is given a sink"),
         ({"background": True}, "background"),
         ({"text": {"format": {"type": "text"}}}, "format"),
         ({"no_such_option": 1}, "unknown option"),

@@ -16,7 +16,8 @@ object over the same store (SQLite reopened from its file), or history lost
 
 Property, for every scenario:
 
-- every request the fake received (generations and counts) was answered 2xx:
+- every request the fake received (generations and counts) was answered 2xx
+  (every other decision is streamed, and replayed like the others):
   its validator, which refuses what the real API refuses, never objected.
   The one accepted exception is the limitation documented in
   ``touba.providers.anthropic``: with ``thinking.type == "enabled"`` on a
@@ -986,6 +987,10 @@ def _describe(events: list[HistoryEvent], start: int) -> str:
     return ", ".join(parts)
 
 
+async def _ignore_deltas(delta: object) -> None:
+    """The sink of a streamed decision (what it reports is tested in test_streaming)."""
+
+
 async def run_scenario(run: Run) -> None:
     vendor, srv, scenario = run.vendor, run.srv, run.scenario
     if isinstance(srv, FakeAnthropicServer):
@@ -999,8 +1004,10 @@ async def run_scenario(run: Run) -> None:
             seen = len(run.events)
             vendor.script(srv, run.marks, number, step)
             assert run.provider is not None
+            # Every other decision streams: its stored decision must replay as well.
+            sink = _ignore_deltas if number % 2 else None
             try:
-                decision = await run.provider.decide(run.request(observations))
+                decision = await run.provider.decide(run.request(observations), sink=sink)
             except (DecisionHistoryLimitExceeded, ProviderContextWindowExceeded) as e:
                 limit = f"({e.limit})" if isinstance(e, DecisionHistoryLimitExceeded) else ""
                 ended, refusal = type(e).__name__ + limit, e

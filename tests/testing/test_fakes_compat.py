@@ -134,14 +134,16 @@ async def test_unpaired_tool_messages_are_rejected(
     }
 
 
-async def test_scripted_errors_and_stream_refusal(
+async def test_scripted_errors_also_answer_a_streaming_request(
     openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
 ) -> None:
     openai_server.script_error(500, endpoint="chat_completions")
     with pytest.raises(openai.InternalServerError):
         await openai_client.chat.completions.create(model=MODEL, messages=[USER])
-    with pytest.raises(openai.BadRequestError, match="stream=false"):
+    openai_server.script_error(429, endpoint="chat_completions")
+    with pytest.raises(openai.RateLimitError):  # an HTTP error, before any event
         await openai_client.chat.completions.create(model=MODEL, messages=[USER], stream=True)
+    assert openai_server.streams == []
 
 
 @given(st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=6), st.data())

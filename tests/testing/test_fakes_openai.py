@@ -371,9 +371,15 @@ async def test_function_call_arguments_must_be_a_string(openai_client: openai.As
     assert error.param == "input[1].arguments"
 
 
-async def test_stream_true_is_refused_clearly(openai_client: openai.AsyncOpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="stream=false"):
-        await openai_client.responses.create(model=MODEL, input="x", stream=True)
+async def test_stream_true_is_answered_with_events(
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI
+) -> None:
+    openai_server.script_response(openai_text("streamed"))
+    stream = await openai_client.responses.create(model=MODEL, input="x", stream=True)
+    kinds = [event.type async for event in stream]
+    assert kinds[0] == "response.created"
+    assert kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
 
 
 async def test_rejection_does_not_consume_the_scripted_reply(

@@ -6,6 +6,13 @@ an ImportError naming the extra to install.
 
 from touba.providers._base import DecisionProvider
 from touba.providers._guard import ContextConfig
+from touba.providers._stream import (
+    DecisionDelta,
+    DeltaSink,
+    StreamedCall,
+    StreamedDecision,
+    StreamedText,
+)
 from touba.providers._types import (
     CapabilityCall,
     CapabilitySpec,
@@ -28,10 +35,15 @@ __all__ = [
     "CapabilitySpec",
     "ContextConfig",
     "Decision",
+    "DecisionDelta",
     "DecisionProvider",
     "DecisionRequest",
+    "DeltaSink",
     "ModelSummarizer",
     "Observation",
+    "StreamedCall",
+    "StreamedDecision",
+    "StreamedText",
     "SummaryUsage",
     "TraceCall",
     "Turn",

@@ -16,10 +16,10 @@ as does an SDK whose helpers this module cannot find.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-__all__ = ["send_count", "send_message"]
+__all__ = ["open_stream", "send_count", "send_message", "streaming_required"]
 
 _HEADER_OPTIONS = {
     "user_profile_id": "anthropic-user-profile-id",
@@ -79,6 +79,73 @@ async def send_message(
             return str(text).encode("utf-8")
     raw = await client.messages.with_raw_response.create(**params, **request)
     return bytes(await raw.read())
+
+
+def streaming_required(client: Any, body: Mapping[str, Any], request: Mapping[str, Any]) -> bool:
+    """Whether the SDK would refuse ``body`` as a non-streaming request.
+
+    The anthropic SDK's own rule (``messages.create``): with the client's
+    default timeout and none given for the request, a request whose
+    ``max_tokens`` could take longer than 10 minutes (above 21,333 tokens: one
+    hour per 128,000 tokens) or above its model's entry in
+    ``MODEL_NONSTREAMING_TOKENS`` is refused before it is sent ("Streaming is
+    required"). Asked of the SDK's helper itself; an SDK without it refuses
+    nothing here (its typed method keeps its own rule).
+    """
+    if "timeout" in request:
+        return False
+    try:
+        from anthropic._constants import DEFAULT_TIMEOUT, MODEL_NONSTREAMING_TOKENS
+
+        if client.timeout != DEFAULT_TIMEOUT:
+            return False
+        limit = MODEL_NONSTREAMING_TOKENS.get(str(body.get("model")), None)
+        client._calculate_nonstreaming_timeout(body["max_tokens"], limit)
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return False
+    except ValueError:
+        return True
+    return False
+
+
+async def open_stream(
+    client: Any, body: Mapping[str, Any], params: Mapping[str, Any], request: Mapping[str, Any]
+) -> Any:
+    """POST ``body`` with ``stream: true``; the SDK's ``AsyncStream`` of the events, as dicts.
+
+    Use it as ``async with``: leaving closes the HTTP response. Platform
+    clients go through ``messages.create(stream=True)`` (typed events, turned
+    back into their JSON).
+    """
+    import anthropic
+
+    if _direct(client):
+        return await client.post(
+            "/v1/messages",
+            content=_encode({**body, "stream": True}),
+            cast_to=object,
+            options=_options(request),
+            stream=True,
+            stream_cls=anthropic.AsyncStream[object],
+        )
+    return _Typed(await client.messages.create(**params, **request, stream=True))
+
+
+class _Typed:
+    """A typed event stream of a platform client, yielding each event's JSON."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    async def __aenter__(self) -> _Typed:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stream.close()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        async for event in self._stream:
+            yield event.to_dict()
 
 
 async def send_count(client: Any, params: Mapping[str, Any], request: Mapping[str, Any]) -> bytes:

@@ -19,7 +19,7 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -45,6 +45,13 @@ from touba.providers._framing import (
     violation,
 )
 from touba.providers._memo import ExchangeMemo
+from touba.providers._stream import (
+    DeltaSink,
+    StreamedCall,
+    StreamedText,
+    ignore_event,
+    incomplete_stream,
+)
 from touba.providers._types import CapabilityCall, DecisionInterface, TraceCall, Turn
 from touba.providers._validate import schema_validator
 
@@ -54,6 +61,7 @@ __all__ = [
     "parse_message",
     "exchange_memo",
     "prefix_digest",
+    "read_message_stream",
     "render_messages",
 ]
 
@@ -444,3 +452,98 @@ def parse_message(
     else:
         message = DecisionMessage(text=text, output=_final_output(text, output_schema), final=True)
     return replace(message, provider=PROVIDER, opaque={"content": content, "prefix": prefix})
+
+
+# streaming ---------------------------------------------------------------------
+
+_PASSED = frozenset({"ping", "content_block_stop"})
+
+
+def _tool_input(raw: str, name: object) -> Any:
+    """A tool_use block's input, from its joined ``input_json_delta`` pieces."""
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise invalid_json(f"the streamed input of tool {str(name)[:64]!r}", e) from e
+
+
+def _apply_delta(block: dict[str, Any], delta: Mapping[str, Any], pieces: list[str]) -> str | None:
+    """Fold one ``content_block_delta`` into ``block``; the text to report, if any."""
+    kind = delta.get("type")
+    if kind == "text_delta" and isinstance(delta.get("text"), str):
+        block["text"] = block.get("text", "") + delta["text"]
+        return str(delta["text"])
+    if kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+        pieces.append(delta["partial_json"])
+    elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
+        block["thinking"] = block.get("thinking", "") + delta["thinking"]
+    elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
+        block["signature"] = block.get("signature", "") + delta["signature"]
+    elif kind == "citations_delta" and isinstance(delta.get("citation"), Mapping):
+        block.setdefault("citations", []).append(dict(delta["citation"]))
+    else:
+        ignore_event(PROVIDER, f"content_block_delta/{kind}")
+    return None
+
+
+async def read_message_stream(events: AsyncIterable[Any], sink: DeltaSink) -> dict[str, Any]:
+    """Messages API SSE events (``stream: true``) assembled into the message body the
+    non-streaming request answers, for :func:`parse_message`.
+
+    ``message_start`` gives the message, each ``content_block_start`` a block
+    its deltas complete (text, tool input JSON, thinking and its signature,
+    citations), ``message_delta`` the stop reason and final usage. Text pieces
+    and started tool uses go to ``sink``. A stream without ``message_stop``, or
+    a tool input that is not valid JSON, is a schema violation; unknown event
+    and delta types are ignored (the SDK raises ``error`` events itself).
+    """
+    message: dict[str, Any] | None = None
+    blocks: dict[int, dict[str, Any]] = {}
+    inputs: dict[int, list[str]] = {}
+    calls = 0
+    async for event in events:
+        kind = event.get("type") if isinstance(event, Mapping) else None
+        if kind == "message_start" and isinstance(event.get("message"), Mapping):
+            message = copy.deepcopy(dict(event["message"]))
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), Mapping):
+            index = event.get("index")
+            if not isinstance(index, int) or message is None:
+                raise violation("a content block started outside a message", "malformed_response")
+            block = copy.deepcopy(dict(event["content_block"]))
+            blocks[index] = block
+            if block.get("type") == "tool_use":
+                inputs[index] = []
+                name, call_id = block.get("name"), block.get("id")
+                await sink(
+                    StreamedCall(
+                        calls,
+                        name if isinstance(name, str) else "",
+                        call_id if isinstance(call_id, str) else None,
+                    )
+                )
+                calls += 1
+        elif kind == "content_block_delta" and isinstance(event.get("delta"), Mapping):
+            index = event.get("index")
+            if not isinstance(index, int) or index not in blocks:
+                raise violation("a content delta names no started block", "malformed_response")
+            text = _apply_delta(blocks[index], event["delta"], inputs.setdefault(index, []))
+            if text:
+                await sink(StreamedText(text))
+        elif kind == "message_delta" and message is not None:
+            delta = event.get("delta")
+            if isinstance(delta, Mapping):
+                message.update(delta)
+            usage = event.get("usage")
+            if isinstance(usage, Mapping):
+                message["usage"] = {**(message.get("usage") or {}), **usage}
+        elif kind == "message_stop" and message is not None:
+            for index, block in blocks.items():
+                if block.get("type") == "tool_use":
+                    block["input"] = _tool_input("".join(inputs[index]), block.get("name"))
+            message["content"] = [blocks[index] for index in sorted(blocks)]
+            return message
+        elif kind not in _PASSED:
+            ignore_event(PROVIDER, kind)
+    raise incomplete_stream("Anthropic Messages")

@@ -8,7 +8,9 @@ back into a neutral :class:`DecisionMessage`.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -30,6 +32,13 @@ from touba.history._model import (
 )
 from touba.history._window import ExchangeSize
 from touba.providers._guard import ContextConfig, find_cut, largest_fitting_count, reserve_tokens
+from touba.providers._stream import (
+    DecisionDelta,
+    DeltaSink,
+    StreamedCall,
+    StreamedDecision,
+    StreamedText,
+)
 from touba.providers._types import (
     Decision,
     DecisionInterface,
@@ -94,9 +103,18 @@ def _turn_dict(turn: Turn) -> dict[str, Any]:
 
 
 class Wire(ABC):
-    """One vendor API, at the edge. Subclasses convert SDK errors in one place."""
+    """One vendor API, at the edge. Subclasses convert SDK errors in one place.
+
+    A wire with ``streams = True`` sends the generation as a stream when
+    ``generate`` is given a sink, and awaits it for each :class:`StreamedText`
+    and :class:`StreamedCall` while it assembles the very body the
+    non-streaming request returns (then parsed by the same function). Other
+    wires generate as usual; the provider then reports the decision's calls
+    and text to the sink in one go.
+    """
 
     provider: ClassVar[str]
+    streams: ClassVar[bool] = False
 
     def __init__(self, *, model: str, interface: DecisionInterface) -> None:
         self.model = model
@@ -117,8 +135,13 @@ class Wire(ABC):
         """Input tokens of ``body`` by the provider's own count endpoint."""
 
     @abstractmethod
-    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
-        """Send ``body``; parse the response into a decision (schema violations raise)."""
+    async def generate(
+        self, body: dict[str, Any], sink: DeltaSink | None = None
+    ) -> tuple[DecisionMessage, Usage]:
+        """Send ``body``; parse the response into a decision (schema violations raise).
+
+        With ``sink`` (wires with ``streams = True``): as a stream, reporting deltas.
+        """
 
 
 class DecisionProvider:
@@ -208,10 +231,16 @@ class DecisionProvider:
     def _telemetry_name(self) -> str:
         return telemetry.PROVIDER_NAMES.get(self.provider, self.provider)
 
-    async def decide(self, request: DecisionRequest) -> Decision:
+    async def decide(self, request: DecisionRequest, *, sink: DeltaSink | None = None) -> Decision:
         """One decision: one history transaction, the guard's counts, one generation.
 
-        Traced as a ``chat {model}`` span (see :mod:`touba._telemetry`).
+        With ``sink``, the generation is sent as a stream and ``sink`` is
+        awaited for each delta (see :mod:`touba.providers._stream`): pieces of
+        the visible reply, calls as they start, then the decision once saved.
+        The decision and what is stored are those of the non-streaming request.
+        Traced as a ``chat {model}`` span (see :mod:`touba._telemetry`); a streamed
+        one also records ``gen_ai.server.time_to_first_token`` (seconds to the first
+        delta), a cancelled one ``touba.cancelled``.
         """
         with telemetry.span(
             f"chat {self.model}",
@@ -224,7 +253,17 @@ class DecisionProvider:
                 "touba.decision_interface": self.decision_interface,
             },
         ) as span:
-            decision = await self._decide(request)
+            first: list[float] = []  # seconds to the first delta, when streamed
+            try:
+                decision = await self._decide(request, _timed(sink, first))
+            except _SinkFailure as failure:  # the consumer's own error, as it raised it
+                raise failure.error from None
+            except asyncio.CancelledError:
+                telemetry.set_attributes(span, {"touba.cancelled": True})
+                raise
+            finally:
+                if first:
+                    telemetry.set_attributes(span, {"gen_ai.server.time_to_first_token": first[0]})
             telemetry.set_attributes(
                 span,
                 {
@@ -234,19 +273,31 @@ class DecisionProvider:
                     "touba.final": not decision.calls,
                 },
             )
-            return decision
+        if sink is not None:
+            await sink(StreamedDecision(decision))
+        return decision
 
-    async def _decide(self, request: DecisionRequest) -> Decision:
+    async def _decide(self, request: DecisionRequest, sink: DeltaSink | None = None) -> Decision:
         check_catalog(request.capabilities)
         if request.output_schema is not None:
             schema_validator(request.output_schema, "output_schema")
         usage: list[Usage] = []
         prior = tuple(request.prior_turns)
         fitted: list[Plan] = []  # the guard's plan, when it ran
+        deltas = None
+        if sink is not None:
+            deltas = _guarded(_visible(sink, self.decision_interface, request))
 
         async def generate(window: HistoryWindow) -> DecisionMessage:
             plan = fitted[-1] if fitted else Plan(request, self.decision_interface, prior, window)
-            message, used = await self._wire.generate(self._wire.render(plan))
+            body = self._wire.render(plan)
+            if deltas is None:
+                message, used = await self._wire.generate(body)
+            elif self._wire.streams:
+                message, used = await self._wire.generate(body, deltas)
+            else:
+                message, used = await self._wire.generate(body)
+                await _replay(message, deltas)
             check_decision(message, request.capabilities, request.output_schema)
             usage.append(used)
             return message
@@ -382,6 +433,60 @@ class DecisionProvider:
     async def _emit(self, event: HistoryEvent) -> None:
         if self._history is not None:
             await self._history.emit(event)
+
+
+def _timed(sink: DeltaSink | None, first: list[float]) -> DeltaSink | None:
+    """``sink``, noting in ``first`` the seconds until its first delta."""
+    if sink is None:
+        return None
+    started = time.monotonic()
+
+    async def timed(delta: DecisionDelta) -> None:
+        if not first:
+            first.append(time.monotonic() - started)
+        await sink(delta)
+
+    return timed
+
+
+class _SinkFailure(BaseException):
+    """Carries an exception of the sink through the wire (whose handlers convert SDK
+    errors, never the consumer's) and the history step (which saves nothing)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+
+def _guarded(sink: DeltaSink) -> DeltaSink:
+    async def guarded(delta: DecisionDelta) -> None:
+        try:
+            await sink(delta)
+        except Exception as e:
+            raise _SinkFailure(e) from e
+
+    return guarded
+
+
+def _visible(sink: DeltaSink, interface: str, request: DecisionRequest) -> DeltaSink:
+    """``sink``, or one without text when the text is JSON (a structured decision, a
+    structured final output): that is delivered whole, in the decision."""
+    if interface == "native" and request.output_schema is None:
+        return sink
+
+    async def calls_only(delta: DecisionDelta) -> None:
+        if not isinstance(delta, StreamedText):
+            await sink(delta)
+
+    return calls_only
+
+
+async def _replay(message: DecisionMessage, sink: DeltaSink) -> None:
+    """A wire that does not stream: its decision's calls, then its text, in one go."""
+    for index, call in enumerate(message.calls):
+        await sink(StreamedCall(index, call.name, call.call_id))
+    if message.text:
+        await sink(StreamedText(message.text))
 
 
 class _Cuts:

@@ -27,7 +27,7 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -61,6 +61,7 @@ from touba.providers._framing import (
     violation,
 )
 from touba.providers._memo import ExchangeMemo, rendered_exchanges
+from touba.providers._stream import DeltaSink, StreamedCall, StreamedText, incomplete_stream
 from touba.providers._types import CapabilitySpec, DecisionInterface, TraceCall, Turn, Usage
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "count_request",
     "exchange_memo",
     "parse_response",
+    "read_content_stream",
     "read_count",
     "render_body",
     "split_options",
@@ -621,3 +623,91 @@ def _usage(meta: Any) -> Usage:
         None if candidates is None and thoughts is None else (candidates or 0) + (thoughts or 0)
     )
     return Usage(input_tokens=number("promptTokenCount"), output_tokens=output, details=dict(meta))
+
+
+# streaming ---------------------------------------------------------------------
+
+
+def _merges_into(previous: Mapping[str, Any] | None, part: Mapping[str, Any]) -> bool:
+    """Whether ``part`` (a streamed text piece) continues ``previous``: both text of
+    the same kind (thought or answer), and ``previous`` not yet closed by a signature."""
+    if previous is None or not isinstance(previous.get("text"), str):
+        return False
+    if set(part) - {"text", "thought", "thoughtSignature"}:
+        return False
+    if set(previous) - {"text", "thought", "thoughtSignature"}:
+        return False
+    return (
+        "thoughtSignature" not in previous
+        and bool(previous.get("thought")) == bool(part.get("thought"))
+        and isinstance(part.get("text", ""), str)
+    )
+
+
+async def read_content_stream(chunks: AsyncIterable[Any], sink: DeltaSink) -> dict[str, Any]:
+    """``streamGenerateContent`` (``alt=sse``) chunks merged into the answer the
+    non-streaming ``generateContent`` gives, for :func:`parse_response`.
+
+    Each chunk is a partial answer: its first candidate's parts are appended,
+    consecutive text pieces of the same kind joined into one part until a
+    ``thoughtSignature`` closes it (the signature stays on the part that
+    carried it, also when it came in a last, empty piece); function calls come
+    whole. The last chunk's ``finishReason`` and ``usageMetadata`` stand; a
+    stream without a ``finishReason`` (nor a blocked prompt) is a schema
+    violation. Answer text pieces and function calls go to ``sink``.
+    """
+    answer: dict[str, Any] = {}
+    candidate: dict[str, Any] = {}
+    parts: list[dict[str, Any]] = []
+    role: Any = None
+    calls = 0
+    async for data in chunks:
+        if not isinstance(data, Mapping):
+            raise violation("a Gemini stream chunk is not a JSON object", "malformed_response")
+        answer.update((k, v) for k, v in data.items() if k != "candidates")
+        found = data.get("candidates")
+        first = found[0] if isinstance(found, list) and found else None
+        if not isinstance(first, Mapping):
+            continue
+        candidate.update((k, v) for k, v in first.items() if k != "content")
+        content = first.get("content")
+        if not isinstance(content, Mapping):
+            continue
+        role = content.get("role", role)
+        for part in content.get("parts") or ():
+            if not isinstance(part, Mapping):
+                raise violation("a streamed Gemini part is not an object", "malformed_response")
+            previous = parts[-1] if parts else None
+            if previous is not None and _merges_into(previous, part):
+                previous["text"] += part.get("text", "")
+                if "thoughtSignature" in part:
+                    previous["thoughtSignature"] = part["thoughtSignature"]
+            else:
+                parts.append(copy.deepcopy(dict(part)))
+            if "functionCall" in part:
+                call = part["functionCall"]
+                name = call.get("name") if isinstance(call, Mapping) else None
+                given = call.get("id") if isinstance(call, Mapping) else None
+                await sink(
+                    StreamedCall(
+                        calls,
+                        name if isinstance(name, str) else "",
+                        given if isinstance(given, str) and given else None,
+                    )
+                )
+                calls += 1
+            elif isinstance(part.get("text"), str) and part["text"] and not part.get("thought"):
+                await sink(StreamedText(part["text"]))
+    feedback = answer.get("promptFeedback")
+    blocked = isinstance(feedback, Mapping) and feedback.get("blockReason") not in (
+        None,
+        "BLOCKED_REASON_UNSPECIFIED",
+    )
+    if "finishReason" not in candidate and not blocked:
+        raise incomplete_stream("Gemini")
+    if candidate:
+        if role is not None or parts:
+            body: dict[str, Any] = {"parts": parts} if parts else {}
+            candidate["content"] = {"role": role, **body} if role is not None else body
+        answer["candidates"] = [candidate]
+    return answer

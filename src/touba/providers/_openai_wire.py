@@ -11,7 +11,8 @@ reasoning item still directly before the item that follows it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +45,13 @@ from touba.providers._openai_shared import (
     usage,
     user,
 )
+from touba.providers._stream import (
+    DeltaSink,
+    StreamedCall,
+    StreamedText,
+    ignore_event,
+    incomplete_stream,
+)
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 
 __all__ = [
@@ -58,6 +66,7 @@ __all__ = [
     "input_items",
     "instructions",
     "parse_response",
+    "read_response_stream",
     "strict_schema",
     "text_format",
 ]
@@ -415,3 +424,88 @@ def parse_response(
         decision = DecisionMessage(output=_final_output(text), final=True)
     counted = usage(data, "input_tokens", "output_tokens")
     return replace(decision, provider=PROVIDER, opaque=output), counted
+
+
+# streaming -------------------------------------------------------------------
+
+_STREAM_EVENTS = frozenset(
+    {
+        "response.created",
+        "response.in_progress",
+        "response.queued",
+        "response.output_item.done",
+        "response.content_part.added",
+        "response.content_part.done",
+        "response.output_text.done",
+        "response.output_text.annotation.added",
+        "response.refusal.delta",
+        "response.refusal.done",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_part.done",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+    }
+)
+"""Events read past: what they carry comes whole in ``response.completed``."""
+
+_SAFE_CODE = re.compile(r"\A[\w.-]{1,64}\Z")
+
+
+def _failure_code(error: Any) -> str:
+    code = error.get("code") if isinstance(error, Mapping) else None
+    return f" (code {code})" if isinstance(code, str) and _SAFE_CODE.match(code) else ""
+
+
+async def read_response_stream(events: AsyncIterable[Any], sink: DeltaSink) -> Any:
+    """The Responses API's SSE events (``stream: true``) up to the final response body.
+
+    Text deltas and started function calls go to ``sink`` as they arrive; the
+    body returned is the ``response`` of ``response.completed`` (or
+    ``response.incomplete``), the very object the non-streaming request
+    answers, for :func:`parse_response`. ``error`` and ``response.failed``
+    are AgentDecisionProviderUnavailable; a stream ending before its final
+    event is a schema violation; events of unknown types are ignored.
+    """
+    calls = 0
+    async for event in events:
+        kind = event.get("type") if isinstance(event, Mapping) else None
+        if kind == "response.output_text.delta":
+            delta = event.get("delta")
+            if isinstance(delta, str) and delta:
+                await sink(StreamedText(delta))
+        elif kind == "response.output_item.added":
+            item = event.get("item")
+            if isinstance(item, Mapping) and item.get("type") == "function_call":
+                name, call_id = item.get("name"), item.get("call_id")
+                await sink(
+                    StreamedCall(
+                        calls,
+                        name if isinstance(name, str) else "",
+                        call_id if isinstance(call_id, str) else None,
+                    )
+                )
+                calls += 1
+        elif kind in ("response.completed", "response.incomplete"):
+            response = event.get("response")
+            if not isinstance(response, Mapping):
+                raise violation(f"the {kind} event carries no response", "malformed_response")
+            return response
+        elif kind == "response.failed":
+            response = event.get("response")
+            error = response.get("error") if isinstance(response, Mapping) else None
+            raise AgentDecisionProviderUnavailable(
+                f"the OpenAI response failed while streaming{_failure_code(error)}; no decision "
+                "was received and nothing was stored"
+            )
+        elif kind == "error":
+            raise AgentDecisionProviderUnavailable(
+                f"the OpenAI stream sent an error event{_failure_code(event)}; no decision was "
+                "received and nothing was stored"
+            )
+        elif kind not in _STREAM_EVENTS:
+            ignore_event(PROVIDER, kind)
+    raise incomplete_stream("OpenAI Responses")

@@ -1,11 +1,16 @@
 """Anthropic Messages API decision provider (``touba[anthropic]``).
 
 ``create_anthropic_decision_provider`` posts to ``/v1/messages``
-(non-streaming, ``max_tokens=max_output_tokens``) on an
-``anthropic.AsyncAnthropic``; the context guard counts the same body with
-``/v1/messages/count_tokens``, built from that endpoint's allow-list of
-parameters. Conversion lives in ``_anthropic_wire``, the SDK call in
-``_anthropic_post`` (the client's ``post``; the typed methods for platform clients).
+(``max_tokens=max_output_tokens``) on an ``anthropic.AsyncAnthropic``: as a
+stream (``stream: true``, the SDK's ``AsyncStream`` of server-sent events
+assembled back into the message the non-streaming request answers) when
+``decide`` is given a sink, and also whenever the SDK would refuse the
+non-streaming request (``max_tokens`` above its non-streaming limit, see
+``_anthropic_post.streaming_required``); otherwise non-streaming. The
+context guard counts the same body with ``/v1/messages/count_tokens``, built
+from that endpoint's allow-list of parameters. Conversion lives in
+``_anthropic_wire``, the SDK call in ``_anthropic_post`` (the client's
+``post``; the typed methods for platform clients).
 
 Interfaces. ``"native"``: capabilities are tools; a response with
 ``tool_use`` blocks is a call decision, one with text only is final (parsed
@@ -79,21 +84,29 @@ from touba.errors import (
     ConfigurationError,
     ProviderContextCountUnavailable,
     ProviderContextGuardUnsupported,
+    ToubaError,
 )
 from touba.history._config import HistoryConfig
 from touba.history._model import DecisionMessage, canonical_json
-from touba.providers._anthropic_post import send_count, send_message
+from touba.providers._anthropic_post import (
+    open_stream,
+    send_count,
+    send_message,
+    streaming_required,
+)
 from touba.providers._anthropic_wire import (
     DECISION_TOOL,
     ThinkingMode,
     exchange_memo,
     parse_message,
     prefix_digest,
+    read_message_stream,
     render_messages,
 )
 from touba.providers._base import DecisionProvider, Plan, Wire
 from touba.providers._framing import structured_instructions, structured_schema
 from touba.providers._guard import ContextConfig
+from touba.providers._stream import DeltaSink
 from touba.providers._types import DecisionInterface, Usage
 
 if TYPE_CHECKING:
@@ -197,6 +210,7 @@ class AnthropicWire(Wire):
     """The Messages API at the edge; SDK errors are converted in ``count``/``generate``."""
 
     provider: ClassVar[str] = "anthropic"
+    streams: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -302,16 +316,35 @@ class AnthropicWire(Wire):
             )
         return count
 
-    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
-        """Wire.generate: ``messages.create``; SDK errors become touba's, chained."""
+    async def generate(
+        self, body: dict[str, Any], sink: DeltaSink | None = None
+    ) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``messages.create``; SDK errors become touba's, chained.
+
+        As a stream with ``sink``, or when the SDK refuses the request as a
+        non-streaming one (see :func:`streaming_required`).
+        """
         params = {k: v for k, v in body.items() if k in _CREATE_PARAMS}
         extra = {k: v for k, v in body.items() if k not in _CREATE_PARAMS}
         if extra:
             params["extra_body"] = extra
         sdk = _sdk()
+        streamed = sink is not None or streaming_required(self._client, body, self._request_options)
         try:
-            payload = await send_message(self._client, body, params, self._request_options)
+            if streamed:
+                events = await open_stream(self._client, body, params, self._request_options)
+                async with events:  # closed on any exit, a cancelled decide included
+                    data: Any = await read_message_stream(events, sink or _no_sink)
+            else:
+                payload = await send_message(self._client, body, params, self._request_options)
+        except ToubaError:
+            raise
         except sdk.APIStatusError as e:
+            if streamed and e.status_code == 200:  # an ``error`` event inside the stream
+                raise AgentDecisionProviderUnavailable(
+                    f"the Messages API stream sent an error event ({_describe(e)}); no "
+                    "decision was received and nothing was stored"
+                ) from e
             raise AgentDecisionProviderUnavailable(
                 f"the Messages API answered HTTP {e.status_code} ({_describe(e)}); no decision "
                 "was received and nothing was stored",
@@ -324,13 +357,14 @@ class AnthropicWire(Wire):
                 f"the Messages API could not be reached ({_describe(e)}); no decision was "
                 "received and nothing was stored"
             ) from e
-        try:
-            data = json.loads(payload)
-        except ValueError as e:
-            raise AgentDecisionProviderSchemaViolation(
-                "the Messages API answered with a body that is not JSON",
-                provider_error_code="malformed_response",
-            ) from e
+        if not streamed:
+            try:
+                data = json.loads(payload)
+            except ValueError as e:
+                raise AgentDecisionProviderSchemaViolation(
+                    "the Messages API answered with a body that is not JSON",
+                    provider_error_code="malformed_response",
+                ) from e
         if isinstance(body, _Body):
             prefix, schema = body.prefix_digest(), body.output_schema
         else:
@@ -338,6 +372,10 @@ class AnthropicWire(Wire):
             schema = None
         message = parse_message(data, interface=self.interface, output_schema=schema, prefix=prefix)
         return message, _usage(data)
+
+
+async def _no_sink(delta: object) -> None:
+    """Where the deltas of a stream nobody asked for go (a long ``max_tokens``)."""
 
 
 def _thinks(mode: ThinkingMode) -> bool:

@@ -1,8 +1,10 @@
 """The OpenAI-compatible provider: Chat Completions on Ollama, vLLM, llama.cpp server.
 
 ``create_openai_compatible_decision_provider(model=..., base_url=...)`` sends
-``POST {base_url}/chat/completions`` (non-streaming) through the official
-``openai`` SDK, with a client it builds itself and never retries
+``POST {base_url}/chat/completions`` through the official ``openai`` SDK (as a
+stream when ``decide`` is given a sink: ``stream: true`` with
+``stream_options.include_usage``, the chunks merged back into the completion
+the non-streaming request answers), with a client it builds itself and never retries
 (``max_retries=0``). What it does where these servers differ:
 
 * **No context guard.** The servers have no standard token count endpoint, so
@@ -48,7 +50,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 from urllib.parse import urlsplit
@@ -87,6 +89,12 @@ from touba.providers._openai_shared import (
     usage,
     user,
 )
+from touba.providers._stream import (
+    DeltaSink,
+    StreamedCall,
+    StreamedText,
+    incomplete_stream,
+)
 from touba.providers._types import CapabilitySpec, DecisionInterface, DecisionRequest, Turn, Usage
 from touba.providers._validate import schema_validator
 from touba.providers.openai import request_options
@@ -101,6 +109,7 @@ __all__ = [
     "StructuredFormat",
     "create_openai_compatible_decision_provider",
     "parse_completion",
+    "read_chat_stream",
 ]
 
 PROVIDER = "openai_compatible"
@@ -115,8 +124,8 @@ _OWNED = {
     "messages": "touba builds the messages",
     "n": "touba reads a single choice",
     "response_format": "touba sets it (see structured_format)",
-    "stream": "touba sends non-streaming requests",
-    "stream_options": "touba sends non-streaming requests",
+    "stream": "touba streams when decide() is given a sink",
+    "stream_options": "touba streams when decide() is given a sink",
     "tools": "touba offers the request's capabilities",
 }
 """Body fields touba sets itself, and why an option may not override them."""
@@ -417,6 +426,98 @@ def parse_completion(
     return replace(decision, provider=PROVIDER, opaque=kept), counted
 
 
+# streaming ---------------------------------------------------------------------
+
+
+def _merge_call(calls: dict[int, Item], position: int, raw: Any) -> tuple[int, Item, bool]:
+    """Fold one ``delta.tool_calls`` entry into ``calls`` (by its ``index``); whether
+    it named the call for the first time."""
+    if not isinstance(raw, Mapping):
+        raise violation("a streamed tool call is not an object", "bad_call")
+    index = raw.get("index", position)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise violation("a streamed tool call has no integer index", "bad_call")
+    call = calls.setdefault(index, {})
+    named = False
+    if isinstance(raw.get("id"), str) and raw["id"]:
+        call["id"] = raw["id"]
+    if isinstance(raw.get("type"), str):
+        call["type"] = raw["type"]
+    function = raw.get("function")
+    if isinstance(function, Mapping):
+        target = call.setdefault("function", {})
+        name, arguments = function.get("name"), function.get("arguments")
+        if isinstance(name, str) and name and "name" not in target:
+            target["name"] = name
+            named = True
+        if isinstance(arguments, str):
+            target["arguments"] = target.get("arguments", "") + arguments
+    return index, call, named
+
+
+async def read_chat_stream(events: AsyncIterable[Any], sink: DeltaSink) -> dict[str, Any]:
+    """Chat Completions chunks (``stream: true``) merged into the completion body the
+    non-streaming request answers, for :func:`parse_completion`.
+
+    The first choice's deltas are joined: string fields concatenated (``content``,
+    ``reasoning_content``...), ``tool_calls`` merged by index, the rest kept;
+    ``usage`` comes from the last chunk (``stream_options.include_usage``).
+    Content pieces and named tool calls go to ``sink`` as they arrive. A stream
+    without a ``finish_reason`` is a schema violation.
+    """
+    texts: dict[str, list[str]] = {}
+    lists: dict[str, list[Any]] = {}
+    others: dict[str, Any] = {}
+    calls: dict[int, Item] = {}
+    started = 0
+    finish: Any = None
+    found_usage: Any = None
+    async for chunk in events:
+        if not isinstance(chunk, Mapping):
+            continue
+        if isinstance(chunk.get("usage"), Mapping):
+            found_usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            for key, value in delta.items() if isinstance(delta, Mapping) else ():
+                if key == "tool_calls" and isinstance(value, list):
+                    for position, raw in enumerate(value):
+                        _, call, named = _merge_call(calls, position, raw)
+                        if named:
+                            await sink(
+                                StreamedCall(started, call["function"]["name"], call.get("id"))
+                            )
+                            started += 1
+                elif key == "role" or value is None:
+                    continue
+                elif isinstance(value, str):
+                    texts.setdefault(key, []).append(value)
+                    if key == "content" and value:
+                        await sink(StreamedText(value))
+                elif isinstance(value, list):
+                    lists.setdefault(key, []).extend(value)
+                else:
+                    others[key] = value
+            if choice.get("finish_reason") is not None:
+                finish = choice["finish_reason"]
+    if finish is None:
+        raise incomplete_stream("OpenAI-compatible")
+    message: Item = {"role": "assistant", **others, **lists}
+    # a field whose deltas were all empty ("content": "" first, then tool calls) is absent
+    message.update({key: "".join(parts) for key, parts in texts.items() if any(parts)})
+    message.setdefault("content", None)
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    completion: dict[str, Any] = {
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}]
+    }
+    if found_usage is not None:
+        completion["usage"] = found_usage
+    return completion
+
+
 # the wire ----------------------------------------------------------------------
 
 
@@ -451,6 +552,7 @@ class CompatibleWire(Wire):
     """Chat Completions through ``openai.AsyncOpenAI``, built on first use."""
 
     provider: ClassVar[str] = PROVIDER
+    streams: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -538,8 +640,14 @@ class CompatibleWire(Wire):
             dropped.append("Authorization")
         return {name: Omit() for name in dropped if name.lower() not in given}
 
-    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
-        """Wire.generate: ``POST {base_url}/chat/completions``; SDK errors become touba's."""
+    async def generate(
+        self, body: dict[str, Any], sink: DeltaSink | None = None
+    ) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``POST {base_url}/chat/completions``; SDK errors become touba's.
+
+        With ``sink``: ``stream: true`` (usage included), read through the SDK's
+        ``AsyncStream`` and merged by :func:`read_chat_stream`.
+        """
         import openai
 
         where = _display_url(self._base_url)
@@ -550,12 +658,24 @@ class CompatibleWire(Wire):
         try:
             # The rendered body as it is, through the client's low-level post: the typed
             # chat.completions.create would transform it again into the same JSON.
-            text = await self._sdk_client().post(
-                "/chat/completions",
-                body=dict(body),
-                cast_to=str,
-                options=options,
-            )
+            if sink is None:
+                text = await self._sdk_client().post(
+                    "/chat/completions",
+                    body=dict(body),
+                    cast_to=str,
+                    options=options,
+                )
+            else:
+                stream = await self._sdk_client().post(
+                    "/chat/completions",
+                    body={**body, "stream": True, "stream_options": {"include_usage": True}},
+                    cast_to=object,
+                    options=options,
+                    stream=True,
+                    stream_cls=openai.AsyncStream[object],
+                )
+                async with stream:  # closed on any exit, a cancelled decide included
+                    data: Any = await read_chat_stream(stream, sink)
         except openai.APIStatusError as e:
             code = getattr(e, "code", None)
             safe = isinstance(code, str | int) and _SAFE_CODE.match(str(code))
@@ -579,10 +699,11 @@ class CompatibleWire(Wire):
             raise AgentDecisionProviderUnavailable(
                 f"the openai SDK failed talking to {where} ({type(e).__name__}); nothing was stored"
             ) from e
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None  # parse_completion names what is missing
+        if sink is None:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = None  # parse_completion names what is missing
         output_schema = body.output_schema if isinstance(body, _Body) else None
         return parse_completion(data, interface=self.interface, output_schema=output_schema)
 

@@ -40,6 +40,7 @@ from touba.providers._framing import (
     summary_text,
     trace_text,
 )
+from touba.providers._stream import DeltaSink
 from touba.providers._types import DecisionInterface, Turn, Usage
 
 __all__ = ["FunctionWire", "create_function_decision_provider", "render_chat_messages"]
@@ -158,8 +159,13 @@ class FunctionWire(Wire):
         """Wire.count: always ConfigurationError (a function provider has no count endpoint)."""
         raise ConfigurationError("a function provider has no count endpoint")
 
-    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
-        """Wire.generate: call the injected generator; its failures become touba's, chained."""
+    async def generate(
+        self, body: dict[str, Any], sink: DeltaSink | None = None
+    ) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: call the injected generator; its failures become touba's, chained.
+
+        It does not stream: with a sink, the provider reports the decision whole.
+        """
         try:
             value = await self._generate(body["messages"], body["schema"])
         except ToubaError:

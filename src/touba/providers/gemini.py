@@ -20,6 +20,7 @@ stay the SDK's. Posting the rendered dict, rather than rebuilding it through
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
@@ -42,11 +43,13 @@ from touba.providers._gemini_wire import (
     count_request,
     exchange_memo,
     parse_response,
+    read_content_stream,
     read_count,
     render_body,
     split_options,
 )
 from touba.providers._guard import ContextConfig
+from touba.providers._stream import DeltaSink
 from touba.providers._types import DecisionInterface, Usage
 
 if TYPE_CHECKING:
@@ -91,6 +94,7 @@ class GeminiWire(Wire):
     """Gemini ``generateContent`` / ``countTokens`` over a google-genai API client."""
 
     provider: ClassVar[str] = PROVIDER
+    streams: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -144,9 +148,18 @@ class GeminiWire(Wire):
         """Wire.count: ``countTokens`` for the body; SDK errors become touba's, chained."""
         return read_count(await self._post("countTokens", count_request(body, self._resource)))
 
-    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
-        """Wire.generate: ``generateContent``; SDK errors become touba's, chained."""
-        data = await self._post("generateContent", body)
+    async def generate(
+        self, body: dict[str, Any], sink: DeltaSink | None = None
+    ) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``generateContent``; SDK errors become touba's, chained.
+
+        With ``sink``: ``streamGenerateContent?alt=sse`` through the SDK's streamed
+        request, merged by :func:`read_content_stream`.
+        """
+        if sink is None:
+            data = await self._post("generateContent", body)
+        else:
+            data = await self._post("streamGenerateContent", body, sink)
         schema = body.output_schema if isinstance(body, GeminiBody) else None
         return parse_response(data, structured=self.interface == "structured", output_schema=schema)
 
@@ -160,12 +173,24 @@ class GeminiWire(Wire):
             return copied
         return dict(body)
 
-    async def _post(self, method: str, body: Mapping[str, Any]) -> Any:
-        """POST through the SDK's client; every SDK failure is converted here, chained."""
+    async def _post(
+        self, method: str, body: Mapping[str, Any], sink: DeltaSink | None = None
+    ) -> Any:
+        """POST through the SDK's client; every SDK failure is converted here, chained.
+
+        With ``sink``: a streamed request (``?alt=sse``), its chunks merged; the
+        HTTP response is closed on any exit (a cancelled ``decide`` included).
+        """
         from google.genai import errors
 
         counting = method == "countTokens"
         try:
+            if sink is not None:
+                chunks = await self._api.async_request_streamed(
+                    "post", f"{self._resource}:{method}?alt=sse", self._sendable(body)
+                )
+                async with contextlib.aclosing(chunks):
+                    return await read_content_stream(_bodies(chunks), sink)
             response = await self._api.async_request(
                 "post", f"{self._resource}:{method}", self._sendable(body)
             )
@@ -177,6 +202,12 @@ class GeminiWire(Wire):
             raise _failure(counting, "an answer that is not JSON", None) from e
         except _transport_errors() as e:
             raise _failure(counting, type(e).__name__, None) from e
+
+
+async def _bodies(chunks: Any) -> Any:
+    """The JSON of each streamed chunk (the SDK hands each one's text)."""
+    async for chunk in chunks:
+        yield json.loads(chunk.body or "")
 
 
 def _failure(counting: bool, what: str, status_code: int | None) -> ToubaError:

@@ -1,14 +1,15 @@
 """The OpenAI decision provider, over the Responses API (SPEC section 2).
 
-``create_openai_decision_provider`` posts to ``/responses`` (never streaming)
-through the official ``openai`` SDK, and counts requests for the context guard
-with ``/responses/input_tokens``. Both go through the client's low-level
-``post`` with the body touba rendered and checked, not through
-``client.responses.create``: the typed method would re-transform that body
-(about eight times the cost of the request itself) into the same JSON. The
-client's base URL, auth (the same ``bearer_auth`` scope as the typed methods),
-headers, timeout, retries policy, transport and error classes are the SDK's
-as they are. Every request
+``create_openai_decision_provider`` posts to ``/responses`` through the
+official ``openai`` SDK (as a stream, ``stream: true``, when ``decide`` is
+given a sink: the SDK's ``AsyncStream`` reads the server-sent events), and
+counts requests for the context guard with ``/responses/input_tokens``.
+Both go through the client's low-level ``post`` with the body touba
+rendered and checked, not through ``client.responses.create``: the typed
+method would re-transform that body (about eight times the cost of the
+request itself) into the same JSON. The client's base URL, auth (the same
+``bearer_auth`` scope as the typed methods), headers, timeout, retries
+policy, transport and error classes are the SDK's as they are. Every request
 carries the full conversation explicitly: ``store=False`` with
 ``include=["reasoning.encrypted_content"]``, so reasoning items come back
 self-contained and are replayed untouched; no server-side state (stored
@@ -27,6 +28,7 @@ from touba.errors import (
     ConfigurationError,
     ProviderContextCountUnavailable,
     ProviderContextGuardUnsupported,
+    ToubaError,
 )
 from touba.history._config import HistoryConfig
 from touba.history._model import DecisionMessage
@@ -41,8 +43,10 @@ from touba.providers._openai_wire import (
     input_items,
     instructions,
     parse_response,
+    read_response_stream,
     text_format,
 )
+from touba.providers._stream import DeltaSink
 from touba.providers._types import DecisionInterface, Usage
 
 if TYPE_CHECKING:
@@ -56,8 +60,8 @@ _OWNED = {
     "instructions": "pass them in DecisionRequest.instructions",
     "tools": "touba offers the request's capabilities as function tools",
     "max_output_tokens": "pass it as max_output_tokens= (the context guard reserves it)",
-    "stream": "touba sends non-streaming requests",
-    "stream_options": "touba sends non-streaming requests",
+    "stream": "touba streams when decide() is given a sink",
+    "stream_options": "touba streams when decide() is given a sink",
     "extra_headers": "configure the client instead: client.with_options(...)",
     "extra_query": "configure the client instead: client.with_options(...)",
     "extra_body": "pass generation parameters as keyword options",
@@ -129,6 +133,7 @@ class OpenAIWire(Wire):
     """The Responses API: render, count, generate, and the SDK's errors."""
 
     provider: ClassVar[str] = "openai"
+    streams: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -231,17 +236,42 @@ class OpenAIWire(Wire):
             )
         return value
 
-    async def generate(self, body: dict[str, Any]) -> tuple[DecisionMessage, Usage]:
-        """Wire.generate: ``POST /v1/responses``; SDK errors become touba's, chained."""
+    async def generate(
+        self, body: dict[str, Any], sink: DeltaSink | None = None
+    ) -> tuple[DecisionMessage, Usage]:
+        """Wire.generate: ``POST /v1/responses``; SDK errors become touba's, chained.
+
+        With ``sink``: ``stream: true``, read through the SDK's ``AsyncStream``.
+        """
         try:
-            text = await self._generation_client.post(
-                "/responses", body=body, cast_to=str, options=self._request_options
-            )
-            data = json.loads(text)
+            if sink is None:
+                text = await self._generation_client.post(
+                    "/responses", body=body, cast_to=str, options=self._request_options
+                )
+                data = json.loads(text)
+            else:
+                data = await self._stream(body, sink)
+        except ToubaError:
+            raise
         except Exception as e:
             _raise_sdk_error(e, counting=False)
         wrapped = body.get("text", {}).get("format", {}).get("name") == OUTPUT_FORMAT
         return parse_response(data, interface=self.interface, wrapped_output=wrapped)
+
+    async def _stream(self, body: dict[str, Any], sink: DeltaSink) -> Any:
+        """The streamed response's final body; the HTTP response is closed on any exit
+        (a cancelled ``decide`` included)."""
+        openai = _import_openai()
+        stream = await self._generation_client.post(
+            "/responses",
+            body={**body, "stream": True},
+            cast_to=object,
+            options=self._request_options,
+            stream=True,
+            stream_cls=openai.AsyncStream[object],
+        )
+        async with stream:
+            return await read_response_stream(stream, sink)
 
 
 def request_options() -> Any:

@@ -74,6 +74,16 @@ from touba.runtime._resources import (
 )
 from touba.runtime._results import InvocationResult
 from touba.runtime._runtime import Runtime
+from touba.runtime._stream import (
+    ApprovalRequired,
+    DecisionCompleted,
+    InvocationFinished,
+    InvocationStream,
+    StreamEvent,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 from touba.runtime._trace import Trace, TraceEntry
 
 if TYPE_CHECKING:
@@ -82,12 +92,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentDefinition",
+    "ApprovalRequired",
     "CallStep",
     "CapabilityDefinition",
     "CheckpointInfo",
     "CheckpointStore",
+    "DecisionCompleted",
     "InvocationContext",
+    "InvocationFinished",
     "InvocationResult",
+    "InvocationStream",
     "InvocationTool",
     "MemoryCheckpointStore",
     "MemoryResourceBinding",
@@ -106,7 +120,11 @@ __all__ = [
     "SqliteCheckpointStore",
     "SqliteResourceBinding",
     "Step",
+    "StreamEvent",
+    "TextDelta",
     "ToolCall",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "Trace",
     "TraceEntry",
 ]

@@ -37,6 +37,7 @@ from touba.errors import (
 from touba.history._config import HistoryEvent
 from touba.history._engine import event_observer
 from touba.history._model import JSON, CapabilityCall, Observation, canonical_json
+from touba.providers._base import DecisionProvider
 from touba.providers._types import Decision, DecisionRequest
 from touba.providers._validate import schema_validator
 from touba.runtime._calls import observe_call, run_capability
@@ -57,6 +58,7 @@ from touba.runtime._state import (
     PendingStarted,
     call_to_dict,
 )
+from touba.runtime._stream import report_note, stream_text
 from touba.runtime._trace import Trace
 
 __all__ = ["Invocation", "InvocationHost", "Outcome", "deny", "new_id", "observe"]
@@ -83,6 +85,12 @@ def observe(trace: Trace, state: InvocationState, observation: Observation) -> O
         name=observation.name,
         status=observation.status,
         **outcome,
+    )
+    report_note(
+        "observation",
+        state.agent_ref,
+        state.invocation_id,
+        {"call_id": observation.call_id, "name": observation.name, "status": observation.status},
     )
     return observation
 
@@ -217,6 +225,7 @@ class Invocation:
     def note(self, kind: str, **data: JSON) -> None:
         state = self.state
         self.trace.add(kind, state.run_id, state.invocation_id, state.agent_ref, **data)
+        report_note(kind, state.agent_ref, state.invocation_id, data)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -258,7 +267,12 @@ class Invocation:
 
         token = event_observer.set(observe)
         try:
-            decision = await self.agent.provider.decide(request)
+            provider = self.agent.provider
+            sink = stream_text(self.state.agent_ref, self.state.invocation_id)
+            if sink is not None and isinstance(provider, DecisionProvider):
+                decision = await provider.decide(request, sink=sink)
+            else:
+                decision = await provider.decide(request)
         except ToubaError:
             raise
         except Exception as e:

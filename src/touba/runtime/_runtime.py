@@ -78,6 +78,7 @@ from touba.runtime._state import (
     PendingApproved,
     PendingChild,
 )
+from touba.runtime._stream import InvocationStream
 from touba.runtime._trace import Trace
 
 __all__ = ["Runtime"]
@@ -153,6 +154,34 @@ class Runtime:
                 f"unknown agent {name!r}; define it with program.agent({name!r}, ...)"
             )
         return agent
+
+    def stream(
+        self,
+        agent: str,
+        input: JSON = None,
+        *,
+        run_id: str | None = None,
+        context: InvocationContext | None = None,
+    ) -> InvocationStream:
+        """``invoke``, streamed: ``async with runtime.stream(...) as stream: async for
+        event in stream`` (see :mod:`touba.runtime._stream`); ``stream.result`` at the end
+        is what ``invoke`` returns. Leaving early cancels the invocation."""
+        return InvocationStream(lambda: self.invoke(agent, input, run_id=run_id, context=context))
+
+    def stream_resume(
+        self,
+        checkpoint_id: str,
+        approvals: Mapping[str, bool] | None = None,
+        *,
+        context: InvocationContext | None = None,
+        worker_stopped: bool = False,
+    ) -> InvocationStream:
+        """``resume``, streamed (as :meth:`stream`)."""
+        return InvocationStream(
+            lambda: self.resume(
+                checkpoint_id, approvals, context=context, worker_stopped=worker_stopped
+            )
+        )
 
     async def invoke(
         self,

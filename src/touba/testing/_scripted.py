@@ -10,6 +10,7 @@ from typing import Any, ClassVar, TypeAlias
 from touba.errors import AgentDecisionProviderUnavailable
 from touba.history._config import HistoryConfig
 from touba.providers._base import DecisionProvider
+from touba.providers._stream import DeltaSink
 from touba.providers._types import Decision, DecisionInterface, DecisionRequest
 from touba.providers.function import FunctionWire
 
@@ -80,11 +81,13 @@ class ScriptedProvider(DecisionProvider):
         """How many scripted steps have not been played yet."""
         return len(self._script)
 
-    async def decide(self, request: DecisionRequest) -> Decision:
+    async def decide(self, request: DecisionRequest, *, sink: DeltaSink | None = None) -> Decision:
+        """DecisionProvider.decide, keeping the request (with ``sink``: the decision's
+        calls and text reported whole, as a provider that does not stream)."""
         self.requests.append(request)
         token = _deciding.set(request)  # a step function sees its own request, even when
         try:  # decisions of several invocations run concurrently
-            return await super().decide(request)
+            return await super().decide(request, sink=sink)
         finally:
             _deciding.reset(token)
 

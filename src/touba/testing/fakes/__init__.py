@@ -18,6 +18,8 @@ from touba.testing.fakes._server import (
     FakeProviderServer,
     RecordedRequest,
     Rejection,
+    StreamKnobs,
+    StreamRecord,
     estimate_tokens,
 )
 from touba.testing.fakes.anthropic import (
@@ -57,6 +59,8 @@ __all__ = [
     "IssueLedger",
     "RecordedRequest",
     "Rejection",
+    "StreamKnobs",
+    "StreamRecord",
     "anthropic_redacted_thinking",
     "anthropic_text",
     "anthropic_thinking",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import random
 import secrets
 import threading
 
@@ -28,14 +29,19 @@ class IssueLedger:
     signed for exactly that kind and payload.
     """
 
-    def __init__(self, secret: bytes | None = None) -> None:
+    def __init__(self, secret: bytes | None = None, *, nonces: random.Random | None = None) -> None:
         self._secret = secret if secret is not None else secrets.token_bytes(32)
         self._lock = threading.Lock()
         self._facts: dict[tuple[str, str], str] = {}
+        self._nonces = nonces  # deterministic tokens (a seeded fake server)
 
     def sign(self, kind: str, payload: str) -> bytes:
         """Return a fresh token covering ``payload`` under ``kind``."""
-        nonce = secrets.token_bytes(_NONCE_BYTES)
+        if self._nonces is None:
+            nonce = secrets.token_bytes(_NONCE_BYTES)
+        else:
+            with self._lock:
+                nonce = self._nonces.randbytes(_NONCE_BYTES)
         return nonce + self._mac(kind, nonce, payload)
 
     def verify(self, kind: str, token: bytes, payload: str) -> bool:

@@ -3,7 +3,18 @@
 A ``FakeProviderServer`` binds 127.0.0.1 on an ephemeral port, serves from a
 daemon thread, records every request (secrets removed) and answers each
 endpoint from a queue of scripted replies. Subclasses supply the wire format:
-routing, validation, rendering of scripted replies and error bodies.
+routing, validation, rendering of scripted replies and error bodies, and how
+a rendered answer is sent as server-sent events when the request streams.
+
+Streaming. A scripted generation is rendered once, as the non-streaming
+answer; a streaming request gets that very answer as the vendor's event
+sequence (chunked transfer encoding, one event per chunk), so the client
+assembles it back. :class:`StreamKnobs` (per scripted reply, or the server's
+``stream_knobs``) delays events, cuts the connection after k events (no
+terminating chunk: the client sees a broken body), ends the body cleanly
+after k events, sends the vendor's in-stream error event, or inserts raw
+events. Each stream is recorded (``srv.streams``): how many events were
+sent, how it ended, and when the fake saw the client close the connection.
 """
 
 from __future__ import annotations
@@ -11,12 +22,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import random
 import secrets
+import select
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar, Literal, Self
@@ -33,6 +47,8 @@ __all__ = [
     "Rejection",
     "Reply",
     "Scripted",
+    "StreamKnobs",
+    "StreamRecord",
     "canonical_json",
     "estimate_tokens",
     "json_type_name",
@@ -108,13 +124,63 @@ class RecordedRequest:
 
 
 @dataclass(frozen=True)
+class StreamKnobs:
+    """How a fake sends a streamed answer (ignored when the request does not stream).
+
+    ``event_delay``: seconds before each event after the first.
+    ``cut_after``: drop the connection after this many events, without ending
+    the body (the SDK sees a broken stream: a connection error).
+    ``end_after``: end the body cleanly after this many events (a stream that
+    stops before its final event).
+    ``fail_after``: after this many events, send the vendor's in-stream error
+    event (``failure`` picks which where the vendor has several: OpenAI
+    Responses ``"error"`` or ``"response.failed"``; Anthropic an error type
+    such as ``"overloaded_error"``), then end the body.
+    ``insert``: raw events ``(position, event name or None, data)`` sent
+    before the event at that position (an event type from a newer API...).
+    """
+
+    event_delay: float = 0.0
+    cut_after: int | None = None
+    end_after: int | None = None
+    fail_after: int | None = None
+    failure: str | None = None
+    insert: tuple[tuple[int, str | None, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """One streamed answer, as the fake sent it.
+
+    ``outcome``: ``"streaming"`` while it runs, then ``"completed"``, ``"cut"``,
+    ``"ended"`` (cleanly, early), ``"failed"`` (an error event) or
+    ``"client_closed"`` (the fake saw the client close the connection: at
+    ``closed_at``, a ``time.monotonic()`` reading). ``events``: how many
+    events were written.
+    """
+
+    endpoint: str
+    events: int
+    outcome: str
+    started_at: float
+    closed_at: float | None = None
+
+
+@dataclass(frozen=True)
 class Reply:
-    """An HTTP answer: status, JSON body, extra headers, and a delay before sending."""
+    """An HTTP answer: status, JSON body, extra headers, and a delay before sending.
+
+    ``events`` (a streamed answer): the ``(event name, data)`` pairs to send as
+    server-sent events instead of ``body``, with ``knobs``.
+    """
 
     status: int
     body: object
     headers: Mapping[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    events: tuple[tuple[str | None, object], ...] | None = None
+    knobs: StreamKnobs | None = None
+    endpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +190,7 @@ class Scripted:
     kind: Literal["reply", "generation", "count"]
     payload: Any
     delay: float = 0.0
+    knobs: StreamKnobs | None = None
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -184,6 +251,9 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.delay > 0 and fake._closing.wait(reply.delay):
             self.close_connection = True
             return
+        if reply.events is not None:
+            self._stream(reply)
+            return
         data = json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
@@ -198,6 +268,82 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silence the per-request stderr log."""
+
+    def _stream(self, reply: Reply) -> None:
+        """Send ``reply.events`` as server-sent events, one chunk each, under its knobs."""
+        fake = self.server.fake
+        knobs = reply.knobs or StreamKnobs()
+        events = list(reply.events or ())
+        for position, name, data in sorted(knobs.insert, key=lambda e: e[0], reverse=True):
+            events.insert(min(position, len(events)), (name, data))
+        if knobs.fail_after is not None:
+            events = [
+                *events[: knobs.fail_after],
+                fake.stream_failure(reply.endpoint or "", knobs.failure),
+            ]
+        record = fake._stream_started(reply.endpoint or "")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        if not fake.keep_alive or fake._closing.is_set():
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        for key, value in reply.headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        sent = 0
+        outcome = "completed"
+        try:
+            for name, data in events:
+                if knobs.cut_after is not None and sent >= knobs.cut_after:
+                    outcome = "cut"
+                    break
+                if knobs.end_after is not None and sent >= knobs.end_after:
+                    outcome = "ended"
+                    break
+                if sent and knobs.event_delay > 0 and self._client_closed(knobs.event_delay):
+                    outcome = "client_closed"
+                    break
+                frame = fake.sse_frame(name, data)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+                self.wfile.flush()
+                sent += 1
+            else:
+                if knobs.fail_after is not None:
+                    outcome = "failed"
+                frame = fake.sse_trailer(reply.endpoint or "")
+                if frame:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+            if outcome == "cut":
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+            elif outcome != "client_closed":
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except OSError:  # the client went away while the fake wrote
+            outcome = "client_closed"
+        if outcome == "client_closed":
+            self.close_connection = True
+        fake._stream_finished(record, sent, outcome)
+
+    def _client_closed(self, wait: float) -> bool:
+        """Wait ``wait`` seconds (or until the fake closes), watching the socket: True
+        as soon as the client has closed its end."""
+        deadline = time.monotonic() + wait
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.server.fake._closing.is_set():
+                return False
+            readable, _, _ = select.select([self.connection], [], [], min(left, 0.05))
+            if readable:
+                try:
+                    peeked = self.connection.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    return True
+                if not peeked:
+                    return True
 
 
 class FakeProviderServer:
@@ -224,11 +370,17 @@ class FakeProviderServer:
         validate: bool = True,
         keep_alive: bool = False,
         secret: bytes | None = None,
+        seed: int | None = None,
+        stream_knobs: StreamKnobs | None = None,
     ) -> None:
         self.count_tokens: CountTokens = count_tokens or estimate_tokens
         self.validate = validate
         self.keep_alive = keep_alive
-        self.ledger = IssueLedger(secret)
+        self.stream_knobs = stream_knobs or StreamKnobs()
+        self._random = random.Random(seed) if seed is not None else None
+        self.ledger = IssueLedger(secret, nonces=self._random)
+        self._streams: list[StreamRecord] = []
+        self._stream_changed = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {name: deque() for name in self.endpoints}
         self._requests: list[RecordedRequest] = []
@@ -292,6 +444,48 @@ class FakeProviderServer:
         with self._lock:
             return list(self._requests)
 
+    @property
+    def streams(self) -> list[StreamRecord]:
+        """Every streamed answer so far, oldest first (see :class:`StreamRecord`)."""
+        with self._stream_changed:
+            return list(self._streams)
+
+    def wait_stream_end(self, index: int = -1, timeout: float = 5.0) -> StreamRecord:
+        """The stream at ``index`` once it has ended (TimeoutError after ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        with self._stream_changed:
+            while True:
+                if self._streams:
+                    record = self._streams[index]
+                    if record.outcome != "streaming":
+                        return record
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no streamed answer ended in time")
+                self._stream_changed.wait(left)
+
+    def _stream_started(self, endpoint: str) -> int:
+        with self._stream_changed:
+            self._streams.append(StreamRecord(endpoint, 0, "streaming", time.monotonic()))
+            self._stream_changed.notify_all()
+            return len(self._streams) - 1
+
+    def _stream_finished(self, index: int, events: int, outcome: str) -> None:
+        with self._stream_changed:
+            started = self._streams[index].started_at
+            closed = time.monotonic() if outcome == "client_closed" else None
+            self._streams[index] = StreamRecord(
+                self._streams[index].endpoint, events, outcome, started, closed
+            )
+            self._stream_changed.notify_all()
+
+    def new_id(self, prefix: str) -> str:
+        """A fresh provider-looking id (deterministic when the server has a ``seed``)."""
+        if self._random is None:
+            return new_id(prefix)
+        with self._lock:
+            return f"{prefix}{self._random.randbytes(12).hex()}"
+
     def requests_to(self, endpoint: str) -> list[RecordedRequest]:
         """The recorded requests routed to ``endpoint``."""
         self._check_endpoint(endpoint)
@@ -315,7 +509,8 @@ class FakeProviderServer:
         endpoint: str | None = None,
         delay: float = 0.0,
     ) -> None:
-        """Answer the next request to ``endpoint`` with the provider's error body."""
+        """Answer the next request to ``endpoint`` with the provider's error body (an HTTP
+        error, before any event, also for a streaming request)."""
         target = endpoint or self.generation_endpoint
         body = self.error_body(Rejection(status, message or self.default_error_message(status)))
         self._enqueue(target, Scripted("reply", Reply(status, body, self.error_headers())), delay)
@@ -333,14 +528,15 @@ class FakeProviderServer:
         headers: Mapping[str, str] | None = None,
         delay: float = 0.0,
     ) -> None:
-        """Answer the next request to ``endpoint`` with exactly this status and JSON body."""
+        """Answer the next request to ``endpoint`` with exactly this status and JSON body
+        (a 200 body, to a streaming request: carried by the vendor's events)."""
         target = endpoint or self.generation_endpoint
         self._enqueue(target, Scripted("reply", Reply(status, body, dict(headers or {}))), delay)
 
     def _enqueue(self, endpoint: str, item: Scripted, delay: float = 0.0) -> None:
         self._check_endpoint(endpoint)
         if delay:
-            item = Scripted(item.kind, item.payload, delay)
+            item = Scripted(item.kind, item.payload, delay, item.knobs)
         with self._lock:
             self._queues[endpoint].append(item)
 
@@ -382,6 +578,29 @@ class FakeProviderServer:
     def error_headers(self) -> dict[str, str]:
         """Headers sent with every error (request ids and the like)."""
         return {}
+
+    def wants_stream(self, endpoint: str, path: str, body: JSONObject) -> bool:
+        """Whether the request asks for a streamed answer (``"stream": true``)."""
+        return body.get("stream") is True
+
+    def stream_events(
+        self, endpoint: str, answer: object, body: JSONObject
+    ) -> list[tuple[str | None, object]]:
+        """The vendor's event sequence carrying ``answer`` (the non-streaming body)."""
+        raise NotImplementedError
+
+    def stream_failure(self, endpoint: str, failure: str | None) -> tuple[str | None, object]:
+        """The vendor's in-stream error event (``failure`` names a variant)."""
+        raise NotImplementedError
+
+    def sse_frame(self, name: str | None, data: object) -> bytes:
+        """One server-sent event: ``event:`` (when named) and ``data:`` lines."""
+        head = f"event: {name}\n" if name is not None else ""
+        return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+    def sse_trailer(self, endpoint: str) -> bytes:
+        """Bytes sent after the last event (Chat Completions: ``data: [DONE]``)."""
+        return b""
 
     # request handling ----------------------------------------------------
 
@@ -428,12 +647,6 @@ class FakeProviderServer:
         if not isinstance(body, dict):
             problem = "We could not parse the JSON body of your request."
             return self._error(Rejection(400, problem if raw else "Request body is required."))
-        if body.get("stream") is True:
-            message = (
-                f"{type(self).__name__} supports only non-streaming requests; "
-                "send stream=false (streaming is not implemented by the fake)."
-            )
-            return self._error(Rejection(400, message, param="stream"))
         if self.validate:
             problems = self.check(endpoint, path, headers, body)
             if problems:
@@ -451,13 +664,30 @@ class FakeProviderServer:
             return self._error(Rejection(500, message))
         if scripted.kind == "reply":
             reply: Reply = scripted.payload
+            if reply.status == 200 and self.wants_stream(endpoint, path, body):
+                reply = self._streamed(reply, endpoint, body, scripted.knobs)
         elif scripted.kind == "count":
             reply = Reply(200, self.render_count(scripted.payload, body))
         else:
-            reply = self.render_generation(endpoint, path, scripted.payload, body)
+            # rendered as the non-streaming answer (the stream flags do not count as input)
+            plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            reply = self.render_generation(endpoint, path, scripted.payload, plain)
+            if reply.status == 200 and self.wants_stream(endpoint, path, body):
+                reply = self._streamed(reply, endpoint, body, scripted.knobs)
         if scripted.delay:
-            reply = Reply(reply.status, reply.body, reply.headers, scripted.delay)
+            reply = replace(reply, delay=scripted.delay)
         return reply
+
+    def _streamed(
+        self, reply: Reply, endpoint: str, body: JSONObject, knobs: StreamKnobs | None
+    ) -> Reply:
+        """``reply`` (a 200 answer, rendered or raw) as the vendor's events; a raw body
+        that is not an answer the events can carry goes out as it is."""
+        try:
+            events = tuple(self.stream_events(endpoint, reply.body, body))
+        except (AssertionError, AttributeError, KeyError, IndexError, TypeError):
+            return reply
+        return replace(reply, events=events, knobs=knobs or self.stream_knobs, endpoint=endpoint)
 
     def _error(self, rejection: Rejection) -> Reply:
         return Reply(rejection.status, self.error_body(rejection), self.error_headers())

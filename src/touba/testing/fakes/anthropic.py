@@ -30,9 +30,10 @@ from touba.testing.fakes._server import (
     Rejection,
     Reply,
     Scripted,
+    StreamKnobs,
     estimate_tokens,
-    new_id,
 )
+from touba.testing.fakes._sse import message_events
 
 __all__ = [
     "FakeAnthropicServer",
@@ -65,9 +66,19 @@ def anthropic_text(text: str) -> JSONObject:
     return {"type": "text", "text": text}
 
 
-def anthropic_tool_use(name: str, input: Mapping[str, Any], *, id: str | None = None) -> JSONObject:
-    """A ``tool_use`` block; ``id`` (``toolu_...``) is issued when omitted."""
-    block: JSONObject = {"type": "tool_use", "name": name, "input": dict(input)}
+def anthropic_tool_use(
+    name: str, input: Mapping[str, Any] | str, *, id: str | None = None
+) -> JSONObject:
+    """A ``tool_use`` block; ``id`` (``toolu_...``) is issued when omitted.
+
+    ``input`` as a str is sent verbatim as the streamed ``input_json_delta``
+    pieces (a cut or invalid JSON), and as that string when not streamed.
+    """
+    block: JSONObject = {
+        "type": "tool_use",
+        "name": name,
+        "input": input if isinstance(input, str) else dict(input),
+    }
     if id is not None:
         block["id"] = id
     return block
@@ -107,16 +118,22 @@ class FakeAnthropicServer(FakeProviderServer):
         self.preserved_thinking = preserved_thinking
 
     def script_response(
-        self, *blocks: JSONObject, stop_reason: str | None = None, delay: float = 0.0
+        self,
+        *blocks: JSONObject,
+        stop_reason: str | None = None,
+        delay: float = 0.0,
+        stream: StreamKnobs | None = None,
     ) -> None:
         """Queue the next Messages answer with these content blocks.
 
         ``stop_reason`` defaults to ``"tool_use"`` when a block is a tool use,
         else ``"end_turn"``; use ``"max_tokens"`` for truncation and
-        ``"refusal"`` for a refusal. No blocks: empty content.
+        ``"refusal"`` for a refusal. No blocks: empty content. A request with
+        ``stream: true`` gets the same answer as server-sent events, under
+        ``stream`` (else the server's ``stream_knobs``).
         """
         script = _MessageScript(tuple(copy.deepcopy(list(blocks))), stop_reason)
-        self._enqueue("messages", Scripted("generation", script), delay)
+        self._enqueue("messages", Scripted("generation", script, knobs=stream), delay)
 
     # provider hooks ------------------------------------------------------
 
@@ -146,7 +163,7 @@ class FakeAnthropicServer(FakeProviderServer):
         has_tool_use = any(block.get("type") == "tool_use" for block in content)
         stop_reason = payload.stop_reason or ("tool_use" if has_tool_use else "end_turn")
         message: JSONObject = {
-            "id": new_id("msg_"),
+            "id": self.new_id("msg_"),
             "type": "message",
             "role": "assistant",
             "model": body.get("model"),
@@ -162,7 +179,7 @@ class FakeAnthropicServer(FakeProviderServer):
         }
         if stop_reason == "refusal":
             message["stop_details"] = {"type": "refusal", "category": None, "explanation": None}
-        return Reply(200, message, {"request-id": new_id("req_")})
+        return Reply(200, message, {"request-id": self.new_id("req_")})
 
     def error_body(self, rejection: Rejection) -> JSONObject:
         default = "api_error" if rejection.status >= 500 else "invalid_request_error"
@@ -170,7 +187,7 @@ class FakeAnthropicServer(FakeProviderServer):
         return {
             "type": "error",
             "error": {"type": kind, "message": rejection.message},
-            "request_id": new_id("req_"),
+            "request_id": self.new_id("req_"),
         }
 
     def default_error_message(self, status: int) -> str:
@@ -178,7 +195,19 @@ class FakeAnthropicServer(FakeProviderServer):
         return _ERRORS.get(status, fallback)[1]
 
     def error_headers(self) -> dict[str, str]:
-        return {"request-id": new_id("req_")}
+        return {"request-id": self.new_id("req_")}
+
+    def stream_events(
+        self, endpoint: str, answer: object, body: JSONObject
+    ) -> list[tuple[str | None, object]]:
+        assert isinstance(answer, dict)
+        return message_events(answer)
+
+    def stream_failure(self, endpoint: str, failure: str | None) -> tuple[str | None, object]:
+        """An ``error`` event; ``failure`` is its error type (default ``overloaded_error``)."""
+        kind = failure or "overloaded_error"
+        message = next((m for k, m in _ERRORS.values() if k == kind), "Internal server error")
+        return "error", {"type": "error", "error": {"type": kind, "message": message}}
 
     # rendering -----------------------------------------------------------
 
@@ -190,7 +219,7 @@ class FakeAnthropicServer(FakeProviderServer):
             messages = body.get("messages")
             prefix = thinking_prefix(body, messages if isinstance(messages, list) else [], before)
         if kind == "tool_use":
-            block.setdefault("id", new_id("toolu_"))
+            block.setdefault("id", self.new_id("toolu_"))
         elif kind == "thinking" and block.get("signature") == SIGN:
             block["signature"] = self._token(THINKING_KIND, str(block.get("thinking", "")), prefix)
         elif kind == "redacted_thinking" and block.get("data") == SIGN:

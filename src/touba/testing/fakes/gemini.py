@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ from touba.testing.fakes._server import (
     Rejection,
     Reply,
     Scripted,
+    StreamKnobs,
     estimate_tokens,
-    new_id,
 )
+from touba.testing.fakes._sse import gemini_events, joined_gemini_parts
 
 __all__ = [
     "FakeGeminiServer",
@@ -44,7 +46,11 @@ __all__ = [
 ]
 
 _PATH = re.compile(r"^/(?:v1|v1beta|v1alpha)/models/(?P<model>[^/:]+):(?P<method>[A-Za-z]+)$")
-_METHODS = {"generateContent": "generate_content", "countTokens": "count_tokens"}
+_METHODS = {
+    "generateContent": "generate_content",
+    "streamGenerateContent": "generate_content",
+    "countTokens": "count_tokens",
+}
 _ERRORS = {
     400: ("INVALID_ARGUMENT", "Request contains an invalid argument."),
     401: ("UNAUTHENTICATED", "API key not valid. Please pass a valid API key."),
@@ -119,15 +125,18 @@ class FakeGeminiServer(FakeProviderServer):
         finish_reason: str = "STOP",
         block_reason: str | None = None,
         delay: float = 0.0,
+        stream: StreamKnobs | None = None,
     ) -> None:
         """Queue the next generateContent answer with these parts.
 
         ``finish_reason="MAX_TOKENS"`` for truncation, ``"SAFETY"`` (no parts)
         for a refused answer; ``block_reason="SAFETY"`` blocks the prompt (no
-        candidates). No parts: a candidate without parts.
+        candidates). No parts: a candidate without parts. A
+        ``streamGenerateContent`` request gets the same answer as ``alt=sse``
+        chunks, under ``stream`` (else the server's ``stream_knobs``).
         """
         script = _ContentScript(tuple(copy.deepcopy(list(parts))), finish_reason, block_reason)
-        self._enqueue("generate_content", Scripted("generation", script), delay)
+        self._enqueue("generate_content", Scripted("generation", script, knobs=stream), delay)
 
     # provider hooks ------------------------------------------------------
 
@@ -158,11 +167,15 @@ class FakeGeminiServer(FakeProviderServer):
         model = match["model"] if match else "unknown"
         prompt_tokens = estimate_tokens(body)
         usage: JSONObject = {"promptTokenCount": prompt_tokens, "totalTokenCount": prompt_tokens}
-        answer: JSONObject = {"modelVersion": model, "responseId": new_id("")[:22]}
+        answer: JSONObject = {"modelVersion": model, "responseId": self.new_id("")[:22]}
         if payload.block_reason is not None:
             answer["promptFeedback"] = {"blockReason": payload.block_reason}
             return Reply(200, {**answer, "usageMetadata": usage})
-        parts = self._issue(payload.parts)
+        scripted = list(payload.parts)
+        if match is not None and match["method"] == "streamGenerateContent":
+            # signed as a streaming client will assemble them (see joined_gemini_parts)
+            scripted = joined_gemini_parts(scripted)
+        parts = self._issue(tuple(scripted))
         candidate: JSONObject = {"finishReason": payload.finish_reason, "index": 0}
         if parts or payload.finish_reason != "SAFETY":
             candidate["content"] = {"role": "model", **({"parts": parts} if parts else {})}
@@ -184,6 +197,25 @@ class FakeGeminiServer(FakeProviderServer):
     def default_error_message(self, status: int) -> str:
         fallback = _ERRORS[500 if status >= 500 else 400]
         return _ERRORS.get(status, fallback)[1]
+
+    def wants_stream(self, endpoint: str, path: str, body: JSONObject) -> bool:
+        """``:streamGenerateContent`` (the fake answers it as ``alt=sse``)."""
+        match = _PATH.match(path)
+        return match is not None and match["method"] == "streamGenerateContent"
+
+    def stream_events(
+        self, endpoint: str, answer: object, body: JSONObject
+    ) -> list[tuple[str | None, object]]:
+        assert isinstance(answer, dict)
+        return gemini_events(answer)
+
+    def stream_failure(self, endpoint: str, failure: str | None) -> tuple[str | None, object]:
+        """An ``{"error": ...}`` chunk (503 UNAVAILABLE)."""
+        return None, self.error_body(Rejection(503, _ERRORS[503][1]))
+
+    def sse_frame(self, name: str | None, data: object) -> bytes:
+        """``data: <json>`` and a blank line, CRLF-terminated as the API writes them."""
+        return f"data: {json.dumps(data)}\r\n\r\n".encode()
 
     # rendering -----------------------------------------------------------
 

@@ -31,9 +31,10 @@ from touba.testing.fakes._server import (
     Rejection,
     Reply,
     Scripted,
+    StreamKnobs,
     estimate_tokens,
-    new_id,
 )
+from touba.testing.fakes._sse import chat_events, response_events
 
 __all__ = [
     "FakeOpenAIServer",
@@ -164,6 +165,7 @@ class _ChatScript:
     tool_calls: tuple[JSONObject, ...]
     refusal: str | None
     finish_reason: str | None
+    extra: JSONObject
 
 
 class FakeOpenAIServer(FakeProviderServer):
@@ -179,16 +181,22 @@ class FakeOpenAIServer(FakeProviderServer):
     count_endpoint: ClassVar[str] = "input_tokens"
 
     def script_response(
-        self, *items: JSONObject, incomplete_reason: str | None = None, delay: float = 0.0
+        self,
+        *items: JSONObject,
+        incomplete_reason: str | None = None,
+        delay: float = 0.0,
+        stream: StreamKnobs | None = None,
     ) -> None:
         """Queue the next Responses API answer with these output items.
 
         No items: an empty output. ``incomplete_reason`` (e.g.
         ``"max_output_tokens"``) answers ``status: "incomplete"`` with
-        ``incomplete_details``.
+        ``incomplete_details``. A request with ``stream: true`` gets the same
+        answer as server-sent events, sent under ``stream`` (else the server's
+        ``stream_knobs``).
         """
         script = _ResponseScript(tuple(copy.deepcopy(list(items))), incomplete_reason)
-        self._enqueue("responses", Scripted("generation", script), delay)
+        self._enqueue("responses", Scripted("generation", script, knobs=stream), delay)
 
     def script_chat_completion(
         self,
@@ -198,13 +206,24 @@ class FakeOpenAIServer(FakeProviderServer):
         refusal: str | None = None,
         finish_reason: str | None = None,
         delay: float = 0.0,
+        stream: StreamKnobs | None = None,
+        extra: JSONObject | None = None,
     ) -> None:
         """Queue the next Chat Completions answer (``finish_reason`` defaults to
-        ``"tool_calls"`` or ``"stop"``; use ``"length"`` for truncation)."""
+        ``"tool_calls"`` or ``"stop"``; use ``"length"`` for truncation).
+
+        ``extra``: more fields of the assistant message (a server's
+        ``reasoning_content``...). A streaming request gets the same answer as
+        chunks, under ``stream`` (else the server's ``stream_knobs``).
+        """
         script = _ChatScript(
-            content, tuple(copy.deepcopy(list(tool_calls))), refusal, finish_reason
+            content,
+            tuple(copy.deepcopy(list(tool_calls))),
+            refusal,
+            finish_reason,
+            copy.deepcopy(dict(extra or {})),
         )
-        self._enqueue("chat_completions", Scripted("generation", script), delay)
+        self._enqueue("chat_completions", Scripted("generation", script, knobs=stream), delay)
 
     # provider hooks ------------------------------------------------------
 
@@ -245,7 +264,32 @@ class FakeOpenAIServer(FakeProviderServer):
         return _ERROR_MESSAGES.get(status, _ERROR_MESSAGES[500 if status >= 500 else 400])
 
     def error_headers(self) -> dict[str, str]:
-        return {"x-request-id": new_id("req_")}
+        return {"x-request-id": self.new_id("req_")}
+
+    def stream_events(
+        self, endpoint: str, answer: object, body: JSONObject
+    ) -> list[tuple[str | None, object]]:
+        assert isinstance(answer, dict)
+        if endpoint == "chat_completions":
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            return chat_events(answer, include_usage=usage)
+        return response_events(answer)
+
+    def stream_failure(self, endpoint: str, failure: str | None) -> tuple[str | None, object]:
+        """Chat Completions: an ``{"error": ...}`` chunk; Responses: an ``error`` event, or
+        ``response.failed`` (``failure="response.failed"``)."""
+        error = {"message": _ERROR_MESSAGES[500], "type": "server_error", "code": "server_error"}
+        if endpoint == "chat_completions":
+            return None, {"error": {**error, "param": None}}
+        if failure == "response.failed":
+            response = {"object": "response", "status": "failed", "output": [], "error": error}
+            return failure, {"type": failure, "response": response, "sequence_number": 0}
+        fields = {"code": error["code"], "message": error["message"], "param": None}
+        return "error", {"type": "error", **fields, "sequence_number": 0}
+
+    def sse_trailer(self, endpoint: str) -> bytes:
+        return b"data: [DONE]\n\n" if endpoint == "chat_completions" else b""
 
     # rendering -----------------------------------------------------------
 
@@ -260,15 +304,15 @@ class FakeOpenAIServer(FakeProviderServer):
             item = copy.deepcopy(raw)
             kind = item.get("type")
             if kind == "reasoning":
-                item.setdefault("id", new_id("rs_"))
+                item.setdefault("id", self.new_id("rs_"))
                 encrypted = item.pop("encrypted_content", None)
                 if want_encrypted and encrypted is not None:
                     item["encrypted_content"] = self._encrypt(item["id"], encrypted)
                 reasoning_id, follower_pending = item["id"], True
             else:
-                item.setdefault("id", new_id("fc_" if kind == "function_call" else "msg_"))
+                item.setdefault("id", self.new_id("fc_" if kind == "function_call" else "msg_"))
                 if kind == "function_call":
-                    item.setdefault("call_id", new_id("call_"))
+                    item.setdefault("call_id", self.new_id("call_"))
                 if reasoning_id is not None:
                     self.ledger.remember("requires_reasoning", item["id"], reasoning_id)
                     if follower_pending:
@@ -299,7 +343,7 @@ class FakeOpenAIServer(FakeProviderServer):
         incomplete = script.incomplete_reason
         now = int(time.time())
         return {
-            "id": new_id("resp_"),
+            "id": self.new_id("resp_"),
             "object": "response",
             "created_at": now,
             "completed_at": None if incomplete else now,
@@ -335,12 +379,13 @@ class FakeOpenAIServer(FakeProviderServer):
     def _chat_completion(self, script: _ChatScript, body: JSONObject) -> JSONObject:
         calls = [copy.deepcopy(call) for call in script.tool_calls]
         for call in calls:
-            call.setdefault("id", new_id("call_"))
+            call.setdefault("id", self.new_id("call_"))
         message: JSONObject = {
             "role": "assistant",
             "content": script.content,
             "refusal": script.refusal,
             "annotations": [],
+            **script.extra,
         }
         if calls:
             message["tool_calls"] = calls
@@ -348,7 +393,7 @@ class FakeOpenAIServer(FakeProviderServer):
         prompt_tokens = estimate_tokens(body)
         completion_tokens = estimate_tokens(message)
         return {
-            "id": new_id("chatcmpl-"),
+            "id": self.new_id("chatcmpl-"),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model"),
