@@ -175,11 +175,16 @@ class Runtime:
         *,
         context: InvocationContext | None = None,
         worker_stopped: bool = False,
+        actor: str | None = None,
     ) -> InvocationStream:
         """``resume``, streamed (as :meth:`stream`)."""
         return InvocationStream(
             lambda: self.resume(
-                checkpoint_id, approvals, context=context, worker_stopped=worker_stopped
+                checkpoint_id,
+                approvals,
+                context=context,
+                worker_stopped=worker_stopped,
+                actor=actor,
             )
         )
 
