@@ -294,3 +294,20 @@ async def test_misuse_is_refused_before_anything_runs(store: MemoryStore) -> Non
                 pass
         assert model.requests
         assert len(model.requests) == 1
+
+
+async def test_a_model_that_does_not_stream_gives_its_plain_text_reply_whole(
+    store: MemoryStore,
+) -> None:
+    model = Scripted()  # a function provider: no streaming wire
+    model.call("lookup_order", order_id="A1")
+    model.say("A1 has shipped.")
+    session = ChatSession(build_runtime(model), "support", store=store)
+    async with session, session.stream("Where is A1?") as stream:
+        events = [event async for event in stream]
+    texts = [e for e in events if isinstance(e, TextDelta)]
+    assert [t.text for t in texts] == ["A1 has shipped."]  # one piece, before its decision
+    assert events.index(texts[0]) < max(
+        i for i, e in enumerate(events) if isinstance(e, DecisionCompleted)
+    )
+    assert stream.turn.reply == "A1 has shipped."

@@ -45,7 +45,9 @@ async def test_a_streamed_preview_turn_sends_its_text_then_the_rendered_transcri
     names = [name for name, _ in frames]
     assert names[-1] == "done"
     assert ("call", {"name": "lookup_order", "status": "ok"}) in frames
-    # the demo's model does not stream: its final output comes whole, in the transcript
+    assert names.index("call") < names.index("delta")  # the call, then the reply
+    text = "".join(str(data["text"]) for name, data in frames if name == "delta")
+    assert "order A1 is shipped" in text
     html = str(frames[-1][1]["html"])
     assert "order A1 is shipped" in html
     assert "<html" not in html
