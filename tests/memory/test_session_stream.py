@@ -311,3 +311,48 @@ async def test_a_model_that_does_not_stream_gives_its_plain_text_reply_whole(
         i for i, e in enumerate(events) if isinstance(e, DecisionCompleted)
     )
     assert stream.turn.reply == "A1 has shipped."
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_a_cancelled_turns_decision_history_is_deleted_unless_a_journal_may_need_it(
+    openai_server: FakeOpenAIServer,
+    client: openai.AsyncOpenAI,
+    store: MemoryStore,
+    private_dir: Path,
+    durable: bool,
+) -> None:
+    from touba.history import HistoryConfig, MemoryHistoryStore
+    from touba.runtime import SqliteCheckpointStore
+
+    history = MemoryHistoryStore()
+    provider = create_openai_decision_provider(
+        model="gpt-test", client=client, history=HistoryConfig(store=history, namespace="chat")
+    )
+    checkpoints = (
+        SqliteCheckpointStore(filename=private_dir / "checkpoints.db")
+        if durable
+        else MemoryCheckpointStore()
+    )
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    openai_server.script_response(openai_text(REPLY), stream=SLOW)
+    runtime = build_runtime(provider, checkpoints=checkpoints)
+    try:
+        async with ChatSession(runtime, "support", "u-1", store=store) as session:
+            seen: list[str] = []
+            async with session.stream("Where is A1?") as stream:
+                async for event in stream:
+                    if isinstance(event, TextDelta):
+                        seen.append(event.invocation_id)
+                        break  # the first decision (its call) was saved and ran
+            turn = stream.turn
+            assert turn.status == "cancelled"
+            assert [turn.result.invocation_id] == seen
+            assert [e.kind for e in turn.result.trace] == ["invocation_started"]
+            kept = await history.list("chat")
+            if durable:  # the runtime's journal of the call may be resumed: it needs them
+                assert [c.key for c in kept] != []
+            else:  # nothing can resume it: deleted, as a stored turn's
+                assert kept == []
+    finally:
+        if isinstance(checkpoints, SqliteCheckpointStore):
+            await checkpoints.close()

@@ -54,7 +54,11 @@ Decisions (documented here because they are behaviour):
   session (its lock is released on leaving: the next ``send`` or ``stream``
   runs at once), and ``stream.turn`` is a ``ChatTurn`` with ``status ==
   "cancelled"``, no reply, ``stored`` None. Calls the invocation ran before
-  the stop are journaled by the runtime as for any stopped invocation. A stop
+  the stop are journaled by the runtime as for any stopped invocation. The
+  decision history of the invocations the stream reported is deleted, as a
+  stored turn's is, unless it is retained (``retain_decision_history``) or the
+  runtime's checkpoint store is durable (the runtime's journal of the calls
+  that ran may be resumed there, and needs that history). A stop
   that comes once the invocation has ended is too late: the turn is concluded
   anyway (the conclusion is shielded from the cancellation, so that a turn is
   stored whole or not at all) and ``stream.turn`` is that turn.
@@ -162,9 +166,11 @@ class ChatTurn:
 
     ``cancelled``: the consumer of :meth:`ChatSession.stream` stopped before
     the invocation ended. Such a turn has no reply and is not stored; its
-    ``result`` stands in for the result the runtime never returned (status
-    ``failed``, no error, no checkpoint, an empty trace: the runtime returns
-    nothing for a cancelled invocation), and ``status`` is ``"cancelled"``.
+    ``result`` stands in for the result the runtime never returned for a
+    cancelled invocation: status ``failed``, no error, no checkpoint, the
+    ``invocation_id`` the stream reported (``""`` when it reported none) and a
+    trace of one ``invocation_started`` entry per invocation it reported;
+    ``status`` is ``"cancelled"``.
     """
 
     session_id: str
@@ -273,17 +279,19 @@ class ChatStream:
     ``async with`` it once: entering takes the session (its turns run one at
     a time) and starts the turn; iterating yields the events of
     :meth:`~touba.Runtime.stream`; leaving gives the session back, after
-    cancelling the turn if it had not ended.
+    cancelling the turn if it had not ended. ``session`` and ``text``: the
+    session and the user's message.
     """
 
     def __init__(self, session: ChatSession, text: str) -> None:
         self.session = session
         self.text = text
-        self.finished: ChatTurn | None = None
-        self.raised = False
+        self._turn: ChatTurn | None = None
+        self._raised = False
         self._inner: InvocationStream | None = None
         self._entered = False
         self._left = False
+        self._invocations: dict[tuple[str, str], None] = {}  # (invocation_id, agent) seen
 
     async def __aenter__(self) -> ChatStream:
         if self._entered:
@@ -313,22 +321,35 @@ class ChatStream:
                 await self._inner.__aexit__(exc_type, exc, tb)
         finally:
             self._left = True
-            if self.finished is None and not self.raised:
-                self.finished = ChatTurn(
-                    session.session_id,
-                    self.text,
-                    (),
-                    InvocationResult(
-                        status="failed",
-                        run_id=session.session_id,
-                        invocation_id="",
-                        agent_ref=session.agent,
-                    ),
-                    None,
-                    cancelled=True,
-                )
-            session._touch()
-            session._lock.release()
+            try:
+                if self._turn is None and not self._raised:
+                    self._turn = await self._cancelled()
+            finally:
+                session._touch()
+                session._lock.release()
+
+    async def _cancelled(self) -> ChatTurn:
+        """The turn the consumer stopped: not stored. Its decision history is deleted
+        (as a stored turn's) unless it is retained, or the runtime's checkpoint store is
+        durable: there the runtime's journal of the calls that ran may still be resumed,
+        and needs it."""
+        session = self.session
+        trace = Trace()
+        for invocation_id, agent in self._invocations:
+            trace.add("invocation_started", session.session_id, invocation_id, agent)
+        root = next((i for i, agent in self._invocations if agent == session.agent), "")
+        result = InvocationResult(
+            status="failed",
+            run_id=session.session_id,
+            invocation_id=root,
+            agent_ref=session.agent,
+            trace=trace,
+        )
+        checkpoints = session.runtime.checkpoints
+        durable = bool(getattr(checkpoints, "durable", True))
+        if self._invocations and not durable and not session.retain_decision_history:
+            await session.runtime.discard_history(result)
+        return ChatTurn(session.session_id, self.text, (), result, None, cancelled=True)
 
     def __aiter__(self) -> ChatStream:
         return self
@@ -336,19 +357,23 @@ class ChatStream:
     async def __anext__(self) -> StreamEvent:
         if self._inner is None or self._left:
             raise ConfigurationError("enter the stream first: async with session.stream(text)")
-        return await self._inner.__anext__()
+        event = await self._inner.__anext__()
+        invocation_id = getattr(event, "invocation_id", "")
+        if invocation_id:
+            self._invocations[(invocation_id, getattr(event, "agent", ""))] = None
+        return event
 
     @property
     def turn(self) -> ChatTurn:
         """The :class:`ChatTurn`: once the events were read to the end, or once the
         ``async with`` was left (a turn left before its end has ``status ==
         "cancelled"``). ``ConfigurationError`` before that, or when the turn raised."""
-        if self.finished is None:
+        if self._turn is None:
             raise ConfigurationError(
                 "the turn has not finished: read the stream's events to the end "
                 "(InvocationFinished)"
             )
-        return self.finished
+        return self._turn
 
 
 class ChatSession(AsyncClosing):
@@ -575,14 +600,14 @@ class ChatSession(AsyncClosing):
             try:
                 turn = await asyncio.shield(concluding)
             except asyncio.CancelledError:
-                stream.finished = await concluding  # too late to cancel: store it whole
+                stream._turn = await concluding  # too late to cancel: store it whole
                 raise
         except Exception:
-            stream.raised = True  # the reader gets the error; there is no turn to give
+            stream._raised = True  # the reader gets the error; there is no turn to give
             raise
         finally:
             self._touch()
-        stream.finished = turn
+        stream._turn = turn
         return turn.result
 
     async def resume(
