@@ -153,6 +153,7 @@ async def _assert_cancelled_and_usable(
     # usable at once: a send, then a stream
     server.script_response(openai_text("Here again."))
     after = await session.send("Still there?")
+    assert "Where is A1?" not in str(server.requests_to("responses")[-1].body)  # not given
     assert after.status == "completed"
     assert after.stored is not None
     assert after.stored.index == 0
