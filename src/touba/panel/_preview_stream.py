@@ -19,7 +19,9 @@ Decisions:
   connection while it streams: when the client disconnects (the tab closed,
   the fetch aborted), the turn is cancelled at once, not at the next write
   (:meth:`~touba.memory.ChatSession.stream`: nothing of it is stored, the
-  preview session usable by the next turn).
+  preview session usable by the next turn). Starlette's ``StreamingResponse``
+  does so only on servers of ASGI spec < 2.4 (uvicorn today); on others it
+  notices at its next write, which may come long after (a slow tool call).
 - A preview approves nothing: a call that needs approval is refused, as in the
   non-streamed preview.
 """
