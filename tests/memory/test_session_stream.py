@@ -357,3 +357,54 @@ async def test_a_cancelled_turns_decision_history_is_deleted_unless_a_journal_ma
     finally:
         if isinstance(checkpoints, SqliteCheckpointStore):
             await checkpoints.close()
+
+
+async def test_a_cancelled_turns_calls_are_journaled_and_resume_continues_exactly_once(
+    openai_server: FakeOpenAIServer,
+    client: openai.AsyncOpenAI,
+    store: MemoryStore,
+    private_dir: Path,
+) -> None:
+    """With a durable checkpoint store, the runtime's running journal of the cancelled
+    turn stays: ``resume(checkpoint_id=..., worker_stopped=True)`` finishes that turn,
+    running no call twice, and stores it."""
+    from touba.runtime import Program, SqliteCheckpointStore
+
+    ran: list[str] = []
+    program = Program()
+
+    @program.capability(permissions=("orders:read",))
+    async def lookup_order(order_id: str) -> str:
+        """Find an order."""
+        ran.append(order_id)
+        return "shipped"
+
+    provider = create_openai_decision_provider(model="gpt-test", client=client)
+    program.agent(
+        "support",
+        provider=provider,
+        capabilities=("lookup_order",),
+        grants=("orders:read",),
+        memory=memory(),
+    )
+    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    openai_server.script_response(openai_text(REPLY), stream=SLOW)
+    openai_server.script_response(openai_text("A1 has shipped."))
+    async with SqliteCheckpointStore(filename=private_dir / "checkpoints.db") as checkpoints:
+        runtime = Runtime(program, checkpoints)
+        async with ChatSession(runtime, "support", "u-1", store=store) as session:
+            async with session.stream("Where is A1?") as stream:
+                async for event in stream:
+                    if isinstance(event, TextDelta):
+                        break
+            assert stream.turn.status == "cancelled"
+            assert ran == ["A1"]
+            [journal] = await checkpoints.list(run_id=session.session_id)
+            assert journal.status == "running"
+            turn = await session.resume(checkpoint_id=journal.checkpoint_id, worker_stopped=True)
+            assert turn.status == "completed"
+            assert turn.reply == "A1 has shipped."
+            assert ran == ["A1"]  # not run again
+            assert turn.stored is not None
+            assert [[c.name for c in g] for g in turn.stored.trace] == [["lookup_order"]]
+            assert await checkpoints.list(run_id=session.session_id) == []
