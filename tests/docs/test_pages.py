@@ -43,13 +43,13 @@ from touba.providers import ContextConfig
 from touba.testing.fakes import FakeProviderServer
 
 PAGES: dict[str, str] = {
-    "README.md": "sh python output sh",
+    "README.md": "sh python output python output sh",
     "docs/index.md": "",
     "docs/getting-started.md": "sh sh sh",
     "docs/concepts/decision-history.md": "python output",
     "docs/concepts/exchanges-and-windows.md": "",
     "docs/concepts/reservations.md": "",
-    "docs/concepts/chat-memory.md": "python python output python output",
+    "docs/concepts/chat-memory.md": "python python output python output python output",
     "docs/concepts/key-events.md": "json json",
     "docs/stores/index.md": "python output",
     "docs/stores/ram.md": "python output",

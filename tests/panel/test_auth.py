@@ -29,6 +29,7 @@ PAGES = (
 ACTIONS: tuple[tuple[str, dict[str, str]], ...] = (
     ("/agents/support/memory", {"short_term_on": "on", "short_term_turns": "3"}),
     ("/agents/support/preview", {"message": "hello"}),
+    ("/agents/support/preview/stream", {"message": "hello"}),
     ("/event/edit", {"owner": "user:alice", "id": "ke_1", "title": "x"}),
     ("/conversation/recover", {"key": "th1:x:y", "worker_stopped": "yes"}),
     ("/conversation/delete", {"key": "th1:x:y"}),

@@ -27,13 +27,21 @@ The memory store (turns, key events, jobs) is a SQLite file (``--db``) or
 PostgreSQL (``--dsn`` or ``TOUBA_DSN``), created if absent. Checkpoints stay
 in RAM: an approval is answered in the same process.
 
+Replies stream: the agent's text is printed as the model writes it
+(:meth:`~touba.memory.ChatSession.stream`), each call it makes as its answer
+comes; a structured final output, which is not streamed, is printed whole at the
+end. Only the session's agent's own text is printed (a delegate's is not a reply
+of the turn, as in the stored turn).
+
 Continuing and leaving. ``--session ID`` continues a session of this store: an
 unknown id is refused (a typo would otherwise start an empty session) unless
 ``--new`` says to start it, and ``--new`` refuses an id that exists. A session
 continued with another ``--user``, ``--agent`` or ``--preview`` than it was
 started with is refused, naming which of owner, agent and mode differs. One
 Ctrl-C during a reply cancels that reply: the turn is not stored and the session
-goes on (:mod:`touba.cli._terminal`). Ctrl-C at a prompt leaves at once, as end
+goes on (:mod:`touba.cli._terminal`): the streamed turn is cancelled (its
+``ChatTurn`` has status ``cancelled``; the part already printed stays on the
+screen but is in no memory). Ctrl-C at a prompt leaves at once, as end
 of input (Ctrl-D) and ``/quit`` do, printing the ``--session`` to continue with.
 """
 
@@ -67,7 +75,14 @@ from touba.memory import (
 )
 from touba.memory._model import SessionMeta
 from touba.memory._turn_context import describe_context, describe_history, describe_windows
-from touba.runtime import Runtime
+from touba.runtime import (
+    DecisionCompleted,
+    Runtime,
+    StreamEvent,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+)
 
 COMMANDS = {
     "/help": "list these commands",
@@ -87,15 +102,20 @@ async def _line(terminal: Terminal, prompt: str) -> str | None:
     return line.strip() if line is not None else None
 
 
-def _show(turn: ChatTurn) -> None:
-    stored = turn.stored.trace if turn.stored is not None else ()
+def _show_call(name: str, arguments: object, status: str) -> None:
+    console.print(f"  [dim]· {name}({escape(canonical_json(arguments))}) → {status}[/]")
+
+
+def _show(turn: ChatTurn, printed: tuple[str, ...] | None = None) -> None:
+    """The turn's calls and replies, then its error; ``printed``: the replies already
+    streamed (their calls too), so that only the rest is printed."""
+    stored = turn.stored.trace if turn.stored is not None and printed is None else ()
     for group in stored:
         for call in group:
-            console.print(
-                f"  [dim]· {call.name}({escape(canonical_json(dict(call.arguments)))}) → "
-                f"{call.status}[/]"
-            )
+            _show_call(call.name, dict(call.arguments), call.status)
     for reply in turn.replies:
+        if printed is not None and reply in printed:
+            continue
         console.print("[bold green]agent>[/] ", end="")
         console.print(reply, markup=False)
     error = turn.result.error
@@ -123,6 +143,51 @@ async def _approve(session: ChatSession, turn: ChatTurn, terminal: Terminal) -> 
             approvals[call.call_id] = (answer or "").lower() in ("y", "yes")
         turn = await terminal.reply(session.resume(approvals))
         _show(turn)
+    return turn
+
+
+class _Printer:
+    """Prints a streamed turn as it comes: the agent's text, and each call once answered."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.texts: list[str] = []  # of each decision of the agent, as printed
+        self._writing = False
+        self._arguments: dict[str, object] = {}
+
+    def show(self, event: StreamEvent) -> None:
+        if isinstance(event, TextDelta) and event.agent == self.agent:
+            if not self._writing:
+                console.print("[bold green]agent>[/] ", end="")
+                self._writing = True
+                self.texts.append("")
+            self.texts[-1] += event.text
+            console.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
+        elif isinstance(event, DecisionCompleted) and event.agent == self.agent:
+            self.end_line()
+        elif isinstance(event, ToolCallStarted) and event.agent == self.agent:
+            self._arguments[event.call_id] = event.arguments
+        elif isinstance(event, ToolCallFinished) and event.agent == self.agent:
+            self.end_line()
+            _show_call(event.name, self._arguments.pop(event.call_id, {}), event.status)
+
+    def end_line(self) -> None:
+        if self._writing:
+            console.print()
+            self._writing = False
+
+
+async def _streamed(session: ChatSession, text: str) -> ChatTurn:
+    """One turn, printed as it streams (see the module docstring)."""
+    printer = _Printer(session.agent)
+    try:
+        async with session.stream(text) as stream:
+            async for event in stream:
+                printer.show(event)
+    finally:
+        printer.end_line()
+    turn = stream.turn
+    _show(turn, printed=tuple(printer.texts))
     return turn
 
 
@@ -393,11 +458,10 @@ async def _converse(
                 await _command(session, text, as_json)
                 continue
             try:
-                turn = await terminal.reply(session.send(text))
+                turn = await terminal.reply(_streamed(session, text))
             except Interrupted:
                 stored = await _cancelled(store, session, stored)
                 continue
-            _show(turn)
             try:
                 turn = await _approve(session, turn, terminal)
             except Interrupted:

@@ -23,7 +23,7 @@ from touba.memory._model import (
     StoredTurn,
     UpdateEventOp,
 )
-from touba.memory._session import ChatSession, ChatTurn
+from touba.memory._session import ChatSession, ChatStream, ChatTurn
 from touba.memory._store import MemoryStore, resolve_memory_settings
 from touba.memory._window import select_prior_turns
 from touba.memory._worker import ExtractionWorker
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChatSession",
+    "ChatStream",
     "ChatTurn",
     "CreateEventOp",
     "EffectiveMemoryConfig",

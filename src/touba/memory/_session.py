@@ -42,6 +42,26 @@ Decisions (documented here because they are behaviour):
   after running at least one call (its effects happened; the memory says so,
   with no reply). A turn that failed before any call is not stored: nothing
   happened, the user may simply send again.
+- **Streaming.** :meth:`ChatSession.stream` runs the same turn as ``send``
+  (same context, same storage, same context record) under
+  :meth:`~touba.Runtime.stream`'s events; the turn is concluded (stored, its
+  decision history deleted) before ``InvocationFinished`` is yielded, and
+  ``stream.turn`` is then the ``ChatTurn`` ``send`` would have returned.
+- **Cancelled turns.** A consumer that stops before the invocation ends (it
+  leaves the ``async with``, ``break``s, its task is cancelled) cancels the
+  turn: the invocation is cancelled (the vendor's response closed, nothing of
+  the unfinished decision stored), the turn is not stored, nothing blocks the
+  session (its lock is released on leaving: the next ``send`` or ``stream``
+  runs at once), and ``stream.turn`` is a ``ChatTurn`` with ``status ==
+  "cancelled"``, no reply, ``stored`` None. Calls the invocation ran before
+  the stop are journaled by the runtime as for any stopped invocation. The
+  decision history of the invocations the stream reported is deleted, as a
+  stored turn's is, unless it is retained (``retain_decision_history``) or the
+  runtime's checkpoint store is durable (the runtime's journal of the calls
+  that ran may be resumed there, and needs that history). A stop
+  that comes once the invocation has ended is too late: the turn is concluded
+  anyway (the conclusion is shielded from the cancellation, so that a turn is
+  stored whole or not at all) and ``stream.turn`` is that turn.
 - **Approvals and retries.** A turn whose invocation awaits approval, or
   failed with a retryable error after calls ran (it then has a checkpoint:
   a provider or store was down), is not stored yet and blocks the session
@@ -88,6 +108,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import TracebackType
 from typing import Any, Final
 
 from touba._closing import AsyncClosing
@@ -122,9 +143,10 @@ from touba.providers._types import CapabilitySpec, TraceCall
 from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
 from touba.runtime._results import InvocationResult
 from touba.runtime._runtime import Runtime
+from touba.runtime._stream import InvocationStream, StreamEvent
 from touba.runtime._trace import Trace
 
-__all__ = ["ChatSession", "ChatTurn", "turn_replies", "turn_trace"]
+__all__ = ["ChatSession", "ChatStream", "ChatTurn", "turn_replies", "turn_trace"]
 
 logger = logging.getLogger("touba.memory")
 _EXTRACTED_KINDS: Final = ("agent", "flow")
@@ -139,8 +161,16 @@ class ChatTurn:
     then the final output; JSON outputs as compact JSON). ``result``: the
     invocation's :class:`~touba.InvocationResult` (status, trace, pending
     calls). ``stored``: the turn as stored in the memory store (user message,
-    replies, complete tool trace), or None while it awaits approval or when a
-    turn that ran no call failed.
+    replies, complete tool trace), or None while it awaits approval, when a
+    turn that ran no call failed, or when it was cancelled.
+
+    ``cancelled``: the consumer of :meth:`ChatSession.stream` stopped before
+    the invocation ended. Such a turn has no reply and is not stored; its
+    ``result`` stands in for the result the runtime never returned for a
+    cancelled invocation: status ``failed``, no error, no checkpoint, the
+    ``invocation_id`` the stream reported (``""`` when it reported none) and a
+    trace of one ``invocation_started`` entry per invocation it reported;
+    ``status`` is ``"cancelled"``.
     """
 
     session_id: str
@@ -148,11 +178,13 @@ class ChatTurn:
     replies: tuple[str, ...]
     result: InvocationResult
     stored: StoredTurn | None
+    cancelled: bool = False
 
     @property
     def status(self) -> str:
-        """The invocation's status (``result.status``): completed, awaiting_approval or failed."""
-        return self.result.status
+        """``"cancelled"`` for a cancelled turn, else the invocation's status
+        (``result.status``): completed, awaiting_approval or failed."""
+        return "cancelled" if self.cancelled else self.result.status
 
     @property
     def reply(self) -> str | None:
@@ -239,6 +271,109 @@ def _offered(spec: CapabilitySpec) -> CapabilitySpec:
     kept = {k: v for k, v in properties["type"].items() if k != "enum"}
     parameters = {**spec.parameters, "properties": {**properties, "type": kept}}
     return CapabilitySpec(spec.name, spec.description, parameters)
+
+
+class ChatStream:
+    """One turn of a :class:`ChatSession`, streamed (see :meth:`ChatSession.stream`).
+
+    ``async with`` it once: entering takes the session (its turns run one at
+    a time) and starts the turn; iterating yields the events of
+    :meth:`~touba.Runtime.stream`; leaving gives the session back, after
+    cancelling the turn if it had not ended. ``session`` and ``text``: the
+    session and the user's message.
+    """
+
+    def __init__(self, session: ChatSession, text: str) -> None:
+        self.session = session
+        self.text = text
+        self._turn: ChatTurn | None = None
+        self._raised = False
+        self._inner: InvocationStream | None = None
+        self._entered = False
+        self._left = False
+        self._invocations: dict[tuple[str, str], None] = {}  # (invocation_id, agent) seen
+
+    async def __aenter__(self) -> ChatStream:
+        if self._entered:
+            raise ConfigurationError("a chat stream can be entered only once")
+        self._entered = True
+        session = self.session
+        await session._lock.acquire()
+        try:
+            context, given = await session._prepare()
+            inner = InvocationStream(lambda: session._streamed_turn(self, context, given))
+            await inner.__aenter__()
+        except BaseException:
+            session._lock.release()
+            raise
+        self._inner = inner
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        session = self.session
+        try:
+            if self._inner is not None:
+                await self._inner.__aexit__(exc_type, exc, tb)
+        finally:
+            self._left = True
+            try:
+                if self._turn is None and not self._raised:
+                    self._turn = await self._cancelled()
+            finally:
+                session._touch()
+                session._lock.release()
+
+    async def _cancelled(self) -> ChatTurn:
+        """The turn the consumer stopped: not stored. Its decision history is deleted
+        (as a stored turn's) unless it is retained, or the runtime's checkpoint store is
+        durable: there the runtime's journal of the calls that ran may still be resumed,
+        and needs it."""
+        session = self.session
+        trace = Trace()
+        for invocation_id, agent in self._invocations:
+            trace.add("invocation_started", session.session_id, invocation_id, agent)
+        root = next((i for i, agent in self._invocations if agent == session.agent), "")
+        result = InvocationResult(
+            status="failed",
+            run_id=session.session_id,
+            invocation_id=root,
+            agent_ref=session.agent,
+            trace=trace,
+        )
+        checkpoints = session.runtime.checkpoints
+        durable = bool(getattr(checkpoints, "durable", True))
+        if self._invocations and not durable and not session.retain_decision_history:
+            await session.runtime.discard_history(result)
+        return ChatTurn(session.session_id, self.text, (), result, None, cancelled=True)
+
+    def __aiter__(self) -> ChatStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._inner is None or self._left:
+            raise ConfigurationError("enter the stream first: async with session.stream(text)")
+        event = await self._inner.__anext__()
+        invocation_id = getattr(event, "invocation_id", "")
+        if invocation_id:
+            self._invocations[(invocation_id, getattr(event, "agent", ""))] = None
+        return event
+
+    @property
+    def turn(self) -> ChatTurn:
+        """The :class:`ChatTurn`: once the events were read to the end, or once the
+        ``async with`` was left (a turn left before its end has ``status ==
+        "cancelled"``). ``ConfigurationError`` before that, or when the turn raised."""
+        if self._turn is None:
+            raise ConfigurationError(
+                "the turn has not finished: read the stream's events to the end "
+                "(InvocationFinished)"
+            )
+        return self._turn
 
 
 class ChatSession(AsyncClosing):
@@ -422,11 +557,7 @@ class ChatSession(AsyncClosing):
         if not isinstance(text, str) or not text.strip():
             raise ConfigurationError("a chat message must be a non-empty str")
         async with self._lock:
-            self._usable()
-            await self.open()
-            self._usable()
-            await self._refresh_config()
-            context, given = await self._context()
+            context, given = await self._prepare()
             try:
                 result = await self.runtime.invoke(
                     self.agent, input=text, run_id=self.session_id, context=context
@@ -434,6 +565,50 @@ class ChatSession(AsyncClosing):
             finally:
                 self._touch()
             return await self._conclude(text, result, context, given)
+
+    def stream(self, text: str) -> ChatStream:
+        """One turn, as :meth:`send`, streamed: ``async with session.stream(text) as
+        stream: async for event in stream`` yields :meth:`~touba.Runtime.stream`'s events
+        (``TextDelta``... ``InvocationFinished`` last, once the turn is stored), then
+        ``stream.turn`` is the :class:`ChatTurn`.
+
+        Leaving early cancels the turn (see the module docstring: ``stream.turn``
+        then has ``status == "cancelled"``, nothing is stored). The same
+        ``ConfigurationError`` as ``send``, raised on entering the ``async with``.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigurationError("a chat message must be a non-empty str")
+        return ChatStream(self, text)
+
+    async def _prepare(self) -> tuple[InvocationContext, dict[str, JSON]]:
+        """Under the lock: check the session can take a turn; the turn's context."""
+        self._usable()
+        await self.open()
+        self._usable()
+        await self._refresh_config()
+        return await self._context()
+
+    async def _streamed_turn(
+        self, stream: ChatStream, context: InvocationContext, given: Mapping[str, JSON]
+    ) -> InvocationResult:
+        """The turn of ``stream``, in the stream's task: invoke, then conclude (shielded)."""
+        try:
+            result = await self.runtime.invoke(
+                self.agent, input=stream.text, run_id=self.session_id, context=context
+            )
+            concluding = asyncio.ensure_future(self._conclude(stream.text, result, context, given))
+            try:
+                turn = await asyncio.shield(concluding)
+            except asyncio.CancelledError:
+                stream._turn = await concluding  # too late to cancel: store it whole
+                raise
+        except Exception:
+            stream._raised = True  # the reader gets the error; there is no turn to give
+            raise
+        finally:
+            self._touch()
+        stream._turn = turn
+        return turn.result
 
     async def resume(
         self,

@@ -482,11 +482,15 @@ def _visible(sink: DeltaSink, interface: str, request: DecisionRequest) -> Delta
 
 
 async def _replay(message: DecisionMessage, sink: DeltaSink) -> None:
-    """A wire that does not stream: its decision's calls, then its text, in one go."""
+    """A wire that does not stream: its decision's calls, then its text, in one go (a
+    plain-text final output is its text: a streaming wire streams it too)."""
     for index, call in enumerate(message.calls):
         await sink(StreamedCall(index, call.name, call.call_id))
-    if message.text:
-        await sink(StreamedText(message.text))
+    text = message.text
+    if not text and message.final and isinstance(message.output, str):
+        text = message.output
+    if text:
+        await sink(StreamedText(text))
 
 
 class _Cuts:

@@ -33,6 +33,9 @@ document.addEventListener("DOMContentLoaded", () => {
   }
 
   // The preview chat: post with fetch and replace the transcript, no page reload.
+  // With data-stream, the reply streams: server-sent events read from the fetch's body
+  // (delta: text added with textContent; call: a tool line; done: the transcript the
+  // server rendered and escaped).
   for (const form of document.querySelectorAll("form[data-fetch]")) {
     const target = document.querySelector(form.dataset.fetch);
     if (!target) continue;
@@ -42,6 +45,11 @@ document.addEventListener("DOMContentLoaded", () => {
       const field = form.querySelector("input[name=message]");
       if (button) button.disabled = true;
       try {
+        if (form.dataset.stream && window.ReadableStream && window.TextDecoder) {
+          await streamTurn(form, target, field ? field.value : "");
+          if (field) field.value = "";
+          return;
+        }
         const response = await fetch(form.action, {
           method: "POST",
           body: new FormData(form),
@@ -58,3 +66,72 @@ document.addEventListener("DOMContentLoaded", () => {
     });
   }
 });
+
+// One streamed preview turn (see the preview form above).
+async function streamTurn(form, target, message) {
+  const response = await fetch(form.dataset.stream, {
+    method: "POST",
+    body: new FormData(form),
+    headers: { "X-Touba-Fetch": "1", "Accept": "text/event-stream" },
+    credentials: "same-origin",
+  });
+  const type = response.headers.get("content-type") || "";
+  if (!response.ok || !response.body || !type.startsWith("text/event-stream")) {
+    form.submit();  // the server's answer as a page (a refusal says why)
+    return;
+  }
+  let log = target.querySelector("ol.chatlog");
+  if (!log) {
+    target.replaceChildren();
+    log = document.createElement("ol");
+    log.className = "chatlog";
+    target.append(log);
+  }
+  const line = (kind, who, text) => {
+    const item = document.createElement("li");
+    item.className = kind;
+    const label = document.createElement("span");
+    label.className = "who";
+    label.textContent = who;
+    item.append(label, " ");
+    const body = document.createElement("span");
+    body.className = "text";
+    body.textContent = text;
+    item.append(body);
+    log.append(item);
+    return body;
+  };
+  line("you", "you", message);
+  let reply = null;
+  const handle = (name, data) => {
+    if (name === "delta") {
+      if (!reply) reply = line("agent streaming", "agent", "");
+      reply.textContent += data.text;
+    } else if (name === "call") {
+      reply = null;
+      line("call", "tool", `${data.name} → ${data.status}`);
+    } else if (name === "done") {
+      target.innerHTML = data.html;  // the server escaped every value
+    }
+  };
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let name = "message";
+      const data = [];
+      for (const field of block.split("\n")) {
+        if (field.startsWith("event: ")) name = field.slice(7);
+        else if (field.startsWith("data: ")) data.push(field.slice(6));
+      }
+      if (data.length) handle(name, JSON.parse(data.join("\n")));
+    }
+  }
+}
