@@ -22,8 +22,24 @@ async def test_the_preview_reply_appears_as_it_streams(browser: Any, private_dir
     await prepare(private_dir)
     with serve(ARGS, private_dir) as served:
         page = await logged_in(browser, served)
-        problems: list[str] = []
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        problems: list[str] = []  # script errors and CSP refusals (the console's errors)
+        page.on(
+            "console",
+            lambda m: (
+                problems.append(m.text)
+                if m.type == "error" and not m.text.startswith("Failed to load resource")
+                else None
+            ),
+        )
+        refused: list[str] = []  # resources that failed (Chromium's own /favicon.ico aside)
+        page.on(
+            "response",
+            lambda r: (
+                refused.append(r.url)
+                if r.status >= 400 and not r.url.endswith("/favicon.ico")
+                else None
+            ),
+        )
         await page.goto(served.base + "/agents/talker")
         await page.fill("#message", "Tell me slowly")
         await page.click("form.chat button")
@@ -47,6 +63,7 @@ async def test_the_preview_reply_appears_as_it_streams(browser: Any, private_dir
         await page.locator("#preview-log li.agent:not(.streaming)").nth(1).wait_for()
         assert "A quick answer." in await page.inner_text("#preview-log")
         assert problems == []  # no CSP refusal, no script error
+        assert refused == []
     async with SqliteMemoryStore(private_dir / "memory.sqlite") as store:
         [meta] = [s for s in await store.list_sessions() if s.mode == "preview"]
         assert [t.user for t in await store.list_turns(meta.session_id)] == [
