@@ -315,13 +315,18 @@ async def test_a_model_that_does_not_stream_gives_its_plain_text_reply_whole(
 
 
 @pytest.mark.parametrize("durable", [False, True])
-async def test_a_cancelled_turns_decision_history_is_deleted_unless_a_journal_may_need_it(
+@pytest.mark.parametrize("stop", ["during the first decision", "after a call ran"])
+async def test_a_cancelled_turns_decision_history_is_kept_only_for_its_checkpoint(
     openai_server: FakeOpenAIServer,
     client: openai.AsyncOpenAI,
     store: MemoryStore,
     private_dir: Path,
     durable: bool,
+    stop: str,
 ) -> None:
+    """The runtime keeps a checkpoint of a stopped turn once a call ran (in RAM or on
+    disk): its resume needs the decision history, which stays. A turn stopped during its
+    first decision keeps nothing: its history is deleted, as a stored turn's."""
     from touba.history import HistoryConfig, MemoryHistoryStore
     from touba.runtime import SqliteCheckpointStore
 
@@ -334,7 +339,9 @@ async def test_a_cancelled_turns_decision_history_is_deleted_unless_a_journal_ma
         if durable
         else MemoryCheckpointStore()
     )
-    openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
+    called = stop == "after a call ran"
+    if called:
+        openai_server.script_response(openai_function_call("lookup_order", {"order_id": "A1"}))
     openai_server.script_response(openai_text(REPLY), stream=SLOW)
     runtime = build_runtime(provider, checkpoints=checkpoints)
     try:
@@ -344,15 +351,18 @@ async def test_a_cancelled_turns_decision_history_is_deleted_unless_a_journal_ma
                 async for event in stream:
                     if isinstance(event, TextDelta):
                         seen.append(event.invocation_id)
-                        break  # the first decision (its call) was saved and ran
+                        break
             turn = stream.turn
             assert turn.status == "cancelled"
+            assert turn.stored is None
             assert [turn.result.invocation_id] == seen
-            assert [e.kind for e in turn.result.trace] == ["invocation_started"]
+            assert turn.result.trace.entries[-1].kind == "decision_cancelled"
             kept = await history.list("chat")
-            if durable:  # the runtime's journal of the call may be resumed: it needs them
+            if called:  # the checkpoint may be resumed: it needs the history
+                assert turn.result.checkpoint_id is not None
                 assert [c.key for c in kept] != []
             else:  # nothing can resume it: deleted, as a stored turn's
+                assert turn.result.checkpoint_id is None
                 assert kept == []
     finally:
         if isinstance(checkpoints, SqliteCheckpointStore):
@@ -365,9 +375,9 @@ async def test_a_cancelled_turns_calls_are_journaled_and_resume_continues_exactl
     store: MemoryStore,
     private_dir: Path,
 ) -> None:
-    """With a durable checkpoint store, the runtime's running journal of the cancelled
-    turn stays: ``resume(checkpoint_id=..., worker_stopped=True)`` finishes that turn,
-    running no call twice, and stores it."""
+    """The runtime keeps a ``cancelled`` checkpoint of the stopped turn (a call ran): the
+    turn's result names it, and ``resume(checkpoint_id=...)`` finishes that turn, running
+    no call twice, and stores it."""
     from touba.runtime import Program, SqliteCheckpointStore
 
     ran: list[str] = []
@@ -398,10 +408,12 @@ async def test_a_cancelled_turns_calls_are_journaled_and_resume_continues_exactl
                     if isinstance(event, TextDelta):
                         break
             assert stream.turn.status == "cancelled"
+            assert stream.turn.stored is None
             assert ran == ["A1"]
-            [journal] = await checkpoints.list(run_id=session.session_id)
-            assert journal.status == "running"
-            turn = await session.resume(checkpoint_id=journal.checkpoint_id, worker_stopped=True)
+            [kept] = await checkpoints.list(run_id=session.session_id)
+            assert kept.status == "cancelled"
+            assert stream.turn.result.checkpoint_id == kept.checkpoint_id
+            turn = await session.resume(checkpoint_id=kept.checkpoint_id)
             assert turn.status == "completed"
             assert turn.reply == "A1 has shipped."
             assert ran == ["A1"]  # not run again

@@ -53,12 +53,15 @@ Decisions (documented here because they are behaviour):
   the unfinished decision stored), the turn is not stored, nothing blocks the
   session (its lock is released on leaving: the next ``send`` or ``stream``
   runs at once), and ``stream.turn`` is a ``ChatTurn`` with ``status ==
-  "cancelled"``, no reply, ``stored`` None. Calls the invocation ran before
-  the stop are journaled by the runtime as for any stopped invocation. The
-  decision history of the invocations the stream reported is deleted, as a
-  stored turn's is, unless it is retained (``retain_decision_history``) or the
-  runtime's checkpoint store is durable (the runtime's journal of the calls
-  that ran may be resumed there, and needs that history). A stop
+  "cancelled"``, no reply, ``stored`` None; its ``result`` is the runtime's for
+  the stopped invocation (status ``cancelled``, its trace ending with
+  ``decision_cancelled``). Once a decision was saved or a call ran, the
+  runtime keeps a ``cancelled`` checkpoint (``result.checkpoint_id``):
+  ``resume(checkpoint_id=...)`` finishes that turn, running no call twice, and
+  stores it. The decision history of the invocations the stream reported is
+  deleted, as a stored turn's is, unless it is retained
+  (``retain_decision_history``) or that checkpoint was kept (its resume needs
+  it). A stop
   that comes once the invocation has ended is too late: the turn is concluded
   anyway (the conclusion is shielded from the cancellation, so that a turn is
   stored whole or not at all) and ``stream.turn`` is that turn.
@@ -143,7 +146,7 @@ from touba.providers._types import CapabilitySpec, TraceCall
 from touba.runtime._context import InvocationContext, InvocationTool, ToolCall
 from touba.runtime._results import InvocationResult
 from touba.runtime._runtime import Runtime
-from touba.runtime._stream import InvocationStream, StreamEvent
+from touba.runtime._stream import InvocationStream, StreamEvent, current_channel
 from touba.runtime._trace import Trace
 
 __all__ = ["ChatSession", "ChatStream", "ChatTurn", "turn_replies", "turn_trace"]
@@ -166,11 +169,10 @@ class ChatTurn:
 
     ``cancelled``: the consumer of :meth:`ChatSession.stream` stopped before
     the invocation ended. Such a turn has no reply and is not stored; its
-    ``result`` stands in for the result the runtime never returned for a
-    cancelled invocation: status ``failed``, no error, no checkpoint, the
-    ``invocation_id`` the stream reported (``""`` when it reported none) and a
-    trace of one ``invocation_started`` entry per invocation it reported;
-    ``status`` is ``"cancelled"``.
+    ``result`` is the runtime's for the stopped invocation (status
+    ``cancelled``, a ``checkpoint_id`` when a decision was saved or a call ran;
+    when the stop came before the invocation began, one made here with the
+    invocations the stream reported); ``status`` is ``"cancelled"``.
     """
 
     session_id: str
@@ -273,6 +275,12 @@ def _offered(spec: CapabilitySpec) -> CapabilitySpec:
     return CapabilitySpec(spec.name, spec.description, parameters)
 
 
+def _settled() -> InvocationResult | None:
+    """How the runtime settled the invocation of the current stream, if it did."""
+    channel = current_channel.get()
+    return None if channel is None else channel.result
+
+
 class ChatStream:
     """One turn of a :class:`ChatSession`, streamed (see :meth:`ChatSession.stream`).
 
@@ -329,25 +337,29 @@ class ChatStream:
                 session._lock.release()
 
     async def _cancelled(self) -> ChatTurn:
-        """The turn the consumer stopped: not stored. Its decision history is deleted
-        (as a stored turn's) unless it is retained, or the runtime's checkpoint store is
-        durable: there the runtime's journal of the calls that ran may still be resumed,
-        and needs it."""
+        """The turn the consumer stopped: not stored. Its result is the runtime's for the
+        stopped invocation (``status == "cancelled"``, with the checkpoint the runtime kept
+        when a decision was saved or a call ran). Its decision history is deleted, as a
+        stored turn's, unless it is retained or that checkpoint may still be resumed."""
         session = self.session
-        trace = Trace()
-        for invocation_id, agent in self._invocations:
-            trace.add("invocation_started", session.session_id, invocation_id, agent)
-        root = next((i for i, agent in self._invocations if agent == session.agent), "")
-        result = InvocationResult(
-            status="failed",
-            run_id=session.session_id,
-            invocation_id=root,
-            agent_ref=session.agent,
-            trace=trace,
-        )
-        checkpoints = session.runtime.checkpoints
-        durable = bool(getattr(checkpoints, "durable", True))
-        if self._invocations and not durable and not session.retain_decision_history:
+        result: InvocationResult | None = None
+        if self._inner is not None:
+            with contextlib.suppress(ConfigurationError):  # none: stopped before it began
+                result = self._inner.result
+        if result is None:  # stopped before the invocation began: nothing ran
+            trace = Trace()
+            for invocation_id, agent in self._invocations:
+                trace.add("invocation_started", session.session_id, invocation_id, agent)
+            root = next((i for i, agent in self._invocations if agent == session.agent), "")
+            result = InvocationResult(
+                status="cancelled",
+                run_id=session.session_id,
+                invocation_id=root,
+                agent_ref=session.agent,
+                trace=trace,
+            )
+        kept = result.checkpoint_id is not None
+        if self._invocations and not kept and not session.retain_decision_history:
             await session.runtime.discard_history(result)
         return ChatTurn(session.session_id, self.text, (), result, None, cancelled=True)
 
@@ -593,15 +605,27 @@ class ChatSession(AsyncClosing):
     ) -> InvocationResult:
         """The turn of ``stream``, in the stream's task: invoke, then conclude (shielded)."""
         try:
-            result = await self.runtime.invoke(
-                self.agent, input=stream.text, run_id=self.session_id, context=context
-            )
+            stop: asyncio.CancelledError | None = None
+            try:
+                result = await self.runtime.invoke(
+                    self.agent, input=stream.text, run_id=self.session_id, context=context
+                )
+            except asyncio.CancelledError as stopped:
+                # A stop after the invocation's last decision: the runtime finished it
+                # (its result, not a cancelled one, went to the stream): store it whole.
+                ended = _settled()
+                if ended is None or ended.status == "cancelled":
+                    raise
+                result, stop = ended, stopped
             concluding = asyncio.ensure_future(self._conclude(stream.text, result, context, given))
             try:
                 turn = await asyncio.shield(concluding)
             except asyncio.CancelledError:
                 stream._turn = await concluding  # too late to cancel: store it whole
                 raise
+            if stop is not None:
+                stream._turn = turn
+                raise stop
         except Exception:
             stream._raised = True  # the reader gets the error; there is no turn to give
             raise
