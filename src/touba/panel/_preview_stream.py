@@ -39,8 +39,8 @@ from fastapi import APIRouter, Request, Response
 from starlette.types import Receive, Scope, Send
 
 from touba.errors import ToubaError
-from touba.memory import ChatSession, ChatTurn
-from touba.panel._routes import PAGE_SIZE, _agent, _form, _operator, _panel
+from touba.memory import ChatTurn
+from touba.panel._routes import PAGE_SIZE, _agent, _form, _operator, _panel, preview_session
 from touba.panel._state import Panel
 from touba.runtime import AgentDefinition, TextDelta, ToolCallFinished
 
@@ -125,15 +125,7 @@ async def _turn(
 ) -> AsyncIterator[bytes | str]:
     """The frames of one streamed preview turn, then its problem ("" when none)."""
     try:
-        async with ChatSession(
-            panel.preview_runtime(),
-            agent.name,
-            None,
-            preview_id,
-            store=panel.memory,
-            mode="preview",
-            extract_in_background=False,
-        ) as chat:
+        async with preview_session(panel, agent, preview_id) as chat:
             async with chat.stream(text) as stream:
                 async for event in stream:
                     if isinstance(event, TextDelta) and event.agent == agent.name:

@@ -49,7 +49,7 @@ from touba.panel._svg import render_plot
 from touba.panel._waiting import paused_turns
 from touba.runtime import AgentDefinition
 
-__all__ = ["PAGE_SIZE", "router"]
+__all__ = ["PAGE_SIZE", "preview_session", "router"]
 
 logger = logging.getLogger("touba.panel")
 
@@ -329,20 +329,25 @@ async def preview(request: Request, name: str) -> Response:
     return _back(f"/agents/{agent.name}", anchor="preview")
 
 
+def preview_session(panel: Panel, agent: AgentDefinition, preview_id: str) -> ChatSession:
+    """The preview box's chat session: blank memory, no key event, the panel's runtime."""
+    return ChatSession(
+        panel.preview_runtime(),
+        agent.name,
+        None,
+        preview_id,
+        store=panel.memory,
+        mode="preview",
+        extract_in_background=False,
+    )
+
+
 async def _run_preview(
     panel: Panel, agent: AgentDefinition, preview_id: str, text: str
 ) -> str | None:
     """One preview turn; calls awaiting approval are refused (a preview approves nothing)."""
     try:
-        async with ChatSession(
-            panel.preview_runtime(),
-            agent.name,
-            None,
-            preview_id,
-            store=panel.memory,
-            mode="preview",
-            extract_in_background=False,
-        ) as chat:
+        async with preview_session(panel, agent, preview_id) as chat:
             turn = await chat.send(text)
             while turn.status == "awaiting_approval":
                 turn = await chat.resume({c.call_id: False for c in turn.result.pending})
