@@ -575,11 +575,14 @@ async def test_a_consumer_cancelled_twice_still_gets_its_checkpoint_saved(
         await checkpoints.close()
 
 
-class _SlowRemovals(SqliteCheckpointStore):
-    """Checkpoints whose ``replace`` takes 0.2 s: the journal's removal at the end is slow."""
+class _SlowReplaces(SqliteCheckpointStore):
+    """Checkpoints whose ``replace`` takes 0.2 s while ``slow`` says so: a removal (the
+    journal's at the end, ``checkpoint is None``) or a claim (a running journal)."""
+
+    slow: str | None = None  # "removals", "claims" or None
 
     async def replace(self, checkpoint_id: str, checkpoint: Any, *, revision: int) -> bool:
-        if checkpoint is None:
+        if self.slow == ("removals" if checkpoint is None else "claims"):
             await asyncio.sleep(0.2)
         return bool(await super().replace(checkpoint_id, checkpoint, revision=revision))
 
@@ -588,7 +591,8 @@ async def test_a_stop_after_the_last_decision_leaves_the_invocations_own_result(
     tmp_path: Path,
 ) -> None:
     world = World()
-    checkpoints = _SlowRemovals(str(tmp_path / "cp.db"))
+    checkpoints = _SlowReplaces(str(tmp_path / "cp.db"))
+    checkpoints.slow = "removals"
     try:
         with FakeOpenAIServer() as srv:
             _script("openai", srv, "decided")
@@ -643,22 +647,11 @@ async def test_a_flow_stopped_in_a_call_step_resumes_from_that_step() -> None:
             assert slow["status"] == "error"
 
 
-class _SlowClaims(SqliteCheckpointStore):
-    """Checkpoints whose ``replace`` by a running journal (a claim) takes 0.2 s."""
-
-    slow = False
-
-    async def replace(self, checkpoint_id: str, checkpoint: Any, *, revision: int) -> bool:
-        if self.slow and checkpoint is not None:
-            await asyncio.sleep(0.2)
-        return bool(await super().replace(checkpoint_id, checkpoint, revision=revision))
-
-
 async def test_a_resume_stopped_while_it_claims_its_checkpoint_gives_it_back(
     tmp_path: Path,
 ) -> None:
     world = World()
-    checkpoints = _SlowClaims(str(tmp_path / "cp.db"))
+    checkpoints = _SlowReplaces(str(tmp_path / "cp.db"))
     try:
         with FakeOpenAIServer() as srv:
             _script("openai", srv, "decided")
@@ -668,7 +661,7 @@ async def test_a_resume_stopped_while_it_claims_its_checkpoint_gives_it_back(
                     runtime, "exit", _stops_here("decided", world), world, "decided"
                 )
                 assert first.checkpoint_id is not None
-                checkpoints.slow = True
+                checkpoints.slow = "claims"
                 resumed = runtime.stream_resume(first.checkpoint_id)
                 async with resumed:
                     await asyncio.sleep(0.05)  # left while the claim is being written
@@ -679,7 +672,7 @@ async def test_a_resume_stopped_while_it_claims_its_checkpoint_gives_it_back(
                 assert [(c.checkpoint_id, c.status) for c in saved] == [
                     (again.checkpoint_id, "cancelled")
                 ]
-                checkpoints.slow = False
+                checkpoints.slow = None
                 _text("openai", srv, DONE)
                 result = await runtime.resume(again.checkpoint_id or "")
                 assert (result.status, result.output) == ("completed", DONE), result.error
