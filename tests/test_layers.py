@@ -4,12 +4,15 @@ The layers, from the top (a module may import only from its own layer's package 
 
 - ``integrations | panel | cli``: independent of each other, except that ``cli`` imports
   ``panel`` (``touba panel`` serves it): the one import allowed between them.
+- ``data``: a user's data over every store (erase, export, copy, retention), which the CLI
+  and the panel call.
 - ``memory``
 - ``runtime | testing``: independent of each other; ``testing`` (the public test doubles:
   scripted provider, fake provider servers, store conformance) needs only providers and
   history, and nothing below ``cli`` imports it.
 - ``providers``
 - ``history``
+- ``_encryption``: ``touba.Encryption``, the AES-GCM sealing every store may use.
 - ``errors | _telemetry | _closing``: independent of each other (``_closing`` is the
   ``async with`` every store and session shares).
 
@@ -33,10 +36,12 @@ import pytest
 
 LAYERS: tuple[grimp.Layer, ...] = (
     grimp.Layer("integrations", "panel", "cli"),
+    grimp.Layer("data"),
     grimp.Layer("memory"),
     grimp.Layer("runtime", "testing"),
     grimp.Layer("providers"),
     grimp.Layer("history"),
+    grimp.Layer("_encryption"),
     grimp.Layer("errors", "_telemetry", "_closing"),
 )
 # Imports between packages of one level that exist today, stated as the rule.

@@ -1,5 +1,6 @@
 """touba: bounded, persistent and safe memory for LLM agents."""
 
+from touba._encryption import Encryption
 from touba.errors import ToubaError
 from touba.history import HistoryConfig, HistoryEvent
 from touba.memory import ChatSession, KeyEventsConfig, MemoryConfig
@@ -30,6 +31,7 @@ __all__ = [
     "ChatSession",
     "ContextConfig",
     "DecisionCompleted",
+    "Encryption",
     "HistoryConfig",
     "HistoryEvent",
     "InvocationFinished",
