@@ -7,4 +7,6 @@ each store's own primitives. It sits above :mod:`touba.memory` and below the CLI
 the panel, which both call it.
 """
 
-__all__: list[str] = []
+from touba.data._stores import Stores
+
+__all__ = ["Stores"]
