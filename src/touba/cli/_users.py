@@ -57,7 +57,8 @@ def _print_receipt(receipt: ErasureReceipt, raw: bool) -> None:
     if raw:
         print_json(receipt.as_json())
         return
-    _counts_table({k: dict(v) for k, v in receipt.counts.items()}, "erased")
+    if receipt.counts:
+        _counts_table({k: dict(v) for k, v in receipt.counts.items()}, "erased")
     console.print(f"user sha256 {receipt.user_hash}")
     console.print(f"erased at {receipt.erased_at.isoformat(timespec='seconds')}")
     console.print(f"{receipt.total} row(s) erased")
