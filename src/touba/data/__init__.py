@@ -7,6 +7,8 @@ each store's own primitives. It sits above :mod:`touba.memory` and below the CLI
 the panel, which both call it.
 """
 
+from touba.data._erase import ErasureReceipt, erase_user, verify_erased
+from touba.data._owned import Owned, owned_by
 from touba.data._stores import Stores
 
-__all__ = ["Stores"]
+__all__ = ["ErasureReceipt", "Owned", "Stores", "erase_user", "owned_by", "verify_erased"]
