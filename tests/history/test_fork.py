@@ -262,7 +262,7 @@ async def test_a_damaged_original_is_not_copied() -> None:
         return record, None
 
     await store.transact(who.key, damage)
-    with pytest.raises(DecisionHistoryRecordInvalid, match="have no result|answers"):
+    with pytest.raises(DecisionHistoryRecordInvalid, match=r"have no result|answers"):
         await history.fork(who.key, identity("r", "c"), at_exchange=1)
     assert await store.read(identity("r", "c").key) is None
 

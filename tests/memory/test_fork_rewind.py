@@ -227,14 +227,16 @@ async def test_a_fork_continues_with_the_kept_turns_only(
                     assert (fork.owner, fork.agent, fork.mode) == ("user:u-1", "support", "live")
                     model.say("continued")
                     turn = await fork.send("and now?")
-                    assert turn.stored is not None and turn.stored.index == k
+                    assert turn.stored is not None
+                    assert turn.stored.index == k
                     assert _sent(model) == _kept(stored[:k])
                     # a rewind of the fork at every earlier turn: the next turn sees those
                     for kept in range(k, -1, -1):
                         await fork.rewind(kept)
                         model.say("again")
                         turn = await fork.send("once more")
-                        assert turn.stored is not None and turn.stored.index == kept
+                        assert turn.stored is not None
+                        assert turn.stored.index == kept
                         assert _sent(model) == _kept(stored[:kept])
                         await fork.rewind(kept)
                 after = await store.list_turns(original.session_id, limit=100)
@@ -246,68 +248,76 @@ async def test_an_anonymous_session_forks_into_an_anonymous_session(
 ) -> None:
     model = Scripted()
     runtime = build_runtime(model)
-    async with open_store("sqlite", private_dir) as store:
-        async with ChatSession(runtime, "support", None, "anon", store=store) as session:
-            model.say("hello")
-            await session.send("hi")
-            fork = await session.fork(1, session_id="anon-2")
-            async with fork:
-                assert fork.owner == owner_for(None, "anon-2")
-                meta = await store.get_session("anon-2")
-                assert meta is not None and meta.owner == "session:anon-2"
-            # reopened as any anonymous session is
-            async with ChatSession(runtime, "support", None, "anon-2", store=store) as again:
-                model.say("still here")
-                turn = await again.send("hello again")
-                assert turn.stored is not None and turn.stored.index == 1
-            with pytest.raises(ConfigurationError, match="already exists"):
-                await session.fork(1, session_id="anon-2")
+    async with (
+        open_store("sqlite", private_dir) as store,
+        ChatSession(runtime, "support", None, "anon", store=store) as session,
+    ):
+        model.say("hello")
+        await session.send("hi")
+        fork = await session.fork(1, session_id="anon-2")
+        async with fork:
+            assert fork.owner == owner_for(None, "anon-2")
+            meta = await store.get_session("anon-2")
+            assert meta is not None
+            assert meta.owner == "session:anon-2"
+        # reopened as any anonymous session is
+        async with ChatSession(runtime, "support", None, "anon-2", store=store) as again:
+            model.say("still here")
+            turn = await again.send("hello again")
+            assert turn.stored is not None
+            assert turn.stored.index == 1
+        with pytest.raises(ConfigurationError, match="already exists"):
+            await session.fork(1, session_id="anon-2")
 
 
 async def test_key_events_are_neither_forked_nor_rewound(private_dir: Path) -> None:
     model = Scripted()
     runtime = build_runtime(model)
-    async with open_store("sqlite", private_dir) as store:
-        async with ChatSession(runtime, "support", "u-9", "s", store=store) as session:
-            model.say("noted")
-            await session.send("my order A1 is late")
-            events = KeyEventService(store, memory().key_events)
-            await events.create("user:u-9", "refund", "Refund A1", "late", session_id="s")
-            model.say("ok")
-            await session.send("thanks")
-            async with await session.fork(1) as fork:
-                model.say("forked")
-                await fork.send("hello")
-                assert "Refund A1" in (model.requests[-1].instructions or "")
-            await session.rewind(0)
-            assert [e.title for e in await store.query_events("user:u-9")] == ["Refund A1"]
+    async with (
+        open_store("sqlite", private_dir) as store,
+        ChatSession(runtime, "support", "u-9", "s", store=store) as session,
+    ):
+        model.say("noted")
+        await session.send("my order A1 is late")
+        events = KeyEventService(store, memory().key_events)
+        await events.create("user:u-9", "refund", "Refund A1", "late", session_id="s")
+        model.say("ok")
+        await session.send("thanks")
+        async with await session.fork(1) as fork:
+            model.say("forked")
+            await fork.send("hello")
+            assert "Refund A1" in (model.requests[-1].instructions or "")
+        await session.rewind(0)
+        assert [e.title for e in await store.query_events("user:u-9")] == ["Refund A1"]
 
 
 async def test_a_rewind_is_refused_while_a_turn_awaits_approval(private_dir: Path) -> None:
     model = Scripted()
     checkpoints = MemoryCheckpointStore()
     runtime = build_runtime(model, approval=True, checkpoints=checkpoints)
-    async with open_store("sqlite", private_dir) as store:
-        async with ChatSession(runtime, "support", "u", "s", store=store) as session:
-            model.say("hi")
-            await session.send("hello")
-            model.call("refund", order_id="A1")
-            paused = await session.send("refund A1")
-            assert paused.status == "awaiting_approval"
-            with pytest.raises(ConfigurationError, match="awaits approval"):
-                await session.rewind(0)
-            # another process's object sees the checkpoint in the runtime's store
-            async with ChatSession(runtime, "support", "u", "s", store=store) as other:
-                with pytest.raises(ConfigurationError, match="checkpoint"):
-                    await other.rewind(0)
-            # a fork of the stored turns is allowed: the paused turn is not copied
-            async with await session.fork(1) as fork:
-                assert [t.user for t in await store.recent_turns(fork.session_id, 5)] == ["hello"]
-            model.say("refunded")
-            done = await session.resume({paused.result.pending[0].call_id: True})
-            assert done.status == "completed"
-            assert await session.rewind(1) == 1
-            assert [t.user for t in await store.recent_turns("s", 5)] == ["hello"]
+    async with (
+        open_store("sqlite", private_dir) as store,
+        ChatSession(runtime, "support", "u", "s", store=store) as session,
+    ):
+        model.say("hi")
+        await session.send("hello")
+        model.call("refund", order_id="A1")
+        paused = await session.send("refund A1")
+        assert paused.status == "awaiting_approval"
+        with pytest.raises(ConfigurationError, match="awaits approval"):
+            await session.rewind(0)
+        # another process's object sees the checkpoint in the runtime's store
+        async with ChatSession(runtime, "support", "u", "s", store=store) as other:
+            with pytest.raises(ConfigurationError, match="checkpoint"):
+                await other.rewind(0)
+        # a fork of the stored turns is allowed: the paused turn is not copied
+        async with await session.fork(1) as fork:
+            assert [t.user for t in await store.recent_turns(fork.session_id, 5)] == ["hello"]
+        model.say("refunded")
+        done = await session.resume({paused.result.pending[0].call_id: True})
+        assert done.status == "completed"
+        assert await session.rewind(1) == 1
+        assert [t.user for t in await store.recent_turns("s", 5)] == ["hello"]
 
 
 async def test_a_rewind_is_refused_while_a_turn_runs_and_when_closed(private_dir: Path) -> None:

@@ -26,7 +26,8 @@ async def test_each_turn_offers_a_fork_that_opens_the_new_session(
     page = client.get("/session?id=s-1")
     assert page.status_code == 200
     assert len(_FORKS.findall(page.text)) == 2  # one per turn
-    assert 'name="turn" value="1"' in page.text and 'name="turn" value="2"' in page.text
+    assert 'name="turn" value="1"' in page.text
+    assert 'name="turn" value="2"' in page.text
     before = await _state(memory, "s-1")
 
     response = post(client, "/session/fork", {"id": "s-1", "turn": "1"})
@@ -51,7 +52,8 @@ async def test_each_turn_offers_a_fork_that_opens_the_new_session(
     shown = client.get(location)
     assert shown.status_code == 200
     assert "Forked from turn 1 of session s-1" in shown.text
-    assert str(escape(f"hi {HOSTILE}")) in shown.text and HOSTILE not in shown.text
+    assert str(escape(f"hi {HOSTILE}")) in shown.text
+    assert HOSTILE not in shown.text
     assert len(_FORKS.findall(shown.text)) == 1
 
 
@@ -62,7 +64,8 @@ async def test_an_anonymous_session_forks_into_one_owned_by_itself(
     response = post(client, "/session/fork", {"id": "anon-1", "turn": "1"})
     new_id = response.headers["location"].removeprefix("/session?id=")
     meta = await memory.get_session(new_id)
-    assert meta is not None and meta.owner == f"session:{new_id}"
+    assert meta is not None
+    assert meta.owner == f"session:{new_id}"
 
 
 async def test_a_wrong_fork_changes_nothing(client: TestClient, memory: SqliteMemoryStore) -> None:

@@ -249,9 +249,7 @@ class DecisionHistory:
 
         return await self._log.transact_log(key, pending)
 
-    async def fork(
-        self, key: str, new_identity: ConversationIdentity, *, at_exchange: int
-    ) -> str:
+    async def fork(self, key: str, new_identity: ConversationIdentity, *, at_exchange: int) -> str:
         """Copy the first ``at_exchange`` exchanges of conversation ``key`` to a new
         conversation of ``new_identity``, in this history's store; return its key.
 

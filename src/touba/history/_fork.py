@@ -149,4 +149,6 @@ def _kept_summary(summary: object, kept: int) -> Record | None:
 
 def fork_appends(plan: ForkPlan) -> Sequence[tuple[int, Record]]:
     """The plan's messages as a log write appends them: (exchange, message), in order."""
-    return [(index, message) for index, exchange in enumerate(plan.exchanges) for message in exchange]
+    return [
+        (index, message) for index, exchange in enumerate(plan.exchanges) for message in exchange
+    ]

@@ -474,7 +474,7 @@ async def session_page(request: Request) -> Response:
 
 @router.post("/session/fork")
 async def fork_session(request: Request) -> Response:
-    """"Fork from this turn": a new session holding turns 1 .. ``turn`` of session ``id``
+    """The "Fork from this turn" button: a new session holding turns 1 .. ``turn`` of session ``id``
     (each whole; the original unchanged), then its page."""
     panel = _panel(request)
     form = await _form(request)
