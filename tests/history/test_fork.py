@@ -10,6 +10,7 @@ nothing.
 
 from __future__ import annotations
 
+import copy
 import uuid
 from typing import Any
 
@@ -277,7 +278,7 @@ async def test_a_damaged_original_is_not_copied() -> None:
 async def test_a_summary_is_kept_only_when_it_covers_kept_exchanges(stores: Stores) -> None:
     store = stores()
 
-    def summarize(request: SummaryRequest) -> str:
+    async def summarize(request: SummaryRequest) -> str:
         return f"summary of {len(request.turns)}"
 
     config = HistoryConfig(
@@ -297,3 +298,33 @@ async def test_a_summary_is_kept_only_when_it_covers_kept_exchanges(stores: Stor
     dropped = identity("r", "dropped")
     await history.fork(who.key, dropped, at_exchange=through - 1)
     assert (await store.read(dropped.key))["summary"] is None
+
+
+class _TransactOnly:
+    """A custom adapter offering only ``transact`` (a dict in RAM)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, Any] = {}
+        self.saves = 0
+
+    async def transact(self, key: str, operation: Any) -> Any:
+        found = self.records.get(key)
+        record, result = await operation(None if found is None else copy.deepcopy(found))
+        self.saves += 1
+        if record is None:
+            self.records.pop(key, None)
+        else:
+            self.records[key] = copy.deepcopy(record)
+        return result
+
+
+async def test_a_custom_adapter_forks_through_transact() -> None:
+    store = _TransactOnly()
+    history = DecisionHistory(HistoryConfig(store=store, namespace=NS))
+    who = identity("r")
+    await converse(history, who, [(3, "a", False), (1, "b", True)], answer_last=True)
+    before = canonical_json(store.records[who.key])
+    copied = await history.fork(who.key, identity("r", "c"), at_exchange=2)
+    assert store.records[copied]["exchanges"] == store.records[who.key]["exchanges"][:2]
+    paired(copied, store.records[copied]["exchanges"])
+    assert canonical_json(store.records[who.key]) == before  # saved back unchanged

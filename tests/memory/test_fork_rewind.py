@@ -348,4 +348,6 @@ async def test_a_rewind_is_refused_while_a_turn_runs_and_when_closed(private_dir
             with pytest.raises(ConfigurationError, match="has ended"):
                 await again.rewind(0)
             async with await again.fork(2) as fork:  # an ended session still forks
-                assert (await store.get_session(fork.session_id)).turns == 2  # type: ignore[union-attr]
+                meta = await store.get_session(fork.session_id)
+                assert meta is not None
+                assert meta.turns == 2
