@@ -78,7 +78,7 @@ PAGES: dict[str, str] = {
     "docs/data/erase.md": "python output sh",
     "docs/data/export.md": "",
     "docs/data/copy.md": "",
-    "docs/data/fork-and-rewind.md": "",
+    "docs/data/fork-and-rewind.md": "python output python output",
     "docs/data/repair.md": "",
     "docs/data/encryption.md": "",
     "docs/data/retention.md": "",

@@ -55,6 +55,7 @@ from touba.errors import (
     DecisionHistorySummaryInvalid,
 )
 from touba.history._config import HistoryConfig, HistoryEvent, SummaryRequest
+from touba.history._fork import check_original, fork_appends, plan_fork
 from touba.history._identity import ConversationIdentity
 from touba.history._integrity import check_decision_json, check_observations, check_window
 from touba.history._memory import MemoryHistoryStore
@@ -247,6 +248,88 @@ class DecisionHistory:
             return None, tuple((p["call_id"], p["name"]) for p in snapshot.head["pending"])
 
         return await self._log.transact_log(key, pending)
+
+    async def fork(self, key: str, new_identity: ConversationIdentity, *, at_exchange: int) -> str:
+        """Copy the first ``at_exchange`` exchanges of conversation ``key`` to a new
+        conversation of ``new_identity``, in this history's store; return its key.
+
+        The copy ends on a complete exchange (a decision and the result of each of
+        its calls), never between a call and its result; it is checked as the
+        pre-send window check does, and gets a fresh head (no pending call, no
+        plot); the original's summary is kept only when it covers kept exchanges
+        alone (:mod:`touba.history._fork`). The original is read once,
+        consistently, without a reservation: nothing is written to it. A built-in
+        store refuses to read a conversation while a decision holds it
+        (:class:`DecisionHistoryBusy`: retry once it is released); a custom
+        adapter offering only ``transact`` is read through it, which saves the
+        record back unchanged. The new conversation claims its place and is
+        saved within the store's bounds, like a first decision.
+
+        Raises :class:`ConfigurationError` when ``key`` holds no conversation, when
+        ``at_exchange`` is not an int from 1 to the number of complete exchanges,
+        when ``new_identity`` is of another namespace or the conversation of the
+        original, or when a conversation of ``new_identity`` already exists;
+        :class:`DecisionHistoryRecordInvalid` when the original is not a readable
+        decision history of this namespace's kind or its kept exchanges are
+        damaged; :class:`DecisionHistoryLimitExceeded` when the copy would exceed
+        ``max_retained_bytes``, ``max_sessions`` or ``max_store_bytes`` (nothing
+        is written then).
+        """
+        new_key = self._key(new_identity)
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError("key must be the session_key of a stored conversation")
+        if new_key == key:
+            raise ConfigurationError(
+                "new_identity names the original conversation; give the copy an identity "
+                "of its own (another invocation_id, say)"
+            )
+        record = await self._read_whole(key)
+        if record is None:
+            raise ConfigurationError(
+                f"there is no conversation {key} in this history's store (it may have "
+                "expired or been deleted); nothing was copied"
+            )
+        original = check_original(key, record)
+        if original.namespace != self.namespace:
+            raise ConfigurationError(
+                f"conversation {key} belongs to another namespace; fork it with a "
+                "DecisionHistory of that namespace"
+            )
+        plan = plan_fork(key, record, new_identity, at_exchange)
+        if plan.retained_bytes > self.config.max_retained_bytes:
+            raise DecisionHistoryLimitExceeded(
+                f"the copy would retain {plan.retained_bytes} bytes, over "
+                f"max_retained_bytes={self.config.max_retained_bytes}; nothing was written. "
+                "Fork at an earlier exchange or raise max_retained_bytes",
+                limit="max_retained_bytes",
+            )
+
+        async def create(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite | None, None]:
+            if snapshot is not None:
+                raise ConfigurationError(
+                    f"a conversation {new_key} already exists; fork to a new identity, or "
+                    "delete that conversation first. Nothing was written"
+                )
+            return LogWrite(head=plan.head, append=fork_appends(plan), bodies=plan.bodies), None
+
+        await self._log.transact_log(new_key, create)
+        logger.info("conversation %s forked at exchange %d into %s", key, at_exchange, new_key)
+        return new_key
+
+    async def _read_whole(self, key: str) -> Record | None:
+        """The record of ``key``, read without a reservation (built-in stores), or
+        through ``transact`` (a custom adapter's only access, which saves it back)."""
+        read = getattr(self.store, "read", None)
+        if callable(read):
+            found: Record | None = await read(key, purge=False)
+            return found
+
+        async def same(record: Record | None) -> tuple[Record | None, Record | None]:
+            return record, record
+
+        return await self.store.transact(key, same)
 
     def _key(self, identity: ConversationIdentity) -> str:
         if identity.namespace != self.namespace:

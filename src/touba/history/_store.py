@@ -265,7 +265,9 @@ class RecordSnapshot:
         ]
 
     async def exchanges(self, start: int, stop: int) -> list[list[Record]]:
-        return self._exchanges[start:stop]
+        # Each exchange a list of its own (the step adds its results to the copy it
+        # loads; sharing the list stored each result twice).
+        return [list(exchange) for exchange in self._exchanges[start:stop]]
 
     def apply(self, write: LogWrite) -> Record:
         exchanges = self._exchanges

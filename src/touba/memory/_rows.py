@@ -115,6 +115,14 @@ STATEMENTS: dict[str, str] = {
     "insert_turn": "INSERT INTO {turns} ({turn_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
     "recent_turns": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
     " ORDER BY idx DESC LIMIT %s",
+    # Fork and rewind: the session row locked first, so that appends and rewinds of it
+    # wait for the copy (SQLite's writers are serialised anyway).
+    "session_locked": "SELECT {session_cols} FROM {sessions} WHERE session_id = %s{for_update}",
+    "copy_turns": "INSERT INTO {turns} ({turn_cols}) SELECT CAST(%s AS TEXT), idx, user_text,"
+    " replies, trace, invocation_id, created_at, context FROM {turns}"
+    " WHERE session_id = %s AND idx < %s",
+    "set_turns": "UPDATE {sessions} SET turns = %s WHERE session_id = %s",
+    "drop_turns_after": "DELETE FROM {turns} WHERE session_id = %s AND idx >= %s",
     "turns_page": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"
     " ORDER BY idx LIMIT %s OFFSET %s",
     "turns_page_newest": "SELECT {turn_cols} FROM {turns} WHERE session_id = %s"

@@ -124,6 +124,7 @@ from touba.errors import (
 from touba.history._model import JSON, canonical_json
 from touba.memory._config import MemoryConfig
 from touba.memory._extraction import ExtractionQueue
+from touba.memory._fork import fork_stored_session
 from touba.memory._key_events import (
     TOOL_NAMES,
     KeyEventService,
@@ -705,6 +706,89 @@ class ChatSession(AsyncClosing):
                 f"of agent {self.agent!r}"
             )
         return user
+
+    # -- fork and rewind -----------------------------------------------------------------
+
+    async def fork(self, at_turn: int, *, session_id: str | None = None) -> ChatSession:
+        """A new chat session holding turns 1 .. ``at_turn`` of this one, each whole
+        (its text, replies, tool trace and ``context``), continued from there.
+
+        The copy is made in the store in one transaction
+        (``store.fork_session``); this session is not changed, and it may be
+        ended or hold a turn awaiting approval (a turn not yet stored is not
+        copied). The new session (``session_id``, or a new uuid4) has the same
+        runtime, agent, user, mode and settings; its next turn is turn
+        ``at_turn + 1`` and sees only the kept turns. Key events are per user and
+        not forked: a user's serve both sessions; an anonymous session's fork is
+        owned by itself (:mod:`touba.memory._fork`). Not yet opened: use it with
+        ``async with`` or close it.
+
+        ``ConfigurationError`` (nothing written) when this object is closed, the
+        session was never stored, ``at_turn`` is not an int from 1 to its turn
+        count, or ``session_id`` is already used; the store's errors propagate.
+        """
+        if self._closed:
+            raise ConfigurationError("this ChatSession is closed; create a new one")
+        meta = await fork_stored_session(self.store, self.session_id, at_turn, session_id)
+        logger.info("chat session forked at turn %d", at_turn)
+        return ChatSession(
+            self.runtime,
+            self.agent,
+            self.user_id,
+            meta.session_id,
+            store=self.store,
+            mode=self.mode,
+            extract_in_background=self.extract_in_background,
+            idle_seconds=self.idle_seconds,
+            queue=self.queue,
+            retain_decision_history=self.retain_decision_history,
+        )
+
+    async def rewind(self, to_turn: int) -> int:
+        """Keep turns 1 .. ``to_turn`` of this session and delete the later ones, each
+        whole, in one store transaction (``store.rewind_session``); return how many
+        turns were deleted. The next turn is turn ``to_turn + 1`` and sees only the
+        kept turns. Key events (per user) are not rewound.
+
+        Refused with ``ConfigurationError``, nothing changed: while a turn of this
+        object runs, while a turn awaits approval or a retry (here, or as a
+        checkpoint of this session in the runtime's checkpoint store, when that
+        store can list them: resume or discard it first), when the session is
+        closed, ended or was never stored, or for a ``to_turn`` that is not an int
+        from 0 to its turn count. A turn run by another process that has no
+        checkpoint yet cannot be seen: rewind a session only while no one uses it.
+        """
+        if self._closed:
+            raise ConfigurationError("this ChatSession is closed; create a new one")
+        if self._lock.locked():
+            raise ConfigurationError(
+                f"a turn of session {self.session_id!r} is running; rewind once it has ended"
+            )
+        async with self._lock:
+            self._usable()
+            await self.open()
+            self._usable()
+            waiting = await self._checkpoint_of_session()
+            if waiting is not None:
+                raise ConfigurationError(
+                    f"a turn of session {self.session_id!r} is kept at checkpoint {waiting} "
+                    "(awaiting approval, a retry or a resume); resume it with "
+                    "session.resume(checkpoint_id=...) first. Nothing was changed"
+                )
+            dropped = await self.store.rewind_session(self.session_id, to_turn=to_turn)
+            logger.info("chat session rewound to turn %d (%d turns removed)", to_turn, dropped)
+            return dropped
+
+    async def _checkpoint_of_session(self) -> str | None:
+        """A checkpoint of a turn of this session in the runtime's store, if it can tell."""
+        store: Any = self.runtime.checkpoints
+        listing = getattr(store, "list", None)
+        if not callable(listing):
+            return None
+        for info in await listing(run_id=self.session_id):
+            if getattr(info, "agent_ref", None) in (None, self.agent):
+                return str(info.checkpoint_id)
+        return None
 
     async def _context(self) -> tuple[InvocationContext, dict[str, JSON]]:
         """The turn's invocation context, and the record of what it gives."""

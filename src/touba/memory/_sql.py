@@ -317,6 +317,81 @@ class SqlMemoryStore(ABC):
         rows = await self._read("recent_turns", (session_id, max(limit, 0)))
         return tuple(turn_from_row(row, self._dec) for row in reversed(rows))
 
+    # -- fork and rewind (whole turns) ---------------------------------------------------
+
+    async def fork_session(
+        self, session_id: str, new_session_id: str, *, at_turn: int, owner: str
+    ) -> SessionMeta:
+        """Copy turns 1 .. ``at_turn`` of a session (text, replies, tool trace, context
+        and time, each turn whole) into a new open session of ``owner``, with the
+        original's agent and mode, atomically; return the new session. The original
+        is not changed (its row is locked while the copy runs, so that an append or
+        a rewind of it waits). Key events and jobs are not copied.
+
+        ``ConfigurationError`` (nothing written) for a session never opened, an
+        ``at_turn`` that is not an int from 1 to its turn count, an empty
+        ``new_session_id`` or ``owner``, or a ``new_session_id`` already used;
+        ``MemoryStoreUnavailable`` when the original's turns are not all there.
+        """
+        _check_turn("at_turn", at_turn, 1)
+        for name, value in (("new_session_id", new_session_id), ("owner", owner)):
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigurationError(f"{name} must be a non-empty str, got {value!r}")
+
+        async def body(db: Db) -> SessionMeta:
+            row = await db.one("session_locked", (session_id,))
+            if row is None:
+                raise unknown_session(session_id)
+            original = session_from_row(row, self._dec)
+            _check_range("at_turn", at_turn, 1, original)
+            values = (new_session_id, owner, original.agent_ref, original.mode)
+            if not await db.run("insert_session", (*values, self._enc(self.now()))):
+                raise ConfigurationError(
+                    f"chat session {new_session_id!r} already exists; fork into a new "
+                    "session id. Nothing was written"
+                )
+            copied = await db.run("copy_turns", (new_session_id, session_id, at_turn))
+            if copied != at_turn:
+                raise MemoryStoreUnavailable(
+                    f"chat session {session_id!r} counts {original.turns} turns but "
+                    f"{copied} of its first {at_turn} are stored; nothing was written. "
+                    "Inspect the session"
+                )
+            await db.run("set_turns", (at_turn, new_session_id))
+            created = await db.one("session", (new_session_id,))
+            assert created is not None
+            return session_from_row(created, self._dec)
+
+        return await self._atomic(body)
+
+    async def rewind_session(self, session_id: str, *, to_turn: int) -> int:
+        """Keep turns 1 .. ``to_turn`` of an open session and delete the later ones
+        (each whole), atomically; return how many were deleted. The next turn
+        appended is turn ``to_turn + 1``. Key events and jobs are not changed.
+
+        ``ConfigurationError`` (nothing written) for a session never opened or
+        already ended (its extraction job names its turn count), or a ``to_turn``
+        that is not an int from 0 to its turn count.
+        """
+        _check_turn("to_turn", to_turn, 0)
+
+        async def body(db: Db) -> int:
+            row = await db.one("session_locked", (session_id,))
+            if row is None:
+                raise unknown_session(session_id)
+            meta = session_from_row(row, self._dec)
+            if meta.ended_at is not None:
+                raise ConfigurationError(
+                    f"chat session {session_id!r} has ended; an ended session is not "
+                    "rewound (fork it instead). Nothing was changed"
+                )
+            _check_range("to_turn", to_turn, 0, meta)
+            dropped = await db.run("drop_turns_after", (session_id, to_turn))
+            await db.run("set_turns", (to_turn, session_id))
+            return dropped
+
+        return await self._atomic(body)
+
     # -- key events ----------------------------------------------------------------------
 
     async def create_event(
@@ -724,6 +799,22 @@ def _ids(name: str, values: object) -> tuple[str, ...]:
     if not all(isinstance(v, str) for v in values):
         raise ConfigurationError(f"{name} must hold str ids only")
     return tuple(dict.fromkeys(values))
+
+
+def _check_turn(name: str, value: object, lowest: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        raise ConfigurationError(
+            f"{name} must be an int of at least {lowest} (a turn number), got {value!r}"
+        )
+
+
+def _check_range(name: str, value: int, lowest: int, meta: SessionMeta) -> None:
+    if value > meta.turns:
+        raise ConfigurationError(
+            f"{name}={value} is out of range: chat session {meta.session_id!r} holds "
+            f"{meta.turns} turn(s), so {name} goes from {lowest} to {meta.turns}. "
+            "Nothing was written"
+        )
 
 
 def _check_agent(agent_ref: object) -> None:

@@ -110,6 +110,20 @@ class MemoryStore(Protocol):
     async def recent_turns(self, session_id: str, limit: int) -> tuple[StoredTurn, ...]:
         """The last ``limit`` turns, oldest first (none for an unknown session)."""
 
+    async def fork_session(
+        self, session_id: str, new_session_id: str, *, at_turn: int, owner: str
+    ) -> SessionMeta:
+        """Copy turns 1 .. ``at_turn`` (each whole: text, replies, trace, context) into a
+        new open session of ``owner`` with the original's agent and mode, atomically;
+        the original is unchanged, key events are not copied. ``ConfigurationError``
+        (nothing written) for an unknown session, an ``at_turn`` out of 1 .. its turn
+        count, or a ``new_session_id`` already used."""
+
+    async def rewind_session(self, session_id: str, *, to_turn: int) -> int:
+        """Delete the turns after ``to_turn`` of an open session (each whole),
+        atomically; return how many went. ``ConfigurationError`` (nothing changed) for
+        an unknown or ended session or a ``to_turn`` out of 0 .. its turn count."""
+
     async def create_event(
         self,
         *,

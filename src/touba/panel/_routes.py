@@ -34,6 +34,7 @@ from touba.memory import (
     KeyEventService,
     resolve_memory_settings,
 )
+from touba.memory._fork import fork_stored_session
 from touba.memory._model import (
     KEY_EVENT_STATUSES,
     ExtractionJob,
@@ -470,6 +471,32 @@ async def session_page(request: Request) -> Response:
         paused=await paused_turns(panel.approvals, panel.memory, session_id),
         given=await context_views(turns[:PAGE_SIZE], panel.history),
     )
+
+
+@router.post("/session/fork")
+async def fork_session(request: Request) -> Response:
+    """The "Fork from this turn" button: a new session holding turns 1 .. ``turn`` of session ``id``
+    (each whole; the original unchanged), then its page."""
+    panel = _panel(request)
+    form = await _form(request)
+    session_id, raw = form.get("id", ""), form.get("turn", "")
+    operator = _operator(request)
+    turn = int(raw) if raw.isdigit() and len(raw) < 10 else None
+    if turn is None:
+        operator.flash("error", "Nothing done: the turn to fork from was not a turn number.")
+        return _back("/session", id=session_id)
+    try:
+        meta = await fork_stored_session(panel.memory, session_id, turn)
+    except ConfigurationError as e:
+        operator.flash("error", f"Nothing done: {e.message}")
+        return _back("/session", id=session_id)
+    logger.info("chat session forked at turn %d by the operator", turn)
+    operator.flash(
+        "ok",
+        f"Forked from turn {turn} of session {session_id}: this session holds its turns "
+        f"1 to {turn}; the original is unchanged.",
+    )
+    return _back("/session", id=meta.session_id)
 
 
 # -- key events ----------------------------------------------------------------------------
