@@ -259,11 +259,13 @@ async def test_each_damage_is_found_repaired_and_accepted(stores: Stores, damage
     await make(Raw(stores, store, key))
 
     raw = await store.read_raw(key)
-    assert raw is not None and not raw.active
+    assert raw is not None
+    assert not raw.active
     found = {p.kind for p in check_record(raw)}
     assert kinds <= found, found
     plan = plan_repair(raw)
-    assert plan.changes and plan.unrepairable is None
+    assert plan.changes
+    assert plan.unrepairable is None
     assert set(plan.kinds) == found
     if damage in ("orphan_call", "result_without_call", "duplicate_id", "unreadable_row"):
         # Stuck before. (The RAM store only ever holds text it encoded: an unreadable
@@ -274,7 +276,8 @@ async def test_each_damage_is_found_repaired_and_accepted(stores: Stores, damage
 
     assert await store.repair(plan) is True
     repaired = await store.read_raw(key)
-    assert repaired is not None and check_record(repaired) == []
+    assert repaired is not None
+    assert check_record(repaired) == []
     await whole_window_passes(store, key)
     assert not (await store.list())[0].active
 
@@ -308,9 +311,11 @@ async def test_a_healthy_conversation_checks_clean_and_repair_changes_nothing(
     store = stores("main")
     _provider, _last, key = await conversation(store)
     raw = await store.read_raw(key)
-    assert raw is not None and check_record(raw) == []
+    assert raw is not None
+    assert check_record(raw) == []
     plan = plan_repair(raw)
-    assert not plan.changes and plan.problems == ()
+    assert not plan.changes
+    assert plan.problems == ()
     before = await state(store)
     assert await store.repair(plan) is False
     assert await state(store) == before
@@ -325,14 +330,16 @@ async def test_repair_is_refused_on_an_active_reservation(stores: Stores) -> Non
     task, leave = await holding(store, key, lambda record: (record, None))
     try:
         held = await store.read_raw(key)  # a check still reads it, and says it is held
-        assert held is not None and held.active
+        assert held is not None
+        assert held.active
         with pytest.raises(DecisionHistoryBusy):
             await store.repair(plan)
     finally:
         leave.set()
         await task
     raw = await store.read_raw(key)
-    assert raw is not None and "orphan_call" in {p.kind for p in check_record(raw)}
+    assert raw is not None
+    assert "orphan_call" in {p.kind for p in check_record(raw)}
 
 
 async def test_repair_is_refused_when_the_conversation_changed_since_its_plan(
@@ -363,7 +370,8 @@ async def test_an_unreadable_head_is_reported_and_not_rebuilt(stores: Stores) ->
     )
     plan = plan_repair(broken)
     assert [p.kind for p in plan.problems] == ["head_mismatch"]
-    assert plan.record is None and plan.unrepairable is not None
+    assert plan.record is None
+    assert plan.unrepairable is not None
     assert "delete it" in plan.unrepairable
 
 
@@ -400,12 +408,14 @@ def test_the_export_keeps_the_original_record_and_unreadable_rows() -> None:
         "created_at": "t",
         "selection": {"conversation": "k"},
     }
-    assert lines[1]["kind"] == "conversation" and lines[1]["key"] == "k"
+    assert lines[1]["kind"] == "conversation"
+    assert lines[1]["key"] == "k"
     assert lines[1]["identity"] == record["identity"]
     assert lines[1]["record"]["exchanges"] == record["exchanges"]
     assert lines[1]["raw_rows"] == ["{x"]
     assert lines[2] == {"kind": "end", "records": 1}
     event = plan.event().to_dict()
     assert event["kind"] == "history_repaired"
-    assert "unreadable_row" in event["repaired_kinds"] and "orphan_call" in event["repaired_kinds"]
+    assert "unreadable_row" in event["repaired_kinds"]
+    assert "orphan_call" in event["repaired_kinds"]
     assert "{x" not in json.dumps(event)  # no content
