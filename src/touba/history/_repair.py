@@ -593,13 +593,17 @@ class _Analysis:
         """Compare the head and the store's totals with what the rows hold."""
         raw, head = self.raw, self.head
         bodies = [[canonical_json(m) for m in self.messages(ex)] for ex in self.exchanges]
-        stats = {
+        self.stats = {  # the repaired record's
             "exchanges": len(bodies),
             "messages": sum(len(ex) for ex in bodies),
             "bytes": sum(len(b.encode("utf-8")) for ex in bodies for b in ex),
         }
-        self.stats = stats
-        if head.get("stats") != stats:
+        stored = {  # what the stored rows hold
+            "exchanges": len({r.exchange for r in raw.rows if r.exchange is not None}),
+            "messages": len(raw.rows),
+            "bytes": sum(len(r.body.encode("utf-8", "surrogatepass")) for r in raw.rows),
+        }
+        if head.get("stats") != stored:
             self.note(
                 "head_mismatch", "head.stats", "the head's counts differ from the rows: recounted"
             )
