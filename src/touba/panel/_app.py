@@ -25,6 +25,7 @@ from touba.panel._approvals import router as approvals_router
 from touba.panel._auth import COOKIE, PanelAuth, same_origin
 from touba.panel._format import register as register_filters
 from touba.panel._preview_stream import router as preview_stream_router
+from touba.panel._repair import router as repair_router
 from touba.panel._routes import router
 from touba.panel._state import Panel, set_cookie
 from touba.panel._stores import HistoryView, MemoryAdmin
@@ -104,6 +105,7 @@ def create_app(
     app.include_router(router)
     app.include_router(approvals_router)
     app.include_router(preview_stream_router)
+    app.include_router(repair_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.exception_handler(HTTPException)
