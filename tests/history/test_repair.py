@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,19 +291,23 @@ async def test_each_damage_is_found_repaired_and_accepted(stores: Stores, damage
     assert check_record(await store.read_raw(key)) == []
 
 
-async def test_unreadable_row_framing_in_redis(stores: Stores) -> None:
-    if stores.kind != "redis":
-        pytest.skip("only Redis frames its rows itself")
-    store = stores("main")
-    provider, last, key = await conversation(store)
-    await unreadable_framing(Raw(stores, store, key))
-    raw = await store.read_raw(key)
-    assert raw is not None
-    assert any(r.exchange is None for r in raw.rows)
-    assert "unreadable_row" in {p.kind for p in check_record(raw)}
-    assert await store.repair(plan_repair(raw)) is True
-    assert check_record(await store.read_raw(key)) == []
-    assert (await provider.decide(request(answer(last)))).output == "done"
+@pytest.mark.redis
+async def test_unreadable_row_framing_in_redis(tmp_path: Path) -> None:
+    stores = Stores("redis", tmp_path)
+    stores.prepare()
+    try:
+        store = stores("main")
+        provider, last, key = await conversation(store)
+        await unreadable_framing(Raw(stores, store, key))
+        raw = await store.read_raw(key)
+        assert raw is not None
+        assert any(r.exchange is None for r in raw.rows)
+        assert "unreadable_row" in {p.kind for p in check_record(raw)}
+        assert await store.repair(plan_repair(raw)) is True
+        assert check_record(await store.read_raw(key)) == []
+        assert (await provider.decide(request(answer(last)))).output == "done"
+    finally:
+        await stores.cleanup()
 
 
 async def test_a_healthy_conversation_checks_clean_and_repair_changes_nothing(
@@ -326,7 +331,7 @@ async def test_repair_is_refused_on_an_active_reservation(stores: Stores) -> Non
     store = stores("main")
     _provider, _last, key = await conversation(store)
     await orphan_call(Raw(stores, store, key))
-    plan = plan_repair(await store.read_raw(key))  # type: ignore[arg-type]
+    plan = plan_repair(await store.read_raw(key))
     task, leave = await holding(store, key, lambda record: (record, None))
     try:
         held = await store.read_raw(key)  # a check still reads it, and says it is held
@@ -348,7 +353,7 @@ async def test_repair_is_refused_when_the_conversation_changed_since_its_plan(
     store = stores("main")
     provider, last, key = await conversation(store)
     await orphan_call(Raw(stores, store, key))
-    plan = plan_repair(await store.read_raw(key))  # type: ignore[arg-type]
+    plan = plan_repair(await store.read_raw(key))
     head = await Raw(stores, store, key).head()
     head["updated_at"] = "2000-01-01T00:00:00+00:00"  # another writer since the plan
     await Raw(stores, store, key).set_head(head)

@@ -64,7 +64,8 @@ def healthy(draw: st.DrawFn) -> tuple[dict[str, Any], list[list[dict[str, Any]]]
             exchanges.append([{"kind": "decision", "calls": calls}, *results])
     head = new_head(WHO)
     pending: list[dict[str, str]] = []
-    if exchanges and draw(st.booleans()) and exchanges[-1][0].get("calls"):
+    awaiting: bool = draw(st.booleans())
+    if exchanges and awaiting and exchanges[-1][0].get("calls"):
         last = exchanges[-1]
         exchanges[-1] = [last[0]]  # awaiting its results
         pending = [{"call_id": c["call_id"], "name": c["name"]} for c in last[0]["calls"]]

@@ -671,7 +671,8 @@ def _identity_ok(identity: object) -> bool:
     if not isinstance(identity, Mapping):
         return False
     try:
-        ConversationIdentity(**{f: identity.get(f) for f in IDENTITY_FIELDS})
+        fields: dict[str, Any] = {f: identity.get(f) for f in IDENTITY_FIELDS}
+        ConversationIdentity(**fields)
     except (ToubaError, TypeError, ValueError):
         return False
     return True
