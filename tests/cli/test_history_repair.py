@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from tests.cli.conftest import Server
 from tests.cli.test_cli import _hold
+from tests.cli.test_read_only import snapshot
 from touba.cli._app import app
 from touba.history import ConversationIdentity
 from touba.history._record import join_record, new_head
@@ -254,3 +255,35 @@ def test_check_and_repair_on_postgres_and_redis(
     again = runner.invoke(app, ["history", "check", "--all", *options])
     assert again.exit_code == 0, again.output
     assert "2 conversation(s) checked, 0 damaged" in again.output
+
+
+def test_check_and_repair_without_yes_change_no_byte_mode_or_side_file(db: Path) -> None:
+    _good, broken = _seed(db)
+    before = snapshot(db.parent)
+    for args in (
+        ["check", "--all"],
+        ["check", broken, "--json"],
+        ["repair", broken],
+    ):
+        result = runner.invoke(app, ["history", *args, "--db", str(db)])
+        assert result.exit_code == 1, result.output
+    assert snapshot(db.parent) == before
+
+
+def test_check_and_repair_refuse_a_store_of_the_other_kind(tmp_path: Path) -> None:
+    directory = tmp_path / "state"
+    directory.mkdir(mode=0o700)
+    asyncio.run(_memory_store(directory / "memory.sqlite"))
+    before = snapshot(directory)
+    for args in (["check", "--all"], ["repair", "k", "--yes"]):
+        result = runner.invoke(app, ["history", *args, "--db", str(directory / "memory.sqlite")])
+        assert result.exit_code == 1, result.output
+        assert "memory store" in result.output
+    assert snapshot(directory) == before
+
+
+async def _memory_store(path: Path) -> None:
+    from touba.memory import SqliteMemoryStore
+
+    async with SqliteMemoryStore(path):
+        pass
