@@ -79,7 +79,7 @@ PAGES: dict[str, str] = {
     "docs/data/export.md": "",
     "docs/data/copy.md": "",
     "docs/data/fork-and-rewind.md": "python output python output",
-    "docs/data/repair.md": "",
+    "docs/data/repair.md": "python output sh json",
     "docs/data/encryption.md": "",
     "docs/data/retention.md": "",
     "docs/testing.md": "python output",

@@ -17,9 +17,14 @@ against ``max_retained_bytes``; the record's ``stats.bytes``). ``ls`` and
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Unpack
 
@@ -28,6 +33,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+import touba
 from touba.cli._common import (
     JsonOption,
     console,
@@ -50,7 +56,16 @@ from touba.cli._stores import (
     open_history,
 )
 from touba.errors import DecisionHistoryBusy
-from touba.history import StoredConversation, StoreUsage
+from touba.history import (
+    RawConversation,
+    RecordProblem,
+    RepairPlan,
+    StoredConversation,
+    StoreUsage,
+    check_record,
+    plan_repair,
+)
+from touba.history._repair import RepairableStore, export_lines
 
 app = typer.Typer(
     help="Inspect and administer a decision-history store (SQLite, PostgreSQL or Redis).",
@@ -73,6 +88,7 @@ Key = Annotated[
     str,
     typer.Argument(help="The session key, whole or shortened as `touba history ls` shows it."),
 ]
+logger = logging.getLogger("touba.history")
 KEY_SHOWN = 21
 """How many characters of a key ``ls`` shows on a terminal (without ``--wide``)."""
 ELLIPSIS = "…"
@@ -530,3 +546,193 @@ def purge(
         console.print(f"purged {count} expired conversation(s)")
 
     target.backend.run(go())
+
+
+# -- check and repair (issue 27) -----------------------------------------------------------
+#
+# ``check`` reads only (``read_raw``: the rows as stored, refusing nothing; the store is
+# opened read-only and nothing is purged); ``repair`` shows the plan and writes it only
+# with ``--yes``, the originals first kept in the export format (JSON Lines, mode 0600,
+# a file that does not exist yet).
+
+
+def _problem_data(problem: RecordProblem) -> dict[str, str]:
+    return {"kind": problem.kind, "where": problem.where, "why": problem.why}
+
+
+def _print_problems(key: str, problems: list[RecordProblem] | tuple[RecordProblem, ...]) -> None:
+    console.print(f"[bold]{escape(key)}[/]: {len(problems)} problem(s)", highlight=False)
+    for problem in problems:
+        console.print(
+            f"  {problem.kind}  {escape(problem.where)}: {escape(problem.why)}", highlight=False
+        )
+
+
+async def _raw(store: HistoryAdmin, key: str) -> RawConversation | None:
+    reader: RepairableStore = store  # type: ignore[assignment]  # every built-in store
+    return await reader.read_raw(key)
+
+
+@_store_command("check")
+def check(
+    target: _Target,
+    key: Annotated[
+        str | None,
+        typer.Argument(help="The session key (whole or as `ls` shortens it); or --all."),
+    ] = None,
+    every: Annotated[bool, typer.Option("--all", help="Check every conversation.")] = False,
+    raw: JsonOption = False,
+) -> None:
+    """List the conversations a decision would refuse as damaged, and why (orphan call,
+    result without call, duplicated id, unreadable row, head mismatch, ...).
+
+    Reads only: nothing is purged, created or changed. Exits 1 when any problem is
+    found; `touba history repair KEY` shows the fix."""
+    if (key is None) == (not every):
+        errors.print("[bold red]give a KEY or --all[/] (not both)")
+        raise typer.Exit(2)
+
+    async def go() -> list[tuple[RawConversation, list[RecordProblem]]]:
+        nonlocal key
+        async with _open(target, read_only=True) as store:
+            if key is not None:
+                key = await _resolve(store, key)
+                keys = [key]
+            else:
+                keys = [r.key for r in await store.list(purge=False) if not r.expired]
+            found = []
+            for one in keys:
+                conversation = await _raw(store, one)
+                if conversation is not None:
+                    found.append((conversation, check_record(conversation)))
+        if key is not None and not found:
+            errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
+            raise typer.Exit(1)
+        return found
+
+    found = target.backend.run(go())
+    damaged = [(c, p) for c, p in found if p]
+    if raw:
+        print_json(
+            {
+                "checked": len(found),
+                "damaged": len(damaged),
+                "conversations": [
+                    {
+                        "key": c.key,
+                        "active": c.active,
+                        "problems": [_problem_data(p) for p in problems],
+                    }
+                    for c, problems in damaged
+                ],
+            }
+        )
+    else:
+        for conversation, problems in damaged:
+            _print_problems(conversation.key, problems)
+            if conversation.active:
+                console.print("  (reserved now: a decision may be changing it)")
+        console.print(f"{len(found)} conversation(s) checked, {len(damaged)} damaged")
+        if damaged:
+            console.print("repair one with `touba history repair KEY` (it shows the fix first)")
+    if damaged:
+        raise typer.Exit(1)
+
+
+def _default_backup(key: str) -> Path:
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Path(f"touba-repair-{digest}-{stamp}.jsonl")
+
+
+def write_backup(path: Path, plan: RepairPlan) -> None:
+    """The plan's originals in the export format, in a new file of mode 0600
+    (``FileExistsError`` when ``path`` exists: nothing is overwritten)."""
+    lines = export_lines(
+        plan, touba_version=touba.__version__, created_at=datetime.now(UTC).isoformat()
+    )
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        os.fchmod(out.fileno(), 0o600)  # whatever the umask
+        out.write("".join(line + "\n" for line in lines))
+
+
+@_store_command("repair")
+def repair(
+    target: _Target,
+    key: Key,
+    yes: Annotated[bool, typer.Option("--yes", help="Apply the repair shown.")] = False,
+    backup: Annotated[
+        Path | None,
+        typer.Option(
+            "--backup",
+            help="Where to keep the originals (export format, mode 0600; a new file). "
+            "Default: touba-repair-<key digest>-<UTC time>.jsonl here.",
+        ),
+    ] = None,
+) -> None:
+    """Show the smallest fix of a damaged conversation; apply it only with --yes.
+
+    An orphan call is answered with an error result "not run: repaired"; a result
+    without its call, an unreadable row and later copies of a duplicated id are
+    dropped; the head is rebuilt from the rows. With --yes the originals are written
+    first to the backup file (export format), then the repair, under a reservation
+    (refused while a worker holds the conversation). Exits 1 when nothing was
+    applied (no --yes, cannot be repaired, busy)."""
+
+    async def plan_of() -> RepairPlan | None:
+        nonlocal key
+        async with _open(target, read_only=not yes) as store:
+            key = await _resolve(store, key)
+            conversation = await _raw(store, key)
+        return None if conversation is None else plan_repair(conversation)
+
+    plan = target.backend.run(plan_of())
+    if plan is None:
+        errors.print(f"[bold red]no conversation {escape(key)}[/] (absent or expired)")
+        raise typer.Exit(1)
+    if not plan.problems:
+        console.print(f"conversation {escape(key)} is healthy: nothing to repair")
+        return
+    _print_problems(key, plan.problems)
+    if plan.record is None:
+        errors.print(
+            f"[bold red]cannot be repaired[/]: {escape(plan.unrepairable or '')} "
+            f"(`touba history rm {escape(key)}`)"
+        )
+        raise typer.Exit(1)
+    console.print(
+        f"repair: {len(plan.removed_rows)} row(s) dropped or changed, {plan.added} result(s) "
+        "added, the head rebuilt from the rows"
+    )
+    if not yes:
+        console.print("not applied: run again with --yes to apply it")
+        raise typer.Exit(1)
+    path = backup if backup is not None else _default_backup(key)
+    try:
+        write_backup(path, plan)
+    except OSError as e:
+        errors.print(
+            f"[bold red]cannot write the backup {escape(str(path))}[/] ({type(e).__name__}: "
+            f"{escape(e.strerror or '')}); nothing was repaired. Give another --backup FILE"
+        )
+        raise typer.Exit(1) from e
+    console.print(f"originals kept in {escape(str(path))}", highlight=False)
+
+    async def apply() -> None:
+        async with _open(target) as store:
+            writer: RepairableStore = store  # type: ignore[assignment]
+            await writer.repair(plan)
+
+    try:
+        target.backend.run(apply())
+    except DecisionHistoryBusy as e:
+        errors.print(f"[bold red]{e.code}[/]: {escape(str(e))}")
+        raise typer.Exit(1) from e
+    event = plan.event()
+    logger.info("history_repaired %s", json.dumps(event.to_dict(), sort_keys=True))
+    console.print(
+        f"repaired: {event.count} problem(s) fixed ({event.repaired_kinds}); the "
+        "conversation now passes the window check",
+        highlight=False,
+    )

@@ -18,6 +18,15 @@ from touba.history._model import (
     SummaryMessage,
     message_bytes,
 )
+from touba.history._repair import (
+    RawConversation,
+    RawRow,
+    RecordProblem,
+    RepairPlan,
+    check_record,
+    plan_repair,
+    raw_of_record,
+)
 from touba.history._store import HistoryStore, StoredConversation, StoreUsage
 from touba.history._window import ExchangeSize, select_window
 
@@ -35,12 +44,19 @@ __all__ = [
     "MemoryHistoryStore",
     "Message",
     "Observation",
+    "RawConversation",
+    "RawRow",
+    "RecordProblem",
+    "RepairPlan",
     "ResultMessage",
     "StoreUsage",
     "StoredConversation",
     "SummaryMessage",
     "SummaryRequest",
+    "check_record",
     "conversation_key",
     "message_bytes",
+    "plan_repair",
+    "raw_of_record",
     "select_window",
 ]

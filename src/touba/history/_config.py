@@ -32,6 +32,7 @@ EventKind = Literal[
     "provider_context_count",
     "resumed_without_messages",
     "history_store_pressure",
+    "history_repaired",
 ]
 
 
@@ -66,6 +67,11 @@ class HistoryEvent:
     this decision was sent without a summary, trimmed plainly.
     ``provider_context_count`` also gives ``prior_turns``: the earlier chat
     turns in the request it counted (the guard drops them first).
+    ``history_repaired`` (a stored conversation repaired, see
+    :func:`~touba.history.plan_repair`): ``message_count`` and ``bytes`` of the
+    repaired record, ``count`` problems found, ``removed_messages`` rows dropped
+    or changed, ``added_messages`` results added, ``repaired_kinds`` the kinds of
+    problem, comma-separated.
     """
 
     kind: EventKind
@@ -88,6 +94,8 @@ class HistoryEvent:
     used_bytes: int | None = None
     max_store_bytes: int | None = None
     prior_turns: int | None = None
+    added_messages: int | None = None
+    repaired_kinds: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON-ready data, without the fields its kind does not use."""

@@ -39,6 +39,8 @@ from touba.history._frozen import parse_frozen
 from touba.history._head import HeldHead, encode_head, parse_head
 from touba.history._model import Message, message_from_dict
 from touba.history._record import join_record
+from touba.history._repair import RawConversation, RawRow, RepairPlan
+from touba.history._repair_write import changed_since
 from touba.history._store import (
     LogOperation,
     LogWrite,
@@ -346,6 +348,68 @@ class MemoryHistoryStore(AsyncClosing):
             self._check_open()
             self._fresh.discard(key)
             return recovered(key, self._active.pop(key, None) is not None)
+
+    async def read_raw(self, key: str) -> RawConversation | None:
+        """The conversation as stored (head and message texts, its totals), or None
+        when absent or expired: it refuses nothing, a reserved conversation included
+        (``active`` says so), and changes nothing. For
+        :func:`~touba.history.check_record`."""
+        check_key(key)
+        with self._lock:
+            return self._raw(key)
+
+    def _raw(self, key: str) -> RawConversation | None:
+        entry = self._peek(key)
+        if entry is None or entry.expires_at <= self._clock():
+            return None
+        rows = tuple(
+            RawRow(index, len(body.encode("utf-8", "surrogatepass")), body)
+            for index, exchange in enumerate(entry.exchanges)
+            for body in exchange
+        )
+        return RawConversation(
+            key,
+            entry.head,
+            entry.split,
+            rows,
+            len(entry.exchanges),
+            entry.messages,
+            entry.bytes,
+            key in self._active,
+        )
+
+    async def repair(self, plan: RepairPlan) -> bool:
+        """Write ``plan`` (:func:`~touba.history.plan_repair`) at once; True when it
+        changed the conversation, False when the plan changes nothing.
+        ``DecisionHistoryBusy`` (nothing written) when the conversation is reserved,
+        or changed since ``plan`` was computed; ``DecisionHistoryLimitExceeded``
+        when the repaired record would not fit."""
+        if plan.record is None:
+            return False
+        key = plan.key
+        check_key(key)
+        encoded = encode_record(plan.record)
+        with self._lock:
+            if key in self._active:
+                raise busy(key)
+            entry = self._peek(key)
+            current = self._raw(key)
+            if current is None or entry is None or not current.same_as(plan.original):
+                raise changed_since(key)
+            new = _Entry(
+                head=encoded.head,
+                split=encoded.split,
+                exchanges=encoded.exchanges,
+                sizes=[
+                    ExchangeSize(len(ex), sum(len(m.encode("utf-8")) for m in ex))
+                    for ex in encoded.exchanges
+                ],
+                messages=encoded.messages,
+                bytes=encoded.bytes,
+            )
+            self._admit(key, new.bytes, entry)
+            self._stamp(key, new)
+        return True
 
     async def usage(self, *, purge: bool = True) -> StoreUsage:
         """How full the store is now (expired entries purged first, unless ``purge``

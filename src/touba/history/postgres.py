@@ -75,6 +75,7 @@ from typing import Any, Final, TypeVar
 
 try:
     import psycopg  # noqa: F401 - imported first so that a missing driver names the extra
+    from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
 except ImportError as e:  # pragma: no cover - exercised in a test with psycopg hidden
     raise ImportError(
@@ -116,6 +117,8 @@ from touba.history._pg import rows as _rows
 from touba.history._pg import run as _run
 from touba.history._pg_sql import SCHEMA_VERSION, SHARDS, Statements, statements
 from touba.history._record import join_record
+from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_int, raw_text
+from touba.history._repair_write import write_repair
 from touba.history._reservations import Reservations
 from touba.history._store import (
     LogOperation,
@@ -666,6 +669,45 @@ class PostgresHistoryStore(PooledStore):
             if row[0]:  # a bare reservation: the key had no record
                 await _run(conn, self._sql.delete, (key,))
         return recovered(key, True)
+
+    async def read_raw(self, key: str) -> RawConversation | None:
+        """The conversation as stored (head and row texts, the table's totals), or
+        None when absent or expired: it refuses nothing, a reserved conversation
+        included (``active`` says so), and changes nothing (the head row is read
+        ``FOR SHARE``, so the rows read after it are those of one save). For
+        :func:`~touba.history.check_record`."""
+        check_key(key)
+        s = self._sql
+        head_sql = sql.SQL(
+            "SELECT head, split, exchanges, messages, bytes, token IS NOT NULL,"
+            " coalesce(expires_at <= now(), false) FROM {t} WHERE key = %s FOR SHARE"
+        ).format(t=s.table)
+        async with self._pg.call() as conn:
+            row = await _row(conn, head_sql, (key,))
+            if row is None or row[0] is None or row[6]:
+                return None
+            head, split, exchanges, messages, size, active, _expired = row
+            rows = await _rows(conn, s.all_messages, (key,)) if split else []
+        return RawConversation(
+            key,
+            raw_text(head),
+            bool(split),
+            tuple(RawRow(raw_int(e), raw_int(b), raw_text(body)) for e, b, body in rows),
+            exchanges if split else 0,
+            messages,
+            size,
+            bool(active),
+        )
+
+    async def repair(self, plan: RepairPlan) -> bool:
+        """Write ``plan`` (:func:`~touba.history.plan_repair`) in one transaction under a
+        reservation; True when it changed the conversation, False when the plan
+        changes nothing. ``DecisionHistoryBusy`` (nothing written) when the
+        conversation is reserved, or changed since ``plan`` was computed;
+        ``DecisionHistoryLimitExceeded`` when the repaired record would not fit."""
+        check_key(plan.key)
+        async with self._using():
+            return await write_repair(self._reservations, self.read_raw, plan)
 
     async def purge_expired(self) -> int:
         """Delete every expired, unreserved conversation now; returns how many."""

@@ -96,6 +96,8 @@ from touba.history._common import (
 )
 from touba.history._lua import load
 from touba.history._record import join_record
+from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_text
+from touba.history._repair_write import write_repair
 from touba.history._reservations import MAX_TAIL, Recent, Reservations
 from touba.history._store import (
     LogOperation,
@@ -136,6 +138,19 @@ Client = aioredis.Redis | aioredis.RedisCluster
 # The scripts are lua/*.lua, registered by RedisHistoryStore (KEYS and ARGV are
 # documented in each file); their replies and the stored rows are read by
 # touba.history._redis_replies.
+
+
+def _raw_row(value: Any) -> RawRow:
+    """A stored row ``[exchange,bytes,message]`` as read, refusing nothing."""
+    text = raw_text(value)
+    try:
+        first = text.index(",")
+        second = text.index(",", first + 1)
+        if text[0] != "[" or text[-1] != "]":
+            raise ValueError
+        return RawRow(int(text[1:first]), int(text[first + 1 : second]), text[second + 1 : -1])
+    except ValueError:
+        return RawRow(None, None, text)
 
 
 @contextmanager
@@ -723,6 +738,49 @@ class RedisHistoryStore(AsyncClosing):
         require_worker_stopped(worker_stopped)
         freed = await self._conv(self._release_script, self._keys(key), ("",), "a recover")
         return recovered(key, freed == 1)
+
+    async def read_raw(self, key: str) -> RawConversation | None:
+        """The conversation as stored (head and row texts, the store's totals), or None
+        when absent or expired: it refuses nothing, a reserved conversation included
+        (``active`` says so), and changes nothing (one MULTI of reads, so what it
+        reads is one state). A row whose ``[exchange,bytes,message]`` framing is
+        unreadable comes with ``exchange`` None. For :func:`~touba.history.check_record`."""
+        keys = self._keys(key)
+        self._check_open()
+        with _driver_errors("a read"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hmget(keys.all[4], "head", "split", "messages", "token", "expires_at")
+                pipe.hget(keys.all[0], keys.id)
+                pipe.llen(keys.exchanges)
+                pipe.lrange(keys.messages, 0, -1)
+                pipe.time()
+                fields, size, exchanges, listed, (seconds, micros) = await pipe.execute()
+        head, split, messages, token, expires = fields
+        if head is None:
+            return None
+        if expires is not None and int(expires) <= seconds * 1000 + micros // 1000:
+            return None
+        split = raw_text(split) == "1"
+        return RawConversation(
+            key,
+            raw_text(head),
+            split,
+            tuple(_raw_row(value) for value in listed) if split else (),
+            int(exchanges) if split else 0,
+            int(messages or 0),
+            int(size or 0),
+            token is not None,
+        )
+
+    async def repair(self, plan: RepairPlan) -> bool:
+        """Write ``plan`` (:func:`~touba.history.plan_repair`) in one script under a
+        reservation; True when it changed the conversation, False when the plan
+        changes nothing. ``DecisionHistoryBusy`` (nothing written) when the
+        conversation is reserved, or changed since ``plan`` was computed;
+        ``DecisionHistoryLimitExceeded`` when the repaired record would not fit."""
+        self._check_open()
+        check_key(plan.key)
+        return await write_repair(self._reservations, self.read_raw, plan)
 
     async def purge_expired(self) -> int:
         """Purge expired, unreserved conversations now; return how many went."""

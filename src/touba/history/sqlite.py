@@ -91,6 +91,8 @@ from touba.history._common import (
 )
 from touba.history._files import open_private_sqlite
 from touba.history._record import join_record
+from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_int, raw_text
+from touba.history._repair_write import write_repair
 from touba.history._reservations import Reservations
 from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
 from touba.history._sqlite_kinds import require_sqlite_store
@@ -422,6 +424,29 @@ class _Db:
             ).rowcount
             cleared += self.q(_UNRESERVE + "IS NOT NULL", key).rowcount
         return cleared > 0
+
+    def read_raw(self, key: str) -> RawConversation | None:
+        """The conversation as stored, refusing nothing (see ``read_raw``)."""
+        with transaction(self.conn, "BEGIN"):
+            row = self.q(
+                "SELECT head, split, exchanges, messages, bytes, token, expires_at "
+                "FROM touba_history_sessions WHERE key = ?",
+                key,
+            ).fetchone()
+            if row is None or row[0] is None or row[6] <= self.store._clock():
+                return None
+            head, split, exchanges, messages, size, token, _expires = row
+            rows = self._rows(key, 0, _NO_END) if split else []
+        return RawConversation(
+            key,
+            raw_text(head),
+            bool(split),
+            tuple(RawRow(raw_int(e), raw_int(b), raw_text(body)) for e, b, body in rows),
+            exchanges if split else 0,
+            messages,
+            size,
+            token is not None,
+        )
 
     def purge(self) -> int:
         now = self.store._clock()
@@ -803,6 +828,25 @@ class SqliteHistoryStore(AsyncClosing):
         check_key(key)
         with self._using():
             return recovered(key, await self._run(key, lambda: self._db.recover(key)))
+
+    async def read_raw(self, key: str) -> RawConversation | None:
+        """The conversation as stored (head and row texts, the store's totals), or None
+        when absent or expired: it refuses nothing, a reserved conversation included
+        (``active`` says so), and changes nothing. For :func:`~touba.history.check_record`.
+        ``DecisionHistoryStoreUnavailable`` when the file cannot be read."""
+        check_key(key)
+        with self._using():
+            return await self._run(key, lambda: self._db.read_raw(key))
+
+    async def repair(self, plan: RepairPlan) -> bool:
+        """Write ``plan`` (:func:`~touba.history.plan_repair`) in one transaction under a
+        reservation; True when it changed the conversation, False when the plan
+        changes nothing. ``DecisionHistoryBusy`` (nothing written) when the
+        conversation is reserved, or changed since ``plan`` was computed;
+        ``DecisionHistoryLimitExceeded`` when the repaired record would not fit."""
+        check_key(plan.key)
+        with self._using():
+            return await write_repair(self._reservations, self.read_raw, plan)
 
     async def purge_expired(self) -> int:
         """Delete expired, unreserved conversations now; return how many."""

@@ -26,6 +26,7 @@ from touba.panel._auth import COOKIE, PanelAuth, same_origin
 from touba.panel._erase import router as erase_router
 from touba.panel._format import register as register_filters
 from touba.panel._preview_stream import router as preview_stream_router
+from touba.panel._repair import router as repair_router
 from touba.panel._routes import router
 from touba.panel._state import Panel, set_cookie
 from touba.panel._stores import HistoryView, MemoryAdmin
@@ -106,6 +107,7 @@ def create_app(
     app.include_router(approvals_router)
     app.include_router(preview_stream_router)
     app.include_router(erase_router)
+    app.include_router(repair_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.exception_handler(HTTPException)

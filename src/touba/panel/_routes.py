@@ -23,6 +23,7 @@ from fastapi.responses import RedirectResponse
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
+    DecisionHistoryRecordInvalid,
     KeyEventInvalid,
     ToubaError,
 )
@@ -44,6 +45,7 @@ from touba.memory._model import (
 )
 from touba.panel._auth import COOKIE, CSRF_FIELD, CSRF_HEADER, OperatorSession, PanelAuth
 from touba.panel._context_view import context_views
+from touba.panel._damage import damaged_counts, problems_of
 from touba.panel._forms import SettingsForm, parse_settings
 from touba.panel._state import Panel, set_cookie
 from touba.panel._svg import render_plot
@@ -661,7 +663,8 @@ async def conversations(request: Request) -> Response:
     usage = await panel.history.usage(purge=False)
     start = (number - 1) * PAGE_SIZE
     page = _paged(rows[start : start + PAGE_SIZE + 1], number, len(rows))
-    return panel.render(request, "conversations.html", page=page, usage=usage)
+    damaged = await damaged_counts(panel.history, [r.key for r in page.items])
+    return panel.render(request, "conversations.html", page=page, usage=usage, damaged=damaged)
 
 
 @router.get("/conversation")
@@ -672,11 +675,14 @@ async def conversation(request: Request) -> Response:
     listed = await _listed(store, key)
     record = None
     busy = False
+    problems = await problems_of(store, key)
     if not listed.active:
         try:
             record = await store.read(key, purge=False)
         except DecisionHistoryBusy:
             busy = True
+        except DecisionHistoryRecordInvalid:  # unreadable as stored: its problems say why
+            record = None
     else:
         busy = True
     exchanges: list[Any] = []
@@ -704,6 +710,7 @@ async def conversation(request: Request) -> Response:
         points=points,
         ring=PLOT_POINTS,
         shown=_shown,
+        problems=problems,
     )
 
 
