@@ -7,6 +7,24 @@ each store's own primitives. It sits above :mod:`touba.memory` and below the CLI
 the panel, which both call it.
 """
 
+from touba.data._export import export_records, write_export
+from touba.data._format import (
+    FORMAT_VERSION,
+    ExportFileInvalid,
+    ImportConflict,
+    ImportLimitExceeded,
+)
+from touba.data._import import ImportReport, import_records
 from touba.data._stores import Stores
 
-__all__ = ["Stores"]
+__all__ = [
+    "FORMAT_VERSION",
+    "ExportFileInvalid",
+    "ImportConflict",
+    "ImportLimitExceeded",
+    "ImportReport",
+    "Stores",
+    "export_records",
+    "import_records",
+    "write_export",
+]
