@@ -135,7 +135,7 @@ class TraceCallData(_Line):
     call_id: str
     name: str
     arguments: dict[str, JsonValue]
-    status: str
+    status: Literal["ok", "error", "denied"]
     result: JsonValue = None
     error: str | None = None
 
