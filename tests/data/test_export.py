@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import touba
 from tests.data._export_data import (
     Deployment,
     conversation,
@@ -123,9 +124,9 @@ async def test_the_file_holds_the_header_every_kind_and_the_end_line(
     ]
 
     header, *records, end = lines
-    assert header["format"] == "touba-export" and header["version"] == 1
+    assert header["format"] == "touba-export"
+    assert header["version"] == 1
     assert header["selection"] == {"session": "s1"}
-    import touba
 
     assert header["touba"] == touba.__version__
     assert end == {"kind": "end", "records": len(records)}
@@ -146,7 +147,8 @@ async def test_importing_twice_changes_nothing(deployments: Callable[..., Deploy
 
     report = await import_records(target.stores, exported.splitlines(keepends=True))
 
-    assert report.added == {} and report.present == KINDS_OF_RECORDS
+    assert report.added == {}
+    assert report.present == KINDS_OF_RECORDS
     assert report.total_present == sum(KINDS_OF_RECORDS.values())
     assert records_of(await export_bytes(target.stores, session="s1")) == records_of(before)
     assert await target.history.usage() == usage
