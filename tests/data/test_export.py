@@ -398,7 +398,7 @@ async def test_conversation_and_namespace_selections(
 
 @pytest.mark.parametrize(
     "selection",
-    [{}, {"session": "a", "namespace": "b"}, {"session": ""}, {"user": "u"}],
+    [{}, {"session": "a", "namespace": "b"}, {"session": ""}, {"user": ""}],
 )
 async def test_one_selection_is_required(
     deployments: Callable[..., Deployment], selection: dict[str, str]
@@ -435,3 +435,46 @@ async def test_async_lines_are_imported(deployments: Callable[..., Deployment]) 
             yield line
 
     assert (await import_records(target.stores, lines())).added == KINDS_OF_RECORDS
+
+
+@pytest.mark.parametrize(
+    "target_kinds",
+    [
+        pytest.param(("sqlite", "sqlite"), id="sqlite"),
+        pytest.param(("postgres", "postgres"), id="pg", marks=PG),
+    ],
+)
+async def test_a_user_is_exported_with_what_erase_would_find(
+    deployments: Callable[..., Deployment], target_kinds: tuple[str, str]
+) -> None:
+    origin, target = deployments(), deployments(*target_kinds)
+    memory = origin.memory
+    for user, sid in (("u1", "a"), ("u1", "b"), ("u2", "c")):
+        owner = f"user:{user}"
+        await memory.open_session(sid, owner=owner, agent_ref="support", mode="live")
+        await memory.append_turn(sid, user=f"hello from {user}", replies=["hi"])
+        event = await memory.create_event(
+            owner=owner, type="task", title=f"T {sid}", details="", session_id=sid
+        )
+        await memory.update_event(owner, event.id, {"status": "closed"}, session_id=sid)
+        await save(origin.history, f"app:{sid}", conversation(sid, "i"))
+        await origin.stores.checkpoints.save(f"cp-{sid}", {"run_id": sid})  # type: ignore[union-attr]
+
+    exported = await export_bytes(origin.stores, user="u1")
+    records = [json.loads(line) for line in records_of(exported)]
+
+    assert json.loads(exported.splitlines()[0])["selection"] == {"user": "u1"}
+    assert "u2" not in exported.decode()
+    assert sorted(r["session_id"] for r in records if r["kind"] == "session") == ["a", "b"]
+    assert sorted(r["key"] for r in records if r["kind"] == "conversation") == ["app:a", "app:b"]
+    assert sorted(r["id"] for r in records if r["kind"] == "checkpoint") == ["cp-a", "cp-b"]
+    report = await import_records(target.stores, exported.splitlines())
+    assert report.added == {
+        "session": 2,
+        "turn": 2,
+        "key_event": 2,
+        "key_event_change": 2,
+        "conversation": 2,
+        "checkpoint": 2,
+    }
+    assert records_of(await export_bytes(target.stores, user="u1")) == records_of(exported)

@@ -2,16 +2,19 @@
 
 Decisions:
 
-- **One selection.** Exactly one of ``session``, ``conversation`` or ``namespace`` (and
-  ``user`` once the ownership derivation lands): several at once is a
-  ``ConfigurationError`` before anything is read.
-- **What a selection holds.** ``session``: the chat session, its turns, the key
-  events it owns (``session:<id>``, with their update history), its extraction jobs,
-  the decision histories of its turns (identity ``run_id`` = the session id, as
-  :class:`~touba.ChatSession` runs them) and its checkpoints (``run_id`` = the
-  session id). ``conversation``: that key's decision history, from the first history
-  store that holds it. ``namespace``: every decision history of that namespace in
-  every history store.
+- **One selection.** Exactly one of ``user``, ``session``, ``conversation`` or
+  ``namespace``: none or several is a ``ConfigurationError`` before anything is read.
+- **What a selection holds.** ``user``: what :func:`touba.data.owned_by` derives, the
+  derivation erase uses (what an erase would delete is what the export shows): the
+  user's sessions with their turns, the key events of the user's owner strings with
+  their update history, the extraction jobs of those owners or sessions, the decision
+  histories and checkpoints of the user's runs. ``session``: the chat session, its
+  turns, the key events it owns (``session:<id>``, an anonymous session's), its
+  extraction jobs, the decision histories of its turns (identity ``run_id`` = the
+  session id, as :class:`~touba.ChatSession` runs them) and its checkpoints.
+  ``conversation``: that key's decision history, from the first history store that
+  holds it. ``namespace``: every decision history of that namespace in every history
+  store. Resource values are not exported yet (no binding can list them by scope key).
 - **Constant memory.** Records are read a page at a time (``PAGE`` rows) and yielded
   one by one; a conversation is read whole (its store bounds it by
   ``max_retained_bytes``). What grows with the selection is only the list of keys of
@@ -23,12 +26,13 @@ Decisions:
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from touba.data._format import dump_line, end_line, header_line
+from touba.data._owned import owned_by
 from touba.data._stores import Stores
 from touba.errors import ConfigurationError
 from touba.history._store import AdminStore
@@ -183,12 +187,6 @@ def _selection(
     ((name, value),) = given.items()
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{name} must be a non-empty str")
-    if name == "user":
-        raise ConfigurationError(
-            "export by user is not available yet in this build (it needs the ownership "
-            "derivation of touba.data's erase); export each of the user's sessions with "
-            "session= instead"
-        )
     return given
 
 
@@ -211,7 +209,9 @@ async def export_records(
     selection = _selection(user, session, conversation, namespace)
     yield header_line(selection)
     count = 0
-    if session is not None:
+    if user is not None:
+        records = _user_records(stores, user)
+    elif session is not None:
         records = _session_records(stores, session)
     elif conversation is not None:
         records = _conversation_records(stores.histories, conversation)
@@ -225,36 +225,97 @@ async def export_records(
 
 
 async def _session_records(stores: Stores, session_id: str) -> AsyncIterator[dict[str, Any]]:
-    memory = stores.memory
+    memory: Any = stores.memory
     if memory is not None:
-        meta = await memory.get_session(session_id)
-        if meta is not None:
-            yield session_line(meta)
-            offset = 0
-            while page := await _list_turns(memory, session_id, offset):
-                for turn in page:
-                    yield turn_line(turn)
-                offset += len(page)
+        async for record in _session_and_turns(memory, session_id):
+            yield record
         async for record in _event_records(memory, f"session:{session_id}"):
             yield record
-        offset = 0
-        while jobs := await memory.list_jobs(limit=PAGE, offset=offset):  # type: ignore[call-arg]
-            for job in jobs:
-                if job.session_id == session_id:
-                    yield job_line(job)
-            offset += len(jobs)
+        async for record in _job_records(memory, lambda job: job.session_id == session_id):
+            yield record
+    runs = frozenset({session_id})
+    async for record in _run_records(stores, runs):
+        yield record
+    async for record in _checkpoint_records(stores, runs, None):
+        yield record
+
+
+async def _user_records(stores: Stores, user: str) -> AsyncIterator[dict[str, Any]]:
+    owned = await owned_by(user, stores)
+    memory: Any = stores.memory
+    if memory is not None:
+        for session_id in sorted(owned.session_ids):
+            async for record in _session_and_turns(memory, session_id):
+                yield record
+        for owner in owned.owners:
+            async for record in _event_records(memory, owner):
+                yield record
+        async for record in _job_records(
+            memory, lambda job: job.owner in owned.owners or job.session_id in owned.session_ids
+        ):
+            yield record
+    async for record in _run_records(stores, owned.run_ids):
+        yield record
+    async for record in _checkpoint_records(stores, owned.run_ids, user):
+        yield record
+
+
+async def _session_and_turns(memory: Any, session_id: str) -> AsyncIterator[dict[str, Any]]:
+    meta = await memory.get_session(session_id)
+    if meta is None:
+        return
+    yield session_line(meta)
+    offset = 0
+    while page := await _list_turns(memory, session_id, offset):
+        for turn in page:
+            yield turn_line(turn)
+        offset += len(page)
+
+
+async def _job_records(
+    memory: Any, mine: Callable[[ExtractionJob], bool]
+) -> AsyncIterator[dict[str, Any]]:
+    """The jobs ``mine`` selects, a page at a time over every job."""
+    offset = 0
+    while jobs := await memory.list_jobs(limit=PAGE, offset=offset):
+        for job in jobs:
+            if mine(job):
+                yield job_line(job)
+        offset += len(jobs)
+
+
+async def _run_records(stores: Stores, run_ids: frozenset[str]) -> AsyncIterator[dict[str, Any]]:
+    """The decision histories whose identity ``run_id`` is one of ``run_ids``."""
     for store in stores.histories:
-        for row in await store.list(purge=False):
-            if row.identity is not None and row.identity.get("run_id") == session_id:
-                record = await store.read(row.key, purge=False)
-                if record is not None:
-                    yield conversation_line(row.key, record)
-    checkpoints = stores.checkpoints
-    if checkpoints is not None and callable(getattr(checkpoints, "list", None)):
-        for info in await checkpoints.list(run_id=session_id):  # type: ignore[attr-defined]
-            body = await checkpoints.get(info.checkpoint_id)
-            if body is not None:
-                yield checkpoint_line(info.checkpoint_id, body)
+        keys = [
+            row.key
+            for row in await store.list(purge=False)
+            if row.identity is not None and row.identity.get("run_id") in run_ids
+        ]
+        for key in keys:
+            record = await store.read(key, purge=False)
+            if record is not None:
+                yield conversation_line(key, record)
+
+
+async def _checkpoint_records(
+    stores: Stores, run_ids: frozenset[str], user: str | None
+) -> AsyncIterator[dict[str, Any]]:
+    """The checkpoints of ``run_ids`` (and, with ``user``, those naming the user)."""
+    store: Any = stores.checkpoints
+    if store is None:
+        return
+    finder = getattr(store, "owned_checkpoints", None)
+    if finder is not None:
+        infos = await finder(run_ids=run_ids, user=user)
+    elif callable(getattr(store, "list", None)):
+        infos = [info for info in await store.list() if info.run_id in run_ids]
+    else:
+        return  # a store that cannot be enumerated holds nothing we can find
+    for info in infos:
+        body = await store.get(info.checkpoint_id)
+        if body is not None:
+            yield checkpoint_line(info.checkpoint_id, body)
 
 
 async def _list_turns(memory: Any, session_id: str, offset: int) -> tuple[StoredTurn, ...]:
