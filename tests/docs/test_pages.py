@@ -76,7 +76,7 @@ PAGES: dict[str, str] = {
     "docs/operations/errors.md": "",
     "docs/data/index.md": "",
     "docs/data/erase.md": "",
-    "docs/data/export.md": "",
+    "docs/data/export.md": "python output sh python output python output sh",
     "docs/data/copy.md": "",
     "docs/data/fork-and-rewind.md": "",
     "docs/data/repair.md": "",
