@@ -49,6 +49,7 @@ KINDS_OF_RECORDS = {
     "extraction_job": 1,
     "conversation": 2,
     "checkpoint": 1,
+    "resource": 3,
 }
 
 
@@ -72,6 +73,8 @@ async def nothing_in(deployment: Deployment) -> None:
     assert await deployment.memory.list_jobs() == []
     assert await deployment.history.list(purge=False) == []
     assert await deployment.stores.checkpoints.list() == []  # type: ignore[union-attr]
+    resources: Any = deployment.stores.resources
+    assert await resources.scope_items("session", "s1") == []
 
 
 PAIRS = [
@@ -200,10 +203,10 @@ def damaged(lines: list[bytes], number: int, text: bytes) -> list[bytes]:
             "version 2",
             id="newer-version",
         ),
-        pytest.param(lambda ls: ls[:-1], 14, "without its end line", id="no-end-line"),
+        pytest.param(lambda ls: ls[:-1], 17, "without its end line", id="no-end-line"),
         pytest.param(lambda ls: ls[:7], 8, "without its end line", id="truncated"),
-        pytest.param(lambda ls: [*ls[:5], *ls[6:]], 13, "counts 12", id="a-line-lost"),
-        pytest.param(lambda ls: [*ls, ls[-1]], 15, "follows the end line", id="after-end"),
+        pytest.param(lambda ls: [*ls[:5], *ls[6:]], 16, "counts 15", id="a-line-lost"),
+        pytest.param(lambda ls: [*ls, ls[-1]], 18, "follows the end line", id="after-end"),
         pytest.param(
             lambda ls: damaged(ls, 2, ls[1].replace(b'"mode":"live"', b'"mode":"other"')),
             2,
@@ -233,7 +236,7 @@ async def test_a_damaged_file_is_refused_with_its_line_number_and_nothing_writte
     origin, target = deployments(), deployments()
     await populate(origin)
     lines = (await export_bytes(origin.stores, session="s1")).splitlines()
-    assert len(lines) == 14  # header, 12 records, end
+    assert len(lines) == 17  # header, 15 records, end
 
     with pytest.raises(ExportFileInvalid) as refused:
         await import_records(target.stores, change(lines))

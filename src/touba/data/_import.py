@@ -20,10 +20,10 @@ Decisions:
   (:class:`ImportLimitExceeded`).
 - **Where records go.** Memory records into ``stores.memory``, conversations into the
   first history store (``stores.histories[0]``), checkpoints into
-  ``stores.checkpoints`` (``save``), resources into ``stores.resources`` (``put``; its
-  ``updated_at`` becomes the import's time: the binding's contract sets it, and a
-  present value is compared by value alone). A record whose store is missing is
-  refused in pass (1).
+  ``stores.checkpoints`` (``save``), resources into ``stores.resources``
+  (``import_item``, which keeps ``updated_at``; a binding without it gets ``put``, and
+  the time of the import). A present resource value is compared by value alone. A
+  record whose store is missing is refused in pass (1).
 - **Races.** A record written by someone else between pass (2) and its write is
   compared again: equal, it counts as present; different, ``ImportConflict`` (the
   records written before it stay: rerun the import after resolving it).
@@ -554,8 +554,13 @@ class _Importer:
                 return False  # saved meanwhile
             return True
         assert isinstance(record, ResourceLine)
-        assert self._stores.resources is not None
-        await self._stores.resources.put(_address(record), record.key, record.value)
+        binding: Any = self._stores.resources
+        importer = getattr(binding, "import_item", None)
+        if importer is not None:
+            return bool(
+                await importer(_address(record), record.key, record.value, record.updated_at)
+            )
+        await binding.put(_address(record), record.key, record.value)
         return True
 
     async def _add_conversation(self, record: ConversationLine) -> bool:
