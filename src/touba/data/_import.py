@@ -121,9 +121,8 @@ async def import_records(
     with tempfile.TemporaryFile("w+b") as spool:  # created 0600, removed on close
         total = 0
         async for number, line in _numbered(lines):
-            spool.write(line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass"))
-            if not line.endswith(b"\n" if isinstance(line, bytes) else "\n"):
-                spool.write(b"\n")
+            data = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+            spool.write(data if data.endswith(b"\n") else data + b"\n")
             total = number
         _check_file(spool, total, stores, bounds, max_title_chars, max_details_chars)
         importer = _Importer(stores)
@@ -258,8 +257,8 @@ def _check_event(record: KeyEventLine, number: int, max_title: int, max_details:
 
 
 def _check_conversation(record: ConversationLine, number: int, bounds: HistoryConfig) -> None:
-    body = record.record
-    exchanges = body.get("exchanges")
+    body: dict[str, Any] = record.record
+    exchanges: Any = body.get("exchanges")
     if (
         body.get("kind") != RECORD_KIND
         or not isinstance(body.get("version"), int)
