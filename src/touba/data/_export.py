@@ -29,7 +29,7 @@ Decisions:
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -387,7 +387,7 @@ async def _resource_records(
 
 
 async def _conversation_records(
-    histories: tuple[AdminStore, ...] | Any, key: str
+    histories: Sequence[AdminStore], key: str
 ) -> AsyncIterator[dict[str, Any]]:
     for store in histories:
         record = await store.read(key, purge=False)
@@ -397,7 +397,7 @@ async def _conversation_records(
 
 
 async def _namespace_records(
-    histories: tuple[AdminStore, ...] | Any, namespace: str
+    histories: Sequence[AdminStore], namespace: str
 ) -> AsyncIterator[dict[str, Any]]:
     for store in histories:
         keys = [row.key for row in await store.list(namespace, purge=False)]
