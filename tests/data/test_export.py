@@ -7,6 +7,7 @@ of ``TOUBA_POSTGRES_DSN`` / ``TOUBA_REDIS_URL`` (skipped without them, failed un
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -481,3 +482,27 @@ async def test_a_user_is_exported_with_what_erase_would_find(
         "checkpoint": 2,
     }
     assert records_of(await export_bytes(target.stores, user="u1")) == records_of(exported)
+
+
+async def test_a_key_event_id_of_another_owner_is_a_conflict_found_before_writing(
+    deployments: Callable[..., Deployment],
+) -> None:
+    origin, target = deployments(), deployments()
+    await populate(origin)
+    exported = await export_bytes(origin.stores, session="s1")
+    first = json.loads(exported.splitlines()[5])
+    assert first["kind"] == "key_event"
+    taken = dataclasses.replace(
+        await origin.memory.get_event(first["owner"], first["id"]), owner="user:else", history=None
+    )
+    await target.memory.import_event(taken)
+
+    with pytest.raises(ImportConflict) as refused:
+        await import_records(target.stores, exported.splitlines())
+
+    assert (refused.value.kind, refused.value.record, refused.value.line) == (
+        "key_event",
+        first["id"],
+        6,
+    )
+    assert await target.memory.list_sessions() == []

@@ -452,7 +452,8 @@ class _Importer:
             stored = await memory.get_event(record.owner, record.id)
             self._event, self._event_owner = stored, record.owner
             if stored is None:
-                return False
+                owner = await memory.event_owner(record.id)
+                return None if owner is not None else False  # another owner's id: a conflict
             return _compare(dataclasses.replace(stored, history=None), _event(record))
         if isinstance(record, KeyEventChangeLine):
             history = () if self._event is None else self._event.history or ()
