@@ -506,3 +506,11 @@ async def test_a_key_event_id_of_another_owner_is_a_conflict_found_before_writin
         6,
     )
     assert await target.memory.list_sessions() == []
+
+
+async def test_a_wrong_selection_makes_no_file(
+    deployments: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigurationError):
+        await write_export(deployments().stores, tmp_path / "x.jsonl", user="u", session="s")
+    assert not (tmp_path / "x.jsonl").exists()

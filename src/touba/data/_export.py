@@ -420,6 +420,7 @@ async def write_export(
     file, or a path: created or truncated with mode 0600) and return how many records
     it holds (header and end line not counted). Raises what ``export_records`` raises;
     a file left by a failure midway has no end line, and import refuses it."""
+    _selection(user, session, conversation, namespace)  # refused before a file is made
     lines = export_records(
         stores, user=user, session=session, conversation=conversation, namespace=namespace
     )
