@@ -76,7 +76,7 @@ PAGES: dict[str, str] = {
     "docs/operations/errors.md": "",
     "docs/data/index.md": "",
     "docs/data/erase.md": "python output sh",
-    "docs/data/export.md": "",
+    "docs/data/export.md": "python output sh python output python output sh",
     "docs/data/copy.md": "",
     "docs/data/fork-and-rewind.md": "python output python output",
     "docs/data/repair.md": "python output sh json",

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from touba.cli import _agents, _chat, _check, _demo, _events, _history, _panel, _users, _worker
+from touba.cli import (
+    _agents,
+    _chat,
+    _check,
+    _demo,
+    _events,
+    _export,
+    _history,
+    _panel,
+    _users,
+    _worker,
+)
 
 app = typer.Typer(
     name="touba",
@@ -22,3 +33,4 @@ app.command("chat")(_chat.chat)
 app.command("panel")(_panel.panel)
 app.command("check")(_check.check)
 app.add_typer(_users.app, name="users")
+_export.register(app)

@@ -8,7 +8,30 @@ the panel, which both call it.
 """
 
 from touba.data._erase import ErasureReceipt, erase_user, verify_erased
+from touba.data._export import export_records, write_export
+from touba.data._format import (
+    FORMAT_VERSION,
+    ExportFileInvalid,
+    ImportConflict,
+    ImportLimitExceeded,
+)
+from touba.data._import import ImportReport, import_records
 from touba.data._owned import Owned, owned_by
 from touba.data._stores import Stores
 
-__all__ = ["ErasureReceipt", "Owned", "Stores", "erase_user", "owned_by", "verify_erased"]
+__all__ = [
+    "FORMAT_VERSION",
+    "ErasureReceipt",
+    "ExportFileInvalid",
+    "ImportConflict",
+    "ImportLimitExceeded",
+    "ImportReport",
+    "Owned",
+    "Stores",
+    "erase_user",
+    "export_records",
+    "import_records",
+    "owned_by",
+    "verify_erased",
+    "write_export",
+]

@@ -184,6 +184,23 @@ STATEMENTS: dict[str, str] = {
     "insert_change": "INSERT INTO {changes} ({change_cols}) VALUES (%s, %s, %s, %s, %s)",
     "config_changes": "SELECT {change_cols} FROM {changes} WHERE agent_ref = %s"
     " ORDER BY seq DESC LIMIT %s",
+    # Import (touba.data.import_records): records inserted as exported, ids and times
+    # kept; an id already there changes nothing. An imported event is touched before
+    # its owner's others (exports list them newest first).
+    "import_session": "INSERT INTO {sessions} ({session_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING",
+    "import_turn": "INSERT INTO {turns} ({turn_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING",
+    "import_event": "INSERT INTO {events} ({event_cols}, touched, op_id)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+    " (SELECT COALESCE(MIN(e.touched), 1) - 1 FROM {events} e WHERE e.owner = %s), NULL)"
+    " ON CONFLICT DO NOTHING",
+    "import_history": "INSERT INTO {history} (event_id, at, session_id, changes, op_id, actor)"
+    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+    "event_owner": "SELECT owner FROM {events} WHERE id = %s",
+    "import_job": "INSERT INTO {jobs} ({job_cols})"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING",
     # Erasing one user (``erase_owner`` / ``count_owner``): the rows are gathered by id
     # first, then deleted one statement per id, in one transaction.
     "owner_session_ids": "SELECT session_id FROM {sessions} WHERE owner = %s",

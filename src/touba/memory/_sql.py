@@ -27,6 +27,7 @@ from touba.memory._model import (
     KeyEvent,
     KeyEventActor,
     KeyEventStatus,
+    KeyEventUpdate,
     MemoryConfigChange,
     OwnerSummary,
     SavedMemoryConfig,
@@ -645,6 +646,144 @@ class SqlMemoryStore(ABC):
         """The job, or None (``MemoryStore.get_job``)."""
         rows = await self._read("job", (job_id,))
         return job_from_row(rows[0], self._dec) if rows else None
+
+    # -- import (touba.data.import_records): records as exported, ids and times kept -----
+
+    async def import_session(self, session: SessionMeta) -> bool:
+        """Insert ``session`` as exported (its times and turn count kept); False, changing
+        nothing, when a session of that id exists. ``ConfigurationError`` for a bad mode."""
+        check_mode(session.mode)
+        ended_at = None if session.ended_at is None else self._enc(session.ended_at)
+        values = (
+            session.session_id,
+            session.owner,
+            session.agent_ref,
+            session.mode,
+            self._enc(session.created_at),
+            ended_at,
+            session.turns,
+        )
+
+        async def body(db: Db) -> bool:
+            return await db.run("import_session", values) > 0
+
+        return await self._atomic(body)
+
+    async def import_turn(self, turn: StoredTurn) -> bool:
+        """Insert ``turn`` at its index, its time and context kept (the session's turn
+        count is not changed: import the session as exported); False, changing nothing,
+        when that turn exists. ``ConfigurationError`` (nothing written) for a session
+        never opened, or content that is not JSON data."""
+        context = None if turn.context is None else dumps(dict(turn.context), "context")
+        values = (
+            turn.session_id,
+            turn.index,
+            dumps(turn.user, "user"),
+            dumps(list(turn.replies), "replies"),
+            dumps(trace_to_data(turn.trace), "trace"),
+            turn.invocation_id,
+            self._enc(turn.created_at),
+            context,
+        )
+
+        async def body(db: Db) -> bool:
+            if await db.one("session", (turn.session_id,)) is None:
+                raise unknown_session(turn.session_id)
+            return await db.run("import_turn", values) > 0
+
+        return await self._atomic(body)
+
+    async def import_event(self, event: KeyEvent) -> bool:
+        """Insert ``event`` (its history apart: :meth:`import_event_change`) keeping its
+        id, status and times, ordered before its owner's other events; False, changing
+        nothing, when an event of that id exists."""
+        if event.status not in KEY_EVENT_STATUSES:
+            raise ConfigurationError(f"status must be one of {', '.join(KEY_EVENT_STATUSES)}")
+        values = (
+            event.id,
+            event.owner,
+            event.type,
+            event.title,
+            event.status,
+            event.details,
+            self._enc(event.created_at),
+            self._enc(event.updated_at),
+            event.session_id,
+            event.owner,
+        )
+
+        async def body(db: Db) -> bool:
+            return await db.run("import_event", values) > 0
+
+        return await self._atomic(body)
+
+    async def event_owner(self, event_id: str) -> str | None:
+        """The owner of key event ``event_id``, or None when there is none (an operator's
+        read: an import checks that an event id it brings is not another owner's)."""
+        rows = await self._read("event_owner", (event_id,))
+        return str(rows[0][0]) if rows else None
+
+    async def import_event_change(self, event_id: str, index: int, update: KeyEventUpdate) -> bool:
+        """Append ``update`` as entry ``index`` (from 0) of the event's history; False,
+        changing nothing, when the history already holds ``index + 1`` entries or its
+        ``op_id`` was recorded. ``ConfigurationError`` when the history holds fewer
+        than ``index`` entries (the earlier ones come first) or the actor is unknown."""
+        if update.actor not in ("model", "operator"):
+            raise ConfigurationError(f"actor must be 'model' or 'operator', got {update.actor!r}")
+        values = (
+            event_id,
+            self._enc(update.at),
+            update.session_id,
+            changes_json(update.changes),
+            update.op_id,
+            update.actor,
+        )
+
+        async def body(db: Db) -> bool:
+            row = await db.one("event_history_count", (event_id,))
+            held = 0 if row is None else int(row[0])
+            if held > index:
+                return False
+            if held < index:
+                raise ConfigurationError(
+                    f"entry {index} of key event {event_id!r}'s history comes after entry "
+                    f"{held}, which is missing; import the entries in order"
+                )
+            return await db.run("import_history", values) > 0
+
+        return await self._atomic(body)
+
+    async def import_job(self, job: ExtractionJob) -> bool:
+        """Insert ``job`` as exported (status, attempts, lease, ops and result kept);
+        False, changing nothing, when a job of that id exists."""
+
+        def moment(value: datetime | None) -> Any:
+            return None if value is None else self._enc(value)
+
+        values = (
+            job.id,
+            job.session_id,
+            job.owner,
+            job.agent_ref,
+            job.transcript_ref,
+            job.status,
+            job.attempts,
+            job.max_attempts,
+            self._enc(job.next_attempt_at),
+            self._enc(job.created_at),
+            self._enc(job.updated_at),
+            job.lease_owner,
+            job.lease_token,
+            moment(job.lease_expires_at),
+            job.last_error,
+            None if job.ops is None else ops_json(job.ops),
+            None if job.result is None else dumps(job.result, "result"),
+        )
+
+        async def body(db: Db) -> bool:
+            return await db.run("import_job", values) > 0
+
+        return await self._atomic(body)
 
     async def list_jobs(
         self, *, status: JobStatus | None = None, limit: int = 100, offset: int = 0
