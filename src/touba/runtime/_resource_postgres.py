@@ -19,7 +19,11 @@ resource, scope key or key containing ``\\x00`` with ConfigurationError
 Errors: a connection or schema problem while opening raises
 ``ConfigurationError``; a lost server, broken connection or pool timeout
 during use raises ``ResourceBindingUnavailable`` (transient), the driver's
-error chained. Not encrypted.
+error chained.
+
+Encryption at rest (``encryption=``, :mod:`touba.runtime._sealing`): ``value`` is
+sealed, bound to the table, the address and the key; the address, keys and
+``updated_at`` stay plaintext (``keys`` filters and sorts them in SQL).
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
         'pip install "touba[postgres]"'
     ) from e
 
+from touba._encryption import Encryption
 from touba.errors import ConfigurationError, ResourceBindingUnavailable
 from touba.history._model import JSON
 from touba.history._pg import OwnedPool, PooledStore, Schema, has_nul, row, rows, run, table_parts
 from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
+from touba.runtime._sealing import RowSeal, check_batch
 
 __all__ = ["SCHEMA_VERSION", "PostgresResourceBinding"]
 
@@ -87,6 +93,14 @@ class _Statements:
             "SELECT key FROM {t} WHERE resource = %s AND scope = %s AND scope_key = %s"
             " AND starts_with(key, %s) ORDER BY key LIMIT %s"
         )
+        self.stale = q(
+            "SELECT resource, scope, scope_key, key, value FROM {t}"
+            " WHERE substr(value, 1, %s) <> %s LIMIT %s FOR UPDATE"
+        )
+        self.reseal = q(
+            "UPDATE {t} SET value = %s"
+            " WHERE resource = %s AND scope = %s AND scope_key = %s AND key = %s"
+        )
 
 
 def _where(address: ResourceAddress) -> tuple[str, str, str]:
@@ -108,7 +122,10 @@ class PostgresResourceBinding(PooledStore):
     ``psycopg_pool.AsyncConnectionPool`` you open and close). ``table`` is a
     plain identifier, optionally schema-qualified; anything else raises
     ConfigurationError at construction. Tables are created on first use, or
-    by ``await binding.open()`` (``async with`` opens too).
+    by ``await binding.open()`` (``async with`` opens too). ``encryption`` (a
+    :class:`touba.Encryption`): each value is sealed at rest (see the module
+    notes); a value that does not open raises ``DecisionHistoryRecordInvalid``;
+    ``rekey()`` rotates keys. Bounds (``max_value_bytes``) count the plaintext.
     """
 
     def __init__(
@@ -117,8 +134,10 @@ class PostgresResourceBinding(PooledStore):
         *,
         pool: AsyncConnectionPool[Any] | None = None,
         table: str = "touba_resources",
+        encryption: Encryption | None = None,
     ) -> None:
         parts = table_parts(table, example="touba_resources")
+        self._seal = RowSeal(encryption, "touba.resources", table, "value")
         self._sql = _Statements(parts)
         self._pg = OwnedPool(
             "PostgresResourceBinding",
@@ -139,7 +158,8 @@ class PostgresResourceBinding(PooledStore):
         if found is None:
             return None
         text, at = found
-        return ResourceItem(key, json.loads(text), at.astimezone(UTC))
+        opened = self._seal.open(text, *_where(address), key)
+        return ResourceItem(key, json.loads(opened), at.astimezone(UTC))
 
     async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
         """Store ``value`` under ``key``, replacing any value there, committed when this
@@ -156,7 +176,8 @@ class PostgresResourceBinding(PooledStore):
                 "key must not contain it; nothing was written"
             )
         async with self._pg.call() as conn:
-            found = await row(conn, self._sql.put, (*_where(address), key, text))
+            sealed = self._seal.seal(text, *_where(address), key)
+            found = await row(conn, self._sql.put, (*_where(address), key, sealed))
         assert found is not None
         at: datetime = found[0]
         return ResourceItem(key, json.loads(text), at.astimezone(UTC))
@@ -177,3 +198,18 @@ class PostgresResourceBinding(PooledStore):
         async with self._pg.call() as conn:
             found = await rows(conn, self._sql.keys, (*_where(address), prefix, limit))
         return [str(r[0]) for r in found]
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with the current key up to ``batch`` values sealed with another, in one
+        transaction (rows locked meanwhile); how many (0: rotation is done). Resumable:
+        call it until it returns 0; older keys stay needed until then.
+        ``ConfigurationError`` without ``encryption=`` or for a ``batch`` under 1;
+        ``DecisionHistoryRecordInvalid`` (nothing changed) for a value that does not
+        open."""
+        check_batch(batch)
+        stale = self._seal.stale()
+        async with self._pg.call() as conn:
+            found = await rows(conn, self._sql.stale, (*stale, batch))
+            for *where, value in found:
+                await run(conn, self._sql.reseal, (self._seal.again(value, *where), *where))
+        return len(found)
