@@ -17,12 +17,12 @@ from touba.errors import ConfigurationError, DecisionHistoryRecordInvalid
 from touba.runtime import (
     InvocationContext,
     Program,
+    ResourceAddress,
     Resources,
     Runtime,
     SqliteCheckpointStore,
     SqliteResourceBinding,
 )
-from touba.runtime._resources import ResourceAddress
 
 from ._helpers import RawProvider, calls, done
 from ._stores import Place, postgres_sql
@@ -283,3 +283,27 @@ async def test_max_value_bytes_counts_the_plaintext(durable: Place, encrypted: b
     item = await binding.get(HERE, "last")
     assert item is not None
     assert item.value == "é" * 5
+
+
+async def test_an_approval_pauses_and_resumes_through_a_sealed_checkpoint(durable: Place) -> None:
+    from touba.testing import ScriptedProvider
+
+    from ._helpers import final, step
+    from .test_approvals import make_program
+
+    store = checkpoints(durable, enc())
+    model = ScriptedProvider(
+        step(("c1", "lookup_invoice", {"invoice": MARKER}), ("c2", "pay", {"invoice": MARKER})),
+        final("done"),
+    )
+    program, log = make_program(model)
+    paused = await Runtime(program, checkpoints=store).invoke("billing")
+    assert paused.checkpoint_id is not None
+    assert [c.arguments for c in paused.pending] == [{"invoice": MARKER}]
+    assert [i.checkpoint_id for i in await store.list()] == [paused.checkpoint_id]
+    assert MARKER not in await everything(durable, "checkpoints")
+    result = await Runtime(program, checkpoints=store).resume(
+        paused.checkpoint_id, approvals={"c2": True}
+    )
+    assert result.status == "completed"
+    assert log == [f"lookup {MARKER}", f"pay {MARKER}"]

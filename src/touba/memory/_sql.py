@@ -748,9 +748,9 @@ class SqlMemoryStore(ABC):
                     "stale_events", (*stale * 2, batch - done)
                 ):
                     where = (owner, event_id)
-                    new = (again(title, "events", where, "title"),)
-                    new += (again(details, "events", where, "details"),)
-                    await db.run("reseal_event", (*new, event_id))
+                    title = again(title, "events", where, "title")
+                    details = again(details, "events", where, "details")
+                    await db.run("reseal_event", (title, details, event_id))
                     done += 1
             if done < batch:
                 for seq, event_id, changes in await db.all("stale_history", (*stale, batch - done)):
@@ -759,9 +759,9 @@ class SqlMemoryStore(ABC):
                     done += 1
             if done < batch:
                 for job_id, ops, result in await db.all("stale_jobs", (*stale * 2, batch - done)):
-                    new = (again(ops, "jobs", (job_id,), "ops"),)
-                    new += (again(result, "jobs", (job_id,), "result"),)
-                    await db.run("reseal_job", (*new, job_id))
+                    ops = again(ops, "jobs", (job_id,), "ops")
+                    result = again(result, "jobs", (job_id,), "result")
+                    await db.run("reseal_job", (ops, result, job_id))
                     done += 1
             return done
 
