@@ -75,7 +75,7 @@ class Place:
         with psycopg.connect(self.pg[0], autocommit=True) as pg:
 
             def pgsql(text: str, *params: Any) -> list[Any]:
-                cursor = pg.execute(text.format(**names).replace("?", "%s"), params)  # type: ignore[arg-type]
+                cursor = pg.execute(text.format(**names).replace("?", "%s"), params)
                 return cursor.fetchall() if cursor.description else []
 
             yield pgsql
