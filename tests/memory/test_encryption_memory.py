@@ -354,12 +354,14 @@ async def test_rotation_interrupted_after_one_batch_resumes_to_the_end(place: Pl
     # interrupted: a new process takes over; old and new keys both read meanwhile
     resumed = place.open(both)
     assert await resumed.recent_turns("s-1", 10) == before_turns
-    total = 3
+    total = 3 + await resumed.rekey(batch=4)
+    # meanwhile a process still on the old key writes rows behind the rotation's cursor
+    await fill(old, "s-0")
     while done := await resumed.rekey(batch=4):
         assert done <= 4
         total += done
-    # 4 turns, 4 events, 4 history rows, 2 jobs
-    assert total == 14
+    # 4 turns, 4 events, 4 history rows, 2 jobs; then 2 turns, 2 events, 2 history rows, 1 job
+    assert total == 14 + 7
     assert await resumed.rekey() == 0
     with place.raw() as sql:  # old tokens may linger in free pages, never in a row
         for table, column in (("turns", "user_text"), ("turns", "context"), ("events", "title")):
@@ -371,7 +373,7 @@ async def test_rotation_interrupted_after_one_batch_resumes_to_the_end(place: Pl
     only_new = place.open(Encryption(keys={"k2": K2}, current="k2"))
     assert await only_new.recent_turns("s-1", 10) == before_turns
     assert await only_new.get_event("u-1", first) == before_event
-    assert len(await only_new.list_jobs()) == 2
+    assert len(await only_new.list_jobs()) == 3
     with pytest.raises(DecisionHistoryRecordInvalid):
         await old.recent_turns("s-1", 10)
 

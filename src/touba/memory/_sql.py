@@ -22,7 +22,7 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from touba._encryption import TOKEN_PREFIX, Encryption
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
@@ -82,6 +82,8 @@ __all__ = ["Db", "SqlMemoryStore"]
 R = TypeVar("R")
 # Rows read per statement when the key-event text filter runs in Python (encryption).
 _SEARCH_PAGE = 500
+# ``rekey``'s cursor of a table it went through to the end.
+_DONE: Final = object()
 
 
 class Db(Protocol):
@@ -99,6 +101,7 @@ class SqlMemoryStore(ABC):
 
     _clock: Clock
     _seal: MemorySeal = MemorySeal(None, "")
+    _rekey_cursors: dict[str, Any]  # where the last ``rekey`` stopped in each table
 
     def _set_encryption(self, encryption: Encryption | None, place: str) -> None:
         """Seal this store's content with ``encryption`` (None: plaintext), bound to
@@ -716,10 +719,13 @@ class SqlMemoryStore(ABC):
 
         Resumable: call it until it returns 0; an interrupted call changed nothing or
         committed its whole batch. Rows sealed with an older key stay readable meanwhile
-        (keep that key in the ``Encryption`` until then). Each call scans the tables
-        for values whose token names another key. ``ConfigurationError`` without
-        ``encryption=`` or for a ``batch`` under 1; ``DecisionHistoryRecordInvalid``
-        (nothing changed) for a value that does not open: repair or erase that row.
+        (keep that key in the ``Encryption`` until then). The store remembers where its
+        last call stopped in each table (in key order), so a rotation reads each row
+        about once; it returns 0 only after a pass from the start found nothing, which
+        also catches rows another process sealed with the older key meanwhile.
+        ``ConfigurationError`` without ``encryption=`` or for a ``batch`` under 1;
+        ``DecisionHistoryRecordInvalid`` (nothing changed) for a value that does not
+        open: repair or erase that row.
         """
         encryption = self._seal.encryption
         if encryption is None:
@@ -729,43 +735,73 @@ class SqlMemoryStore(ABC):
         prefix = f"{TOKEN_PREFIX}{encryption.current}."
         stale = (len(prefix), prefix)
         seal = self._seal
+        start: dict[str, Any] = dict(getattr(self, "_rekey_cursors", {}))
 
         def again(value: Any, table: str, where: tuple[Any, ...], field: str) -> Any:
             if value is None:
                 return None
             return seal.seal(seal.open(value, table, where, field), table, where, field)
 
-        async def body(db: Db) -> int:
-            done = 0
-            for session_id, idx, *values in await db.all("stale_turns", (*stale * 4, batch)):
+        async def turns(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            session_id, idx = after if after is not None else (None, None)
+            params = (session_id, session_id, idx, *stale * 4, room)
+            last, found = after, await db.all("stale_turns", params)
+            for session_id, idx, *values in found:
                 fields = ("user_text", "replies", "trace", "context")
                 where = (session_id, idx)
                 new = [again(v, "turns", where, f) for v, f in zip(values, fields, strict=True)]
                 await db.run("reseal_turn", (*new, session_id, idx))
-                done += 1
-            if done < batch:
-                for event_id, owner, title, details in await db.all(
-                    "stale_events", (*stale * 2, batch - done)
-                ):
-                    where = (owner, event_id)
-                    title = again(title, "events", where, "title")
-                    details = again(details, "events", where, "details")
-                    await db.run("reseal_event", (title, details, event_id))
-                    done += 1
-            if done < batch:
-                for seq, event_id, changes in await db.all("stale_history", (*stale, batch - done)):
-                    value = again(changes, "history", (event_id, seq), "changes")
-                    await db.run("reseal_history", (value, seq))
-                    done += 1
-            if done < batch:
-                for job_id, ops, result in await db.all("stale_jobs", (*stale * 2, batch - done)):
-                    ops = again(ops, "jobs", (job_id,), "ops")
-                    result = again(result, "jobs", (job_id,), "result")
-                    await db.run("reseal_job", (ops, result, job_id))
-                    done += 1
-            return done
+                last = where
+            return len(found), last
 
-        return await self._atomic(body)
+        async def events(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            last, found = after, await db.all("stale_events", (after, after, *stale * 2, room))
+            for event_id, owner, title, details in found:
+                where = (owner, event_id)
+                title = again(title, "events", where, "title")
+                details = again(details, "events", where, "details")
+                await db.run("reseal_event", (title, details, event_id))
+                last = event_id
+            return len(found), last
+
+        async def history(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            last, found = after, await db.all("stale_history", (after, after, *stale, room))
+            for seq, event_id, changes in found:
+                value = again(changes, "history", (event_id, seq), "changes")
+                await db.run("reseal_history", (value, seq))
+                last = seq
+            return len(found), last
+
+        async def jobs(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            last, found = after, await db.all("stale_jobs", (after, after, *stale * 2, room))
+            for job_id, ops, result in found:
+                ops = again(ops, "jobs", (job_id,), "ops")
+                result = again(result, "jobs", (job_id,), "result")
+                await db.run("reseal_job", (ops, result, job_id))
+                last = job_id
+            return len(found), last
+
+        tables = {"turns": turns, "events": events, "history": history, "jobs": jobs}
+
+        async def body(db: Db) -> tuple[int, dict[str, Any]]:
+            cursors, done = dict(start), 0
+            from_start = not cursors
+            while True:
+                for name, step in tables.items():
+                    if cursors.get(name) is _DONE:
+                        continue
+                    count, last = await step(db, cursors.get(name), batch - done)
+                    done += count
+                    if done >= batch:
+                        cursors[name] = last
+                        return done, cursors
+                    cursors[name] = _DONE  # fewer than asked: none left after the cursor
+                if done or from_start:
+                    return done, {}
+                cursors, from_start = {}, True  # a last pass from the start
+
+        done, self._rekey_cursors = await self._atomic(body)
+        return done
 
 
 def _check_agent(agent_ref: object) -> None:
