@@ -307,3 +307,35 @@ async def test_an_approval_pauses_and_resumes_through_a_sealed_checkpoint(durabl
     )
     assert result.status == "completed"
     assert log == [f"lookup {MARKER}", f"pay {MARKER}"]
+
+
+async def test_rotation_catches_rows_written_with_the_old_key_behind_its_cursor(
+    durable: Place,
+) -> None:
+    old = checkpoints(durable, enc())
+    for n in range(4):
+        await old.save(f"c{n}", checkpoint(n))
+    rotating = checkpoints(durable, Encryption(keys={"k1": K1, "k2": K2}, current="k2"))
+    assert await rotating.rekey(batch=2) == 2  # c0, c1
+    await old.save("a", checkpoint(9))  # a process still on the old key, behind the cursor
+    assert await rotating.rekey(batch=2) == 2  # c2, c3
+    assert await rotating.rekey(batch=2) == 1  # nothing past c3: from the start, "a"
+    assert await rotating.rekey(batch=2) == 0
+    new_only = checkpoints(durable, Encryption(keys={"k2": K2}, current="k2"))
+    assert await new_only.get("a") == checkpoint(9)
+
+
+async def test_resource_rotation_catches_values_behind_its_cursor(durable: Place) -> None:
+    old = resources(durable, enc())
+    for n in range(4):
+        await old.put(THERE, f"k{n}", n)
+    rotating = resources(durable, Encryption(keys={"k1": K1, "k2": K2}, current="k2"))
+    assert await rotating.rekey(batch=3) == 3
+    await old.put(HERE, "early", "x")  # "ada" sorts before "bob"
+    assert await rotating.rekey(batch=3) == 1  # bob's k3
+    assert await rotating.rekey(batch=3) == 1  # from the start: ada's
+    assert await rotating.rekey(batch=3) == 0
+    new_only = resources(durable, Encryption(keys={"k2": K2}, current="k2"))
+    item = await new_only.get(HERE, "early")
+    assert item is not None
+    assert item.value == "x"

@@ -80,7 +80,7 @@ from touba.runtime._checkpoints import (
     revision_of,
     status_of,
 )
-from touba.runtime._sealing import RowSeal, check_batch
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = ["SCHEMA_VERSION", "PostgresCheckpointStore"]
 
@@ -136,7 +136,8 @@ class _Statements:
         self.list_all = q(columns + " ORDER BY seq")
         self.list_run = q(columns + " WHERE run_id = %s ORDER BY seq")
         self.stale = q(
-            "SELECT id, body FROM {t} WHERE substr(body, 1, %s) <> %s LIMIT %s FOR UPDATE"
+            "SELECT id, body FROM {t} WHERE (CAST(%s AS TEXT) IS NULL OR id > %s)"
+            " AND substr(body, 1, %s) <> %s ORDER BY id LIMIT %s FOR UPDATE"
         )
         self.reseal = q("UPDATE {t} SET body = %s WHERE id = %s")
 
@@ -210,6 +211,7 @@ class PostgresCheckpointStore(PooledStore):
     ) -> None:
         parts = table_parts(table, example="touba_checkpoints")
         self._seal = RowSeal(encryption, "touba.checkpoints", table, "body")
+        self._rekey_after: Cursor = None
         self._sql = _Statements(parts)
         self._pg = OwnedPool(
             "PostgresCheckpointStore",
@@ -308,9 +310,15 @@ class PostgresCheckpointStore(PooledStore):
         open."""
         check_batch(batch)
         stale = self._seal.stale()
-        async with self._pg.call() as conn:
-            found = await rows(conn, self._sql.stale, (*stale, batch))
-            for checkpoint_id, body in found:
-                sealed = self._seal.again(body, checkpoint_id)
-                await run(conn, self._sql.reseal, (sealed, checkpoint_id))
-        return len(found)
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            start = None if after is None else after[0]
+            async with self._pg.call() as conn:
+                found = await rows(conn, self._sql.stale, (start, start, *stale, batch))
+                for checkpoint_id, body in found:
+                    sealed = self._seal.again(body, checkpoint_id)
+                    await run(conn, self._sql.reseal, (sealed, checkpoint_id))
+            return len(found), ((found[-1][0],) if found else after)
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done

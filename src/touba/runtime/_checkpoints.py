@@ -49,7 +49,7 @@ from touba._encryption import Encryption
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.history._model import JSON, STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
 from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
-from touba.runtime._sealing import RowSeal, check_batch
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = [
     "CheckpointInfo",
@@ -374,20 +374,23 @@ class _Db:
             (str(a), self.seal.open(b, str(a)), str(c), str(d)) for a, b, c, d in query.fetchall()
         ]
 
-    def rekey(self, batch: int) -> int:
-        """Re-seal with the current key up to ``batch`` bodies sealed with another."""
+    def rekey(self, batch: int, after: Cursor) -> tuple[int, Cursor]:
+        """Re-seal with the current key up to ``batch`` bodies sealed with another, past
+        the id ``after`` (None: from the start) in id order; how many and the last id."""
+        start = None if after is None else after[0]
 
-        def job() -> int:
+        def job() -> tuple[int, Cursor]:
             found = self.conn.execute(
-                "SELECT id, body FROM touba_checkpoints WHERE substr(body, 1, ?) <> ? LIMIT ?",
-                (*self.seal.stale(), batch),
+                "SELECT id, body FROM touba_checkpoints WHERE (? IS NULL OR id > ?) "
+                "AND substr(body, 1, ?) <> ? ORDER BY id LIMIT ?",
+                (start, start, *self.seal.stale(), batch),
             ).fetchall()
             for checkpoint_id, body in found:
                 self.conn.execute(
                     "UPDATE touba_checkpoints SET body = ? WHERE id = ?",
                     (self.seal.again(body, checkpoint_id), checkpoint_id),
                 )
-            return len(found)
+            return len(found), ((found[-1][0],) if found else after)
 
         return self._write(job)
 
@@ -436,6 +439,7 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
         encryption: Encryption | None = None,
     ) -> None:
         self._seal = RowSeal(encryption, "touba.checkpoints", "touba_checkpoints", "body")
+        self._rekey_after: Cursor = None
         super().__init__(filename, database=database, timeout=timeout)
 
     def _build(self, conn: sqlite3.Connection) -> _Db:
@@ -449,7 +453,12 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
         (nothing changed) for a body that does not open."""
         check_batch(batch)
         self._seal.stale()
-        return await self._run(lambda: self._db.rekey(batch))
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            return await self._run(lambda: self._db.rekey(batch, after))
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         """Store a new checkpoint, committed when this returns.

@@ -46,7 +46,7 @@ from touba.errors import ConfigurationError, ResourceBindingUnavailable
 from touba.history._model import JSON
 from touba.history._pg import OwnedPool, PooledStore, Schema, has_nul, row, rows, run, table_parts
 from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
-from touba.runtime._sealing import RowSeal, check_batch
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = ["SCHEMA_VERSION", "PostgresResourceBinding"]
 
@@ -95,7 +95,10 @@ class _Statements:
         )
         self.stale = q(
             "SELECT resource, scope, scope_key, key, value FROM {t}"
-            " WHERE substr(value, 1, %s) <> %s LIMIT %s FOR UPDATE"
+            " WHERE (CAST(%s AS TEXT) IS NULL"
+            " OR (resource, scope, scope_key, key) > (%s, %s, %s, %s))"
+            " AND substr(value, 1, %s) <> %s"
+            " ORDER BY resource, scope, scope_key, key LIMIT %s FOR UPDATE"
         )
         self.reseal = q(
             "UPDATE {t} SET value = %s"
@@ -138,6 +141,7 @@ class PostgresResourceBinding(PooledStore):
     ) -> None:
         parts = table_parts(table, example="touba_resources")
         self._seal = RowSeal(encryption, "touba.resources", table, "value")
+        self._rekey_after: Cursor = None
         self._sql = _Statements(parts)
         self._pg = OwnedPool(
             "PostgresResourceBinding",
@@ -208,8 +212,15 @@ class PostgresResourceBinding(PooledStore):
         open."""
         check_batch(batch)
         stale = self._seal.stale()
-        async with self._pg.call() as conn:
-            found = await rows(conn, self._sql.stale, (*stale, batch))
-            for *where, value in found:
-                await run(conn, self._sql.reseal, (self._seal.again(value, *where), *where))
-        return len(found)
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            start = (None,) * 4 if after is None else after
+            async with self._pg.call() as conn:
+                params = (start[0], *start, *stale, batch)
+                found = await rows(conn, self._sql.stale, params)
+                for *where, value in found:
+                    await run(conn, self._sql.reseal, (self._seal.again(value, *where), *where))
+            return len(found), (tuple(found[-1][:4]) if found else after)
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done

@@ -25,7 +25,7 @@ from touba.errors import ResourceBindingUnavailable
 from touba.history._model import JSON
 from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
 from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
-from touba.runtime._sealing import RowSeal, check_batch
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = ["SqliteResourceBinding"]
 
@@ -98,14 +98,17 @@ class _Db:
         ).fetchall()
         return [str(row[0]) for row in rows]
 
-    def rekey(self, batch: int) -> int:
-        """Re-seal with the current key up to ``batch`` values sealed with another."""
+    def rekey(self, batch: int, after: Cursor) -> tuple[int, Cursor]:
+        """Re-seal with the current key up to ``batch`` values sealed with another, past
+        the item ``after`` (None: from the start) in key order; how many and the last."""
+        start = (None,) * 4 if after is None else after
 
-        def job() -> int:
+        def job() -> tuple[int, Cursor]:
             found = self.conn.execute(
                 "SELECT resource, scope, scope_key, key, value FROM touba_resources "
-                "WHERE substr(value, 1, ?) <> ? LIMIT ?",
-                (*self.seal.stale(), batch),
+                "WHERE (? IS NULL OR (resource, scope, scope_key, key) > (?, ?, ?, ?)) "
+                "AND substr(value, 1, ?) <> ? ORDER BY resource, scope, scope_key, key LIMIT ?",
+                (start[0], *start, *self.seal.stale(), batch),
             ).fetchall()
             for *where, value in found:
                 self.conn.execute(
@@ -113,7 +116,7 @@ class _Db:
                     "WHERE resource = ? AND scope = ? AND scope_key = ? AND key = ?",
                     (self.seal.again(value, *where), *where),
                 )
-            return len(found)
+            return len(found), (tuple(found[-1][:4]) if found else after)
 
         return self._write(job)
 
@@ -148,6 +151,7 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
         encryption: Encryption | None = None,
     ) -> None:
         self._seal = RowSeal(encryption, "touba.resources", "touba_resources", "value")
+        self._rekey_after: Cursor = None
         super().__init__(filename, database=database, timeout=timeout)
 
     def _build(self, conn: sqlite3.Connection) -> _Db:
@@ -161,7 +165,12 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
         (nothing changed) for a value that does not open."""
         check_batch(batch)
         self._seal.stale()
-        return await self._run(lambda: self._db.rekey(batch))
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            return await self._run(lambda: self._db.rekey(batch, after))
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
         """The item under ``key`` (a detached copy), or None."""

@@ -20,10 +20,16 @@ a token is never mistaken for one). Errors name a key id at most.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from touba._encryption import TOKEN_PREFIX, Encryption
 from touba.errors import ConfigurationError, DecisionHistoryRecordInvalid
 
-__all__ = ["RowSeal", "check_batch", "stale_prefix"]
+__all__ = ["RowSeal", "check_batch", "rotate", "stale_prefix"]
+
+Cursor = tuple[Any, ...] | None
+Pass = Callable[[Cursor], Awaitable[tuple[int, Cursor]]]
 
 
 class RowSeal:
@@ -81,3 +87,19 @@ def check_batch(batch: object) -> int:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigurationError(f"batch must be an int >= 1, got {batch!r}")
     return batch
+
+
+async def rotate(one_batch: Pass, after: Cursor, batch: int) -> tuple[int, Cursor]:
+    """One ``rekey`` call over a table walked in key order from ``after`` (the key where
+    the store's previous call stopped; None: the start): ``one_batch(after)`` re-seals up
+    to ``batch`` rows past ``after`` in one transaction and returns how many and the last
+    key. The count and the cursor to keep: past the end, the cursor goes back to the
+    start, and 0 is returned only when a pass from the start found nothing (rows another
+    process sealed with an older key behind the cursor are caught there)."""
+    done, last = await one_batch(after)
+    if done >= batch:
+        return done, last
+    if done == 0 and after is not None:
+        done, last = await one_batch(None)
+        return done, (last if done >= batch else None)
+    return done, None
