@@ -213,6 +213,35 @@ STATEMENTS: dict[str, str] = {
     "erase_event_history": "DELETE FROM {history} WHERE event_id = %s",
     "erase_event": "DELETE FROM {events} WHERE id = %s",
     "erase_job": "DELETE FROM {jobs} WHERE id = %s",
+    # Encryption at rest (``encryption=``): an update history row is sealed bound to its
+    # ``seq``, known once inserted; rotation finds the values sealed with another key by
+    # their token's prefix (``substr``: the same in both dialects) and re-seals them.
+    "insert_history_seq": "INSERT INTO {history} (event_id, at, session_id, changes, op_id,"
+    " actor) VALUES (%s, %s, %s, %s, %s, %s) RETURNING seq",
+    "history_seq": "SELECT seq, {history_cols} FROM {history} WHERE event_id = %s ORDER BY seq",
+    "reseal_history": "UPDATE {history} SET changes = %s WHERE seq = %s",
+    # Each from a cursor (the last key seen, NULL: from the start) in key order, so that
+    # a rotation reads each row once over all its calls.
+    "stale_turns": "SELECT session_id, idx, user_text, replies, trace, context FROM {turns}"
+    " WHERE (CAST(%s AS TEXT) IS NULL OR (session_id, idx) > (%s, %s))"
+    " AND (substr(user_text, 1, %s) <> %s OR substr(replies, 1, %s) <> %s"
+    " OR substr(trace, 1, %s) <> %s OR substr(context, 1, %s) <> %s)"
+    " ORDER BY session_id, idx LIMIT %s{for_update}",
+    "reseal_turn": "UPDATE {turns} SET user_text = %s, replies = %s, trace = %s, context = %s"
+    " WHERE session_id = %s AND idx = %s",
+    "stale_events": "SELECT id, owner, title, details FROM {events}"
+    " WHERE (CAST(%s AS TEXT) IS NULL OR id > %s)"
+    " AND (substr(title, 1, %s) <> %s OR substr(details, 1, %s) <> %s)"
+    " ORDER BY id LIMIT %s{for_update}",
+    "reseal_event": "UPDATE {events} SET title = %s, details = %s WHERE id = %s",
+    "stale_history": "SELECT seq, event_id, changes FROM {history}"
+    " WHERE (CAST(%s AS BIGINT) IS NULL OR seq > %s) AND substr(changes, 1, %s) <> %s"
+    " ORDER BY seq LIMIT %s{for_update}",
+    "stale_jobs": "SELECT id, ops, result FROM {jobs}"
+    " WHERE (CAST(%s AS TEXT) IS NULL OR id > %s)"
+    " AND (substr(ops, 1, %s) <> %s OR substr(result, 1, %s) <> %s)"
+    " ORDER BY id LIMIT %s{for_update}",
+    "reseal_job": "UPDATE {jobs} SET ops = %s, result = %s WHERE id = %s",
 }
 
 

@@ -6,6 +6,14 @@ supplies the transaction (``_atomic``), the statements compiled for its
 dialect, and its timestamp codec. Key events are ordered by ``touched``, a
 per-owner write counter, so "most recently updated" follows the order of
 writes even when clock readings tie.
+
+Encryption at rest (``encryption=``, see :mod:`touba.memory._sealed`): values are
+sealed just before a statement writes them and opened just after one reads
+them, so every rule above (and every bound, counted by the callers on the
+plaintext) is unchanged. The key-event text filter cannot run in SQL over
+sealed columns: with encryption it runs in Python on the opened rows, paging
+through the rows the other (plaintext) filters select. ``rekey`` re-seals with
+the current key the values sealed with another, a batch per transaction.
 """
 
 from __future__ import annotations
@@ -14,8 +22,9 @@ import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
+from touba._encryption import TOKEN_PREFIX, Encryption
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._model import JSON
 from touba.memory._config import MemoryConfig, config_to_data
@@ -52,6 +61,7 @@ from touba.memory._rows import (
     turn_from_row,
     update_from_row,
 )
+from touba.memory._sealed import MemorySeal
 from touba.memory._store import (
     Clock,
     check_actor,
@@ -71,6 +81,10 @@ from touba.providers._types import TraceCall
 __all__ = ["Db", "SqlMemoryStore"]
 
 R = TypeVar("R")
+# Rows read per statement when the key-event text filter runs in Python (encryption).
+_SEARCH_PAGE = 500
+# ``rekey``'s cursor of a table it went through to the end.
+_DONE: Final = object()
 
 
 class Db(Protocol):
@@ -87,6 +101,15 @@ class SqlMemoryStore(ABC):
     """Every ``MemoryStore`` operation, each one atomic; a backend provides the rest."""
 
     _clock: Clock
+    _seal: MemorySeal = MemorySeal(None, "")
+    _rekey_cursors: dict[str, Any]  # where the last ``rekey`` stopped in each table
+
+    def _set_encryption(self, encryption: Encryption | None, place: str) -> None:
+        """Seal this store's content with ``encryption`` (None: plaintext), bound to
+        ``place`` (its table prefix). ``ConfigurationError`` for anything else."""
+        if encryption is not None and not isinstance(encryption, Encryption):
+            raise ConfigurationError("encryption must be a touba.Encryption or None")
+        self._seal = MemorySeal(encryption, place)
 
     def now(self) -> datetime:
         """The store's clock (``MemoryStore.now``): it stamps writes, leases and retries.
@@ -117,7 +140,16 @@ class SqlMemoryStore(ABC):
     async def _job(self, db: Db, job_id: str) -> ExtractionJob:
         row = await db.one("job", (job_id,))
         assert row is not None
-        return job_from_row(row, self._dec)
+        return self._job_of(row)
+
+    def _job_of(self, row: Row) -> ExtractionJob:
+        return job_from_row(self._seal.open_job(row), self._dec)
+
+    def _turn_of(self, row: Row) -> StoredTurn:
+        return turn_from_row(self._seal.open_turn(row), self._dec)
+
+    def _event_of(self, row: Row, history: tuple[Any, ...] | None = None) -> KeyEvent:
+        return event_from_row(self._seal.open_event(row), self._dec, history)
 
     # -- sessions and turns --------------------------------------------------------------
 
@@ -308,7 +340,7 @@ class SqlMemoryStore(ABC):
                 now,
                 context_json,
             )
-            await db.run("insert_turn", values)
+            await db.run("insert_turn", self._seal.seal_turn(values))
             return turn_from_row(values, self._dec)
 
         return await self._atomic(body)
@@ -316,7 +348,7 @@ class SqlMemoryStore(ABC):
     async def recent_turns(self, session_id: str, limit: int) -> tuple[StoredTurn, ...]:
         """The last ``limit`` turns, oldest first (none for an unknown session)."""
         rows = await self._read("recent_turns", (session_id, max(limit, 0)))
-        return tuple(turn_from_row(row, self._dec) for row in reversed(rows))
+        return tuple(self._turn_of(row) for row in reversed(rows))
 
     # -- fork and rewind (whole turns) ---------------------------------------------------
 
@@ -411,9 +443,11 @@ class SqlMemoryStore(ABC):
             now = self._enc(self.now())
             while True:
                 if op_id is not None and (row := await db.one("event_by_op", (op_id,))):
-                    return check_op_owner(event_from_row(row, self._dec), owner, op_id)
+                    return check_op_owner(self._event_of(row), owner, op_id)
                 values = (new_event_id(), owner, type, title, details, now, now, session_id)
-                if await db.run("insert_event", (*values, owner, op_id)):
+                sealed = self._seal.seal_event(owner, values[0], title, details)
+                stored = (*values[:3], *sealed, *values[5:])
+                if await db.run("insert_event", (*stored, owner, op_id)):
                     return event_from_row((*values[:4], "open", *values[4:]), self._dec)
                 # an id collision (next to impossible), or the same op_id committed meanwhile
 
@@ -438,7 +472,7 @@ class SqlMemoryStore(ABC):
             row = await db.one("event_locked", (event_id, owner))
             if row is None:
                 return None
-            event = event_from_row(row, self._dec)
+            event = self._event_of(row)
             if op_id is not None and await db.one("op_applied", (op_id,)):
                 return event
             diff = diff_fields(event, changes)
@@ -446,15 +480,24 @@ class SqlMemoryStore(ABC):
                 return event
             new: dict[str, Any] = {change.field: change.new for change in diff}
             now = self.now()
-            fields = [
+            status, title, details = (
                 new.get(name, getattr(event, name)) for name in ("status", "title", "details")
-            ]
-            await db.run("update_event", (*fields, self._enc(now), owner, event_id))
-            history = (event_id, self._enc(now), session_id, changes_json(diff), op_id, actor)
-            await db.run("insert_history", history)
+            )
+            sealed = self._seal.seal_event(owner, event_id, title, details)
+            await db.run("update_event", (status, *sealed, self._enc(now), owner, event_id))
+            changed = changes_json(diff)
+            history = (event_id, self._enc(now), session_id, changed, op_id, actor)
+            if self._seal.encryption is None:
+                await db.run("insert_history", history)
+            else:  # sealed bound to its seq, which the insert gives
+                inserted = await db.one("insert_history_seq", (*history[:3], "", *history[4:]))
+                assert inserted is not None
+                where = (event_id, inserted[0])
+                value = self._seal.seal(changed, "history", where, "changes")
+                await db.run("reseal_history", (value, inserted[0]))
             row = await db.one("event", (event_id, owner))
             assert row is not None
-            return event_from_row(row, self._dec)
+            return self._event_of(row)
 
         return await self._atomic(body)
 
@@ -465,9 +508,11 @@ class SqlMemoryStore(ABC):
             row = await db.one("event", (event_id, owner))
             if row is None:
                 return None
-            history = await db.all("history", (event_id,))
-            updates = tuple(update_from_row(h, self._dec) for h in history)
-            return event_from_row(row, self._dec, updates)
+            history = await db.all("history_seq", (event_id,))
+            updates = tuple(
+                update_from_row(self._seal.open_history(event_id, h), self._dec) for h in history
+            )
+            return self._event_of(row, updates)
 
         return await self._atomic(body, write=False)
 
@@ -483,10 +528,15 @@ class SqlMemoryStore(ABC):
         offset: int = 0,
     ) -> list[KeyEvent]:
         """The owner's events, most recently updated first (history not loaded), from
-        ``offset``."""
-        filters = (owner, *_event_filters(type, status, text, include_closed))
-        rows = await self._read("query_events", (*filters, max(limit, 0), max(offset, 0)))
-        return [event_from_row(row, self._dec) for row in rows]
+        ``offset``. With encryption, ``text`` is matched in Python on the opened rows
+        (the columns are sealed), reading the rows the other filters select."""
+        filters = _event_filters(type, status, text, include_closed)
+        if self._seal.encryption is not None and text is not None:
+            found = await self._search("query_events", (owner,), filters, offset + limit)
+            return found[max(offset, 0) : max(offset, 0) + max(limit, 0)]
+        params = (owner, *filters, max(limit, 0), max(offset, 0))
+        rows = await self._read("query_events", params)
+        return [self._event_of(row) for row in rows]
 
     async def count_events(
         self,
@@ -497,9 +547,12 @@ class SqlMemoryStore(ABC):
         text: str | None = None,
         include_closed: bool = False,
     ) -> int:
-        """How many events ``query_events`` would find with these filters and no limit."""
-        filters = (owner, *_event_filters(type, status, text, include_closed))
-        rows = await self._read("count_events", filters)
+        """How many events ``query_events`` would find with these filters and no limit
+        (with encryption and ``text``: counted in Python, reading every candidate)."""
+        filters = _event_filters(type, status, text, include_closed)
+        if self._seal.encryption is not None and text is not None:
+            return len(await self._search("query_events", (owner,), filters, None))
+        rows = await self._read("count_events", (owner, *filters))
         return int(rows[0][0])
 
     async def query_all_events(
@@ -519,11 +572,16 @@ class SqlMemoryStore(ABC):
         ``type`` matches exactly; ``text`` is a case-insensitive substring of the title
         or the details, taken literally (``%`` and ``_`` are plain characters). A
         filter that is not a str (``status``: not a key-event status), or a NUL
-        character in one, is a ``ConfigurationError``.
+        character in one, is a ``ConfigurationError``. With encryption the title and
+        details are sealed: ``text`` is then matched in Python on the opened rows,
+        reading every row the other filters select (a search costs a scan).
         """
         filters = _event_filters(type, status, text, include_closed)
+        if self._seal.encryption is not None and text is not None:
+            found = await self._search("query_all_events", (), filters, offset + limit)
+            return found[max(offset, 0) : max(offset, 0) + max(limit, 0)]
         rows = await self._read("query_all_events", (*filters, max(limit, 0), max(offset, 0)))
-        return [event_from_row(row, self._dec) for row in rows]
+        return [self._event_of(row) for row in rows]
 
     async def count_all_events(
         self,
@@ -533,11 +591,38 @@ class SqlMemoryStore(ABC):
         text: str | None = None,
         include_closed: bool = False,
     ) -> int:
-        """How many events ``query_all_events`` would find with these filters and no limit."""
-        rows = await self._read(
-            "count_all_events", _event_filters(type, status, text, include_closed)
-        )
+        """How many events ``query_all_events`` would find with these filters and no limit
+        (with encryption and ``text``: counted in Python, reading every candidate)."""
+        filters = _event_filters(type, status, text, include_closed)
+        if self._seal.encryption is not None and text is not None:
+            return len(await self._search("query_all_events", (), filters, None))
+        rows = await self._read("count_all_events", filters)
         return int(rows[0][0])
+
+    async def _search(
+        self, name: str, head: tuple[Any, ...], filters: tuple[Any, ...], stop: int | None
+    ) -> list[KeyEvent]:
+        """The events of statement ``name`` whose opened title or details contain the
+        text filter (case-insensitive, as in SQL), in its order; the first ``stop``
+        when given. One read transaction, ``_SEARCH_PAGE`` rows per statement."""
+        needle = str(filters[5]).lower()
+        plain = (*filters[:5], None, None, None)
+
+        async def body(db: Db) -> list[KeyEvent]:
+            found: list[KeyEvent] = []
+            offset = 0
+            while stop is None or len(found) < stop:
+                rows = await db.all(name, (*head, *plain, _SEARCH_PAGE, offset))
+                for row in rows:
+                    event = self._event_of(row)
+                    if needle in event.title.lower() or needle in event.details.lower():
+                        found.append(event)
+                if len(rows) < _SEARCH_PAGE:
+                    break
+                offset += _SEARCH_PAGE
+            return found
+
+        return await self._atomic(body, write=False)
 
     # -- extraction jobs -----------------------------------------------------------------
 
@@ -581,7 +666,7 @@ class SqlMemoryStore(ABC):
             row = await db.one("leased_job", (job_id, token))
             if row is None:
                 raise lease_lost(job_id)
-            await change(db, job_from_row(row, self._dec))
+            await change(db, self._job_of(row))
             return await self._job(db, job_id)
 
         return await self._atomic(body)
@@ -593,7 +678,8 @@ class SqlMemoryStore(ABC):
         encoded = ops_json(ops)
 
         async def change(db: Db, job: ExtractionJob) -> None:
-            await db.run("set_ops", (encoded, self._enc(self.now()), job_id))
+            sealed = self._seal.seal_job(job_id, "ops", encoded)
+            await db.run("set_ops", (sealed, self._enc(self.now()), job_id))
 
         job = await self._leased(job_id, lease_token, change)
         assert job.ops is not None
@@ -614,7 +700,8 @@ class SqlMemoryStore(ABC):
                 else:
                     status, next_at = "pending", retry_at
             now = self._enc(self.now())
-            values = (status, encoded, self._enc(next_at), message, now, job_id)
+            sealed = self._seal.seal_job(job_id, "result", encoded)
+            values = (status, sealed, self._enc(next_at), message, now, job_id)
             await db.run("finish_job", values)
 
         return await self._leased(job_id, token, change)
@@ -636,16 +723,14 @@ class SqlMemoryStore(ABC):
             now = self._enc(self.now())
             requeued = await db.run("requeue_job", (now, now, job_id))
             row = await db.one("job", (job_id,))
-            return requeued_job(
-                job_id, None if row is None else job_from_row(row, self._dec), requeued
-            )
+            return requeued_job(job_id, None if row is None else self._job_of(row), requeued)
 
         return await self._atomic(body)
 
     async def get_job(self, job_id: str) -> ExtractionJob | None:
         """The job, or None (``MemoryStore.get_job``)."""
         rows = await self._read("job", (job_id,))
-        return job_from_row(rows[0], self._dec) if rows else None
+        return self._job_of(rows[0]) if rows else None
 
     # -- import (touba.data.import_records): records as exported, ids and times kept -----
 
@@ -790,7 +875,7 @@ class SqlMemoryStore(ABC):
     ) -> list[ExtractionJob]:
         """Jobs, most recently changed first; ``status="failed"`` shows what needs a look."""
         rows = await self._read("list_jobs", (status, status, max(limit, 0), max(offset, 0)))
-        return [job_from_row(row, self._dec) for row in rows]
+        return [self._job_of(row) for row in rows]
 
     async def count_jobs(self) -> dict[str, int]:
         """How many jobs there are of each status (statuses with none left out)."""
@@ -928,7 +1013,100 @@ class SqlMemoryStore(ABC):
         ``newest_first``, counted from the last turn, the last one first)."""
         name = "turns_page_newest" if newest_first else "turns_page"
         rows = await self._read(name, (session_id, max(limit, 0), max(offset, 0)))
-        return tuple(turn_from_row(row, self._dec) for row in rows)
+        return tuple(self._turn_of(row) for row in rows)
+
+    # -- encryption at rest: key rotation ------------------------------------------------
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with the current key up to ``batch`` rows (turns, key events, update
+        history rows, extraction jobs) holding a value sealed with another key, in one
+        transaction; how many rows were re-sealed (0: none is left, rotation is done).
+
+        Resumable: call it until it returns 0; an interrupted call changed nothing or
+        committed its whole batch. Rows sealed with an older key stay readable meanwhile
+        (keep that key in the ``Encryption`` until then). The store remembers where its
+        last call stopped in each table (in key order), so a rotation reads each row
+        about once; it returns 0 only after a pass from the start found nothing, which
+        also catches rows another process sealed with the older key meanwhile.
+        ``ConfigurationError`` without ``encryption=`` or for a ``batch`` under 1;
+        ``DecisionHistoryRecordInvalid`` (nothing changed) for a value that does not
+        open: repair or erase that row.
+        """
+        encryption = self._seal.encryption
+        if encryption is None:
+            raise ConfigurationError("rekey needs a store opened with encryption=")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ConfigurationError(f"batch must be an int >= 1, got {batch!r}")
+        prefix = f"{TOKEN_PREFIX}{encryption.current}."
+        stale = (len(prefix), prefix)
+        seal = self._seal
+        start: dict[str, Any] = dict(getattr(self, "_rekey_cursors", {}))
+
+        def again(value: Any, table: str, where: tuple[Any, ...], field: str) -> Any:
+            if value is None:
+                return None
+            return seal.seal(seal.open(value, table, where, field), table, where, field)
+
+        async def turns(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            session_id, idx = after if after is not None else (None, None)
+            params = (session_id, session_id, idx, *stale * 4, room)
+            last, found = after, await db.all("stale_turns", params)
+            for session_id, idx, *values in found:
+                fields = ("user_text", "replies", "trace", "context")
+                where = (session_id, idx)
+                new = [again(v, "turns", where, f) for v, f in zip(values, fields, strict=True)]
+                await db.run("reseal_turn", (*new, session_id, idx))
+                last = where
+            return len(found), last
+
+        async def events(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            last, found = after, await db.all("stale_events", (after, after, *stale * 2, room))
+            for event_id, owner, title, details in found:
+                where = (owner, event_id)
+                title = again(title, "events", where, "title")
+                details = again(details, "events", where, "details")
+                await db.run("reseal_event", (title, details, event_id))
+                last = event_id
+            return len(found), last
+
+        async def history(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            last, found = after, await db.all("stale_history", (after, after, *stale, room))
+            for seq, event_id, changes in found:
+                value = again(changes, "history", (event_id, seq), "changes")
+                await db.run("reseal_history", (value, seq))
+                last = seq
+            return len(found), last
+
+        async def jobs(db: Db, after: Any, room: int) -> tuple[int, Any]:
+            last, found = after, await db.all("stale_jobs", (after, after, *stale * 2, room))
+            for job_id, ops, result in found:
+                ops = again(ops, "jobs", (job_id,), "ops")
+                result = again(result, "jobs", (job_id,), "result")
+                await db.run("reseal_job", (ops, result, job_id))
+                last = job_id
+            return len(found), last
+
+        tables = {"turns": turns, "events": events, "history": history, "jobs": jobs}
+
+        async def body(db: Db) -> tuple[int, dict[str, Any]]:
+            cursors, done = dict(start), 0
+            from_start = not cursors
+            while True:
+                for name, step in tables.items():
+                    if cursors.get(name) is _DONE:
+                        continue
+                    count, last = await step(db, cursors.get(name), batch - done)
+                    done += count
+                    if done >= batch:
+                        cursors[name] = last
+                        return done, cursors
+                    cursors[name] = _DONE  # fewer than asked: none left after the cursor
+                if done or from_start:
+                    return done, {}
+                cursors, from_start = {}, True  # a last pass from the start
+
+        done, self._rekey_cursors = await self._atomic(body)
+        return done
 
 
 def _ids(name: str, values: object) -> tuple[str, ...]:

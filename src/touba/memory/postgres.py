@@ -30,6 +30,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         'touba.memory.postgres needs psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
     ) from e
 
+from touba._encryption import Encryption
 from touba.errors import MemoryStoreUnavailable
 from touba.history._pg import (
     Conn,
@@ -124,7 +125,11 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
     with ``create=False`` missing tables raise ``ConfigurationError`` there
     instead, and nothing is created.
     The pool, the schema check and the lifecycle are those of touba's other
-    PostgreSQL stores (:class:`touba.history._pg.OwnedPool`).
+    PostgreSQL stores (:class:`touba.history._pg.OwnedPool`). ``encryption`` (a
+    :class:`touba.Encryption`): turns, key-event text and its update history, and
+    extraction job ops and results are sealed at rest, bound to ``prefix`` (see
+    :mod:`touba.memory._sealed`), a row that does not open raising
+    ``DecisionHistoryRecordInvalid``; ``rekey()`` rotates keys.
     """
 
     def __init__(
@@ -135,9 +140,11 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         prefix: str = "touba_memory",
         clock: Clock = utc_now,
         create: bool = True,
+        encryption: Encryption | None = None,
     ) -> None:
         *schema, name = table_parts(prefix, example="touba_memory", argument="prefix", longest=40)
         check_clock(clock)
+        self._set_encryption(encryption, prefix)
         self.prefix = prefix
         self._clock = clock
         tables = {t: sql.Identifier(*schema, f"{name}_{s}") for t, s in _TABLE_NAMES.items()}

@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
 from touba._closing import AsyncClosing
+from touba._encryption import Encryption
 from touba.errors import ConfigurationError, MemoryStoreUnavailable
 from touba.history._files import open_private_sqlite
 from touba.history._sqlite import describe, failure_kind, finish_leftover, rollback_quietly
@@ -247,15 +248,25 @@ class SqliteMemoryStore(SqlMemoryStore, AsyncClosing):
     stamps every write and decides lease expiry and retry times. Close it with
     ``await store.close()`` or ``async with``. ``create=False`` opens an existing
     store only: a missing file, or one holding no touba chat memory, raises
-    ``ConfigurationError`` and nothing is created or changed.
+    ``ConfigurationError`` and nothing is created or changed. ``encryption`` (a
+    :class:`touba.Encryption`): turns, key-event text and its update history, and
+    extraction job ops and results are sealed at rest (see
+    :mod:`touba.memory._sealed`), a row that does not open raising
+    ``DecisionHistoryRecordInvalid``; ``rekey()`` rotates keys.
     """
 
     def __init__(
-        self, filename: str | os.PathLike[str], *, clock: Clock = utc_now, create: bool = True
+        self,
+        filename: str | os.PathLike[str],
+        *,
+        clock: Clock = utc_now,
+        create: bool = True,
+        encryption: Encryption | None = None,
     ) -> None:
         if not isinstance(filename, str | os.PathLike):
             raise ConfigurationError(f"filename must be a path, got {type(filename).__name__}")
         check_clock(clock)
+        self._set_encryption(encryption, "touba_memory")
         self._clock = clock
         self._lock = threading.Lock()
         self._users = 0

@@ -30,6 +30,11 @@ PostgreSQL text cannot hold NUL: an id, ``run_id``, ``invocation_id``,
 ConfigurationError before anything is written (lookups of such an id find
 nothing). A revision must fit in 64 bits.
 
+Encryption at rest (``encryption=``, :mod:`touba.runtime._sealing`): ``body``
+is sealed, bound to the table and the checkpoint id; the columns above that
+``list`` and ``replace`` read (id, ``run_id``, ``invocation_id``, ``agent_ref``,
+``status``, ``revision``, dates) stay plaintext, so ``list`` opens nothing.
+
 Errors: a connection or schema problem while opening raises
 ``ConfigurationError`` chained to the driver's error; a lost server, broken
 connection or pool timeout during use raises ``CheckpointStoreUnavailable``
@@ -53,6 +58,7 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
         'pip install "touba[postgres]"'
     ) from e
 
+from touba._encryption import Encryption
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.history._model import JSON
 from touba.history._pg import (
@@ -78,6 +84,7 @@ from touba.runtime._checkpoints import (
     revision_of,
     status_of,
 )
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = ["SCHEMA_VERSION", "PostgresCheckpointStore"]
 
@@ -137,6 +144,11 @@ class _Statements:
             " updated_at, body FROM {t} ORDER BY seq"
         )
         self.erase = q("DELETE FROM {t} WHERE id = ANY(%s)")
+        self.stale = q(
+            "SELECT id, body FROM {t} WHERE (CAST(%s AS TEXT) IS NULL OR id > %s)"
+            " AND substr(body, 1, %s) <> %s ORDER BY id LIMIT %s FOR UPDATE"
+        )
+        self.reseal = q("UPDATE {t} SET body = %s WHERE id = %s")
 
 
 def _fields(checkpoint_id: str, checkpoint: dict[str, JSON]) -> tuple[Any, ...]:
@@ -190,8 +202,10 @@ class PostgresCheckpointStore(PooledStore):
     plain identifier, optionally schema-qualified (``"app.checkpoints"``);
     anything else raises ConfigurationError at construction. Tables are
     created on first use, or by ``await store.open()`` (``async with`` opens
-    too). Not encrypted: checkpoints hold the invocation's input, arguments,
-    results and trace.
+    too). Checkpoints hold the invocation's input, arguments, results and
+    trace: ``encryption`` (a :class:`touba.Encryption`) seals each body at rest
+    (see the module notes); a body that does not open raises
+    ``DecisionHistoryRecordInvalid``; ``rekey()`` rotates keys.
     """
 
     durable = True
@@ -202,8 +216,11 @@ class PostgresCheckpointStore(PooledStore):
         *,
         pool: AsyncConnectionPool[Any] | None = None,
         table: str = "touba_checkpoints",
+        encryption: Encryption | None = None,
     ) -> None:
         parts = table_parts(table, example="touba_checkpoints")
+        self._seal = RowSeal(encryption, "touba.checkpoints", table, "body")
+        self._rekey_after: Cursor = None
         self._sql = _Statements(parts)
         self._pg = OwnedPool(
             "PostgresCheckpointStore",
@@ -224,7 +241,8 @@ class PostgresCheckpointStore(PooledStore):
         body = encode_checkpoint(checkpoint)
         fields = _fields(checkpoint_id, checkpoint)
         async with self._pg.call() as conn:
-            inserted = await run(conn, self._sql.insert, (checkpoint_id, *fields, body))
+            sealed = self._seal.seal(body, checkpoint_id)
+            inserted = await run(conn, self._sql.insert, (checkpoint_id, *fields, sealed))
         if not inserted:
             raise duplicate_checkpoint(checkpoint_id)
 
@@ -234,7 +252,9 @@ class PostgresCheckpointStore(PooledStore):
             return None
         async with self._pg.call() as conn:
             found = await row(conn, self._sql.get, (checkpoint_id,))
-        return None if found is None else decode_checkpoint(found[0])
+        return (
+            None if found is None else decode_checkpoint(self._seal.open(found[0], checkpoint_id))
+        )
 
     async def take(self, checkpoint_id: str) -> dict[str, JSON] | None:
         """Remove and return it in one statement: of concurrent takers, in any number of
@@ -247,7 +267,9 @@ class PostgresCheckpointStore(PooledStore):
             return None
         async with self._pg.call() as conn:
             found = await row(conn, self._sql.take, (checkpoint_id,))
-        return None if found is None else decode_checkpoint(found[0])
+            # opened inside the transaction: a body that does not open is not taken
+            body = None if found is None else self._seal.open(found[0], checkpoint_id)
+        return decode_checkpoint(body)
 
     async def replace(
         self, checkpoint_id: str, checkpoint: dict[str, JSON] | None, *, revision: int
@@ -272,7 +294,7 @@ class PostgresCheckpointStore(PooledStore):
             if body is None:
                 changed = await run(conn, self._sql.remove, (checkpoint_id, revision))
             else:
-                params = (*fields, body, checkpoint_id, revision)
+                params = (*fields, self._seal.seal(body, checkpoint_id), checkpoint_id, revision)
                 changed = await run(conn, self._sql.replace, params)
         return changed > 0
 
@@ -314,3 +336,25 @@ class PostgresCheckpointStore(PooledStore):
             if not ids:
                 return 0
             return await run(conn, self._sql.erase, (ids,))
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with the current key up to ``batch`` checkpoints sealed with another,
+        in one transaction (rows locked meanwhile); how many (0: rotation is done).
+        Resumable: call it until it returns 0; older keys stay needed until then.
+        ``ConfigurationError`` without ``encryption=`` or for a ``batch`` under 1;
+        ``DecisionHistoryRecordInvalid`` (nothing changed) for a body that does not
+        open."""
+        check_batch(batch)
+        stale = self._seal.stale()
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            start = None if after is None else after[0]
+            async with self._pg.call() as conn:
+                found = await rows(conn, self._sql.stale, (start, start, *stale, batch))
+                for checkpoint_id, body in found:
+                    sealed = self._seal.again(body, checkpoint_id)
+                    await run(conn, self._sql.reseal, (sealed, checkpoint_id))
+            return len(found), ((found[-1][0],) if found else after)
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done

@@ -11,8 +11,9 @@ application's).
 - :class:`MemoryCheckpointStore` (the default): this process only.
 - :class:`SqliteCheckpointStore`: a SQLite file that processes may share,
   opened with the same file-safety rules as the history store (0600 files,
-  no symbolic links, private directory). Not encrypted: checkpoints hold
-  the invocation's input, arguments, results and trace.
+  no symbolic links, private directory). Checkpoints hold the invocation's
+  input, arguments, results and trace: give ``encryption=`` to seal each body
+  at rest (:mod:`touba.runtime._sealing`).
 - :class:`~touba.runtime.PostgresCheckpointStore`
   (:mod:`touba.runtime._checkpoint_postgres`): a PostgreSQL table that many
   workers share.
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Collection
 from contextlib import suppress
@@ -45,9 +47,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal, Protocol, TypeVar, runtime_checkable
 
+from touba._encryption import Encryption
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
 from touba.history._model import JSON, STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
 from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = [
     "CheckpointInfo",
@@ -336,8 +340,9 @@ class _Db:
     """The store's SQL (its schema installed when made); runs only on the store's thread,
     one transaction per call."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, seal: RowSeal) -> None:
         self.conn = conn
+        self.seal = seal
         _VERSION.install(self.conn, _SCHEMA, migrate=self._migrate)
 
     def _write(self, job: Callable[[], R]) -> R:
@@ -357,7 +362,13 @@ class _Db:
                 self.conn.execute(
                     "INSERT INTO touba_checkpoints (id, run_id, invocation_id, agent_ref, "
                     "created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (checkpoint_id, *identity_of(checkpoint), now, now, body),
+                    (
+                        checkpoint_id,
+                        *identity_of(checkpoint),
+                        now,
+                        now,
+                        self.seal.seal(body, checkpoint_id),
+                    ),
                 )
             except sqlite3.IntegrityError as e:
                 raise duplicate_checkpoint(checkpoint_id) from e
@@ -367,7 +378,7 @@ class _Db:
     def get(self, checkpoint_id: str) -> str | None:
         sql = "SELECT body FROM touba_checkpoints WHERE id = ?"
         row = self.conn.execute(sql, (checkpoint_id,)).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None else self.seal.open(row[0], checkpoint_id)
 
     def take(self, checkpoint_id: str) -> str | None:
         def job() -> str | None:
@@ -398,7 +409,12 @@ class _Db:
                 self.conn.execute(
                     "UPDATE touba_checkpoints SET run_id = ?, invocation_id = ?, agent_ref = ?, "
                     "updated_at = ?, body = ? WHERE id = ?",
-                    (*identity_of(checkpoint), datetime.now(UTC).isoformat(), body, checkpoint_id),
+                    (
+                        *identity_of(checkpoint),
+                        datetime.now(UTC).isoformat(),
+                        self.seal.seal(body, checkpoint_id),
+                        checkpoint_id,
+                    ),
                 )
             return True
 
@@ -437,7 +453,29 @@ class _Db:
             query = self.conn.execute(
                 f"{columns} FROM touba_checkpoints WHERE run_id = ? ORDER BY rowid", (run_id,)
             )
-        return [(str(a), str(b), str(c), str(d)) for a, b, c, d in query.fetchall()]
+        return [
+            (str(a), self.seal.open(b, str(a)), str(c), str(d)) for a, b, c, d in query.fetchall()
+        ]
+
+    def rekey(self, batch: int, after: Cursor) -> tuple[int, Cursor]:
+        """Re-seal with the current key up to ``batch`` bodies sealed with another, past
+        the id ``after`` (None: from the start) in id order; how many and the last id."""
+        start = None if after is None else after[0]
+
+        def job() -> tuple[int, Cursor]:
+            found = self.conn.execute(
+                "SELECT id, body FROM touba_checkpoints WHERE (? IS NULL OR id > ?) "
+                "AND substr(body, 1, ?) <> ? ORDER BY id LIMIT ?",
+                (start, start, *self.seal.stale(), batch),
+            ).fetchall()
+            for checkpoint_id, body in found:
+                self.conn.execute(
+                    "UPDATE touba_checkpoints SET body = ? WHERE id = ?",
+                    (self.seal.again(body, checkpoint_id), checkpoint_id),
+                )
+            return len(found), ((found[-1][0],) if found else after)
+
+        return self._write(job)
 
 
 def _run_column(conn: sqlite3.Connection, checkpoint_id: str) -> str | None:
@@ -466,6 +504,13 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
     changed nothing: the file stayed locked by another connection for longer
     than ``timeout`` seconds, the disk is full or failing, the file system is
     read-only, the file is corrupt.
+
+    ``encryption`` (a :class:`touba.Encryption`): each body is sealed at rest,
+    bound to its checkpoint id; ``id``, ``run_id``, ``invocation_id``,
+    ``agent_ref`` and the dates stay plaintext for ``list`` (which opens each
+    body for its status and revision). A body that does not open raises
+    ``DecisionHistoryRecordInvalid`` (:mod:`touba.runtime._sealing`); ``rekey()``
+    rotates keys.
     """
 
     durable = True
@@ -474,8 +519,35 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
     _version = _VERSION
     _unavailable = CheckpointStoreUnavailable
 
+    def __init__(
+        self,
+        filename: str | os.PathLike[str] | None = None,
+        *,
+        database: sqlite3.Connection | None = None,
+        timeout: float = 5.0,
+        encryption: Encryption | None = None,
+    ) -> None:
+        self._seal = RowSeal(encryption, "touba.checkpoints", "touba_checkpoints", "body")
+        self._rekey_after: Cursor = None
+        super().__init__(filename, database=database, timeout=timeout)
+
     def _build(self, conn: sqlite3.Connection) -> _Db:
-        return _Db(conn)
+        return _Db(conn, self._seal)
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with the current key up to ``batch`` checkpoints sealed with another,
+        in one transaction; how many (0: rotation is done). Resumable: call it until it
+        returns 0; older keys stay needed until then. ``ConfigurationError`` without
+        ``encryption=`` or for a ``batch`` under 1; ``DecisionHistoryRecordInvalid``
+        (nothing changed) for a body that does not open."""
+        check_batch(batch)
+        self._seal.stale()
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            return await self._run(lambda: self._db.rekey(batch, after))
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:
         """Store a new checkpoint, committed when this returns.

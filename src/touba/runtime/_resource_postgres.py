@@ -19,7 +19,11 @@ resource, scope key or key containing ``\\x00`` with ConfigurationError
 Errors: a connection or schema problem while opening raises
 ``ConfigurationError``; a lost server, broken connection or pool timeout
 during use raises ``ResourceBindingUnavailable`` (transient), the driver's
-error chained. Not encrypted.
+error chained.
+
+Encryption at rest (``encryption=``, :mod:`touba.runtime._sealing`): ``value`` is
+sealed, bound to the table, the address and the key; the address, keys and
+``updated_at`` stay plaintext (``keys`` filters and sorts them in SQL).
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
         'pip install "touba[postgres]"'
     ) from e
 
+from touba._encryption import Encryption
 from touba.errors import ConfigurationError, ResourceBindingUnavailable
 from touba.history._model import JSON
 from touba.history._pg import OwnedPool, PooledStore, Schema, has_nul, row, rows, run, table_parts
 from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value, scope_keys_of
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = ["SCHEMA_VERSION", "PostgresResourceBinding"]
 
@@ -99,6 +105,17 @@ class _Statements:
             "INSERT INTO {t} (resource, scope, scope_key, key, value, updated_at)"
             " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
         )
+        self.stale = q(
+            "SELECT resource, scope, scope_key, key, value FROM {t}"
+            " WHERE (CAST(%s AS TEXT) IS NULL"
+            " OR (resource, scope, scope_key, key) > (%s, %s, %s, %s))"
+            " AND substr(value, 1, %s) <> %s"
+            " ORDER BY resource, scope, scope_key, key LIMIT %s FOR UPDATE"
+        )
+        self.reseal = q(
+            "UPDATE {t} SET value = %s"
+            " WHERE resource = %s AND scope = %s AND scope_key = %s AND key = %s"
+        )
 
 
 def _where(address: ResourceAddress) -> tuple[str, str, str]:
@@ -120,7 +137,10 @@ class PostgresResourceBinding(PooledStore):
     ``psycopg_pool.AsyncConnectionPool`` you open and close). ``table`` is a
     plain identifier, optionally schema-qualified; anything else raises
     ConfigurationError at construction. Tables are created on first use, or
-    by ``await binding.open()`` (``async with`` opens too).
+    by ``await binding.open()`` (``async with`` opens too). ``encryption`` (a
+    :class:`touba.Encryption`): each value is sealed at rest (see the module
+    notes); a value that does not open raises ``DecisionHistoryRecordInvalid``;
+    ``rekey()`` rotates keys. Bounds (``max_value_bytes``) count the plaintext.
     """
 
     def __init__(
@@ -129,8 +149,11 @@ class PostgresResourceBinding(PooledStore):
         *,
         pool: AsyncConnectionPool[Any] | None = None,
         table: str = "touba_resources",
+        encryption: Encryption | None = None,
     ) -> None:
         parts = table_parts(table, example="touba_resources")
+        self._seal = RowSeal(encryption, "touba.resources", table, "value")
+        self._rekey_after: Cursor = None
         self._sql = _Statements(parts)
         self._pg = OwnedPool(
             "PostgresResourceBinding",
@@ -151,7 +174,8 @@ class PostgresResourceBinding(PooledStore):
         if found is None:
             return None
         text, at = found
-        return ResourceItem(key, json.loads(text), at.astimezone(UTC))
+        opened = self._seal.open(text, *_where(address), key)
+        return ResourceItem(key, json.loads(opened), at.astimezone(UTC))
 
     async def put(self, address: ResourceAddress, key: str, value: JSON) -> ResourceItem:
         """Store ``value`` under ``key``, replacing any value there, committed when this
@@ -168,7 +192,8 @@ class PostgresResourceBinding(PooledStore):
                 "key must not contain it; nothing was written"
             )
         async with self._pg.call() as conn:
-            found = await row(conn, self._sql.put, (*_where(address), key, text))
+            sealed = self._seal.seal(text, *_where(address), key)
+            found = await row(conn, self._sql.put, (*_where(address), key, sealed))
         assert found is not None
         at: datetime = found[0]
         return ResourceItem(key, json.loads(text), at.astimezone(UTC))
@@ -261,3 +286,25 @@ class PostgresResourceBinding(PooledStore):
 def _no_nul(scope_keys: dict[str, frozenset[str]]) -> dict[str, list[str]]:
     """The scope keys PostgreSQL can hold (one with NUL was never stored)."""
     return {scope: sorted(k for k in keys if not has_nul(k)) for scope, keys in scope_keys.items()}
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with the current key up to ``batch`` values sealed with another, in one
+        transaction (rows locked meanwhile); how many (0: rotation is done). Resumable:
+        call it until it returns 0; older keys stay needed until then.
+        ``ConfigurationError`` without ``encryption=`` or for a ``batch`` under 1;
+        ``DecisionHistoryRecordInvalid`` (nothing changed) for a value that does not
+        open."""
+        check_batch(batch)
+        stale = self._seal.stale()
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            start = (None,) * 4 if after is None else after
+            async with self._pg.call() as conn:
+                params = (start[0], *start, *stale, batch)
+                found = await rows(conn, self._sql.stale, params)
+                for *where, value in found:
+                    await run(conn, self._sql.reseal, (self._seal.again(value, *where), *where))
+            return len(found), (tuple(found[-1][:4]) if found else after)
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done

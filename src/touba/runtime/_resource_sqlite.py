@@ -4,7 +4,9 @@ One row per item, keyed by (resource, scope, scope_key, key), the value as
 compact JSON text. The file is opened like every touba SQLite file
 (:func:`touba.history._files.open_private_sqlite`: 0600 files, no symbolic
 links, a private directory) and may be shared with the history and
-checkpoint stores. Not encrypted. Every SQLite failure (the file locked past
+checkpoint stores. With ``encryption=`` each value is sealed at rest, bound to
+its address and key (:mod:`touba.runtime._sealing`); the address, keys and
+dates stay plaintext (``keys`` lists them in SQL). Every SQLite failure (the file locked past
 ``timeout``, a full or failing disk, a read-only file system) raises
 ``ResourceBindingUnavailable`` (retryable), chained, with nothing written.
 """
@@ -12,16 +14,19 @@ checkpoint stores. Not encrypted. Every SQLite failure (the file locked past
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Collection, Mapping
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Final, TypeVar
 
+from touba._encryption import Encryption
 from touba.errors import ResourceBindingUnavailable
 from touba.history._model import JSON
 from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
 from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value, scope_keys_of
+from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
 
 __all__ = ["SqliteResourceBinding"]
 
@@ -45,8 +50,9 @@ class _Db:
     """The binding's SQL (its schema installed when made); runs only on the binding's
     thread, one transaction per write."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, seal: RowSeal) -> None:
         self.conn = conn
+        self.seal = seal
         _VERSION.install(self.conn, _SCHEMA)
 
     def _write(self, job: Callable[[], R]) -> R:
@@ -58,7 +64,9 @@ class _Db:
             "WHERE resource = ? AND scope = ? AND scope_key = ? AND key = ?",
             (*_where(address), key),
         ).fetchone()
-        return None if row is None else (str(row[0]), str(row[1]))
+        if row is None:
+            return None
+        return self.seal.open(row[0], *_where(address), key), str(row[1])
 
     def put(self, address: ResourceAddress, key: str, value: str, at: str) -> None:
         def job() -> None:
@@ -67,7 +75,7 @@ class _Db:
                 "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (resource, scope, "
                 "scope_key, key) DO UPDATE SET value = excluded.value, "
                 "updated_at = excluded.updated_at",
-                (*_where(address), key, value, at),
+                (*_where(address), key, self.seal.seal(value, *_where(address), key), at),
             )
 
         self._write(job)
@@ -149,6 +157,28 @@ class _Db:
 
         return self._write(job)
 
+    def rekey(self, batch: int, after: Cursor) -> tuple[int, Cursor]:
+        """Re-seal with the current key up to ``batch`` values sealed with another, past
+        the item ``after`` (None: from the start) in key order; how many and the last."""
+        start = (None,) * 4 if after is None else after
+
+        def job() -> tuple[int, Cursor]:
+            found = self.conn.execute(
+                "SELECT resource, scope, scope_key, key, value FROM touba_resources "
+                "WHERE (? IS NULL OR (resource, scope, scope_key, key) > (?, ?, ?, ?)) "
+                "AND substr(value, 1, ?) <> ? ORDER BY resource, scope, scope_key, key LIMIT ?",
+                (start[0], *start, *self.seal.stale(), batch),
+            ).fetchall()
+            for *where, value in found:
+                self.conn.execute(
+                    "UPDATE touba_resources SET value = ? "
+                    "WHERE resource = ? AND scope = ? AND scope_key = ? AND key = ?",
+                    (self.seal.again(value, *where), *where),
+                )
+            return len(found), (tuple(found[-1][:4]) if found else after)
+
+        return self._write(job)
+
 
 class SqliteResourceBinding(OwnedSqliteStore[_Db]):
     """Resources in a SQLite file, durable and shared by processes.
@@ -160,15 +190,46 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
     directory yourself, mode 0700) or ``database`` (an open
     ``sqlite3.Connection`` made with ``check_same_thread=False``, whose
     closing and file protection stay yours). One thread owns the connection;
-    close with ``close()`` or ``async with``.
+    close with ``close()`` or ``async with``. ``encryption`` (a
+    :class:`touba.Encryption`): each value is sealed at rest, bound to its
+    address and key; a value that does not open raises
+    ``DecisionHistoryRecordInvalid``; ``rekey()`` rotates keys. Bounds
+    (``max_value_bytes``) count the plaintext JSON.
     """
 
     _owner = "SqliteResourceBinding"
     _version = _VERSION
     _unavailable = ResourceBindingUnavailable
 
+    def __init__(
+        self,
+        filename: str | os.PathLike[str] | None = None,
+        *,
+        database: sqlite3.Connection | None = None,
+        timeout: float = 5.0,
+        encryption: Encryption | None = None,
+    ) -> None:
+        self._seal = RowSeal(encryption, "touba.resources", "touba_resources", "value")
+        self._rekey_after: Cursor = None
+        super().__init__(filename, database=database, timeout=timeout)
+
     def _build(self, conn: sqlite3.Connection) -> _Db:
-        return _Db(conn)
+        return _Db(conn, self._seal)
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with the current key up to ``batch`` values sealed with another, in one
+        transaction; how many (0: rotation is done). Resumable: call it until it returns
+        0; older keys stay needed until then. ``ConfigurationError`` without
+        ``encryption=`` or for a ``batch`` under 1; ``DecisionHistoryRecordInvalid``
+        (nothing changed) for a value that does not open."""
+        check_batch(batch)
+        self._seal.stale()
+
+        async def one_batch(after: Cursor) -> tuple[int, Cursor]:
+            return await self._run(lambda: self._db.rekey(batch, after))
+
+        done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
+        return done
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:
         """The item under ``key`` (a detached copy), or None."""
