@@ -282,11 +282,6 @@ class PostgresResourceBinding(PooledStore):
         async with self._pg.call() as conn:
             return await run(conn, self._sql.import_item, params) > 0
 
-
-def _no_nul(scope_keys: dict[str, frozenset[str]]) -> dict[str, list[str]]:
-    """The scope keys PostgreSQL can hold (one with NUL was never stored)."""
-    return {scope: sorted(k for k in keys if not has_nul(k)) for scope, keys in scope_keys.items()}
-
     async def rekey(self, *, batch: int = 100) -> int:
         """Re-seal with the current key up to ``batch`` values sealed with another, in one
         transaction (rows locked meanwhile); how many (0: rotation is done). Resumable:
@@ -308,3 +303,8 @@ def _no_nul(scope_keys: dict[str, frozenset[str]]) -> dict[str, list[str]]:
 
         done, self._rekey_after = await rotate(one_batch, self._rekey_after, batch)
         return done
+
+
+def _no_nul(scope_keys: dict[str, frozenset[str]]) -> dict[str, list[str]]:
+    """The scope keys PostgreSQL can hold (one with NUL was never stored)."""
+    return {scope: sorted(k for k in keys if not has_nul(k)) for scope, keys in scope_keys.items()}
