@@ -7,6 +7,8 @@ each store's own primitives. It sits above :mod:`touba.memory` and below the CLI
 the panel, which both call it.
 """
 
+from touba.data._retention import apply_retention
 from touba.data._stores import Stores
+from touba.memory._retention import Retention, RetentionReport
 
-__all__ = ["Stores"]
+__all__ = ["Retention", "RetentionReport", "Stores", "apply_retention"]
