@@ -168,9 +168,14 @@ def _labels(count: int) -> list[str]:
 
 
 async def _expired(store: AdminStore, dry_run: bool) -> int:
-    if not dry_run:
-        return await store.purge_expired()
-    return sum(c.expired and not c.active for c in await store.list(purge=False))
+    """The conversations already expired (and not held), purged unless ``dry_run``."""
+    purge = getattr(store, "purge_expired", None)
+    if not dry_run and callable(purge):
+        return int(await purge())
+    expired = sum(c.expired and not c.active for c in await store.list(purge=False))
+    if not dry_run:  # a store without purge_expired (RAM) purges on every access
+        await store.list()
+    return expired
 
 
 async def purge_stores(
