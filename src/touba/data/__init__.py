@@ -7,8 +7,20 @@ each store's own primitives. It sits above :mod:`touba.memory` and below the CLI
 the panel, which both call it.
 """
 
+from touba.data._erase import ErasureReceipt, erase_user, verify_erased
+from touba.data._owned import Owned, owned_by
 from touba.data._retention import apply_retention
 from touba.data._stores import Stores
 from touba.memory._retention import Retention, RetentionReport
 
-__all__ = ["Retention", "RetentionReport", "Stores", "apply_retention"]
+__all__ = [
+    "ErasureReceipt",
+    "Owned",
+    "Retention",
+    "RetentionReport",
+    "Stores",
+    "apply_retention",
+    "erase_user",
+    "owned_by",
+    "verify_erased",
+]

@@ -207,6 +207,18 @@ STATEMENTS: dict[str, str] = {
     "insert_change": "INSERT INTO {changes} ({change_cols}) VALUES (%s, %s, %s, %s, %s)",
     "config_changes": "SELECT {change_cols} FROM {changes} WHERE agent_ref = %s"
     " ORDER BY seq DESC LIMIT %s",
+    # Erasing one user (``erase_owner`` / ``count_owner``): the rows are gathered by id
+    # first, then deleted one statement per id, in one transaction.
+    "owner_session_ids": "SELECT session_id FROM {sessions} WHERE owner = %s",
+    "session_exists": "SELECT session_id FROM {sessions} WHERE session_id = %s",
+    "session_turn_count": "SELECT COUNT(*) FROM {turns} WHERE session_id = %s",
+    "owner_event_ids": "SELECT id FROM {events} WHERE owner = %s",
+    "event_history_count": "SELECT COUNT(*) FROM {history} WHERE event_id = %s",
+    "owner_job_ids": "SELECT id FROM {jobs} WHERE owner = %s",
+    "session_job_ids": "SELECT id FROM {jobs} WHERE session_id = %s",
+    "erase_event_history": "DELETE FROM {history} WHERE event_id = %s",
+    "erase_event": "DELETE FROM {events} WHERE id = %s",
+    "erase_job": "DELETE FROM {jobs} WHERE id = %s",
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -290,6 +290,97 @@ class SqlMemoryStore(ABC):
             return await db.run("delete_session", (session_id,)) > 0
 
         return await self._atomic(body)
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    async def _owned_rows(
+        self, db: Db, owners: Collection[str], session_ids: Collection[str]
+    ) -> dict[str, Any]:
+        """The ids of every row of ``owners`` and of ``session_ids`` (one read of each)."""
+        sessions: set[str] = set()
+        events: set[str] = set()
+        jobs: set[str] = set()
+        for owner in owners:
+            sessions.update(str(r[0]) for r in await db.all("owner_session_ids", (owner,)))
+            events.update(str(r[0]) for r in await db.all("owner_event_ids", (owner,)))
+            jobs.update(str(r[0]) for r in await db.all("owner_job_ids", (owner,)))
+        for session_id in session_ids:
+            if await db.one("session_exists", (session_id,)) is not None:
+                sessions.add(session_id)
+        for session_id in set(sessions) | set(session_ids):
+            jobs.update(str(r[0]) for r in await db.all("session_job_ids", (session_id,)))
+        turns = 0
+        for session_id in set(sessions) | set(session_ids):
+            found = await db.one("session_turn_count", (session_id,))
+            turns += int(found[0]) if found is not None else 0
+        updates = 0
+        for event_id in events:
+            found = await db.one("event_history_count", (event_id,))
+            updates += int(found[0]) if found is not None else 0
+        return {
+            "sessions": sessions,
+            "all_sessions": set(sessions) | set(session_ids),
+            "turns": turns,
+            "events": events,
+            "updates": updates,
+            "jobs": jobs,
+        }
+
+    @staticmethod
+    def _owned_counts(found: Mapping[str, Any]) -> dict[str, int]:
+        counts = {
+            "sessions": len(found["sessions"]),
+            "turns": int(found["turns"]),
+            "key_events": len(found["events"]),
+            "key_event_updates": int(found["updates"]),
+            "extraction_jobs": len(found["jobs"]),
+        }
+        return {kind: n for kind, n in counts.items() if n}
+
+    async def _erase_atomic(self, body: Callable[[Db], Awaitable[R]]) -> R:
+        """The erase transaction; SQLite overwrites the deleted bytes (``secure_delete``)."""
+        return await self._atomic(body)
+
+    async def erase_owner(
+        self, owners: Collection[str], session_ids: Collection[str] = ()
+    ) -> dict[str, int]:
+        """Delete, in one transaction, every session of ``owners`` (owner strings such as
+        ``owner_for(user_id, ...)``) and the sessions ``session_ids``, their turns (with
+        each turn's context), the key events of ``owners`` with their update history,
+        and the extraction jobs of those owners or sessions. Per-agent memory settings
+        are kept. Returns the rows deleted by kind (``sessions``, ``turns``,
+        ``key_events``, ``key_event_updates``, ``extraction_jobs``; kinds with none left
+        out); running it again deletes nothing more. Other owners' rows are untouched.
+        A SQLite store overwrites the deleted bytes in the file (``secure_delete``) and
+        checkpoints its WAL. ``MemoryStoreUnavailable`` (nothing deleted) when the store
+        fails."""
+        owners, session_ids = _ids("owners", owners), _ids("session_ids", session_ids)
+
+        async def body(db: Db) -> dict[str, int]:
+            found = await self._owned_rows(db, owners, session_ids)
+            for event_id in found["events"]:
+                await db.run("erase_event_history", (event_id,))
+                await db.run("erase_event", (event_id,))
+            for job_id in found["jobs"]:
+                await db.run("erase_job", (job_id,))
+            for session_id in found["all_sessions"]:
+                await db.run("delete_turns", (session_id,))
+                await db.run("delete_session", (session_id,))
+            return self._owned_counts(found)
+
+        return await self._erase_atomic(body)
+
+    async def count_owner(
+        self, owners: Collection[str], session_ids: Collection[str] = ()
+    ) -> dict[str, int]:
+        """What :meth:`erase_owner` would delete now, by kind (kinds with none left out):
+        empty once they are erased. Reads only."""
+        owners, session_ids = _ids("owners", owners), _ids("session_ids", session_ids)
+
+        async def body(db: Db) -> dict[str, int]:
+            return self._owned_counts(await self._owned_rows(db, owners, session_ids))
+
+        return await self._atomic(body, write=False)
 
     async def append_turn(
         self,
@@ -740,6 +831,15 @@ class SqlMemoryStore(ABC):
         name = "turns_page_newest" if newest_first else "turns_page"
         rows = await self._read(name, (session_id, max(limit, 0), max(offset, 0)))
         return tuple(turn_from_row(row, self._dec) for row in rows)
+
+
+def _ids(name: str, values: object) -> tuple[str, ...]:
+    """A collection of ids (not one str), each a str; ``ConfigurationError`` otherwise."""
+    if isinstance(values, str | bytes) or not isinstance(values, Collection):
+        raise ConfigurationError(f"{name} must be a collection of str ids, not one str")
+    if not all(isinstance(v, str) for v in values):
+        raise ConfigurationError(f"{name} must hold str ids only")
+    return tuple(dict.fromkeys(values))
 
 
 def _check_agent(agent_ref: object) -> None:
