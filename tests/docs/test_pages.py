@@ -81,7 +81,7 @@ PAGES: dict[str, str] = {
     "docs/data/fork-and-rewind.md": "",
     "docs/data/repair.md": "",
     "docs/data/encryption.md": "",
-    "docs/data/retention.md": "",
+    "docs/data/retention.md": "python output sh python output",
     "docs/testing.md": "python output",
     "docs/benchmarks.md": "sh sh sh sh sh sh",
     "docs/reference/index.md": "",
