@@ -424,3 +424,49 @@ async def test_each_sqlite_purge_reads_through_its_index(
         plan = conn.execute(f"EXPLAIN QUERY PLAN {_SQL[statement]}", (0, 0, 10)).fetchall()
     assert any(index in str(row[-1]) for row in plan), plan
     assert not [row for row in plan if str(row[-1]).startswith("SCAN")], plan  # no full scan
+
+
+@pytest.mark.postgres
+async def test_version_3_postgresql_tables_get_the_retention_indexes(clock: FakeClock) -> None:
+    import uuid
+
+    import psycopg
+    from psycopg import sql
+
+    from tests._services import postgres_dsn
+    from touba.memory.postgres import PostgresMemoryStore
+
+    dsn, prefix = postgres_dsn(), f"tr_{uuid.uuid4().hex[:10]}"
+    names = [f"{prefix}_{index}_idx" for index in _PG_V4]
+
+    def indexes() -> set[str]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE indexname = ANY(%s)", (names,)
+            ).fetchall()
+        return {name for (name,) in rows}
+
+    try:
+        async with PostgresMemoryStore(dsn, prefix=prefix, clock=clock) as store:
+            await store.open_session("s", owner="user:u", agent_ref="a", mode="live")
+            await _turn(store, "s", "t")
+        assert indexes() == set(names)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in names:
+                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+            meta = sql.Identifier(f"{prefix}_meta")
+            conn.execute(sql.SQL("UPDATE {} SET value = '3'").format(meta))
+        assert indexes() == set()
+        async with PostgresMemoryStore(dsn, prefix=prefix, clock=clock) as store:
+            assert await _texts(store, "s") == ["t"]
+            report = await store.purge_before(turns=clock.now + timedelta(seconds=1))
+            assert report["turns"] == 1
+        assert indexes() == set(names)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(sql.SQL("SELECT value FROM {}").format(meta)).fetchone()
+        assert row == ("4",)
+    finally:
+        drop_postgres_tables(dsn, prefix)
+
+
+_PG_V4 = ("turns_created", "turns_traced", "sessions_ended", "events_closed")
