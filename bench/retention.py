@@ -62,8 +62,8 @@ def _fill(path: Path, turns: int, *, age_days: float, stripped_half: bool) -> No
     asyncio.run(make())
     base = NOW - timedelta(days=age_days)
     with sqlite3.connect(path) as conn:
-        sessions = []
-        rows = []
+        sessions: list[tuple[object, ...]] = []
+        rows: list[tuple[object, ...]] = []
         for s in range(turns // PER_SESSION):
             stripped = stripped_half and s % 2 == 0
             young = stripped_half and not stripped  # one day old, its trace kept

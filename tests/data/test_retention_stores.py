@@ -107,8 +107,9 @@ async def _put(store: MemoryHistoryStore, key: str) -> None:
 
 async def test_histories_lose_only_what_already_expired() -> None:
     moment = [1_000.0]
-    first = MemoryHistoryStore(ttl_seconds=60, clock=lambda: moment[0])
-    second = MemoryHistoryStore(ttl_seconds=60, clock=lambda: moment[0])
+    # the RAM store has no purge_expired (it purges on every access): not an AdminStore
+    first: Any = MemoryHistoryStore(ttl_seconds=60, clock=lambda: moment[0])
+    second: Any = MemoryHistoryStore(ttl_seconds=60, clock=lambda: moment[0])
     await _put(first, "old")
     moment[0] += 50
     await _put(first, "young")
