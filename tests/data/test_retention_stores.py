@@ -167,3 +167,24 @@ def test_retention_is_frozen_and_defaults_to_nothing() -> None:
         retention.turns_days = 3  # type: ignore[misc]
     with pytest.raises(ConfigurationError, match="retention kind"):
         retention.cutoff("days", datetime.now().astimezone())
+
+
+async def test_a_sqlite_history_store_loses_only_what_already_expired(
+    private_dir: Path,
+) -> None:
+    from touba.history.sqlite import SqliteHistoryStore
+
+    moment = [1_000.0]
+    path = private_dir / "history.db"
+    async with SqliteHistoryStore(path, ttl_seconds=60, clock=lambda: moment[0]) as store:
+        await _put(store, "old")  # type: ignore[arg-type]
+        moment[0] += 50
+        await _put(store, "young")  # type: ignore[arg-type]
+        moment[0] += 20
+        stores = Stores(histories=[store])
+        dry = await apply_retention(stores, Retention(), dry_run=True)
+        assert dry.counts == {"history": {"expired": 1}}
+        assert len(await store.list(purge=False)) == 2
+        done = await apply_retention(stores, Retention(traces_days=1))
+        assert done.counts == {"history": {"expired": 1}}
+        assert [c.key for c in await store.list(purge=False)] == ["young"]
