@@ -106,7 +106,13 @@ def test_purge_dry_run_counts_and_deletes_nothing_then_purge_deletes_exactly_tha
     as_json = json.loads(invoke("purge", *where, *bounds, "--dry-run", "--json"))
     assert as_json["dry_run"] is True
     assert as_json["counts"] == {
-        "memory": {"turns": 2, "sessions": 1, "jobs": 0, "events": 1, "event_updates": 1},
+        "memory": {
+            "turns": 2,
+            "sessions": 1,
+            "extraction_jobs": 0,
+            "key_events": 1,
+            "key_event_updates": 1,
+        },
         "checkpoints": {"checkpoints": 1},
     }
     done = invoke("purge", *where, *bounds)

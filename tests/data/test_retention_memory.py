@@ -141,7 +141,7 @@ async def test_turns_days_removes_old_turns_emptied_ended_sessions_and_finished_
     report = await apply_retention(Stores(memory=store), Retention(turns_days=10), now=now)
     # cutoff T0 + 5 days: the T0 turns, the sessions ended at T0 + 1 h with no turn left,
     # the jobs finished at T0
-    assert report.counts == {"memory": {"turns": 3, "sessions": 2, "jobs": 2}}
+    assert report.counts == {"memory": {"turns": 3, "sessions": 2, "extraction_jobs": 2}}
     assert report.total == 7
     assert report.at == now
     assert not report.dry_run
@@ -194,7 +194,7 @@ async def test_events_closed_days_removes_closed_events_and_their_history_only(
     before = [len(await store.recent_turns(s, 100)) for s in ("ended-old", "open", "ended-new")]
     now = T0 + timedelta(days=15)
     report = await apply_retention(Stores(memory=store), Retention(events_closed_days=10), now=now)
-    assert report.counts == {"memory": {"events": 1, "event_updates": 2}}
+    assert report.counts == {"memory": {"key_events": 1, "key_event_updates": 2}}
     assert await store.get_event("user:u1", ids["old_closed"]) is None
     for owner, key in (("user:u1", "old_open"), ("user:u2", "new_closed")):
         assert await store.get_event(owner, ids[key]) is not None
@@ -209,7 +209,7 @@ async def test_events_closed_days_removes_closed_events_and_their_history_only(
     far = clock.now + timedelta(days=100)
     report = await apply_retention(Stores(memory=store), Retention(events_closed_days=1), now=far)
     assert await store.get_event("user:u3", reopened) is not None
-    assert report.counts["memory"]["events"] == 2  # new_closed and edited
+    assert report.counts["memory"]["key_events"] == 2  # new_closed and edited
     assert await store.count_all_events(include_closed=True) == 2  # old open + reopened
 
 
@@ -261,9 +261,9 @@ async def test_defaults_change_nothing_and_dry_run_deletes_nothing(
     assert dict(real.counts["memory"]) == {
         "turns": 3,
         "sessions": 2,
-        "jobs": 2,
-        "events": 1,
-        "event_updates": 2,
+        "extraction_jobs": 2,
+        "key_events": 1,
+        "key_event_updates": 2,
         "traces": 2,
     }
 
@@ -293,9 +293,9 @@ async def test_a_big_purge_runs_in_batches_and_finishes(
     assert counts == {
         "turns": 21,
         "sessions": 3,
-        "jobs": 0,
-        "events": 5,
-        "event_updates": 10,
+        "extraction_jobs": 0,
+        "key_events": 5,
+        "key_event_updates": 10,
         "traces": 1,
     }
     assert [s.session_id for s in await store.list_sessions()] == ["young"]
@@ -360,7 +360,7 @@ async def test_a_store_without_purge_before_is_refused_before_anything_goes(
         Retention(turns_days=1),
         now=T0 + timedelta(days=5),
     )
-    assert report.counts == {"memory": {"turns": 1, "sessions": 0, "jobs": 0}}
+    assert report.counts == {"memory": {"turns": 1, "sessions": 0, "extraction_jobs": 0}}
 
 
 # -- SQLite: the schema version 4 indexes, and the migration from version 3 ----------------

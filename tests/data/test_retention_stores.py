@@ -117,14 +117,14 @@ async def test_histories_lose_only_what_already_expired() -> None:
     moment[0] += 20  # "old" expired 10 s ago; "young" has 40 s left
     stores = Stores(histories=[first, second])
     dry = await apply_retention(stores, Retention(), dry_run=True)
-    assert dry.counts == {"history 1": {"expired": 1}, "history 2": {"expired": 0}}
+    assert dry.counts == {"history:0": {"conversations": 1}, "history:1": {"conversations": 0}}
     assert len(await first.list(purge=False)) == 2
     report = await apply_retention(stores, Retention(turns_days=1, checkpoints_days=1))
-    assert report.counts == {"history 1": {"expired": 1}, "history 2": {"expired": 0}}
+    assert report.counts == {"history:0": {"conversations": 1}, "history:1": {"conversations": 0}}
     assert [c.key for c in await first.list(purge=False)] == ["young"]
     assert [c.key for c in await second.list(purge=False)] == ["young"]
     one = await apply_retention(Stores(histories=[first]), Retention())
-    assert one.counts == {"history": {"expired": 0}}
+    assert one.counts == {"history": {"conversations": 0}}
 
 
 _BAD = st.one_of(
@@ -183,8 +183,8 @@ async def test_a_sqlite_history_store_loses_only_what_already_expired(
         moment[0] += 20
         stores = Stores(histories=[store])
         dry = await apply_retention(stores, Retention(), dry_run=True)
-        assert dry.counts == {"history": {"expired": 1}}
+        assert dry.counts == {"history": {"conversations": 1}}
         assert len(await store.list(purge=False)) == 2
         done = await apply_retention(stores, Retention(traces_days=1))
-        assert done.counts == {"history": {"expired": 1}}
+        assert done.counts == {"history": {"conversations": 1}}
         assert [c.key for c in await store.list(purge=False)] == ["young"]

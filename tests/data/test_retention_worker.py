@@ -52,12 +52,15 @@ async def test_the_worker_applies_its_retention_every_period_and_reports_it(
         )
         with caplog.at_level(logging.INFO, logger="touba.memory"):
             assert await worker.run_due() == []  # no job; the retention ran first
-        assert [r.counts for r in reports] == [{"memory": {"turns": 1, "sessions": 0, "jobs": 0}}]
+        assert [r.counts for r in reports] == [
+            {"memory": {"turns": 1, "sessions": 0, "extraction_jobs": 0}}
+        ]
         assert reports[0].at == clock.now
         assert worker.last_retention is reports[0]
         logged = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
         assert logged == [
-            'retention applied: 1 removed {"memory": {"jobs": 0, "sessions": 0, "turns": 1}}'
+            "retention applied: 1 removed "
+            '{"memory": {"extraction_jobs": 0, "sessions": 0, "turns": 1}}'
         ]
         assert SECRET not in caplog.text
         # not due again yet: nothing applied, even with a new old turn

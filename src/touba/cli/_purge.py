@@ -61,12 +61,12 @@ TracesDaysOption = Annotated[
 _KIND_NAMES = {
     "turns": "chat turns",
     "sessions": "ended sessions left empty",
-    "jobs": "finished extraction jobs",
-    "events": "closed key events",
-    "event_updates": "their update history rows",
+    "extraction_jobs": "finished extraction jobs",
+    "key_events": "closed key events",
+    "key_event_updates": "their update history rows",
     "traces": "turns' traces and contexts dropped",
     "checkpoints": "checkpoints",
-    "expired": "expired decision histories",
+    "conversations": "expired decision histories",
 }
 
 
@@ -149,7 +149,7 @@ def purge(
 
     report = target.run(go())
     if as_json:
-        print_json(report.to_dict())
+        print_json(report.as_json())
         return
     report_table(report)
     if dry_run:

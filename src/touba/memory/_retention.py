@@ -128,11 +128,13 @@ class RetentionReport:
     """What one application of a :class:`Retention` removed (with ``dry_run``: would
     remove): counts per store and kind, never content, ids or user names.
 
-    ``counts``: store (``"memory"``, ``"checkpoints"``, ``"history"``; ``"history 2"``
-    and so on when there are several) -> kind -> count; a kind whose bound is not set is
-    absent. Memory kinds: ``turns``, ``sessions``, ``jobs``, ``events``,
-    ``event_updates``, ``traces`` (turns whose trace and context were dropped);
-    checkpoints: ``checkpoints``; histories: ``expired``. ``at``: the moment the ages
+    ``counts``: store (``"memory"``, ``"checkpoints"``, ``"history"``, or ``"history:0"``,
+    ``"history:1"``... when there are several: the labels of
+    :class:`~touba.data.ErasureReceipt`) -> kind -> count; a kind whose bound is not set
+    is absent, one whose bound is set counts even 0. Memory kinds: ``turns``,
+    ``sessions``, ``extraction_jobs``, ``key_events``, ``key_event_updates``, ``traces``
+    (turns whose trace and context were dropped); checkpoints: ``checkpoints``;
+    histories: ``conversations`` (the expired ones purged). ``at``: the moment the ages
     were measured from.
     """
 
@@ -146,8 +148,9 @@ class RetentionReport:
         """Every count added up."""
         return sum(n for kinds in self.counts.values() for n in kinds.values())
 
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (for an event, a log line or ``--json``)."""
+    def as_json(self) -> dict[str, Any]:
+        """The report as JSON data (for an event, a log line or ``--json``): ``at``
+        (ISO 8601), ``dry_run``, ``retention`` (the bounds), ``counts`` and ``total``."""
         return {
             "at": self.at.isoformat(),
             "dry_run": self.dry_run,
@@ -164,7 +167,8 @@ def _check_now(now: object) -> datetime:
 
 
 def _labels(count: int) -> list[str]:
-    return ["history"] if count == 1 else [f"history {i + 1}" for i in range(count)]
+    """As ``touba.data.ErasureReceipt`` names them: ``history``, or ``history:0``..."""
+    return ["history"] if count == 1 else [f"history:{i}" for i in range(count)]
 
 
 async def _expired(store: AdminStore, dry_run: bool) -> int:
@@ -236,5 +240,5 @@ async def purge_stores(
         removed = await checkpoints.purge_before(cutoff, dry_run=dry_run)
         counts["checkpoints"] = MappingProxyType({"checkpoints": removed})
     for label, store in zip(_labels(len(histories)), histories, strict=True):
-        counts[label] = MappingProxyType({"expired": await _expired(store, dry_run)})
+        counts[label] = MappingProxyType({"conversations": await _expired(store, dry_run)})
     return RetentionReport(now, dry_run, retention, MappingProxyType(counts))

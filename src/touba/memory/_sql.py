@@ -172,12 +172,12 @@ class SqlMemoryStore(ABC):
         - ``turns``: turns created before it (``"turns"``, their trace and context with
           them); ended sessions that then have no turn left, ended before it
           (``"sessions"``: an open session stays, even empty, since it may go on);
-          extraction jobs ``done`` or ``failed`` last changed before it (``"jobs"``:
+          extraction jobs ``done`` or ``failed`` last changed before it (``"extraction_jobs"``:
           their ops quote what was extracted from those turns). A session's
           ``turns`` count keeps counting its expired turns (it numbers the next one).
         - ``events_closed``: key events ``closed`` whose last change (``updated_at``,
-          the closing or a later edit) is before it (``"events"``), with their update
-          history (``"event_updates"``). Open and in-progress events stay, however old.
+          the closing or a later edit) is before it (``"key_events"``), with their update
+          history (``"key_event_updates"``). Open and in-progress events stay, however old.
         - ``traces``: the tool trace and the context record of turns created before it
           (``"traces"``: turns whose trace or context were dropped), the user message
           and the replies kept.
@@ -206,20 +206,22 @@ class SqlMemoryStore(ABC):
             if dry_run:
                 counts["turns"] = await self._count("count_old_turns", (cut,))
                 counts["sessions"] = await self._count("count_emptied_sessions", (cut, cut))
-                counts["jobs"] = await self._count("count_finished_jobs", (cut,))
+                counts["extraction_jobs"] = await self._count("count_finished_jobs", (cut,))
             else:
                 counts["turns"] = await self._batches("delete_old_turns", (cut, cut), batch_size)
                 counts["sessions"] = await self._batches(
                     "delete_empty_sessions", (cut, cut), batch_size
                 )
-                counts["jobs"] = await self._batches("delete_finished_jobs", (cut, cut), batch_size)
+                counts["extraction_jobs"] = await self._batches(
+                    "delete_finished_jobs", (cut, cut), batch_size
+                )
         if events_closed is not None:
             cut = self._enc(events_closed)
             if dry_run:
-                counts["events"] = await self._count("count_closed_events", (cut,))
-                counts["event_updates"] = await self._count("count_closed_updates", (cut,))
+                counts["key_events"] = await self._count("count_closed_events", (cut,))
+                counts["key_event_updates"] = await self._count("count_closed_updates", (cut,))
             else:
-                counts["events"], counts["event_updates"] = await self._closed_events(
+                counts["key_events"], counts["key_event_updates"] = await self._closed_events(
                     cut, batch_size
                 )
         if traces is not None:

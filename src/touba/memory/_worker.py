@@ -246,7 +246,7 @@ class ExtractionWorker:
             )
             return None
         self.last_retention = report
-        counts = json.dumps(report.to_dict()["counts"], sort_keys=True)
+        counts = json.dumps(report.as_json()["counts"], sort_keys=True)
         logger.info("retention applied: %d removed %s", report.total, counts)
         if self.on_retention is not None:
             self.on_retention(report)
