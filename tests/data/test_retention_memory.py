@@ -470,3 +470,42 @@ async def test_version_3_postgresql_tables_get_the_retention_indexes(clock: Fake
 
 
 _PG_V4 = ("turns_created", "turns_traced", "sessions_ended", "events_closed")
+
+
+def _file_bytes(path: Path) -> bytes:
+    found = b""
+    for suffix in ("", "-wal", "-journal"):
+        part = Path(f"{path}{suffix}")
+        if part.exists():
+            found += part.read_bytes()
+    return found
+
+
+async def test_sqlite_purges_leave_no_copy_of_what_went_in_the_files(
+    private_dir: Path, clock: FakeClock
+) -> None:
+    from touba.runtime import SqliteCheckpointStore
+
+    memory_path, checkpoints_path = private_dir / "memory.db", private_dir / "checkpoints.db"
+    async with SqliteMemoryStore(memory_path, clock=clock) as store:
+        await store.open_session("s", owner="user:u", agent_ref="a", mode="live")
+        await store.append_turn("s", user="MARK-OLD-TURN", replies=["MARK-OLD-REPLY"])
+        await _closed_event(store, "user:u", "MARK-OLD-EVENT")
+        clock.advance(10 * DAY)
+        await store.append_turn("s", user="young words", replies=["r"])
+        counts = await store.purge_before(
+            turns=clock.now - timedelta(days=1), events_closed=clock.now - timedelta(days=1)
+        )
+        assert counts["turns"] == 1
+        assert counts["key_events"] == 1
+        assert await _texts(store, "s") == ["young words"]
+        # while the store is open too, its file and WAL hold no copy
+        raw = _file_bytes(memory_path)
+        assert b"young words" in raw
+        for marker in (b"MARK-OLD-TURN", b"MARK-OLD-REPLY", b"MARK-OLD-EVENT"):
+            assert marker not in raw
+    async with SqliteCheckpointStore(checkpoints_path) as checkpoints:
+        await checkpoints.save("old", {"input": "MARK-OLD-CHECKPOINT"})
+        later = datetime.now(UTC) + timedelta(seconds=1)
+        assert await checkpoints.purge_before(later) == 1
+        assert b"MARK-OLD-CHECKPOINT" not in _file_bytes(checkpoints_path)

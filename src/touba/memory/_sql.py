@@ -182,8 +182,10 @@ class SqlMemoryStore(ABC):
           (``"traces"``: turns whose trace or context were dropped), the user message
           and the replies kept.
 
-        Each batch of at most ``batch_size`` rows is its own short transaction, so a
-        large purge never holds the store's lock for long; a purge interrupted midway
+        Each batch of at most ``batch_size`` rows is its own short transaction (on
+        SQLite with ``secure_delete``, as an erase: the deleted bytes are overwritten in
+        the file, and the WAL checkpointed), so a large purge never holds the store's
+        lock for long; a purge interrupted midway
         leaves whole batches done, and running it again finishes it. Raises
         ``ConfigurationError`` for a naive moment or a bad ``batch_size`` (nothing
         deleted), ``MemoryStoreUnavailable`` when the store fails.
@@ -240,14 +242,15 @@ class SqlMemoryStore(ABC):
 
     async def _batches(self, name: str, params: Sequence[Any], size: int) -> int:
         """Run ``name`` (its last parameter the batch size) one transaction at a time,
-        until a batch changes fewer rows than ``size``; the rows changed in all."""
+        until a batch changes fewer rows than ``size``; the rows changed in all. Each is
+        an erase's transaction: SQLite overwrites what it deletes (``secure_delete``)."""
 
         async def body(db: Db) -> int:
             return await db.run(name, (*params, size))
 
         total = 0
         while True:
-            changed = await self._atomic(body)
+            changed = await self._erase_atomic(body)
             total += changed
             if changed < size:
                 return total
@@ -265,7 +268,7 @@ class SqlMemoryStore(ABC):
 
         events = updates = 0
         while True:
-            batch, history = await self._atomic(body)
+            batch, history = await self._erase_atomic(body)
             events, updates = events + batch, updates + history
             if batch < size:
                 return events, updates

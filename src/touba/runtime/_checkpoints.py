@@ -504,14 +504,24 @@ class _Db:
 
     def purge_before(self, before: str, dry_run: bool, size: int) -> int:
         """One batch (at most ``size``) of :func:`purge_cutoff`'s checkpoints, in its
-        own transaction; with ``dry_run``, how many there are in all."""
+        own transaction with ``secure_delete`` on (as an erase); with ``dry_run``, how
+        many there are in all."""
         if dry_run:
             return int(self.conn.execute(_COUNT_OLD, (before,)).fetchone()[0])
 
         def job() -> int:
             return self.conn.execute(_DELETE_OLD, (before, size)).rowcount
 
-        return self._write(job)
+        secure = int(self.conn.execute("PRAGMA secure_delete").fetchone()[0])
+        self.conn.execute("PRAGMA secure_delete=ON")  # the deleted bytes overwritten
+        try:
+            removed = self._write(job)
+        finally:
+            self.conn.execute(f"PRAGMA secure_delete={secure}")
+        if removed < size:  # the last batch: no copy left in the WAL either
+            with suppress(sqlite3.Error):  # a reader holds the WAL: its next checkpoint
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return removed
 
 
 def _run_column(conn: sqlite3.Connection, checkpoint_id: str) -> str | None:
