@@ -75,7 +75,7 @@ PAGES: dict[str, str] = {
     "docs/operations/observability.md": "python output",
     "docs/operations/errors.md": "",
     "docs/data/index.md": "",
-    "docs/data/erase.md": "",
+    "docs/data/erase.md": "python output sh",
     "docs/data/export.md": "",
     "docs/data/copy.md": "",
     "docs/data/fork-and-rewind.md": "",

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from touba.cli import _agents, _chat, _check, _demo, _events, _history, _panel, _purge, _worker
+from touba.cli import (
+    _agents,
+    _chat,
+    _check,
+    _demo,
+    _events,
+    _history,
+    _panel,
+    _purge,
+    _users,
+    _worker,
+)
 
 app = typer.Typer(
     name="touba",
@@ -21,4 +32,5 @@ app.command("worker")(_worker.worker)
 app.command("chat")(_chat.chat)
 app.command("panel")(_panel.panel)
 app.command("check")(_check.check)
+app.add_typer(_users.app, name="users")
 app.command("purge")(_purge.purge)
