@@ -3,6 +3,8 @@ ages (the stores' clock): exactly what is older than each bound goes, nothing el
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -10,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.memory.conftest import FakeClock, drop_postgres_tables
 from touba.data import Retention, Stores, apply_retention
@@ -509,3 +513,75 @@ async def test_sqlite_purges_leave_no_copy_of_what_went_in_the_files(
         later = datetime.now(UTC) + timedelta(seconds=1)
         assert await checkpoints.purge_before(later) == 1
         assert b"MARK-OLD-CHECKPOINT" not in _file_bytes(checkpoints_path)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    ages=st.lists(st.integers(0, 400), min_size=1, max_size=12),
+    closed=st.lists(st.tuples(st.integers(0, 400), st.booleans()), max_size=6),
+    turns_hours=st.one_of(st.none(), st.integers(1, 300)),
+    events_hours=st.one_of(st.none(), st.integers(1, 300)),
+    traces_hours=st.one_of(st.none(), st.integers(1, 300)),
+)
+def test_exactly_what_is_older_than_each_bound_goes(
+    ages: list[int],
+    closed: list[tuple[int, bool]],
+    turns_hours: int | None,
+    events_hours: int | None,
+    traces_hours: int | None,
+) -> None:
+    """Turns and events written at random ages (hours before now); each bound removes
+    exactly the records older than it, of its own kind."""
+    import tempfile
+
+    now = T0 + timedelta(hours=400)
+    retention = Retention(
+        turns_days=None if turns_hours is None else turns_hours / 24,
+        events_closed_days=None if events_hours is None else events_hours / 24,
+        traces_days=None if traces_hours is None else traces_hours / 24,
+    )
+
+    def older(age: int, hours: int | None) -> bool:
+        return hours is not None and now - timedelta(hours=age) < now - timedelta(hours=hours)
+
+    async def scenario(path: Path) -> None:
+        clock = FakeClock()
+        async with SqliteMemoryStore(path, clock=clock) as store:
+            await store.open_session("s", owner="user:u", agent_ref="a", mode="live")
+            # oldest first: the store numbers turns in the order they come
+            for age in sorted(ages, reverse=True):
+                clock.now = now - timedelta(hours=age)
+                await _turn(store, "s", f"t{age}")
+            events = {}
+            for i, (age, is_closed) in enumerate(closed):
+                clock.now = now - timedelta(hours=age)
+                event = await store.create_event(
+                    owner="user:u", type="t", title=f"e{i}", details="", session_id="s"
+                )
+                if is_closed:
+                    await store.update_event(
+                        "user:u", event.id, {"status": "closed"}, session_id="s"
+                    )
+                events[event.id] = (age, is_closed)
+            report = await apply_retention(Stores(memory=store), retention, now=now)
+            turns = await store.recent_turns("s", 100)
+            kept = sorted((a for a in ages if not older(a, turns_hours)), reverse=True)
+            assert [t.user for t in turns] == [f"t{a}" for a in kept]
+            for turn in turns:
+                stripped = older(int(turn.user[1:]), traces_hours)
+                assert (turn.trace == ()) is stripped
+                assert (turn.context is None) is stripped
+            for event_id, (age, is_closed) in events.items():
+                gone = is_closed and older(age, events_hours)
+                assert (await store.get_event("user:u", event_id) is None) is gone
+            memory = report.counts.get("memory", {})
+            if turns_hours is not None:
+                assert memory["turns"] == len(ages) - len(kept)
+            if events_hours is not None:
+                assert memory["key_events"] == sum(
+                    c and older(a, events_hours) for a, c in events.values()
+                )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o700)
+        asyncio.run(scenario(Path(tmp) / "memory.db"))
