@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.cli.conftest import Server
 from touba.cli._app import app
 from touba.memory import SqliteMemoryStore
 from touba.runtime import Program, SqliteCheckpointStore
@@ -189,3 +190,41 @@ def test_the_worker_applies_its_retention_and_reports_counts(state: Path) -> Non
     )
     assert result.exit_code == 2
     assert "--checkpoints-db" in result.output
+
+
+@pytest.mark.postgres
+def test_purge_on_postgresql_memory_and_checkpoints(pg: Server) -> None:
+    from touba.memory.postgres import PostgresMemoryStore
+    from touba.runtime import PostgresCheckpointStore
+
+    now = datetime.now(UTC)
+    prefix = f"{pg.place}.app_memory"
+
+    async def seed() -> None:
+        clock = _Clock(now - timedelta(days=30))
+        async with PostgresMemoryStore(pg.address, prefix=prefix, clock=clock) as store:
+            await store.open_session("old", owner="user:u", agent_ref="a", mode="live")
+            await store.append_turn("old", user="old words", replies=["r"])
+            clock.at = now
+            await store.append_turn("old", user="new words", replies=["r"])
+        async with PostgresCheckpointStore(pg.address) as checkpoints:
+            await checkpoints.save("c", {"status": "failed"})
+
+    async def left() -> list[str]:
+        async with PostgresMemoryStore(pg.address, prefix=prefix) as store:
+            return [t.user for t in await store.recent_turns("old", 10)]
+
+    asyncio.run(seed())
+    where = ["--dsn", pg.address, "--prefix", prefix, "--checkpoints-dsn", pg.address]
+    dry = runner.invoke(app, ["purge", *where, "--turns-days", "7", "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert pg.password not in dry.output
+    assert json.loads(dry.stdout)["counts"] == {
+        "memory": {"turns": 1, "sessions": 0, "extraction_jobs": 0}
+    }
+    done = runner.invoke(
+        app, ["purge", *where, "--turns-days", "7", "--checkpoints-days", "0.5", "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["counts"]["checkpoints"] == {"checkpoints": 0}  # young
+    assert asyncio.run(left()) == ["new words"]
