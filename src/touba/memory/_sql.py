@@ -169,15 +169,17 @@ class SqlMemoryStore(ABC):
         not touched. The counts, by kind, of what went (with ``dry_run``: of what would
         go, nothing deleted).
 
-        - ``turns``: turns created before it (``"turns"``, their trace and context with
-          them); ended sessions that then have no turn left, ended before it
+        - ``turns``: turns created before it (``"turns"``, their trace and context
+          with them); ended sessions that then have no turn left, ended before it
           (``"sessions"``: an open session stays, even empty, since it may go on);
-          extraction jobs ``done`` or ``failed`` last changed before it (``"extraction_jobs"``:
-          their ops quote what was extracted from those turns). A session's
-          ``turns`` count keeps counting its expired turns (it numbers the next one).
+          extraction jobs ``done`` or ``failed`` last changed before it
+          (``"extraction_jobs"``: their ops quote what was extracted from those turns).
+          A session's ``turns`` count keeps counting its expired turns (it numbers the
+          next one).
         - ``events_closed``: key events ``closed`` whose last change (``updated_at``,
-          the closing or a later edit) is before it (``"key_events"``), with their update
-          history (``"key_event_updates"``). Open and in-progress events stay, however old.
+          the closing or a later edit) is before it (``"key_events"``), with their
+          update history (``"key_event_updates"``). Open and in-progress events stay,
+          however old.
         - ``traces``: the tool trace and the context record of turns created before it
           (``"traces"``: turns whose trace or context were dropped), the user message
           and the replies kept.
@@ -185,10 +187,10 @@ class SqlMemoryStore(ABC):
         Each batch of at most ``batch_size`` rows is its own short transaction (on
         SQLite with ``secure_delete``, as an erase: the deleted bytes are overwritten in
         the file, and the WAL checkpointed), so a large purge never holds the store's
-        lock for long; a purge interrupted midway
-        leaves whole batches done, and running it again finishes it. Raises
-        ``ConfigurationError`` for a naive moment or a bad ``batch_size`` (nothing
-        deleted), ``MemoryStoreUnavailable`` when the store fails.
+        lock for long; a purge interrupted midway leaves whole batches done, and running
+        it again finishes it. Raises ``ConfigurationError`` for a naive moment or a bad
+        ``batch_size`` (nothing deleted), ``MemoryStoreUnavailable`` when the store
+        fails.
         """
         for name, moment in (
             ("turns", turns),
