@@ -116,6 +116,8 @@ async def test_the_update_history_names_its_actor(make_store: MakeStore) -> None
 def _downgrade_sqlite(path: Path, version: int) -> None:
     """Make the file exactly what touba's schema ``version`` (1 or 2) wrote."""
     conn = sqlite3.connect(path)
+    for index in ("turns_created", "turns_traced", "sessions_ended", "events_closed"):
+        conn.execute(f"DROP INDEX touba_memory_{index}")  # version 4's
     conn.execute("DROP TABLE touba_memory_config_changes")  # its index goes with it
     conn.execute("ALTER TABLE touba_memory_turns DROP COLUMN context")
     conn.execute("ALTER TABLE touba_memory_configs DROP COLUMN saved_by")
@@ -148,7 +150,7 @@ async def test_an_older_sqlite_file_is_migrated_in_place_and_keeps_its_data(
         "SELECT value FROM touba_meta WHERE name = 'memory_schema_version'"
     ).fetchone()
     conn.close()
-    assert row == ("3",)
+    assert row == ("4",)
 
 
 class _ConfiguredStore(MemoryStore, MemoryConfigStore, Protocol):
@@ -216,6 +218,8 @@ async def test_older_postgresql_tables_are_migrated_in_place(
         return sql.Identifier(f"{prefix}_{table}")
 
     with psycopg.connect(dsn, autocommit=True) as conn:
+        for index in ("turns_created", "turns_traced", "sessions_ended", "events_closed"):
+            conn.execute(sql.SQL("DROP INDEX {}").format(name(f"{index}_idx")))  # version 4's
         conn.execute(sql.SQL("DROP TABLE {}").format(name("config_changes")))
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN context").format(name("turns")))
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN saved_by").format(name("configs")))
@@ -230,4 +234,4 @@ async def test_older_postgresql_tables_are_migrated_in_place(
         await _assert_migrated(store, version, saved_at, clock)
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(sql.SQL("SELECT value FROM {}").format(name("meta"))).fetchone()
-    assert row == ("3",)
+    assert row == ("4",)

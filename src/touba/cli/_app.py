@@ -13,6 +13,7 @@ from touba.cli import (
     _export,
     _history,
     _panel,
+    _purge,
     _users,
     _worker,
 )
@@ -34,3 +35,4 @@ app.command("panel")(_panel.panel)
 app.command("check")(_check.check)
 app.add_typer(_users.app, name="users")
 _export.register(app)
+app.command("purge")(_purge.purge)

@@ -17,17 +17,22 @@ from touba.data._format import (
 )
 from touba.data._import import ImportReport, import_records
 from touba.data._owned import Owned, owned_by
+from touba.data._retention import apply_retention
 from touba.data._stores import Stores
+from touba.memory._retention import Retention, RetentionReport
 
 __all__ = [
-    "FORMAT_VERSION",
     "ErasureReceipt",
     "ExportFileInvalid",
+    "FORMAT_VERSION",
     "ImportConflict",
     "ImportLimitExceeded",
     "ImportReport",
     "Owned",
+    "Retention",
+    "RetentionReport",
     "Stores",
+    "apply_retention",
     "erase_user",
     "export_records",
     "import_records",

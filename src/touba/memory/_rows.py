@@ -97,6 +97,37 @@ STATEMENTS: dict[str, str] = {
     "insert_session": "INSERT INTO {sessions} (session_id, owner, agent_ref, mode, created_at)"
     " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
     "end_session": "UPDATE {sessions} SET ended_at = COALESCE(ended_at, %s) WHERE session_id = %s",
+    # Retention (``SqlMemoryStore.purge_before``): each delete or update touches at most
+    # a batch (the LIMIT of its subquery) and re-checks its condition on the rows it
+    # changes, so that a row changed meanwhile (an event reopened) is left alone.
+    "count_old_turns": "SELECT COUNT(*) FROM {turns} WHERE created_at < %s",
+    "delete_old_turns": "DELETE FROM {turns} WHERE created_at < %s AND (session_id, idx) IN"
+    " (SELECT session_id, idx FROM {turns} WHERE created_at < %s LIMIT %s)",
+    "count_emptied_sessions": "SELECT COUNT(*) FROM {sessions} s WHERE s.ended_at < %s"
+    " AND NOT EXISTS (SELECT 1 FROM {turns} t WHERE t.session_id = s.session_id"
+    " AND t.created_at >= %s)",
+    "delete_empty_sessions": "DELETE FROM {sessions} WHERE ended_at < %s AND session_id IN"
+    " (SELECT s.session_id FROM {sessions} s WHERE s.ended_at < %s AND NOT EXISTS"
+    " (SELECT 1 FROM {turns} t WHERE t.session_id = s.session_id) LIMIT %s)",
+    "count_finished_jobs": "SELECT COUNT(*) FROM {jobs}"
+    " WHERE status IN ('done', 'failed') AND updated_at < %s",
+    "delete_finished_jobs": "DELETE FROM {jobs} WHERE status IN ('done', 'failed')"
+    " AND updated_at < %s AND id IN (SELECT id FROM {jobs}"
+    " WHERE status IN ('done', 'failed') AND updated_at < %s LIMIT %s)",
+    "count_closed_events": "SELECT COUNT(*) FROM {events}"
+    " WHERE status = 'closed' AND updated_at < %s",
+    "count_closed_updates": "SELECT COUNT(*) FROM {history} h JOIN {events} e"
+    " ON e.id = h.event_id WHERE e.status = 'closed' AND e.updated_at < %s",
+    "delete_closed_events": "DELETE FROM {events} WHERE status = 'closed' AND updated_at < %s"
+    " AND id IN (SELECT id FROM {events} WHERE status = 'closed' AND updated_at < %s LIMIT %s)"
+    " RETURNING id",
+    "delete_event_history": "DELETE FROM {history} WHERE event_id = %s",
+    "count_traces": "SELECT COUNT(*) FROM {turns} WHERE created_at < %s"
+    " AND (trace <> '[]' OR context IS NOT NULL)",
+    "drop_traces": "UPDATE {turns} SET trace = '[]', context = NULL WHERE created_at < %s"
+    " AND (trace <> '[]' OR context IS NOT NULL) AND (session_id, idx) IN"
+    " (SELECT session_id, idx FROM {turns} WHERE created_at < %s"
+    " AND (trace <> '[]' OR context IS NOT NULL) LIMIT %s)",
     "list_sessions": "SELECT {session_cols} FROM {sessions}"
     " WHERE (CAST(%s AS TEXT) IS NULL OR owner = %s) AND {mode_filter}"
     " ORDER BY created_at DESC, session_id LIMIT %s OFFSET %s",

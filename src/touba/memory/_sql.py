@@ -78,13 +78,15 @@ from touba.memory._store import (
 )
 from touba.providers._types import TraceCall
 
-__all__ = ["Db", "SqlMemoryStore"]
+__all__ = ["PURGE_BATCH", "Db", "SqlMemoryStore"]
 
 R = TypeVar("R")
 # Rows read per statement when the key-event text filter runs in Python (encryption).
 _SEARCH_PAGE = 500
 # ``rekey``'s cursor of a table it went through to the end.
 _DONE: Final = object()
+PURGE_BATCH = 500
+"""How many rows one transaction of ``purge_before`` deletes or changes at most."""
 
 
 class Db(Protocol):
@@ -184,6 +186,127 @@ class SqlMemoryStore(ABC):
             return session_from_row(row, self._dec)
 
         return await self._atomic(body)
+
+    # -- retention (``touba.data.Retention``) --------------------------------------------
+
+    async def purge_before(
+        self,
+        *,
+        turns: datetime | None = None,
+        events_closed: datetime | None = None,
+        traces: datetime | None = None,
+        dry_run: bool = False,
+        batch_size: int = PURGE_BATCH,
+    ) -> dict[str, int]:
+        """Delete what is older than each given moment; a kind whose moment is None is
+        not touched. The counts, by kind, of what went (with ``dry_run``: of what would
+        go, nothing deleted).
+
+        - ``turns``: turns created before it (``"turns"``, their trace and context
+          with them); ended sessions that then have no turn left, ended before it
+          (``"sessions"``: an open session stays, even empty, since it may go on);
+          extraction jobs ``done`` or ``failed`` last changed before it
+          (``"extraction_jobs"``: their ops quote what was extracted from those turns).
+          A session's ``turns`` count keeps counting its expired turns (it numbers the
+          next one).
+        - ``events_closed``: key events ``closed`` whose last change (``updated_at``,
+          the closing or a later edit) is before it (``"key_events"``), with their
+          update history (``"key_event_updates"``). Open and in-progress events stay,
+          however old.
+        - ``traces``: the tool trace and the context record of turns created before it
+          (``"traces"``: turns whose trace or context were dropped), the user message
+          and the replies kept.
+
+        Each batch of at most ``batch_size`` rows is its own short transaction (on
+        SQLite with ``secure_delete``, as an erase: the deleted bytes are overwritten in
+        the file, and the WAL checkpointed), so a large purge never holds the store's
+        lock for long; a purge interrupted midway leaves whole batches done, and running
+        it again finishes it. Raises ``ConfigurationError`` for a naive moment or a bad
+        ``batch_size`` (nothing deleted), ``MemoryStoreUnavailable`` when the store
+        fails.
+        """
+        for name, moment in (
+            ("turns", turns),
+            ("events_closed", events_closed),
+            ("traces", traces),
+        ):
+            if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
+                raise ConfigurationError(
+                    f"{name} must be a timezone-aware datetime or None, got {moment!r}; "
+                    "nothing was deleted"
+                )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigurationError(f"batch_size must be a positive int, got {batch_size!r}")
+        counts: dict[str, int] = {}
+        if turns is not None:
+            cut = self._enc(turns)
+            if dry_run:
+                counts["turns"] = await self._count("count_old_turns", (cut,))
+                counts["sessions"] = await self._count("count_emptied_sessions", (cut, cut))
+                counts["extraction_jobs"] = await self._count("count_finished_jobs", (cut,))
+            else:
+                counts["turns"] = await self._batches("delete_old_turns", (cut, cut), batch_size)
+                counts["sessions"] = await self._batches(
+                    "delete_empty_sessions", (cut, cut), batch_size
+                )
+                counts["extraction_jobs"] = await self._batches(
+                    "delete_finished_jobs", (cut, cut), batch_size
+                )
+        if events_closed is not None:
+            cut = self._enc(events_closed)
+            if dry_run:
+                counts["key_events"] = await self._count("count_closed_events", (cut,))
+                counts["key_event_updates"] = await self._count("count_closed_updates", (cut,))
+            else:
+                counts["key_events"], counts["key_event_updates"] = await self._closed_events(
+                    cut, batch_size
+                )
+        if traces is not None:
+            cut = self._enc(traces)
+            if not dry_run:
+                counts["traces"] = await self._batches("drop_traces", (cut, cut), batch_size)
+            else:  # the turns that go anyway are not counted twice
+                counts["traces"] = await self._count("count_traces", (cut,))
+                if turns is not None:
+                    both = self._enc(min(turns, traces))
+                    counts["traces"] -= await self._count("count_traces", (both,))
+        return counts
+
+    async def _count(self, name: str, params: Sequence[Any]) -> int:
+        return int((await self._read(name, params))[0][0])
+
+    async def _batches(self, name: str, params: Sequence[Any], size: int) -> int:
+        """Run ``name`` (its last parameter the batch size) one transaction at a time,
+        until a batch changes fewer rows than ``size``; the rows changed in all. Each is
+        an erase's transaction: SQLite overwrites what it deletes (``secure_delete``)."""
+
+        async def body(db: Db) -> int:
+            return await db.run(name, (*params, size))
+
+        total = 0
+        while True:
+            changed = await self._erase_atomic(body)
+            total += changed
+            if changed < size:
+                return total
+
+    async def _closed_events(self, cut: Any, size: int) -> tuple[int, int]:
+        """Delete closed events last changed before ``cut`` and their update history,
+        a batch per transaction; how many of each."""
+
+        async def body(db: Db) -> tuple[int, int]:
+            gone = await db.all("delete_closed_events", (cut, cut, size))
+            updates = 0
+            for (event_id,) in gone:
+                updates += await db.run("delete_event_history", (event_id,))
+            return len(gone), updates
+
+        events = updates = 0
+        while True:
+            batch, history = await self._erase_atomic(body)
+            events, updates = events + batch, updates + history
+            if batch < size:
+                return events, updates
 
     async def list_sessions(
         self,

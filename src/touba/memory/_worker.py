@@ -18,6 +18,14 @@ Each attempt is its own invocation (``run_id`` the job id, ``invocation_id``
 A failure (provider error, invalid output, a job whose agent is not in the
 program) is a failed attempt, retried with backoff and finally ``failed``,
 with its last error (``ExtractionQueue.list("failed")``, ``touba events jobs``).
+
+With ``retention=`` (a :class:`touba.data.Retention`) the worker also applies it every
+``retention_every`` seconds (the first time at its first ``run_job``): to its memory
+store, and to the checkpoint store of the :class:`~touba.Runtime` it was given (or
+``checkpoints=``). Each application is reported as an event without content: the
+``on_retention`` callback gets the :class:`~touba.data.RetentionReport`, and the
+``touba.memory`` logger an INFO line of its counts. A failed application is logged
+(its error code) and tried again at the next period; extraction goes on.
 An agent whose key events are not active (switch off or no type) yields no op.
 The agent's settings saved in the store (the memory panel's) win over the
 program's, as in :class:`~touba.ChatSession`.
@@ -25,13 +33,17 @@ program's, as in :class:`~touba.ChatSession`.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import os
 import socket
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
-from touba.errors import ConfigurationError
+from touba.errors import ConfigurationError, ToubaError
 from touba.history._model import JSON, canonical_json
 from touba.memory._config import MemoryConfig
 from touba.memory._extraction import (
@@ -42,8 +54,10 @@ from touba.memory._extraction import (
 )
 from touba.memory._key_events import KeyEventService, event_view
 from touba.memory._model import ExtractedOp, ExtractionJob, KeyEvent, StoredTurn
+from touba.memory._retention import Retention, RetentionReport, purge_stores
 from touba.memory._store import MemoryStore, resolve_memory_config
 from touba.providers._types import DecisionRequest
+from touba.runtime._checkpoints import CheckpointStore
 from touba.runtime._program import AgentDefinition, Program
 from touba.runtime._runtime import Runtime
 
@@ -53,11 +67,16 @@ __all__ = [
     "MAX_RESULT_CHARS",
     "MAX_TEXT_CHARS",
     "MAX_TRANSCRIPT_TURNS",
+    "RETENTION_EVERY",
     "ExtractionWorker",
     "extraction_request",
     "new_worker_id",
 ]
 
+logger = logging.getLogger("touba.memory")
+
+RETENTION_EVERY: Final = 3600.0
+"""Seconds between two applications of an ``ExtractionWorker``'s retention (default)."""
 MAX_TRANSCRIPT_TURNS: Final = 100
 MAX_TEXT_CHARS: Final = 4000
 MAX_RESULT_CHARS: Final = 1000
@@ -144,6 +163,12 @@ class ExtractionWorker:
 
     ``queue`` sets the retry policy (default :class:`ExtractionQueue` defaults);
     ``worker_id`` names the lease holder (default: host, pid and a random part).
+    ``retention`` (a :class:`touba.data.Retention`, default None: none) is applied every
+    ``retention_every`` seconds to ``store`` and to ``checkpoints`` (default: the
+    checkpoint store of ``program`` when it is a ``Runtime``); ``on_retention`` gets each
+    :class:`~touba.data.RetentionReport`. Raises ``ConfigurationError`` for a bad
+    argument, or a ``retention`` whose ``checkpoints_days`` has no checkpoint store to
+    apply to.
     """
 
     def __init__(
@@ -153,8 +178,14 @@ class ExtractionWorker:
         *,
         queue: ExtractionQueue | None = None,
         worker_id: str | None = None,
+        retention: Retention | None = None,
+        retention_every: float = RETENTION_EVERY,
+        checkpoints: CheckpointStore | None = None,
+        on_retention: Callable[[RetentionReport], object] | None = None,
     ) -> None:
         if isinstance(program, Runtime):
+            if checkpoints is None:
+                checkpoints = program.checkpoints
             program = program.program
         if not isinstance(program, Program):
             raise ConfigurationError("ExtractionWorker needs a touba.Program or touba.Runtime")
@@ -166,10 +197,60 @@ class ExtractionWorker:
             raise ConfigurationError("queue must be an ExtractionQueue over the same store")
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise ConfigurationError(f"worker_id must be a non-empty str, got {worker_id!r}")
+        if retention is not None and not isinstance(retention, Retention):
+            raise ConfigurationError("retention must be a touba.data.Retention or None")
+        if (
+            isinstance(retention_every, bool)
+            or not isinstance(retention_every, int | float)
+            or not math.isfinite(retention_every)
+            or retention_every <= 0
+        ):
+            raise ConfigurationError(
+                f"retention_every must be a positive number of seconds, got {retention_every!r}"
+            )
+        if retention is not None and retention.checkpoints_days is not None and checkpoints is None:
+            raise ConfigurationError(
+                "retention sets checkpoints_days but this worker has no checkpoint store: give "
+                "it checkpoints=, or a Runtime"
+            )
+        if on_retention is not None and not callable(on_retention):
+            raise ConfigurationError("on_retention must be a callable or None")
         self.program = program
         self.store = store
         self.queue = queue if queue is not None else ExtractionQueue(store)
         self.worker_id = worker_id or new_worker_id()
+        self.retention = retention
+        self.retention_every = float(retention_every)
+        self.checkpoints = checkpoints
+        self.on_retention = on_retention
+        self.last_retention: RetentionReport | None = None
+        self._retained_at = -math.inf  # time.monotonic() of the last application
+
+    async def apply_retention(self, *, force: bool = False) -> RetentionReport | None:
+        """Apply the worker's retention if ``retention_every`` seconds went by since the
+        last application (or with ``force``), and report it (see the module notes).
+        The report, or None when it was not due, none is set, or it failed (logged with
+        its error code only; tried again at the next period)."""
+        if self.retention is None:
+            return None
+        if not force and time.monotonic() - self._retained_at < self.retention_every:
+            return None
+        self._retained_at = time.monotonic()
+        try:
+            report = await purge_stores(
+                self.retention, memory=self.store, checkpoints=self.checkpoints
+            )
+        except ToubaError as e:
+            logger.warning(
+                "retention failed (%s); tried again in %gs", e.code, self.retention_every
+            )
+            return None
+        self.last_retention = report
+        counts = json.dumps(report.as_json()["counts"], sort_keys=True)
+        logger.info("retention applied: %d removed %s", report.total, counts)
+        if self.on_retention is not None:
+            self.on_retention(report)
+        return report
 
     def _agent(self, job: ExtractionJob) -> AgentDefinition:
         agent = self.program.agents.get(job.agent_ref)
@@ -203,8 +284,10 @@ class ExtractionWorker:
         """Claim the next due job (or ``job_id`` only) and run one attempt of it.
 
         Returns the job's state after the attempt (done, pending for a retry, or
-        failed), or None when nothing was due.
+        failed), or None when nothing was due. Applies the worker's retention first
+        when it is due (:meth:`apply_retention`).
         """
+        await self.apply_retention()
         job = await self.queue.claim(self.worker_id, job_id=job_id)
         if job is None:
             return None

@@ -2,7 +2,7 @@
 
 Tables ``<prefix>_sessions``, ``_turns``, ``_events``, ``_history``, ``_jobs``,
 ``_configs`` (per-agent settings), ``_config_changes`` (their history) and
-``_meta`` (the schema version; version 1 and 2 tables are migrated to 3 in
+``_meta`` (the schema version; version 1 to 3 tables are migrated to 4 in
 place), every name quoted with
 ``psycopg.sql.Identifier``; ``prefix`` may carry a schema (``app.touba_memory``).
 A table of that name without touba's ``_meta``, or of another schema version,
@@ -50,7 +50,7 @@ from touba.memory._store import Clock, check_clock, utc_now
 __all__ = ["SCHEMA_VERSION", "PostgresMemoryStore"]
 
 R = TypeVar("R")
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 _DDL: tuple[LiteralString, ...] = (
     "CREATE TABLE {sessions} (session_id text PRIMARY KEY, owner text NOT NULL,"
     " agent_ref text NOT NULL, mode text NOT NULL, created_at timestamptz NOT NULL,"
@@ -96,6 +96,15 @@ _DDL_3: tuple[LiteralString, ...] = (
     " agent_ref text NOT NULL, before_config text, after_config text,"
     " at timestamptz NOT NULL, actor text NOT NULL)",
     "CREATE INDEX {changes_idx} ON {changes} (agent_ref, seq)",
+)
+# Version 3 tables get the indexes of retention (``purge_before``): old turns, turns that
+# still hold a trace or a context, ended sessions, closed events.
+_DDL_4: tuple[LiteralString, ...] = (
+    "CREATE INDEX {turns_created_idx} ON {turns} (created_at)",
+    "CREATE INDEX {turns_traced_idx} ON {turns} (created_at)"
+    " WHERE trace <> '[]' OR context IS NOT NULL",
+    "CREATE INDEX {sessions_ended_idx} ON {sessions} (ended_at)",
+    "CREATE INDEX {events_closed_idx} ON {events} (updated_at) WHERE status = 'closed'",
 )
 
 
@@ -151,6 +160,8 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         indexes = {f"{t}_idx": sql.Identifier(f"{name}_{s}_idx") for t, s in _TABLE_NAMES.items()}
         indexes["sessions_created_idx"] = sql.Identifier(f"{name}_sessions_created_idx")
         indexes["jobs_updated_idx"] = sql.Identifier(f"{name}_jobs_updated_idx")
+        for index in ("turns_created", "turns_traced", "sessions_ended", "events_closed"):
+            indexes[f"{index}_idx"] = sql.Identifier(f"{name}_{index}_idx")
         names: dict[str, sql.Composable] = {**tables, **indexes}
         locks = {
             "for_update": sql.SQL(" FOR UPDATE"),
@@ -173,7 +184,7 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
                 table=f"{prefix}_sessions",
                 main=tables["sessions"],
                 meta=tables["meta"],
-                create=ddl((*_DDL, *_DDL_2, *_DDL_3)),
+                create=ddl((*_DDL, *_DDL_2, *_DDL_3, *_DDL_4)),
                 version=SCHEMA_VERSION,
                 what="chat memory",
                 # The lock key of earlier releases, so that they and this one exclude
@@ -182,6 +193,7 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
                 migrations={
                     1: ddl((*_MIGRATE_1_TO_2, *_DDL_2)),
                     2: ddl((*_MIGRATE_2_TO_3, *_DDL_3)),
+                    3: ddl(_DDL_4),
                 },
             ),
             unavailable=_unavailable,

@@ -8,8 +8,8 @@ group- or other-writable directories are refused
 ``SqliteHistoryStore``'s: the tables are ``touba_memory_*``
 (``touba_memory_configs`` holds the per-agent settings the memory panel
 saves, ``touba_memory_config_changes`` their history) and the schema version
-sits in the shared ``touba_meta`` table under its own name; a version-1 or
-version-2 file is migrated to version 3 in place when opened.
+sits in the shared ``touba_meta`` table under its own name; a file of version 1
+to 3 is migrated to version 4 in place when opened.
 
 One thread owns the connection and runs an event loop of its own: each
 operation (one transaction, :mod:`touba.memory._sql`) is submitted to it
@@ -43,12 +43,13 @@ from touba.memory._store import Clock, check_clock, utc_now
 __all__ = ["SCHEMA_VERSION", "SqliteMemoryStore"]
 
 R = TypeVar("R")
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 # Versions this touba opens, older ones migrated in place: 2 added the ``actor`` of each
 # update history row ("model" for the old ones) and the per-agent settings table; 3 each
 # turn's ``context``, who saved the settings ("unknown" for the old ones) and their
-# history. New tables and indexes come from ``_SCHEMA``; ``_ADDED`` are the columns.
-_READABLE = ("1", "2", str(SCHEMA_VERSION))
+# history; 4 the indexes of retention (``_RETENTION_INDEXES``, made once the columns are
+# there). New tables and indexes come from ``_SCHEMA``; ``_ADDED`` are the columns.
+_READABLE = ("1", "2", "3", str(SCHEMA_VERSION))
 BUSY_TIMEOUT_SECONDS: Final = 5.0
 _VERSION_NAME = "memory_schema_version"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -110,6 +111,16 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS touba_memory_config_changes_agent "
     "ON touba_memory_config_changes (agent_ref, seq)",
 )
+# What ``purge_before`` reads: old turns, the turns that still hold a trace or a context,
+# ended sessions, closed events (jobs have theirs: ``touba_memory_jobs_updated``).
+_RETENTION_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS touba_memory_turns_created ON touba_memory_turns (created_at)",
+    "CREATE INDEX IF NOT EXISTS touba_memory_turns_traced ON touba_memory_turns (created_at) "
+    "WHERE trace <> '[]' OR context IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS touba_memory_sessions_ended ON touba_memory_sessions (ended_at)",
+    "CREATE INDEX IF NOT EXISTS touba_memory_events_closed ON touba_memory_events (updated_at) "
+    "WHERE status = 'closed'",
+)
 # The columns each version added to tables an older file already has: (table, column,
 # definition), added when missing (a table ``_SCHEMA`` just made has them all).
 _ADDED: dict[int, tuple[tuple[str, str, str], ...]] = {
@@ -118,6 +129,7 @@ _ADDED: dict[int, tuple[tuple[str, str, str], ...]] = {
         ("touba_memory_turns", "context", "TEXT"),
         ("touba_memory_configs", "saved_by", "TEXT NOT NULL DEFAULT 'unknown'"),
     ),
+    4: (),
 }
 
 
@@ -207,6 +219,8 @@ def _open(filename: str | os.PathLike[str], create: bool) -> sqlite3.Connection:
             (_VERSION_NAME, str(SCHEMA_VERSION)),
         )
         _migrate(conn)
+        for statement in _RETENTION_INDEXES:
+            conn.execute(statement)
         conn.execute("COMMIT")
     except Exception as e:
         if conn is not None:

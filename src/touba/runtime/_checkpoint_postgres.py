@@ -73,6 +73,7 @@ from touba.history._pg import (
     table_parts,
 )
 from touba.runtime._checkpoints import (
+    PURGE_BATCH,
     CheckpointInfo,
     check_revision,
     decode_checkpoint,
@@ -81,6 +82,7 @@ from touba.runtime._checkpoints import (
     identity_of,
     owned_checkpoint,
     owned_ids,
+    purge_cutoff,
     revision_of,
     status_of,
 )
@@ -139,6 +141,13 @@ class _Statements:
         )
         self.list_all = q(columns + " ORDER BY seq")
         self.list_run = q(columns + " WHERE run_id = %s ORDER BY seq")
+        # ``purge_before``: not running, last written before %s; the outer condition is
+        # checked again on a row another transaction changed meanwhile (a claim).
+        self.count_old = q("SELECT COUNT(*) FROM {t} WHERE status <> 'running' AND updated_at < %s")
+        self.delete_old = q(
+            "DELETE FROM {t} WHERE status <> 'running' AND updated_at < %s AND id IN"
+            " (SELECT id FROM {t} WHERE status <> 'running' AND updated_at < %s LIMIT %s)"
+        )
         self.owned_rows = q(
             "SELECT id, run_id, invocation_id, agent_ref, status, revision, created_at,"
             " updated_at, body FROM {t} ORDER BY seq"
@@ -309,6 +318,28 @@ class PostgresCheckpointStore(PooledStore):
             else:
                 found = await rows(conn, self._sql.list_run, (run_id,))
         return [_info(r) for r in found]
+
+    async def purge_before(
+        self, before: datetime, *, dry_run: bool = False, batch_size: int = PURGE_BATCH
+    ) -> int:
+        """Remove the checkpoints last written before ``before`` that no worker runs
+        (see :func:`~touba.runtime._checkpoints.purge_cutoff`), at most ``batch_size``
+        per transaction; how many (with ``dry_run``: how many would go, none removed).
+        A checkpoint claimed meanwhile (now running) stays. ``updated_at`` is the
+        server's clock. CheckpointStoreUnavailable when the server fails (the batches
+        committed before stay done)."""
+        cutoff, size = purge_cutoff(before, batch_size)
+        if dry_run:
+            async with self._pg.call() as conn:
+                found = await row(conn, self._sql.count_old, (cutoff,))
+            return 0 if found is None else int(found[0])
+        total = 0
+        while True:
+            async with self._pg.call() as conn:
+                removed = await run(conn, self._sql.delete_old, (cutoff, cutoff, size))
+            total += removed
+            if removed < size:
+                return total
 
     # -- erasing one user (touba.erase_user) ---------------------------------------------
 

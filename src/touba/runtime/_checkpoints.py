@@ -58,6 +58,7 @@ __all__ = [
     "CheckpointStatus",
     "CheckpointStore",
     "MemoryCheckpointStore",
+    "PURGE_BATCH",
     "SqliteCheckpointStore",
     "check_revision",
     "decode_checkpoint",
@@ -66,6 +67,7 @@ __all__ = [
     "identity_of",
     "owned_checkpoint",
     "owned_ids",
+    "purge_cutoff",
     "revision_of",
     "status_of",
 ]
@@ -80,6 +82,22 @@ _SCHEMA = (
         created_at TEXT NOT NULL, body TEXT NOT NULL, updated_at TEXT)""",
 )
 _INDEX = "CREATE INDEX IF NOT EXISTS touba_checkpoints_run ON touba_checkpoints (run_id)"
+# ``purge_before``'s: checkpoints by their last write (older rows: by their creation).
+_UPDATED_INDEX = (
+    "CREATE INDEX IF NOT EXISTS touba_checkpoints_updated "
+    "ON touba_checkpoints (COALESCE(updated_at, created_at))"
+)
+# The checkpoints ``purge_before`` removes: last written before ``?`` (ISO 8601 UTC text,
+# ordered as the times are), not running. A body that is not JSON is left alone.
+_COUNT_OLD = (
+    "SELECT COUNT(*) FROM touba_checkpoints WHERE COALESCE(updated_at, created_at) < ? "
+    "AND json_valid(body) AND COALESCE(json_extract(body, '$.status'), '') IS NOT 'running'"
+)
+_DELETE_OLD = (
+    "DELETE FROM touba_checkpoints WHERE id IN (SELECT id FROM touba_checkpoints "
+    "WHERE COALESCE(updated_at, created_at) < ? AND json_valid(body) "
+    "AND COALESCE(json_extract(body, '$.status'), '') IS NOT 'running' LIMIT ?)"
+)
 
 
 CheckpointStatus = Literal["awaiting_approval", "running", "failed"]
@@ -229,6 +247,31 @@ def duplicate_checkpoint(checkpoint_id: str) -> ConfigurationError:
     return ConfigurationError(f"checkpoint {checkpoint_id!r} already exists; ids must be new")
 
 
+PURGE_BATCH: Final = 500
+"""How many checkpoints one transaction of ``purge_before`` removes at most."""
+
+
+def purge_cutoff(before: object, batch_size: object) -> tuple[datetime, int]:
+    """``purge_before``'s arguments, checked: ``ConfigurationError`` (nothing removed) for
+    a ``before`` that is not a timezone-aware datetime or a ``batch_size`` that is not a
+    positive int.
+
+    Every store's ``purge_before`` removes the checkpoints last written (their
+    ``updated_at``) before ``before`` whose status is not ``running``: one awaiting
+    approval that long, or failed that long, is abandoned; a ``running`` one is a
+    worker's (alive, or crashed: ``resume(worker_stopped=True)`` decides), and stays.
+    A completed invocation leaves no checkpoint, so none is "finished". A checkpoint's
+    trace goes with it.
+    """
+    if not isinstance(before, datetime) or before.tzinfo is None:
+        raise ConfigurationError(
+            f"before must be a timezone-aware datetime, got {before!r}; nothing was removed"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigurationError(f"batch_size must be a positive int, got {batch_size!r}")
+    return before, batch_size
+
+
 class MemoryCheckpointStore:
     """Checkpoints in this process's memory, lost when it exits. Unbounded.
 
@@ -293,6 +336,26 @@ class MemoryCheckpointStore:
                 rows.append(info)
         return sorted(rows, key=lambda r: r.created_at)
 
+    async def purge_before(
+        self, before: datetime, *, dry_run: bool = False, batch_size: int = PURGE_BATCH
+    ) -> int:
+        """Remove the checkpoints last written before ``before`` that no worker runs
+        (status ``awaiting_approval`` or ``failed``; a ``running`` one stays); how many
+        (with ``dry_run``: how many would go, none removed). See :func:`purge_cutoff`
+        for what it raises."""
+        cutoff, _ = purge_cutoff(before, batch_size)
+        gone = [
+            checkpoint_id
+            for checkpoint_id, body in self._items.items()
+            if datetime.fromisoformat(self._times[checkpoint_id][1]) < cutoff
+            and status_of(json.loads(body)) != "running"
+        ]
+        if not dry_run:  # no await in between: atomic
+            for checkpoint_id in gone:
+                del self._items[checkpoint_id]
+                del self._times[checkpoint_id]
+        return len(gone)
+
     # -- erasing one user (touba.erase_user) ---------------------------------------------
 
     async def owned_checkpoints(
@@ -354,6 +417,7 @@ class _Db:
         if "updated_at" not in columns:
             self.conn.execute("ALTER TABLE touba_checkpoints ADD COLUMN updated_at TEXT")
         self.conn.execute(_INDEX)
+        self.conn.execute(_UPDATED_INDEX)
 
     def save(self, checkpoint_id: str, checkpoint: dict[str, JSON], body: str) -> None:
         def job() -> None:
@@ -477,6 +541,27 @@ class _Db:
 
         return self._write(job)
 
+    def purge_before(self, before: str, dry_run: bool, size: int) -> int:
+        """One batch (at most ``size``) of :func:`purge_cutoff`'s checkpoints, in its
+        own transaction with ``secure_delete`` on (as an erase); with ``dry_run``, how
+        many there are in all."""
+        if dry_run:
+            return int(self.conn.execute(_COUNT_OLD, (before,)).fetchone()[0])
+
+        def job() -> int:
+            return self.conn.execute(_DELETE_OLD, (before, size)).rowcount
+
+        secure = int(self.conn.execute("PRAGMA secure_delete").fetchone()[0])
+        self.conn.execute("PRAGMA secure_delete=ON")  # the deleted bytes overwritten
+        try:
+            removed = self._write(job)
+        finally:
+            self.conn.execute(f"PRAGMA secure_delete={secure}")
+        if removed < size:  # the last batch: no copy left in the WAL either
+            with suppress(sqlite3.Error):  # a reader holds the WAL: its next checkpoint
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return removed
+
 
 def _run_column(conn: sqlite3.Connection, checkpoint_id: str) -> str | None:
     row = conn.execute("SELECT run_id FROM touba_checkpoints WHERE id = ?", (checkpoint_id,))
@@ -595,6 +680,25 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
             if run_id is None or info.run_id == run_id:  # rows of older files kept raw ids
                 out.append(info)
         return out
+
+    async def purge_before(
+        self, before: datetime, *, dry_run: bool = False, batch_size: int = PURGE_BATCH
+    ) -> int:
+        """Remove the checkpoints last written before ``before`` that no worker runs
+        (see :func:`purge_cutoff`), at most ``batch_size`` per transaction so that other
+        processes wait little; how many (with ``dry_run``: how many would go, none
+        removed). A damaged row stays. CheckpointStoreUnavailable when the file fails
+        (the batches committed before stay done)."""
+        cutoff, size = purge_cutoff(before, batch_size)
+        text = cutoff.astimezone(UTC).isoformat()
+        if dry_run:
+            return await self._run(lambda: self._db.purge_before(text, True, size))
+        total = 0
+        while True:
+            removed = await self._run(lambda: self._db.purge_before(text, False, size))
+            total += removed
+            if removed < size:
+                return total
 
     # -- erasing one user (touba.erase_user) ---------------------------------------------
 
