@@ -186,6 +186,7 @@ class Write:
     dropped: int = 0  # the newest messages deleted first: those of seq >= messages - dropped
     dropped_from: int = 0  # the exchange of the oldest of them (a bound for the delete)
     dropped_bytes: int = 0  # what they weigh (a save without a reservation checks it)
+    head_bytes: int | None = None  # the plaintext head's bytes when ``head`` is sealed
 
     @property
     def kept(self) -> int:
