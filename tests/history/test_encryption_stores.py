@@ -27,7 +27,6 @@ from touba.history import (
     HistoryWindow,
     Observation,
 )
-from touba.history._common import MiB
 
 MARKER = "zebra-marker-7731"
 K1 = bytes(range(32))
@@ -88,11 +87,9 @@ async def raw_values(durable: Stores, store: Any) -> list[str]:
             bodies = [r[0] for r in conn.execute("SELECT body FROM touba_history_messages")]
         return [v for v in heads + bodies if v is not None]
     if durable.kind == "postgres":
-        async with store._pg.call() as conn:
-            heads = await (await conn.execute(f"SELECT head FROM {store.table}")).fetchall()
-            bodies = await (
-                await conn.execute(f"SELECT body FROM {store.table}_messages")
-            ).fetchall()
+        raw = Raw(durable, store)
+        heads = await raw.pg("SELECT head FROM {t}")
+        bodies = await raw.pg("SELECT body FROM {m}")
         return [r[0] for r in [*heads, *bodies] if r[0] is not None]
     client = store._client
     out = []
@@ -121,7 +118,8 @@ async def test_round_trip_and_no_plaintext_at_rest(durable: Stores) -> None:
     assert len(record["exchanges"]) == 6
     assert record["exchanges"][0][0]["calls"][0]["arguments"] == {"q": f"{MARKER}-0"}
     values = await raw_values(durable, store)
-    assert values and not any(MARKER in v for v in values)
+    assert values
+    assert not any(MARKER in v for v in values)
     if durable.kind == "sqlite":
         await store.close()
         assert MARKER.encode() not in await raw_file_bytes(durable)
@@ -179,8 +177,8 @@ class Raw:
         if self.kind == "postgres":
             return [
                 r[0]
-                for r in await self._pg(
-                    f"SELECT body FROM {self.store.table}_messages WHERE key = %s ORDER BY seq",
+                for r in await self.pg(
+                    "SELECT body FROM {m} WHERE key = %s ORDER BY seq",
                     key,
                 )
             ]
@@ -191,7 +189,7 @@ class Raw:
         if self.kind == "sqlite":
             self._sqlite("UPDATE touba_history_sessions SET head = ? WHERE key = ?", value, key)
         elif self.kind == "postgres":
-            await self._pg(f"UPDATE {self.store.table} SET head = %s WHERE key = %s", value, key)
+            await self.pg("UPDATE {t} SET head = %s WHERE key = %s", value, key)
         else:
             await self.store._client.hset(self.store._keys(key).all[4], "head", value)
 
@@ -205,8 +203,8 @@ class Raw:
                 key,
             )
         elif self.kind == "postgres":
-            await self._pg(
-                f"UPDATE {self.store.table}_messages SET body = %s WHERE key = %s AND seq = %s",
+            await self.pg(
+                "UPDATE {m} SET body = %s WHERE key = %s AND seq = %s",
                 value,
                 key,
                 seq,
@@ -221,7 +219,7 @@ class Raw:
         if self.kind == "sqlite":
             return dict(self._sqlite("SELECT key, head FROM touba_history_sessions"))
         if self.kind == "postgres":
-            return dict(await self._pg(f"SELECT key, head FROM {self.store.table}"))
+            return dict(await self.pg("SELECT key, head FROM {t}"))
         out = {}
         for row in await self.store.list():
             out[row.key] = (
@@ -235,9 +233,15 @@ class Raw:
         with sqlite3.connect(self.durable.location("main")[0]) as conn:
             return conn.execute(sql, args).fetchall()
 
-    async def _pg(self, sql: str, *args: Any) -> list[Any]:
+    async def pg(self, template: str, *args: Any) -> list[Any]:
+        """Run ``template`` with ``{t}``, ``{m}`` the store's tables (quoted identifiers)."""
+        from psycopg import sql
+
+        *schema, name = self.store.table.split(".")
+        t, m = sql.Identifier(*schema, name), sql.Identifier(*schema, f"{name}_messages")
+        query = sql.SQL(template).format(t=t, m=m)  # type: ignore[arg-type]
         async with self.store._pg.call() as conn:
-            cursor = await conn.execute(sql, args)
+            cursor = await conn.execute(query, args)
             return await cursor.fetchall() if cursor.description else []
 
 
@@ -282,7 +286,8 @@ async def _refused(durable: Stores, key: str, *, also: ConversationIdentity) -> 
     with pytest.raises(DecisionHistoryRecordInvalid):
         await history.step(who, [answer], generate)
     other = await fresh.read(also.key)  # the other conversation is untouched
-    assert other is not None and len(other["exchanges"]) == 3
+    assert other is not None
+    assert len(other["exchanges"]) == 3
 
 
 async def test_heads_swapped_between_conversations_are_refused(durable: Stores) -> None:
@@ -321,9 +326,7 @@ async def test_damaged_rows_are_refused(durable: Stores, damage: str) -> None:
     elif damage == "plaintext":
         value = '{"kind":"decision","text":"injected","calls":[]}'
     else:  # a well-formed token of a key this store does not have
-        value = Encryption(keys={"k9": os.urandom(32)}, current="k9").seal(
-            b"{}", context=b"[]"
-        )
+        value = Encryption(keys={"k9": os.urandom(32)}, current="k9").seal(b"{}", context=b"[]")
     await raw.set_body(A.key, (len(await raw.bodies(A.key))) - 1, value)
     await _refused(durable, A.key, also=B)
 

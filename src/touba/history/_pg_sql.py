@@ -413,15 +413,15 @@ LIST_NAMESPACE: Final = _LISTED + " WHERE namespace = %s ORDER BY key"
 # Keys after a cursor of records holding a value that is not a token of the
 # current key (its prefix given), for ``rekey``.
 STALE: Final = (
-    "SELECT h.key FROM {t} AS h WHERE h.head IS NOT NULL AND h.key COLLATE \"C\" > %s"
+    'SELECT h.key FROM {t} AS h WHERE h.head IS NOT NULL AND h.key COLLATE "C" > %s'
     " AND (NOT starts_with(h.head, %s) OR EXISTS (SELECT 1 FROM {m} AS m"
     " WHERE m.key = h.key AND NOT starts_with(m.body, %s)))"
-    " ORDER BY h.key COLLATE \"C\" LIMIT %s"
+    ' ORDER BY h.key COLLATE "C" LIMIT %s'
 )
 # Stored heads and messages per key id (NULL: not sealed).
-_KEY_ID: Final = "CASE WHEN starts_with(v, 'tbe1.') THEN split_part(v, '.', 2) END"
 KEY_IDS: Final = (
-    "SELECT " + _KEY_ID + ", count(*) FROM (SELECT head AS v FROM {t} WHERE head IS NOT NULL"
+    "SELECT CASE WHEN starts_with(v, 'tbe1.') THEN split_part(v, '.', 2) END, count(*)"
+    " FROM (SELECT head AS v FROM {t} WHERE head IS NOT NULL"
     " UNION ALL SELECT body FROM {m}) AS s GROUP BY 1"
 )
 

@@ -319,13 +319,17 @@ class Rekeying:
         label: str,
     ) -> int:
         """Re-seal the next conversations ``stale(cursor)`` names (it returns them and
-        the next cursor) until some were re-sealed; 0 (and back to the start) when the
-        end was reached with nothing re-sealed."""
+        the next cursor) until some were re-sealed; 0 when a whole pass (from the
+        start) re-sealed nothing: what is left is in use or does not open."""
+        wrapped = not self.after  # a pass from the start ends the call at the end
         while True:
             keys, after = await stale(self.after)
             if not keys:
                 self.after = ""
-                return 0
+                if wrapped:
+                    return 0
+                wrapped = True
+                continue
             self.after = after
             done = await rekey_keys(keys, transact, label)
             if done:

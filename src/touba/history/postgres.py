@@ -756,7 +756,7 @@ class PostgresHistoryStore(PooledStore):
         """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a
         value sealed with another key, each in one reservation of its own (a
         concurrent writer waits or is refused busy, never lost); how many were
-        re-sealed, 0 when a pass from here to the end found nothing to do. See
+        re-sealed, 0 when a whole pass re-sealed nothing. See
         :meth:`touba.history.sqlite.SqliteHistoryStore.rekey`."""
         sealer = require_sealer(self._sealer, batch)
         async with self._using():

@@ -801,8 +801,8 @@ class RedisHistoryStore(AsyncClosing):
     async def rekey(self, *, batch: int = 100) -> int:
         """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a
         value sealed with another key, each under its own reservation (a concurrent
-        writer is refused busy, never lost); how many were re-sealed, 0 when a pass
-        from here to the end found nothing to do. See
+        writer is refused busy, never lost); how many were re-sealed, 0 when a whole
+        pass re-sealed nothing. See
         :meth:`touba.history.sqlite.SqliteHistoryStore.rekey`."""
         sealer = require_sealer(self._sealer, batch)
         self._check_open()

@@ -507,7 +507,6 @@ class _Db:
             )
         return out
 
-
     def stale(self, prefix: str, after: str, batch: int) -> list[str]:
         """Up to ``batch`` keys after ``after`` (in key order) of records holding a
         value that is not a token of the key ``prefix`` names."""
@@ -858,7 +857,8 @@ class SqliteHistoryStore(AsyncClosing):
         """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a
         value sealed with another key (or not sealed), each in one reservation of its
         own, so a concurrent writer waits or is refused busy, never lost; return how
-        many were re-sealed, 0 when a pass from here to the end found nothing to do.
+        many were re-sealed, 0 when a whole pass re-sealed nothing (what is left is
+        in use or does not open).
 
         Resumable: what was re-sealed stays so; a new store object starts over and
         finds only what is left. A conversation in use is skipped (a later call takes
@@ -896,4 +896,3 @@ class SqliteHistoryStore(AsyncClosing):
                 await self._run("", self._db.conn.close)
         finally:
             self._thread.shutdown()
-
