@@ -80,7 +80,7 @@ PAGES: dict[str, str] = {
     "docs/data/copy.md": "",
     "docs/data/fork-and-rewind.md": "",
     "docs/data/repair.md": "",
-    "docs/data/encryption.md": "",
+    "docs/data/encryption.md": "sh python output sh python output sh",
     "docs/data/retention.md": "",
     "docs/testing.md": "python output",
     "docs/benchmarks.md": "sh sh sh sh sh sh",
