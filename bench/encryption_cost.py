@@ -102,9 +102,7 @@ async def _run(kind: str, rounds: int) -> None:
         plain_median = statistics.median(timings["plain", size])
         sealed_median = statistics.median(timings["sealed", size])
         ratio = sealed_median / plain_median
-        print(
-            f"{size:>20,} {plain_median * 1e6:>10.0f} {sealed_median * 1e6:>13.0f} {ratio:>7.2f}"
-        )
+        print(f"{size:>20,} {plain_median * 1e6:>10.0f} {sealed_median * 1e6:>13.0f} {ratio:>7.2f}")
 
 
 def main() -> None:

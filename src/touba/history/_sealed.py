@@ -36,6 +36,7 @@ sealed text only. Decisions:
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -159,20 +160,27 @@ class SealedBackend:
         self.sees_edits = getattr(inner, "sees_edits", True)
         self.drops = getattr(inner, "drops", False)
         self.drops_unreserved = getattr(inner, "drops_unreserved", False)
-        # key -> (plaintext head, sealed head) last read or written (for save_if)
+        # key -> (plaintext head, sealed head) last read or written (for save_if); a
+        # store may serve several event loops, so the map has a lock
         self._heads: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._lock = threading.Lock()
         # key -> (exchanges, messages) of its reservation (to place older rows)
         self._counts: dict[str, tuple[int, int]] = {}
 
     def _remember(self, key: str, plain: str, sealed: str) -> None:
-        heads = self._heads
-        heads[key] = (plain, sealed)
-        heads.move_to_end(key)
-        while len(heads) > _HEADS:
-            heads.popitem(last=False)
+        with self._lock:
+            heads = self._heads
+            heads[key] = (plain, sealed)
+            heads.move_to_end(key)
+            while len(heads) > _HEADS:
+                heads.popitem(last=False)
+
+    def _held(self, key: str) -> tuple[str, str] | None:
+        with self._lock:
+            return self._heads.get(key)
 
     def _opened_head(self, key: str, token: str) -> str:
-        held = self._heads.get(key)
+        held = self._held(key)
         if held is not None and held[1] == token:
             return held[0]
         plain = self._sealer.open_head(key, token)
@@ -217,7 +225,8 @@ class SealedBackend:
     async def delete(self, key: str, token: str) -> None:
         """``Backend.delete``."""
         self._counts.pop(key, None)
-        self._heads.pop(key, None)
+        with self._lock:
+            self._heads.pop(key, None)
         await self._inner.delete(key, token)
 
     async def release(self, key: str, token: str) -> None:
@@ -252,7 +261,7 @@ class _SealedSaveIf(SealedBackend):
         self, key: str, version: str, head: str, token: str, write: Write, seen: Seen | None
     ) -> bool:
         """``save_if`` against the sealed text of ``head`` (False when it is not known)."""
-        held = self._heads.get(key)
+        held = self._held(key)
         if held is None or held[0] != head:
             return False
         inner: Any = self._inner
