@@ -45,26 +45,26 @@ async def _store(kind: str, directory: Path, name: str, encryption: Any) -> Asyn
         from touba.history.sqlite import SqliteHistoryStore
 
         path = directory / f"{name}.sqlite"
-        async with SqliteHistoryStore(path, encryption=encryption, **limits) as store:
-            yield store
+        async with SqliteHistoryStore(path, encryption=encryption, **limits) as sqlite_store:
+            yield sqlite_store
     elif kind == "postgres":
         from touba.history.postgres import PostgresHistoryStore
 
         table = f"bench_{name}_{uuid.uuid4().hex[:8]}"
-        store = PostgresHistoryStore(POSTGRES_DSN, table=table, encryption=encryption, **limits)
-        async with store:
+        pg = PostgresHistoryStore(POSTGRES_DSN, table=table, encryption=encryption, **limits)
+        async with pg:
             try:
-                yield store
+                yield pg
             finally:
-                await _drop_tables(store, table)
+                await _drop_tables(pg, table)
     elif kind == "redis":
         from touba.history.redis import RedisHistoryStore
 
         prefix = f"bench-{name}-{uuid.uuid4().hex[:8]}:"
         async with RedisHistoryStore(
             REDIS_URL, prefix=prefix, encryption=encryption, **limits
-        ) as store:
-            yield store
+        ) as redis_store:
+            yield redis_store
     else:
         raise SystemExit(f"unknown store {kind!r}")
 

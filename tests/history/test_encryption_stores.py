@@ -239,7 +239,7 @@ class Raw:
 
         *schema, name = self.store.table.split(".")
         t, m = sql.Identifier(*schema, name), sql.Identifier(*schema, f"{name}_messages")
-        query = sql.SQL(template).format(t=t, m=m)  # type: ignore[arg-type]
+        query = sql.SQL(template).format(t=t, m=m)
         async with self.store._pg.call() as conn:
             cursor = await conn.execute(query, args)
             return await cursor.fetchall() if cursor.description else []

@@ -832,7 +832,7 @@ class RedisHistoryStore(AsyncClosing):
                 counts[key_id] = counts.get(key_id, 0) + 1
         return counts
 
-    async def _stored_values(self, after: str) -> list[tuple[str, str, list[str]]]:
+    async def _stored_values(self, after: str) -> Sequence[tuple[str, str, Sequence[str]]]:
         """(id, key, [head, message bodies...]) of each stored conversation whose id
         sorts after ``after``, in id order (reads them all: for rotation only)."""
         client = self._client
