@@ -7,6 +7,7 @@ import base64
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -91,3 +92,45 @@ def test_rekey_needs_one_store(tmp_path: Path) -> None:
     keys = _keys_file(tmp_path, {"k1": K1})
     result = runner.invoke(app, ["rekey", "--keys-file", str(keys), "--current", "k1"])
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ],
+)
+def test_rekey_on_postgres_and_redis(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    server = request.getfixturevalue("pg" if kind == "postgres" else "redis")
+    old = Encryption({"k1": K1}, "k1")
+
+    async def seed() -> None:
+        if kind == "postgres":
+            from touba.history.postgres import PostgresHistoryStore
+
+            store: Any = PostgresHistoryStore(server.address, encryption=old)
+        else:
+            from touba.history.redis import RedisHistoryStore
+
+            store = RedisHistoryStore(server.address, prefix=server.place, encryption=old)
+        async with store:
+            for n in range(3):
+                await converse(store, identity(n), 2)
+
+    asyncio.run(seed())
+    keys = _keys_file(tmp_path, {"k1": K1, "k2": K2})
+    where = (
+        ["--history-dsn", server.address]
+        if kind == "postgres"
+        else ["--redis-url", server.address, "--history-prefix", server.place]
+    )
+    args = ["rekey", *where, "--keys-file", str(keys), "--current", "k2", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    outcome = json.loads(result.stdout)
+    assert outcome["resealed_conversations"] == 3
+    assert outcome["values_by_key_id"] == {"k2": 3 * 4}
+    assert server.password not in result.output
