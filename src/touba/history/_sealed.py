@@ -91,9 +91,18 @@ class Sealer:
         self.place = place
         self.label = label
         self.prefix = f"tbe1.{encryption.current}."  # a current token starts so
+        self._prefixes: dict[tuple[str, str], bytes] = {}
 
     def _context(self, key: str, field: str, seq: int) -> bytes:
-        return Encryption.context(_DOMAIN, self.place, key, field, seq)
+        """``Encryption.context(domain, place, key, field, seq)``, its text before
+        ``seq`` kept per conversation (a decision seals several values of one)."""
+        held = self._prefixes.get((key, field))
+        if held is None:
+            held = Encryption.context(_DOMAIN, self.place, key, field)[:-1] + b","
+            if len(self._prefixes) >= _HEADS:
+                self._prefixes.clear()
+            self._prefixes[key, field] = held
+        return held + b"%d]" % seq
 
     def seal_head(self, key: str, text: str) -> str:
         """The head ``text`` of ``key``, sealed."""
