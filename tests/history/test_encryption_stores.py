@@ -129,8 +129,14 @@ async def test_round_trip_and_no_plaintext_at_rest(durable: Stores) -> None:
     plain = durable("main")
     with pytest.raises(DecisionHistoryRecordInvalid):
         await plain.read(WHO.key)
-    with pytest.raises(DecisionHistoryRecordInvalid):
-        await converse(plain, WHO, 1)
+    history = DecisionHistory(HistoryConfig(store=plain, namespace="n"))
+
+    async def generate(window: HistoryWindow) -> DecisionMessage:
+        raise AssertionError("a sealed record must be refused before the model is called")
+
+    answer = Observation("c5", "lookup", {"q": f"{MARKER}-5"}, "ok", {})
+    with pytest.raises(DecisionHistoryRecordInvalid):  # the decision path refuses it too
+        await history.step(WHO, [answer], generate)
     await converse(again, WHO, 2)  # the refusal left it intact and free
     assert len((await again.read(WHO.key))["exchanges"]) == 8
 
