@@ -69,6 +69,10 @@ reservations; bytes retained) must be readable in O(1)::
         write.is_new; expired records never refuse a write: when it would not
         fit, purge them first (write.growth = write.bytes less the record's
         bytes before, to decide without reading). A refusal changes nothing.
+        Sizes are the plaintext's: with encryption at rest (touba.history._sealed)
+        write.head and the rows' bodies are sealed, write.head_bytes is the UTF-8
+        length of the plaintext head, and a backend that derives a record's bytes
+        itself counts that, not the stored text's length.
     delete(key, token) -> None
         Delete the record, its rows and the reservation if `token` holds `key`,
         else DecisionHistoryBusy as for save.
