@@ -167,8 +167,8 @@ def _parse(token: object) -> tuple[str, bytes]:
             "a row of an encrypted store is not sealed (plaintext or another format); "
             "it is refused, never read as plaintext"
         )
-    key_id, _, body = token[len(TOKEN_PREFIX) :].partition(".")
-    if not _KEY_ID.fullmatch(key_id):
+    key_id, dot, body = token[len(TOKEN_PREFIX) :].partition(".")
+    if not dot or not _KEY_ID.fullmatch(key_id):  # no dot: what stands there is no key id
         raise DecisionHistoryRecordInvalid("an encrypted row's key id is damaged")
     try:
         raw = base64.urlsafe_b64decode(body.encode("ascii"))

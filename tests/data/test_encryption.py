@@ -47,6 +47,7 @@ def test_two_seals_of_one_text_differ() -> None:
         pytest.param(lambda t: t.replace("tbe1.k1.", "tbe1.k9."), id="unknown-key"),
         pytest.param(lambda t: t.replace("tbe1.k1.", "tbe1.k 1."), id="damaged-key-id"),
         pytest.param(lambda t: None, id="null"),
+        pytest.param(lambda t: t.replace("tbe1.k1.", "tbe1.k1A"), id="separator-lost"),
     ],
 )
 def test_anything_but_an_intact_token_is_refused(damage: object) -> None:
@@ -57,6 +58,7 @@ def test_anything_but_an_intact_token_is_refused(damage: object) -> None:
         enc.open(bad, context=PLACE)
     assert "secret" not in str(caught.value)
     assert KEY.hex() not in str(caught.value)
+    assert token.rpartition(".")[2][:8] not in str(caught.value)  # nor the ciphertext
 
 
 @given(position=st.integers(min_value=0, max_value=200), bit=st.integers(0, 7))

@@ -114,17 +114,28 @@ def _memory(tmp_path: Path) -> Backend:
     return Backend(MemoryHistoryStore, MemoryHistoryStore)
 
 
-def _sqlite(tmp_path: Path) -> Backend:
+def _sealing(encrypted: bool) -> dict[str, Any]:
+    """The ``encryption=`` of an encrypted store's factory (two keys, one current)."""
+    if not encrypted:
+        return {}
+    from touba import Encryption
+
+    return {"encryption": Encryption(keys={"a": b"a" * 32, "b": b"b" * 32}, current="b")}
+
+
+def _sqlite(tmp_path: Path, encrypted: bool = False) -> Backend:
     store_class = _store_module("touba.history.sqlite").SqliteHistoryStore
     files = itertools.count()
+    sealing = _sealing(encrypted)
 
     def make(**limits: Any) -> Any:  # a new file per store
-        return store_class(filename=str(tmp_path / f"history-{next(files)}.sqlite"), **limits)
+        name = str(tmp_path / f"history-{next(files)}.sqlite")
+        return store_class(filename=name, **sealing, **limits)
 
     return Backend(make, make)
 
 
-def _postgres(tmp_path: Path) -> Backend:
+def _postgres(tmp_path: Path, encrypted: bool = False) -> Backend:
     store_class = _store_module("touba.history.postgres").PostgresHistoryStore
     dsn = postgres_dsn()
     import psycopg
@@ -136,7 +147,8 @@ def _postgres(tmp_path: Path) -> Backend:
     tables = itertools.count()
 
     def make(**limits: Any) -> Any:  # a new table per store, in a schema of this test
-        return store_class(dsn=dsn, table=f"{schema}.h{next(tables)}", **limits)
+        table = f"{schema}.h{next(tables)}"
+        return store_class(dsn=dsn, table=table, **_sealing(encrypted), **limits)
 
     def drop_schema() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -145,7 +157,7 @@ def _postgres(tmp_path: Path) -> Backend:
     return Backend(make, make, drop_schema)
 
 
-def _redis(tmp_path: Path) -> Backend:
+def _redis(tmp_path: Path, encrypted: bool = False) -> Backend:
     store_class = _store_module("touba.history.redis").RedisHistoryStore
     url = redis_url()
     import redis
@@ -154,7 +166,8 @@ def _redis(tmp_path: Path) -> Backend:
     prefixes = itertools.count()
 
     def make(**limits: Any) -> Any:  # a new key prefix per store, under one of this test
-        return store_class(url=url, prefix=f"{root}{next(prefixes)}:", **limits)
+        prefix = f"{root}{next(prefixes)}:"
+        return store_class(url=url, prefix=prefix, **_sealing(encrypted), **limits)
 
     def delete_keys() -> None:
         with redis.Redis.from_url(url) as client:
@@ -175,6 +188,9 @@ BACKENDS: dict[str, Callable[[Path], Backend]] = {
     "postgres": _postgres,
     "redis": _redis,
     "custom-dict-lock": _custom,
+    "sqlite-encrypted": functools.partial(_sqlite, encrypted=True),
+    "postgres-encrypted": functools.partial(_postgres, encrypted=True),
+    "redis-encrypted": functools.partial(_redis, encrypted=True),
 }
 
 
@@ -185,6 +201,9 @@ BACKENDS: dict[str, Callable[[Path], Backend]] = {
         pytest.param("postgres", marks=pytest.mark.postgres),
         pytest.param("redis", marks=pytest.mark.redis),
         "custom-dict-lock",
+        "sqlite-encrypted",
+        pytest.param("postgres-encrypted", marks=pytest.mark.postgres),
+        pytest.param("redis-encrypted", marks=pytest.mark.redis),
     ]
 )
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:

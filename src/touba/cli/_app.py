@@ -14,6 +14,7 @@ from touba.cli import (
     _history,
     _panel,
     _purge,
+    _rekey,
     _users,
     _worker,
 )
@@ -36,3 +37,4 @@ app.command("check")(_check.check)
 app.add_typer(_users.app, name="users")
 _export.register(app)
 app.command("purge")(_purge.purge)
+app.command("rekey")(_rekey.rekey)

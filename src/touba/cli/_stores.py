@@ -51,6 +51,8 @@ from touba.memory.sqlite import SCHEMA_VERSION as MEMORY_SQLITE_VERSION
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
+    from touba._encryption import Encryption
+
 __all__ = [
     "DSN_ENV",
     "Backend",
@@ -370,10 +372,12 @@ async def _check_postgres(
 
 
 class Limits(TypedDict, total=False):
-    """The limits an application gives its history store (the store's defaults if absent)."""
+    """The limits an application gives its history store (the store's defaults if absent),
+    and its ``encryption`` (``touba rekey``)."""
 
     max_sessions: int
     max_store_bytes: int
+    encryption: Encryption
 
 
 HistoryAdmin = AdminStore

@@ -69,6 +69,10 @@ reservations; bytes retained) must be readable in O(1)::
         write.is_new; expired records never refuse a write: when it would not
         fit, purge them first (write.growth = write.bytes less the record's
         bytes before, to decide without reading). A refusal changes nothing.
+        Sizes are the plaintext's: with encryption at rest (touba.history._sealed)
+        write.head and the rows' bodies are sealed, write.head_bytes is the UTF-8
+        length of the plaintext head, and a backend that derives a record's bytes
+        itself counts that, not the stored text's length.
     delete(key, token) -> None
         Delete the record, its rows and the reservation if `token` holds `key`,
         else DecisionHistoryBusy as for save.
@@ -186,6 +190,7 @@ class Write:
     dropped: int = 0  # the newest messages deleted first: those of seq >= messages - dropped
     dropped_from: int = 0  # the exchange of the oldest of them (a bound for the delete)
     dropped_bytes: int = 0  # what they weigh (a save without a reservation checks it)
+    head_bytes: int | None = None  # the plaintext head's bytes when ``head`` is sealed
 
     @property
     def kept(self) -> int:

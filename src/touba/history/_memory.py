@@ -162,6 +162,8 @@ class MemoryHistoryStore(AsyncClosing):
     its place among ``max_sessions`` when it is reserved: once the places are
     taken, reserving a new key raises ``DecisionHistoryLimitExceeded`` before
     its operation runs. Its ``transact_log`` honours ``LogWrite.drop_last``.
+    It keeps nothing at rest (nothing outlives the process), so it takes no
+    ``encryption=``: the durable stores do.
     """
 
     log_drops = True

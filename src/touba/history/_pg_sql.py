@@ -408,6 +408,23 @@ _LISTED: Final = (
 LIST_ALL: Final = _LISTED + " ORDER BY key"
 LIST_NAMESPACE: Final = _LISTED + " WHERE namespace = %s ORDER BY key"
 
+# -- encryption at rest (touba.history._sealed) ------------------------------------------
+
+# Keys after a cursor of records holding a value that is not a token of the
+# current key (its prefix given), for ``rekey``.
+STALE: Final = (
+    'SELECT h.key FROM {t} AS h WHERE h.head IS NOT NULL AND h.key COLLATE "C" > %s'
+    " AND (NOT starts_with(h.head, %s) OR EXISTS (SELECT 1 FROM {m} AS m"
+    " WHERE m.key = h.key AND NOT starts_with(m.body, %s)))"
+    ' ORDER BY h.key COLLATE "C" LIMIT %s'
+)
+# Stored heads and messages per key id (NULL: not sealed).
+KEY_IDS: Final = (
+    "SELECT CASE WHEN starts_with(v, 'tbe1.') THEN split_part(v, '.', 2) END, count(*)"
+    " FROM (SELECT head AS v FROM {t} WHERE head IS NOT NULL"
+    " UNION ALL SELECT body FROM {m}) AS s GROUP BY 1"
+)
+
 
 # -- one table's statements --------------------------------------------------------------
 
@@ -464,6 +481,9 @@ class Statements:
     delete: sql.Composed
     list_all: sql.Composed
     list_namespace: sql.Composed
+    # encryption at rest
+    stale: sql.Composed
+    key_ids: sql.Composed
 
 
 @functools.cache
@@ -542,4 +562,6 @@ def statements(parts: tuple[str, ...]) -> Statements:
         delete=q(DELETE),
         list_all=q(LIST_ALL),
         list_namespace=q(LIST_NAMESPACE),
+        stale=q(STALE),
+        key_ids=q(KEY_IDS),
     )

@@ -82,6 +82,7 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
         'touba.history.postgres needs psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
     ) from e
 
+from touba._encryption import Encryption
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryLimitExceeded,
@@ -120,6 +121,13 @@ from touba.history._record import join_record
 from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_int, raw_text
 from touba.history._repair_write import write_repair
 from touba.history._reservations import Reservations
+from touba.history._sealed import (
+    Rekeying,
+    Sealer,
+    check_encryption,
+    require_sealer,
+    sealed_backend,
+)
 from touba.history._store import (
     LogOperation,
     Operation,
@@ -154,10 +162,16 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.astimezone(UTC).isoformat()
 
 
-def _decode(key: str, head: str | None, split: bool, rows: Rows) -> Record | None:
-    """A stored record from its head and its ``(exchange, bytes, body)`` rows."""
+def _decode(
+    key: str, head: str | None, split: bool, rows: Rows, sealer: Sealer | None = None
+) -> Record | None:
+    """A stored record from its head and its ``(exchange, bytes, body)`` rows (opened
+    first when the store is encrypted)."""
     if head is None:
         return None
+    if sealer is not None:
+        head, rows = sealer.open_stored(key, head, rows)
+        assert head is not None
     record = parse_object(head, key, "the stored record", _LABEL)
     if not split:
         return record
@@ -463,6 +477,14 @@ class PostgresHistoryStore(PooledStore):
     version at every reservation). Its ``transact_log`` honours
     ``LogWrite.drop_last`` (the newest messages deleted, in the save's
     transaction).
+
+    ``encryption`` (a :class:`touba.Encryption`, ``touba[crypto]``) seals every head
+    and message body at rest with AES-GCM, bound to ``table``, the conversation's
+    key, the field and the message's position (:mod:`touba.history._sealed`); keys,
+    identity, namespace, sizes (plaintext bytes), times and reservations stay
+    plaintext. A value that does not open (plaintext, altered, moved, an unknown
+    key) is refused with ``DecisionHistoryRecordInvalid``; so is a sealed value in
+    a store opened without ``encryption``. Without it nothing is encrypted.
     """
 
     log_drops = True
@@ -478,6 +500,7 @@ class PostgresHistoryStore(PooledStore):
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
         create: bool = True,
+        encryption: Encryption | None = None,
     ) -> None:
         parts = table_parts(table, example="touba_history")
         check_limits_config(
@@ -507,8 +530,13 @@ class PostgresHistoryStore(PooledStore):
         self.ttl_seconds = float(ttl_seconds)
         self.worker_id = worker_id
         self._purged_at = -math.inf  # time.monotonic() of this object's last full purge
+        self.encryption = check_encryption(encryption)
+        self._sealer = None if encryption is None else Sealer(encryption, table, _LABEL)
+        self._rekeying = Rekeying()
+        backend = _Backend(self)
         self._reservations = Reservations(
-            _Backend(self), worker_id or f"{socket.gethostname()}:{os.getpid()}"
+            backend if self._sealer is None else sealed_backend(backend, self._sealer),
+            worker_id or f"{socket.gethostname()}:{os.getpid()}",
         )
 
     def _using(self) -> AbstractAsyncContextManager[None]:
@@ -639,7 +667,7 @@ class PostgresHistoryStore(PooledStore):
             if expired:
                 return None
             rows = await _rows(conn, s.all_messages, (key,)) if split else []
-        return _decode(key, head, split, rows)
+        return _decode(key, head, split, rows, self._sealer)
 
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; False when absent. ``DecisionHistoryBusy``
@@ -765,6 +793,32 @@ class PostgresHistoryStore(PooledStore):
                 )
             )
         return out
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a
+        value sealed with another key, each in one reservation of its own (a
+        concurrent writer waits or is refused busy, never lost); how many were
+        re-sealed, 0 when a whole pass re-sealed nothing. See
+        :meth:`touba.history.sqlite.SqliteHistoryStore.rekey`."""
+        sealer = require_sealer(self._sealer, batch)
+        async with self._using():
+
+            async def stale(after: str) -> tuple[list[str], str]:
+                async with self._pg.call() as conn:
+                    found = await _rows(
+                        conn, self._sql.stale, (after, sealer.prefix, sealer.prefix, batch)
+                    )
+                keys = [row[0] for row in found]
+                return keys, keys[-1] if keys else ""
+
+            return await self._rekeying.run(stale, self._reservations.transact, _LABEL)
+
+    async def key_ids(self) -> dict[str | None, int]:
+        """How many stored heads and messages each key id sealed (``None``: values not
+        sealed), for a rotation's progress. Reads every row: not for a decision."""
+        async with self._using(), self._pg.call() as conn:
+            rows = await _rows(conn, self._sql.key_ids)
+        return {key_id: int(n) for key_id, n in rows}
 
 
 def _parsed_identity(text: str | None) -> dict[str, str] | None:

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from touba._closing import AsyncClosing
+from touba._encryption import Encryption
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryLimitExceeded,
@@ -99,6 +100,13 @@ from touba.history._record import join_record
 from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_text
 from touba.history._repair_write import write_repair
 from touba.history._reservations import MAX_TAIL, Recent, Reservations
+from touba.history._sealed import (
+    Rekeying,
+    Sealer,
+    check_encryption,
+    require_sealer,
+    sealed_backend,
+)
 from touba.history._store import (
     LogOperation,
     Operation,
@@ -376,6 +384,9 @@ class _Backend:
         store = self._store
         fields = ("", "", "") if write is None else (write.head, write.identity, write.namespace)
         limits = (store.max_sessions, store.max_store_bytes, store._ttl_ms)
+        if write is not None:  # the plaintext head's bytes (the head may be sealed)
+            size = write.head_bytes
+            mode = f"{mode}:{len(write.head.encode('utf-8')) if size is None else size}"
         return (token, *limits, mode, *(field or "" for field in fields), *args)
 
     async def _commit(
@@ -503,6 +514,18 @@ class RedisHistoryStore(AsyncClosing):
     (records and such reservations), it raises ``DecisionHistoryLimitExceeded``
     before the operation runs. Its ``transact_log`` honours
     ``LogWrite.drop_last`` (the newest rows trimmed in the commit script).
+
+    ``encryption`` (a :class:`touba.Encryption`, ``touba[crypto]``) seals every head
+    and message row's message at rest with AES-GCM, bound to ``prefix``, the
+    conversation's key, the field and the message's position
+    (:mod:`touba.history._sealed`); key names, identity, namespace, sizes
+    (plaintext bytes: the scripts are given the plaintext head's size, they never
+    read content), times and reservations stay plaintext. A value that does not
+    open (plaintext, altered, moved, an unknown key) is refused with
+    ``DecisionHistoryRecordInvalid``; so is a sealed value in a store opened
+    without ``encryption``. An encrypted store reserves for every operation (its
+    optimistic reads and appends compare stored rows as text, which sealing
+    makes differ). Without it nothing is encrypted.
     """
 
     log_drops = True
@@ -517,6 +540,7 @@ class RedisHistoryStore(AsyncClosing):
         max_store_bytes: int = 32 * MiB,
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
+        encryption: Encryption | None = None,
     ) -> None:
         check_limits_config(
             max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
@@ -575,7 +599,13 @@ class RedisHistoryStore(AsyncClosing):
         self._closed = False
         worker = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._backend = _Backend(self)
-        self._reservations = Reservations(self._backend, worker)
+        self.encryption = check_encryption(encryption)
+        self._sealer = None if encryption is None else Sealer(encryption, prefix, _LABEL)
+        self._rekeying = Rekeying()
+        self._reservations = Reservations(
+            self._backend if self._sealer is None else sealed_backend(self._backend, self._sealer),
+            worker,
+        )
 
     async def close(self) -> None:
         """Close the client if this store created it (from ``url``)."""
@@ -712,12 +742,17 @@ class RedisHistoryStore(AsyncClosing):
             raise self._busy(key, reply)
         if status == "absent":
             return None
-        head = replies.head(reply[1])
-        if replies.text(reply[2]) != "1":
+        split = replies.text(reply[2]) == "1"
+        count = int(reply[3]) if split else 0
+        text: Any = reply[1]
+        rows: Rows = replies.rows(reply[4:], count) if split else []
+        if self._sealer is not None:
+            text, rows = self._sealer.open_stored(key, replies.text(text), rows)
+        head = replies.head(text)
+        if not split:
             return head
-        count = int(reply[3])
         exchanges: list[list[Record]] = [[] for _ in range(count)]
-        for exchange, _size, body in replies.rows(reply[4:], count):
+        for exchange, _size, body in rows:
             exchanges[exchange].append(parse_object(body, key, "a message", _LABEL))
         return join_record(head, exchanges)
 
@@ -820,6 +855,59 @@ class RedisHistoryStore(AsyncClosing):
         args = (self._base, _flag(purge), *replies.LIST_FIELDS)
         reply = list(await self._run(self._list_script, self._store_keys, args, "a list"))
         return replies.listed(reply, namespace)
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a
+        value sealed with another key, each under its own reservation (a concurrent
+        writer is refused busy, never lost); how many were re-sealed, 0 when a whole
+        pass re-sealed nothing. See
+        :meth:`touba.history.sqlite.SqliteHistoryStore.rekey`."""
+        sealer = require_sealer(self._sealer, batch)
+        self._check_open()
+
+        async def stale(after: str) -> tuple[list[str], str]:
+            found: list[str] = []
+            last = ""
+            for cid, key, values in await self._stored_values(after):
+                last = cid
+                if not all(sealer.is_current(v) for v in values):
+                    found.append(key)
+                    if len(found) == batch:
+                        break
+            return found, last
+
+        return await self._rekeying.run(stale, self._reservations.transact, _LABEL)
+
+    async def key_ids(self) -> dict[str | None, int]:
+        """How many stored heads and messages each key id sealed (``None``: values not
+        sealed), for a rotation's progress. Reads every conversation: not for a
+        decision."""
+        self._check_open()
+        counts: dict[str | None, int] = {}
+        for _cid, _key, values in await self._stored_values(""):
+            for value in values:
+                key_id = Encryption.key_id_of(value) if Encryption.is_sealed(value) else None
+                counts[key_id] = counts.get(key_id, 0) + 1
+        return counts
+
+    async def _stored_values(self, after: str) -> Sequence[tuple[str, str, Sequence[str]]]:
+        """(id, key, [head, message bodies...]) of each stored conversation whose id
+        sorts after ``after``, in id order (reads them all: for rotation only)."""
+        client = self._client
+        out = []
+        with _driver_errors("a scan for rotation"):
+            ids = sorted(replies.text(i) for i in await client.zrange(self._store_keys[2], 0, -1))
+            for cid in ids:
+                if cid <= after:
+                    continue
+                conv = f"{self._base}c:{cid}:"
+                key, head = await client.hmget(conv + "head", ["key", "head"])
+                if key is None or head is None:
+                    continue
+                raw = await client.lrange(conv + "messages", 0, -1)
+                bodies = [body for _e, _s, body in replies.rows(raw, 2**62)]
+                out.append((cid, json.loads(replies.text(key)), [replies.text(head), *bodies]))
+        return out
 
 
 def _flag(purge: bool) -> str:

@@ -60,6 +60,7 @@ from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 from touba._closing import AsyncClosing
+from touba._encryption import Encryption
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
@@ -94,6 +95,13 @@ from touba.history._record import join_record
 from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_int, raw_text
 from touba.history._repair_write import write_repair
 from touba.history._reservations import Reservations
+from touba.history._sealed import (
+    Rekeying,
+    Sealer,
+    check_encryption,
+    require_sealer,
+    sealed_backend,
+)
 from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
 from touba.history._sqlite_kinds import require_sqlite_store
 from touba.history._sqlite_schema import PAGE_SIZE, SCHEMA_VERSION, check_schema, init_schema
@@ -221,10 +229,13 @@ class _Db:
         return self.q(_ROWS, key, start, stop).fetchall() if start < stop else []
 
     def _record(self, key: str, head: str, split: bool, count: int) -> Record:
+        rows = self._rows(key, 0, _NO_END) if split else []
+        sealer = self.store._sealer
+        if sealer is not None:
+            head, rows = sealer.open_stored(key, head, rows)  # type: ignore[assignment]
         parsed = parse_object(head, key, "the stored record", _LABEL)
         if not split:
             return parsed
-        rows = self._rows(key, 0, _NO_END)
         exchanges: list[list[Record]] = [[] for _ in range(count)]
         for exchange, _size, body in rows:
             while len(exchanges) <= exchange:
@@ -545,6 +556,39 @@ class _Db:
             )
         return out
 
+    def stale(self, prefix: str, after: str, batch: int) -> list[str]:
+        """Up to ``batch`` keys after ``after`` (in key order) of records holding a
+        value that is not a token of the key ``prefix`` names."""
+        n = len(prefix)
+        return [
+            key
+            for (key,) in self.q(
+                "SELECT key FROM touba_history_sessions AS s WHERE head IS NOT NULL "
+                "AND key > ? AND (substr(head, 1, ?) <> ? OR EXISTS (SELECT 1 FROM "
+                "touba_history_messages AS m WHERE m.conv = s.id AND substr(m.body, 1, ?) <> ?)) "
+                "ORDER BY key LIMIT ?",
+                after,
+                n,
+                prefix,
+                n,
+                prefix,
+                batch,
+            )
+        ]
+
+    def key_ids(self) -> dict[str | None, int]:
+        """Stored heads and messages per key id (None: not sealed)."""
+        counts: dict[str | None, int] = {}
+        for column, table in (("head", "sessions"), ("body", "messages")):
+            rows = self.q(
+                f"SELECT CASE WHEN substr({column}, 1, 5) = 'tbe1.' THEN substr({column}, 6, "  # noqa: S608 - constant text
+                f"instr(substr({column}, 6), '.') - 1) END, count(*) "
+                f"FROM touba_history_{table} WHERE {column} IS NOT NULL GROUP BY 1"
+            )
+            for key_id, n in rows:
+                counts[key_id] = counts.get(key_id, 0) + n
+        return counts
+
 
 class _Backend:
     """The protocol's primitives (:class:`touba.history._backend.Backend`): each one
@@ -631,6 +675,15 @@ class SqliteHistoryStore(AsyncClosing):
     the stored version at every reservation). Its ``transact_log`` honours
     ``LogWrite.drop_last`` (the newest messages deleted, in the save's
     transaction).
+
+    ``encryption`` (a :class:`touba.Encryption`, ``touba[crypto]``) seals every head
+    and message body at rest with AES-GCM, bound to this store's table, the
+    conversation's key, the field and the message's position
+    (:mod:`touba.history._sealed`); keys, identity, namespace, sizes (plaintext
+    bytes), times and reservations stay plaintext. A value that does not open
+    (plaintext, altered, moved, an unknown key) is refused with
+    ``DecisionHistoryRecordInvalid``; so is a sealed value in a store opened
+    without ``encryption``. Without it nothing is encrypted.
     """
 
     log_drops = True
@@ -646,6 +699,7 @@ class SqliteHistoryStore(AsyncClosing):
         worker_id: str | None = None,
         clock: Callable[[], float] = time.time,
         create: bool = True,
+        encryption: Encryption | None = None,
     ) -> None:
         if (filename is None) == (database is None):
             raise ConfigurationError(
@@ -664,6 +718,9 @@ class SqliteHistoryStore(AsyncClosing):
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._clock = clock
+        self.encryption = check_encryption(encryption)
+        self._sealer = None if encryption is None else Sealer(encryption, "touba_history", _LABEL)
+        self._rekeying = Rekeying()
         self._owns_connection = database is None
         self._lock = threading.Lock()
         self._users = 0
@@ -675,7 +732,11 @@ class SqliteHistoryStore(AsyncClosing):
         except BaseException:
             self._thread.shutdown()
             raise
-        self._reservations = Reservations(_Backend(self), self.worker_id)
+        backend = _Backend(self)
+        self._reservations = Reservations(
+            backend if self._sealer is None else sealed_backend(backend, self._sealer),
+            self.worker_id,
+        )
 
     def _open(
         self,
@@ -874,6 +935,35 @@ class SqliteHistoryStore(AsyncClosing):
         written and they are listed with ``expired=True``."""
         with self._using():
             return await self._run("", lambda: self._db.listing(namespace, purge))
+
+    async def rekey(self, *, batch: int = 100) -> int:
+        """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a
+        value sealed with another key (or not sealed), each in one reservation of its
+        own, so a concurrent writer waits or is refused busy, never lost; return how
+        many were re-sealed, 0 when a whole pass re-sealed nothing (what is left is
+        in use or does not open).
+
+        Resumable: what was re-sealed stays so; a new store object starts over and
+        finds only what is left. A conversation in use is skipped (a later call takes
+        it); one that does not open is skipped and logged (repair it first). The
+        expiry of a re-sealed conversation is renewed, as any save does.
+        ``ConfigurationError`` without ``encryption`` or for a bad ``batch``.
+        A value that is not sealed does not open: encrypt a plaintext store by
+        copying it into a new encrypted one."""
+        sealer = require_sealer(self._sealer, batch)
+        with self._using():
+
+            async def stale(after: str) -> tuple[list[str], str]:
+                keys = await self._run("", lambda: self._db.stale(sealer.prefix, after, batch))
+                return keys, keys[-1] if keys else ""
+
+            return await self._rekeying.run(stale, self._reservations.transact, _LABEL)
+
+    async def key_ids(self) -> dict[str | None, int]:
+        """How many stored heads and messages each key id sealed (``None``: values not
+        sealed), for a rotation's progress. Reads every row: not for a decision."""
+        with self._using():
+            return await self._run("", self._db.key_ids)
 
     async def close(self) -> None:
         """Wait for running operations to save or release, then close what it opened."""

@@ -58,7 +58,9 @@ else
   end
   split = '1'
   messages = stored - drop + n
-  new_bytes = old_bytes - redis.call('HSTRLEN', h, 'head') + #ARGV[8] + added - freed
+  local old_head = tonumber(redis.call('HGET', h, 'head_bytes') or '')
+                   or redis.call('HSTRLEN', h, 'head')
+  new_bytes = old_bytes - old_head + (head_bytes or #ARGV[8]) + added - freed
 end
 
 local sessions = redis.call('HLEN', SESSIONS)
@@ -119,7 +121,8 @@ local expires = now + tonumber(ARGV[6])
 redis.call('HSET', h, 'head', ARGV[8], 'split', split,
            'messages', string.format('%d', messages), 'bytes', string.format('%d', new_bytes),
            'updated_at', string.format('%d', now), 'expires_at', string.format('%d', expires),
-           'identity', ARGV[9], 'namespace', ARGV[10], 'last_token', token)
+           'identity', ARGV[9], 'namespace', ARGV[10], 'last_token', token,
+           'head_bytes', string.format('%d', head_bytes or #ARGV[8]))
 redis.call('HSET', SESSIONS, id, string.format('%d', new_bytes))
 redis.call('INCRBY', BYTES, string.format('%d', new_bytes - old_bytes))
 redis.call('ZADD', EXPIRY, expires, id)

@@ -21,7 +21,7 @@ local P = ARGV[1]
 local SESSIONS, BYTES, EXPIRY, HELD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local GRACE = 60000
 local RECORD = {'head', 'split', 'messages', 'bytes', 'updated_at', 'expires_at',
-                'identity', 'namespace', 'last_token'}
+                'identity', 'namespace', 'last_token', 'head_bytes'}
 local HOLDER = {'token', 'worker_id', 'pid', 'host', 'since'}
 
 local function now_ms()
@@ -32,6 +32,14 @@ end
 local function conv(id)
   local c = P .. 'c:' .. id .. ':'
   return c .. 'head', c .. 'messages', c .. 'exchanges'
+end
+
+-- A commit's mode (ARGV[7]) is "<mode>:<bytes of the plaintext head>": with
+-- encryption at rest the stored head is sealed, and the bounds count plaintext.
+local function mode_of(arg)
+  local mode, head_bytes = string.match(arg, '^(%a+):(%d+)$')
+  if not mode then return arg, nil end
+  return mode, tonumber(head_bytes)
 end
 
 -- Forget the record of id, keeping its reservation if it has one.

@@ -6,7 +6,8 @@
 -- row read and those rows (newline-joined). Written only if the conversation
 -- is unreserved, live and holds exactly that; else "changed", nothing written.
 --@include _prelude.lua
-local id, token, mode = ARGV[2], ARGV[3], ARGV[7]
+local id, token = ARGV[2], ARGV[3]
+local mode, head_bytes = mode_of(ARGV[7])
 local h, m, x = KEYS[5], KEYS[6], KEYS[7]
 local held = redis.call('HMGET', h, 'token', 'last_token', 'messages', 'head', 'expires_at')
 if held[2] == token then return {'ok'} end  -- this very write, run again (a retry)
