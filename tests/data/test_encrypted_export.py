@@ -73,12 +73,12 @@ def raw_rows(deployment: Deployment) -> list[str]:
         from psycopg import sql
 
         with psycopg.connect(pg[0], autocommit=True) as conn:
-            tables = conn.execute(
+            found = conn.execute(
                 "SELECT table_name FROM information_schema.tables "
                 "WHERE table_schema = current_schema() AND table_name LIKE %s",
                 (f"{pg[1]}%",),
             ).fetchall()
-            for (table,) in tables:
+            for (table,) in found:
                 query = sql.SQL("SELECT t::text FROM {} t").format(sql.Identifier(table))
                 out.extend(f"{table}: {r[0]}" for r in conn.execute(query).fetchall())
     return out
@@ -173,7 +173,7 @@ async def test_what_an_import_sealed_is_refused_by_a_store_opened_without_encryp
         with pytest.raises(DecisionHistoryRecordInvalid):
             await resources.scope_items("session", "s1")
         with pytest.raises(DecisionHistoryRecordInvalid):
-            await resources.get(ResourceAddress("orders", "session", "s1"), "notes")  # type: ignore[arg-type]
+            await resources.get(ResourceAddress("orders", "session", "s1"), "notes")
     async with SqliteCheckpointStore(destination.dir / "checkpoints.db") as checkpoints:
         with pytest.raises(DecisionHistoryRecordInvalid):
             await checkpoints.get("cp-s1")

@@ -26,7 +26,6 @@ from tests.memory._chat import Scripted, build_runtime, memory
 from tests.memory.conftest import drop_postgres_tables
 from touba import ChatSession
 from touba.memory import SqliteMemoryStore, StoredTurn
-from touba.memory._sql import SqlMemoryStore
 
 MARKER = "QuokkaFork4412"
 
@@ -42,7 +41,7 @@ class Place:
         self.kind, self.directory = kind, directory
         self.pg = (postgres_dsn(), f"tf_{uuid.uuid4().hex[:10]}") if kind == "postgres" else None
 
-    def open(self) -> SqlMemoryStore:
+    def open(self) -> Any:
         if self.pg is None:
             return SqliteMemoryStore(self.directory / "memory.db", encryption=sealing())
         from touba.memory.postgres import PostgresMemoryStore
@@ -60,7 +59,7 @@ class Place:
 
         with psycopg.connect(self.pg[0], autocommit=True) as conn:
             query = select.format(f'"{self.pg[1]}_turns"') + "%s ORDER BY idx"
-            return [tuple(r) for r in conn.execute(query, (session_id,)).fetchall()]  # type: ignore[arg-type]
+            return [tuple(r) for r in conn.execute(query, (session_id,)).fetchall()]
 
     def cleanup(self) -> None:
         if self.pg is not None:
@@ -160,4 +159,4 @@ def _swap_user_text(place: Place, session_id: str, idx: int, value: str) -> None
 
     with psycopg.connect(place.pg[0], autocommit=True) as conn:
         query = update.format(f'"{place.pg[1]}_turns"') + "%s WHERE session_id = %s AND idx = %s"
-        conn.execute(query, (value, session_id, idx))  # type: ignore[arg-type]
+        conn.execute(query, (value, session_id, idx))

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,6 @@ from tests._services import postgres_dsn
 from tests.memory.conftest import drop_postgres_tables
 from touba.data import Retention, Stores, apply_retention
 from touba.memory import SqliteMemoryStore
-from touba.memory._sql import SqlMemoryStore
 from touba.providers._types import TraceCall
 from touba.runtime import SqliteCheckpointStore
 
@@ -40,7 +40,7 @@ class Place:
         self.kind, self.directory = kind, directory
         self.pg = (postgres_dsn(), f"tr_{uuid.uuid4().hex[:10]}") if kind == "postgres" else None
 
-    def memory(self) -> SqlMemoryStore:
+    def memory(self) -> Any:
         if self.pg is None:
             return SqliteMemoryStore(self.directory / "memory.db", encryption=sealing())
         from touba.memory.postgres import PostgresMemoryStore
@@ -65,7 +65,7 @@ class Place:
         import psycopg
 
         with psycopg.connect(self.pg[0], autocommit=True) as conn:
-            return conn.execute(select.format(f'"{self.pg[1]}_turns"')).fetchall()  # type: ignore[arg-type]
+            return conn.execute(select.format(f'"{self.pg[1]}_turns"')).fetchall()
 
     def cleanup(self) -> None:
         if self.pg is not None:
@@ -73,7 +73,7 @@ class Place:
             import psycopg
 
             with psycopg.connect(self.pg[0], autocommit=True) as conn:
-                conn.execute(f'DROP TABLE IF EXISTS "{self.pg[1]}_checkpoints"')  # type: ignore[arg-type]
+                conn.execute(f'DROP TABLE IF EXISTS "{self.pg[1]}_checkpoints"')
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -13,7 +13,13 @@ them, so every rule above (and every bound, counted by the callers on the
 plaintext) is unchanged. The key-event text filter cannot run in SQL over
 sealed columns: with encryption it runs in Python on the opened rows, paging
 through the rows the other (plaintext) filters select. ``rekey`` re-seals with
-the current key the values sealed with another, a batch per transaction.
+the current key the values sealed with another, a batch per transaction. What
+plain SQL does on the other columns it cannot do on sealed ones, so with
+encryption: a fork opens each copied turn and seals it again for the new session
+(a value is bound to its session and index); an import seals each record for its
+place (an update history row once its insert gave its ``seq``); the traces purge
+selects in Python, a page of old turns per transaction, and writes a sealed
+``[]`` and ``null`` in their place, so every turn still opens.
 """
 
 from __future__ import annotations
