@@ -40,12 +40,13 @@ class Place:
         self.kind, self.directory = kind, directory
         self.pg = (postgres_dsn(), f"tr_{uuid.uuid4().hex[:10]}") if kind == "postgres" else None
 
-    def memory(self) -> Any:
+    def memory(self, encryption: touba.Encryption | None = None) -> Any:
+        sealed = encryption or sealing()
         if self.pg is None:
-            return SqliteMemoryStore(self.directory / "memory.db", encryption=sealing())
+            return SqliteMemoryStore(self.directory / "memory.db", encryption=sealed)
         from touba.memory.postgres import PostgresMemoryStore
 
-        return PostgresMemoryStore(self.pg[0], prefix=self.pg[1], encryption=sealing())
+        return PostgresMemoryStore(self.pg[0], prefix=self.pg[1], encryption=sealed)
 
     def checkpoints(self) -> SqliteCheckpointStore:
         if self.pg is None:
@@ -161,3 +162,32 @@ async def test_abandoned_encrypted_checkpoints_go_and_running_ones_stay(place: P
         assert [i.checkpoint_id for i in await store.list()] == ["running"]
         assert (await store.get("running")) == {"status": "running", "revision": 1}
         assert await store.purge_before(later) == 0
+
+
+async def test_a_traces_purge_reads_each_turn_by_its_plaintext_whatever_its_key(
+    place: Place,
+) -> None:
+    """An empty context (``{}``) is a context and goes (its token is shorter than a sealed
+    ``null``'s); turns sealed with an older key are read and the
+    ones with something to drop re-sealed with the current key."""
+    async with place.memory() as store:
+        await store.open_session("s", owner="user:u", agent_ref="support", mode="live")
+        await store.append_turn("s", user="q0", replies=["r"], trace=[], context={})
+        call = TraceCall("c1", "lookup", {}, "ok", 1, None)
+        await store.append_turn("s", user="q1", replies=["r"], trace=[[call]])
+        await store.append_turn("s", user="q2", replies=["r"])  # nothing to drop
+    later = datetime.now(UTC) + timedelta(days=2)
+    rotated = touba.Encryption(keys={"k1": bytes(32), "k2": b"2" * 32}, current="k2")
+    async with place.memory(rotated) as store:
+        assert await store.purge_before(traces=later, dry_run=True) == {"traces": 2}
+        assert await store.purge_before(traces=later) == {"traces": 2}
+        turns = await store.list_turns("s")
+        assert [(t.user, t.trace, t.context) for t in turns] == [
+            ("q0", (), None),
+            ("q1", (), None),
+            ("q2", (), None),
+        ]
+        raw = place.raw_turns()
+        assert [trace[:8] for trace, _ in raw[:2]] == ["tbe1.k2.", "tbe1.k2."]
+        assert raw[2][0].startswith("tbe1.k1.")  # not rewritten: it had nothing
+        assert await store.purge_before(traces=later) == {"traces": 0}

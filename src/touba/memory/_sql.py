@@ -288,13 +288,22 @@ class SqlMemoryStore(ABC):
         read: the turns created before ``cut``, a page of ``size`` per transaction in key
         order, each opened; those with a trace or a context get a sealed ``[]`` and a
         sealed ``null`` (the turn still opens). How many had one (with ``dry_run``:
-        counted, nothing changed). A value that does not open raises
+        counted, nothing changed). Turns already without either (known by their
+        tokens' length: ``old_turn_traces``) are not read again, so a purge run every
+        day reads what changed since. A value that does not open raises
         ``DecisionHistoryRecordInvalid`` (the pages before it stay done)."""
         seal = self._seal
+        assert seal.encryption is not None
         after: tuple[Any, Any] = (None, None)
+        prefix = f"{TOKEN_PREFIX}{seal.encryption.current}."
+        dropped_already = (
+            *(len(prefix), prefix, len(seal.seal("[]", "turns", ("", 0), "trace"))),
+            *(len(prefix), prefix, len(seal.seal("null", "turns", ("", 0), "context"))),
+        )
 
         async def page(db: Db) -> tuple[int, int, tuple[Any, Any]]:
-            found = await db.all("old_turn_traces", (cut, after[0], *after, size))
+            params = (cut, after[0], *after, *dropped_already, size)
+            found = await db.all("old_turn_traces", params)
             dropped = 0
             for session_id, idx, trace, context in found:
                 where = (session_id, idx)
