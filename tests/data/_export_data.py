@@ -2,9 +2,9 @@
 
 ``Deployment(kind)`` builds the memory store (SQLite file or the real PostgreSQL
 server, in tables of its own), a history store (SQLite, PostgreSQL or Redis, through
-``tests.history._stores``) and a SQLite checkpoint store; ``populate`` fills one with a
-session of every record kind, plus another session that a session export must leave
-out.
+``tests.history._stores``) and a SQLite checkpoint store (all but the history store
+encrypted at rest with ``encryption=``); ``populate`` fills one with a session of every
+record kind, plus another session that a session export must leave out.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Deployment:
     tmp_path: Path
     name: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     limits: dict[str, Any] = field(default_factory=dict)
+    encryption: Any = None  # a touba.Encryption: memory, checkpoints and resources sealed
 
     def __post_init__(self) -> None:
         self.dir = self.tmp_path / self.name
@@ -60,21 +61,31 @@ class Deployment:
         self.histories.prepare()
         self._pg: tuple[str, str] | None = None
         if self.memory_kind == "sqlite":
-            memory: Any = SqliteMemoryStore(self.dir / "memory.db", clock=Clock())
+            memory: Any = SqliteMemoryStore(
+                self.dir / "memory.db", clock=Clock(), encryption=self.encryption
+            )
         else:
             from touba.memory.postgres import PostgresMemoryStore
 
             self._pg = (postgres_dsn(), f"tx_{uuid.uuid4().hex[:10]}")
-            memory = PostgresMemoryStore(self._pg[0], prefix=self._pg[1], clock=Clock())
-        resources: Any = SqliteResourceBinding(self.dir / "resources.db")
+            memory = PostgresMemoryStore(
+                self._pg[0], prefix=self._pg[1], clock=Clock(), encryption=self.encryption
+            )
+        resources: Any = SqliteResourceBinding(
+            self.dir / "resources.db", encryption=self.encryption
+        )
         if self._pg is not None:
             from touba.runtime import PostgresResourceBinding
 
-            resources = PostgresResourceBinding(self._pg[0], table=f"{self._pg[1]}_resources")
+            resources = PostgresResourceBinding(
+                self._pg[0], table=f"{self._pg[1]}_resources", encryption=self.encryption
+            )
         self.stores = Stores(
             memory=memory,
             histories=(self.histories("h", **self.limits),),
-            checkpoints=SqliteCheckpointStore(self.dir / "checkpoints.db"),
+            checkpoints=SqliteCheckpointStore(
+                self.dir / "checkpoints.db", encryption=self.encryption
+            ),
             resources=resources,
         )
 

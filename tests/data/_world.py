@@ -8,6 +8,9 @@
   and resources in this process;
 - ``ram``: histories in RAM, memory in SQLite, checkpoints and resources in this process.
 
+With ``encryption=`` (a :class:`touba.Encryption`) the memory, checkpoint and resource
+stores of ``sqlite`` and ``postgres`` are encrypted at rest.
+
 ``populate(user)`` writes, through the stores' own APIs, every kind of row a user leaves:
 sessions, turns (with a turn context), key events and their updates, extraction jobs,
 decision histories of the user's sessions and of a run outside them, checkpoints (of a
@@ -87,6 +90,7 @@ async def write_history(store: Any, run_id: str, mark: str) -> str:
 class Deployment:
     kind: str
     tmp_path: Path
+    encryption: Any = None  # a touba.Encryption: memory, checkpoints and resources sealed
     stores: Stores = field(init=False)
     root: str = field(default_factory=lambda: f"e{uuid.uuid4().hex[:10]}")
     closers: list[Any] = field(default_factory=list)
@@ -114,21 +118,30 @@ class Deployment:
                 conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.root))
                 )
-            memory: Any = PostgresMemoryStore(dsn, prefix=f"{self.root}.touba_memory")
+            sealed = {"encryption": self.encryption}
+            memory: Any = PostgresMemoryStore(dsn, prefix=f"{self.root}.touba_memory", **sealed)
             history: Any = PostgresHistoryStore(dsn, table=f"{self.root}.touba_history")
-            checkpoints: Any = PostgresCheckpointStore(dsn, table=f"{self.root}.touba_checkpoints")
-            resources: Any = PostgresResourceBinding(dsn, table=f"{self.root}.touba_resources")
+            checkpoints: Any = PostgresCheckpointStore(
+                dsn, table=f"{self.root}.touba_checkpoints", **sealed
+            )
+            resources: Any = PostgresResourceBinding(
+                dsn, table=f"{self.root}.touba_resources", **sealed
+            )
             for store in (memory, checkpoints, resources):
                 await store.open()
         else:
-            memory = SqliteMemoryStore(self.path("memory"))
+            memory = SqliteMemoryStore(self.path("memory"), encryption=self.encryption)
             if kind == "sqlite":
                 from touba.history.sqlite import SqliteHistoryStore
                 from touba.runtime import SqliteResourceBinding
 
                 history = SqliteHistoryStore(self.path("history"))
-                checkpoints = SqliteCheckpointStore(self.path("checkpoints"))
-                resources = SqliteResourceBinding(self.path("resources"))
+                checkpoints = SqliteCheckpointStore(
+                    self.path("checkpoints"), encryption=self.encryption
+                )
+                resources = SqliteResourceBinding(
+                    self.path("resources"), encryption=self.encryption
+                )
             else:
                 if kind == "redis":
                     from touba.history.redis import RedisHistoryStore

@@ -273,6 +273,20 @@ STATEMENTS: dict[str, str] = {
     " AND (substr(ops, 1, %s) <> %s OR substr(result, 1, %s) <> %s)"
     " ORDER BY id LIMIT %s{for_update}",
     "reseal_job": "UPDATE {jobs} SET ops = %s, result = %s WHERE id = %s",
+    # Encryption at rest, for what SQL cannot do over sealed values: the retention of
+    # traces selects in Python, a page of old turns at a time (key order, from a cursor);
+    # an imported update history row is sealed bound to the ``seq`` its insert gives.
+    # A token's length follows its plaintext's (padded base64), so the turns whose trace
+    # and context are tokens of the current key as long as a sealed ``[]`` and ``null``
+    # hold exactly those (no other trace or context is that short) and are skipped.
+    "old_turn_traces": "SELECT session_id, idx, trace, context FROM {turns}"
+    " WHERE created_at < %s AND (CAST(%s AS TEXT) IS NULL OR (session_id, idx) > (%s, %s))"
+    " AND NOT (substr(trace, 1, %s) = %s AND length(trace) = %s"
+    " AND substr(COALESCE(context, ''), 1, %s) = %s AND length(COALESCE(context, '')) = %s)"
+    " ORDER BY session_id, idx LIMIT %s{for_update}",
+    "set_trace": "UPDATE {turns} SET trace = %s, context = %s WHERE session_id = %s AND idx = %s",
+    "import_history_seq": "INSERT INTO {history} (event_id, at, session_id, changes, op_id,"
+    " actor) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING seq",
 }
 
 

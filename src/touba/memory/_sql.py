@@ -13,7 +13,13 @@ them, so every rule above (and every bound, counted by the callers on the
 plaintext) is unchanged. The key-event text filter cannot run in SQL over
 sealed columns: with encryption it runs in Python on the opened rows, paging
 through the rows the other (plaintext) filters select. ``rekey`` re-seals with
-the current key the values sealed with another, a batch per transaction.
+the current key the values sealed with another, a batch per transaction. What
+plain SQL does on the other columns it cannot do on sealed ones, so with
+encryption: a fork opens each copied turn and seals it again for the new session
+(a value is bound to its session and index); an import seals each record for its
+place (an update history row once its insert gave its ``seq``); the traces purge
+selects in Python, a page of old turns per transaction, and writes a sealed
+``[]`` and ``null`` in their place, so every turn still opens.
 """
 
 from __future__ import annotations
@@ -261,7 +267,12 @@ class SqlMemoryStore(ABC):
                 counts["key_events"], counts["key_event_updates"] = await self._closed_events(
                     cut, batch_size
                 )
-        if traces is not None:
+        if traces is not None and self._seal.encryption is not None:
+            counts["traces"] = await self._sealed_traces(self._enc(traces), batch_size, dry_run)
+            if dry_run and turns is not None:  # the turns that go anyway are not counted twice
+                both = self._enc(min(turns, traces))
+                counts["traces"] -= await self._sealed_traces(both, batch_size, True)
+        elif traces is not None:
             cut = self._enc(traces)
             if not dry_run:
                 counts["traces"] = await self._batches("drop_traces", (cut, cut), batch_size)
@@ -271,6 +282,54 @@ class SqlMemoryStore(ABC):
                     both = self._enc(min(turns, traces))
                     counts["traces"] -= await self._count("count_traces", (both,))
         return counts
+
+    async def _sealed_traces(self, cut: Any, size: int, dry_run: bool) -> int:
+        """The traces purge of an encrypted store, whose trace and context SQL cannot
+        read: the turns created before ``cut``, a page of ``size`` per transaction in key
+        order, each opened; those with a trace or a context get a sealed ``[]`` and a
+        sealed ``null`` (the turn still opens). How many had one (with ``dry_run``:
+        counted, nothing changed). Turns already without either (known by their
+        tokens' length: ``old_turn_traces``) are not read again, so a purge run every
+        day reads what changed since. A value that does not open raises
+        ``DecisionHistoryRecordInvalid`` (the pages before it stay done)."""
+        seal = self._seal
+        assert seal.encryption is not None
+        after: tuple[Any, Any] = (None, None)
+        prefix = f"{TOKEN_PREFIX}{seal.encryption.current}."
+        dropped_already = (
+            *(len(prefix), prefix, len(seal.seal("[]", "turns", ("", 0), "trace"))),
+            *(len(prefix), prefix, len(seal.seal("null", "turns", ("", 0), "context"))),
+        )
+
+        async def page(db: Db) -> tuple[int, int, tuple[Any, Any]]:
+            params = (cut, after[0], *after, *dropped_already, size)
+            found = await db.all("old_turn_traces", params)
+            dropped = 0
+            for session_id, idx, trace, context in found:
+                where = (session_id, idx)
+                if (
+                    seal.open(trace, "turns", where, "trace") == "[]"
+                    and seal.open(context, "turns", where, "context") == "null"
+                ):
+                    continue
+                dropped += 1
+                if not dry_run:
+                    values = (
+                        seal.seal("[]", "turns", where, "trace"),
+                        seal.seal("null", "turns", where, "context"),
+                    )
+                    await db.run("set_trace", (*values, session_id, idx))
+            last = (found[-1][0], found[-1][1]) if found else after
+            return dropped, len(found), last
+
+        total = 0
+        while True:
+            dropped, read, after = await (
+                self._atomic(page, write=False) if dry_run else self._erase_atomic(page)
+            )
+            total += dropped
+            if read < size:
+                return total
 
     async def _count(self, name: str, params: Sequence[Any]) -> int:
         return int((await self._read(name, params))[0][0])
@@ -506,7 +565,10 @@ class SqlMemoryStore(ABC):
                     f"chat session {new_session_id!r} already exists; fork into a new "
                     "session id. Nothing was written"
                 )
-            copied = await db.run("copy_turns", (new_session_id, session_id, at_turn))
+            if self._seal.encryption is None:
+                copied = await db.run("copy_turns", (new_session_id, session_id, at_turn))
+            else:  # each value is bound to its session: opened and sealed for the copy's
+                copied = await self._copy_sealed_turns(db, session_id, new_session_id, at_turn)
             if copied != at_turn:
                 raise MemoryStoreUnavailable(
                     f"chat session {session_id!r} counts {original.turns} turns but "
@@ -519,6 +581,24 @@ class SqlMemoryStore(ABC):
             return session_from_row(created, self._dec)
 
         return await self._atomic(body)
+
+    async def _copy_sealed_turns(
+        self, db: Db, session_id: str, new_session_id: str, at: int
+    ) -> int:
+        """``copy_turns`` in an encrypted store: the turns of ``session_id`` under index
+        ``at``, a page at a time, opened and sealed again for ``new_session_id``; how
+        many. ``DecisionHistoryRecordInvalid`` for a value that does not open."""
+        copied, page = 0, 200
+        while True:
+            found = await db.all("turns_page", (session_id, page, copied))
+            for row in found:
+                if row[1] >= at:
+                    return copied
+                _, idx, *rest = self._seal.open_turn(row)
+                await db.run("insert_turn", self._seal.seal_turn((new_session_id, idx, *rest)))
+                copied += 1
+            if len(found) < page:
+                return copied
 
     async def rewind_session(self, session_id: str, *, to_turn: int) -> int:
         """Keep turns 1 .. ``to_turn`` of an open session and delete the later ones
@@ -897,7 +977,7 @@ class SqlMemoryStore(ABC):
         async def body(db: Db) -> bool:
             if await db.one("session", (turn.session_id,)) is None:
                 raise unknown_session(turn.session_id)
-            return await db.run("import_turn", values) > 0
+            return await db.run("import_turn", self._seal.seal_turn(values)) > 0
 
         return await self._atomic(body)
 
@@ -907,13 +987,14 @@ class SqlMemoryStore(ABC):
         nothing, when an event of that id exists."""
         if event.status not in KEY_EVENT_STATUSES:
             raise ConfigurationError(f"status must be one of {', '.join(KEY_EVENT_STATUSES)}")
+        title, details = self._seal.seal_event(event.owner, event.id, event.title, event.details)
         values = (
             event.id,
             event.owner,
             event.type,
-            event.title,
+            title,
             event.status,
-            event.details,
+            details,
             self._enc(event.created_at),
             self._enc(event.updated_at),
             event.session_id,
@@ -957,7 +1038,16 @@ class SqlMemoryStore(ABC):
                     f"entry {index} of key event {event_id!r}'s history comes after entry "
                     f"{held}, which is missing; import the entries in order"
                 )
-            return await db.run("import_history", values) > 0
+            if self._seal.encryption is None:
+                return await db.run("import_history", values) > 0
+            # sealed bound to its seq, which the insert gives
+            inserted = await db.one("import_history_seq", (*values[:3], "", *values[4:]))
+            if inserted is None:
+                return False
+            where = (event_id, inserted[0])
+            sealed = self._seal.seal(values[3], "history", where, "changes")
+            await db.run("reseal_history", (sealed, inserted[0]))
+            return True
 
         return await self._atomic(body)
 
@@ -984,8 +1074,10 @@ class SqlMemoryStore(ABC):
             job.lease_token,
             moment(job.lease_expires_at),
             job.last_error,
-            None if job.ops is None else ops_json(job.ops),
-            None if job.result is None else dumps(job.result, "result"),
+            self._seal.seal_job(job.id, "ops", None if job.ops is None else ops_json(job.ops)),
+            self._seal.seal_job(
+                job.id, "result", None if job.result is None else dumps(job.result, "result")
+            ),
         )
 
         async def body(db: Db) -> bool:

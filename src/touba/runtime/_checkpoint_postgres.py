@@ -80,8 +80,8 @@ from touba.runtime._checkpoints import (
     duplicate_checkpoint,
     encode_checkpoint,
     identity_of,
-    owned_checkpoint,
     owned_ids,
+    owned_sealed,
     purge_cutoff,
     revision_of,
     status_of,
@@ -348,12 +348,20 @@ class PostgresCheckpointStore(PooledStore):
     ) -> builtins.list[CheckpointInfo]:
         """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
         ``session_id``) or of ``user`` (their body's ``user_id``), oldest first; a
-        damaged row is found by its ``run_id`` alone. Reads every row (checkpoints are
-        the paused invocations: few). CheckpointStoreUnavailable when the server fails."""
+        damaged row is found by its ``run_id`` alone. With ``encryption=`` each body is
+        opened: one that does not open, unless its ``run_id`` matches, raises
+        ``DecisionHistoryRecordInvalid`` naming its id (a row is never skipped
+        unread). Reads every row (checkpoints are the paused invocations: few).
+        CheckpointStoreUnavailable when the server fails."""
         runs, who = owned_ids(run_ids, user)
         async with self._pg.call() as conn:
             found = await rows(conn, self._sql.owned_rows)
-        return [_info(r[:8]) for r in found if owned_checkpoint(r[1], r[8], runs, who)]
+        return [_info(r[:8]) for r in found if self._owns(r, runs, who)]
+
+    def _owns(self, found: Row, runs: frozenset[str], who: str | None) -> bool:
+        """Whether an ``owned_rows`` row is one :meth:`owned_checkpoints` finds, its body
+        opened (:func:`owned_sealed`: one that does not open raises)."""
+        return owned_sealed(self._seal, str(found[0]), found[1], found[8], runs, who)
 
     async def erase_owned(self, *, run_ids: Collection[str] = (), user: str | None = None) -> int:
         """Delete the checkpoints :meth:`owned_checkpoints` finds (running ones too) in one
@@ -363,7 +371,7 @@ class PostgresCheckpointStore(PooledStore):
         runs, who = owned_ids(run_ids, user)
         async with self._pg.call() as conn:
             found = await rows(conn, self._sql.owned_rows)
-            ids = [r[0] for r in found if owned_checkpoint(r[1], r[8], runs, who)]
+            ids = [r[0] for r in found if self._owns(r, runs, who)]
             if not ids:
                 return 0
             return await run(conn, self._sql.erase, (ids,))

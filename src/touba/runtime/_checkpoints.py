@@ -45,10 +45,15 @@ from collections.abc import Callable, Collection
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from touba._encryption import Encryption
-from touba.errors import CheckpointStoreUnavailable, ConfigurationError
+from touba.errors import (
+    CheckpointStoreUnavailable,
+    ConfigurationError,
+    DecisionHistoryRecordInvalid,
+)
 from touba.history._model import JSON, STORED_JSON_DEPTH, canonical_json, json_problem, parse_json
 from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
 from touba.runtime._sealing import Cursor, RowSeal, check_batch, rotate
@@ -67,6 +72,7 @@ __all__ = [
     "identity_of",
     "owned_checkpoint",
     "owned_ids",
+    "owned_sealed",
     "purge_cutoff",
     "revision_of",
     "status_of",
@@ -230,6 +236,33 @@ def owned_checkpoint(
     if user is not None and isinstance(found_user, str) and found_user == user:
         return True
     return isinstance(session, str) and session in run_ids
+
+
+def owned_sealed(
+    seal: RowSeal,
+    checkpoint_id: str,
+    run_id: str | None,
+    stored: object,
+    run_ids: Collection[str],
+    user: str | None,
+) -> bool:
+    """:func:`owned_checkpoint` for a stored (maybe sealed) body: opened first, unless its
+    ``run_id`` already matches. A body that does not open (damaged, moved, or sealed with
+    a key the store was not given) cannot say whose it is, so rather than skip what may
+    be the user's row, ``DecisionHistoryRecordInvalid`` names the checkpoint id (nothing
+    was erased): open the store with its keys, or delete that checkpoint's row."""
+    if run_id is not None and run_id in run_ids:
+        return True
+    try:
+        body = seal.open(stored, checkpoint_id)
+    except DecisionHistoryRecordInvalid as e:
+        raise DecisionHistoryRecordInvalid(
+            f"checkpoint {checkpoint_id!r} does not open with this store's encryption "
+            "(damaged, moved, or sealed with a key not given), so whose it is cannot be "
+            "told; nothing was erased. Open the store with every key, or delete that "
+            "checkpoint's row, and run again"
+        ) from e
+    return owned_checkpoint(run_id, body, run_ids, user)
 
 
 def owned_ids(run_ids: object, user: object) -> tuple[frozenset[str], str | None]:
@@ -485,11 +518,21 @@ class _Db:
         return self._write(job)
 
     def owned(self, run_ids: frozenset[str], user: str | None) -> list[tuple[str, str, str, str]]:
-        return [
-            row
-            for row in self.list(None)
-            if owned_checkpoint(_run_column(self.conn, row[0]), row[1], run_ids, user)
-        ]
+        found = self.conn.execute(
+            "SELECT id, run_id, body, created_at, COALESCE(updated_at, created_at) "
+            "FROM touba_checkpoints ORDER BY rowid"
+        ).fetchall()
+        out = []
+        for checkpoint_id, run_id, stored, created, updated in found:
+            where = str(checkpoint_id)
+            run = None if run_id is None else str(run_id)
+            if owned_sealed(self.seal, where, run, stored, run_ids, user):
+                try:  # opened again for the listing: a row matched by its run_id alone
+                    body = self.seal.open(stored, where)
+                except DecisionHistoryRecordInvalid:
+                    body = ""
+                out.append((where, body, str(created), str(updated)))
+        return out
 
     def erase_owned(self, run_ids: frozenset[str], user: str | None) -> int:
         before = int(self.conn.execute("PRAGMA secure_delete").fetchone()[0])
@@ -562,11 +605,50 @@ class _Db:
                 self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         return removed
 
+    def purge_sealed(
+        self, before: str, dry_run: bool, size: int, after: str | None
+    ) -> tuple[int, int, str | None]:
+        """:meth:`purge_before` for sealed bodies, whose status SQL cannot read: up to
+        ``size`` checkpoints last written before ``before``, past the id ``after`` (None:
+        the start) in id order, each opened; those not ``running`` deleted in one
+        transaction (a body that does not open stays, as a damaged one does). How many
+        went (with ``dry_run``: would go), how many were read, and the last id read."""
 
-def _run_column(conn: sqlite3.Connection, checkpoint_id: str) -> str | None:
-    row = conn.execute("SELECT run_id FROM touba_checkpoints WHERE id = ?", (checkpoint_id,))
-    found = row.fetchone()
-    return None if found is None or found[0] is None else str(found[0])
+        def job() -> tuple[int, int, str | None]:
+            found = self.conn.execute(
+                "SELECT id, body FROM touba_checkpoints WHERE COALESCE(updated_at, created_at)"
+                " < ? AND (? IS NULL OR id > ?) ORDER BY id LIMIT ?",
+                (before, after, after, size),
+            ).fetchall()
+            gone = 0
+            for checkpoint_id, stored in found:
+                try:
+                    status = status_of(
+                        decode_checkpoint(self.seal.open(stored, checkpoint_id)) or {}
+                    )
+                except (ConfigurationError, DecisionHistoryRecordInvalid):
+                    continue
+                if status == "running":
+                    continue
+                if not dry_run:
+                    self.conn.execute(
+                        "DELETE FROM touba_checkpoints WHERE id = ?", (checkpoint_id,)
+                    )
+                gone += 1
+            return gone, len(found), (str(found[-1][0]) if found else after)
+
+        if dry_run:
+            return job()
+        secure = int(self.conn.execute("PRAGMA secure_delete").fetchone()[0])
+        self.conn.execute("PRAGMA secure_delete=ON")  # the deleted bytes overwritten
+        try:
+            done = self._write(job)
+        finally:
+            self.conn.execute(f"PRAGMA secure_delete={secure}")
+        if done[1] < size:  # the last batch: no copy left in the WAL either
+            with suppress(sqlite3.Error):  # a reader holds the WAL: its next checkpoint
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return done
 
 
 class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
@@ -691,6 +773,15 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
         (the batches committed before stay done)."""
         cutoff, size = purge_cutoff(before, batch_size)
         text = cutoff.astimezone(UTC).isoformat()
+        if self._seal.encryption is not None:  # the status is sealed: read in Python
+            total, after = 0, None
+            while True:
+                gone, read, after = await self._run(
+                    partial(self._db.purge_sealed, text, dry_run, size, after)
+                )
+                total += gone
+                if read < size:
+                    return total
         if dry_run:
             return await self._run(lambda: self._db.purge_before(text, True, size))
         total = 0
@@ -707,8 +798,10 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
     ) -> builtins.list[CheckpointInfo]:
         """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
         ``session_id``) or of ``user`` (their body's ``user_id``), oldest first; a
-        damaged row is found by its ``run_id`` alone. Reads every row (checkpoints are
-        the paused invocations: few)."""
+        damaged row is found by its ``run_id`` alone. With ``encryption=`` each body is
+        opened: one that does not open, unless its ``run_id`` matches, raises
+        ``DecisionHistoryRecordInvalid`` naming its id (a row is never skipped
+        unread). Reads every row (checkpoints are the paused invocations: few)."""
         runs, who = owned_ids(run_ids, user)
         rows = await self._run(lambda: self._db.owned(runs, who))
         out = []

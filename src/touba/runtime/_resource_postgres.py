@@ -251,7 +251,8 @@ class PostgresResourceBinding(PooledStore):
     ) -> list[tuple[ResourceAddress, ResourceItem]]:
         """The items of every resource under ``scope`` / ``scope_key``, ordered by
         (resource, key) by code point, the first ``limit`` after ``after`` (a (resource,
-        key) cursor). ResourceBindingUnavailable when the server fails."""
+        key) cursor), each value opened (``DecisionHistoryRecordInvalid`` for one that does
+        not). ResourceBindingUnavailable when the server fails."""
         if has_nul(scope, scope_key, *after):
             return []
         params = (scope, scope_key, *after, max(limit, 0))
@@ -260,7 +261,11 @@ class PostgresResourceBinding(PooledStore):
         return [
             (
                 ResourceAddress(str(r[0]), scope, scope_key),  # type: ignore[arg-type]
-                ResourceItem(str(r[1]), json.loads(r[2]), r[3].astimezone(UTC)),
+                ResourceItem(
+                    str(r[1]),
+                    json.loads(self._seal.open(r[2], str(r[0]), scope, scope_key, str(r[1]))),
+                    r[3].astimezone(UTC),
+                ),
             )
             for r in found
         ]
@@ -268,17 +273,18 @@ class PostgresResourceBinding(PooledStore):
     async def import_item(
         self, address: ResourceAddress, key: str, value: JSON, updated_at: datetime
     ) -> bool:
-        """Store ``value`` under ``key`` with its ``updated_at`` (an export's) unless a
-        value is there; False, changing nothing, when one is. ConfigurationError when
-        ``value`` is not JSON data or a name holds NUL; ResourceBindingUnavailable when
-        the server fails."""
+        """Store ``value`` under ``key`` with its ``updated_at`` (an export's), sealed
+        for its place with ``encryption=``, unless a value is there; False, changing
+        nothing, when one is. ConfigurationError when ``value`` is not JSON data or a
+        name holds NUL; ResourceBindingUnavailable when the server fails."""
         text = encode_value(value)
         if has_nul(*_where(address), key):
             raise ConfigurationError(
                 "PostgreSQL text cannot hold NUL (\\x00): the resource name, scope key and "
                 "key must not contain it; nothing was written"
             )
-        params = (*_where(address), key, text, updated_at)
+        sealed = self._seal.seal(text, *_where(address), key)
+        params = (*_where(address), key, sealed, updated_at)
         async with self._pg.call() as conn:
             return await run(conn, self._sql.import_item, params) > 0
 

@@ -144,14 +144,22 @@ class _Db:
             "ORDER BY resource, key LIMIT ?",
             (scope, scope_key, *after, limit),
         ).fetchall()
-        return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
+        return [
+            (
+                str(r[0]),
+                str(r[1]),
+                self.seal.open(r[2], str(r[0]), scope, scope_key, str(r[1])),
+                str(r[3]),
+            )
+            for r in rows
+        ]
 
     def import_item(self, address: ResourceAddress, key: str, value: str, at: str) -> bool:
         def job() -> bool:
             cursor = self.conn.execute(
                 "INSERT INTO touba_resources (resource, scope, scope_key, key, value, "
                 "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (*_where(address), key, value, at),
+                (*_where(address), key, self.seal.seal(value, *_where(address), key), at),
             )
             return cursor.rowcount > 0
 
@@ -279,7 +287,8 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
         self, scope: str, scope_key: str, *, after: tuple[str, str] = ("", ""), limit: int = 100
     ) -> list[tuple[ResourceAddress, ResourceItem]]:
         """The items of every resource under ``scope`` / ``scope_key``, ordered by
-        (resource, key), the first ``limit`` after ``after`` (a (resource, key) cursor).
+        (resource, key), the first ``limit`` after ``after`` (a (resource, key) cursor),
+        each value opened (``DecisionHistoryRecordInvalid`` for one that does not).
         ResourceBindingUnavailable when the file fails."""
         found = await self._run(
             lambda: self._db.scope_items(scope, scope_key, after, max(limit, 0))
@@ -296,8 +305,9 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
         self, address: ResourceAddress, key: str, value: JSON, updated_at: datetime
     ) -> bool:
         """Store ``value`` under ``key`` with its ``updated_at`` (an export's) in one
-        transaction, unless a value is there; False, changing nothing, when one is.
-        ConfigurationError when ``value`` is not JSON data; ResourceBindingUnavailable
-        (nothing written) when the file fails."""
+        transaction (sealed for its place with ``encryption=``), unless a value is
+        there; False, changing nothing, when one is. ConfigurationError when ``value``
+        is not JSON data; ResourceBindingUnavailable (nothing written) when the file
+        fails."""
         text, at = encode_value(value), updated_at.astimezone(UTC).isoformat()
         return await self._run(lambda: self._db.import_item(address, key, text, at))

@@ -16,6 +16,12 @@ Fail closed: in an encrypted store a plaintext, altered, truncated or moved valu
 raises :class:`~touba.errors.DecisionHistoryRecordInvalid`; a store without
 ``encryption=`` refuses a sealed value the same way (both bodies are JSON text, so
 a token is never mistaken for one). Errors name a key id at most.
+
+What SQL cannot read in a sealed body is read in Python after opening: a user's
+checkpoints to erase or export (a body that does not open, unless its ``run_id``
+already matches, refuses the erase naming the checkpoint: it is never skipped), and
+in SQLite the status that ``purge_before`` spares (``running``). Exports open, imports
+seal for the row's place.
 """
 
 from __future__ import annotations
