@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from touba.cli import _agents, _chat, _check, _demo, _events, _history, _panel, _worker
+from touba.cli import _agents, _chat, _check, _copy, _demo, _events, _history, _panel, _worker
 
 app = typer.Typer(
     name="touba",
@@ -21,3 +21,4 @@ app.command("worker")(_worker.worker)
 app.command("chat")(_chat.chat)
 app.command("panel")(_panel.panel)
 app.command("check")(_check.check)
+app.command("copy")(_copy.copy)

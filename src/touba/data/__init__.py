@@ -7,6 +7,26 @@ each store's own primitives. It sits above :mod:`touba.memory` and below the CLI
 the panel, which both call it.
 """
 
+from touba.data._copy import (
+    CopyIssue,
+    CopyReport,
+    VerifyMismatch,
+    VerifyReport,
+    conversation_digest,
+    copy_stores,
+    copy_worker_id,
+    verify_copy,
+)
 from touba.data._stores import Stores
 
-__all__ = ["Stores"]
+__all__ = [
+    "CopyIssue",
+    "CopyReport",
+    "Stores",
+    "VerifyMismatch",
+    "VerifyReport",
+    "conversation_digest",
+    "copy_stores",
+    "copy_worker_id",
+    "verify_copy",
+]
