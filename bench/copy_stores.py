@@ -35,28 +35,33 @@ from touba.history._record import join_record, new_head
 from touba.history.sqlite import SqliteHistoryStore
 
 POSTGRES_DSN = os.environ.get("TOUBA_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-ROOM = {"max_sessions": 1_000_000, "max_store_bytes": 64 * 1024 * MiB, "ttl_seconds": 30 * 86400}
+ROOM: dict[str, Any] = {
+    "max_sessions": 1_000_000,
+    "max_store_bytes": 64 * 1024 * MiB,
+    "ttl_seconds": 30 * 86400,
+}
+
+
+def exchange(n: int, i: int) -> list[dict[str, Any]]:
+    """A capability call and its result, as the neutral model stores them."""
+    call: dict[str, Any] = {
+        "kind": "call",
+        "call_id": f"call-{n}-{i}",
+        "name": "lookup_order",
+        "arguments": {"order_id": f"A-{n:05d}-{i:03d}", "fields": ["status", "eta"]},
+    }
+    result: dict[str, Any] = {
+        "kind": "result",
+        "call_id": f"call-{n}-{i}",
+        "status": "ok",
+        "text": f"order A-{n:05d}-{i:03d} shipped, arriving Thursday between 9 and 12",
+    }
+    return [call, result]
 
 
 def conversation(n: int, messages: int) -> dict[str, Any]:
     who = ConversationIdentity("bench", "openai", "gpt", "native", f"run-{n}", "inv", "agent")
-    exchanges = [
-        [
-            {
-                "kind": "call",
-                "call_id": f"call-{n}-{i}",
-                "name": "lookup_order",
-                "arguments": {"order_id": f"A-{n:05d}-{i:03d}", "fields": ["status", "eta"]},
-            },
-            {
-                "kind": "result",
-                "call_id": f"call-{n}-{i}",
-                "status": "ok",
-                "text": f"order A-{n:05d}-{i:03d} shipped, arriving Thursday between 9 and 12",
-            },
-        ][: messages - 2 * i]
-        for i in range((messages + 1) // 2)
-    ]
+    exchanges = [exchange(n, i)[: messages - 2 * i] for i in range((messages + 1) // 2)]
     return join_record(new_head(who), exchanges)
 
 

@@ -24,7 +24,9 @@ runner = CliRunner()
 
 def record(n: int) -> dict[str, Any]:
     who = ConversationIdentity("ns", "openai", "m", "native", f"r{n}", "i", "agent")
-    return join_record(new_head(who), [[{"role": "assistant", "n": n}, {"role": "tool"}]])
+    head = {**new_head(who), "created_at": "2026-01-01T00:00:00+00:00"}
+    head["updated_at"] = head["created_at"]
+    return join_record(head, [[{"role": "assistant", "n": n}, {"role": "tool"}]])
 
 
 def seed(path: Path, count: int, offset: int = 0) -> None:

@@ -177,7 +177,7 @@ async def test_failures_midway_are_reported_and_a_rerun_finishes(
     source, target = built["sqlite"]("source"), built["sqlite"]("target")
     saved = await fill(source, 12)
     failing = FailingTarget(target, range(3, 7))
-    report = await copy_stores(Stores(histories=[source]), Stores(histories=[failing]))  # type: ignore[list-item]
+    report = await copy_stores(Stores(histories=[source]), Stores(histories=[failing]))
     refused = report.of("refused")
     assert len(refused) == 4
     assert not report.complete
@@ -200,7 +200,7 @@ async def test_an_exception_stops_the_copy_and_a_rerun_doubles_nothing(
     with pytest.raises(Crash):
         await copy_stores(
             Stores(histories=[source]), Stores(histories=[CrashingTarget(target, range(0))])
-        )  # type: ignore[list-item]
+        )
     partial = await contents(target)
     assert 0 < len(partial) < 20
     assert not any(row.active for row in await target.list())  # every reservation released
@@ -377,8 +377,8 @@ async def test_the_target_s_bounds_refuse_whole_conversations(built: dict[str, B
 
 async def test_expired_conversations_are_counted_not_copied(tmp_path: Path) -> None:
     now = [1000.0]
-    source = MemoryHistoryStore(ttl_seconds=10, clock=lambda: now[0])
-    target = MemoryHistoryStore()
+    source: Any = MemoryHistoryStore(ttl_seconds=10, clock=lambda: now[0])
+    target: Any = MemoryHistoryStore()
     await fill(source, 2)
     now[0] += 5
     await put(source, "fresh", record(7))
@@ -390,7 +390,8 @@ async def test_expired_conversations_are_counted_not_copied(tmp_path: Path) -> N
 
 
 async def test_stores_that_do_not_pair_are_refused() -> None:
-    one, two = MemoryHistoryStore(), MemoryHistoryStore()
+    one: Any = MemoryHistoryStore()
+    two: Any = MemoryHistoryStore()
     with pytest.raises(ConfigurationError, match="one target per source"):
         await copy_stores(Stores(histories=[one, two]), Stores(histories=[one]))
     from touba.memory import SqliteMemoryStore
