@@ -1,6 +1,7 @@
 """touba: bounded, persistent and safe memory for LLM agents."""
 
 from touba._encryption import Encryption
+from touba.data import erase_user, verify_erased
 from touba.errors import ToubaError
 from touba.history import HistoryConfig, HistoryEvent
 from touba.memory import ChatSession, KeyEventsConfig, MemoryConfig
@@ -50,4 +51,6 @@ __all__ = [
     "create_gemini_decision_provider",
     "create_openai_compatible_decision_provider",
     "create_openai_decision_provider",
+    "erase_user",
+    "verify_erased",
 ]

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from touba.cli import _agents, _chat, _check, _copy, _demo, _events, _history, _panel, _worker
+from touba.cli import (
+    _agents,
+    _chat,
+    _check,
+    _copy,
+    _demo,
+    _events,
+    _export,
+    _history,
+    _panel,
+    _users,
+    _worker,
+)
 
 app = typer.Typer(
     name="touba",
@@ -21,4 +33,6 @@ app.command("worker")(_worker.worker)
 app.command("chat")(_chat.chat)
 app.command("panel")(_panel.panel)
 app.command("check")(_check.check)
+app.add_typer(_users.app, name="users")
+_export.register(app)
 app.command("copy")(_copy.copy)

@@ -17,16 +17,39 @@ from touba.data._copy import (
     copy_worker_id,
     verify_copy,
 )
+from touba.data._erase import ErasureReceipt, erase_user, verify_erased
+from touba.data._export import export_records, write_export
+from touba.data._format import (
+    FORMAT_VERSION,
+    ExportFileInvalid,
+    ImportConflict,
+    ImportLimitExceeded,
+)
+from touba.data._import import ImportReport, import_records
+from touba.data._owned import Owned, owned_by
 from touba.data._stores import Stores
 
 __all__ = [
+    "FORMAT_VERSION",
     "CopyIssue",
     "CopyReport",
+    "ErasureReceipt",
+    "ExportFileInvalid",
+    "ImportConflict",
+    "ImportLimitExceeded",
+    "ImportReport",
+    "Owned",
     "Stores",
     "VerifyMismatch",
     "VerifyReport",
     "conversation_digest",
     "copy_stores",
     "copy_worker_id",
+    "erase_user",
+    "export_records",
+    "import_records",
+    "owned_by",
     "verify_copy",
+    "verify_erased",
+    "write_export",
 ]

@@ -54,8 +54,8 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 
@@ -458,6 +458,30 @@ class _Db:
             self.q("DELETE FROM touba_history_sessions WHERE id = ?", row[0])
             return row[1] is not None and row[3] > self.store._clock()  # expired: purged
 
+    def erase(self, keys: Sequence[str]) -> int:
+        """Delete these conversations in one transaction with ``secure_delete`` on, then
+        checkpoint the WAL (``touba.erase_user``); busy (nothing deleted) if one is held."""
+        before = int(self.conn.execute("PRAGMA secure_delete").fetchone()[0])
+        self.conn.execute("PRAGMA secure_delete=ON")
+        try:
+            with transaction(self.conn):
+                erased = 0
+                for key in keys:
+                    row = self.q(
+                        "SELECT id, token FROM touba_history_sessions WHERE key = ?", key
+                    ).fetchone()
+                    if row is None:
+                        continue
+                    if row[1] is not None:
+                        raise busy(key)
+                    self.q("DELETE FROM touba_history_sessions WHERE id = ?", row[0])
+                    erased += 1
+        finally:
+            self.conn.execute(f"PRAGMA secure_delete={before}")
+        with suppress(sqlite3.Error):  # a reader holds the WAL: the next checkpoint will do
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return erased
+
     def usage(self, purge: bool) -> StoreUsage:
         if purge:
             self.purge()
@@ -765,6 +789,21 @@ class SqliteHistoryStore(AsyncClosing):
         check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.delete(key))
+
+    async def erase(self, keys: Collection[str]) -> int:
+        """Delete the conversations ``keys`` (those absent skipped) in one transaction whose
+        deleted bytes SQLite overwrites (``PRAGMA secure_delete``), then checkpoint the
+        WAL so that it keeps no copy either (when no other connection is reading): what
+        ``touba.erase_user`` uses. Returns how many were deleted. ``DecisionHistoryBusy``
+        (nothing deleted) when one is reserved: recover it first;
+        ``DecisionHistoryStoreUnavailable`` (nothing deleted) when the disk fails."""
+        if isinstance(keys, str) or not isinstance(keys, Collection):
+            raise ConfigurationError("keys must be a collection of session keys, not one str")
+        ordered = list(dict.fromkeys(keys))
+        for key in ordered:
+            check_key(key)
+        with self._using():
+            return await self._run("", lambda: self._db.erase(ordered))
 
     async def recover(self, key: str, *, worker_stopped: bool) -> bool:
         """Free a reservation left by a stopped worker; the saved record is kept as is.

@@ -176,6 +176,34 @@ STATEMENTS: dict[str, str] = {
     "insert_change": "INSERT INTO {changes} ({change_cols}) VALUES (%s, %s, %s, %s, %s)",
     "config_changes": "SELECT {change_cols} FROM {changes} WHERE agent_ref = %s"
     " ORDER BY seq DESC LIMIT %s",
+    # Import (touba.data.import_records): records inserted as exported, ids and times
+    # kept; an id already there changes nothing. An imported event is touched before
+    # its owner's others (exports list them newest first).
+    "import_session": "INSERT INTO {sessions} ({session_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING",
+    "import_turn": "INSERT INTO {turns} ({turn_cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING",
+    "import_event": "INSERT INTO {events} ({event_cols}, touched, op_id)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+    " (SELECT COALESCE(MIN(e.touched), 1) - 1 FROM {events} e WHERE e.owner = %s), NULL)"
+    " ON CONFLICT DO NOTHING",
+    "import_history": "INSERT INTO {history} (event_id, at, session_id, changes, op_id, actor)"
+    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+    "import_job": "INSERT INTO {jobs} ({job_cols})"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " ON CONFLICT DO NOTHING",
+    # Erasing one user (``erase_owner`` / ``count_owner``): the rows are gathered by id
+    # first, then deleted one statement per id, in one transaction.
+    "owner_session_ids": "SELECT session_id FROM {sessions} WHERE owner = %s",
+    "session_exists": "SELECT session_id FROM {sessions} WHERE session_id = %s",
+    "session_turn_count": "SELECT COUNT(*) FROM {turns} WHERE session_id = %s",
+    "owner_event_ids": "SELECT id FROM {events} WHERE owner = %s",
+    "event_history_count": "SELECT COUNT(*) FROM {history} WHERE event_id = %s",
+    "owner_job_ids": "SELECT id FROM {jobs} WHERE owner = %s",
+    "session_job_ids": "SELECT id FROM {jobs} WHERE session_id = %s",
+    "erase_event_history": "DELETE FROM {history} WHERE event_id = %s",
+    "erase_event": "DELETE FROM {events} WHERE id = %s",
+    "erase_job": "DELETE FROM {jobs} WHERE id = %s",
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -27,6 +27,7 @@ from touba.memory._model import (
     KeyEvent,
     KeyEventActor,
     KeyEventStatus,
+    KeyEventUpdate,
     MemoryConfigChange,
     OwnerSummary,
     SavedMemoryConfig,
@@ -174,6 +175,97 @@ class SqlMemoryStore(ABC):
             return await db.run("delete_session", (session_id,)) > 0
 
         return await self._atomic(body)
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    async def _owned_rows(
+        self, db: Db, owners: Collection[str], session_ids: Collection[str]
+    ) -> dict[str, Any]:
+        """The ids of every row of ``owners`` and of ``session_ids`` (one read of each)."""
+        sessions: set[str] = set()
+        events: set[str] = set()
+        jobs: set[str] = set()
+        for owner in owners:
+            sessions.update(str(r[0]) for r in await db.all("owner_session_ids", (owner,)))
+            events.update(str(r[0]) for r in await db.all("owner_event_ids", (owner,)))
+            jobs.update(str(r[0]) for r in await db.all("owner_job_ids", (owner,)))
+        for session_id in session_ids:
+            if await db.one("session_exists", (session_id,)) is not None:
+                sessions.add(session_id)
+        for session_id in set(sessions) | set(session_ids):
+            jobs.update(str(r[0]) for r in await db.all("session_job_ids", (session_id,)))
+        turns = 0
+        for session_id in set(sessions) | set(session_ids):
+            found = await db.one("session_turn_count", (session_id,))
+            turns += int(found[0]) if found is not None else 0
+        updates = 0
+        for event_id in events:
+            found = await db.one("event_history_count", (event_id,))
+            updates += int(found[0]) if found is not None else 0
+        return {
+            "sessions": sessions,
+            "all_sessions": set(sessions) | set(session_ids),
+            "turns": turns,
+            "events": events,
+            "updates": updates,
+            "jobs": jobs,
+        }
+
+    @staticmethod
+    def _owned_counts(found: Mapping[str, Any]) -> dict[str, int]:
+        counts = {
+            "sessions": len(found["sessions"]),
+            "turns": int(found["turns"]),
+            "key_events": len(found["events"]),
+            "key_event_updates": int(found["updates"]),
+            "extraction_jobs": len(found["jobs"]),
+        }
+        return {kind: n for kind, n in counts.items() if n}
+
+    async def _erase_atomic(self, body: Callable[[Db], Awaitable[R]]) -> R:
+        """The erase transaction; SQLite overwrites the deleted bytes (``secure_delete``)."""
+        return await self._atomic(body)
+
+    async def erase_owner(
+        self, owners: Collection[str], session_ids: Collection[str] = ()
+    ) -> dict[str, int]:
+        """Delete, in one transaction, every session of ``owners`` (owner strings such as
+        ``owner_for(user_id, ...)``) and the sessions ``session_ids``, their turns (with
+        each turn's context), the key events of ``owners`` with their update history,
+        and the extraction jobs of those owners or sessions. Per-agent memory settings
+        are kept. Returns the rows deleted by kind (``sessions``, ``turns``,
+        ``key_events``, ``key_event_updates``, ``extraction_jobs``; kinds with none left
+        out); running it again deletes nothing more. Other owners' rows are untouched.
+        A SQLite store overwrites the deleted bytes in the file (``secure_delete``) and
+        checkpoints its WAL. ``MemoryStoreUnavailable`` (nothing deleted) when the store
+        fails."""
+        owners, session_ids = _ids("owners", owners), _ids("session_ids", session_ids)
+
+        async def body(db: Db) -> dict[str, int]:
+            found = await self._owned_rows(db, owners, session_ids)
+            for event_id in found["events"]:
+                await db.run("erase_event_history", (event_id,))
+                await db.run("erase_event", (event_id,))
+            for job_id in found["jobs"]:
+                await db.run("erase_job", (job_id,))
+            for session_id in found["all_sessions"]:
+                await db.run("delete_turns", (session_id,))
+                await db.run("delete_session", (session_id,))
+            return self._owned_counts(found)
+
+        return await self._erase_atomic(body)
+
+    async def count_owner(
+        self, owners: Collection[str], session_ids: Collection[str] = ()
+    ) -> dict[str, int]:
+        """What :meth:`erase_owner` would delete now, by kind (kinds with none left out):
+        empty once they are erased. Reads only."""
+        owners, session_ids = _ids("owners", owners), _ids("session_ids", session_ids)
+
+        async def body(db: Db) -> dict[str, int]:
+            return self._owned_counts(await self._owned_rows(db, owners, session_ids))
+
+        return await self._atomic(body, write=False)
 
     async def append_turn(
         self,
@@ -480,6 +572,138 @@ class SqlMemoryStore(ABC):
         rows = await self._read("job", (job_id,))
         return job_from_row(rows[0], self._dec) if rows else None
 
+    # -- import (touba.data.import_records): records as exported, ids and times kept -----
+
+    async def import_session(self, session: SessionMeta) -> bool:
+        """Insert ``session`` as exported (its times and turn count kept); False, changing
+        nothing, when a session of that id exists. ``ConfigurationError`` for a bad mode."""
+        check_mode(session.mode)
+        ended_at = None if session.ended_at is None else self._enc(session.ended_at)
+        values = (
+            session.session_id,
+            session.owner,
+            session.agent_ref,
+            session.mode,
+            self._enc(session.created_at),
+            ended_at,
+            session.turns,
+        )
+
+        async def body(db: Db) -> bool:
+            return await db.run("import_session", values) > 0
+
+        return await self._atomic(body)
+
+    async def import_turn(self, turn: StoredTurn) -> bool:
+        """Insert ``turn`` at its index, its time and context kept (the session's turn
+        count is not changed: import the session as exported); False, changing nothing,
+        when that turn exists. ``ConfigurationError`` (nothing written) for a session
+        never opened, or content that is not JSON data."""
+        context = None if turn.context is None else dumps(dict(turn.context), "context")
+        values = (
+            turn.session_id,
+            turn.index,
+            dumps(turn.user, "user"),
+            dumps(list(turn.replies), "replies"),
+            dumps(trace_to_data(turn.trace), "trace"),
+            turn.invocation_id,
+            self._enc(turn.created_at),
+            context,
+        )
+
+        async def body(db: Db) -> bool:
+            if await db.one("session", (turn.session_id,)) is None:
+                raise unknown_session(turn.session_id)
+            return await db.run("import_turn", values) > 0
+
+        return await self._atomic(body)
+
+    async def import_event(self, event: KeyEvent) -> bool:
+        """Insert ``event`` (its history apart: :meth:`import_event_change`) keeping its
+        id, status and times, ordered before its owner's other events; False, changing
+        nothing, when an event of that id exists."""
+        if event.status not in KEY_EVENT_STATUSES:
+            raise ConfigurationError(f"status must be one of {', '.join(KEY_EVENT_STATUSES)}")
+        values = (
+            event.id,
+            event.owner,
+            event.type,
+            event.title,
+            event.status,
+            event.details,
+            self._enc(event.created_at),
+            self._enc(event.updated_at),
+            event.session_id,
+            event.owner,
+        )
+
+        async def body(db: Db) -> bool:
+            return await db.run("import_event", values) > 0
+
+        return await self._atomic(body)
+
+    async def import_event_change(self, event_id: str, index: int, update: KeyEventUpdate) -> bool:
+        """Append ``update`` as entry ``index`` (from 0) of the event's history; False,
+        changing nothing, when the history already holds ``index + 1`` entries or its
+        ``op_id`` was recorded. ``ConfigurationError`` when the history holds fewer
+        than ``index`` entries (the earlier ones come first) or the actor is unknown."""
+        if update.actor not in ("model", "operator"):
+            raise ConfigurationError(f"actor must be 'model' or 'operator', got {update.actor!r}")
+        values = (
+            event_id,
+            self._enc(update.at),
+            update.session_id,
+            changes_json(update.changes),
+            update.op_id,
+            update.actor,
+        )
+
+        async def body(db: Db) -> bool:
+            row = await db.one("event_history_count", (event_id,))
+            held = 0 if row is None else int(row[0])
+            if held > index:
+                return False
+            if held < index:
+                raise ConfigurationError(
+                    f"entry {index} of key event {event_id!r}'s history comes after entry "
+                    f"{held}, which is missing; import the entries in order"
+                )
+            return await db.run("import_history", values) > 0
+
+        return await self._atomic(body)
+
+    async def import_job(self, job: ExtractionJob) -> bool:
+        """Insert ``job`` as exported (status, attempts, lease, ops and result kept);
+        False, changing nothing, when a job of that id exists."""
+
+        def moment(value: datetime | None) -> Any:
+            return None if value is None else self._enc(value)
+
+        values = (
+            job.id,
+            job.session_id,
+            job.owner,
+            job.agent_ref,
+            job.transcript_ref,
+            job.status,
+            job.attempts,
+            job.max_attempts,
+            self._enc(job.next_attempt_at),
+            self._enc(job.created_at),
+            self._enc(job.updated_at),
+            job.lease_owner,
+            job.lease_token,
+            moment(job.lease_expires_at),
+            job.last_error,
+            None if job.ops is None else ops_json(job.ops),
+            None if job.result is None else dumps(job.result, "result"),
+        )
+
+        async def body(db: Db) -> bool:
+            return await db.run("import_job", values) > 0
+
+        return await self._atomic(body)
+
     async def list_jobs(
         self, *, status: JobStatus | None = None, limit: int = 100, offset: int = 0
     ) -> list[ExtractionJob]:
@@ -624,6 +848,15 @@ class SqlMemoryStore(ABC):
         name = "turns_page_newest" if newest_first else "turns_page"
         rows = await self._read(name, (session_id, max(limit, 0), max(offset, 0)))
         return tuple(turn_from_row(row, self._dec) for row in rows)
+
+
+def _ids(name: str, values: object) -> tuple[str, ...]:
+    """A collection of ids (not one str), each a str; ``ConfigurationError`` otherwise."""
+    if isinstance(values, str | bytes) or not isinstance(values, Collection):
+        raise ConfigurationError(f"{name} must be a collection of str ids, not one str")
+    if not all(isinstance(v, str) for v in values):
+        raise ConfigurationError(f"{name} must hold str ids only")
+    return tuple(dict.fromkeys(values))
 
 
 def _check_agent(agent_ref: object) -> None:

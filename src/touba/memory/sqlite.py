@@ -331,6 +331,36 @@ class SqliteMemoryStore(SqlMemoryStore, AsyncClosing):
         finally:
             self._in_body = False
 
+    async def _erase_atomic(self, body: Callable[[Db], Awaitable[R]]) -> R:
+        """The erase transaction with ``PRAGMA secure_delete`` on (the deleted rows' bytes
+        are overwritten with zeros, not left in free pages), then a WAL checkpoint
+        (``TRUNCATE``) so the WAL file keeps no copy either, when no reader holds it."""
+        conn = self._conn
+
+        async def secured(db: Db) -> R:
+            before = conn.execute("PRAGMA secure_delete").fetchone()[0]
+            conn.execute("PRAGMA secure_delete=ON")
+            try:
+                return await body(db)
+            finally:
+                conn.execute(f"PRAGMA secure_delete={int(before)}")
+
+        result = await self._atomic(secured)
+
+        with self._lock:
+            if self._closed:
+                return result
+            self._users += 1
+        try:
+            job = self._call(lambda: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+            await asyncio.wrap_future(self._submit(job))
+        except sqlite3.Error:
+            pass  # a reader holds the WAL: the next checkpoint overwrites it
+        finally:
+            with self._lock:
+                self._users -= 1
+        return result
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def _stop_thread(self) -> None:

@@ -39,6 +39,7 @@ every touba PostgreSQL store shares (:mod:`touba.history._pg`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any, Final, LiteralString
 
@@ -71,6 +72,8 @@ from touba.runtime._checkpoints import (
     duplicate_checkpoint,
     encode_checkpoint,
     identity_of,
+    owned_checkpoint,
+    owned_ids,
     revision_of,
     status_of,
 )
@@ -128,6 +131,11 @@ class _Statements:
         )
         self.list_all = q(columns + " ORDER BY seq")
         self.list_run = q(columns + " WHERE run_id = %s ORDER BY seq")
+        self.owned_rows = q(
+            "SELECT id, run_id, invocation_id, agent_ref, status, revision, created_at,"
+            " updated_at, body FROM {t} ORDER BY seq"
+        )
+        self.erase = q("DELETE FROM {t} WHERE id = ANY(%s)")
 
 
 def _fields(checkpoint_id: str, checkpoint: dict[str, JSON]) -> tuple[Any, ...]:
@@ -278,3 +286,30 @@ class PostgresCheckpointStore(PooledStore):
             else:
                 found = await rows(conn, self._sql.list_run, (run_id,))
         return [_info(r) for r in found]
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    async def owned_checkpoints(
+        self, *, run_ids: Collection[str] = (), user: str | None = None
+    ) -> list[CheckpointInfo]:
+        """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
+        ``session_id``) or of ``user`` (their body's ``user_id``), oldest first; a
+        damaged row is found by its ``run_id`` alone. Reads every row (checkpoints are
+        the paused invocations: few). CheckpointStoreUnavailable when the server fails."""
+        runs, who = owned_ids(run_ids, user)
+        async with self._pg.call() as conn:
+            found = await rows(conn, self._sql.owned_rows)
+        return [_info(r[:8]) for r in found if owned_checkpoint(r[1], r[8], runs, who)]
+
+    async def erase_owned(self, *, run_ids: Collection[str] = (), user: str | None = None) -> int:
+        """Delete the checkpoints :meth:`owned_checkpoints` finds (running ones too) in one
+        transaction; return how many. The deleted rows stay in the table's dead tuples
+        until PostgreSQL vacuums it. CheckpointStoreUnavailable (nothing deleted) when
+        the server fails."""
+        runs, who = owned_ids(run_ids, user)
+        async with self._pg.call() as conn:
+            found = await rows(conn, self._sql.owned_rows)
+            ids = [r[0] for r in found if owned_checkpoint(r[1], r[8], runs, who)]
+            if not ids:
+                return 0
+            return await run(conn, self._sql.erase, (ids,))

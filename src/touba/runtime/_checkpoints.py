@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal, Protocol, TypeVar, runtime_checkable
@@ -58,6 +59,8 @@ __all__ = [
     "duplicate_checkpoint",
     "encode_checkpoint",
     "identity_of",
+    "owned_checkpoint",
+    "owned_ids",
     "revision_of",
     "status_of",
 ]
@@ -186,6 +189,37 @@ def decode_checkpoint(body: str | None) -> dict[str, JSON] | None:
     return value
 
 
+def owned_checkpoint(
+    run_id: str | None, body: str, run_ids: Collection[str], user: str | None
+) -> bool:
+    """Whether a stored checkpoint is of one of ``run_ids`` (its ``run_id``, or its body's
+    ``session_id``) or of ``user`` (its body's ``user_id``): what erasing a user removes.
+    A damaged body is matched by its ``run_id`` alone."""
+    if run_id is not None and run_id in run_ids:
+        return True
+    try:
+        checkpoint = decode_checkpoint(body)
+    except ConfigurationError:
+        return False
+    if checkpoint is None:
+        return False
+    found_user, session = checkpoint.get("user_id"), checkpoint.get("session_id")
+    if user is not None and isinstance(found_user, str) and found_user == user:
+        return True
+    return isinstance(session, str) and session in run_ids
+
+
+def owned_ids(run_ids: object, user: object) -> tuple[frozenset[str], str | None]:
+    """The arguments of ``owned_checkpoints`` / ``erase_owned``, checked."""
+    if isinstance(run_ids, str | bytes) or not isinstance(run_ids, Collection):
+        raise ConfigurationError("run_ids must be a collection of run ids, not one str")
+    if not all(isinstance(r, str) for r in run_ids):
+        raise ConfigurationError("run_ids must hold str run ids only")
+    if user is not None and not isinstance(user, str):
+        raise ConfigurationError("user must be a str user id, or None")
+    return frozenset(run_ids), user
+
+
 def duplicate_checkpoint(checkpoint_id: str) -> ConfigurationError:
     return ConfigurationError(f"checkpoint {checkpoint_id!r} already exists; ids must be new")
 
@@ -253,6 +287,29 @@ class MemoryCheckpointStore:
             if run_id is None or info.run_id == run_id:
                 rows.append(info)
         return sorted(rows, key=lambda r: r.created_at)
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    async def owned_checkpoints(
+        self, *, run_ids: Collection[str] = (), user: str | None = None
+    ) -> list[CheckpointInfo]:
+        """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
+        ``session_id``) or of ``user`` (their body's ``user_id``), oldest first."""
+        runs, who = owned_ids(run_ids, user)
+        return [
+            info
+            for info in await self.list()
+            if owned_checkpoint(info.run_id, self._items[info.checkpoint_id], runs, who)
+        ]
+
+    async def erase_owned(self, *, run_ids: Collection[str] = (), user: str | None = None) -> int:
+        """Remove the checkpoints :meth:`owned_checkpoints` finds (running ones too);
+        return how many."""
+        found = await self.owned_checkpoints(run_ids=run_ids, user=user)
+        for info in found:  # no await from the listing to here: atomic
+            self._items.pop(info.checkpoint_id, None)
+            self._times.pop(info.checkpoint_id, None)
+        return len(found)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -346,6 +403,31 @@ class _Db:
 
         return self._write(job)
 
+    def owned(self, run_ids: frozenset[str], user: str | None) -> list[tuple[str, str, str, str]]:
+        return [
+            row
+            for row in self.list(None)
+            if owned_checkpoint(_run_column(self.conn, row[0]), row[1], run_ids, user)
+        ]
+
+    def erase_owned(self, run_ids: frozenset[str], user: str | None) -> int:
+        before = int(self.conn.execute("PRAGMA secure_delete").fetchone()[0])
+        self.conn.execute("PRAGMA secure_delete=ON")
+        try:
+
+            def job() -> int:
+                found = self.owned(run_ids, user)
+                for row in found:
+                    self.conn.execute("DELETE FROM touba_checkpoints WHERE id = ?", (row[0],))
+                return len(found)
+
+            erased = self._write(job)
+        finally:
+            self.conn.execute(f"PRAGMA secure_delete={before}")
+        with suppress(sqlite3.Error):  # a reader holds the WAL: the next checkpoint will do
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return erased
+
     def list(self, run_id: str | None) -> list[tuple[str, str, str, str]]:
         columns = "SELECT id, body, created_at, COALESCE(updated_at, created_at)"
         if run_id is None:
@@ -355,6 +437,12 @@ class _Db:
                 f"{columns} FROM touba_checkpoints WHERE run_id = ? ORDER BY rowid", (run_id,)
             )
         return [(str(a), str(b), str(c), str(d)) for a, b, c, d in query.fetchall()]
+
+
+def _run_column(conn: sqlite3.Connection, checkpoint_id: str) -> str | None:
+    row = conn.execute("SELECT run_id FROM touba_checkpoints WHERE id = ?", (checkpoint_id,))
+    found = row.fetchone()
+    return None if found is None or found[0] is None else str(found[0])
 
 
 class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
@@ -434,3 +522,31 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
             if run_id is None or info.run_id == run_id:  # rows of older files kept raw ids
                 out.append(info)
         return out
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    async def owned_checkpoints(
+        self, *, run_ids: Collection[str] = (), user: str | None = None
+    ) -> list[CheckpointInfo]:
+        """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
+        ``session_id``) or of ``user`` (their body's ``user_id``), oldest first; a
+        damaged row is found by its ``run_id`` alone. Reads every row (checkpoints are
+        the paused invocations: few)."""
+        runs, who = owned_ids(run_ids, user)
+        rows = await self._run(lambda: self._db.owned(runs, who))
+        out = []
+        for checkpoint_id, body, created_at, updated_at in rows:
+            try:
+                checkpoint = decode_checkpoint(body) or {}
+            except ConfigurationError:
+                checkpoint = {}
+            out.append(_info(checkpoint_id, checkpoint, created_at, updated_at))
+        return out
+
+    async def erase_owned(self, *, run_ids: Collection[str] = (), user: str | None = None) -> int:
+        """Delete the checkpoints :meth:`owned_checkpoints` finds (running ones too) in one
+        transaction whose deleted bytes SQLite overwrites (``PRAGMA secure_delete``),
+        then checkpoint the WAL; return how many. ``CheckpointStoreUnavailable``
+        (nothing deleted) when the file fails."""
+        runs, who = owned_ids(run_ids, user)
+        return await self._run(lambda: self._db.erase_owned(runs, who))

@@ -25,6 +25,7 @@ error chained. Not encrypted.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, LiteralString
 
@@ -40,7 +41,7 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
 from touba.errors import ConfigurationError, ResourceBindingUnavailable
 from touba.history._model import JSON
 from touba.history._pg import OwnedPool, PooledStore, Schema, has_nul, row, rows, run, table_parts
-from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
+from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value, scope_keys_of
 
 __all__ = ["SCHEMA_VERSION", "PostgresResourceBinding"]
 
@@ -87,6 +88,8 @@ class _Statements:
             "SELECT key FROM {t} WHERE resource = %s AND scope = %s AND scope_key = %s"
             " AND starts_with(key, %s) ORDER BY key LIMIT %s"
         )
+        self.count_scope = q("SELECT COUNT(*) FROM {t} WHERE scope = %s AND scope_key = ANY(%s)")
+        self.erase_scope = q("DELETE FROM {t} WHERE scope = %s AND scope_key = ANY(%s)")
 
 
 def _where(address: ResourceAddress) -> tuple[str, str, str]:
@@ -177,3 +180,37 @@ class PostgresResourceBinding(PooledStore):
         async with self._pg.call() as conn:
             found = await rows(conn, self._sql.keys, (*_where(address), prefix, limit))
         return [str(r[0]) for r in found]
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    async def count_scope_keys(self, scope_keys: Mapping[str, Collection[str]]) -> dict[str, int]:
+        """How many values are kept under these scope keys (scope ``run``, ``session`` or
+        ``user`` to its keys), by scope (none left out). ConfigurationError for another
+        scope; ResourceBindingUnavailable when the server fails."""
+        wanted = _no_nul(scope_keys_of(scope_keys))
+        counts: dict[str, int] = {}
+        async with self._pg.call() as conn:
+            for scope, keys in wanted.items():
+                found = await row(conn, self._sql.count_scope, (scope, keys))
+                if found is not None and found[0]:
+                    counts[scope] = int(found[0])
+        return counts
+
+    async def erase_scope_keys(self, scope_keys: Mapping[str, Collection[str]]) -> dict[str, int]:
+        """Delete every value of every resource under these scope keys in one transaction;
+        how many, by scope. The deleted rows stay in the table's dead tuples until
+        PostgreSQL vacuums it. ResourceBindingUnavailable (nothing deleted) when the
+        server fails."""
+        wanted = _no_nul(scope_keys_of(scope_keys))
+        counts: dict[str, int] = {}
+        async with self._pg.call() as conn:
+            for scope, keys in wanted.items():
+                erased = await run(conn, self._sql.erase_scope, (scope, keys))
+                if erased:
+                    counts[scope] = erased
+        return counts
+
+
+def _no_nul(scope_keys: dict[str, frozenset[str]]) -> dict[str, list[str]]:
+    """The scope keys PostgreSQL can hold (one with NUL was never stored)."""
+    return {scope: sorted(k for k in keys if not has_nul(k)) for scope, keys in scope_keys.items()}

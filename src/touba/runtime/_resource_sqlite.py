@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Final, TypeVar
 
 from touba.errors import ResourceBindingUnavailable
 from touba.history._model import JSON
 from touba.runtime._owned_sqlite import OwnedSqliteStore, SchemaVersion, write
-from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value
+from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value, scope_keys_of
 
 __all__ = ["SqliteResourceBinding"]
 
@@ -90,6 +91,40 @@ class _Db:
         ).fetchall()
         return [str(row[0]) for row in rows]
 
+    def count_scope_keys(self, scope_keys: dict[str, frozenset[str]]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for scope, keys in scope_keys.items():
+            for scope_key in keys:
+                row = self.conn.execute(
+                    "SELECT COUNT(*) FROM touba_resources WHERE scope = ? AND scope_key = ?",
+                    (scope, scope_key),
+                ).fetchone()
+                if row[0]:
+                    counts[scope] = counts.get(scope, 0) + int(row[0])
+        return counts
+
+    def erase_scope_keys(self, scope_keys: dict[str, frozenset[str]]) -> dict[str, int]:
+        before = int(self.conn.execute("PRAGMA secure_delete").fetchone()[0])
+        self.conn.execute("PRAGMA secure_delete=ON")
+        try:
+
+            def job() -> dict[str, int]:
+                counts = self.count_scope_keys(scope_keys)
+                for scope, keys in scope_keys.items():
+                    for scope_key in keys:
+                        self.conn.execute(
+                            "DELETE FROM touba_resources WHERE scope = ? AND scope_key = ?",
+                            (scope, scope_key),
+                        )
+                return counts
+
+            erased = self._write(job)
+        finally:
+            self.conn.execute(f"PRAGMA secure_delete={before}")
+        with suppress(sqlite3.Error):  # a reader holds the WAL: the next checkpoint will do
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return erased
+
 
 class SqliteResourceBinding(OwnedSqliteStore[_Db]):
     """Resources in a SQLite file, durable and shared by processes.
@@ -135,3 +170,20 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
     async def keys(self, address: ResourceAddress, *, prefix: str, limit: int) -> list[str]:
         """The keys starting with ``prefix``, sorted by code point, at most ``limit``."""
         return await self._run(lambda: self._db.keys(address, prefix, limit))
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    async def count_scope_keys(self, scope_keys: Mapping[str, Collection[str]]) -> dict[str, int]:
+        """How many values are kept under these scope keys (scope ``run``, ``session`` or
+        ``user`` to its keys), by scope (none left out). ConfigurationError for another
+        scope; ResourceBindingUnavailable when the file fails."""
+        wanted = scope_keys_of(scope_keys)
+        return await self._run(lambda: self._db.count_scope_keys(wanted))
+
+    async def erase_scope_keys(self, scope_keys: Mapping[str, Collection[str]]) -> dict[str, int]:
+        """Delete every value of every resource under these scope keys in one transaction
+        whose deleted bytes SQLite overwrites (``PRAGMA secure_delete``), then checkpoint
+        the WAL; how many, by scope. ResourceBindingUnavailable (nothing deleted) when the
+        file fails."""
+        wanted = scope_keys_of(scope_keys)
+        return await self._run(lambda: self._db.erase_scope_keys(wanted))

@@ -59,7 +59,7 @@ workers share).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal, Protocol, cast, get_args, runtime_checkable
@@ -68,6 +68,7 @@ from touba.errors import ConfigurationError, ResourceAccessDenied, ResourceAcces
 from touba.history._model import JSON, canonical_json, json_problem
 
 __all__ = [
+    "ERASABLE_SCOPES",
     "MAX_KEY_CHARS",
     "MAX_KEYS",
     "MemoryResourceBinding",
@@ -81,6 +82,7 @@ __all__ = [
     "Resources",
     "check_binding",
     "encode_value",
+    "scope_keys_of",
 ]
 
 ResourceScope = Literal["run", "session", "user", "agent"]
@@ -159,6 +161,29 @@ def encode_value(value: JSON) -> str:
     return canonical_json(value)
 
 
+ERASABLE_SCOPES: tuple[ResourceScope, ...] = ("run", "session", "user")
+
+
+def scope_keys_of(scope_keys: object) -> dict[str, frozenset[str]]:
+    """``erase_scope_keys``' argument, checked: a mapping of scope (``run``, ``session``,
+    ``user``) to a collection of scope keys; ``ConfigurationError`` otherwise."""
+    if not isinstance(scope_keys, Mapping):
+        raise ConfigurationError("scope_keys must map a scope to a collection of scope keys")
+    out: dict[str, frozenset[str]] = {}
+    for scope, keys in scope_keys.items():
+        if scope not in ERASABLE_SCOPES:
+            raise ConfigurationError(
+                f"scope_keys names scope {scope!r}; only 'run', 'session' and 'user' are a "
+                "user's (scope 'agent' is the agent's)"
+            )
+        if isinstance(keys, str | bytes) or not isinstance(keys, Collection):
+            raise ConfigurationError("each scope's keys must be a collection of str, not one str")
+        if not all(isinstance(k, str) for k in keys):
+            raise ConfigurationError("scope keys must be str")
+        out[scope] = frozenset(keys)
+    return out
+
+
 def check_binding(binding: object) -> ResourceBinding:
     if not all(callable(getattr(binding, m, None)) for m in ("get", "put", "delete", "keys")):
         raise ConfigurationError(
@@ -201,6 +226,27 @@ class MemoryResourceBinding:
         """The keys starting with ``prefix``, sorted by code point, at most ``limit``."""
         found = sorted(k for k in self._items.get(address, {}) if k.startswith(prefix))
         return found[:limit]
+
+    # -- erasing one user (touba.erase_user) ---------------------------------------------
+
+    def _under(self, scope_keys: Mapping[str, Collection[str]]) -> list[ResourceAddress]:
+        wanted = scope_keys_of(scope_keys)
+        return [a for a in self._items if a.scope_key in wanted.get(a.scope, ())]
+
+    async def count_scope_keys(self, scope_keys: Mapping[str, Collection[str]]) -> dict[str, int]:
+        """How many values are kept under these scope keys, by scope (none left out)."""
+        counts: dict[str, int] = {}
+        for address in self._under(scope_keys):
+            counts[address.scope] = counts.get(address.scope, 0) + len(self._items[address])
+        return counts
+
+    async def erase_scope_keys(self, scope_keys: Mapping[str, Collection[str]]) -> dict[str, int]:
+        """Remove every value of every resource under these scope keys (``scope_keys``:
+        scope ``run``, ``session`` or ``user`` to its keys); how many, by scope."""
+        counts = await self.count_scope_keys(scope_keys)
+        for address in self._under(scope_keys):  # no await since counting: atomic
+            del self._items[address]
+        return counts
 
 
 Note = Callable[..., None]
