@@ -30,9 +30,17 @@ Decisions this module makes:
   whatever its layout), and the counts. A source conversation that is active and
   absent from the target is listed, not a mismatch; conversations the target holds
   beyond the source's are counted (a copy may merge into a store in use).
-- **Memory, checkpoints and resources** are not copied yet: their record streams are
-  the export format's (issue 27 item 2). ``Stores`` naming one of them is refused
-  with ``ConfigurationError`` rather than half copied.
+- **Memory store and checkpoints** go after the histories, as the export format's
+  records (:mod:`touba.data._export` builds them, :func:`touba.data.import_records`
+  writes them): every session with its turns, every key-event owner's events with their
+  update history, every extraction job, every checkpoint. The import checks the whole
+  stream and looks every record up before writing, so a conflict (a record present with
+  other content) or a bound is reported and nothing of that part is written; records
+  already present and equal are skipped (a rerun). Memory settings (per agent) and
+  resource values are not copied: no binding can list its values, and ``Stores`` naming
+  a resource binding is refused with ``ConfigurationError`` rather than half copied.
+  The listing pages through the source while it runs: copy a deployment that is
+  stopped, or rerun the copy, for sessions started meanwhile.
 - Nothing here logs content: reports carry keys, counts, sizes and error codes.
 """
 
@@ -43,10 +51,23 @@ import hashlib
 import json
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
+# export's own readers, one per kind (private to the package: export and copy share them)
+from touba.data._export import PAGE, checkpoint_line
+from touba.data._export import _event_records as event_records
+from touba.data._export import _job_records as job_records
+from touba.data._export import _session_and_turns as session_records
+from touba.data._format import (
+    ImportConflict,
+    ImportLimitExceeded,
+    dump_line,
+    end_line,
+    header_line,
+)
+from touba.data._import import import_records
 from touba.data._stores import Stores
 from touba.errors import ConfigurationError, DecisionHistoryBusy, ToubaError
 from touba.history._store import AdminStore, StoredConversation
@@ -105,18 +126,23 @@ IssueReason = Literal["active", "conflict", "refused", "busy", "unreadable"]
 class CopyIssue:
     """A conversation the copy did not write.
 
-    ``store``: the index of its history store in ``Stores.histories``. ``reason``:
+    ``store``: the index of its history store in ``Stores.histories`` (0 for the other
+    kinds). ``kind``: ``conversation``, or the export format's kind of a memory or
+    checkpoint record (``session``, ``key_event``, ...), whose id ``key`` then is. ``reason``:
     ``active`` (reserved in the source, skipped), ``conflict`` (the target holds a
     different record under that key, untouched), ``refused`` (the target refused it:
     ``code`` is the error's, e.g. ``DecisionHistoryLimitExceeded``), ``busy`` (the
     target key is reserved by someone else), ``unreadable`` (the source record could
-    not be read: ``code`` says why). Never content.
+    not be read: ``code`` says why). Never content. For memory and checkpoint records
+    a conflict or a refusal means none of them was written (the import checks them all
+    first).
     """
 
     store: int
     key: str
     reason: IssueReason
     code: str = ""
+    kind: str = "conversation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +183,8 @@ class VerifyMismatch:
 
     ``reason``: ``missing`` (absent from the target), ``different`` (digests differ),
     ``unreadable`` (either side could not be read; ``code`` says why). Digests are
-    :func:`conversation_digest`'s, empty when that side has no record."""
+    :func:`conversation_digest`'s (of the export record for the other kinds: ``kind``
+    and ``key`` as in :class:`CopyIssue`), empty when that side has no record."""
 
     store: int
     key: str
@@ -165,6 +192,7 @@ class VerifyMismatch:
     source_digest: str = ""
     target_digest: str = ""
     code: str = ""
+    kind: str = "conversation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,12 +236,16 @@ class _Keep(Exception):
 
 
 def _pairs(source: Stores, target: Stores) -> list[tuple[AdminStore, AdminStore]]:
-    for name in ("memory", "checkpoints", "resources"):
-        if getattr(source, name) is not None or getattr(target, name) is not None:
+    if source.resources is not None or target.resources is not None:
+        raise ConfigurationError(
+            "resource values are not copied (no resource binding can list its values): "
+            "give Stores without resources= and set them again in the new binding"
+        )
+    for name in ("memory", "checkpoints"):
+        if (getattr(source, name) is None) != (getattr(target, name) is None):
             raise ConfigurationError(
-                f"copying the {name} store is not available yet: give only the "
-                "history stores (Stores(histories=[...])) and move the rest with export and "
-                "import"
+                f"give a {name} store on both sides or on neither (source: "
+                f"{getattr(source, name) is not None}, target: {getattr(target, name) is not None})"
             )
     if len(source.histories) != len(target.histories):
         raise ConfigurationError(
@@ -270,8 +302,8 @@ def _stale_copy(row: StoredConversation) -> bool:
 
 @dataclass
 class _Tally:
-    copied: int = 0
-    already: int = 0
+    copied: dict[str, int] = field(default_factory=lambda: {CONVERSATION: 0})
+    already: dict[str, int] = field(default_factory=lambda: {CONVERSATION: 0})
     bytes: int = 0
     expired: int = 0
     done: int = 0
@@ -309,9 +341,11 @@ async def copy_stores(
     for index, ((src, dst), rows) in enumerate(zip(pairs, listed, strict=True)):
         await _recover_stale(dst, {row.key for row in rows}, tally)
         await _copy_pair(index, src, dst, rows, include_active, tally, progress, total)
+    if source.memory is not None or source.checkpoints is not None:
+        await _copy_records(source, target, tally, progress)
     return CopyReport(
-        copied={CONVERSATION: tally.copied},
-        already={CONVERSATION: tally.already},
+        copied=dict(tally.copied),
+        already=dict(tally.already),
         bytes=tally.bytes,
         copied_active=tuple(tally.copied_active),
         expired=tally.expired,
@@ -407,7 +441,7 @@ async def _write(
         await writable.transact(key, put)
     except _Keep as kept:
         if kept.outcome == "already":
-            tally.already += 1
+            tally.already[CONVERSATION] += 1
         else:
             tally.issues.append(CopyIssue(index, key, "conflict"))
         return
@@ -417,10 +451,93 @@ async def _write(
     except ToubaError as e:
         tally.issues.append(CopyIssue(index, key, "refused", _code(e)))
         return
-    tally.copied += 1
+    tally.copied[CONVERSATION] += 1
     tally.bytes += len(body)
     if held:
         tally.copied_active.append(key)
+
+
+# -- memory and checkpoints: the export format's records, written by import ----------------
+
+
+async def _records(stores: Stores) -> AsyncIterator[dict[str, Any]]:
+    """Every record of ``stores``' memory store and checkpoint store, as export writes them."""
+    memory: Any = stores.memory
+    if memory is not None:
+        if not callable(getattr(memory, "list_event_owners", None)):
+            raise ConfigurationError(
+                "this memory store cannot list its key-event owners (list_event_owners); "
+                "copy from a built-in store (SqliteMemoryStore, PostgresMemoryStore)"
+            )
+        offset = 0
+        while page := await memory.list_sessions(limit=PAGE, offset=offset):
+            for meta in page:
+                async for line in session_records(memory, meta.session_id):
+                    yield line
+            offset += len(page)
+        offset = 0
+        while owners := await memory.list_event_owners(limit=PAGE, offset=offset):
+            for owner in owners:
+                async for line in event_records(memory, owner):
+                    yield line
+            offset += len(owners)
+        async for line in job_records(memory, lambda job: True):
+            yield line
+    checkpoints: Any = stores.checkpoints
+    if checkpoints is not None:
+        for info in await checkpoints.list():
+            body = await checkpoints.get(info.checkpoint_id)
+            if body is not None:  # deleted meanwhile
+                yield checkpoint_line(info.checkpoint_id, body)
+
+
+def _record_name(line: dict[str, Any]) -> str:
+    """The id naming a memory or checkpoint record (never content)."""
+    kind = line["kind"]
+    if kind == "session":
+        return str(line["session_id"])
+    if kind == "turn":
+        return f"{line['session_id']}#{line['index']}"
+    if kind == "key_event_change":
+        return f"{line['event_id']}#{line['index']}"
+    return str(line["id"])
+
+
+async def _copy_records(
+    source: Stores, target: Stores, tally: _Tally, progress: Progress | None
+) -> None:
+    read = 0
+
+    async def lines() -> AsyncIterator[bytes]:
+        nonlocal read
+        yield dump_line(header_line({"copy": "memory and checkpoints"}))
+        async for line in _records(source):
+            read += 1
+            if progress is not None:
+                progress("record", read, 0)
+            yield dump_line(line)
+        yield dump_line(end_line(read))
+
+    into = Stores(memory=target.memory, checkpoints=target.checkpoints)
+    try:
+        imported = await import_records(into, lines())
+    except ImportConflict as e:
+        tally.issues.append(CopyIssue(0, e.record, "conflict", kind=e.kind))
+        return
+    except ImportLimitExceeded as e:
+        tally.issues.append(CopyIssue(0, "", "refused", f"{_code(e)}: {e.limit}", kind="record"))
+        return
+    for kind, count in imported.added.items():
+        tally.copied[kind] = tally.copied.get(kind, 0) + count
+    for kind, count in imported.present.items():
+        tally.already[kind] = tally.already.get(kind, 0) + count
+
+
+async def _record_digests(stores: Stores) -> dict[tuple[str, str], str]:
+    return {
+        (line["kind"], _record_name(line)): conversation_digest(line)
+        async for line in _records(stores)
+    }
 
 
 # -- verify -------------------------------------------------------------------------------
@@ -455,8 +572,24 @@ async def verify_copy(source: Stores, target: Stores) -> VerifyReport:
                 active.append(row.key)
             else:
                 mismatches.append(outcome)
+    kinds: dict[str, tuple[int, int]] = {CONVERSATION: (counts[0], counts[1])}
+    if source.memory is not None or source.checkpoints is not None:
+        mine = await _record_digests(source)
+        theirs = await _record_digests(Stores(memory=target.memory, checkpoints=target.checkpoints))
+        for kind in sorted({kind for kind, _ in mine} | {kind for kind, _ in theirs}):
+            kinds[kind] = (
+                sum(1 for k, _ in mine if k == kind),
+                sum(1 for k, _ in theirs if k == kind),
+            )
+        for (kind, name), digest in mine.items():
+            found = theirs.get((kind, name), "")
+            if found == digest:
+                matched += 1
+            else:
+                reason: Literal["missing", "different"] = "different" if found else "missing"
+                mismatches.append(VerifyMismatch(0, name, reason, digest, found, kind=kind))
     return VerifyReport(
-        counts={CONVERSATION: (counts[0], counts[1])},
+        counts=kinds,
         matched=matched,
         active=tuple(active),
         mismatches=tuple(mismatches),
