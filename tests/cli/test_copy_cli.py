@@ -71,7 +71,7 @@ def test_sqlite_to_a_new_sqlite_file_then_a_rerun(source: Path, tmp_path: Path) 
     assert f"created history store at {target}" in first.stderr
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert "│ copied                │ 3 " in first.stdout
-    assert "verify: clean; 3 of 3 conversation(s) equal" in first.stdout
+    assert "verify: clean; 3 of 3 record(s) equal" in first.stdout
     assert contents(target) == contents(source)
 
     again = copy("--from-db", str(source), "--to-db", str(target), "--verify")
@@ -96,7 +96,7 @@ def test_a_conflict_is_left_untouched_and_fails_the_command(source: Path, tmp_pa
     asyncio.run(other())
     result = copy("--from-db", str(source), "--to-db", str(target), "--verify", code=1)
     assert "conflict: k1" in result.stdout
-    assert "verify: 1 mismatch(es); 2 of 3 conversation(s) equal (target holds 4)" in result.stdout
+    assert "verify: 1 mismatch(es); 2 of 3 record(s) equal (target holds 4)" in result.stdout
     assert "different: k1" in result.stdout
     assert contents(target)["k1"] == record(99)
 
@@ -161,3 +161,73 @@ def test_sqlite_to_postgres_to_redis_and_back(
         "--verify", password=redis.password,
     )  # fmt: skip
     assert contents(back) == contents(source)
+
+
+def populated(tmp_path: Path) -> Path:
+    """A deployment's three SQLite files (h.sqlite, memory.db, checkpoints.db) in a folder."""
+    from tests.data._export_data import Deployment, populate
+
+    async def go() -> Path:
+        deployment = Deployment("sqlite", "sqlite", tmp_path)
+        await populate(deployment)
+        await deployment.memory.close()
+        await deployment.stores.checkpoints.close()  # type: ignore[union-attr]
+        for store in deployment.histories.made:
+            await store.close()
+        return deployment.dir
+
+    return asyncio.run(go())
+
+
+def test_a_whole_deployment_to_new_sqlite_files_then_postgres(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    origin = populated(tmp_path)
+    into = tmp_path / "into"
+    into.mkdir(mode=0o700)
+    common = [
+        "--from-db", str(origin / "h.sqlite"),
+        "--from-memory-db", str(origin / "memory.db"),
+        "--from-checkpoints-db", str(origin / "checkpoints.db"),
+    ]  # fmt: skip
+    result = copy(
+        *common,
+        "--to-db", str(into / "h.sqlite"),
+        "--to-memory-db", str(into / "memory.db"),
+        "--to-checkpoints-db", str(into / "checkpoints.db"),
+        "--verify",
+    )  # fmt: skip
+    for created in ("history store", "memory store", "checkpoint store"):
+        assert f"created {created} at" in result.stderr
+    for name in ("h.sqlite", "memory.db", "checkpoints.db"):
+        assert stat.S_IMODE((into / name).stat().st_mode) == 0o600
+    assert "│ session          │ 2      │ 0 " in result.stdout
+    assert "│ checkpoint       │ 2      │ 0 " in result.stdout
+    assert "verify: clean; 24 of 24 record(s) equal" in result.stdout
+
+    again = copy(*common, "--to-db", str(into / "h.sqlite"), "--to-memory-db",
+                 str(into / "memory.db"), "--to-checkpoints-db", str(into / "checkpoints.db"),
+                 "--json")  # fmt: skip
+    data = json.loads(again.stdout)
+    assert sum(data["copy"]["copied"].values()) == 0
+    assert sum(data["copy"]["already"].values()) == 24
+
+
+@pytest.mark.postgres
+def test_a_whole_deployment_to_postgres(tmp_path: Path, pg: Server) -> None:
+    origin = populated(tmp_path)
+    result = copy(
+        "--from-db", str(origin / "h.sqlite"), "--to-dsn", pg.address,
+        "--from-memory-db", str(origin / "memory.db"), "--to-memory-dsn", pg.address,
+        "--from-checkpoints-db", str(origin / "checkpoints.db"), "--to-checkpoints-dsn",
+        pg.address, "--verify", password=pg.password,
+    )  # fmt: skip
+    assert "created memory store at" in result.stderr
+    assert "created checkpoint table 'touba_checkpoints'" in result.stderr
+    assert "verify: clean; 24 of 24 record(s) equal" in result.stdout
+
+
+def test_a_kind_given_on_one_side_only_is_a_usage_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["copy", "--from-memory-db", str(tmp_path / "m.db")])
+    assert result.exit_code == 2
+    assert "give the memory store on both sides" in result.stderr
