@@ -55,6 +55,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/stream_cost.py
 	$(BIN)/python bench/chat_traffic.py
 	$(BIN)/python bench/panel_pages.py
+	$(BIN)/python bench/copy_stores.py
 
 # The docs site (mkdocs.yml): strict, so a broken link, page or API reference fails the
 # build; it reaches no network (no social cards, no privacy plugin, no remote assets).

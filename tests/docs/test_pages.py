@@ -77,7 +77,7 @@ PAGES: dict[str, str] = {
     "docs/data/index.md": "",
     "docs/data/erase.md": "python output sh",
     "docs/data/export.md": "python output sh python output python output sh",
-    "docs/data/copy.md": "",
+    "docs/data/copy.md": "python python output sh sh sh",
     "docs/data/fork-and-rewind.md": "",
     "docs/data/repair.md": "",
     "docs/data/encryption.md": "",

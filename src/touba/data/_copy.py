@@ -319,7 +319,8 @@ async def copy_stores(
     include_active: bool = False,
     progress: Progress | None = None,
 ) -> CopyReport:
-    """Copy every conversation of ``source``'s history stores into ``target``'s.
+    """Copy every conversation of ``source``'s history stores into ``target``'s, then
+    every record of its memory store and checkpoint store (when given) into ``target``'s.
 
     ``source.histories[i]`` goes to ``target.histories[i]``. Resumable: rerun after
     an interruption, nothing is doubled and nothing in the target is overwritten
@@ -327,12 +328,16 @@ async def copy_stores(
     conversations). ``include_active``: copy the last saved state of reserved
     conversations, as inactive ones (the store needs ``read_saved``; the built-in
     stores have it). ``progress(kind, done, total)`` is called after each
-    conversation.
+    conversation (kind ``"conversation"``) and each memory or checkpoint record read
+    (kind ``"record"``, total 0: unknown).
 
-    Returns a :class:`CopyReport`; per-conversation refusals are in it, not raised.
-    Raises ``ConfigurationError`` when the stores do not pair (or name a memory,
-    checkpoint or resource store, not copied yet), and the stores' errors that
-    concern a whole store (``DecisionHistoryStoreUnavailable`` while listing).
+    Returns a :class:`CopyReport`; per-conversation refusals, and a conflict or a bound
+    of the memory and checkpoint part, are in it, not raised. Raises
+    ``ConfigurationError`` when the stores do not pair (another number of history
+    stores, a memory or checkpoint store on one side only) or name a resource binding
+    (not copied); the stores' errors that concern a whole store
+    (``DecisionHistoryStoreUnavailable`` while listing); and any exception that is not
+    a touba error, as raised (what was written stays; a rerun completes it).
     """
     pairs = _pairs(source, target)
     tally = _Tally()
@@ -544,7 +549,8 @@ async def _record_digests(stores: Stores) -> dict[tuple[str, str], str]:
 
 
 async def verify_copy(source: Stores, target: Stores) -> VerifyReport:
-    """Compare ``source``'s history stores with ``target``'s, conversation by conversation.
+    """Compare ``source``'s history stores with ``target``'s, conversation by conversation,
+    and the records of their memory and checkpoint stores, when given.
 
     Reads only (``purge=False``; the saved state of reserved conversations where the
     store has ``read_saved``). Returns a :class:`VerifyReport`: counts per kind, the
