@@ -25,7 +25,8 @@ from touba.history._record import new_head
 from touba.memory import SqliteMemoryStore
 from touba.memory._model import CreateEventOp
 from touba.providers._types import TraceCall
-from touba.runtime import SqliteCheckpointStore
+from touba.runtime import SqliteCheckpointStore, SqliteResourceBinding
+from touba.runtime._resources import ResourceAddress
 
 __all__ = ["Deployment", "conversation", "export_bytes", "populate", "records_of"]
 
@@ -65,10 +66,16 @@ class Deployment:
 
             self._pg = (postgres_dsn(), f"tx_{uuid.uuid4().hex[:10]}")
             memory = PostgresMemoryStore(self._pg[0], prefix=self._pg[1], clock=Clock())
+        resources: Any = SqliteResourceBinding(self.dir / "resources.db")
+        if self._pg is not None:
+            from touba.runtime import PostgresResourceBinding
+
+            resources = PostgresResourceBinding(self._pg[0], table=f"{self._pg[1]}_resources")
         self.stores = Stores(
             memory=memory,
             histories=(self.histories("h", **self.limits),),
             checkpoints=SqliteCheckpointStore(self.dir / "checkpoints.db"),
+            resources=resources,
         )
 
     @property
@@ -83,9 +90,18 @@ class Deployment:
         await self.memory.close()
         checkpoints: Any = self.stores.checkpoints
         await checkpoints.close()
+        resources: Any = self.stores.resources
+        await resources.close()
         await self.histories.cleanup()
         if self._pg is not None:
             drop_postgres_tables(*self._pg)
+            import psycopg
+            from psycopg import sql
+
+            with psycopg.connect(self._pg[0], autocommit=True) as conn:
+                for name in ("resources", "resources_meta"):
+                    table = sql.Identifier(f"{self._pg[1]}_{name}")
+                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
 
 
 def conversation(
@@ -150,6 +166,11 @@ async def populate(deployment: Deployment, session: str = "s1", *, other: str = 
         await memory.complete_job(job.id, claimed.lease_token, {"created": 1})
         for n in range(2):
             await save(deployment.history, f"app:{sid}:{n}", conversation(sid, f"i{n}"))
+        binding: Any = deployment.stores.resources
+        for scope, key in (("session", "notes"), ("run", "cart"), ("session", "zz")):
+            address = ResourceAddress("orders", scope, sid)  # type: ignore[arg-type]
+            await binding.put(address, key, {"items": [1, 2], "who": "ünï"})
+        await binding.put(ResourceAddress("orders", "agent", "support"), "shared", 1)
         await deployment.stores.checkpoints.save(  # type: ignore[union-attr]
             f"cp-{sid}", {"run_id": sid, "agent_ref": "support", "input": "ünï", "n": [1.5, None]}
         )

@@ -265,7 +265,7 @@ class Deployment:
         import psycopg
         from psycopg import sql
 
-        out = []
+        out: list[str] = []
         async with await psycopg.AsyncConnection.connect(postgres_dsn()) as conn:
             tables = await (
                 await conn.execute(
@@ -285,11 +285,12 @@ class Deployment:
         from redis.asyncio import Redis
 
         client = Redis.from_url(redis_url())
-        out = []
+        out: list[str] = []
         try:
             async for raw_key in client.scan_iter(match=f"{self.prefix}*"):
-                key = raw_key.decode()
-                kind = (await client.type(raw_key)).decode()
+                key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+                found_type = await client.type(raw_key)
+                kind = found_type.decode() if isinstance(found_type, bytes) else str(found_type)
                 value: Any
                 if kind == "string":
                     value = await client.get(raw_key)
@@ -314,7 +315,7 @@ class Deployment:
 
     def sqlite_rows(self) -> list[str]:
         """Every row of every table of every SQLite file (the stores closed)."""
-        out = []
+        out: list[str] = []
         for path in self.sqlite_files():
             with closing(sqlite3.connect(path)) as conn:
                 names = conn.execute(

@@ -7,6 +7,7 @@ of ``TOUBA_POSTGRES_DSN`` / ``TOUBA_REDIS_URL`` (skipped without them, failed un
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -49,6 +50,7 @@ KINDS_OF_RECORDS = {
     "extraction_job": 1,
     "conversation": 2,
     "checkpoint": 1,
+    "resource": 3,
 }
 
 
@@ -72,6 +74,8 @@ async def nothing_in(deployment: Deployment) -> None:
     assert await deployment.memory.list_jobs() == []
     assert await deployment.history.list(purge=False) == []
     assert await deployment.stores.checkpoints.list() == []  # type: ignore[union-attr]
+    resources: Any = deployment.stores.resources
+    assert await resources.scope_items("session", "s1") == []
 
 
 PAIRS = [
@@ -200,10 +204,10 @@ def damaged(lines: list[bytes], number: int, text: bytes) -> list[bytes]:
             "version 2",
             id="newer-version",
         ),
-        pytest.param(lambda ls: ls[:-1], 14, "without its end line", id="no-end-line"),
+        pytest.param(lambda ls: ls[:-1], 17, "without its end line", id="no-end-line"),
         pytest.param(lambda ls: ls[:7], 8, "without its end line", id="truncated"),
-        pytest.param(lambda ls: [*ls[:5], *ls[6:]], 13, "counts 12", id="a-line-lost"),
-        pytest.param(lambda ls: [*ls, ls[-1]], 15, "follows the end line", id="after-end"),
+        pytest.param(lambda ls: [*ls[:5], *ls[6:]], 16, "counts 15", id="a-line-lost"),
+        pytest.param(lambda ls: [*ls, ls[-1]], 18, "follows the end line", id="after-end"),
         pytest.param(
             lambda ls: damaged(ls, 2, ls[1].replace(b'"mode":"live"', b'"mode":"other"')),
             2,
@@ -233,7 +237,7 @@ async def test_a_damaged_file_is_refused_with_its_line_number_and_nothing_writte
     origin, target = deployments(), deployments()
     await populate(origin)
     lines = (await export_bytes(origin.stores, session="s1")).splitlines()
-    assert len(lines) == 14  # header, 12 records, end
+    assert len(lines) == 17  # header, 15 records, end
 
     with pytest.raises(ExportFileInvalid) as refused:
         await import_records(target.stores, change(lines))
@@ -478,3 +482,35 @@ async def test_a_user_is_exported_with_what_erase_would_find(
         "checkpoint": 2,
     }
     assert records_of(await export_bytes(target.stores, user="u1")) == records_of(exported)
+
+
+async def test_a_key_event_id_of_another_owner_is_a_conflict_found_before_writing(
+    deployments: Callable[..., Deployment],
+) -> None:
+    origin, target = deployments(), deployments()
+    await populate(origin)
+    exported = await export_bytes(origin.stores, session="s1")
+    first = json.loads(exported.splitlines()[5])
+    assert first["kind"] == "key_event"
+    taken = dataclasses.replace(
+        await origin.memory.get_event(first["owner"], first["id"]), owner="user:else", history=None
+    )
+    await target.memory.import_event(taken)
+
+    with pytest.raises(ImportConflict) as refused:
+        await import_records(target.stores, exported.splitlines())
+
+    assert (refused.value.kind, refused.value.record, refused.value.line) == (
+        "key_event",
+        first["id"],
+        6,
+    )
+    assert await target.memory.list_sessions() == []
+
+
+async def test_a_wrong_selection_makes_no_file(
+    deployments: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigurationError):
+        await write_export(deployments().stores, tmp_path / "x.jsonl", user="u", session="s")
+    assert not (tmp_path / "x.jsonl").exists()

@@ -111,7 +111,6 @@ def import_file(
     bounds = HistoryConfig(
         max_retained_bytes=max_retained_bytes or defaults.max_retained_bytes,
         max_messages=max_messages or defaults.max_messages,
-        max_bytes=max(defaults.max_bytes, defaults.max_summary_bytes + 1),
     )
 
     async def main() -> tuple[dict[str, int], dict[str, int]]:

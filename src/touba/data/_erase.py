@@ -232,13 +232,13 @@ async def erase_user(
         for scope, n in erased.items():
             _add(counts, "resources", f"{scope}_values", n)
     if stores.checkpoints is not None:
-        store: Any = stores.checkpoints
-        if callable(getattr(store, "erase_owned", None)):
-            n = await store.erase_owned(run_ids=owned.run_ids, user=owned.user)
+        checkpoint_store: Any = stores.checkpoints
+        if callable(getattr(checkpoint_store, "erase_owned", None)):
+            n = await checkpoint_store.erase_owned(run_ids=owned.run_ids, user=owned.user)
         else:
             n = 0
             for info in checkpoints:
-                n += await store.take(info.checkpoint_id) is not None
+                n += await checkpoint_store.take(info.checkpoint_id) is not None
         _add(counts, "checkpoints", "checkpoints", n)
     if stores.memory is not None:
         memory: Any = stores.memory

@@ -14,7 +14,10 @@ Decisions:
   session id, as :class:`~touba.ChatSession` runs them) and its checkpoints.
   ``conversation``: that key's decision history, from the first history store that
   holds it. ``namespace``: every decision history of that namespace in every history
-  store. Resource values are not exported yet (no binding can list them by scope key).
+  store. Resource values: with ``user``, scope ``user`` under the user id, ``session``
+  under the user's sessions, ``run`` under the user's runs; with ``session``, scopes
+  ``session`` and ``run`` under the session id (a binding without ``scope_items``, the
+  built-in ones' primitive, has none to give).
 - **Constant memory.** Records are read a page at a time (``PAGE`` rows) and yielded
   one by one; a conversation is read whole (its store bounds it by
   ``max_retained_bytes``). What grows with the selection is only the list of keys of
@@ -26,7 +29,7 @@ Decisions:
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -45,6 +48,7 @@ from touba.memory._model import (
     op_to_dict,
     trace_to_data,
 )
+from touba.runtime._resources import ResourceAddress, ResourceItem
 
 __all__ = [
     "PAGE",
@@ -54,6 +58,7 @@ __all__ = [
     "event_line",
     "export_records",
     "job_line",
+    "resource_line",
     "session_line",
     "turn_line",
     "write_export",
@@ -166,6 +171,21 @@ def checkpoint_line(checkpoint_id: str, body: Mapping[str, Any]) -> dict[str, An
     return {"kind": "checkpoint", "id": checkpoint_id, "body": dict(body)}
 
 
+def resource_line(address: ResourceAddress, item: ResourceItem) -> dict[str, Any]:
+    """A ``resource`` record."""
+    return {
+        "kind": "resource",
+        "address": {
+            "resource": address.resource,
+            "scope": address.scope,
+            "scope_key": address.scope_key,
+        },
+        "key": item.key,
+        "value": item.value,
+        "updated_at": _iso(item.updated_at),
+    }
+
+
 def _selection(
     user: str | None, session: str | None, conversation: str | None, namespace: str | None
 ) -> dict[str, str]:
@@ -238,6 +258,8 @@ async def _session_records(stores: Stores, session_id: str) -> AsyncIterator[dic
         yield record
     async for record in _checkpoint_records(stores, runs, None):
         yield record
+    async for record in _resource_records(stores, {"session": runs, "run": runs}):
+        yield record
 
 
 async def _user_records(stores: Stores, user: str) -> AsyncIterator[dict[str, Any]]:
@@ -257,6 +279,8 @@ async def _user_records(stores: Stores, user: str) -> AsyncIterator[dict[str, An
     async for record in _run_records(stores, owned.run_ids):
         yield record
     async for record in _checkpoint_records(stores, owned.run_ids, user):
+        yield record
+    async for record in _resource_records(stores, owned.resource_keys()):
         yield record
 
 
@@ -345,8 +369,25 @@ async def _event_records(memory: Any, owner: str) -> AsyncIterator[dict[str, Any
         offset += len(events)
 
 
+async def _resource_records(
+    stores: Stores, scope_keys: Mapping[str, frozenset[str]]
+) -> AsyncIterator[dict[str, Any]]:
+    """The values of every resource under these scope keys, a page at a time."""
+    items = getattr(stores.resources, "scope_items", None)
+    if items is None:
+        return  # no binding, or one that cannot list by scope key (the built-in ones can)
+    for scope in ("user", "session", "run"):
+        for scope_key in sorted(scope_keys.get(scope, ())):
+            after = ("", "")
+            while page := await items(scope, scope_key, after=after, limit=PAGE):
+                for address, item in page:
+                    yield resource_line(address, item)
+                last_address, last_item = page[-1]
+                after = (last_address.resource, last_item.key)
+
+
 async def _conversation_records(
-    histories: tuple[AdminStore, ...] | Any, key: str
+    histories: Sequence[AdminStore], key: str
 ) -> AsyncIterator[dict[str, Any]]:
     for store in histories:
         record = await store.read(key, purge=False)
@@ -356,7 +397,7 @@ async def _conversation_records(
 
 
 async def _namespace_records(
-    histories: tuple[AdminStore, ...] | Any, namespace: str
+    histories: Sequence[AdminStore], namespace: str
 ) -> AsyncIterator[dict[str, Any]]:
     for store in histories:
         keys = [row.key for row in await store.list(namespace, purge=False)]
@@ -379,6 +420,7 @@ async def write_export(
     file, or a path: created or truncated with mode 0600) and return how many records
     it holds (header and end line not counted). Raises what ``export_records`` raises;
     a file left by a failure midway has no end line, and import refuses it."""
+    _selection(user, session, conversation, namespace)  # refused before a file is made
     lines = export_records(
         stores, user=user, session=session, conversation=conversation, namespace=namespace
     )

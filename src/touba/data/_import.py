@@ -20,10 +20,10 @@ Decisions:
   (:class:`ImportLimitExceeded`).
 - **Where records go.** Memory records into ``stores.memory``, conversations into the
   first history store (``stores.histories[0]``), checkpoints into
-  ``stores.checkpoints`` (``save``), resources into ``stores.resources`` (``put``; its
-  ``updated_at`` becomes the import's time: the binding's contract sets it, and a
-  present value is compared by value alone). A record whose store is missing is
-  refused in pass (1).
+  ``stores.checkpoints`` (``save``), resources into ``stores.resources``
+  (``import_item``, which keeps ``updated_at``; a binding without it gets ``put``, and
+  the time of the import). A present resource value is compared by value alone. A
+  record whose store is missing is refused in pass (1).
 - **Races.** A record written by someone else between pass (2) and its write is
   compared again: equal, it counts as present; different, ``ImportConflict`` (the
   records written before it stay: rerun the import after resolving it).
@@ -121,9 +121,8 @@ async def import_records(
     with tempfile.TemporaryFile("w+b") as spool:  # created 0600, removed on close
         total = 0
         async for number, line in _numbered(lines):
-            spool.write(line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass"))
-            if not line.endswith(b"\n" if isinstance(line, bytes) else "\n"):
-                spool.write(b"\n")
+            data = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+            spool.write(data if data.endswith(b"\n") else data + b"\n")
             total = number
         _check_file(spool, total, stores, bounds, max_title_chars, max_details_chars)
         importer = _Importer(stores)
@@ -258,8 +257,8 @@ def _check_event(record: KeyEventLine, number: int, max_title: int, max_details:
 
 
 def _check_conversation(record: ConversationLine, number: int, bounds: HistoryConfig) -> None:
-    body = record.record
-    exchanges = body.get("exchanges")
+    body: dict[str, Any] = record.record
+    exchanges: Any = body.get("exchanges")
     if (
         body.get("kind") != RECORD_KIND
         or not isinstance(body.get("version"), int)
@@ -453,7 +452,8 @@ class _Importer:
             stored = await memory.get_event(record.owner, record.id)
             self._event, self._event_owner = stored, record.owner
             if stored is None:
-                return False
+                owner = await memory.event_owner(record.id)
+                return None if owner is not None else False  # another owner's id: a conflict
             return _compare(dataclasses.replace(stored, history=None), _event(record))
         if isinstance(record, KeyEventChangeLine):
             history = () if self._event is None else self._event.history or ()
@@ -554,8 +554,13 @@ class _Importer:
                 return False  # saved meanwhile
             return True
         assert isinstance(record, ResourceLine)
-        assert self._stores.resources is not None
-        await self._stores.resources.put(_address(record), record.key, record.value)
+        binding: Any = self._stores.resources
+        importer = getattr(binding, "import_item", None)
+        if importer is not None:
+            return bool(
+                await importer(_address(record), record.key, record.value, record.updated_at)
+            )
+        await binding.put(_address(record), record.key, record.value)
         return True
 
     async def _add_conversation(self, record: ConversationLine) -> bool:

@@ -190,6 +190,7 @@ STATEMENTS: dict[str, str] = {
     " ON CONFLICT DO NOTHING",
     "import_history": "INSERT INTO {history} (event_id, at, session_id, changes, op_id, actor)"
     " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+    "event_owner": "SELECT owner FROM {events} WHERE id = %s",
     "import_job": "INSERT INTO {jobs} ({job_cols})"
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     " ON CONFLICT DO NOTHING",

@@ -642,6 +642,12 @@ class SqlMemoryStore(ABC):
 
         return await self._atomic(body)
 
+    async def event_owner(self, event_id: str) -> str | None:
+        """The owner of key event ``event_id``, or None when there is none (an operator's
+        read: an import checks that an event id it brings is not another owner's)."""
+        rows = await self._read("event_owner", (event_id,))
+        return str(rows[0][0]) if rows else None
+
     async def import_event_change(self, event_id: str, index: int, update: KeyEventUpdate) -> bool:
         """Append ``update`` as entry ``index`` (from 0) of the event's history; False,
         changing nothing, when the history already holds ``index + 1`` entries or its

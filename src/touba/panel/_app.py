@@ -23,6 +23,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 from touba.errors import ConfigurationError
 from touba.panel._approvals import router as approvals_router
 from touba.panel._auth import COOKIE, PanelAuth, same_origin
+from touba.panel._erase import router as erase_router
 from touba.panel._format import register as register_filters
 from touba.panel._preview_stream import router as preview_stream_router
 from touba.panel._routes import router
@@ -104,6 +105,7 @@ def create_app(
     app.include_router(router)
     app.include_router(approvals_router)
     app.include_router(preview_stream_router)
+    app.include_router(erase_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.exception_handler(HTTPException)

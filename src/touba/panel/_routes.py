@@ -438,6 +438,7 @@ async def user(request: Request) -> Response:
         "user.html",
         owner=owner,
         anonymous=_anonymous(owner),
+        erasable=None if _anonymous(owner) else owner.removeprefix("user:"),
         page=_paged(found, number, total),
         open_events=open_events,
         all_events=all_events,

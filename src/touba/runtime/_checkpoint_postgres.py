@@ -39,6 +39,7 @@ every touba PostgreSQL store shares (:mod:`touba.history._pg`).
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any, Final, LiteralString
@@ -291,7 +292,7 @@ class PostgresCheckpointStore(PooledStore):
 
     async def owned_checkpoints(
         self, *, run_ids: Collection[str] = (), user: str | None = None
-    ) -> list[CheckpointInfo]:
+    ) -> builtins.list[CheckpointInfo]:
         """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
         ``session_id``) or of ``user`` (their body's ``user_id``), oldest first; a
         damaged row is found by its ``run_id`` alone. Reads every row (checkpoints are

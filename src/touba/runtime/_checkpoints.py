@@ -36,6 +36,7 @@ version 1: an older touba keeps reading and writing it (its inserts leave
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 from collections.abc import Callable, Collection
@@ -292,7 +293,7 @@ class MemoryCheckpointStore:
 
     async def owned_checkpoints(
         self, *, run_ids: Collection[str] = (), user: str | None = None
-    ) -> list[CheckpointInfo]:
+    ) -> builtins.list[CheckpointInfo]:
         """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
         ``session_id``) or of ``user`` (their body's ``user_id``), oldest first."""
         runs, who = owned_ids(run_ids, user)
@@ -527,7 +528,7 @@ class SqliteCheckpointStore(OwnedSqliteStore[_Db]):
 
     async def owned_checkpoints(
         self, *, run_ids: Collection[str] = (), user: str | None = None
-    ) -> list[CheckpointInfo]:
+    ) -> builtins.list[CheckpointInfo]:
         """The checkpoints of one of ``run_ids`` (their ``run_id``, or their body's
         ``session_id``) or of ``user`` (their body's ``user_id``), oldest first; a
         damaged row is found by its ``run_id`` alone. Reads every row (checkpoints are

@@ -90,6 +90,15 @@ class _Statements:
         )
         self.count_scope = q("SELECT COUNT(*) FROM {t} WHERE scope = %s AND scope_key = ANY(%s)")
         self.erase_scope = q("DELETE FROM {t} WHERE scope = %s AND scope_key = ANY(%s)")
+        self.scope_items = q(
+            "SELECT resource, key, value, updated_at FROM {t}"
+            " WHERE scope = %s AND scope_key = %s AND (resource, key) > (%s, %s)"
+            " ORDER BY resource, key LIMIT %s"
+        )
+        self.import_item = q(
+            "INSERT INTO {t} (resource, scope, scope_key, key, value, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        )
 
 
 def _where(address: ResourceAddress) -> tuple[str, str, str]:
@@ -209,6 +218,44 @@ class PostgresResourceBinding(PooledStore):
                 if erased:
                     counts[scope] = erased
         return counts
+
+    # -- export and import (touba.data) --------------------------------------------------
+
+    async def scope_items(
+        self, scope: str, scope_key: str, *, after: tuple[str, str] = ("", ""), limit: int = 100
+    ) -> list[tuple[ResourceAddress, ResourceItem]]:
+        """The items of every resource under ``scope`` / ``scope_key``, ordered by
+        (resource, key) by code point, the first ``limit`` after ``after`` (a (resource,
+        key) cursor). ResourceBindingUnavailable when the server fails."""
+        if has_nul(scope, scope_key, *after):
+            return []
+        params = (scope, scope_key, *after, max(limit, 0))
+        async with self._pg.call() as conn:
+            found = await rows(conn, self._sql.scope_items, params)
+        return [
+            (
+                ResourceAddress(str(r[0]), scope, scope_key),  # type: ignore[arg-type]
+                ResourceItem(str(r[1]), json.loads(r[2]), r[3].astimezone(UTC)),
+            )
+            for r in found
+        ]
+
+    async def import_item(
+        self, address: ResourceAddress, key: str, value: JSON, updated_at: datetime
+    ) -> bool:
+        """Store ``value`` under ``key`` with its ``updated_at`` (an export's) unless a
+        value is there; False, changing nothing, when one is. ConfigurationError when
+        ``value`` is not JSON data or a name holds NUL; ResourceBindingUnavailable when
+        the server fails."""
+        text = encode_value(value)
+        if has_nul(*_where(address), key):
+            raise ConfigurationError(
+                "PostgreSQL text cannot hold NUL (\\x00): the resource name, scope key and "
+                "key must not contain it; nothing was written"
+            )
+        params = (*_where(address), key, text, updated_at)
+        async with self._pg.call() as conn:
+            return await run(conn, self._sql.import_item, params) > 0
 
 
 def _no_nul(scope_keys: dict[str, frozenset[str]]) -> dict[str, list[str]]:

@@ -125,6 +125,30 @@ class _Db:
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         return erased
 
+    # -- export and import (touba.data) --------------------------------------------------
+
+    def scope_items(
+        self, scope: str, scope_key: str, after: tuple[str, str], limit: int
+    ) -> list[tuple[str, str, str, str]]:
+        rows = self.conn.execute(
+            "SELECT resource, key, value, updated_at FROM touba_resources "
+            "WHERE scope = ? AND scope_key = ? AND (resource, key) > (?, ?) "
+            "ORDER BY resource, key LIMIT ?",
+            (scope, scope_key, *after, limit),
+        ).fetchall()
+        return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
+
+    def import_item(self, address: ResourceAddress, key: str, value: str, at: str) -> bool:
+        def job() -> bool:
+            cursor = self.conn.execute(
+                "INSERT INTO touba_resources (resource, scope, scope_key, key, value, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (*_where(address), key, value, at),
+            )
+            return cursor.rowcount > 0
+
+        return self._write(job)
+
 
 class SqliteResourceBinding(OwnedSqliteStore[_Db]):
     """Resources in a SQLite file, durable and shared by processes.
@@ -187,3 +211,32 @@ class SqliteResourceBinding(OwnedSqliteStore[_Db]):
         file fails."""
         wanted = scope_keys_of(scope_keys)
         return await self._run(lambda: self._db.erase_scope_keys(wanted))
+
+    # -- export and import (touba.data) --------------------------------------------------
+
+    async def scope_items(
+        self, scope: str, scope_key: str, *, after: tuple[str, str] = ("", ""), limit: int = 100
+    ) -> list[tuple[ResourceAddress, ResourceItem]]:
+        """The items of every resource under ``scope`` / ``scope_key``, ordered by
+        (resource, key), the first ``limit`` after ``after`` (a (resource, key) cursor).
+        ResourceBindingUnavailable when the file fails."""
+        found = await self._run(
+            lambda: self._db.scope_items(scope, scope_key, after, max(limit, 0))
+        )
+        return [
+            (
+                ResourceAddress(resource, scope, scope_key),  # type: ignore[arg-type]
+                ResourceItem(key, json.loads(text), datetime.fromisoformat(at)),
+            )
+            for resource, key, text, at in found
+        ]
+
+    async def import_item(
+        self, address: ResourceAddress, key: str, value: JSON, updated_at: datetime
+    ) -> bool:
+        """Store ``value`` under ``key`` with its ``updated_at`` (an export's) in one
+        transaction, unless a value is there; False, changing nothing, when one is.
+        ConfigurationError when ``value`` is not JSON data; ResourceBindingUnavailable
+        (nothing written) when the file fails."""
+        text, at = encode_value(value), updated_at.astimezone(UTC).isoformat()
+        return await self._run(lambda: self._db.import_item(address, key, text, at))

@@ -248,6 +248,38 @@ class MemoryResourceBinding:
             del self._items[address]
         return counts
 
+    # -- export and import (touba.data) --------------------------------------------------
+
+    async def scope_items(
+        self, scope: str, scope_key: str, *, after: tuple[str, str] = ("", ""), limit: int = 100
+    ) -> list[tuple[ResourceAddress, ResourceItem]]:
+        """The items of every resource under ``scope`` / ``scope_key``, ordered by
+        (resource, key), the first ``limit`` after ``after`` (a (resource, key) cursor)."""
+        found = sorted(
+            (address.resource, key, address, text, at)
+            for address, items in self._items.items()
+            if address.scope == scope and address.scope_key == scope_key
+            for key, (text, at) in items.items()
+            if (address.resource, key) > after
+        )
+        return [
+            (address, ResourceItem(key, json.loads(text), at))
+            for _, key, address, text, at in found[: max(limit, 0)]
+        ]
+
+    async def import_item(
+        self, address: ResourceAddress, key: str, value: JSON, updated_at: datetime
+    ) -> bool:
+        """Store ``value`` under ``key`` with its ``updated_at`` (an export's) unless a
+        value is there; False, changing nothing, when one is. ConfigurationError when
+        ``value`` is not JSON data."""
+        text = encode_value(value)
+        items = self._items.setdefault(address, {})
+        if key in items:
+            return False
+        items[key] = (text, updated_at)
+        return True
+
 
 Note = Callable[..., None]
 
