@@ -172,6 +172,7 @@ def populated(tmp_path: Path) -> Path:
         await populate(deployment)
         await deployment.memory.close()
         await deployment.stores.checkpoints.close()  # type: ignore[union-attr]
+        await deployment.stores.resources.close()  # type: ignore[union-attr]
         for store in deployment.histories.made:
             await store.close()
         return deployment.dir

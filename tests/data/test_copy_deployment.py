@@ -46,6 +46,11 @@ async def deployments(tmp_path: Path) -> AsyncIterator[Callable[..., Deployment]
         await deployment.close()
 
 
+def copied(deployment: Deployment) -> Stores:
+    """The deployment's stores a copy takes: all but its resource binding (not copied)."""
+    return dataclasses.replace(deployment.stores, resources=None)
+
+
 async def everything(deployment: Deployment) -> dict[str, Any]:
     """What the deployment answers, content included, for a comparison."""
     memory = deployment.memory
@@ -74,16 +79,16 @@ async def test_a_deployment_is_copied_whole_and_a_rerun_adds_nothing(
     origin, destination = deployments(*source), deployments(*target)
     await populate(origin)
 
-    report = await copy_stores(origin.stores, destination.stores)
+    report = await copy_stores(copied(origin), copied(destination))
     assert report.copied == EVERY_KIND
     assert report.issues == ()
     assert await everything(destination) == await everything(origin)
-    verified = await verify_copy(origin.stores, destination.stores)
+    verified = await verify_copy(copied(origin), copied(destination))
     assert verified.clean
     assert verified.counts == {kind: (n, n) for kind, n in EVERY_KIND.items()}
     assert verified.matched == sum(EVERY_KIND.values())
 
-    again = await copy_stores(origin.stores, destination.stores)
+    again = await copy_stores(copied(origin), copied(destination))
     assert again.already == EVERY_KIND
     assert sum(again.copied.values()) == 0
     assert await everything(destination) == await everything(origin)
@@ -96,12 +101,12 @@ async def test_a_memory_conflict_is_reported_and_nothing_of_memory_written(
     await populate(origin)
     await destination.memory.open_session("s1", owner="someone-else", agent_ref="x", mode="live")
 
-    report = await copy_stores(origin.stores, destination.stores)
+    report = await copy_stores(copied(origin), copied(destination))
     assert report.issues == (CopyIssue(0, "s1", "conflict", kind="session"),)
     assert report.copied == {"conversation": 4}  # the histories went first
     assert [s.owner for s in await destination.memory.list_sessions()] == ["someone-else"]
     assert await destination.memory.list_jobs() == []
-    verified = await verify_copy(origin.stores, destination.stores)
+    verified = await verify_copy(copied(origin), copied(destination))
     reasons = {(m.kind, m.key): m.reason for m in verified.mismatches}
     assert reasons[("session", "s1")] == "different"
     assert reasons[("session", "s2")] == "missing"
@@ -113,30 +118,30 @@ async def test_a_record_missing_from_the_target_is_found_by_verify(
 ) -> None:
     origin, destination = deployments(), deployments()
     await populate(origin)
-    await copy_stores(origin.stores, destination.stores)
+    await copy_stores(copied(origin), copied(destination))
     await destination.memory.delete_session("s2")
-    verified = await verify_copy(origin.stores, destination.stores)
+    verified = await verify_copy(copied(origin), copied(destination))
     assert {(m.kind, m.key, m.reason) for m in verified.mismatches} == {
         ("session", "s2", "missing"),
         *(("turn", f"s2#{n}", "missing") for n in range(3)),
     }
     # and a rerun puts them back
-    again = await copy_stores(origin.stores, destination.stores)
+    again = await copy_stores(copied(origin), copied(destination))
     assert again.copied["session"] == 1
     assert again.copied["turn"] == 3
-    assert (await verify_copy(origin.stores, destination.stores)).clean
+    assert (await verify_copy(copied(origin), copied(destination))).clean
 
 
 async def test_resources_and_half_given_stores_are_refused(
     deployments: Callable[..., Deployment],
 ) -> None:
     origin, destination = deployments(), deployments()
-    with_resources = dataclasses.replace(origin.stores, resources=MemoryResourceBinding())
+    with_resources = dataclasses.replace(copied(origin), resources=MemoryResourceBinding())
     with pytest.raises(ConfigurationError, match="resource values are not copied"):
-        await copy_stores(with_resources, destination.stores)
-    without_memory = dataclasses.replace(destination.stores, memory=None)
+        await copy_stores(with_resources, copied(destination))
+    without_memory = dataclasses.replace(copied(destination), memory=None)
     with pytest.raises(ConfigurationError, match="memory store on both sides"):
-        await copy_stores(origin.stores, without_memory)
+        await copy_stores(copied(origin), without_memory)
     assert await destination.memory.list_sessions() == []
     empty = Stores(histories=destination.stores.histories)
     assert (await copy_stores(Stores(histories=origin.stores.histories), empty)).complete
