@@ -396,7 +396,7 @@ async def test_stores_that_do_not_pair_are_refused() -> None:
         await copy_stores(Stores(histories=[one, two]), Stores(histories=[one]))
     from touba.memory import SqliteMemoryStore
 
-    with pytest.raises(ConfigurationError, match="memory store is not available yet"):
+    with pytest.raises(ConfigurationError, match="memory store on both sides or on neither"):
         await verify_copy(Stores(memory=SqliteMemoryStore.__new__(SqliteMemoryStore)), Stores())
 
 
