@@ -57,6 +57,8 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/chat_traffic.py
 	$(BIN)/python bench/panel_pages.py
 	$(BIN)/python bench/memory_encryption.py
+	$(BIN)/python bench/copy_stores.py
+	$(BIN)/python bench/retention.py
 
 # The docs site (mkdocs.yml): strict, so a broken link, page or API reference fails the
 # build; it reaches no network (no social cards, no privacy plugin, no remote assets).

@@ -77,7 +77,7 @@ PAGES: dict[str, str] = {
     "docs/data/index.md": "",
     "docs/data/erase.md": "python output sh",
     "docs/data/export.md": "python output sh python output python output sh",
-    "docs/data/copy.md": "",
+    "docs/data/copy.md": "python python output sh sh sh",
     "docs/data/fork-and-rewind.md": "python output python output",
     "docs/data/repair.md": "python output sh json",
     "docs/data/encryption.md": "sh python output sh python output sh python output",

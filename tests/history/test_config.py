@@ -181,6 +181,8 @@ def test_event_has_no_field_for_content() -> None:
         "used_bytes",
         "max_store_bytes",
         "prior_turns",
+        "added_messages",  # history_repaired: how many observations a repair added
+        "repaired_kinds",  # and the kinds of problem it fixed (orphan_call, ...)
     }
     assert not names & {"text", "messages", "arguments", "result", "results", "signature"}
 

@@ -8,6 +8,7 @@ from touba.cli import (
     _agents,
     _chat,
     _check,
+    _copy,
     _demo,
     _events,
     _export,
@@ -38,3 +39,4 @@ app.add_typer(_users.app, name="users")
 _export.register(app)
 app.command("purge")(_purge.purge)
 app.command("rekey")(_rekey.rekey)
+app.command("copy")(_copy.copy)

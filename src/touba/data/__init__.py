@@ -7,6 +7,16 @@ each store's own primitives. It sits above :mod:`touba.memory` and below the CLI
 the panel, which both call it.
 """
 
+from touba.data._copy import (
+    CopyIssue,
+    CopyReport,
+    VerifyMismatch,
+    VerifyReport,
+    conversation_digest,
+    copy_stores,
+    copy_worker_id,
+    verify_copy,
+)
 from touba.data._erase import ErasureReceipt, erase_user, verify_erased
 from touba.data._export import export_records, write_export
 from touba.data._format import (
@@ -22,6 +32,8 @@ from touba.data._stores import Stores
 from touba.memory._retention import Retention, RetentionReport
 
 __all__ = [
+    "CopyIssue",
+    "CopyReport",
     "ErasureReceipt",
     "ExportFileInvalid",
     "FORMAT_VERSION",
@@ -32,11 +44,17 @@ __all__ = [
     "Retention",
     "RetentionReport",
     "Stores",
+    "VerifyMismatch",
+    "VerifyReport",
     "apply_retention",
+    "conversation_digest",
+    "copy_stores",
+    "copy_worker_id",
     "erase_user",
     "export_records",
     "import_records",
     "owned_by",
+    "verify_copy",
     "verify_erased",
     "write_export",
 ]

@@ -325,6 +325,14 @@ class MemoryHistoryStore(AsyncClosing):
                 raise busy(key)
             return None if entry is None or entry.expires_at <= now else entry.record()
 
+    async def read_saved(self, key: str) -> Record | None:
+        """The record as last saved, even while a transaction holds ``key``; None if
+        absent or expired. Writes nothing, purges nothing."""
+        check_key(key)
+        with self._lock:
+            entry = self._peek(key)
+            return None if entry is None or entry.expires_at <= self._clock() else entry.record()
+
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; False when absent, ``DecisionHistoryBusy``
         while a transaction holds it."""

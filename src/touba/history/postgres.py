@@ -653,6 +653,16 @@ class PostgresHistoryStore(PooledStore):
         """A detached copy, or None if absent or expired; the TTL is not renewed.
 
         An expired conversation is purged first, unless ``purge`` is False."""
+        return await self._read(key, purge=purge, held=False)
+
+    async def read_saved(self, key: str) -> Record | None:
+        """The record as last saved, even while a reservation holds ``key`` (what a
+        holder that crashes would leave; ``touba copy --include-active`` copies it).
+
+        None if absent, expired or only reserved (no record yet). Deletes nothing."""
+        return await self._read(key, purge=False, held=True)
+
+    async def _read(self, key: str, *, purge: bool, held: bool) -> Record | None:
         check_key(key)
         s = self._sql
         async with self._pg.call() as conn:
@@ -662,9 +672,9 @@ class PostgresHistoryStore(PooledStore):
             if row is None:
                 return None
             token, head, split, expired = row
-            if token is not None:
+            if token is not None and not held:
                 raise await _held(conn, s, key)
-            if expired:
+            if expired or head is None:
                 return None
             rows = await _rows(conn, s.all_messages, (key,)) if split else []
         return _decode(key, head, split, rows, self._sealer)

@@ -735,8 +735,19 @@ class RedisHistoryStore(AsyncClosing):
 
         Expired conversations are purged first, unless ``purge`` is False (Redis's
         own expiry of their keys, a minute later, still removes them)."""
+        return await self._read(key, purge=purge, held=False)
+
+    async def read_saved(self, key: str) -> Record | None:
+        """The record as last saved, even while a reservation holds ``key`` (what a
+        holder that crashes would leave; ``touba copy --include-active`` copies it).
+
+        None if absent, expired or only reserved (no record yet). Writes nothing."""
+        return await self._read(key, purge=False, held=True)
+
+    async def _read(self, key: str, *, purge: bool, held: bool) -> Record | None:
         keys = self._keys(key)
-        reply = await self._conv(self._read_script, keys, (_flag(purge),), "a read")
+        args = (_flag(purge), _flag(held))
+        reply = await self._conv(self._read_script, keys, args, "a read")
         status = replies.text(reply[0])
         if status == "busy":
             raise self._busy(key, reply)

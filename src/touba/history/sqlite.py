@@ -468,14 +468,14 @@ class _Db:
         with transaction(self.conn):
             return self._purge_all(now)
 
-    def read(self, key: str) -> Record | None:
+    def read(self, key: str, held: bool = False) -> Record | None:
         with transaction(self.conn, "BEGIN"):
             row = self.q(
                 "SELECT head, split, exchanges, token, expires_at FROM touba_history_sessions "
                 "WHERE key = ?",
                 key,
             ).fetchone()
-            if row is not None and row[3] is not None:
+            if row is not None and row[3] is not None and not held:
                 raise busy(key)
             if row is None or row[0] is None or row[4] <= self.store._clock():
                 return None
@@ -857,6 +857,17 @@ class SqliteHistoryStore(AsyncClosing):
         check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.read(key))
+
+    async def read_saved(self, key: str) -> Record | None:
+        """The record as last saved, even while a reservation holds ``key`` (what a
+        holder that crashes would leave; ``touba copy --include-active`` copies it).
+
+        None if absent, expired or only reserved (no record yet). Writes nothing,
+        purges nothing. ``DecisionHistoryStoreUnavailable`` when the file cannot be
+        read."""
+        check_key(key)
+        with self._using():
+            return await self._run(key, lambda: self._db.read(key, held=True))
 
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; ``DecisionHistoryBusy`` if it is reserved,

@@ -137,6 +137,7 @@ STATEMENTS: dict[str, str] = {
     " SUM(CASE WHEN mode = 'preview' THEN 1 ELSE 0 END) FROM {sessions} WHERE {mode_filter}"
     " GROUP BY owner ORDER BY MAX(created_at) DESC, owner LIMIT %s OFFSET %s",
     "count_owners": "SELECT COUNT(DISTINCT owner) FROM {sessions} WHERE {mode_filter}",
+    "event_owners": "SELECT DISTINCT owner FROM {events} ORDER BY owner LIMIT %s OFFSET %s",
     "owner_events": "SELECT COUNT(*), SUM(CASE WHEN status <> 'closed' THEN 1 ELSE 0 END)"
     " FROM {events} WHERE owner = %s",
     "delete_turns": "DELETE FROM {turns} WHERE session_id = %s",

@@ -1221,6 +1221,12 @@ class SqlMemoryStore(ABC):
 
         return await self._atomic(body, write=False)
 
+    async def list_event_owners(self, *, limit: int = 500, offset: int = 0) -> list[str]:
+        """Every owner of at least one key event (with a session or not), in order,
+        from ``offset``: what a copy of the whole store walks. Reads only."""
+        rows = await self._read("event_owners", (max(limit, 0), max(offset, 0)))
+        return [str(row[0]) for row in rows]
+
     async def list_turns(
         self, session_id: str, *, limit: int = 50, offset: int = 0, newest_first: bool = False
     ) -> tuple[StoredTurn, ...]:
