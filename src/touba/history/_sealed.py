@@ -26,6 +26,13 @@ sealed text only. Decisions:
 - **Fails closed.** A value that does not open (plaintext, another key's, altered,
   truncated, moved) raises ``DecisionHistoryRecordInvalid`` naming the conversation
   and at most the key id; a reservation that read it is released first.
+- **Raw reads.** ``read_raw`` (what ``touba history check`` and ``repair`` read)
+  opens each value in its place too (:meth:`Sealer.open_raw`): a check sees the
+  plaintext, so a healthy sealed conversation reports nothing. A value that does
+  not open is never read as plaintext: it is handed on as text that is not JSON
+  (the token itself, or the stored text behind a ``"not sealed: "`` mark), so the
+  check names it ``unreadable_row`` (a head: unrepairable) and a repair drops it;
+  the repair's save is sealed like any other.
 - **Optimistic saves.** ``save_if`` compares the stored head text: the backend is
   given the sealed text last read or written for that head (a small bounded map),
   and a head it does not know falls back to the reserved path. In content mode
@@ -46,6 +53,7 @@ from touba._encryption import Encryption
 from touba.errors import ConfigurationError, DecisionHistoryBusy, DecisionHistoryRecordInvalid
 from touba.history._backend import Backend, Read, Reserved, Rows, Seen, Sizes, Write
 from touba.history._common import Reservation
+from touba.history._repair import RawConversation
 
 __all__ = [
     "Rekeying",
@@ -152,6 +160,29 @@ class Sealer:
         if head is None:
             return None, []
         return self.open_head(key, head), self.open_rows(key, rows, 0)
+
+    def open_raw(self, raw: RawConversation) -> RawConversation:
+        """``raw`` (a ``read_raw`` of this store) with each value opened in its place
+        (the head, then row ``i`` as message ``i``); a value that does not open is
+        kept as text that is not JSON (see the module docstring), never as plaintext."""
+        head = self._opened_or_not(lambda: self.open_head(raw.key, raw.head), raw.head)
+        rows = tuple(
+            replace(
+                row,
+                body=self._opened_or_not(
+                    lambda seq=seq, body=row.body: self.open_body(raw.key, seq, body), row.body
+                ),
+            )
+            for seq, row in enumerate(raw.rows)
+        )
+        return replace(raw, head=head, rows=rows)
+
+    @staticmethod
+    def _opened_or_not(opened: Callable[[], str], stored: str) -> str:
+        try:
+            return opened()
+        except DecisionHistoryRecordInvalid:
+            return stored if Encryption.is_sealed(stored) else f"not sealed: {stored}"
 
     def is_current(self, value: object) -> bool:
         """Whether ``value`` is a token of the current key (not whether it opens)."""

@@ -726,7 +726,7 @@ class PostgresHistoryStore(PooledStore):
                 return None
             head, split, exchanges, messages, size, active, _expired = row
             rows = await _rows(conn, s.all_messages, (key,)) if split else []
-        return RawConversation(
+        raw = RawConversation(
             key,
             raw_text(head),
             bool(split),
@@ -736,6 +736,7 @@ class PostgresHistoryStore(PooledStore):
             size,
             bool(active),
         )
+        return raw if self._sealer is None else self._sealer.open_raw(raw)  # or not JSON
 
     async def repair(self, plan: RepairPlan) -> bool:
         """Write ``plan`` (:func:`~touba.history.plan_repair`) in one transaction under a

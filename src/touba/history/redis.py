@@ -807,7 +807,7 @@ class RedisHistoryStore(AsyncClosing):
         if expires is not None and int(expires) <= seconds * 1000 + micros // 1000:
             return None
         split = raw_text(split) == "1"
-        return RawConversation(
+        raw = RawConversation(
             key,
             raw_text(head),
             split,
@@ -817,6 +817,7 @@ class RedisHistoryStore(AsyncClosing):
             int(size or 0),
             token is not None,
         )
+        return raw if self._sealer is None else self._sealer.open_raw(raw)  # or not JSON
 
     async def repair(self, plan: RepairPlan) -> bool:
         """Write ``plan`` (:func:`~touba.history.plan_repair`) in one script under a

@@ -448,7 +448,7 @@ class _Db:
                 return None
             head, split, exchanges, messages, size, token, _expires = row
             rows = self._rows(key, 0, _NO_END) if split else []
-        return RawConversation(
+        raw = RawConversation(
             key,
             raw_text(head),
             bool(split),
@@ -458,6 +458,8 @@ class _Db:
             size,
             token is not None,
         )
+        sealer = self.store._sealer
+        return raw if sealer is None else sealer.open_raw(raw)  # plaintext, or not JSON
 
     def purge(self) -> int:
         now = self.store._clock()
