@@ -14,6 +14,7 @@ sealed with the store's own sealer where the damage is one a bug could have writ
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,15 +24,23 @@ from typing import Any
 import pytest
 
 import touba
-from tests.history._stores import DURABLE, Stores
-from tests.history.test_encryption_stores import flip, raw_values
-from tests.history.test_repair import REPAIRED_ERROR, answer, conversation, request
+from tests.history._stores import DURABLE, Stores, holding
+from tests.history.test_encryption_stores import MARKER, converse, flip, raw_values
+from tests.history.test_repair import answer, conversation, request
 from tests.history.test_repair import whole_window_passes as window_passes
+from touba.data import Stores as Deployment
+from touba.data import copy_stores, erase_user, import_records, verify_copy, verify_erased
+from touba.data._export import write_export
 from touba.history import (
     ConversationIdentity,
+    DecisionHistory,
+    DecisionMessage,
+    HistoryConfig,
+    HistoryWindow,
     check_record,
     plan_repair,
 )
+from touba.history._repair import REPAIRED_ERROR
 
 
 def sealing() -> touba.Encryption:
@@ -50,26 +59,32 @@ async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     await built.cleanup()
 
 
-async def stored(stores: Stores, store: Any) -> list[str]:
-    """Every head and message body the store keeps, as stored (a Redis row's
+async def stored(stores: Stores, store: Any, name: str = "main") -> list[str]:
+    """Every head and message body the store ``name`` keeps, as stored (a Redis row's
     ``[exchange,bytes,body]`` framing taken off)."""
-    if stores.kind != "redis":
+    if stores.kind == "sqlite":
+        with sqlite3.connect(stores.location(name)[0]) as conn:
+            heads = [r[0] for r in conn.execute("SELECT head FROM touba_history_sessions")]
+            bodies = [r[0] for r in conn.execute("SELECT body FROM touba_history_messages")]
+        return [v for v in heads + bodies if v is not None]
+    if stores.kind == "postgres":
         return await raw_values(stores, store)
     client, out = store._client, []
-    async for name in client.scan_iter(match=stores.location("main")[1] + "*"):
-        kind = (await client.type(name)).decode()
+    async for found in client.scan_iter(match=stores.location(name)[1] + "*"):
+        name_ = found
+        kind = (await client.type(name_)).decode()
         if kind == "hash":
-            head = await client.hget(name, "head")
+            head = await client.hget(name_, "head")
             out += [head.decode()] if head is not None else []
         elif kind == "list":
-            for value in await client.lrange(name, 0, -1):
+            for value in await client.lrange(name_, 0, -1):
                 parts = value.decode()[1:-1].split(",", 2)
                 out += [parts[2]] if len(parts) == 3 else []
     return out
 
 
-async def all_sealed(stores: Stores, store: Any) -> bool:
-    values = await stored(stores, store)
+async def all_sealed(stores: Stores, store: Any, name: str = "main") -> bool:
+    values = await stored(stores, store, name)
     return bool(values) and all(touba.Encryption.is_sealed(v) for v in values)
 
 
@@ -342,3 +357,163 @@ async def test_a_head_that_does_not_open_is_unrepairable_and_kept(durable: Store
     before = await stored(durable, store)
     assert await store.repair(plan) is False
     assert await stored(durable, store) == before
+
+
+# -- 2. copy ------------------------------------------------------------------------------
+
+PG, REDIS = pytest.mark.postgres, pytest.mark.redis
+COPIES = [
+    pytest.param(("sqlite", False), ("postgres", True), marks=PG, id="sqlite->enc-pg"),
+    pytest.param(("postgres", True), ("sqlite", False), marks=PG, id="enc-pg->sqlite"),
+    pytest.param(("sqlite", True), ("redis", False), marks=REDIS, id="enc-sqlite->redis"),
+    pytest.param(("sqlite", False), ("redis", True), marks=REDIS, id="sqlite->enc-redis"),
+    pytest.param(("redis", True), ("sqlite", True), marks=REDIS, id="enc-redis->enc-sqlite"),
+]
+
+
+@pytest.mark.parametrize(("source", "target"), COPIES)
+async def test_copy_between_plain_and_encrypted_stores_verifies_clean(
+    tmp_path: Path, source: tuple[str, bool], target: tuple[str, bool]
+) -> None:
+    places = []
+    for n, (kind, _sealed) in enumerate((source, target)):
+        (tmp_path / str(n)).mkdir()
+        places.append(Stores(kind, tmp_path / str(n)))
+        places[-1].prepare()
+    try:
+        a = places[0]("main", encryption=sealing() if source[1] else None)
+        b = places[1]("main", encryption=sealing() if target[1] else None)
+        first, second = who("r1", 1), who("r2", 2)
+        await converse(a, first, 3)
+        await converse(a, second, 2)
+        origin, destination = Deployment(histories=[a]), Deployment(histories=[b])
+
+        await copy_stores(origin, destination)
+        report = await verify_copy(origin, destination)
+
+        assert report.clean, report.mismatches
+        assert report.matched == 2
+        for identity in (first, second):
+            assert await b.read(identity.key) == await a.read(identity.key)
+        values = await stored(places[1], b)
+        if target[1]:
+            assert await all_sealed(places[1], b)
+            assert not [v for v in values if MARKER in v]
+        else:
+            assert [v for v in values if MARKER in v]  # the scan does see plaintext
+        await copy_stores(origin, destination)  # rerun: nothing doubled
+        assert len(await stored(places[1], b)) == len(values)
+        assert (await verify_copy(origin, destination)).clean
+    finally:
+        for place in places:
+            await place.cleanup()
+
+
+async def test_read_saved_of_a_held_encrypted_conversation_is_copied_opened(
+    durable: Stores,
+) -> None:
+    a = durable("main", encryption=sealing())
+    b = durable("other", encryption=sealing())
+    first = who("r1", 1)
+    await converse(a, first, 2)
+    before = await a.read(first.key)
+    assert await a.read_saved(first.key) == before  # opened, not tokens
+    task, leave = await holding(a, first.key, lambda snapshot: (snapshot, None))
+    try:
+        assert await a.read_saved(first.key) == before
+        origin, destination = Deployment(histories=[a]), Deployment(histories=[b])
+        await copy_stores(origin, destination, include_active=True)
+        assert await b.read(first.key) == before
+        assert (await verify_copy(origin, destination)).clean
+    finally:
+        leave.set()
+        await task
+    assert await all_sealed(durable, b, "other")
+
+
+# -- 3. export / import ---------------------------------------------------------------------
+
+
+async def test_export_import_of_encrypted_conversations_round_trips(durable: Stores) -> None:
+    a = durable("main", encryption=sealing())
+    b = durable("other", encryption=sealing())
+    first, second = who("r1", 1), who("r2", 2)
+    await converse(a, first, 3)
+    await converse(a, second, 2)
+    out = io.BytesIO()
+    await write_export(Deployment(histories=[a]), out, namespace="n")
+    exported = out.getvalue()
+    assert MARKER.encode() in exported  # the user's copy holds the plaintext
+    assert b"tbe1." not in exported  # and never a token as content
+
+    report = await import_records(Deployment(histories=[b]), io.BytesIO(exported))
+
+    assert report.added == {"conversation": 2}
+    for identity in (first, second):
+        assert await b.read(identity.key) == await a.read(identity.key)
+    assert await all_sealed(durable, b, "other")
+    assert not [v for v in await stored(durable, b, "other") if MARKER in v]
+    again = await import_records(Deployment(histories=[b]), io.BytesIO(exported))
+    assert again.added == {}
+    fresh = durable("other", encryption=sealing())
+    await converse(fresh, first, 1)  # the imported conversation goes on
+    assert len((await fresh.read(first.key))["exchanges"]) == 4
+
+
+# -- 4. fork -----------------------------------------------------------------------------
+
+
+async def test_a_fork_of_an_encrypted_conversation_reads_back_and_goes_on(
+    durable: Stores,
+) -> None:
+    store = durable("main", encryption=sealing())
+    original = who("r1", 1)
+    await converse(store, original, 3)
+    before = await store.read(original.key)
+    copy = who("r2", 2)
+    history = DecisionHistory(HistoryConfig(store=store, namespace="n"))
+
+    key = await history.fork(original.key, copy, at_exchange=2)
+
+    fresh = durable("main", encryption=sealing())
+    forked = await fresh.read(key)
+    assert forked is not None
+    assert forked["exchanges"] == before["exchanges"][:2]
+    assert await fresh.read(original.key) == before  # the original untouched
+    assert await all_sealed(durable, store)
+    raw = await fresh.read_raw(key)
+    assert raw is not None
+    assert check_record(raw) == []
+
+    async def generate(window: HistoryWindow) -> DecisionMessage:
+        return DecisionMessage(text="forked on")
+
+    await DecisionHistory(HistoryConfig(store=fresh, namespace="n")).step(copy, [], generate)
+    assert len((await fresh.read(key))["exchanges"]) == 3
+    assert await all_sealed(durable, store)
+
+
+# -- 5. erase -----------------------------------------------------------------------------
+
+
+async def test_erase_on_an_encrypted_history_store_leaves_nothing(durable: Stores) -> None:
+    store = durable("main", encryption=sealing())
+    alice, bob = who("run-alice", 1), who("run-bob", 2)
+    await converse(store, alice, 3)
+    await converse(store, bob, 2)
+    bob_before = await store.read(bob.key)
+    bob_values = [v for v in await stored(durable, store) if v is not None]
+    deployment = Deployment(histories=[store])
+
+    receipt = await erase_user("alice", deployment, run_ids=["run-alice"])
+
+    assert receipt.total >= 1
+    assert await verify_erased("alice", deployment, run_ids=["run-alice"]) == {}
+    assert [row.key for row in await store.list(purge=False)] == [bob.key]
+    assert await store.read_raw(alice.key) is None
+    assert await durable("main", encryption=sealing()).read(bob.key) == bob_before
+    left = await stored(durable, store)
+    assert 0 < len(left) < len(bob_values)
+    assert await all_sealed(durable, store)
+    assert (await erase_user("alice", deployment, run_ids=["run-alice"])).total == 0
+    assert await verify_erased("alice", deployment, run_ids=["run-alice"]) == {}

@@ -165,28 +165,26 @@ class Sealer:
         """``raw`` (a ``read_raw`` of this store) with each value opened in its place
         (the head, then row ``i`` as message ``i``); a value that does not open is
         kept as text that is not JSON (see the module docstring), never as plaintext."""
-        head = self._opened_or_not(lambda: self.open_head(raw.key, raw.head), raw.head)
-        rows = tuple(
-            replace(
-                row,
-                body=self._opened_or_not(
-                    lambda seq=seq, body=row.body: self.open_body(raw.key, seq, body), row.body
-                ),
-            )
-            for seq, row in enumerate(raw.rows)
-        )
-        return replace(raw, head=head, rows=rows)
-
-    @staticmethod
-    def _opened_or_not(opened: Callable[[], str], stored: str) -> str:
         try:
-            return opened()
+            head = self.open_head(raw.key, raw.head)
         except DecisionHistoryRecordInvalid:
-            return stored if Encryption.is_sealed(stored) else f"not sealed: {stored}"
+            head = _unopened(raw.head)
+        rows = []
+        for seq, row in enumerate(raw.rows):
+            try:
+                rows.append(replace(row, body=self.open_body(raw.key, seq, row.body)))
+            except DecisionHistoryRecordInvalid:
+                rows.append(replace(row, body=_unopened(row.body)))
+        return replace(raw, head=head, rows=tuple(rows))
 
     def is_current(self, value: object) -> bool:
         """Whether ``value`` is a token of the current key (not whether it opens)."""
         return isinstance(value, str) and value.startswith(self.prefix)
+
+
+def _unopened(stored: str) -> str:
+    """A value that does not open, as text that is not JSON (never read as plaintext)."""
+    return stored if Encryption.is_sealed(stored) else f"not sealed: {stored}"
 
 
 class SealedBackend:
