@@ -517,3 +517,22 @@ async def test_erase_on_an_encrypted_history_store_leaves_nothing(durable: Store
     assert await all_sealed(durable, store)
     assert (await erase_user("alice", deployment, run_ids=["run-alice"])).total == 0
     assert await verify_erased("alice", deployment, run_ids=["run-alice"]) == {}
+
+
+async def test_a_check_without_the_keys_drops_nothing_and_says_so(durable: Stores) -> None:
+    """The store opened without ``encryption=`` (an operator's mistake): every value is
+    a token, the conversation is unrepairable with advice to open it with its keys
+    (never to delete it), and a repair writes nothing."""
+    store = durable("main", encryption=sealing())
+    _provider, _last, key = await conversation(store)
+    before = await store.read(key)
+    plain = durable("main")
+    raw = await plain.read_raw(key)
+    assert raw is not None
+    plan = plan_repair(raw)
+    assert not plan.changes
+    assert plan.unrepairable is not None
+    assert "encryption=" in plan.unrepairable
+    assert "delete it" not in plan.unrepairable
+    assert await plain.repair(plan) is False
+    assert await durable("main", encryption=sealing()).read(key) == before

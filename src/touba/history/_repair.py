@@ -30,6 +30,11 @@ decisions:
   repair changed is dropped (its fingerprint no longer covers them; the next
   decision summarises again). Everything else (identity, plot, timestamps but
   ``updated_at``) is kept as stored.
+- **Sealed values.** A store encrypted at rest hands over its values opened
+  (``read_raw``); a value still sealed did not open (the store was opened without
+  its ``encryption=`` or with other keys, or the value was altered or moved): a
+  row is ``unreadable_row``, a head makes the conversation unrepairable with
+  advice to open the store with its keys rather than to delete it.
 - **What cannot be repaired.** A head that is not a JSON object, not a touba
   decision history record of this version, or without a readable identity: the
   conversation's identity is unknown, so nothing is rebuilt (``plan.record`` is
@@ -50,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
+from touba._encryption import Encryption
 from touba.errors import DecisionHistoryRecordInvalid, ToubaError
 from touba.history._config import HistoryEvent
 from touba.history._identity import IDENTITY_FIELDS, ConversationIdentity
@@ -94,6 +100,10 @@ ProblemKind = Literal[
 ]
 REPAIRED_ERROR: Final = "not run: repaired"
 EXPORT_FORMAT: Final = "touba-export"
+_SEALED: Final = (
+    "a sealed value that did not open (a store opened without encryption=, or with "
+    "other keys; or the value was altered or moved)"
+)
 EXPORT_VERSION: Final = 1
 
 
@@ -338,6 +348,8 @@ def _message(row: RawRow) -> tuple[Message | None, dict[str, Any], str]:
     if row.exchange is None or row.exchange < 0:
         return None, {}, "the store's framing of the row (its exchange number) is unreadable"
     body = _object(row.body)
+    if body is None and Encryption.is_sealed(row.body):
+        return None, {}, f"it is {_SEALED}"
     if body is None:
         return None, {}, "its text is not a JSON object"
     try:
@@ -383,6 +395,13 @@ class _Analysis:
     def _run(self) -> None:
         raw = self.raw
         head = _object(raw.head)
+        if head is None and Encryption.is_sealed(raw.head):
+            self.note("head_mismatch", "head", f"the stored head is {_SEALED}")
+            self.unrepairable = (
+                f"its head is {_SEALED}; check it with the store opened with its "
+                "encryption=touba.Encryption(...) (the right keys) before deleting anything"
+            )
+            return
         if head is None:
             self.note("head_mismatch", "head", "the stored head is not a JSON object")
             self.unrepairable = (
