@@ -135,6 +135,15 @@ class Encryption:
         """``open`` decoded as UTF-8."""
         return self.open(token, context=context).decode("utf-8")
 
+    def has_key(self, key_id: str) -> bool:
+        """Whether a key of id ``key_id`` is given (the key provider asked, when there is
+        one): a token of another key id cannot open here, whatever it holds."""
+        try:
+            self._cipher(key_id, refuse=LookupError)
+        except LookupError:
+            return False
+        return True
+
     def needs_reseal(self, token: str) -> bool:
         """Whether ``token`` was sealed with a key other than the current one."""
         return _parse(token)[0] != self._current

@@ -536,3 +536,34 @@ async def test_a_check_without_the_keys_drops_nothing_and_says_so(durable: Store
     assert "delete it" not in plan.unrepairable
     assert await plain.repair(plan) is False
     assert await durable("main", encryption=sealing()).read(key) == before
+
+
+async def test_rows_of_a_key_not_given_are_not_dropped(durable: Stores) -> None:
+    """A rotation half done (old rows under k1, the head and new rows under k2) and the
+    store opened with k2 only: the k1 rows are not damage; nothing is repaired."""
+    k1, k2 = bytes(32), bytes(range(32))
+    store = durable("main", encryption=sealing())
+    first = who("r1", 1)
+    key = first.key
+    await converse(store, first, 2)
+    both = durable("main", encryption=touba.Encryption(keys={"k1": k1, "k2": k2}, current="k2"))
+    await converse(both, first, 1)  # a decision: the head and its new rows under k2
+    raw_rows = [r for r in await stored(durable, both) if not r.startswith("tbe1.k2.")]
+    assert raw_rows  # rows still under k1 (only the head was re-sealed)
+    before = await both.read(key)
+
+    only_k2 = durable("main", encryption=touba.Encryption(keys={"k2": k2}, current="k2"))
+    raw = await only_k2.read_raw(key)
+    assert raw is not None
+    assert raw.missing_keys == ("k1",)
+    plan = plan_repair(raw)
+    assert not plan.changes
+    assert plan.unrepairable is not None
+    assert "'k1'" in plan.unrepairable
+    assert await only_k2.repair(plan) is False
+    assert await both.read(key) == before
+
+    full = await both.read_raw(key)
+    assert full is not None
+    assert full.missing_keys == ()
+    assert check_record(full) == []

@@ -34,7 +34,9 @@ decisions:
   (``read_raw``); a value still sealed did not open (the store was opened without
   its ``encryption=`` or with other keys, or the value was altered or moved): a
   row is ``unreadable_row``, a head makes the conversation unrepairable with
-  advice to open the store with its keys rather than to delete it.
+  advice to open the store with its keys rather than to delete it. Values sealed
+  with a key the store was not given (``missing_keys``: a key removed before a
+  rotation finished) make it unrepairable: they are not damaged, nothing is dropped.
 - **What cannot be repaired.** A head that is not a JSON object, not a touba
   decision history record of this version, or without a readable identity: the
   conversation's identity is unknown, so nothing is rebuilt (``plan.record`` is
@@ -123,7 +125,9 @@ class RawConversation:
 
     ``head`` is the stored head text (the whole record when ``split`` is False);
     ``rows`` every message row in stored order; ``exchanges``, ``messages`` and
-    ``bytes`` the store's own totals; ``active`` whether it is reserved now.
+    ``bytes`` the store's own totals; ``active`` whether it is reserved now;
+    ``missing_keys`` the key ids of sealed values the store was not given the keys
+    of (an encrypted store's ``read_raw``): such a conversation is not repaired.
     """
 
     key: str
@@ -134,6 +138,7 @@ class RawConversation:
     messages: int
     bytes: int
     active: bool = False
+    missing_keys: tuple[str, ...] = ()
 
     def same_as(self, other: RawConversation) -> bool:
         """Whether ``other`` holds the same stored text (head, rows and totals)."""
@@ -394,6 +399,14 @@ class _Analysis:
 
     def _run(self) -> None:
         raw = self.raw
+        if raw.missing_keys:
+            ids = ", ".join(repr(k) for k in raw.missing_keys)
+            self.note("unreadable_row", "sealed values", f"sealed with key(s) {ids} not given")
+            self.unrepairable = (
+                f"values are sealed with key(s) {ids} that the store was not given; open it "
+                "with those keys (finish `touba rekey` before removing a key): nothing is dropped"
+            )
+            return
         head = _object(raw.head)
         if head is None and Encryption.is_sealed(raw.head):
             self.note("head_mismatch", "head", f"the stored head is {_SEALED}")

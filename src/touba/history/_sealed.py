@@ -32,7 +32,8 @@ sealed text only. Decisions:
   not open is never read as plaintext: it is handed on as text that is not JSON
   (the token itself, or the stored text behind a ``"not sealed: "`` mark), so the
   check names it ``unreadable_row`` (a head: unrepairable) and a repair drops it;
-  the repair's save is sealed like any other.
+  the repair's save is sealed like any other. A value sealed with a key the store
+  was not given is named in ``missing_keys``: not damage, so nothing is repaired.
 - **Optimistic saves.** ``save_if`` compares the stored head text: the backend is
   given the sealed text last read or written for that head (a small bounded map),
   and a head it does not know falls back to the reserved path. In content mode
@@ -165,26 +166,35 @@ class Sealer:
         """``raw`` (a ``read_raw`` of this store) with each value opened in its place
         (the head, then row ``i`` as message ``i``); a value that does not open is
         kept as text that is not JSON (see the module docstring), never as plaintext."""
+        missing: set[str] = set()
         try:
             head = self.open_head(raw.key, raw.head)
         except DecisionHistoryRecordInvalid:
-            head = _unopened(raw.head)
+            head = self._unopened(raw.head, missing)
         rows = []
         for seq, row in enumerate(raw.rows):
             try:
                 rows.append(replace(row, body=self.open_body(raw.key, seq, row.body)))
             except DecisionHistoryRecordInvalid:
-                rows.append(replace(row, body=_unopened(row.body)))
-        return replace(raw, head=head, rows=tuple(rows))
+                rows.append(replace(row, body=self._unopened(row.body, missing)))
+        return replace(raw, head=head, rows=tuple(rows), missing_keys=tuple(sorted(missing)))
+
+    def _unopened(self, stored: str, missing: set[str]) -> str:
+        """A value that does not open, as text that is not JSON (never read as
+        plaintext); the id of a key not given is added to ``missing``."""
+        if not Encryption.is_sealed(stored):
+            return f"not sealed: {stored}"
+        try:
+            key_id = Encryption.key_id_of(stored)
+        except DecisionHistoryRecordInvalid:
+            return stored
+        if not self.encryption.has_key(key_id):
+            missing.add(key_id)
+        return stored
 
     def is_current(self, value: object) -> bool:
         """Whether ``value`` is a token of the current key (not whether it opens)."""
         return isinstance(value, str) and value.startswith(self.prefix)
-
-
-def _unopened(stored: str) -> str:
-    """A value that does not open, as text that is not JSON (never read as plaintext)."""
-    return stored if Encryption.is_sealed(stored) else f"not sealed: {stored}"
 
 
 class SealedBackend:
