@@ -151,12 +151,13 @@ def test_purge_history_and_events_with_keys(world: Sealed, tmp_path: Path) -> No
     assert marker(ALICE) not in refused.output
     history = ["--db", str(d / "history.db")]
     listed = invoke("history", "ls", *history, *keys, "--json")
-    conversations = json.loads(listed.stdout)
+    conversations = json.loads(listed.stdout)["conversations"]
     assert conversations
     key = conversations[0]["key"]
     invoke("history", "show", key, *history, *keys)
     invoke("history", "check", "--all", *history, *keys)
-    invoke("history", "rm", key, *history, *keys, "--yes")
+    invoke("history", "repair", key, *history, *keys)
+    invoke("history", "rm", key, *history, *keys)
 
 
 def test_history_show_without_or_with_wrong_keys_is_refused(tmp_path: Path) -> None:
