@@ -222,7 +222,7 @@ def test_copy_plain_to_encrypted_then_encrypted_to_other_keys(tmp_path: Path) ->
 
     async def read(path: Path, encryption: Encryption) -> str:
         async with SqliteMemoryStore(path, encryption=encryption) as memory:
-            events = await memory.list_events(f"user:{ALICE}")
+            events = await memory.query_events(f"user:{ALICE}", include_closed=True)
             return events[0].title
 
     assert marker(ALICE) in asyncio.run(read(out / "memory.db", Encryption({"k1": K1}, "k1")))
