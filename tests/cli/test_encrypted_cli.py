@@ -108,7 +108,9 @@ def raw_text(path: Path) -> str:
     with sqlite3.connect(path) as conn:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return " ".join(
-            str(row) for table in tables for row in conn.execute(f'SELECT * FROM "{table}"')
+            str(row)
+            for table in tables
+            for row in conn.execute(f'SELECT * FROM "{table}"')  # noqa: S608
         )
 
 
