@@ -57,7 +57,7 @@ class Sealed(Deployment):
         stores = await super().open()
         if self.kind != "sqlite":
             return stores
-        plain = stores.histories[0]
+        plain: Any = stores.histories[0]
         await plain.close()
         history = SqliteHistoryStore(self.path("history"), encryption=self.encryption)
         self.closers = [s for s in self.closers if s is not plain] + [history]
