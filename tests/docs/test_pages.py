@@ -80,7 +80,7 @@ PAGES: dict[str, str] = {
     "docs/data/copy.md": "python python output sh sh sh",
     "docs/data/fork-and-rewind.md": "python output python output",
     "docs/data/repair.md": "python output sh json",
-    "docs/data/encryption.md": "sh python output sh python output sh python output",
+    "docs/data/encryption.md": "sh python output sh python output sh sh sh python output",
     "docs/data/retention.md": "python output sh python output",
     "docs/testing.md": "python output",
     "docs/benchmarks.md": "sh sh sh sh sh sh",

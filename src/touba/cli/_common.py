@@ -46,7 +46,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from touba.errors import ToubaError
+from touba.errors import DecisionHistoryRecordInvalid, ToubaError
 
 T = TypeVar("T")
 
@@ -133,11 +133,25 @@ def run(
     try:
         return asyncio.run(coroutine)
     except ToubaError as e:
-        errors.print(f"[bold red]{e.code}[/]: {escape(scrub(str(e), addresses))}")
+        errors.print(f"[bold red]{e.code}[/]: {escape(scrub(str(e), addresses))}{_keys_hint(e)}")
         raise typer.Exit(1) from e
     except driver_errors as e:
         errors.print(f"[bold red]{type(e).__name__}[/]: {escape(scrub(str(e), addresses))}")
         raise typer.Exit(1) from e
+
+
+KEYS_HINT = (
+    " (an encrypted store: give --keys-file PATH with every key it was sealed with, "
+    "and --current KEY_ID when the file holds several)"
+)
+
+
+def _keys_hint(error: ToubaError) -> str:
+    """What to do when a store's row is sealed and the keys are missing or wrong."""
+    text = str(error)
+    if isinstance(error, DecisionHistoryRecordInvalid) and ("encrypt" in text or "sealed" in text):
+        return KEYS_HINT
+    return ""
 
 
 def private_directory(path: Path) -> Path:

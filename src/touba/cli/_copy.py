@@ -34,6 +34,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from touba._encryption import Encryption
 from touba.cli._common import (
     JsonOption,
     console,
@@ -45,8 +46,10 @@ from touba.cli._common import (
     table,
 )
 from touba.cli._deployment import _open_checkpoints
+from touba.cli._keys import encryption_of
 from touba.cli._stores import (
     Backend,
+    Limits,
     _driver_errors,
     _opened,
     _opening,
@@ -123,6 +126,26 @@ ToCheckpointsDb = Annotated[
 ToCheckpointsDsn = Annotated[
     str | None, typer.Option("--to-checkpoints-dsn", help="The target checkpoint store's DSN.")
 ]
+FromKeysFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--from-keys-file",
+        help="The source's keys file, when it is encrypted (as --keys-file elsewhere).",
+    ),
+]
+FromCurrent = Annotated[
+    str | None, typer.Option("--from-current", help="With --from-keys-file: the current key id.")
+]
+ToKeysFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--to-keys-file", help="The target's keys file: its new rows are sealed with them."
+    ),
+]
+ToCurrent = Annotated[
+    str | None,
+    typer.Option("--to-current", help="With --to-keys-file: the key id new rows are sealed with."),
+]
 
 
 def copy(
@@ -146,6 +169,10 @@ def copy(
     from_checkpoints_dsn: FromCheckpointsDsn = None,
     to_checkpoints_db: ToCheckpointsDb = None,
     to_checkpoints_dsn: ToCheckpointsDsn = None,
+    from_keys_file: FromKeysFile = None,
+    from_current: FromCurrent = None,
+    to_keys_file: ToKeysFile = None,
+    to_current: ToCurrent = None,
     max_sessions: Annotated[
         int, typer.Option("--max-sessions", min=1, help="The target's max_sessions.")
     ] = 128,
@@ -204,18 +231,38 @@ def copy(
     for other in (memory, checkpoints):
         if other is not None and other[0] == other[1]:
             raise _usage("the source and the target are the same store")
-    limits = {
+    src_keys = encryption_of(
+        from_keys_file,
+        from_current,
+        keys_option="--from-keys-file",
+        current_option="--from-current",
+    )
+    dst_keys = encryption_of(
+        to_keys_file, to_current, keys_option="--to-keys-file", current_option="--to-current"
+    )
+    limits: dict[str, Any] = {
         "max_sessions": max_sessions,
         "max_store_bytes": max_store_bytes,
         "ttl_seconds": ttl_seconds,
     }
+    src_limits: Limits = {}
+    if src_keys is not None:
+        src_limits["encryption"] = src_keys
+    if dst_keys is not None:
+        limits["encryption"] = dst_keys
 
     async def go() -> tuple[CopyReport, VerifyReport | None]:
         async with AsyncExitStack() as stack:
             src, dst = Stores(), Stores()
             if source is not None and target is not None:
                 src_store = await stack.enter_async_context(
-                    open_history(source[0], table=source[1], prefix=source[2], read_only=True)
+                    open_history(
+                        source[0],
+                        table=source[1],
+                        prefix=source[2],
+                        read_only=True,
+                        **src_limits,
+                    )
                 )
                 dst_store = await stack.enter_async_context(_open_target(target, limits))
                 src, dst = Stores(histories=[src_store]), Stores(histories=[dst_store])
@@ -224,19 +271,25 @@ def copy(
                 src = dataclasses.replace(
                     src,
                     memory=await stack.enter_async_context(
-                        open_memory(mem_from, prefix=mem_from_prefix, read_only=True)
+                        open_memory(
+                            mem_from, prefix=mem_from_prefix, read_only=True, encryption=src_keys
+                        )
                     ),
                 )
                 dst = dataclasses.replace(
                     dst,
                     memory=await stack.enter_async_context(
-                        open_memory(mem_to, prefix=mem_to_prefix, create=True)
+                        open_memory(mem_to, prefix=mem_to_prefix, create=True, encryption=dst_keys)
                     ),
                 )
             if checkpoints is not None:
                 (cp_from, _), (cp_to, _) = checkpoints
-                src = dataclasses.replace(src, checkpoints=await _open_checkpoints(stack, cp_from))
-                dst = dataclasses.replace(dst, checkpoints=await _target_checkpoints(stack, cp_to))
+                src = dataclasses.replace(
+                    src, checkpoints=await _open_checkpoints(stack, cp_from, src_keys)
+                )
+                dst = dataclasses.replace(
+                    dst, checkpoints=await _target_checkpoints(stack, cp_to, dst_keys)
+                )
             with progress(total=True) as bar:
                 task = bar.add_task("copying", total=None)
 
@@ -304,14 +357,16 @@ def _backends(source: Side | None, target: Side | None, *pairs: Pair | None) -> 
     return found
 
 
-async def _target_checkpoints(stack: AsyncExitStack, backend: Backend) -> Any:
+async def _target_checkpoints(
+    stack: AsyncExitStack, backend: Backend, encryption: Encryption | None
+) -> Any:
     """The target checkpoint store, created if missing (stderr says so)."""
     if backend.kind == "sqlite":
         from touba.runtime import SqliteCheckpointStore
 
         existed = await asyncio.to_thread(Path(backend.address).exists)
         with _opening(backend, "checkpoint store"):
-            store: Any = SqliteCheckpointStore(backend.address)
+            store: Any = SqliteCheckpointStore(backend.address, encryption=encryption)
         stack.push_async_callback(store.close)
         if not existed:
             errors.print(f"created checkpoint store at {escape(backend.shown)} (mode 0600)")
@@ -322,7 +377,7 @@ async def _target_checkpoints(stack: AsyncExitStack, backend: Backend) -> Any:
         async with postgres_connection(backend.address) as conn:
             cursor = await conn.execute("SELECT to_regclass('touba_checkpoints') IS NOT NULL")
             row = await cursor.fetchone()
-        pg = PostgresCheckpointStore(backend.address)
+        pg = PostgresCheckpointStore(backend.address, encryption=encryption)
         stack.push_async_callback(pg.close)
         await pg.open()
     if not (row and row[0]):

@@ -20,14 +20,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
 
+from touba._encryption import Encryption
 from touba.cli._common import errors, run
+from touba.cli._keys import CurrentOption, KeysFileOption, encryption_of
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -35,6 +37,7 @@ from touba.cli._stores import (
     HistoryDsnOption,
     HistoryPrefixOption,
     HistoryTableOption,
+    Limits,
     RedisUrlOption,
     choose_backend,
     only_with,
@@ -84,6 +87,8 @@ DEPLOYMENT_OPTIONS: dict[str, Any] = {
     "checkpoints_dsn": CheckpointsDsnOption,
     "resources_db": ResourcesDbOption,
     "resources_dsn": ResourcesDsnOption,
+    "keys_file": KeysFileOption,
+    "current": CurrentOption,
 }
 """The options of a command over a deployment (for :func:`touba.cli._common.store_command`,
 with :func:`deployment` as its target)."""
@@ -100,6 +105,8 @@ class Deployment:
     history_prefix: str | None = None
     checkpoints: Backend | None = None
     resources: Backend | None = None
+    encryption: Encryption | None = None
+    """Given to every store opened (``--keys-file``, ``--current``); None: not encrypted."""
 
     def backends(self) -> list[Backend]:
         found = (self.memory, self.history, self.checkpoints, self.resources)
@@ -149,8 +156,11 @@ def deployment(
     checkpoints_dsn: str | None = None,
     resources_db: Path | None = None,
     resources_dsn: str | None = None,
+    keys_file: Path | None = None,
+    current: str | None = None,
 ) -> Deployment:
-    """The stores of these options; exit 2 for a wrong combination or no store at all."""
+    """The stores of these options; exit 2 for a wrong combination or no store at all,
+    exit 1 for a refused keys file (:func:`touba.cli._keys.encryption_of`)."""
     memory = None
     if db is not None or dsn is not None:
         memory = choose_backend(db, dsn)
@@ -188,7 +198,8 @@ def deployment(
             "give at least one store: --db/--dsn (memory), --history-db/--history-dsn/"
             "--redis-url, --checkpoints-db/--checkpoints-dsn, --resources-db/--resources-dsn"
         )
-    return found
+    encryption = encryption_of(keys_file, current)
+    return replace(found, encryption=encryption) if encryption is not None else found
 
 
 def _sqlite(path: Path | None) -> Backend | None:
@@ -245,53 +256,65 @@ async def open_stores(target: Deployment) -> AsyncIterator[Stores]:
         memory = None
         if target.memory is not None:
             memory = await stack.enter_async_context(
-                open_memory(target.memory, prefix=target.prefix)
+                open_memory(target.memory, prefix=target.prefix, encryption=target.encryption)
             )
+        keyed: Limits = {} if target.encryption is None else {"encryption": target.encryption}
         histories = []
         if target.history is not None:
             histories.append(
                 await stack.enter_async_context(
                     open_history(
-                        target.history, table=target.history_table, prefix=target.history_prefix
+                        target.history,
+                        table=target.history_table,
+                        prefix=target.history_prefix,
+                        **keyed,
                     )
                 )
             )
         checkpoints: Any = None
         if target.checkpoints is not None:
-            checkpoints = await _open_checkpoints(stack, target.checkpoints)
+            checkpoints = await _open_checkpoints(stack, target.checkpoints, target.encryption)
         resources: Any = None
         if target.resources is not None:
-            resources = await _open_resources(stack, target.resources)
+            resources = await _open_resources(stack, target.resources, target.encryption)
         yield Stores(
             memory=memory, histories=tuple(histories), checkpoints=checkpoints, resources=resources
         )
 
 
-async def _open_checkpoints(stack: AsyncExitStack, backend: Backend) -> Any:
+async def _open_checkpoints(
+    stack: AsyncExitStack, backend: Backend, encryption: Encryption | None
+) -> Any:
     if backend.kind == "sqlite":
         from touba.runtime import SqliteCheckpointStore
 
         await _check_sqlite_kind(backend, "checkpoint", "checkpoint store")
-        return await stack.enter_async_context(SqliteCheckpointStore(backend.address))
+        return await stack.enter_async_context(
+            SqliteCheckpointStore(backend.address, encryption=encryption)
+        )
     from touba.runtime import PostgresCheckpointStore
 
     await _check_pg_table(backend, "touba_checkpoints", "checkpoint")
-    store = PostgresCheckpointStore(backend.address)
+    store = PostgresCheckpointStore(backend.address, encryption=encryption)
     stack.push_async_callback(store.close)
     await store.open()
     return store
 
 
-async def _open_resources(stack: AsyncExitStack, backend: Backend) -> Any:
+async def _open_resources(
+    stack: AsyncExitStack, backend: Backend, encryption: Encryption | None
+) -> Any:
     if backend.kind == "sqlite":
         from touba.runtime import SqliteResourceBinding
 
         await _check_sqlite_kind(backend, "resource", "resource binding")
-        return await stack.enter_async_context(SqliteResourceBinding(backend.address))
+        return await stack.enter_async_context(
+            SqliteResourceBinding(backend.address, encryption=encryption)
+        )
     from touba.runtime import PostgresResourceBinding
 
     await _check_pg_table(backend, "touba_resources", "resource")
-    binding = PostgresResourceBinding(backend.address)
+    binding = PostgresResourceBinding(backend.address, encryption=encryption)
     stack.push_async_callback(binding.close)
     await binding.open()
     return binding

@@ -18,6 +18,7 @@ from typing import Annotated, cast
 import typer
 from rich.markup import escape
 
+from touba._encryption import Encryption
 from touba.cli._common import (
     JsonOption,
     console,
@@ -27,6 +28,7 @@ from touba.cli._common import (
     store_command,
     table,
 )
+from touba.cli._keys import CurrentOption, KeysFileOption, encryption_of
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -72,19 +74,33 @@ class MemoryTarget:
 
     backend: Backend
     prefix: str | None
+    encryption: Encryption | None = None
 
 
-def memory_target(db: Path | None, dsn: str | None, prefix: str | None) -> MemoryTarget:
-    """The store of ``--db`` / ``--dsn`` (exactly one), ``--prefix`` only with ``--dsn``."""
+def memory_target(
+    db: Path | None,
+    dsn: str | None,
+    prefix: str | None,
+    keys_file: Path | None = None,
+    current: str | None = None,
+) -> MemoryTarget:
+    """The store of ``--db`` / ``--dsn`` (exactly one), ``--prefix`` only with ``--dsn``;
+    its keys from ``--keys-file`` / ``--current`` (:mod:`touba.cli._keys`)."""
     backend = choose_backend(db, dsn)
     only_with(backend, "postgresql", prefix=prefix)
-    return MemoryTarget(backend, prefix)
+    return MemoryTarget(backend, prefix, encryption_of(keys_file, current))
 
 
 _store_command = functools.partial(
     store_command,
     app,
-    options={"db": Db, "dsn": DsnOption, "prefix": PrefixOption},
+    options={
+        "db": Db,
+        "dsn": DsnOption,
+        "prefix": PrefixOption,
+        "keys_file": KeysFileOption,
+        "current": CurrentOption,
+    },
     target=memory_target,
 )
 """``@_store_command(NAME)``: ``touba events NAME``, written ``fn(target, *its own)``."""
@@ -96,7 +112,9 @@ async def open_store(
 ) -> AsyncIterator[MemoryStore]:
     """Open an existing memory store (never create one by mistake); ``read_only`` for
     the commands that only read (``ls``, ``show``, ``jobs``), which then change nothing."""
-    async with open_memory(target.backend, prefix=target.prefix, read_only=read_only) as store:
+    async with open_memory(
+        target.backend, prefix=target.prefix, read_only=read_only, encryption=target.encryption
+    ) as store:
         yield store
 
 

@@ -34,6 +34,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import touba
+from touba._encryption import Encryption
 from touba.cli._common import (
     JsonOption,
     console,
@@ -45,6 +46,7 @@ from touba.cli._common import (
 )
 from touba.cli._common import table as make_table
 from touba.cli._holder import holder_lines, process_state, recover_command
+from touba.cli._keys import CurrentOption, KeysFileOption, encryption_of
 from touba.cli._stores import (
     Backend,
     DsnOption,
@@ -99,15 +101,22 @@ class _Target:
     backend: Backend
     table: str | None
     prefix: str | None
+    encryption: Encryption | None = None
 
 
 def _target(
-    db: Path | None, dsn: str | None, redis_url: str | None, table: str | None, prefix: str | None
+    db: Path | None,
+    dsn: str | None,
+    redis_url: str | None,
+    table: str | None,
+    prefix: str | None,
+    keys_file: Path | None = None,
+    current: str | None = None,
 ) -> _Target:
     backend = choose_backend(db, dsn, redis_url, redis=True)
     only_with(backend, "postgresql", table=table)
     only_with(backend, "redis", prefix=prefix)
-    return _Target(backend, table, prefix)
+    return _Target(backend, table, prefix, encryption_of(keys_file, current))
 
 
 _store_command = functools.partial(
@@ -119,6 +128,8 @@ _store_command = functools.partial(
         "redis_url": RedisUrlOption,
         "table": TableOption,
         "prefix": PrefixOption,
+        "keys_file": KeysFileOption,
+        "current": CurrentOption,
     },
     target=_target,
 )
@@ -131,6 +142,8 @@ async def _open(
 ) -> AsyncIterator[HistoryAdmin]:
     """Open an existing store (never create one by mistake); ``read_only`` for the
     commands that only read (``ls``, ``show``), which then change nothing."""
+    if target.encryption is not None:
+        limits["encryption"] = target.encryption
     async with open_history(
         target.backend, table=target.table, prefix=target.prefix, read_only=read_only, **limits
     ) as store:

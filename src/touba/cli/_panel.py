@@ -9,6 +9,9 @@
   and each is opened as the read-only commands open theirs (a store of the
   other kind, another application's database, a file that opening would
   migrate or chmod, are refused before anything is written).
+- Encrypted stores: ``--keys-file PATH`` (``--current KEY_ID``) as every command takes
+  them (:mod:`touba.cli._keys`); the memory, history and checkpoint stores are opened
+  with that :class:`~touba.Encryption`, so every page reads them.
 - ``--program module:attr`` gives the agents (their names, kinds, the
   program's ``MemoryConfig``, and the model the preview box runs).
 - Approvals: the approvals page lists and resumes the checkpoints of the
@@ -45,6 +48,7 @@ from rich.markup import escape
 
 from touba.cli._common import errors
 from touba.cli._events import Db, PrefixOption, memory_target
+from touba.cli._keys import CurrentOption, KeysFileOption
 from touba.cli._kinds import sqlite_contents
 from touba.cli._programs import ProgramOption, load_host
 from touba.cli._stores import (
@@ -209,6 +213,8 @@ def panel(
         int | None,
         typer.Option("--max-store-bytes", min=1, help="The history store's max_store_bytes."),
     ] = None,
+    keys_file: KeysFileOption = None,
+    current: CurrentOption = None,
     program: ProgramOption = None,
     checkpoints_db: Annotated[
         Path | None,
@@ -240,7 +246,8 @@ def panel(
             "its token would travel in clear. Put a TLS proxy in front and pass "
             "--allow-remote, or keep --host 127.0.0.1"
         )
-    target = memory_target(db, dsn, prefix)
+    target = memory_target(db, dsn, prefix, keys_file, current)
+    encryption = target.encryption
     history = _history_backend(history_db, history_dsn, redis_url)
     if history_table is not None and (history is None or history.kind != "postgresql"):
         raise _usage("--history-table applies to --history-dsn only")
@@ -251,6 +258,8 @@ def panel(
         limits["max_sessions"] = max_sessions
     if max_store_bytes is not None:
         limits["max_store_bytes"] = max_store_bytes
+    if encryption is not None:
+        limits["encryption"] = encryption
     loaded, runtime = _hosts(program, checkpoints_db)
     if checkpoints_db is not None:
         _check_checkpoints(checkpoints_db)
@@ -279,7 +288,13 @@ def panel(
             )
         async with AsyncExitStack() as stack:
             memory: Any = await stack.enter_async_context(
-                open_memory(target.backend, prefix=target.prefix, read_only=True, hint=_MEMORY_HINT)
+                open_memory(
+                    target.backend,
+                    prefix=target.prefix,
+                    read_only=True,
+                    hint=_MEMORY_HINT,
+                    encryption=encryption,
+                )
             )
             history_store = await stack.enter_async_context(
                 _maybe_history(history, history_table, history_prefix, limits)
@@ -288,7 +303,9 @@ def panel(
             if checkpoints_db is not None:
                 from touba.runtime import SqliteCheckpointStore
 
-                checkpoints = await stack.enter_async_context(SqliteCheckpointStore(checkpoints_db))
+                checkpoints = await stack.enter_async_context(
+                    SqliteCheckpointStore(checkpoints_db, encryption=encryption)
+                )
                 runtime_now = Runtime(loaded, checkpoints=checkpoints)
             secret = token or new_token()
             hosts = ("127.0.0.1", "localhost", "::1", "[::1]", host)

@@ -27,6 +27,7 @@ from touba.cli._deployment import (
     deployment,
     open_stores,
 )
+from touba.cli._keys import CurrentOption, KeysFileOption
 from touba.cli._stores import (
     DsnOption,
     HistoryDbOption,
@@ -114,6 +115,8 @@ def purge(
     checkpoints_dsn: CheckpointsDsnOption = None,
     resources_db: ResourcesDbOption = None,
     resources_dsn: ResourcesDsnOption = None,
+    keys_file: KeysFileOption = None,
+    current: CurrentOption = None,
     turns_days: DaysOption = None,
     events_closed_days: EventsDaysOption = None,
     checkpoints_days: CheckpointsDaysOption = None,
@@ -139,6 +142,8 @@ def purge(
         checkpoints_dsn,
         resources_db,
         resources_dsn,
+        keys_file,
+        current,
     )
 
     async def go() -> RetentionReport:

@@ -4,16 +4,15 @@ Decisions:
 
 - **Keys.** ``--keys-file PATH`` holds a JSON object ``{"key_id": "<base64 key>"}``
   (every key still in use, the new one included) and ``--current KEY_ID`` names
-  the key new seals use. The file is refused unless it is a regular file, not a
-  symbolic link, readable by its owner only (mode 0600 or 0400); nothing of its
-  content is ever printed, a bad entry is named by its key id at most.
-- **Stores.** The decision-history store of ``--history-db`` / ``--history-dsn``
-  (``--history-table``) / ``--redis-url`` (``--history-prefix``), as the panel and
-  ``touba check`` name it; the command calls ``rekey()`` on every store it opened
-  that has the method. (Memory, checkpoint and resource stores gain the method on
-  their own; the command names them once they take ``encryption=``.)
-- **Progress.** ``rekey(batch=...)`` is called until it returns 0; a bar counts
-  the stored values (heads and messages) still sealed with another key, recounted
+  the key new seals use (the only key by default); loaded by :mod:`touba.cli._keys`,
+  which refuses a file that is not a regular 0600 file and never prints a key.
+- **Stores.** Every store of the deployment options (:mod:`touba.cli._deployment`):
+  the decision-history store (``--history-db`` / ``--history-dsn`` / ``--redis-url``),
+  the memory store (``--db`` / ``--dsn``), the checkpoint store and the resource
+  binding; the command calls ``rekey()`` on each one it opened, until it returns 0.
+- **Progress.** ``rekey(batch=...)`` is called until it returns 0; for a history
+  store a bar counts the stored values (heads and messages) still sealed with another
+  key, recounted
   after each batch (``key_ids()``, which reads every row: a larger ``--batch``
   reads less often). Each conversation is re-sealed atomically under the store's
   reservation, so the command may be stopped at any time and run again: it finds
@@ -25,30 +24,32 @@ Decisions:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import os
-import stat
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from touba._encryption import Encryption
 from touba.cli._common import JsonOption, console, errors, print_json, print_table, progress
 from touba.cli._common import table as make_table
+from touba.cli._deployment import (
+    CheckpointsDbOption,
+    CheckpointsDsnOption,
+    MemoryDbOption,
+    MemoryPrefixOption,
+    ResourcesDbOption,
+    ResourcesDsnOption,
+    deployment,
+    open_stores,
+)
+from touba.cli._keys import CurrentOption, load_keys
 from touba.cli._stores import (
-    Backend,
+    DsnOption,
     HistoryDbOption,
     HistoryDsnOption,
     HistoryPrefixOption,
     HistoryTableOption,
-    Kind,
     RedisUrlOption,
-    open_history,
 )
-from touba.errors import ConfigurationError
 
 __all__ = ["load_keys", "rekey"]
 
@@ -59,142 +60,121 @@ KeysFile = Annotated[
         help='JSON {"key_id": "<base64 key>"} of every key in use (mode 0600, not a symlink).',
     ),
 ]
-Current = Annotated[str, typer.Option("--current", help="The key id new seals use.")]
 Batch = Annotated[
-    int, typer.Option("--batch", min=1, help="Conversations re-sealed per call (default 100).")
+    int, typer.Option("--batch", min=1, help="Conversations or rows re-sealed per call (100).")
 ]
-
-
-def load_keys(path: Path, current: str) -> Encryption:
-    """The :class:`~touba.Encryption` of a keys file, or ConfigurationError (see the
-    module docstring); messages name the file and key ids, never a key."""
-    try:
-        info = path.lstat()
-    except OSError as e:
-        raise ConfigurationError(f"cannot read the keys file {path}: {e.strerror}") from None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-        raise ConfigurationError(
-            f"the keys file {path} must be a regular file, not a symbolic link or another kind"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        raise ConfigurationError(
-            f"the keys file {path} is readable by others (mode {mode:o}); run chmod 600 {path}"
-        )
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags)
-        with os.fdopen(fd, "rb") as file:
-            raw = file.read()
-    except OSError as e:
-        raise ConfigurationError(f"cannot read the keys file {path}: {e.strerror}") from None
-    try:
-        given = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ConfigurationError(
-            f'the keys file {path} is not JSON; write {{"key_id": "<base64 key>", ...}}'
-        ) from None
-    if not isinstance(given, dict) or not given:
-        raise ConfigurationError(
-            f'the keys file {path} must hold a JSON object {{"key_id": "<base64 key>", ...}}'
-        )
-    keys: dict[str, bytes] = {}
-    for key_id, text in given.items():
-        if not isinstance(text, str):
-            raise ConfigurationError(f"key {key_id!r} of {path} must be a base64 string")
-        try:
-            keys[key_id] = base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigurationError(f"key {key_id!r} of {path} is not valid base64") from None
-    if current not in keys:
-        raise ConfigurationError(f"--current {current!r} is not a key id of {path}")
-    return Encryption(keys=keys, current=current)
-
-
-def _history_backend(
-    history_db: Path | None, history_dsn: str | None, redis_url: str | None
-) -> Backend:
-    offered: tuple[tuple[str, Kind, str | None], ...] = (
-        ("--history-db", "sqlite", None if history_db is None else str(history_db)),
-        ("--history-dsn", "postgresql", history_dsn),
-        ("--redis-url", "redis", redis_url),
-    )
-    given = [(name, Backend(kind, value)) for name, kind, value in offered if value]
-    if len(given) != 1:
-        names = " and ".join(name for name, _ in given) or "none"
-        errors.print(
-            "[bold red]usage[/]: give one store: --history-db PATH, --history-dsn DSN or "
-            f"--redis-url URL (got {names})"
-        )
-        raise typer.Exit(2)
-    return given[0][1]
 
 
 def _stale(counts: dict[str | None, int], current: str) -> int:
     return sum(n for key_id, n in counts.items() if key_id != current)
 
 
+async def _rekey_history(store: Any, current: str, batch: int) -> tuple[int, dict[str | None, int]]:
+    """Re-seal one history store, its bar counting the values left; (conversations
+    re-sealed, values per key id afterwards)."""
+    resealed = 0
+    before = await store.key_ids()
+    with progress(total=True) as shown:
+        task = shown.add_task(f"re-sealing with {current}", total=_stale(before, current))
+        while done := await store.rekey(batch=batch):
+            resealed += done
+            left = _stale(await store.key_ids(), current)
+            shown.update(task, completed=_stale(before, current) - left)
+    return resealed, dict(await store.key_ids())
+
+
+async def _rekey_rows(store: Any, what: str, current: str, batch: int) -> int:
+    """Re-seal one memory, checkpoint or resource store; the rows re-sealed."""
+    resealed = 0
+    with progress(total=False) as shown:
+        shown.add_task(f"re-sealing the {what} with {current}", total=None)
+        while done := await store.rekey(batch=batch):
+            resealed += done
+    return resealed
+
+
 def rekey(
     keys_file: KeysFile,
-    current: Current,
+    current: CurrentOption = None,
     history_db: HistoryDbOption = None,
     history_dsn: HistoryDsnOption = None,
     history_table: HistoryTableOption = None,
     redis_url: RedisUrlOption = None,
     history_prefix: HistoryPrefixOption = None,
+    db: MemoryDbOption = None,
+    dsn: DsnOption = None,
+    prefix: MemoryPrefixOption = None,
+    checkpoints_db: CheckpointsDbOption = None,
+    checkpoints_dsn: CheckpointsDsnOption = None,
+    resources_db: ResourcesDbOption = None,
+    resources_dsn: ResourcesDsnOption = None,
     batch: Batch = 100,
     as_json: JsonOption = False,
 ) -> None:
-    """Re-seal an encrypted store with the --current key, resumably (key rotation)."""
-    backend = _history_backend(history_db, history_dsn, redis_url)
-    try:
-        encryption = load_keys(keys_file, current)
-    except ConfigurationError as e:
-        errors.print(f"[bold red]{e.code}[/]: {e}")
-        raise typer.Exit(1) from None
+    """Re-seal encrypted stores with the --current key, resumably (key rotation)."""
+    target = deployment(
+        db,
+        dsn,
+        prefix,
+        history_db,
+        history_dsn,
+        history_table,
+        redis_url,
+        history_prefix,
+        checkpoints_db,
+        checkpoints_dsn,
+        resources_db,
+        resources_dsn,
+        keys_file,
+        current,
+    )
+    if target.encryption is None:  # never: --keys-file is required
+        raise typer.Exit(2)
+    new = target.encryption.current
 
     async def go() -> dict[str, Any]:
         resealed = 0
-        async with open_history(
-            backend,
-            table=history_table,
-            prefix=history_prefix,
-            encryption=encryption,
-        ) as store:
-            stores: list[Any] = [s for s in (store,) if hasattr(s, "rekey")]
-            counts: dict[str | None, int] = {}
-            for one in stores:
-                before = await one.key_ids()
-                with progress(total=True) as shown:
-                    task = shown.add_task(
-                        f"re-sealing with {current}", total=_stale(before, current)
-                    )
-                    while done := await one.rekey(batch=batch):
-                        resealed += done
-                        left = _stale(await one.key_ids(), current)
-                        shown.update(task, completed=_stale(before, current) - left)
-                for key_id, n in (await one.key_ids()).items():
+        counts: dict[str | None, int] = {}
+        rows: dict[str, int] = {}
+        async with open_stores(target) as stores:
+            for store in stores.histories:
+                done, found = await _rekey_history(store, new, batch)
+                resealed += done
+                for key_id, n in found.items():
                     counts[key_id] = counts.get(key_id, 0) + n
-        return {"resealed": resealed, "current": current, "values": counts}
+            others = (
+                ("memory", stores.memory),
+                ("checkpoints", stores.checkpoints),
+                ("resources", stores.resources),
+            )
+            for what, one in others:
+                if one is not None:
+                    rows[what] = await _rekey_rows(one, what, new, batch)
+        return {"resealed": resealed, "values": counts, "rows": rows}
 
-    outcome = backend.run(go())
+    outcome = target.run(go())
     values: dict[str | None, int] = outcome["values"]
-    left = _stale(values, current)
+    rows: dict[str, int] = outcome["rows"]
+    left = _stale(values, new)
     if as_json:
         print_json(
             {
                 "resealed_conversations": outcome["resealed"],
-                "current": current,
+                "resealed_rows": rows,
+                "current": new,
                 "values_by_key_id": {str(k) if k else "(not sealed)": n for k, n in values.items()},
                 "left": left,
             }
         )
     else:
-        shown = make_table("key id", "values (heads and messages)")
-        for key_id, n in sorted(values.items(), key=lambda item: str(item[0])):
-            shown.add_row(key_id or "(not sealed)", str(n))
-        print_table(shown)
-        console.print(f"re-sealed {outcome['resealed']} conversation(s) with {current}")
+        if target.history is not None:
+            shown = make_table("key id", "values (heads and messages)")
+            for key_id, n in sorted(values.items(), key=lambda item: str(item[0])):
+                shown.add_row(key_id or "(not sealed)", str(n))
+            print_table(shown)
+            console.print(f"re-sealed {outcome['resealed']} conversation(s) with {new}")
+        for what, n in rows.items():
+            console.print(f"re-sealed {n} {what} row(s) with {new}")
     if left:
         errors.print(
             f"[bold yellow]{left} value(s) are still sealed with another key (or not "

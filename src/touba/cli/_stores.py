@@ -525,11 +525,13 @@ async def open_memory(
     create: bool = False,
     read_only: bool = False,
     hint: str | None = None,
+    encryption: Encryption | None = None,
 ) -> AsyncIterator[MemoryStore]:
     """Open a memory store, closed on exit; an absent one is an error unless ``create``
     (then it is created, and stderr says so: "created memory store at ...").
 
     ``read_only`` and ``hint``: as for :func:`check_store`, which runs first.
+    ``encryption``: the store's :class:`~touba.Encryption` (``--keys-file``), if sealed.
     """
     check = functools.partial(
         check_store, backend, "memory", name=prefix, read_only=read_only, create=create, hint=hint
@@ -537,7 +539,9 @@ async def open_memory(
     if backend.kind == "sqlite":
         existed = await check()
         with _no_new_journal(backend, read_only):
-            async with SqliteMemoryStore(backend.address, create=create) as sqlite_store:
+            async with SqliteMemoryStore(
+                backend.address, create=create, encryption=encryption
+            ) as sqlite_store:
                 _say_created(backend, existed, "")
                 yield sqlite_store
         return
@@ -545,7 +549,9 @@ async def open_memory(
         from touba.memory.postgres import PostgresMemoryStore
 
         name = prefix or "touba_memory"
-        store = PostgresMemoryStore(backend.address, prefix=name, create=create)
+        store = PostgresMemoryStore(
+            backend.address, prefix=name, create=create, encryption=encryption
+        )
     existed = await check()  # after the constructor, which names a bad prefix best
     async with _opened(backend, "memory store", store) as pg_store:
         _say_created(backend, existed, f" (tables {name}_*)")

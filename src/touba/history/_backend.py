@@ -120,6 +120,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from touba._encryption import Encryption
 from touba.errors import DecisionHistoryRecordInvalid
 from touba.history._common import Reservation, encode_json
 from touba.history._model import parse_json
@@ -255,6 +256,12 @@ def parse_object(text: str, key: str, what: str, label: str) -> Record:
     except ValueError:
         value = None
     if not isinstance(value, dict):
+        if Encryption.is_sealed(text):  # a sealed store opened without its encryption
+            raise DecisionHistoryRecordInvalid(
+                f"{what} of conversation {key} in the {label} store is sealed (encrypted at "
+                "rest) but the store was opened without encryption=; open it with its "
+                "touba.Encryption. Nothing was read"
+            )
         raise damaged(key, what, label)
     return value
 
