@@ -64,7 +64,6 @@ __all__ = [
     "SealedBackend",
     "Sealer",
     "check_encryption",
-    "open_raw",
     "rekey_keys",
     "require_sealer",
     "sealed_backend",
@@ -395,24 +394,3 @@ class Rekeying:
             done = await rekey_keys(keys, transact, label)
             if done:
                 return done
-
-
-def open_raw(sealer: Sealer | None, raw: RawConversation | None) -> RawConversation | None:
-    """``raw`` (a ``read_raw`` of the store ``sealer`` seals) with its head and rows
-    opened, so that :func:`~touba.history.check_record` and repairs see the plaintext.
-
-    The head must open (DecisionHistoryRecordInvalid otherwise: wrong or missing keys,
-    or a moved head, and nothing is judged on it); a row that does not open stays as
-    stored, so it is reported as an unreadable row. None or an unencrypted store's
-    ``raw``: as given."""
-    if sealer is None or raw is None:
-        return raw
-    head = sealer.open_head(raw.key, raw.head)
-    rows = []
-    for seq, row in enumerate(raw.rows):
-        try:
-            body = sealer.open_body(raw.key, seq, row.body)
-        except DecisionHistoryRecordInvalid:
-            body = row.body
-        rows.append(replace(row, body=body))
-    return replace(raw, head=head, rows=tuple(rows))

@@ -104,7 +104,6 @@ from touba.history._sealed import (
     Rekeying,
     Sealer,
     check_encryption,
-    open_raw,
     require_sealer,
     sealed_backend,
 )
@@ -792,13 +791,10 @@ class RedisHistoryStore(AsyncClosing):
         (``active`` says so), and changes nothing (one MULTI of reads, so what it
         reads is one state). A row whose ``[exchange,bytes,message]`` framing is
         unreadable comes with ``exchange`` None. For :func:`~touba.history.check_record`.
-        On an encrypted store the head and rows come opened (a row that does not
-        open stays as stored, an unreadable row); a head that does not open is
-        DecisionHistoryRecordInvalid (the keys are wrong or missing)."""
-        return open_raw(self._sealer, await self._read_stored(key))
-
-    async def _read_stored(self, key: str) -> RawConversation | None:
-        """The conversation as stored, sealed values as they are (:meth:`read_raw`)."""
+        On an encrypted store each value comes opened in its place; one that does
+        not open is never read as plaintext: it stays as text that is not JSON, an
+        unreadable row (an unopened head: an unrepairable conversation), and
+        ``missing_keys`` names the key ids it was sealed with that were not given."""
         keys = self._keys(key)
         self._check_open()
         with _driver_errors("a read"):

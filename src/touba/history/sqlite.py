@@ -99,7 +99,6 @@ from touba.history._sealed import (
     Rekeying,
     Sealer,
     check_encryption,
-    open_raw,
     require_sealer,
     sealed_backend,
 )
@@ -909,13 +908,10 @@ class SqliteHistoryStore(AsyncClosing):
         when absent or expired: it refuses nothing, a reserved conversation included
         (``active`` says so), and changes nothing. For :func:`~touba.history.check_record`.
         ``DecisionHistoryStoreUnavailable`` when the file cannot be read.
-        On an encrypted store the head and rows come opened (a row that does not
-        open stays as stored, an unreadable row); a head that does not open is
-        DecisionHistoryRecordInvalid (the keys are wrong or missing)."""
-        return open_raw(self._sealer, await self._read_stored(key))
-
-    async def _read_stored(self, key: str) -> RawConversation | None:
-        """The conversation as stored, sealed values as they are (:meth:`read_raw`)."""
+        On an encrypted store each value comes opened in its place; one that does
+        not open is never read as plaintext: it stays as text that is not JSON, an
+        unreadable row (an unopened head: an unrepairable conversation), and
+        ``missing_keys`` names the key ids it was sealed with that were not given."""
         check_key(key)
         with self._using():
             return await self._run(key, lambda: self._db.read_raw(key))
