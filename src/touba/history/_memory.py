@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError
 from touba.history._common import (
+    EncodedRecord,
     MiB,
     appended_bodies,
     busy,
@@ -86,6 +87,21 @@ class _Entry:
         if not self.split:
             return head
         return join_record(head, [[json.loads(m) for m in ex] for ex in self.exchanges])
+
+
+def _entry_of(encoded: EncodedRecord) -> _Entry:
+    """A new entry holding ``encoded`` (its exchanges' sizes measured once)."""
+    return _Entry(
+        head=encoded.head,
+        split=encoded.split,
+        exchanges=encoded.exchanges,
+        sizes=[
+            ExchangeSize(len(ex), sum(len(m.encode("utf-8")) for m in ex))
+            for ex in encoded.exchanges
+        ],
+        messages=encoded.messages,
+        bytes=encoded.bytes,
+    )
 
 
 class _Snapshot:
@@ -283,17 +299,7 @@ class MemoryHistoryStore(AsyncClosing):
                         self._total_bytes -= self._entries.pop(key).bytes
                     return result
                 encoded = encode_record(record)
-                new = _Entry(
-                    head=encoded.head,
-                    split=encoded.split,
-                    exchanges=encoded.exchanges,
-                    sizes=[
-                        ExchangeSize(len(ex), sum(len(m.encode("utf-8")) for m in ex))
-                        for ex in encoded.exchanges
-                    ],
-                    messages=encoded.messages,
-                    bytes=encoded.bytes,
-                )
+                new = _entry_of(encoded)
                 self._admit(key, new.bytes, entry)
                 self._stamp(key, new)
             return result
@@ -406,17 +412,7 @@ class MemoryHistoryStore(AsyncClosing):
             current = self._raw(key)
             if current is None or entry is None or not current.same_as(plan.original):
                 raise changed_since(key)
-            new = _Entry(
-                head=encoded.head,
-                split=encoded.split,
-                exchanges=encoded.exchanges,
-                sizes=[
-                    ExchangeSize(len(ex), sum(len(m.encode("utf-8")) for m in ex))
-                    for ex in encoded.exchanges
-                ],
-                messages=encoded.messages,
-                bytes=encoded.bytes,
-            )
+            new = _entry_of(encoded)
             self._admit(key, new.bytes, entry)
             self._stamp(key, new)
         return True
