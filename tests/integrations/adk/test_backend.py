@@ -425,10 +425,12 @@ async def test_bounds_refuse_the_write_and_keep_everything(open_backend: Backend
     assert dict(got.session.state) == {}
     assert got.session.revision == 0
 
+    e0, e1 = event("e0", T0 + 1, "x" * 600), event("e1", T0 + 2, "x" * 600)
+    size = len(e0.data.encode())
     capped = open_backend("capped", AdkLimits(max_event_bytes=None, max_session_bytes=2 * size))
     await create(capped)
-    await capped.append(KEY, req(event("e0", T0 + 1, "x" * 600), revision=0))
-    await capped.append(KEY, req(event("e1", T0 + 2, "x" * 600), revision=1))
+    await capped.append(KEY, req(e0, revision=0))
+    await capped.append(KEY, req(e1, revision=1))
     with pytest.raises(DecisionHistoryLimitExceeded) as error:
         await capped.append(KEY, req(event("e2", T0 + 3, "x"), revision=2, app_delta={"a": 1}))
     assert error.value.limit == "max_retained_bytes"
