@@ -63,6 +63,21 @@ async def fill(service: BaseSessionService, session: Session, n: int) -> Session
     return got
 
 
+async def turn(service: BaseSessionService, session: Session, i: int) -> tuple[float, Session]:
+    """One append and a read of the recent window: (ms, the session as read)."""
+    start = time.perf_counter()
+    await service.append_event(session, event(i))
+    fresh = await service.get_session(
+        app_name=APP,
+        user_id=session.user_id,
+        session_id=session.id,
+        config=GetSessionConfig(num_recent_events=WINDOW),
+    )
+    elapsed = (time.perf_counter() - start) * 1000
+    assert fresh is not None
+    return elapsed, fresh
+
+
 async def timed(step: Callable[[], Awaitable[Any]]) -> float:
     start = time.perf_counter()
     await step()
@@ -73,9 +88,7 @@ def median(samples: list[float]) -> float:
     return statistics.median(samples)
 
 
-async def main(rounds: int, sizes: tuple[int, ...], sessions_listed: int) -> None:
-    directory = Path(tempfile.mkdtemp(prefix="touba-bench-adk-"))
-    directory.chmod(0o700)
+async def main(directory: Path, rounds: int, sizes: tuple[int, ...], sessions_listed: int) -> None:
     systems: dict[str, BaseSessionService] = {
         "touba": ToubaSessionService.sqlite(directory / "touba.sqlite"),
         "adk": SqliteSessionService(str(directory / "adk.sqlite")),
@@ -91,28 +104,9 @@ async def main(rounds: int, sizes: tuple[int, ...], sessions_listed: int) -> Non
         order = list(current)
         order = order[round_no % len(order) :] + order[: round_no % len(order)]
         for name, n in order:
-            service = systems[name]
-            session = current[(name, n)]
             counter += 1
-            got: list[Session | None] = []
-
-            async def step(
-                service: BaseSessionService = service, session: Session = session
-            ) -> None:
-                await service.append_event(session, event(counter))
-                got.append(
-                    await service.get_session(
-                        app_name=APP,
-                        user_id=session.user_id,
-                        session_id=session.id,
-                        config=GetSessionConfig(num_recent_events=WINDOW),
-                    )
-                )
-
-            samples[(name, n)].append(await timed(step))
-            fresh = got[0]
-            assert fresh is not None
-            current[(name, n)] = fresh
+            elapsed, current[(name, n)] = await turn(systems[name], current[(name, n)], counter)
+            samples[(name, n)].append(elapsed)
 
     print(f"append_event + get_session(num_recent_events={WINDOW}), median ms over {rounds} rounds")
     print(f"{'events':>8} {'touba':>9} {'adk':>9} {'ratio':>7}")
@@ -143,7 +137,7 @@ async def main(rounds: int, sizes: tuple[int, ...], sessions_listed: int) -> Non
     )
 
     listing: dict[str, list[float]] = {name: [] for name in systems}
-    for name, service in systems.items():
+    for service in systems.values():
         for i in range(sessions_listed):
             await service.create_session(
                 app_name="listed", user_id=f"user-{i % 50}", state={"i": i}
@@ -158,12 +152,19 @@ async def main(rounds: int, sizes: tuple[int, ...], sessions_listed: int) -> Non
             listing[name].append(await timed(list_all))
     t, a = median(listing["touba"]), median(listing["adk"])
     print(
-        f"list_sessions of {sessions_listed} sessions: touba {t:.1f} ms, adk {a:.1f} ms, ratio {t / a:.2f}"
+        f"list_sessions of {sessions_listed} sessions: touba {t:.1f} ms, adk {a:.1f} ms, "
+        f"ratio {t / a:.2f}"
     )
     touba = systems["touba"]
     assert isinstance(touba, ToubaSessionService)
     await touba.close()
     await systems["adk"].close()  # type: ignore[attr-defined]
+
+
+def run(rounds: int, sizes: tuple[int, ...], sessions_listed: int) -> None:
+    """Run :func:`main` and remove its files."""
+    with tempfile.TemporaryDirectory(prefix="touba-bench-adk-") as directory:
+        asyncio.run(main(Path(directory), rounds, sizes, sessions_listed))
 
 
 if __name__ == "__main__":
@@ -174,6 +175,6 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="10 rounds, 1,000 events at most")
     args = parser.parse_args()
     if args.quick:
-        asyncio.run(main(10, (10, 100, 1_000), 1_000))
+        run(10, (10, 100, 1_000), 1_000)
     else:
-        asyncio.run(main(args.rounds, SIZES, 5_000))
+        run(args.rounds, SIZES, 5_000)
