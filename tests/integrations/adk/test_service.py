@@ -347,6 +347,24 @@ async def test_exclusive_refuses_every_other_writer_until_it_ends(
     assert texts == ["mine 1", "mine 2", "theirs, after"]
 
 
+async def test_exclusive_is_released_when_its_block_raises_and_is_not_reentrant(
+    service: ToubaSessionService,
+) -> None:
+    session = await service.create_session(app_name=APP, user_id="u", session_id="s")
+
+    async def failing_run() -> None:
+        async with service.exclusive(app_name=APP, user_id="u", session_id="s"):
+            with pytest.raises(ConfigurationError, match="already holds"):
+                async with service.exclusive(app_name=APP, user_id="u", session_id="s"):
+                    pass
+            raise RuntimeError("the run failed")
+
+    with pytest.raises(RuntimeError, match="the run failed"):
+        await failing_run()
+    await elsewhere(service.append_event(session, text_event("free again")))
+    assert not await service.recover(app_name=APP, user_id="u", session_id="s")
+
+
 async def test_exclusive_of_an_unknown_session_is_refused(service: ToubaSessionService) -> None:
     with pytest.raises(SessionNotFoundError):
         async with service.exclusive(app_name=APP, user_id="u", session_id="nope"):
