@@ -82,6 +82,10 @@ every deliberate difference is listed here):
   ``SessionNotFoundError``); expired sessions are purged at most once a minute
   by ``create_session`` and by ``purge_expired()``. App and user state never
   expire.
+- **Capacity before cost.** A ``Runner`` appends the user's message before it
+  calls the model, so a session over ``max_session_bytes``, a session held by
+  another run, or one gone stale is refused at that first append: the run
+  stops before it costs a model call.
 - **Files and tenants.** SQLite files are private (0600, in a directory only
   their owner may enter, symlinks refused); PostgreSQL tables live under their
   ``table_prefix`` and Redis keys under their ``prefix``: two prefixes never
