@@ -475,9 +475,15 @@ class ToubaSessionService(BaseSessionService):
         token = _EXCLUSIVE.set((id(self), key, owner))
         try:
             yield
-        finally:
+        except BaseException:
             _EXCLUSIVE.reset(token)
-            await self._backend.release(key, owner)
+            # the block's error is the one to see; a hold left by a failed release
+            # expires after hold_seconds (or recover() drops it)
+            with contextlib.suppress(Exception):
+                await self._backend.release(key, owner)
+            raise
+        _EXCLUSIVE.reset(token)
+        await self._backend.release(key, owner)
 
     async def recover(self, *, app_name: str, user_id: str, session_id: str) -> bool:
         """Drop the session's hold (left by a run that crashed); True when there was one."""
