@@ -8,6 +8,7 @@ import asyncio
 import operator
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -265,3 +266,19 @@ async def test_a_delta_channel_rebuilds_as_with_in_memory_saver(saver: ToubaSave
         results.append((out, history))
     assert results[0] == results[1]
     assert results[0][0]["log"] == ["start", *(f"entry {i}" for i in range(7))]
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_asyncio_run_then_sync_calls(store: str, private_dir: Path) -> None:
+    """A saver first used under asyncio.run (whose loop then closes) serves sync calls."""
+    saver = ToubaSaver.memory() if store == "memory" else ToubaSaver.sqlite(private_dir / "g.db")
+
+    async def first() -> None:
+        graph = tool_loop().compile(checkpointer=saver)
+        await graph.ainvoke(ask("a0", id="a0"), config("t9"))
+
+    asyncio.run(first())
+    with saver:
+        graph = tool_loop().compile(checkpointer=saver)
+        out = graph.invoke(ask("a1", id="a1"), config("t9"))
+        assert len(out["messages"]) == 8

@@ -400,6 +400,12 @@ class ToubaSaver(BaseCheckpointSaver[str]):
                 "a synchronous ToubaSaver method was called from inside the event loop its "
                 "store runs on; await the async method (aget_tuple, aput, ...) instead"
             )
+        if not loop.is_running():
+            coro.close()
+            raise ConfigurationError(
+                "this ToubaSaver's store is bound to an event loop that is not running, so a "
+                "synchronous call cannot reach it; close that loop, or use the async methods"
+            )
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     # -- serialization ----------------------------------------------------------------------
