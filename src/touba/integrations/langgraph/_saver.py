@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import json
 import os
 import random
@@ -749,7 +750,7 @@ class ToubaSaver(BaseCheckpointSaver[str]):
                 for a in appends
             )
             mine = {ch: (v, len(v)) for ch, (v, _) in mine.items()}
-            request = PutCheckpoint(**{**_fields(request), "logs": fresh_appends})
+            request = dataclasses.replace(request, logs=fresh_appends)
             result = await self.backend.put(request)
         heads: _Logged = {}
         for ch, (value, added) in mine.items():
@@ -934,7 +935,3 @@ def _metadata_json(metadata: Mapping[str, Any]) -> str:
             continue
         kept[str(key)] = value
     return json.dumps(kept)
-
-
-def _fields(request: PutCheckpoint) -> dict[str, Any]:
-    return {name: getattr(request, name) for name in PutCheckpoint.__dataclass_fields__}
