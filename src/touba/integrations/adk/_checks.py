@@ -19,6 +19,7 @@ __all__ = [
     "already_exists",
     "check_event_bytes",
     "check_hold",
+    "check_hold_for",
     "check_session_bytes",
     "check_sessions",
     "check_stale",
@@ -75,6 +76,19 @@ def check_hold(
             "another run is writing to this ADK session (a concurrent run_async on it); "
             "nothing was written. Wait for it to finish, or, if it crashed, call "
             "ToubaSessionService.recover(...) or let its hold expire",
+            session_key=busy_key(key),
+        )
+
+
+def check_hold_for(
+    key: SessionKey, holder: str | None, hold_until: float | None, owner: str, now: float
+) -> None:
+    """Refuse a hold while another owner holds the session."""
+    if is_held(holder, hold_until, now) and holder != owner:
+        raise DecisionHistoryBusy(
+            "another run holds this ADK session (ToubaSessionService.exclusive); wait for it "
+            "to finish, or, if it crashed, call ToubaSessionService.recover(...) or let its "
+            "hold expire",
             session_key=busy_key(key),
         )
 

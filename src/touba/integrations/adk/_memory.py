@@ -32,6 +32,7 @@ from touba.integrations.adk._checks import (
     already_exists,
     check_event_bytes,
     check_hold,
+    check_hold_for,
     check_session_bytes,
     check_sessions,
     check_stale,
@@ -238,6 +239,24 @@ class MemoryAdkBackend:
         """See :meth:`AdkBackend.delete`."""
         self._open()
         self._sessions.pop(key, None)
+
+    async def hold(self, key: SessionKey, owner: str, *, now: float) -> None:
+        """See :meth:`AdkBackend.hold`."""
+        self._open()
+        session = self._live(key, now)
+        if session is None:
+            raise not_found(key)
+        check_hold_for(key, session.holder, session.hold_until, owner, now)
+        session.holder, session.hold_until = owner, now + self._limits.hold_seconds
+
+    async def release(self, key: SessionKey, owner: str) -> bool:
+        """See :meth:`AdkBackend.release`."""
+        self._open()
+        session = self._sessions.get(key)
+        if session is None or session.holder != owner:
+            return False
+        session.holder = session.hold_until = None
+        return True
 
     async def recover(self, key: SessionKey) -> bool:
         """See :meth:`AdkBackend.recover`."""

@@ -58,6 +58,7 @@ from touba.integrations.adk._checks import (
     already_exists,
     check_event_bytes,
     check_hold,
+    check_hold_for,
     check_session_bytes,
     check_sessions,
     check_stale,
@@ -407,6 +408,26 @@ class _Db:
             if row is not None:
                 self._delete(row["sid"])
 
+    def hold(self, key: SessionKey, owner: str, now: float) -> None:
+        with transaction(self.conn):
+            row = self._session(key, now)
+            if row is None:
+                raise not_found(key)
+            check_hold_for(key, row["holder"], row["hold_until"], owner, now)
+            self.conn.execute(
+                "UPDATE adk_sessions SET holder = ?, hold_until = ? WHERE sid = ?",
+                (owner, now + self.limits.hold_seconds, row["sid"]),
+            )
+
+    def release(self, key: SessionKey, owner: str) -> bool:
+        with transaction(self.conn):
+            changed = self.conn.execute(
+                "UPDATE adk_sessions SET holder = NULL, hold_until = NULL"
+                " WHERE app_name = ? AND user_id = ? AND session_id = ? AND holder = ?",
+                (key.app_name, key.user_id, key.session_id, owner),
+            ).rowcount
+            return bool(changed)
+
     def recover(self, key: SessionKey) -> bool:
         with transaction(self.conn):
             changed = self.conn.execute(
@@ -499,6 +520,16 @@ class SqliteAdkBackend:
         """See :meth:`AdkBackend.delete`."""
         owned = await self._db()
         await owned.run(lambda: owned.db.delete(key))
+
+    async def hold(self, key: SessionKey, owner: str, *, now: float) -> None:
+        """See :meth:`AdkBackend.hold`."""
+        owned = await self._db()
+        await owned.run(lambda: owned.db.hold(key, owner, now))
+
+    async def release(self, key: SessionKey, owner: str) -> bool:
+        """See :meth:`AdkBackend.release`."""
+        owned = await self._db()
+        return await owned.run(lambda: owned.db.release(key, owner))
 
     async def recover(self, key: SessionKey) -> bool:
         """See :meth:`AdkBackend.recover`."""
