@@ -73,6 +73,7 @@ from touba.integrations.adk._checks import (
     already_exists,
     check_event_bytes,
     check_hold,
+    check_hold_for,
     check_session_bytes,
     check_sessions,
     not_found,
@@ -95,7 +96,17 @@ __all__ = ["RedisAdkBackend"]
 
 RETRIES: Final = 2  # a command sent again on a new connection (see the module docstring)
 GRACE_MS: Final = 1000  # Redis expires a session's keys this long after touba would
-_SCRIPTS: Final = ("create", "read", "append", "list", "delete", "recover", "purge")
+_SCRIPTS: Final = (
+    "create",
+    "read",
+    "append",
+    "list",
+    "delete",
+    "hold",
+    "release",
+    "recover",
+    "purge",
+)
 
 Client = aioredis.Redis | aioredis.RedisCluster
 
@@ -491,6 +502,25 @@ class RedisAdkBackend:
         names = _Names(self._base, key)
         keys = (self._all, *names.session_keys, names.app_index, names.user_index)
         await self._run("delete", keys, ("0", names.member), "a delete")
+
+    async def hold(self, key: SessionKey, owner: str, *, now: float) -> None:
+        """``AdkBackend.hold``: hold.lua, one round trip (run twice: refreshed twice)."""
+        if not isinstance(owner, str) or not owner:
+            raise ConfigurationError(f"owner must be a non-empty str, got {owner!r}")
+        session = _Names(self._base, key).session
+        until = _number(now + self.limits.hold_seconds)
+        reply = await self._run("hold", (session,), (_number(now), owner, until), "a hold")
+        status = _text(reply[0])
+        if status == "missing":
+            raise not_found(key)
+        if status == "busy":
+            check_hold_for(key, _text(reply[1]), float(_text(reply[2])), owner, now)
+            raise AssertionError("hold.lua found another holder")  # pragma: no cover
+
+    async def release(self, key: SessionKey, owner: str) -> bool:
+        """``AdkBackend.release``: release.lua; True when ``owner``'s hold was cleared."""
+        session = _Names(self._base, key).session
+        return int(await self._run("release", (session,), ("0", owner), "a release")) == 1
 
     async def recover(self, key: SessionKey) -> bool:
         """``AdkBackend.recover``: recover.lua; True when a hold was dropped."""
