@@ -12,10 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
+import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,6 +48,7 @@ from touba.integrations.adk._redis import RedisAdkBackend
 
 pytestmark = pytest.mark.redis
 
+SRC = str(Path(__file__).resolve().parents[3] / "src")
 T0 = 1_765_000_000.25
 KEY = SessionKey("app", "alice", "s1")
 
@@ -630,3 +635,70 @@ async def test_a_state_value_that_is_not_json_is_refused_before_anything_is_writ
     got = await backend.read(KEY, recent=None, after=None, now=T0 + 1)
     assert got is not None
     assert (list(got.events), dict(got.app_state)) == ([], {})
+
+
+# -- a writer killed mid-append ------------------------------------------------------------
+
+_APPENDER = """
+import asyncio, json, sys
+from touba.integrations.adk._backend import AppendRequest, SessionKey, StoredEvent
+from touba.integrations.adk._redis import RedisAdkBackend
+
+async def main(url, prefix, t0):
+    backend = RedisAdkBackend(url, prefix=prefix)
+    key = SessionKey("app", "alice", "s1")
+    i = 0
+    while True:
+        ev = StoredEvent(f"e{i:06d}", t0 + i, json.dumps({"i": i, "pad": "x" * 4000}))
+        await backend.append(key, AppendRequest(
+            event=ev, update_time=ev.timestamp, now=t0, expected_revision=i, owner="crashed",
+            session_delta={"n": i + 1}, app_delta={"n": i + 1}, user_delta={"n": i + 1}))
+        i += 1
+        if i == 1:
+            print("appending", flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
+
+@pytest.mark.parametrize("after", [0.05, 0.2])
+async def test_kill_9_mid_append_leaves_every_append_whole_and_the_session_held(
+    url: str, prefix: str, opener: Callable[..., RedisAdkBackend], after: float
+) -> None:
+    """A process appending as fast as it can is killed -9: the session reads back with
+    each append whole (event, its deltas, the counters) or absent, and stays held by
+    the dead run until recover, after which a writer from the stored revision goes on."""
+    backend = opener()
+    await create(backend)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _APPENDER,
+        url,
+        prefix,
+        repr(T0),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    try:
+        assert child.stdout is not None
+        assert (await asyncio.wait_for(child.stdout.readline(), 30)).strip() == b"appending"
+        await asyncio.sleep(after)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (it died on its own: a failure)
+            child.send_signal(signal.SIGKILL)
+        assert await asyncio.wait_for(child.wait(), 30) == -9
+    got = await backend.read(KEY, recent=None, after=None, now=T0)
+    assert got is not None
+    n = got.session.revision
+    assert n >= 1
+    assert [e.event_id for e in got.events] == [f"e{i:06d}" for i in range(n)]
+    assert got.session.event_count == n
+    assert got.session.byte_count == sum(len(e.data.encode()) for e in got.events)
+    assert (got.session.state["n"], got.app_state["n"], got.user_state["n"]) == (n, n, n)
+    assert got.session.holder == "crashed"
+    with pytest.raises(DecisionHistoryBusy):
+        await backend.append(KEY, req(event("next", T0 + n), revision=n, now=T0))
+    assert await backend.recover(KEY)
+    result = await backend.append(KEY, req(event("next", T0 + n), revision=n, now=T0))
+    assert result.revision == n + 1
