@@ -171,6 +171,35 @@ def _state(flat: Sequence[Any], what: str, key: str) -> dict[str, JsonValue]:
     return out
 
 
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a str")
+    return value
+
+
+def _object(value: Any) -> dict[str, JsonValue]:
+    if not isinstance(value, dict):
+        raise TypeError("not an object")
+    return value
+
+
+def _listed(app_name: str, row: Any, now: float) -> SessionRecord:
+    """One session of list.lua's reply (raises ValueError/TypeError when damaged)."""
+    user, session, created, updated, revision, count, size, expires, holder, until, state = row
+    held = holder is not None and until is not None and float(until) > now
+    return SessionRecord(
+        key=SessionKey(app_name, _str(user), _str(session)),
+        state=_object(state),
+        create_time=float(created),
+        update_time=float(updated),
+        revision=int(revision),
+        event_count=int(count),
+        byte_count=int(size),
+        expires_at=None if expires is None else float(expires),
+        holder=_str(holder) if held else None,
+    )
+
+
 @contextmanager
 def _driver_errors(what: str) -> Iterator[None]:
     """The one place where redis-py exceptions become touba errors."""
@@ -406,26 +435,20 @@ class RedisAdkBackend:
         )
 
     async def list_sessions(self, app_name: str, user_id: str | None, *, now: float) -> SessionList:
-        """``AdkBackend.list_sessions``: list.lua, one round trip; no event is read."""
+        """``AdkBackend.list_sessions``: list.lua, one round trip whose reply is one JSON
+        text (parsed at C speed, whatever the number of sessions); no event is read."""
         probe = _Names(self._base, SessionKey(app_name, user_id or "", ""))
         index = probe.app_index if user_id is None else probe.user_index
         reply = await self._run("list", (index, probe.app_state), (_number(now),), "a list")
-        app, rows, users = reply
-        where = f"{app_name}/*"
-        sessions = []
-        for i in range(0, len(rows), 2):
-            row = rows[i]
-            try:
-                key = SessionKey(_text(row[0]), _text(row[1]), _text(row[2]))
-            except (TypeError, UnicodeDecodeError):
-                raise _damaged("a session row", where) from None
-            sessions.append(self._record(key, row, rows[i + 1], now))
+        try:
+            listed = parse_json(_text(reply))
+            sessions = [_listed(app_name, row, now) for row in listed["sessions"]]
+            user_states = {_str(user): _object(state) for user, state in listed["users"]}
+            app = _object(listed["app"])
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+            raise _damaged("a listed session", f"{app_name}/*") from None
         sessions.sort(key=lambda s: (s.update_time, s.key.user_id, s.key.session_id))
-        user_states = {
-            _text(users[i]): _state(users[i + 1], "user state", where)
-            for i in range(0, len(users), 2)
-        }
-        return SessionList(_state(app, "app state", where), user_states, sessions)
+        return SessionList(app, user_states, sessions)
 
     async def read_user_state(self, app_name: str, user_id: str) -> Mapping[str, JsonValue]:
         """``AdkBackend.read_user_state``: one HGETALL."""
