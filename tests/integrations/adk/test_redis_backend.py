@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -626,7 +627,7 @@ async def test_a_tampered_state_value_is_a_typed_record_error(
         await backend.list_sessions("app", None, now=T0)
 
 
-async def test_a_state_value_that_is_not_json_is_refused_before_anything_is_written(
+async def test_a_value_redis_cannot_take_back_is_refused_before_anything_is_written(
     opener: Callable[..., RedisAdkBackend], raw: Redis, prefix: str
 ) -> None:
     backend = opener()
@@ -637,9 +638,18 @@ async def test_a_state_value_that_is_not_json_is_refused_before_anything_is_writ
     await create(backend)
     with pytest.raises(ConfigurationError, match=r"app state\['s'\]"):
         await backend.append(KEY, req(event("e1", T0 + 1), app_delta={"s": {1, 2}}))
+    with pytest.raises(ConfigurationError, match="UTF-8"):
+        await backend.append(KEY, req(event("e1", T0 + 1), session_delta={"s": "\ud800"}))
+    with pytest.raises(ConfigurationError, match="UTF-8"):
+        await backend.append(KEY, req(StoredEvent("e1", T0 + 1, '"\ud800"')))
+    with pytest.raises(ConfigurationError, match=r"event\.timestamp"):
+        await backend.append(KEY, req(StoredEvent("e1", math.nan, "{}"), now=T0))
+    with pytest.raises(ConfigurationError, match="after"):
+        await backend.read(KEY, recent=None, after=math.inf, now=T0)
     got = await backend.read(KEY, recent=None, after=None, now=T0 + 1)
     assert got is not None
-    assert (list(got.events), dict(got.app_state)) == ([], {})
+    assert (list(got.events), dict(got.app_state), dict(got.session.state)) == ([], {}, {})
+    assert got.session.revision == 0
 
 
 # -- a writer killed mid-append ------------------------------------------------------------

@@ -125,8 +125,11 @@ def _digest(*names: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def _number(value: float) -> str:
-    """A float as Lua and Redis parse it back exactly (Python's shortest repr)."""
+def _number(value: float, field: str = "now") -> str:
+    """A float as Lua and Redis parse it back exactly (Python's shortest repr);
+    ConfigurationError naming ``field`` when it is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(f"{field} must be a finite number, got {value!r}")
     return repr(float(value))
 
 
@@ -308,8 +311,14 @@ class RedisAdkBackend:
     ) -> Any:
         if self._closed:
             raise ConfigurationError("this RedisAdkBackend is closed; create a new one")
-        with _driver_errors(what):
-            return await self._scripts[name](keys=keys, args=(self._base, *args))
+        try:
+            with _driver_errors(what):
+                return await self._scripts[name](keys=keys, args=(self._base, *args))
+        except UnicodeEncodeError as e:  # redis-py encodes every argument before sending
+            raise ConfigurationError(
+                f"{what}: a name or value is not valid UTF-8 text ({e.reason}: a lone "
+                "surrogate?); nothing was sent"
+            ) from e
 
     def _expiry(self, now: float) -> tuple[str, str]:
         """(expires_at, Redis's expiry in ms) of a write at ``now``; ('', '') without a TTL."""
@@ -370,7 +379,7 @@ class RedisAdkBackend:
             _number(now),
             uuid.uuid4().hex,
             names.member,
-            _number(create_time),
+            _number(create_time, "create_time"),
             expires_at,
             expire_ms,
             _optional(self.limits.max_sessions),
@@ -411,7 +420,7 @@ class RedisAdkBackend:
             raise ConfigurationError(f"recent must be None or an int >= 0, got {recent!r}")
         names = _Names(self._base, key)
         keys = (*names.session_keys, names.app_state, names.user_state)
-        args = (_number(now), _optional(recent), "" if after is None else _number(after))
+        args = (_number(now), _optional(recent), "" if after is None else _number(after, "after"))
         reply = await self._run("read", keys, args, "a read")
         if _text(reply[0]) != "found":
             return None
@@ -465,7 +474,13 @@ class RedisAdkBackend:
         names = _Names(self._base, key)
         limits = self.limits
         event = request.event
-        data = event.data.encode("utf-8")
+        try:
+            data = event.data.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigurationError(
+                f"event {event.event_id!r}: its JSON is not valid UTF-8 text ({e.reason}); "
+                "nothing was written"
+            ) from e
         expires_at, expire_ms = self._expiry(request.now)
         keys = (
             *names.session_keys,
@@ -479,14 +494,18 @@ class RedisAdkBackend:
             _number(request.now),
             names.member,
             event.event_id,
-            _number(event.timestamp),
+            _number(event.timestamp, "event.timestamp"),
             data,
             len(data),
-            _number(request.update_time),
+            _number(request.update_time, "update_time"),
             expires_at,
             expire_ms,
             _optional(request.expected_revision),
-            "" if request.expected_update_time is None else _number(request.expected_update_time),
+            (
+                ""
+                if request.expected_update_time is None
+                else _number(request.expected_update_time, "expected_update_time")
+            ),
             request.owner or "",
             "1" if request.release else "0",
             _number(request.now + limits.hold_seconds),
