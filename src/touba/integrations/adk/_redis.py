@@ -20,7 +20,8 @@ Behaviour decisions:
   a delta is an HSET of the keys it names, whatever the size of the state.
 - **Listing** reads the app's (or the user's) index of sessions, sorted by update
   time, with each session's row and state and each listed user's state, in one
-  script: no event is read, and 5,000 sessions are one round trip.
+  script that answers one JSON text (the stored state values spliced in as they
+  are): no event is read, and 5,000 sessions are one round trip and one parse.
 - **Time.** Expiry and holds are judged by the caller's ``now``. Redis's own expiry
   backs it up: a session's keys expire ``ttl_seconds`` (plus a second of grace)
   after its last write, counted on Redis's clock, so an abandoned session leaves
@@ -34,6 +35,16 @@ Behaviour decisions:
   run twice finds its own token. After the retries, or with a ``client`` of
   yours, a failure is ``DecisionHistoryStoreUnavailable`` (retryable, redis-py's
   error chained), and the write is whole or absent.
+- **Cluster.** A ``redis.asyncio.RedisCluster`` client works as is: one slot per
+  store means one node serves a store (sharding is by prefix, not by session).
+- **Where ADK's own ``RedisSessionService`` differs** (``google.adk.integrations.redis``):
+  it keeps a session as one JSON value, so ``get_session`` reads and parses every
+  event and ``append_event`` reads, parses and rewrites all of them (in a WATCH
+  transaction, with no stale check); it lists with a SCAN of the whole keyspace
+  and one GET per session; its app and user state expire with its TTL (7 days by
+  default). Here an append and a read of k events cost the same at any length,
+  a list is one script over the app's index, stale copies are refused, and app
+  and user state never expire (the protocol's rule on every touba store).
 """
 
 from __future__ import annotations
