@@ -35,6 +35,11 @@ Behaviour decisions:
   run twice finds its own token. After the retries, or with a ``client`` of
   yours, a failure is ``DecisionHistoryStoreUnavailable`` (retryable, redis-py's
   error chained), and the write is whole or absent.
+- **Eviction.** Run Redis with ``maxmemory-policy noeviction`` (as for any store of
+  record): a write Redis refuses for memory changes nothing (the script fails at
+  its first write, before any other), while a key evicted under another policy
+  surfaces as ``DecisionHistoryRecordInvalid`` (an event id without its text) or
+  as a session gone.
 - **Cluster.** A ``redis.asyncio.RedisCluster`` client works as is: one slot per
   store means one node serves a store (sharding is by prefix, not by session).
 - **Where ADK's own ``RedisSessionService`` differs** (``google.adk.integrations.redis``):
