@@ -186,6 +186,25 @@ async def test_of_many_owners_one_holds_the_session(
     assert [e.event_id for e in got.events] == [f"e{wins[0]}"]
 
 
+async def test_of_many_clients_holding_one_session_one_wins_and_release_frees_it(
+    opener: Callable[..., RedisAdkBackend],
+) -> None:
+    clients = [opener(AdkLimits(hold_seconds=60)) for _ in range(6)]
+    await create(clients[0])
+    outcomes = await asyncio.gather(
+        *(c.hold(KEY, f"run-{i}", now=T0) for i, c in enumerate(clients)),
+        return_exceptions=True,
+    )
+    wins = [i for i, o in enumerate(outcomes) if not isinstance(o, BaseException)]
+    assert len(wins) == 1, outcomes
+    assert sum(isinstance(o, DecisionHistoryBusy) for o in outcomes) == 5
+    released = await asyncio.gather(*(c.release(KEY, f"run-{i}") for i, c in enumerate(clients)))
+    assert released == [i == wins[0] for i in range(6)]
+    got = await clients[0].read(KEY, recent=0, after=None, now=T0)
+    assert got is not None
+    assert got.session.holder is None
+
+
 async def test_reads_and_lists_racing_appends_see_whole_appends(
     opener: Callable[..., RedisAdkBackend],
 ) -> None:
