@@ -118,7 +118,7 @@ from touba.integrations.adk._backend import (
     SessionRecord,
     StoredEvent,
 )
-from touba.integrations.adk._events import EventCache, encode
+from touba.integrations.adk._events import decode, encode
 
 __all__ = ["ToubaSessionService"]
 
@@ -237,7 +237,6 @@ class ToubaSessionService(BaseSessionService):
         self._backend = backend
         self._clock = clock
         self._last_purge = -math.inf
-        self._events = EventCache()
 
     # --- constructors ---
 
@@ -261,7 +260,11 @@ class ToubaSessionService(BaseSessionService):
 
     @classmethod
     def postgres(
-        cls, dsn: str, *, table_prefix: str = "touba_adk", **limits: Any
+        cls,
+        dsn: str,
+        *,
+        table_prefix: str = "touba_adk",
+        **limits: Any,
     ) -> ToubaSessionService:
         """Sessions in PostgreSQL tables named ``<table_prefix>_...``, opened on first use.
 
@@ -275,7 +278,13 @@ class ToubaSessionService(BaseSessionService):
         return cls(backend)
 
     @classmethod
-    def redis(cls, url: str, *, prefix: str = "touba:adk:", **limits: Any) -> ToubaSessionService:
+    def redis(
+        cls,
+        url: str,
+        *,
+        prefix: str = "touba:adk:",
+        **limits: Any,
+    ) -> ToubaSessionService:
         """Sessions in Redis under keys starting with ``prefix``, connected on first use.
 
         Needs ``pip install "touba[redis]"``.
@@ -350,7 +359,7 @@ class ToubaSessionService(BaseSessionService):
         read = await self._backend.read(key, recent=recent, after=after, now=self._clock())
         if read is None:
             return None
-        events = [self._events.decode(e.data, key.session_id) for e in read.events]
+        events = [decode(e.data, key.session_id) for e in read.events]
         return self._session(read, events)
 
     async def list_sessions(
@@ -413,7 +422,7 @@ class ToubaSessionService(BaseSessionService):
         stored = event.model_copy(
             update={"actions": event.actions.model_copy(update={"state_delta": kept})}
         )
-        data, decoded = encode(stored)
+        data = encode(stored)
         expected_revision, expected_time = self._expected(session)
         exclusive = _EXCLUSIVE.get()
         owner = exclusive[2] if exclusive is not None and exclusive[:2] == (id(self), key) else None
@@ -433,7 +442,6 @@ class ToubaSessionService(BaseSessionService):
         )
         if not result.appended:
             return event
-        self._events.put(data, decoded)
         self._apply_temp_state(session, event)
         event.actions.state_delta = kept
         self._commit_event_to_session(session, event)
