@@ -425,10 +425,12 @@ async def test_bounds_refuse_the_write_and_keep_everything(open_backend: Backend
     assert dict(got.session.state) == {}
     assert got.session.revision == 0
 
+    e0, e1 = event("e0", T0 + 1, "x" * 600), event("e1", T0 + 2, "x" * 600)
+    size = len(e0.data.encode())
     capped = open_backend("capped", AdkLimits(max_event_bytes=None, max_session_bytes=2 * size))
     await create(capped)
-    await capped.append(KEY, req(event("e0", T0 + 1, "x" * 600), revision=0))
-    await capped.append(KEY, req(event("e1", T0 + 2, "x" * 600), revision=1))
+    await capped.append(KEY, req(e0, revision=0))
+    await capped.append(KEY, req(e1, revision=1))
     with pytest.raises(DecisionHistoryLimitExceeded) as error:
         await capped.append(KEY, req(event("e2", T0 + 3, "x"), revision=2, app_delta={"a": 1}))
     assert error.value.limit == "max_retained_bytes"
@@ -609,6 +611,36 @@ async def test_a_hold_refuses_other_writers_until_released_expired_or_recovered(
     assert not await backend.recover(KEY)
     await backend.append(KEY, req(event("d1", T0 + 53), revision=5))
     assert not await backend.recover(SessionKey("app", "alice", "unknown"))
+
+
+async def test_hold_takes_the_session_for_an_owner_and_release_gives_it_back(
+    open_backend: BackendOpener,
+) -> None:
+    backend = open_backend(limits=AdkLimits(hold_seconds=30))
+    with pytest.raises(SessionNotFoundError):
+        await backend.hold(KEY, "run-a", now=T0)
+    await create(backend)
+    await backend.hold(KEY, "run-a", now=T0 + 1)
+    before = await backend.read(KEY, recent=None, after=None, now=T0 + 1)
+    assert before is not None
+    assert before.session.holder == "run-a"
+    assert (before.session.revision, before.session.update_time) == (0, T0)  # nothing else moved
+    await backend.hold(KEY, "run-a", now=T0 + 2)  # refreshed by its owner: until T0 + 32
+    with pytest.raises(DecisionHistoryBusy):
+        await backend.hold(KEY, "run-b", now=T0 + 31)
+    with pytest.raises(DecisionHistoryBusy):
+        await backend.append(KEY, req(event("b1", T0 + 31), revision=0))
+    await backend.append(KEY, req(event("a1", T0 + 31), revision=0, owner="run-a"))
+    assert not await backend.release(KEY, "run-b")
+    assert await backend.release(KEY, "run-a")
+    assert not await backend.release(KEY, "run-a")
+    await backend.append(KEY, req(event("b1", T0 + 32), revision=1))
+    await backend.hold(KEY, "run-b", now=T0 + 33)
+    assert not await backend.release(SessionKey("app", "alice", "nope"), "run-b")
+    expired = open_backend("ttl", AdkLimits(ttl_seconds=5))
+    await create(expired, now=T0)
+    with pytest.raises(SessionNotFoundError):
+        await expired.hold(KEY, "run-a", now=T0 + 5)
 
 
 # --- namespaces, persistence, lifecycle --------------------------------------------------

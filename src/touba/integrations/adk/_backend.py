@@ -47,13 +47,14 @@ create and at every committed append. App and user state never expire.
 ``max_session_bytes``), ``"max_sessions"`` (a create when the store, i.e. this
 prefix/file, already holds ``max_sessions`` unexpired sessions).
 
-**One writer.** An append may carry an ``owner`` (the service passes the
-event's invocation id): the session is then *held* by that owner until
-``now + hold_seconds`` (refreshed by each of its appends) or until an append of
-that owner with ``release=True``. While a hold of another owner is live, an
-append (with any other owner, or none) raises ``DecisionHistoryBusy``, nothing
-written. :meth:`AdkBackend.recover` drops a hold (a crashed run's). A hold
-whose time has passed is no hold.
+**One writer.** A session may be *held* by an owner (the service's
+``exclusive()`` token) until a time: taken by :meth:`AdkBackend.hold`, or by an
+append that carries that ``owner``; each append of the owner refreshes it to
+``now + hold_seconds``; cleared by :meth:`AdkBackend.release`, by an append of
+the owner with ``release=True``, or by :meth:`AdkBackend.recover` (a crashed
+run's). While a hold of another owner is live, an append (with any other
+owner, or none) raises ``DecisionHistoryBusy``, nothing written. A hold whose
+time has passed is no hold.
 
 **Errors.** ADK's ``AlreadyExistsError``, ``SessionNotFoundError``,
 ``StaleSessionError`` (``google.adk.errors``) where said; touba's
@@ -318,6 +319,24 @@ class AdkBackend(Protocol):
 
         Scoped to exactly ``(app, user, session)``; app and user state stay.
         Atomic. O(events of the session).
+        """
+        ...
+
+    async def hold(self, key: SessionKey, owner: str, *, now: float) -> None:
+        """Hold ``key`` for ``owner`` until ``now + hold_seconds`` (added after the first commit).
+
+        One atomic step: ``key`` absent or expired: ``SessionNotFoundError``; a
+        live hold of another owner: ``DecisionHistoryBusy``; else the hold is
+        set (taken, or refreshed when ``owner`` already holds it). Changes
+        nothing else (no revision, update time or expiry change). O(1).
+        """
+        ...
+
+    async def release(self, key: SessionKey, owner: str) -> bool:
+        """Clear ``key``'s hold if ``owner`` holds it (live or not); True when cleared.
+
+        Added after the first commit. Another owner's hold, no hold, an unknown
+        key: False, nothing changed. O(1).
         """
         ...
 
