@@ -82,17 +82,10 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         'pip install "touba[adk,postgres]"'
     ) from e
 
-from google.adk.errors import StaleSessionError
-from google.adk.errors.already_exists_error import AlreadyExistsError
-from google.adk.errors.session_not_found_error import SessionNotFoundError
-
 from touba.errors import (
     ConfigurationError,
-    DecisionHistoryBusy,
-    DecisionHistoryLimitExceeded,
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
-    HistoryLimit,
 )
 from touba.history._pg import Conn, OwnedPool, Schema, lock_key, table_parts
 from touba.integrations.adk._backend import (
@@ -107,15 +100,23 @@ from touba.integrations.adk._backend import (
     StoredEvent,
     busy_key,
 )
+from touba.integrations.adk._checks import (
+    already_exists,
+    check_event_bytes,
+    check_hold,
+    check_hold_for,
+    check_session_bytes,
+    check_sessions,
+    check_stale,
+    expires_at,
+    is_expired,
+    not_found,
+)
 
 __all__ = ["PostgresAdkBackend"]
 
 SCHEMA_VERSION: Final = 1
 _OWNER: Final = "PostgresAdkBackend"
-STALE_MESSAGE: Final = (
-    "The session has been modified in storage since it was loaded. "
-    "Please reload the session before appending more events."
-)
 
 # -- the schema --------------------------------------------------------------------------
 
@@ -209,9 +210,12 @@ PURGE: Final = "DELETE FROM {s} WHERE expires_at <= %(now)s"
 # One append, a transaction by itself: the session's row locked (``s``), the
 # verdict decided in the protocol's order (``v``; a NULL parameter skips its
 # check), then, only when it is 'ok', the event inserted, the row updated and
-# the app and user deltas merged (the user's after the app's). Returns the
-# verdict and the session's (revision, update_time, event_count, byte_count)
-# after the statement; no row when the session does not exist.
+# the app and user deltas merged (the user's after the app's). The hold
+# after a write: none without an owner (another's live hold refused it, so
+# any hold left had passed), cleared by ``release``, else the owner's until
+# ``hold_until``. Returns the verdict, the session's (revision, update_time,
+# event_count, byte_count) after the statement and the hold it found; no row
+# when the session does not exist.
 APPEND: Final = (
     "WITH s AS (SELECT sid, revision, update_time, event_count, byte_count, expires_at,"
     "  holder, hold_until FROM {s} WHERE {key} FOR UPDATE),"
@@ -234,10 +238,9 @@ APPEND: Final = (
     "  byte_count = t.byte_count + %(bytes)s::bigint, expires_at = %(expires)s::float8,"
     "  state = CASE WHEN %(session_delta)s::jsonb IS NULL THEN t.state"
     "   ELSE t.state || %(session_delta)s::jsonb END,"
-    "  holder = CASE WHEN %(owner)s::text IS NULL THEN t.holder"
-    "   WHEN %(release)s THEN NULL ELSE %(owner)s::text END,"
-    "  hold_until = CASE WHEN %(owner)s::text IS NULL THEN t.hold_until"
-    "   WHEN %(release)s THEN NULL ELSE %(hold_until)s::float8 END"
+    "  holder = CASE WHEN %(release)s THEN NULL ELSE %(owner)s::text END,"
+    "  hold_until = CASE WHEN %(release)s OR %(owner)s::text IS NULL THEN NULL"
+    "   ELSE %(hold_until)s::float8 END"
     "  FROM v WHERE t.sid = v.sid AND v.verdict = 'ok'"
     "  RETURNING t.revision, t.update_time, t.event_count, t.byte_count),"
     " ap AS (INSERT INTO {a} AS a (app_name, state)"
@@ -253,7 +256,8 @@ APPEND: Final = (
     "  RETURNING 1)"
     " SELECT v.verdict, coalesce(up.revision, v.revision),"
     "  coalesce(up.update_time, v.update_time), coalesce(up.event_count, v.event_count),"
-    "  coalesce(up.byte_count, v.byte_count), (SELECT count(*) FROM us)"
+    "  coalesce(up.byte_count, v.byte_count), v.holder, v.hold_until,"
+    "  (SELECT count(*) FROM us)"
     " FROM v LEFT JOIN up ON true"
 )
 
@@ -294,6 +298,20 @@ _LIST: Final = (
 )
 LIST_APP: Final = _LIST.replace("{which}", "")
 LIST_USER: Final = _LIST.replace("{which}", " AND user_id = %(user)s")
+# A hold taken or refreshed: the row locked, then updated only when the session
+# is live and no other owner's hold is. Returns (expires_at, holder,
+# hold_until) as found and whether it was held; no row when absent.
+HOLD: Final = (
+    "WITH s AS (SELECT sid, expires_at, holder, hold_until FROM {s} WHERE {key} FOR UPDATE),"
+    " up AS (UPDATE {s} AS t SET holder = %(owner)s, hold_until = %(hold_until)s"
+    "  FROM s WHERE t.sid = s.sid AND coalesce(s.expires_at > %(now)s, true)"
+    "  AND (s.holder IS NULL OR s.holder = %(owner)s OR coalesce(s.hold_until <= %(now)s, true))"
+    "  RETURNING 1)"
+    " SELECT s.expires_at, s.holder, s.hold_until, (SELECT count(*) FROM up) FROM s"
+)
+RELEASE: Final = (
+    "UPDATE {s} SET holder = NULL, hold_until = NULL WHERE {key} AND holder = %(owner)s"
+)
 USER_STATE: Final = "SELECT state FROM {u} WHERE app_name = %(app)s AND user_id = %(user)s"
 DELETE: Final = "DELETE FROM {s} WHERE {key}"
 RECOVER: Final = (
@@ -343,6 +361,8 @@ class Statements:
         self.user_state = q(USER_STATE)
         self.delete = q(DELETE)
         self.recover = q(RECOVER)
+        self.hold = q(HOLD)
+        self.release = q(RELEASE)
 
 
 @functools.cache
@@ -470,10 +490,6 @@ def _invalid(e: psycopg.Error) -> Exception:
     )
 
 
-def _limit(limit: HistoryLimit, detail: str) -> DecisionHistoryLimitExceeded:
-    return DecisionHistoryLimitExceeded(f"{detail}; nothing was written", limit=limit)
-
-
 # -- the backend -------------------------------------------------------------------------
 
 
@@ -539,8 +555,7 @@ class PostgresAdkBackend:
             raise _invalid(e) from e
 
     def _expires(self, now: float) -> float | None:
-        ttl = self.limits.ttl_seconds
-        return None if ttl is None else now + ttl
+        return expires_at(self.limits, now)
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -572,7 +587,7 @@ class PostgresAdkBackend:
             assert found is not None
             inserted, app_state, user_state = found
             if not inserted:
-                raise AlreadyExistsError(f"Session with id {key.session_id} already exists.")
+                raise already_exists(key)
             if self.limits.max_sessions is not None:
                 await self._check_sessions(conn, now, self.limits.max_sessions)
         return SessionRead(
@@ -595,17 +610,12 @@ class PostgresAdkBackend:
         are stored with the new one, after purging the expired ones if needed."""
         found = await _row(conn, self._sql.count)
         assert found is not None
-        if int(found[0]) <= most:
+        if int(found[0]) <= most:  # the new one counted
             return
         await _run(conn, self._sql.purge, {"now": now})
         found = await _row(conn, self._sql.count)
         assert found is not None
-        if int(found[0]) > most:
-            raise _limit(
-                "max_sessions",
-                f"the store already holds max_sessions={most} unexpired sessions; delete "
-                "some, or raise max_sessions",
-            )
+        check_sessions(self.limits, int(found[0]) - 1)  # the new one is counted
 
     async def read(
         self, key: SessionKey, *, recent: int | None, after: float | None, now: float
@@ -665,8 +675,8 @@ class PostgresAdkBackend:
         async with self._pg.using():
             found = await self._append(params)
         if found is None:
-            raise SessionNotFoundError(f"Session {key.session_id} not found.")
-        verdict, revision, update_time, events, size, _ = found
+            raise not_found(key)
+        verdict, revision, update_time, events, size, holder, hold_until, _ = found
         result = AppendResult(
             appended=verdict == "ok",
             revision=int(revision),
@@ -676,7 +686,14 @@ class PostgresAdkBackend:
         )
         if verdict in ("ok", "duplicate"):
             return result
-        raise self._refusal(verdict, key, request, params["bytes"], result.byte_count)
+        # Refused, nothing written: the same errors as every store's, from what it found.
+        if verdict == "missing":
+            raise not_found(key)
+        check_hold(key, holder, hold_until, request)
+        check_stale(result.revision, result.update_time, request)
+        check_event_bytes(self.limits, params["bytes"])
+        check_session_bytes(self.limits, result.byte_count, params["bytes"])
+        raise AssertionError(f"the append statement refused with {verdict!r} for no reason")
 
     def append_params(self, key: SessionKey, request: AppendRequest) -> dict[str, Any]:
         """The parameters of the append statement (``Statements.append``) for ``request``;
@@ -720,35 +737,6 @@ class PostgresAdkBackend:
                 raise _invalid(e) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _refusal(
-        self, verdict: str, key: SessionKey, request: AppendRequest, size: int, stored: int
-    ) -> Exception:
-        """The error of an append the statement refused (nothing was written)."""
-        limits = self.limits
-        if verdict == "missing":
-            return SessionNotFoundError(f"Session {key.session_id} not found.")
-        if verdict == "busy":
-            return DecisionHistoryBusy(
-                f"session {busy_key(key)} is held by another run (until its last event, "
-                f"or {limits.hold_seconds:g} s after its last append); nothing was written. "
-                "Retry after it finishes; if that run crashed, recover the session",
-                session_key=busy_key(key),
-            )
-        if verdict == "stale":
-            return StaleSessionError(STALE_MESSAGE)
-        if verdict == "max_bytes":
-            return _limit(
-                "max_bytes",
-                f"event {request.event.event_id!r} is {size} bytes of JSON, over "
-                f"max_event_bytes={limits.max_event_bytes}",
-            )
-        assert verdict == "max_retained_bytes", verdict
-        return _limit(
-            "max_retained_bytes",
-            f"session {busy_key(key)} would retain {stored + size} bytes of events, over "
-            f"max_session_bytes={limits.max_session_bytes}; start another session",
-        )
-
     async def delete(self, key: SessionKey) -> None:
         """See ``AdkBackend.delete``: one statement (the events go by cascade)."""
         params = _key_params(key)
@@ -760,6 +748,28 @@ class PostgresAdkBackend:
         params = _key_params(key)
         async with self._pg.using(), self._connection() as conn:
             return await _run(conn, self._sql.recover, params) > 0
+
+    async def hold(self, key: SessionKey, owner: str, *, now: float) -> None:
+        """See ``AdkBackend.hold``: one statement locking the session's row."""
+        params = {
+            **_key_params(key),
+            "owner": _text(owner, "owner"),
+            "now": now,
+            "hold_until": now + self.limits.hold_seconds,
+        }
+        async with self._pg.using(), self._connection() as conn:
+            found = await _row(conn, self._sql.hold, params)
+        if found is None or is_expired(found[0], now):
+            raise not_found(key)
+        if not found[3]:
+            check_hold_for(key, found[1], found[2], owner, now)
+            raise AssertionError("the hold statement refused for no reason")
+
+    async def release(self, key: SessionKey, owner: str) -> bool:
+        """See ``AdkBackend.release``: one statement."""
+        params = {**_key_params(key), "owner": _text(owner, "owner")}
+        async with self._pg.using(), self._connection() as conn:
+            return await _run(conn, self._sql.release, params) > 0
 
     async def purge_expired(self, *, now: float) -> int:
         """See ``AdkBackend.purge_expired``: one statement on the expiry index."""
