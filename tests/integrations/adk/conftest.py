@@ -63,15 +63,15 @@ def _postgres_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
 
     dsn = postgres_dsn()
     schema = f"touba_adk_{name}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a writer process opens it again
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
 
     def drop() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
     def postgres(ns: str, limits: AdkLimits) -> AdkBackend:
-        return PostgresAdkBackend(dsn, limits, table_prefix=f"{schema}.{ns}")
+        return PostgresAdkBackend(dsn, limits, table_prefix=f"{schema}.{ns.replace('-', '_')}")
 
     return BackendOpener("postgres", True, postgres), drop
 
