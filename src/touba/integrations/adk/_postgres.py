@@ -47,7 +47,13 @@ Behaviour decisions:
   no event row. ``create`` is one transaction of two or three statements (an
   expired session of that key deleted, the insert with the state deltas, the
   count checked when ``max_sessions`` is set); creates and deletes take the
-  counter row's lock for their transaction, appends never do.
+  counter row's lock for their transaction, appends never do. ``hold`` (the
+  row locked, then set only if no other owner's hold is live), ``release``,
+  ``recover``, ``read_user_state`` and ``delete`` (its events by ``ON DELETE
+  CASCADE``) are one statement each; ``purge_expired`` one statement on a
+  partial index of ``expires_at``. The statements are rendered to bytes once
+  per prefix and prepared by psycopg after a few uses; their generic plans
+  keep these index paths.
 - **Concurrency.** READ COMMITTED. Two appends from one revision: the second
   waits for the first's row lock, then sees its revision and raises
   ``StaleSessionError``; two appends of one event id: the second sees the
@@ -56,8 +62,9 @@ Behaviour decisions:
 - **Errors.** A server gone, a broken connection or a pool timeout during use is
   ``DecisionHistoryStoreUnavailable`` (retryable, the driver's error chained),
   nothing committed unless the link failed during the commit; while opening,
-  ``ConfigurationError``. A stored value this code cannot read is
-  ``DecisionHistoryRecordInvalid``.
+  ``ConfigurationError``. A value out of PostgreSQL's range (a revision past
+  64 bits) is ``ConfigurationError``; a stored value this code cannot read, or
+  tables altered behind its back, ``DecisionHistoryRecordInvalid``.
 - **Time** is the service's ``now`` (epoch seconds, stored as ``float8``, which
   keeps Python floats exactly); the server's clock is never used.
 """
