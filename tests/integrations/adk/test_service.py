@@ -229,7 +229,7 @@ async def test_get_session_returns_exactly_the_events_asked(service: ToubaSessio
 async def test_events_read_are_detached_copies(service: ToubaSessionService) -> None:
     session = await service.create_session(app_name=APP, user_id="u")
     await service.append_event(session, text_event("original", custom_metadata={"k": [1]}))
-    for _ in range(2):  # the first read decodes, the second comes from the decoded cache
+    for _ in range(2):
         got = await reload(service, session)
         assert got.events[0].content is not None
         assert got.events[0].content.parts is not None

@@ -82,6 +82,10 @@ every deliberate difference is listed here):
   ``SessionNotFoundError``); expired sessions are purged at most once a minute
   by ``create_session`` and by ``purge_expired()``. App and user state never
   expire.
+- **Capacity before cost.** A ``Runner`` appends the user's message before it
+  calls the model, so a session over ``max_session_bytes``, a session held by
+  another run, or one gone stale is refused at that first append: the run
+  stops before it costs a model call.
 - **Files and tenants.** SQLite files are private (0600, in a directory only
   their owner may enter, symlinks refused); PostgreSQL tables live under their
   ``table_prefix`` and Redis keys under their ``prefix``: two prefixes never
@@ -118,7 +122,7 @@ from touba.integrations.adk._backend import (
     SessionRecord,
     StoredEvent,
 )
-from touba.integrations.adk._events import EventCache, encode
+from touba.integrations.adk._events import decode, encode
 
 __all__ = ["ToubaSessionService"]
 
@@ -237,7 +241,6 @@ class ToubaSessionService(BaseSessionService):
         self._backend = backend
         self._clock = clock
         self._last_purge = -math.inf
-        self._events = EventCache()
 
     # --- constructors ---
 
@@ -261,7 +264,11 @@ class ToubaSessionService(BaseSessionService):
 
     @classmethod
     def postgres(
-        cls, dsn: str, *, table_prefix: str = "touba_adk", **limits: Any
+        cls,
+        dsn: str,
+        *,
+        table_prefix: str = "touba_adk",
+        **limits: Any,
     ) -> ToubaSessionService:
         """Sessions in PostgreSQL tables named ``<table_prefix>_...``, opened on first use.
 
@@ -275,7 +282,13 @@ class ToubaSessionService(BaseSessionService):
         return cls(backend)
 
     @classmethod
-    def redis(cls, url: str, *, prefix: str = "touba:adk:", **limits: Any) -> ToubaSessionService:
+    def redis(
+        cls,
+        url: str,
+        *,
+        prefix: str = "touba:adk:",
+        **limits: Any,
+    ) -> ToubaSessionService:
         """Sessions in Redis under keys starting with ``prefix``, connected on first use.
 
         Needs ``pip install "touba[redis]"``.
@@ -350,7 +363,7 @@ class ToubaSessionService(BaseSessionService):
         read = await self._backend.read(key, recent=recent, after=after, now=self._clock())
         if read is None:
             return None
-        events = [self._events.decode(e.data, key.session_id) for e in read.events]
+        events = [decode(e.data, key.session_id) for e in read.events]
         return self._session(read, events)
 
     async def list_sessions(
@@ -413,7 +426,7 @@ class ToubaSessionService(BaseSessionService):
         stored = event.model_copy(
             update={"actions": event.actions.model_copy(update={"state_delta": kept})}
         )
-        data, decoded = encode(stored)
+        data = encode(stored)
         expected_revision, expected_time = self._expected(session)
         exclusive = _EXCLUSIVE.get()
         owner = exclusive[2] if exclusive is not None and exclusive[:2] == (id(self), key) else None
@@ -433,7 +446,6 @@ class ToubaSessionService(BaseSessionService):
         )
         if not result.appended:
             return event
-        self._events.put(data, decoded)
         self._apply_temp_state(session, event)
         event.actions.state_delta = kept
         self._commit_event_to_session(session, event)
