@@ -19,8 +19,10 @@ every deliberate difference is listed here):
   row and the session's row in one atomic step, whatever the number of events
   already stored; ``get_session(config=GetSessionConfig(num_recent_events=k))``
   reads k events as one indexed range read, never the rest; ``list_sessions``
-  reads no event. ADK's own services do the same writes but read every event
-  on every ``get_session`` in memory (``InMemorySessionService``) or scan them.
+  reads no event. ADK's SQL services have no index on an event's timestamp:
+  to find the newest k they sort all of the session's events. A whole-session
+  read decodes every event into ADK's ``Event``, as theirs do (most of its
+  cost); no decoded event is cached (see :mod:`._events`).
 - **Ids and scopes, as ADK.** A session id is stripped of surrounding
   whitespace on create, get and delete (``DatabaseSessionService`` 2.13.0 keeps
   it padded: a known ADK divergence); no id (or a blank one) gets a uuid4.
