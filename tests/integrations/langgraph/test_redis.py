@@ -21,17 +21,22 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests._services import redis_url
+from tests.integrations.langgraph.test_saver import Thread, message
+from tests.peers import langgraph_savers
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
 from touba.history._lua import load
+from touba.integrations.langgraph import ToubaSaver
 from touba.integrations.langgraph._backend import (
     CheckpointPage,
     ListQuery,
@@ -614,3 +619,30 @@ async def test_a_name_whose_digest_another_name_holds_is_refused_and_nothing_wri
             await backend.put_writes("t", "child", "0002", [WriteRecord("k", 0, "x", blob("w"))])
     assert _keys(url, prefix) == keys_before
     assert texts_of(await backend.get("t", "", None, {})) == ["a"]
+
+
+# --- through ToubaSaver --------------------------------------------------------------
+
+
+async def test_a_log_entry_lost_in_redis_is_an_error_not_a_shorter_list(
+    backend: RedisSaverBackend, url: str, prefix: str
+) -> None:
+    thread = Thread(ToubaSaver(backend))
+    await thread.put([message(i) for i in range(5)])
+    [log_key] = [k for k in _keys(url, prefix) if ":L:" in k]
+    with redis.Redis.from_url(url) as client:
+        assert client.hdel(log_key, "2") == 1  # an evicted or hand-deleted field
+    with pytest.raises(DecisionHistoryRecordInvalid, match="position 2 of its 'messages' log"):
+        await ToubaSaver(backend).aget_tuple(thread.config)
+    with pytest.raises(DecisionHistoryRecordInvalid):
+        [t async for t in ToubaSaver(backend).alist(None)]
+
+
+async def test_langgraph_conformance_reaches_full_on_redis(url: str) -> None:
+    """langgraph-checkpoint-conformance's validate(), as make peers runs it, in make test."""
+    registered = checkpointer_test(name="ToubaSaver.redis")(langgraph_savers.redis)
+    report = await validate(registered, progress=ProgressCallbacks.quiet())
+    assert {cap: r.failures for cap, r in report.results.items() if r.failures} == {}
+    assert all(r.detected and r.passed is True for r in report.results.values())
+    assert report.conformance_level() == "FULL"
+    assert sum(r.tests_passed for r in report.results.values()) == 81
