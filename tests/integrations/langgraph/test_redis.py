@@ -646,3 +646,21 @@ async def test_langgraph_conformance_reaches_full_on_redis(url: str) -> None:
     assert all(r.detected and r.passed is True for r in report.results.values())
     assert report.conformance_level() == "FULL"
     assert sum(r.tests_passed for r in report.results.values()) == 81
+
+
+async def test_metadata_filters_compare_json_values_in_the_script(
+    backend: RedisSaverBackend,
+) -> None:
+    meta = {"step": 1, "score": 2.0, "big": 2**60, "nested": {"b": [1, 2.5], "a": None}}
+    put = replace(request("0001"), metadata_json=json.dumps(meta))
+    await backend.put(put)
+
+    async def hits(**wanted: object) -> int:
+        return len((await backend.list(ListQuery(thread_id="t", metadata=wanted), {})).rows)
+
+    assert await hits(step=1.0, score=2, big=float(2**60)) == 1
+    assert await hits(nested={"a": None, "b": [1.0, 2.5]}) == 1
+    assert await hits(step=True) == 0
+    assert await hits(big=2**60 + 1) == 0
+    assert await hits(nested={"a": None}) == 0
+    assert await hits(step="1") == 0

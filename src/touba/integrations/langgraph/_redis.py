@@ -30,7 +30,13 @@ Behaviour decisions:
   put never appends its entries twice. Every other script is idempotent as it is. A
   failure that survives the retries is
   :class:`~touba.errors.DecisionHistoryStoreUnavailable` (transient), the driver's error
-  chained; the write happened whole or not at all.
+  chained; the write happened whole or not at all. redis-py waits for a reply without a
+  time limit by default: put ``?socket_timeout=5`` (seconds) in the url to bound it (a
+  timeout is retried and then raised the same way).
+- **What is not here.** Keys never expire (LangGraph's savers keep threads until deleted
+  or pruned either). The layout is ready for Redis Cluster (a thread per slot, no script
+  across slots), but the backend makes a single-node client from ``url``: a
+  ``RedisCluster`` client, whose pipelines refuse scripts, is not supported yet.
 - **Values.** Blobs, entries and writes are stored as the serializer gave them (a type tag
   and bytes, length-prefixed), never decoded here. Metadata keys are also stored one by
   one as canonical JSON (sorted keys, integral floats as integers) so that a filter is a
@@ -146,7 +152,7 @@ def _spans(text: str, what: str = "a checkpoint's spans") -> tuple[Span, ...]:
 
 
 def _normal(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+    if isinstance(value, float) and value.is_integer():  # 1.0 == 1, as Python and JSON say
         return int(value)
     if isinstance(value, dict):
         return {k: _normal(v) for k, v in value.items()}
