@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import signal
 import sys
@@ -23,11 +24,12 @@ import pytest
 import redis
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests._services import redis_url
+from tests.history.test_redis_cluster import cluster  # noqa: F401 (a fixture: 3 masters)
 from tests.integrations.langgraph.test_saver import Thread, message
 from tests.peers import langgraph_savers
 from touba.errors import (
@@ -152,8 +154,8 @@ def test_the_prefix_is_checked_at_construction(url: str) -> None:
     for bad in ("", "a{b", "a}b", 3):
         with pytest.raises(ConfigurationError, match="prefix"):
             RedisSaverBackend(url, prefix=bad)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="url"):
-        RedisSaverBackend(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="url must be a str"):
+        RedisSaverBackend(3)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="Redis url"):
         RedisSaverBackend("nothing://here")
 
@@ -664,3 +666,73 @@ async def test_metadata_filters_compare_json_values_in_the_script(
     assert await hits(big=2**60 + 1) == 0
     assert await hits(nested={"a": None}) == 0
     assert await hits(step="1") == 0
+
+
+# --- Redis Cluster -------------------------------------------------------------------
+
+
+async def test_the_backend_contract_and_conformance_on_a_cluster(
+    cluster: list[int],  # noqa: F811 (the fixture imported above)
+) -> None:
+    """Every contract test of test_backend.py, then langgraph-checkpoint-conformance, on a
+    three-master cluster (tests/history/test_redis_cluster.py starts it): a thread's keys
+    share a slot, the store-wide indexes live in another, and each call lands on its node."""
+    import tests.integrations.langgraph.test_backend as contract
+
+    cases = [
+        fn
+        for name, fn in sorted(vars(contract).items())
+        if name.startswith("test_")
+        and inspect.iscoroutinefunction(fn)
+        and list(inspect.signature(fn).parameters) == ["backend"]
+    ]
+    assert len(cases) >= 20
+    client = RedisCluster(host="127.0.0.1", port=cluster[0])
+    try:
+        for n, case in enumerate(cases):
+            b = RedisSaverBackend(client=client, prefix=f"contract-{n}:")
+            await case(b)
+            await b.close()
+        slots = {
+            await client.execute_command("CLUSTER KEYSLOT", key)
+            async for key in client.scan_iter(match="contract-*")
+        }
+        assert len(slots) > 3  # the threads are spread over slots (and nodes)
+
+        async def factory() -> AsyncIterator[ToubaSaver]:
+            async with ToubaSaver(
+                RedisSaverBackend(client=client, prefix=f"peers-{uuid.uuid4().hex[:8]}:")
+            ) as saver:
+                yield saver
+
+        report = await validate(
+            checkpointer_test(name="ToubaSaver.redis-cluster")(factory),
+            progress=ProgressCallbacks.quiet(),
+        )
+        assert {cap: r.failures for cap, r in report.results.items() if r.failures} == {}
+        assert report.conformance_level() == "FULL"
+        assert sum(r.tests_passed for r in report.results.values()) == 81
+    finally:
+        await client.aclose()
+
+
+def test_a_given_client_must_be_async_and_keep_bytes(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        RedisSaverBackend()
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        RedisSaverBackend(url, client=Redis.from_url(url))
+    with pytest.raises(ConfigurationError, match="synchronous"):
+        RedisSaverBackend(client=redis.Redis.from_url(url))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="decode"):
+        RedisSaverBackend(client=Redis.from_url(url, decode_responses=True))
+
+
+async def test_a_given_client_stays_open_after_close(url: str, prefix: str) -> None:
+    client = Redis.from_url(url)
+    try:
+        b = RedisSaverBackend(client=client, prefix=prefix)
+        await b.put(request("0001", texts=("a",)))
+        await b.close()
+        assert await client.ping()
+    finally:
+        await client.aclose()

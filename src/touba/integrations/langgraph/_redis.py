@@ -33,10 +33,11 @@ Behaviour decisions:
   chained; the write happened whole or not at all. redis-py waits for a reply without a
   time limit by default: put ``?socket_timeout=5`` (seconds) in the url to bound it (a
   timeout is retried and then raised the same way).
-- **What is not here.** Keys never expire (LangGraph's savers keep threads until deleted
-  or pruned either). The layout is ready for Redis Cluster (a thread per slot, no script
-  across slots), but the backend makes a single-node client from ``url``: a
-  ``RedisCluster`` client, whose pipelines refuse scripts, is not supported yet.
+- **Redis Cluster.** Give a ``redis.asyncio.RedisCluster`` as ``client``: each thread's
+  scripts run on the node of its slot, the indexes' commands on theirs (a cluster
+  client's pipelines refuse scripts, so a put is two round trips there instead of one).
+- **No expiry.** Keys never expire (LangGraph's savers keep threads until deleted or
+  pruned either).
 - **Values.** Blobs, entries and writes are stored as the serializer gave them (a type tag
   and bytes, length-prefixed), never decoded here. Metadata keys are also stored one by
   one as canonical JSON (sorted keys, integral floats as integers) so that a filter is a
@@ -184,26 +185,54 @@ def _driver_errors(what: str) -> Iterator[None]:
 class RedisSaverBackend:
     """The :class:`~touba.integrations.langgraph._backend.SaverBackend` on Redis.
 
-    ``url`` names the server (``redis://host:port/db``); the backend makes its client
-    (which retries a command twice on a failed connection) and closes it. ``prefix``
+    Give exactly one of ``url`` (``redis://host:port/db``: the backend makes its client,
+    which retries a command twice on a failed connection, and closes it) or ``client``
+    (a ``redis.asyncio.Redis`` or ``RedisCluster`` you own, with its own retry policy,
+    not decoding responses; ``close()`` leaves it open). ``prefix``
     starts every key, so savers with different prefixes never see each other's threads;
     it must be non-empty and without braces (the backend adds its own hash tags). Needs
     Redis 5 or later. See the module docstring for the layout and what is atomic.
     """
 
-    def __init__(self, url: str, *, prefix: str = "touba:lg:") -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "touba:lg:",
+        client: aioredis.Redis | aioredis.RedisCluster | None = None,
+    ) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
                 f"prefix must be a non-empty str without braces, got {prefix!r}: the saver "
                 "adds its own hash tags so that each thread's keys share one cluster slot"
             )
-        if not isinstance(url, str):
-            raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
-        try:
-            retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
-            self._client = aioredis.Redis.from_url(url, retry=retry)
-        except ValueError as e:
-            raise ConfigurationError(f"invalid Redis url ({e})") from e
+        if (url is None) == (client is None):
+            raise ConfigurationError(
+                "RedisSaverBackend needs exactly one of url= (e.g. 'redis://127.0.0.1:6379/0') "
+                "or client= (a redis.asyncio.Redis or RedisCluster you own)"
+            )
+        if client is not None:
+            if not isinstance(client, aioredis.Redis | aioredis.RedisCluster):
+                raise ConfigurationError(
+                    f"client must be a redis.asyncio.Redis or RedisCluster, got "
+                    f"{type(client).__name__} (the synchronous redis.Redis is not supported)"
+                )
+            if client.get_encoder().decode_responses:
+                raise ConfigurationError(
+                    "client must not decode responses (decode_responses=False): checkpoints "
+                    "are bytes"
+                )
+            self._client: aioredis.Redis | aioredis.RedisCluster = client
+            self._owns_client = False
+        else:
+            if not isinstance(url, str):
+                raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
+            try:
+                retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
+                self._client = aioredis.Redis.from_url(url, retry=retry)
+            except ValueError as e:
+                raise ConfigurationError(f"invalid Redis url ({e})") from e
+            self._owns_client = True
         self.prefix = prefix
         tag = hashlib.sha256(_b(prefix)).hexdigest()[:10]
         self._global = f"{prefix}{{{tag}}}:"
@@ -243,6 +272,16 @@ class RedisSaverBackend:
         self._check_open()
         script: LuaScript = self._scripts[name]
         command = ("EVALSHA", script.sha, 1, base + "meta", base, *args)
+        if isinstance(self._client, aioredis.RedisCluster):
+            # A cluster client's pipelines refuse scripts: the index commands go first
+            # (spread over their nodes), then the script, routed by its key's slot.
+            await self._commands(before, what)
+            with _driver_errors(what):
+                try:
+                    return await self._client.execute_command(*command)
+                except NoScriptError:
+                    await self._client.script_load(script.source)  # on every primary
+                    return await self._client.execute_command(*command)
         with _driver_errors(what):
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=False) as pipe:
@@ -512,8 +551,9 @@ class RedisSaverBackend:
         if self._closed:
             return
         self._closed = True
-        with _driver_errors("close"):
-            await self._client.aclose()
+        if self._owns_client:
+            with _driver_errors("close"):
+                await self._client.aclose()
 
 
 def _row(thread_id: str, raw: Sequence[Any]) -> CheckpointRow:
