@@ -6,6 +6,10 @@ each saver in turn, interleaved. A "step" is one super-step (one ``aput`` and it
 ``aput_writes``); its time is an ``ainvoke`` divided by the checkpoints it made. Printed per
 N: ms per step (median of the rounds) for each and ToubaSaver's ratio to InMemorySaver.
 
+Then the backend alone, flat in the log's length: a put adding one ~1 KB item and a warm
+get (the caller holds the log) on a thread whose log holds 100, 5,000 and 50,000 entries,
+ms per call (median of 5 batches of 100).
+
 Then the bytes at 1,000 messages over 60 steps: what ToubaSaver hands the Redis backend per
 step against the bytes of the messages the step added, and the memory Redis holds for the
 thread afterwards (``MEMORY USAGE`` of every key under the saver's prefix) against the
@@ -103,6 +107,53 @@ async def step_times(n: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+async def backend_calls(n: int) -> tuple[float, float]:
+    """ms per put of one item and per warm get, on a log of n entries."""
+    from touba.integrations.langgraph._backend import ChannelBlob, HeldLog, LogAppend
+
+    prefix = f"touba-bench-lg:{uuid.uuid4().hex[:8]}:"
+    body = ("json", b"z" * 1000)
+
+    def put(cid: str, parent: str | None, base: Any, items: Any) -> PutCheckpoint:
+        meta = b'{"step": 1}'
+        return PutCheckpoint(
+            "t", "", cid, parent, ("msgpack", b"c" * 300), ("json", meta), meta.decode(), None,
+            {"tool_state": cid}, (ChannelBlob("tool_state", cid, ("json", b"v" * 100)),),
+            (LogAppend("messages", base, items),),
+        )  # fmt: skip
+
+    backend = RedisSaverBackend(URL, prefix=prefix)
+    try:
+        spans: Any = ()
+        parent = None
+        result = None
+        for k in range(0, n, 1000):
+            cid = f"a{k:08d}"
+            items = (body,) * min(1000, n - k)
+            result = await backend.put(put(cid, parent, spans, items))
+            spans, parent = result.spans["messages"], cid
+        puts: list[float] = []
+        gets: list[float] = []
+        for batch in range(5):
+            started = time.perf_counter()
+            for i in range(100):
+                cid = f"b{batch:02d}{i:04d}"
+                result = await backend.put(put(cid, parent, spans, (body,)))
+                spans, parent = result.spans["messages"], cid
+            puts.append((time.perf_counter() - started) * 10)
+            assert result is not None
+            state = result.logs["messages"]
+            held = {"messages": HeldLog(state.token, state.length)}
+            started = time.perf_counter()
+            for _ in range(100):
+                await backend.get("t", "", None, held)
+            gets.append((time.perf_counter() - started) * 10)
+        return statistics.median(puts), statistics.median(gets)
+    finally:
+        await backend.close()
+        drop(prefix)
+
+
 async def bytes_per_step(n: int, steps: int) -> tuple[float, float, int, int]:
     """Bytes handed per step, bytes the step's messages weigh, Redis memory held after,
     serialized bytes of the thread's messages."""
@@ -136,6 +187,11 @@ async def main(quick: bool, rounds: int) -> None:
     for n in sizes_n:
         t = await step_times(n, rounds if n < 5000 else max(2, rounds // 2))
         print(f"{n:>6}{t['touba']:>13.2f}{t['memory']:>15.2f}{t['touba'] / t['memory']:>14.2f}")
+    print("\nthe Redis backend alone, ms per call on a log of N entries (median)")
+    print(f"{'N':>7}{'put 1 item':>12}{'warm get':>10}")
+    for n in [100, 5000] if quick else [100, 5000, 50000]:
+        put_ms, get_ms = await backend_calls(n)
+        print(f"{n:>7}{put_ms:>12.3f}{get_ms:>10.3f}")
     steps = 20 if quick else 60
     handed, added, memory, total = await bytes_per_step(1000, steps)
     print(f"\nbytes per step at 1,000 messages ({steps} steps):")

@@ -17,8 +17,9 @@ Behaviour decisions:
   a put O(what it adds + blobs + metadata keys), a warm get O(what the step added).
 - **Indexes before data.** A put sends the store-wide index updates in the same round
   trip, before its script (a pipeline: two slots cannot share a script); a delete updates
-  them after. A crash between leaves an index entry naming a thread or run with nothing
-  behind it, which readers skip; never data that no index finds.
+  them after its script. A crash between leaves an index entry naming a thread or run
+  with nothing behind it, which readers skip. A delete of a thread racing a put on it may
+  remove the entry that put added; the thread's next put adds it again (every put does).
 - **Atomic per thread.** ``delete_for_runs`` and ``prune`` are atomic per thread, not
   across threads (each thread is its own slot); ``copy_thread`` reads the source in one
   script and writes the target in one, so the target shows all of the copy or none of it.
