@@ -47,6 +47,7 @@ Behaviour decisions:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -301,6 +302,30 @@ class RedisSaverBackend:
                 return reply
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def _eval_many(
+        self, name: str, calls: Sequence[tuple[str, Sequence[Any]]], what: str
+    ) -> list[Any]:
+        """The read-only script ``name`` on many threads (base, args): one pipelined round
+        trip (on a cluster client, concurrent calls), each run atomic on its own."""
+        self._check_open()
+        if isinstance(self._client, aioredis.RedisCluster):
+            return list(await asyncio.gather(*(self._eval(name, b, a, what) for b, a in calls)))
+        script: LuaScript = self._scripts[name]
+        with _driver_errors(what):
+            for attempt in (1, 2):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for base, args in calls:
+                        pipe.execute_command("EVALSHA", script.sha, 1, base + "meta", base, *args)
+                    replies = list(await pipe.execute(raise_on_error=False))
+                if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                    await self._client.script_load(script.source)  # it only reads: run again
+                    continue
+                for outcome in replies:
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                return replies
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def _commands(self, commands: Sequence[tuple[Any, ...]], what: str) -> list[Any]:
         """Plain commands in one round trip (not atomic)."""
         self._check_open()
@@ -417,17 +442,25 @@ class RedisSaverBackend:
 
     async def list(self, query: ListQuery, held: Mapping[LogKey, HeldLog]) -> CheckpointPage:
         """``SaverBackend.list``: read.lua on the thread, or on every thread the store-wide
-        index names (merged newest first, cut to the limit)."""
+        index names, pipelined in one round trip (each thread read atomically, up to the
+        limit), merged newest first and cut to the limit."""
         if query.thread_id is not None:
             return await self._read_thread(query.thread_id, query, held)
         if query.limit is not None and query.limit <= 0:
             return CheckpointPage((), {})
         [indexed] = await self._commands([("HGETALL", self._threads)], "a list")
         threads = sorted(_s(v) for v in indexed.values())
+        calls = []
+        for thread in threads:
+            args = _read_args(thread, query, held)
+            if args is None:
+                return CheckpointPage((), {})
+            calls.append((self._base(thread), args))
+        replies = await self._eval_many("read", calls, "a checkpoint list")
         rows: list[CheckpointRow] = []
         logs: dict[LogKey, LogRead] = {}
-        for thread in threads:
-            page = await self._read_thread(thread, query, held)
+        for thread, reply in zip(threads, replies, strict=True):
+            page = _page(thread, reply)
             rows += page.rows
             logs.update(page.logs)
         rows.sort(key=lambda r: r.record.checkpoint_id, reverse=True)  # stable: thread order
@@ -438,40 +471,11 @@ class RedisSaverBackend:
     async def _read_thread(
         self, thread_id: str, query: ListQuery, held: Mapping[LogKey, HeldLog]
     ) -> CheckpointPage:
-        filters: list[Any] = []
-        for name, value in query.metadata.items():
-            text = canonical(value)
-            if text is None:  # no stored JSON value equals it
-                return CheckpointPage((), {})
-            filters += [_b(name), _b(text)]
-        mine = [(k, h) for k, h in held.items() if k.thread_id == thread_id]
-        args: list[Any] = [
-            "0" if query.checkpoint_ns is None else "1",
-            _b(query.checkpoint_ns or ""),
-            _b(query.checkpoint_id or ""),
-            _b(query.before or ""),
-            -1 if query.limit is None else max(0, query.limit),
-            len(filters) // 2,
-            *filters,
-            len(mine),
-        ]
-        for log, h in mine:
-            args += [_b(log.checkpoint_ns), _b(log.channel), _b(h.token), h.length]
+        args = _read_args(thread_id, query, held)
+        if args is None:
+            return CheckpointPage((), {})
         reply = await self._eval("read", self._base(thread_id), args, "a checkpoint read")
-        raw_rows, raw_logs = reply
-        rows = tuple(_row(thread_id, raw) for raw in raw_rows)
-        logs: dict[LogKey, LogRead] = {}
-        for raw in raw_logs:
-            key = LogKey(thread_id, _s(raw[0]), _s(raw[1]))
-            token = _s(raw[2])
-            if not token:
-                logs[key] = LogRead(None)
-                continue
-            entries = {
-                int(raw[i]): _typed(raw[i + 1], "a log entry") for i in range(4, len(raw), 2)
-            }
-            logs[key] = LogRead(LogState(token, int(raw[3])), entries)
-        return CheckpointPage(rows, logs)
+        return _page(thread_id, reply)
 
     async def delete_thread(self, thread_id: str) -> None:
         """``SaverBackend.delete_thread``: delete.lua, then the store-wide indexes."""
@@ -555,6 +559,49 @@ class RedisSaverBackend:
         if self._owns_client:
             with _driver_errors("close"):
                 await self._client.aclose()
+
+
+def _read_args(
+    thread_id: str, query: ListQuery, held: Mapping[LogKey, HeldLog]
+) -> list[Any] | None:
+    """read.lua's ARGV after B for ``query`` on one thread; None when a metadata filter
+    holds a value JSON cannot (no stored value equals it)."""
+    filters: list[Any] = []
+    for name, value in query.metadata.items():
+        text = canonical(value)
+        if text is None:
+            return None
+        filters += [_b(name), _b(text)]
+    mine = [(k, h) for k, h in held.items() if k.thread_id == thread_id]
+    args: list[Any] = [
+        "0" if query.checkpoint_ns is None else "1",
+        _b(query.checkpoint_ns or ""),
+        _b(query.checkpoint_id or ""),
+        _b(query.before or ""),
+        -1 if query.limit is None else max(0, query.limit),
+        len(filters) // 2,
+        *filters,
+        len(mine),
+    ]
+    for log, h in mine:
+        args += [_b(log.checkpoint_ns), _b(log.channel), _b(h.token), h.length]
+    return args
+
+
+def _page(thread_id: str, reply: Sequence[Any]) -> CheckpointPage:
+    """read.lua's reply on one thread as a page."""
+    raw_rows, raw_logs = reply
+    rows = tuple(_row(thread_id, raw) for raw in raw_rows)
+    logs: dict[LogKey, LogRead] = {}
+    for raw in raw_logs:
+        key = LogKey(thread_id, _s(raw[0]), _s(raw[1]))
+        token = _s(raw[2])
+        if not token:
+            logs[key] = LogRead(None)
+            continue
+        entries = {int(raw[i]): _typed(raw[i + 1], "a log entry") for i in range(4, len(raw), 2)}
+        logs[key] = LogRead(LogState(token, int(raw[3])), entries)
+    return CheckpointPage(rows, logs)
 
 
 def _row(thread_id: str, raw: Sequence[Any]) -> CheckpointRow:
