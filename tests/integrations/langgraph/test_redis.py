@@ -356,6 +356,71 @@ async def test_puts_racing_deletes_and_prunes_never_leave_a_row_half_there(
         await other.close()
 
 
+async def test_concurrent_writes_of_one_task_keep_one_value_each_whole(
+    url: str, prefix: str
+) -> None:
+    """Eight clients write the same (task, idx) keys at once, each its own values: a
+    regular write keeps the first that landed, for every key of the batch alike (a batch
+    is one script), and the checkpoint's writes are always one client's batch."""
+    clients = [RedisSaverBackend(url, prefix=prefix) for _ in range(8)]
+    try:
+        await clients[0].put(request("0001"))
+
+        async def write(c: int) -> None:
+            batch = [WriteRecord("task", i, f"ch{i}", blob(f"{c}")) for i in range(5)]
+            await clients[c].put_writes("t", "", "0001", batch)
+
+        await asyncio.gather(*(write(c) for c in range(8)))
+        writes = (await clients[0].get("t", "", None, {})).rows[0].writes
+        assert [w.idx for w in writes] == [0, 1, 2, 3, 4]
+        assert len({w.value for w in writes}) == 1  # one client's whole batch
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def test_the_latest_checkpoint_stays_whole_while_prunes_run(url: str, prefix: str) -> None:
+    writer, pruner, reader = (RedisSaverBackend(url, prefix=prefix) for _ in range(3))
+    stop = asyncio.Event()
+    reads = 0
+    try:
+
+        async def write() -> None:
+            spans: tuple[Span, ...] = ()
+            parent = None
+            for n in range(40):
+                result = await writer.put(
+                    request(f"{n:04d}", parent_id=parent, base=spans, texts=(f"{n}",))
+                )
+                spans, parent = result.spans["messages"], f"{n:04d}"
+            stop.set()
+
+        async def prune() -> None:
+            while not stop.is_set():
+                await pruner.prune(["t"], "keep_latest")
+                await asyncio.sleep(0)
+
+        async def read() -> None:
+            nonlocal reads
+            while not stop.is_set():
+                page = await reader.get("t", "", None, {})
+                if page.rows:
+                    n = int(page.rows[0].record.checkpoint_id)
+                    assert texts_of(page) == [f"{m}" for m in range(n + 1)]
+                    reads += 1
+                await asyncio.sleep(0)
+
+        await asyncio.gather(write(), prune(), read())
+        assert reads
+        await pruner.prune(["t"], "keep_latest")
+        page = await reader.list(ListQuery(thread_id="t"), {})
+        assert [r.record.checkpoint_id for r in page.rows] == ["0039"]
+        assert texts_of(page) == [f"{m}" for m in range(40)]
+    finally:
+        for b in (writer, pruner, reader):
+            await b.close()
+
+
 # --- connections cut mid-put ---------------------------------------------------------
 
 
