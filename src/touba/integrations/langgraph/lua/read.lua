@@ -61,8 +61,10 @@ for _, space in ipairs(spaces) do
     end
   else
     local n, max = 0, (before == '' and '+' or '(' .. before)
+    -- without filters the first `limit` ids are the answer: read no more than those
+    local size = (#filters == 0 and limit > 0) and math.min(limit, 64) or 64
     while limit < 0 or n < limit do
-      local page = redis.call('ZREVRANGEBYLEX', cps, max, '-', 'LIMIT', 0, 64)
+      local page = redis.call('ZREVRANGEBYLEX', cps, max, '-', 'LIMIT', 0, size)
       for _, cid in ipairs(page) do
         if matches(nkey(N, 'c:' .. cid)) then
           found[#found + 1] = {N, ns, cid}
@@ -70,7 +72,7 @@ for _, space in ipairs(spaces) do
           if n == limit then break end
         end
       end
-      if #page < 64 then break end
+      if #page < size then break end
       max = '(' .. page[#page]
     end
   end
