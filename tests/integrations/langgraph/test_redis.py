@@ -222,6 +222,35 @@ async def test_prefixes_isolate_savers_on_one_server(url: str, prefix: str) -> N
         _delete_keys(url, other_prefix)
 
 
+async def test_the_store_wide_indexes_follow_threads_and_runs(
+    backend: RedisSaverBackend, url: str, prefix: str
+) -> None:
+    """A thread is indexed by its first put (even after pending writes alone made it), a
+    run by its first put on each thread, again after a delete removed them; a delete
+    leaves no index entry behind."""
+
+    async def listed() -> list[str]:
+        return [r.record.checkpoint_id for r in (await backend.list(ListQuery(), {})).rows]
+
+    await backend.put_writes("a", "", "0001", [WriteRecord("task", 0, "x", blob("w"))])
+    await backend.put(request("0001", thread_id="a", run_id="r1"))
+    await backend.put(request("0002", thread_id="b", run_id="r1"))
+    assert await listed() == ["0002", "0001"]
+    await backend.delete_for_runs(["r1"])
+    assert await listed() == []
+    await backend.put(request("0003", thread_id="a", run_id="r1"))  # r1 anew on thread a
+    await backend.put(request("0004", thread_id="a", run_id="r2"))
+    await backend.delete_for_runs(["r1"])
+    assert await listed() == ["0004"]
+    await backend.delete_thread("a")
+    await backend.put(request("0005", thread_id="a"))  # a anew
+    assert await listed() == ["0005"]
+    await backend.prune(["a", "b"], "delete")
+    assert await listed() == []
+    with redis.Redis.from_url(url) as client:
+        assert [k for k in _keys(url, prefix) if client.type(k) != b"none"] == []
+
+
 # --- concurrent clients --------------------------------------------------------------
 
 
