@@ -40,6 +40,7 @@ pytest: install
 # tests with SQLiteSession swapped for ToubaSession: tests/peers/run_openai_agents.py.
 peers: install
 	$(BIN)/python tests/peers/run_openai_agents.py
+	$(BIN)/python tests/peers/run_langgraph.py
 
 # The peers bench/peers.py compares touba with come from the `bench` extra.
 $(BENCH_STAMP): $(STAMP)
@@ -59,6 +60,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/memory_encryption.py
 	$(BIN)/python bench/copy_stores.py
 	$(BIN)/python bench/retention.py
+	$(BIN)/python bench/langgraph_saver.py
 
 # The docs site (mkdocs.yml): strict, so a broken link, page or API reference fails the
 # build; it reaches no network (no social cards, no privacy plugin, no remote assets).
