@@ -532,3 +532,25 @@ async def test_langgraph_checkpoint_conformance_is_full_on_postgres() -> None:
     assert all(r.detected and r.passed is True for r in report.results.values())
     assert report.conformance_level() == "FULL"
     assert sum(r.tests_passed for r in report.results.values()) == 81
+
+
+async def test_a_lock_timeout_is_retryable_and_leaves_nothing(pg: Place) -> None:
+    """A put that waits past the server's ``lock_timeout`` (set in the DSN) raises
+    DecisionHistoryStoreUnavailable (retryable, chained), writes nothing, and the same
+    put succeeds once the lock is gone."""
+    backend = PostgresSaverBackend(
+        make_conninfo(pg.dsn, options="-c lock_timeout=200"), table_prefix=pg.prefix
+    )
+    pg.opened.append(backend)
+    one = await backend.put(put_request("0001", logs=[messages((), "a")]))
+    again = put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "b")])
+    async with await pg.admin() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(pg.table("logs")))
+        with pytest.raises(DecisionHistoryStoreUnavailable) as caught:
+            await backend.put(again)
+        assert caught.value.retryable
+        assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
+        await holder.execute("ROLLBACK")
+    assert await pg.count("entries") == 1
+    assert (await backend.put(again)).spans["messages"] == (Span(0, 2),)
