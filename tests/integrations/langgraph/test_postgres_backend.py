@@ -554,3 +554,34 @@ async def test_a_lock_timeout_is_retryable_and_leaves_nothing(pg: Place) -> None
         await holder.execute("ROLLBACK")
     assert await pg.count("entries") == 1
     assert (await backend.put(again)).spans["messages"] == (Span(0, 2),)
+
+
+async def test_a_put_cancelled_while_it_waits_leaves_nothing_and_the_store_goes_on(
+    pg: Place,
+) -> None:
+    """asyncio cancels a put inside its transaction (held on a lock): nothing of it is
+    stored, and the connection it held serves the next calls."""
+    application = f"touba-lg-cancel-{pg.schema}"
+    backend = pg.backend(application)
+    one = await backend.put(put_request("0001", logs=[messages((), "a")]))
+    again = put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "b")])
+    async with await pg.admin() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
+                " metadata_type, metadata, metadata_json, versions, logs)"
+                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
+            ).format(pg.table("checkpoints")),
+            (T,),
+        )
+        put = asyncio.create_task(backend.put(again))
+        await _until(lambda: _waiting_on_a_lock(pg.dsn, application), "the put waits")
+        put.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await put
+        await holder.execute("ROLLBACK")
+    assert await pg.count("entries") == 1
+    results = await asyncio.gather(*(backend.get(T, "", None, {}) for _ in range(6)))
+    assert {r.rows[0].record.checkpoint_id for r in results} == {"0001"}
+    assert (await backend.put(again)).spans["messages"] == (Span(0, 2),)
