@@ -317,10 +317,55 @@ class _Statements:
 
         # -- reads
         record = "SELECT " + _RECORD + " FROM {checkpoints}"  # noqa: S608 - constant text
-        self.get_latest = q(
-            record + " WHERE thread_id = %s AND ns = %s ORDER BY checkpoint_id DESC LIMIT 1"
+        # get: one statement (one snapshot, one round trip) returning the row and, as
+        # arrays, its blobs, its writes in LangGraph's order, its logs' states and the
+        # entries its spans name at or above what the caller holds
+        parts_of_get = (
+            " SELECT c.*, bl.*, wr.*, lg.*, en.* FROM c"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(b.channel) AS b_channels, array_agg(b.type) AS b_types,"
+            " array_agg(b.data) AS b_data"
+            " FROM jsonb_each_text(c.versions::jsonb) AS v(channel, version)"
+            " JOIN {blobs} b ON b.thread_id = c.thread_id AND b.ns = c.ns"
+            " AND b.channel = v.channel AND b.version = v.version) bl ON true"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(w.task_id ORDER BY w.task_path, w.task_id, w.idx) AS w_tasks,"
+            " array_agg(w.idx ORDER BY w.task_path, w.task_id, w.idx) AS w_idx,"
+            " array_agg(w.channel ORDER BY w.task_path, w.task_id, w.idx) AS w_channels,"
+            " array_agg(w.type ORDER BY w.task_path, w.task_id, w.idx) AS w_types,"
+            " array_agg(w.data ORDER BY w.task_path, w.task_id, w.idx) AS w_data,"
+            " array_agg(w.task_path ORDER BY w.task_path, w.task_id, w.idx) AS w_paths"
+            " FROM {writes} w WHERE w.thread_id = c.thread_id AND w.ns = c.ns"
+            " AND w.checkpoint_id = c.checkpoint_id) wr ON true"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(l.channel) AS l_channels, array_agg(l.token) AS l_tokens,"
+            " array_agg(l.length) AS l_lengths"
+            " FROM jsonb_object_keys(c.logs::jsonb) AS k(channel)"
+            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
+            " AND l.channel = k.channel) lg ON true"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(e.channel) AS e_channels, array_agg(e.position) AS e_positions,"
+            " array_agg(e.type) AS e_types, array_agg(e.data) AS e_data"
+            " FROM jsonb_each(c.logs::jsonb) AS s(channel, spans)"
+            " CROSS JOIN LATERAL jsonb_array_elements(s.spans) AS sp(span)"
+            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
+            " AND l.channel = s.channel"
+            " LEFT JOIN unnest(%(h_channels)s::text[], %(h_tokens)s::text[],"
+            " %(h_lengths)s::bigint[]) AS h(channel, token, length)"
+            " ON h.channel = s.channel AND h.token = l.token"
+            " JOIN {entries} e ON e.thread_id = c.thread_id AND e.ns = c.ns"
+            " AND e.channel = s.channel"
+            " AND e.position >= greatest((sp.span ->> 0)::bigint, coalesce(h.length, 0))"
+            " AND e.position < (sp.span ->> 1)::bigint) en ON true"
         )
-        self.get_one = q(record + " WHERE thread_id = %s AND ns = %s AND checkpoint_id = %s")
+        self.get_latest = q(
+            "WITH c AS (" + record + " WHERE thread_id = %(t)s AND ns = %(ns)s"
+            " ORDER BY checkpoint_id DESC LIMIT 1)" + parts_of_get
+        )
+        self.get_one = q(
+            "WITH c AS (" + record + " WHERE thread_id = %(t)s AND ns = %(ns)s"
+            " AND checkpoint_id = %(id)s)" + parts_of_get
+        )
         self.list_head = sql.SQL(record).format(**names)
         self.blobs_of = q(
             "SELECT k.thread_id, k.ns, k.channel, b.type, b.data"
@@ -452,6 +497,51 @@ def _record(found: Row) -> CheckpointRecord:
         versions=_versions(checkpoint_id, found[10]),
         logs=_spans(checkpoint_id, found[11]),
     )
+
+
+def _got(found: Row) -> CheckpointPage:
+    """The page of :data:`_Statements.get_latest`'s row: the record, then arrays (None
+    for none) of blobs, writes, log states and entries."""
+    record = _record(found[:12])
+    b_channels, b_types, b_data = found[12:15]
+    w_tasks, w_idx, w_channels, w_types, w_data, w_paths = found[15:21]
+    l_channels, l_tokens, l_lengths, e_channels, e_positions, e_types, e_data = found[21:28]
+    blobs: dict[str, TypedBlob | None] = {
+        channel: None if kind is None else (kind, bytes(data))
+        for channel, kind, data in zip(b_channels or (), b_types or (), b_data or (), strict=True)
+    }
+    writes = tuple(
+        WriteRecord(task, idx, channel, (kind, bytes(data)), path)
+        for task, idx, channel, kind, data, path in zip(
+            w_tasks or (),
+            w_idx or (),
+            w_channels or (),
+            w_types or (),
+            w_data or (),
+            w_paths or (),
+            strict=True,
+        )
+    )
+    states = {
+        channel: LogState(token, int(length))
+        for channel, token, length in zip(
+            l_channels or (), l_tokens or (), l_lengths or (), strict=True
+        )
+    }
+    entries: dict[str, dict[int, TypedBlob]] = {}
+    for channel, position, kind, data in zip(
+        e_channels or (), e_positions or (), e_types or (), e_data or (), strict=True
+    ):
+        entries.setdefault(channel, {})[int(position)] = (kind, bytes(data))
+    logs = {
+        LogKey(record.thread_id, record.checkpoint_ns, channel): (
+            LogRead(None)
+            if channel not in states
+            else LogRead(states[channel], entries.get(channel, {}))
+        )
+        for channel in record.logs
+    }
+    return CheckpointPage(rows=(CheckpointRow(record, blobs, writes),), logs=logs)
 
 
 def _ranges(spans: Iterable[Span], floor: int) -> list[Span]:
@@ -815,16 +905,19 @@ class PostgresSaverBackend:
         O(blobs + writes + spans + entries returned)."""
         if has_nul(thread_id, checkpoint_ns, checkpoint_id):
             return CheckpointPage(rows=(), logs={})
-        keyed = {LogKey(thread_id, checkpoint_ns, ch): h for ch, h in held.items()}
-        async with self._snapshot() as conn:
-            if checkpoint_id is None:
-                found = await _first(conn, self._sql.get_latest, (thread_id, checkpoint_ns))
-            else:
-                found = await _first(
-                    conn, self._sql.get_one, (thread_id, checkpoint_ns, checkpoint_id)
-                )
-            records = [] if found is None else [_record(found)]
-            return await self._page(conn, records, keyed)
+        params = {
+            "t": thread_id,
+            "ns": checkpoint_ns,
+            "id": checkpoint_id,
+            "h_channels": list(held),
+            "h_tokens": [h.token for h in held.values()],
+            "h_lengths": [h.length for h in held.values()],
+        }
+        query = self._sql.get_latest if checkpoint_id is None else self._sql.get_one
+        async with self._statement() as conn, conn.cursor(binary=True) as cur:
+            await cur.execute(query, params)
+            found = await cur.fetchone()
+        return CheckpointPage(rows=(), logs={}) if found is None else _got(found)
 
     async def list(self, query: ListQuery, held: Mapping[LogKey, HeldLog]) -> CheckpointPage:
         """One snapshot, newest first: the rows streamed from a server-side cursor in
