@@ -373,7 +373,7 @@ async def _gone(dsn: str, application: str) -> bool:
 # --- schema and names ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefix", ["", "a.b.c", "1lg", "lg-x", "lg x", "a" * 49, 7])
+@pytest.mark.parametrize("prefix", ["", "a.b.c", "1lg", "lg-x", "lg x", "a" * 48, 7])
 def test_a_table_prefix_that_is_not_an_identifier_is_refused_at_construction(
     prefix: Any,
 ) -> None:
@@ -588,3 +588,22 @@ async def test_a_put_cancelled_while_it_waits_leaves_nothing_and_the_store_goes_
     results = await asyncio.gather(*(backend.get(T, "", None, {}) for _ in range(6)))
     assert {r.rows[0].record.checkpoint_id for r in results} == {"0001"}
     assert (await backend.put(again)).spans["messages"] == (Span(0, 2),)
+
+
+async def test_the_longest_prefix_names_every_table_and_index_in_full(pg: Place) -> None:
+    """47 characters: ``<prefix>_checkpoints_run`` is 63, PostgreSQL's longest name, so
+    nothing is truncated (two prefixes never share a name)."""
+    prefix = "p" * 47
+    backend = PostgresSaverBackend(pg.dsn, table_prefix=f"{pg.schema}.{prefix}")
+    pg.opened.append(backend)
+    await backend.put(put_request("0001", logs=[messages((), "a")], run_id="r"))
+    assert [r.record.checkpoint_id for r in (await backend.get(T, "", None, {})).rows] == ["0001"]
+    async with await pg.admin() as conn:
+        cur = await conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'i') AND c.relname LIKE 'p%%'",
+            (pg.schema,),
+        )
+        names = {r[0] for r in await cur.fetchall()}
+    assert f"{prefix}_checkpoints_run" in names
+    assert {f"{prefix}_{t}" for t in ("checkpoints", "blobs", "writes", "logs", "entries")} <= names

@@ -599,7 +599,7 @@ class PostgresSaverBackend:
     """
 
     def __init__(self, dsn: str, *, table_prefix: str = "touba_lg") -> None:
-        parts = table_parts(table_prefix, example="touba_lg", argument="table_prefix", longest=48)
+        parts = table_parts(table_prefix, example="touba_lg", argument="table_prefix", longest=47)
         self._sql = _Statements(parts)
         self._pg = OwnedPool(
             _OWNER,
