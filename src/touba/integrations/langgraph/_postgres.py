@@ -386,7 +386,7 @@ class _Statements:
         )
         self.list_head = sql.SQL(record).format(**names)
         self.blobs_of = q(
-            "SELECT k.thread_id, k.ns, k.channel, b.type, b.data"
+            "SELECT k.thread_id, k.ns, k.channel, k.version, b.type, b.data"
             " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[])"
             " AS k(thread_id, ns, channel, version)"
             " JOIN {blobs} b ON b.thread_id = k.thread_id AND b.ns = k.ns"
@@ -1005,10 +1005,10 @@ class PostgresSaverBackend:
                 else None,
             ),
         )
-        # the blobs at the versions asked for, by (thread, namespace, channel)
-        by_key: dict[tuple[str, str, str], TypedBlob | None] = {
-            (t, ns, channel): None if kind is None else (kind, bytes(data))
-            for t, ns, channel, kind, data in blob_rows
+        # the blobs at the versions asked for, by (thread, namespace, channel, version)
+        by_key: dict[tuple[str, str, str, str], TypedBlob | None] = {
+            (t, ns, channel, version): None if kind is None else (kind, bytes(data))
+            for t, ns, channel, version, kind, data in blob_rows
         }
         writes: dict[tuple[str, str, str], list[WriteRecord]] = {}
         for t, ns, checkpoint_id, task_id, idx, channel, kind, data, path in write_rows:
@@ -1029,12 +1029,14 @@ class PostgresSaverBackend:
 
     @staticmethod
     def _blobs_of(
-        record: CheckpointRecord, found: Mapping[tuple[str, str, str], TypedBlob | None]
+        record: CheckpointRecord, found: Mapping[tuple[str, str, str, str], TypedBlob | None]
     ) -> dict[str, TypedBlob | None]:
+        """The record's blob of each channel at its version (a missing one left out)."""
+        where = (record.thread_id, record.checkpoint_ns)
         return {
-            channel: found[(record.thread_id, record.checkpoint_ns, channel)]
-            for channel in record.versions
-            if (record.thread_id, record.checkpoint_ns, channel) in found
+            channel: found[(*where, channel, version)]
+            for channel, version in record.versions.items()
+            if (*where, channel, version) in found
         }
 
     async def _entries(
