@@ -328,8 +328,7 @@ class _Statements:
             " AND e.position < k.e)"
             " RETURNING ns, channel),"
             " touched AS (SELECT DISTINCT ns, channel FROM gone)"
-            " UPDATE {logs} l SET token = md5(random()::text || clock_timestamp()::text"
-            " || l.ns || l.channel || l.token)"
+            " UPDATE {logs} l SET token = %(token)s"
             " FROM touched t WHERE l.thread_id = %(t)s AND l.ns = t.ns AND l.channel = t.channel"
         )
 
@@ -896,6 +895,7 @@ class PostgresSaverBackend:
                     "channels": [k[1] for k in spans],
                     "starts": [k[2].start for k in spans],
                     "ends": [k[2].end for k in spans],
+                    "token": _token(),  # new for every log that lost entries
                 },
             )
 
