@@ -35,11 +35,18 @@
   ``ConfigurationError`` naming the field, nothing written; reads and deletes of such a
   name find nothing.
 - **Errors.** A server that cannot be reached while opening: ``ConfigurationError``,
-  chained. A lost server, a broken connection or a pool timeout during use:
-  :class:`~touba.errors.DecisionHistoryStoreUnavailable` (retryable), chained; the
-  transaction was rolled back unless the link broke during its COMMIT. Stored rows that
-  contradict each other (an entry already at a log's end, spans that do not parse):
-  :class:`~touba.errors.DecisionHistoryRecordInvalid`.
+  chained. A lost server, a broken connection, a pool timeout, a lock or statement
+  timeout or a deadlock during use: :class:`~touba.errors.DecisionHistoryStoreUnavailable`
+  (retryable), chained; nothing was written, unless the connection broke once the
+  server had the whole statement, which it then completes or rolls back as a whole.
+  Stored rows that contradict each other (an entry already at a log's end, spans that
+  do not parse): :class:`~touba.errors.DecisionHistoryRecordInvalid`.
+- **Where it differs from LangGraph's AsyncPostgresSaver.** A put is atomic (theirs
+  sends each blob and the checkpoint as statements of their own, one connection shared
+  under a lock); logged channels are spans of a log, not a blob per version; metadata
+  is kept as the serializer's bytes and as JSON text (not ``jsonb``, which cannot hold
+  ``\u0000``) and a ``list`` filter is applied to the rows of its range here, not with
+  ``@>``; tables are created once under an advisory lock, not by ``setup()`` migrations.
 """
 
 from __future__ import annotations
@@ -670,8 +677,8 @@ class PostgresSaverBackend:
             run_id=r.run_id,
             checkpoint_type=r.checkpoint[0],
             metadata_type=r.metadata[0],
-            channels=[*r.versions, *(a.channel for a in r.logs)],
-            versions=list(r.versions.values()),
+            channels=[*r.versions, *(a.channel for a in r.logs), *(b.channel for b in r.blobs)],
+            versions=[*r.versions.values(), *(b.version for b in r.blobs)],
             blob_types=[b.blob[0] for b in r.blobs if b.blob is not None],
             item_types=[t for a in r.logs for t, _ in a.items],
         )
