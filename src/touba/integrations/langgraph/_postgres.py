@@ -44,10 +44,10 @@
 - **Where it differs from LangGraph's AsyncPostgresSaver.** A put is one statement on a
   pooled connection (theirs: the blobs, then the checkpoint, pipelined on one connection
   that every call shares under a lock); logged channels are spans of a log, not a blob
-  per version; metadata
-  is kept as the serializer's bytes and as JSON text (not ``jsonb``, which cannot hold
-  ``\u0000``) and a ``list`` filter is applied to the rows of its range here, not with
-  ``@>``; tables are created once under an advisory lock, not by ``setup()`` migrations.
+  per version; metadata is kept as the serializer's bytes and as JSON text (not
+  ``jsonb``, which cannot hold ``\\u0000``), and a ``list`` filter is applied to the rows
+  of its range here, not with ``@>``; tables are created once under an advisory lock,
+  not by ``setup()`` migrations.
 """
 
 from __future__ import annotations
