@@ -87,6 +87,7 @@ from touba.integrations.langgraph._backend import (
     CheckpointRow,
     HeldLog,
     ListQuery,
+    LogAppend,
     LogKey,
     LogRead,
     LogState,
@@ -345,14 +346,18 @@ class _Statements:
         # get: one statement (one snapshot, one round trip) returning the row and, as
         # arrays, its blobs, its writes in LangGraph's order, its logs' states and the
         # entries its spans name at or above what the caller holds
+        # Each lookup below is a LATERAL subquery with a LIMIT, which the planner runs
+        # once per outer row as an index probe (or range): left to join freely, it
+        # estimates 100 rows per JSON set function and prefers scanning a whole table.
         parts_of_get = (
             " SELECT c.*, bl.*, wr.*, lg.*, en.* FROM c"
             " LEFT JOIN LATERAL ("
-            " SELECT array_agg(b.channel) AS b_channels, array_agg(b.type) AS b_types,"
+            " SELECT array_agg(v.channel) AS b_channels, array_agg(b.type) AS b_types,"
             " array_agg(b.data) AS b_data"
             " FROM jsonb_each_text(c.versions::jsonb) AS v(channel, version)"
-            " JOIN {blobs} b ON b.thread_id = c.thread_id AND b.ns = c.ns"
-            " AND b.channel = v.channel AND b.version = v.version) bl ON true"
+            " CROSS JOIN LATERAL (SELECT b.type, b.data FROM {blobs} b"
+            " WHERE b.thread_id = c.thread_id AND b.ns = c.ns AND b.channel = v.channel"
+            " AND b.version = v.version LIMIT 1) AS b) bl ON true"
             " LEFT JOIN LATERAL ("
             " SELECT array_agg(w.task_id ORDER BY w.task_path, w.task_id, w.idx) AS w_tasks,"
             " array_agg(w.idx ORDER BY w.task_path, w.task_id, w.idx) AS w_idx,"
@@ -363,25 +368,32 @@ class _Statements:
             " FROM {writes} w WHERE w.thread_id = c.thread_id AND w.ns = c.ns"
             " AND w.checkpoint_id = c.checkpoint_id) wr ON true"
             " LEFT JOIN LATERAL ("
-            " SELECT array_agg(l.channel) AS l_channels, array_agg(l.token) AS l_tokens,"
+            " SELECT array_agg(k.channel) AS l_channels, array_agg(l.token) AS l_tokens,"
             " array_agg(l.length) AS l_lengths"
             " FROM jsonb_object_keys(c.logs::jsonb) AS k(channel)"
-            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
-            " AND l.channel = k.channel) lg ON true"
+            " CROSS JOIN LATERAL (SELECT l.token, l.length FROM {logs} l"
+            " WHERE l.thread_id = c.thread_id AND l.ns = c.ns AND l.channel = k.channel"
+            " LIMIT 1) AS l) lg ON true"
             " LEFT JOIN LATERAL ("
-            " SELECT array_agg(e.channel) AS e_channels, array_agg(e.position) AS e_positions,"
+            " SELECT array_agg(r.channel) AS e_channels, array_agg(e.position) AS e_positions,"
             " array_agg(e.type) AS e_types, array_agg(e.data) AS e_data"
+            # each span, from what the caller holds when the log's token is its
+            " FROM (SELECT s.channel,"
+            " greatest((sp.span ->> 0)::bigint, coalesce(h.length, 0)) AS lo,"
+            " (sp.span ->> 1)::bigint AS hi"
             " FROM jsonb_each(c.logs::jsonb) AS s(channel, spans)"
             " CROSS JOIN LATERAL jsonb_array_elements(s.spans) AS sp(span)"
-            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
-            " AND l.channel = s.channel"
+            " CROSS JOIN LATERAL (SELECT l.token FROM {logs} l"
+            " WHERE l.thread_id = c.thread_id AND l.ns = c.ns AND l.channel = s.channel"
+            " LIMIT 1) AS l"
             " LEFT JOIN unnest(%(h_channels)s::text[], %(h_tokens)s::text[],"
             " %(h_lengths)s::bigint[]) AS h(channel, token, length)"
-            " ON h.channel = s.channel AND h.token = l.token"
-            " JOIN {entries} e ON e.thread_id = c.thread_id AND e.ns = c.ns"
-            " AND e.channel = s.channel"
-            " AND e.position >= greatest((sp.span ->> 0)::bigint, coalesce(h.length, 0))"
-            " AND e.position < (sp.span ->> 1)::bigint) en ON true"
+            " ON h.channel = s.channel AND h.token = l.token) AS r"
+            " CROSS JOIN LATERAL (SELECT e.position, e.type, e.data FROM {entries} e"
+            " WHERE e.thread_id = c.thread_id AND e.ns = c.ns AND e.channel = r.channel"
+            " AND e.position >= r.lo AND e.position < r.hi"
+            " ORDER BY e.position LIMIT greatest(r.hi - r.lo, 0)) AS e"
+            ") en ON true"
         )
         self.get_latest = q(
             "WITH c AS (" + record + " WHERE thread_id = %(t)s AND ns = %(ns)s"
@@ -522,6 +534,58 @@ def _record(found: Row) -> CheckpointRecord:
         versions=_versions(checkpoint_id, found[10]),
         logs=_spans(checkpoint_id, found[11]),
     )
+
+
+def _appends(r: PutCheckpoint) -> list[tuple[LogAppend, tuple[Span, ...]]]:
+    """The put's log appends in channel order (the order their rows are locked in), each
+    with its base merged."""
+    return [(a, merge_spans(a.base)) for a in sorted(r.logs, key=lambda a: a.channel)]
+
+
+def _put_params(
+    r: PutCheckpoint, appends: Sequence[tuple[LogAppend, tuple[Span, ...]]]
+) -> dict[str, Any]:
+    """The parameters of :data:`_Statements.put` for ``r``."""
+    return {
+        "thread": r.thread_id,
+        "ns": r.checkpoint_ns,
+        "channels": [a.channel for a, _ in appends],
+        "counts": [len(a.items) for a, _ in appends],
+        "tokens": [_token() for _ in appends],
+        "bases": [json.dumps([[s.start, s.end] for s in base]) for _, base in appends],
+        "base_ends": [max((s.end for s in base), default=0) for _, base in appends],
+        "e_channels": [a.channel for a, _ in appends for _ in a.items],
+        "e_idx": [i for a, _ in appends for i in range(len(a.items))],
+        "e_types": [t for a, _ in appends for t, _ in a.items],
+        "e_data": [d for a, _ in appends for _, d in a.items],
+        "b_channels": [b.channel for b in r.blobs],
+        "b_versions": [b.version for b in r.blobs],
+        "b_types": [None if b.blob is None else b.blob[0] for b in r.blobs],
+        "b_data": [None if b.blob is None else b.blob[1] for b in r.blobs],
+        "id": r.checkpoint_id,
+        "parent": r.parent_id,
+        "type": r.checkpoint[0],
+        "checkpoint": r.checkpoint[1],
+        "metadata_type": r.metadata[0],
+        "metadata": r.metadata[1],
+        "metadata_json": r.metadata_json,
+        "run_id": r.run_id,
+        "versions": json.dumps(dict(r.versions)),
+    }
+
+
+def _get_params(
+    thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, held: Mapping[str, HeldLog]
+) -> dict[str, Any]:
+    """The parameters of :data:`_Statements.get_latest` (and ``get_one``)."""
+    return {
+        "t": thread_id,
+        "ns": checkpoint_ns,
+        "id": checkpoint_id,
+        "h_channels": list(held),
+        "h_tokens": [h.token for h in held.values()],
+        "h_lengths": [h.length for h in held.values()],
+    }
 
 
 def _got(found: Row) -> CheckpointPage:
@@ -683,33 +747,8 @@ class PostgresSaverBackend:
             blob_types=[b.blob[0] for b in r.blobs if b.blob is not None],
             item_types=[t for a in r.logs for t, _ in a.items],
         )
-        appends = [(a, merge_spans(a.base)) for a in sorted(r.logs, key=lambda a: a.channel)]
-        params = {
-            "thread": r.thread_id,
-            "ns": r.checkpoint_ns,
-            "channels": [a.channel for a, _ in appends],
-            "counts": [len(a.items) for a, _ in appends],
-            "tokens": [_token() for _ in appends],
-            "bases": [json.dumps([[s.start, s.end] for s in base]) for _, base in appends],
-            "base_ends": [max((s.end for s in base), default=0) for _, base in appends],
-            "e_channels": [a.channel for a, _ in appends for _ in a.items],
-            "e_idx": [i for a, _ in appends for i in range(len(a.items))],
-            "e_types": [t for a, _ in appends for t, _ in a.items],
-            "e_data": [d for a, _ in appends for _, d in a.items],
-            "b_channels": [b.channel for b in r.blobs],
-            "b_versions": [b.version for b in r.blobs],
-            "b_types": [None if b.blob is None else b.blob[0] for b in r.blobs],
-            "b_data": [None if b.blob is None else b.blob[1] for b in r.blobs],
-            "id": r.checkpoint_id,
-            "parent": r.parent_id,
-            "type": r.checkpoint[0],
-            "checkpoint": r.checkpoint[1],
-            "metadata_type": r.metadata[0],
-            "metadata": r.metadata[1],
-            "metadata_json": r.metadata_json,
-            "run_id": r.run_id,
-            "versions": json.dumps(dict(r.versions)),
-        }
+        appends = _appends(r)
+        params = _put_params(r, appends)
         try:
             async with self._statement() as conn:
                 found = await _rows(conn, self._sql.put, params)
@@ -921,14 +960,7 @@ class PostgresSaverBackend:
         O(blobs + writes + spans + entries returned)."""
         if has_nul(thread_id, checkpoint_ns, checkpoint_id):
             return CheckpointPage(rows=(), logs={})
-        params = {
-            "t": thread_id,
-            "ns": checkpoint_ns,
-            "id": checkpoint_id,
-            "h_channels": list(held),
-            "h_tokens": [h.token for h in held.values()],
-            "h_lengths": [h.length for h in held.values()],
-        }
+        params = _get_params(thread_id, checkpoint_ns, checkpoint_id, held)
         query = self._sql.get_latest if checkpoint_id is None else self._sql.get_one
         async with self._statement() as conn, conn.cursor(binary=True) as cur:
             await cur.execute(query, params)
