@@ -209,7 +209,7 @@ async def wal_per_put(n: int) -> tuple[int, int]:
                 + sum(len(d) for a in step.logs for _, d in a.items)
                 + 1
             )
-            params = _put_params(step, _appends(step))
+            params = _put_params(step, _appends(step), backend._lock(step.thread_id))
             advances: list[int] = []
             async with await psycopg.AsyncConnection.connect(DSN) as conn:
                 for _ in range(5):

@@ -659,7 +659,9 @@ async def test_a_put_and_a_warm_read_touch_only_what_the_step_added(pg: Place) -
         versions={"k": "2"},
         blobs=[ChannelBlob("k", "2", blob("K2"))],
     )
-    nodes = await _plan(pg, backend._sql.put, _put_params(step, _appends(step)))
+    nodes = await _plan(
+        pg, backend._sql.put, _put_params(step, _appends(step), backend._lock(step.thread_id))
+    )
     assert not [n for n in nodes if "Scan" in n["Node Type"] and "Relation Name" in n]
     assert max(n["Actual Rows"] * n["Actual Loops"] for n in nodes) <= 3
 
@@ -676,3 +678,38 @@ async def test_a_put_and_a_warm_read_touch_only_what_the_step_added(pg: Place) -
     # a list's entries: one index range per span, from what is held
     nodes = await _plan(pg, backend._sql.entries_of, ([0], [T], [""], ["messages"], [2000], [2003]))
     assert _read(nodes, entries) == 3
+
+
+async def test_a_thread_deleted_during_a_put_is_deleted_whole(pg: Place) -> None:
+    """delete_thread waits for a put of the thread in progress (held mid-statement), then
+    removes everything, the put's rows included: no entry outlives its log, and the next
+    put starts the thread over."""
+    application = f"touba-lg-delete-{pg.schema}"
+    backend = pg.backend(application)
+    one = await backend.put(put_request("0001", logs=[messages((), "a", "b")]))
+    async with await pg.admin() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
+                " metadata_type, metadata, metadata_json, versions, logs)"
+                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
+            ).format(pg.table("checkpoints")),
+            (T,),
+        )
+        put = asyncio.create_task(
+            backend.put(
+                put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "c")])
+            )
+        )
+        await _until(lambda: _waiting_on_a_lock(pg.dsn, application), "the put waits")
+        deleting = asyncio.create_task(backend.delete_thread(T))
+        await asyncio.sleep(0.2)
+        assert not deleting.done()  # it waits for the put
+        await holder.execute("ROLLBACK")
+    await asyncio.wait_for(put, timeout=30)
+    await asyncio.wait_for(deleting, timeout=30)
+    for table in ("checkpoints", "entries", "logs", "blobs"):
+        assert await pg.count(table) == 0, table
+    again = await backend.put(put_request("0003", logs=[messages((), "new")]))
+    assert again.spans["messages"] == (Span(0, 1),)

@@ -19,9 +19,11 @@
   never share a row), inserts the new entries at each log's real end, the new blobs and
   the checkpoint row, whose spans it computes from the log's length; a base ending past
   that length is refused by the row's NOT NULL, rolling the statement back. O(what the
-  step added), whatever the thread's length. ``put_writes``, ``delete_thread`` and
-  ``delete_for_runs`` are one statement each; ``copy_thread`` and a thread's ``prune``
-  one transaction each. A dropped connection or a killed worker leaves the server to
+  step added), whatever the thread's length. ``put_writes`` and ``delete_for_runs`` are
+  one statement each; ``delete_thread``, ``copy_thread`` and a thread's ``prune`` one
+  transaction each, which first takes the thread's advisory lock that every put of it
+  holds shared: they wait for the puts in progress and the puts after them wait for
+  them, so none removes or copies half of a put. A dropped connection or a killed worker leaves the server to
   finish or roll back the statement as a whole: a checkpoint is whole or absent.
 - **Reads.** ``get`` is one statement (one snapshot, one round trip): the row by key
   (the latest: the last of its index range) with, as arrays, its blobs, its writes, its
@@ -212,10 +214,12 @@ def _appends(r: PutCheckpoint) -> list[tuple[LogAppend, tuple[Span, ...]]]:
 
 
 def _put_params(
-    r: PutCheckpoint, appends: Sequence[tuple[LogAppend, tuple[Span, ...]]]
+    r: PutCheckpoint, appends: Sequence[tuple[LogAppend, tuple[Span, ...]]], lock: int
 ) -> dict[str, Any]:
-    """The parameters of :data:`Statements.put` for ``r``."""
+    """The parameters of :data:`Statements.put` for ``r``, whose thread's lock is
+    ``lock``."""
     return {
+        "lock": lock,
         "thread": r.thread_id,
         "ns": r.checkpoint_ns,
         "channels": [a.channel for a, _ in appends],
@@ -358,6 +362,10 @@ class PostgresSaverBackend:
         )
         self.table_prefix = table_prefix
 
+    def _lock(self, thread_id: str) -> int:
+        """The advisory lock key of a thread of these tables (see ``Statements.put``)."""
+        return lock_key(f"touba.langgraph.postgres:{self.table_prefix}:{thread_id}")
+
     # -- connections -------------------------------------------------------------------
 
     @asynccontextmanager
@@ -417,7 +425,7 @@ class PostgresSaverBackend:
             item_types=[t for a in r.logs for t, _ in a.items],
         )
         appends = _appends(r)
-        params = _put_params(r, appends)
+        params = _put_params(r, appends, self._lock(r.thread_id))
         try:
             async with self._statement() as conn:
                 found = await _rows(conn, self._sql.put, params)
@@ -482,11 +490,13 @@ class PostgresSaverBackend:
             await _run(conn, self._sql.put_writes, params)
 
     async def delete_thread(self, thread_id: str) -> None:
-        """One statement removing the thread's rows from every table (each an index
-        range). O(what the thread holds)."""
+        """One transaction: the thread's lock (waiting for the puts in progress), then
+        one statement removing its rows from every table (each an index range).
+        O(what the thread holds)."""
         if has_nul(thread_id):
             return
-        async with self._statement() as conn:
+        async with self._write() as conn:
+            await _run(conn, self._sql.lock_thread, (self._lock(thread_id),))
             await _run(conn, self._sql.delete_thread, {"t": thread_id})
 
     async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -498,15 +508,15 @@ class PostgresSaverBackend:
             await _run(conn, self._sql.delete_for_runs, (ids,))
 
     async def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """One transaction. The source's logs are held (``FOR SHARE``) so no put appends
-        to them meanwhile; the target's logs are extended at their end. O(what the source
-        holds)."""
+        """One transaction. The source's lock is held, so no put of it runs meanwhile; the
+        target's logs are extended at their end. O(what the source holds)."""
         if has_nul(source_thread_id) or source_thread_id == target_thread_id:
             return
         _refuse_nul(target_thread_id=target_thread_id)
         ids = {"source": source_thread_id, "target": target_thread_id}
         async with self._write() as conn:
-            logs = await _rows(conn, self._sql.lock_logs, (source_thread_id,))
+            await _run(conn, self._sql.lock_thread, (self._lock(source_thread_id),))
+            logs = await _rows(conn, self._sql.logs_of_thread, (source_thread_id,))
             shifts: dict[tuple[str, str], int] = {}
             if logs:
                 extended = await _rows(
@@ -573,10 +583,10 @@ class PostgresSaverBackend:
 
     async def _keep_latest(self, thread_id: str) -> None:
         """Keep each namespace's latest checkpoint, with the writes, blobs and entries it
-        names; a log that loses entries gets a new token. The thread's logs are locked
-        first, so no put appends meanwhile."""
+        names; a log that loses entries gets a new token. The thread's lock is held
+        first, so no put of it runs meanwhile."""
         async with self._write() as conn:
-            await _run(conn, self._sql.lock_thread_logs, (thread_id,))
+            await _run(conn, self._sql.lock_thread, (self._lock(thread_id),))
             latest = await _rows(conn, self._sql.latest_per_ns, (thread_id,))
             kept_ids = {"t": thread_id, "ns": [f[0] for f in latest], "ids": [f[1] for f in latest]}
             await _run(conn, self._sql.prune_checkpoints, kept_ids)

@@ -85,8 +85,9 @@ class Statements:
         # log's end makes those spans NULL, which the NOT NULL of ``logs`` refuses:
         # the statement, so everything it did, is rolled back.
         self.put = q(
-            "WITH input AS ("
-            " SELECT * FROM unnest(%(channels)s::text[], %(counts)s::bigint[],"
+            "WITH held AS (SELECT pg_advisory_xact_lock_shared(%(lock)s)),"
+            " input AS ("
+            " SELECT i.* FROM held, unnest(%(channels)s::text[], %(counts)s::bigint[],"
             " %(tokens)s::text[], %(bases)s::text[], %(base_ends)s::bigint[])"
             " AS i(channel, n, token, base, base_end)),"
             " lg AS ("
@@ -150,6 +151,10 @@ class Statements:
         )
 
         # -- delete, copy, prune
+        # a thread's lock: every put holds it shared (in its statement, before it touches
+        # a log), delete, copy (of the source) and prune hold it alone, taken in a
+        # statement of its own so that the statements after it see every put before it
+        self.lock_thread = sql.SQL("SELECT pg_advisory_xact_lock(%s)")
         self.delete_thread = q(
             "WITH c AS (DELETE FROM {checkpoints} WHERE thread_id = %(t)s),"
             " b AS (DELETE FROM {blobs} WHERE thread_id = %(t)s),"
@@ -164,9 +169,8 @@ class Statements:
             " AND w.ns = g.ns AND w.checkpoint_id = g.checkpoint_id"
         )
         # copy: the source's logs held still, the target's appended to at their end
-        self.lock_logs = q(
-            "SELECT ns, channel, length FROM {logs} WHERE thread_id = %s"
-            " ORDER BY ns, channel FOR SHARE"
+        self.logs_of_thread = q(
+            "SELECT ns, channel, length FROM {logs} WHERE thread_id = %s ORDER BY ns, channel"
         )
         self.extend_logs = q(
             "WITH input AS ("
@@ -213,9 +217,6 @@ class Statements:
             " JOIN {checkpoints} c ON c.thread_id = %(source)s AND c.ns = s.ns"
             " AND c.checkpoint_id = s.checkpoint_id"
             " ON CONFLICT DO NOTHING"
-        )
-        self.lock_thread_logs = q(
-            "SELECT 1 FROM {logs} WHERE thread_id = %s ORDER BY ns, channel FOR UPDATE"
         )
         self.latest_per_ns = q(
             "SELECT DISTINCT ON (ns) ns, checkpoint_id, versions, logs FROM {checkpoints}"
