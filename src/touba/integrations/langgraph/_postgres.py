@@ -23,8 +23,9 @@
   one statement each; ``delete_thread``, ``copy_thread`` and a thread's ``prune`` one
   transaction each, which first takes the thread's advisory lock that every put of it
   holds shared: they wait for the puts in progress and the puts after them wait for
-  them, so none removes or copies half of a put. A dropped connection or a killed worker leaves the server to
-  finish or roll back the statement as a whole: a checkpoint is whole or absent.
+  them, so none removes or copies half of a put. A dropped connection or a killed
+  worker leaves the server to finish or roll back the statement as a whole: a
+  checkpoint is whole or absent.
 - **Reads.** ``get`` is one statement (one snapshot, one round trip): the row by key
   (the latest: the last of its index range) with, as arrays, its blobs, its writes, its
   logs' states and the entries its spans name above what the caller holds. ``list``
