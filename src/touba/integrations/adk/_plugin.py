@@ -1,11 +1,13 @@
 """An ADK plugin that trims each model request to touba's window.
 
 ```python
+from google.adk.apps import App
 from google.adk.runners import Runner
 from touba.integrations.adk import ToubaContextPlugin
 
-runner = Runner(agent=agent, app_name="support", session_service=sessions,
-                plugins=[ToubaContextPlugin(max_messages=40, max_bytes=64_000)])
+app = App(name="support", root_agent=agent,
+          plugins=[ToubaContextPlugin(max_messages=40, max_bytes=64_000)])
+runner = Runner(app=app, session_service=sessions)
 ```
 
 Behaviour decisions:
@@ -421,7 +423,7 @@ def _check_not_empty(window: _Window) -> None:
 class ToubaContextPlugin(BasePlugin):
     """An ADK plugin: each model request's contents are cut to touba's window.
 
-    Give it to the ``Runner`` (``plugins=[ToubaContextPlugin(...)]``). Before each
+    Give it to the ADK ``App`` (``App(..., plugins=[ToubaContextPlugin(...)])``). Before each
     model call, ``llm_request.contents`` becomes the window: the newest user input,
     the current turn's exchanges and whole earlier turns within ``max_messages``
     and ``max_bytes`` (and ``max_tokens`` by ``count_tokens``, when given), never a
