@@ -164,6 +164,15 @@ def test_an_answered_confirmation_joins_its_call_even_with_stripped_ids() -> Non
         trim_contents(contents, max_messages=3, max_bytes=None)  # 4 travel together
 
 
+def test_a_confirmation_request_without_its_call_is_an_ordinary_call() -> None:
+    request_alone = confirmation_call("adk-2", "transfer", "adk-1")
+    contents = [user("q"), model("a"), request_alone, user("n")]
+    window = trim_contents(contents, max_messages=None, max_bytes=None)
+    assert request_alone not in window  # never answered: not sent
+    answered = [*contents[:3], confirmation_answer("adk-2"), user("n")]
+    assert trim_contents(answered, max_messages=None, max_bytes=None) == answered
+
+
 def test_a_confirmation_answer_without_its_request_is_not_sent() -> None:
     contents = [user("q"), calls("t"), results("t"), confirmation_answer("adk-9"), user("n")]
     window = trim_contents(contents, max_messages=None, max_bytes=None)
@@ -249,3 +258,62 @@ def test_any_window_is_whole_bounded_and_ends_on_the_newest_input(
     rest = [i for i in positions if i != newest]
     if rest:
         assert rest == [i for i in range(rest[0], len(contents)) if i != newest]
+
+
+def _key(name: str | None, ident: str | None) -> tuple[str, str]:
+    return ("id", ident) if ident else ("name", name or "")
+
+
+def assert_paired(window: Sequence[types.Content]) -> None:
+    """Each response sent answers an earlier call sent; each call sent is answered."""
+    open_calls: list[tuple[str, str]] = []
+    for content in window:
+        for part in content.parts or []:
+            call, response = part.function_call, part.function_response
+            if call is not None:
+                open_calls.append(_key(call.name, call.id))
+            if response is not None:
+                key = _key(response.name, response.id)
+                assert key in open_calls, f"{key} sent without its call"
+                open_calls.remove(key)
+    pending = [k for k in open_calls if k[1] != "adk_request_confirmation" and "conf" not in k[1]]
+    assert not pending, f"calls {pending} sent without their responses"
+
+
+_NAMES = st.sampled_from(["a", "b"])
+_IDS = st.sampled_from([None, "c1", "c2", "c3"])
+_CONTENT = st.one_of(
+    st.builds(lambda: user("hello")),
+    st.builds(lambda: model("reply")),
+    st.builds(lambda n, i, m, j: calls(n, m, ids=[i, j]), _NAMES, _IDS, _NAMES, _IDS),
+    st.builds(lambda n, i: calls(n, ids=[i]), _NAMES, _IDS),
+    st.builds(lambda n, i: results(n, ids=[i]), _NAMES, _IDS),
+    st.builds(lambda n, i, m, j: results(n, m, ids=[i, j]), _NAMES, _IDS, _NAMES, _IDS),
+    st.builds(lambda i: confirmation_call("conf1", "a", i or "c1"), _IDS),
+    st.builds(lambda: confirmation_answer("conf1")),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    contents=st.lists(_CONTENT, max_size=14),
+    max_messages=st.integers(1, 12) | st.none(),
+)
+def test_any_sequence_of_contents_never_sends_half_an_exchange(
+    contents: list[types.Content], max_messages: int | None
+) -> None:
+    inputs = [i for i, c in enumerate(contents) if _is_input(c)]
+    try:
+        window = trim_contents(contents, max_messages=max_messages, max_bytes=None)
+    except DecisionHistoryLimitExceeded:
+        assert max_messages is not None  # the only bound given
+        return
+    except DecisionHistoryRecordInvalid:
+        assert not inputs  # only when there is no input to send at all
+        return
+    positions = [next(i for i, c in enumerate(contents) if c is w) for w in window]
+    assert positions == sorted(positions)
+    assert len(set(positions)) == len(positions)
+    if inputs:
+        assert contents[inputs[-1]] in window
+    assert_paired(window)

@@ -36,8 +36,11 @@ Behaviour decisions:
   call joins the exchange of the call it confirms (``originalFunctionCall``, by id,
   else by name), its answer joins it too, and a confirmation still pending does not
   make that exchange incomplete: call and confirmation are kept or left together,
-  never split. A pending confirmation that leaves the window stays in the session,
-  so answering it later works (adk-python #4740 was compaction deleting it).
+  never split. Only within a turn: a confirmation whose call is behind a user input
+  (or not in the request) is an ordinary call, sent only with its answer, and an
+  answer behind a user input is a response without its call, never sent. A
+  pending confirmation that leaves the window stays in the session, so answering
+  it later works (adk-python #4740 was compaction deleting it).
 - **The window** is touba's (:mod:`touba.integrations._turns`): the newest user
   input always, not counted in the bounds; then the current turn's exchanges,
   newest first, the last one always (``DecisionHistoryLimitExceeded`` naming the
@@ -198,11 +201,17 @@ class _Reader:
         return target
 
     def _find(self, key: _Key, name: str | None, where: Callable[[_Block], set[_Key]]) -> int:
-        for index in range(len(self.blocks) - 1, -1, -1):
+        """The newest block of the current turn holding ``key`` (or ``name``), else -1.
+
+        Only blocks after the newest input are searched: merging across an input
+        would fold the user's words into an exchange.
+        """
+        floor = max((i for i, b in enumerate(self.blocks) if b.is_input), default=-1)
+        for index in range(len(self.blocks) - 1, floor, -1):
             held = where(self.blocks[index])
             if key in held or (name is not None and ("name", name) in held):
                 return index
-        for index in range(len(self.blocks) - 1, -1, -1):
+        for index in range(len(self.blocks) - 1, floor, -1):
             if name is not None and name in self.blocks[index].names:
                 return index
         return -1
@@ -225,6 +234,7 @@ class _Reader:
 
     def _model(self, at: int, calls: list[types.FunctionCall], current: _Block | None) -> None:
         block: _Block | None = None
+        attached: list[types.FunctionCall] = []  # confirmations that found their call
         for call in calls:
             if call.name != CONFIRMATION:
                 continue
@@ -238,15 +248,17 @@ class _Reader:
             )
             if index >= 0:
                 block = self._merge_from(index)
+                attached.append(call)
         if block is None:
             if current is not None and +current.open:
                 block = current  # the model goes on while its calls are still open
             else:
                 block = self._new(at, is_input=False)
         for call in calls:
-            if call.name == CONFIRMATION:
+            if any(call is a for a in attached):
+                # Awaiting the user, not the model: pending, it leaves the exchange whole.
                 block.confirmations[_call_key(call)] += 1
-            else:
+            else:  # a confirmation without its call is an ordinary call: answered or not sent
                 block.open[_call_key(call)] += 1
                 block.calls.add(_call_key(call))
                 if call.name:
@@ -259,14 +271,13 @@ class _Reader:
         matched = unmatched = 0
         for response in responses:
             key = _response_key(response)
+            index = -1
             if response.name == CONFIRMATION:
                 index = self._find(key, None, _confirmations)
-                if index >= 0:
-                    block = self._merge_from(index)
-                    block.confirmations[key] -= 1
-                    matched += 1
-                else:
-                    unmatched += 1
+            if index >= 0:
+                block = self._merge_from(index)
+                block.confirmations[key] -= 1
+                matched += 1
             elif block is not None and block.open[key] > 0:
                 block.open[key] -= 1
                 matched += 1
@@ -304,7 +315,6 @@ class _Window:
     contents: Sequence[types.Content]
     fixed: tuple[int, ...]  # instruction contents: always sent, never counted
     conversation: tuple[int, ...]  # positions (in contents) of the conversation's contents
-    sizes: tuple[int, ...]  # bytes of each conversation content
     units: tuple[TurnUnit, ...]
     chosen: tuple[Unit, ...]
     pin: int | None  # start of the newest input unit, in conversation positions
@@ -378,7 +388,6 @@ def _window(
         contents=contents,
         fixed=tuple(fixed),
         conversation=tuple(conversation),
-        sizes=sizes,
         units=tuple(units),
         chosen=tuple(chosen),
         pin=inputs[-1] if inputs else None,
