@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import datetime
 import os
 import random
 import re
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -30,7 +32,9 @@ from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
     DecisionHistoryLimitExceeded,
+    DecisionHistoryRecordInvalid,
     DecisionHistoryStorageUnsafe,
+    DecisionHistoryStoreUnavailable,
 )
 from touba.integrations.adk import ToubaSessionService
 from touba.integrations.adk._backend import AdkLimits
@@ -222,6 +226,40 @@ async def test_get_session_returns_exactly_the_events_asked(service: ToubaSessio
     assert len((await reload(service, session)).events) == 31
 
 
+async def test_events_read_are_detached_copies(service: ToubaSessionService) -> None:
+    session = await service.create_session(app_name=APP, user_id="u")
+    await service.append_event(session, text_event("original", custom_metadata={"k": [1]}))
+    for _ in range(2):  # the first read decodes, the second comes from the decoded cache
+        got = await reload(service, session)
+        assert got.events[0].content is not None
+        assert got.events[0].content.parts is not None
+        assert got.events[0].content.parts[0].text == "original"
+        assert got.events[0].custom_metadata == {"k": [1]}
+        got.events[0].content.parts[0].text = "changed"
+        assert got.events[0].custom_metadata is not None
+        got.events[0].custom_metadata["k"].append(2)
+    session.events[0].custom_metadata["k"].append(3)  # type: ignore[index]
+    assert (await reload(service, session)).events[0].custom_metadata == {"k": [1]}
+
+
+async def test_a_damaged_stored_event_is_record_invalid(private_dir: Path) -> None:
+    path = private_dir / "adk.sqlite"
+    async with ToubaSessionService.sqlite(path) as service:
+        session = await service.create_session(app_name=APP, user_id="u")
+        await service.append_event(session, text_event())
+
+        def damage() -> None:
+            with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+                conn.execute("UPDATE adk_events SET data = '{\"author\": 5}'")
+
+        await asyncio.to_thread(damage)
+        with pytest.raises(DecisionHistoryRecordInvalid):
+            await reload(service, session)
+        assert (
+            await reload(service, session, config=GetSessionConfig(num_recent_events=0))
+        ).events == []
+
+
 # --- bounds and expiry ------------------------------------------------------------------------
 
 
@@ -382,6 +420,32 @@ async def test_an_unsafe_sqlite_location_is_refused(tmp_path: Path, private_dir:
     async with ToubaSessionService.sqlite(private_dir / "link.sqlite") as service:
         with pytest.raises(DecisionHistoryStorageUnsafe):
             await service.create_session(app_name=APP, user_id="u")
+
+
+async def test_a_file_that_is_not_a_database_is_refused_untouched(private_dir: Path) -> None:
+    path = private_dir / "adk.sqlite"
+    garbage = b"not a database, " * 512
+    await asyncio.to_thread(path.write_bytes, garbage)
+    await asyncio.to_thread(path.chmod, 0o600)
+    async with ToubaSessionService.sqlite(path) as service:
+        with pytest.raises(DecisionHistoryStoreUnavailable):
+            await service.create_session(app_name=APP, user_id="u")
+    assert await asyncio.to_thread(path.read_bytes) == garbage
+
+
+async def test_a_file_of_another_schema_version_is_refused_untouched(private_dir: Path) -> None:
+    path = private_dir / "adk.sqlite"
+    async with ToubaSessionService.sqlite(path) as service:
+        await service.create_session(app_name=APP, user_id="u", session_id="s")
+
+    def bump() -> None:
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'adk_sessions'")
+
+    await asyncio.to_thread(bump)
+    async with ToubaSessionService.sqlite(path) as service:
+        with pytest.raises(ConfigurationError, match="version '99'"):
+            await service.get_session(app_name=APP, user_id="u", session_id="s")
 
 
 async def test_two_stores_never_see_each_other(open_backend: BackendOpener) -> None:
