@@ -7,7 +7,9 @@ round, the order rotating):
   num_recent_events=20))``, on a session already holding N = 10, 100, 1,000 and 5,000
   events of ~1 KB (what a ``Runner`` does at each step once it reads a bounded
   session); the growth from 10 to 5,000 events;
-- a whole-session ``get_session`` (no config) at 5,000 events;
+- a whole-session ``get_session`` (no config) at 5,000 events, again and again by the
+  same service object ("again": touba's decoded-event cache answers), and first by a
+  new service object on the same storage, its store already opened ("first");
 - ``list_sessions`` of one user holding 5,000 sessions (one event each).
 
 Systems: ``ToubaSessionService.sqlite`` (and ``.postgres`` / ``.redis`` when their
@@ -37,6 +39,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: bench/ is a package of the checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -75,6 +78,7 @@ class System:
     name: str
     service: BaseSessionService
     close: Callable[[], Awaitable[None]]
+    reopen: Callable[[], Any]  # a new service object on the same storage (its close() async)
     sessions: dict[int, Session] = field(default_factory=dict)
     timings: dict[str, list[float]] = field(default_factory=dict)
 
@@ -118,6 +122,23 @@ class System:
         if len(session.events) < size:
             raise SystemExit(f"{self.name}: the whole session has {len(session.events)} events")
 
+    async def first_whole(self, size: int) -> None:
+        """A whole-session read by a service object that has read nothing yet (no cache)."""
+        fresh = self.reopen()
+        try:  # open the store first: the timed read is the read, not the connection
+            await fresh.get_session(
+                app_name=APP,
+                user_id=USER,
+                session_id=f"s{size}",
+                config=GetSessionConfig(num_recent_events=1),
+            )
+            started = time.perf_counter()
+            session = await fresh.get_session(app_name=APP, user_id=USER, session_id=f"s{size}")
+            self.time("first", time.perf_counter() - started)
+            assert session is not None
+        finally:
+            await fresh.close()
+
     async def seed_users_sessions(self, count: int) -> None:
         user = "lister"
         for k in range(count):
@@ -144,10 +165,14 @@ async def systems(kinds: Sequence[str], directory: Path) -> AsyncIterator[list[S
             made = await _touba(kind, run, directory, cleanups)
             if made is not None:
                 opened.append(made)
-        sqlite = SqliteSessionService(str(directory / "adk-sqlite.db"))
-        opened.append(System(THEIRS[0], sqlite, sqlite.close))
-        database = DatabaseSessionService(f"sqlite+aiosqlite:///{directory / 'adk-database.db'}")
-        opened.append(System(THEIRS[1], database, database.close))
+        path = str(directory / "adk-sqlite.db")
+        sqlite = SqliteSessionService(path)
+        opened.append(System(THEIRS[0], sqlite, sqlite.close, lambda: SqliteSessionService(path)))
+        url = f"sqlite+aiosqlite:///{directory / 'adk-database.db'}"
+        database = DatabaseSessionService(url)
+        opened.append(
+            System(THEIRS[1], database, database.close, lambda: DatabaseSessionService(url))
+        )
         yield opened
     finally:
         for system in opened:
@@ -161,8 +186,9 @@ async def _touba(
 ) -> System | None:
     name = f"touba/{kind}"
     if kind == "sqlite":
-        service = ToubaSessionService.sqlite(directory / "touba.sqlite")
-        return System(name, service, service.close)
+        path = directory / "touba.sqlite"
+        service = ToubaSessionService.sqlite(path)
+        return System(name, service, service.close, lambda: ToubaSessionService.sqlite(path))
     module = f"touba.integrations.adk._{kind}"
     if importlib.util.find_spec(module) is None:
         print(f"({name} skipped: {module} is not in this checkout)")
@@ -180,8 +206,14 @@ async def _touba(
                 await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
         cleanups.append(drop)
-        service = ToubaSessionService.postgres(DSN, table_prefix=f"{schema}.adk")
-        return System(name, service, service.close)
+        table_prefix = f"{schema}.adk"
+        service = ToubaSessionService.postgres(DSN, table_prefix=table_prefix)
+        return System(
+            name,
+            service,
+            service.close,
+            lambda: ToubaSessionService.postgres(DSN, table_prefix=table_prefix),
+        )
     assert kind == "redis"
     import redis.asyncio
 
@@ -196,7 +228,9 @@ async def _touba(
 
     cleanups.append(delete)
     service = ToubaSessionService.redis(REDIS_URL, prefix=prefix)
-    return System(name, service, service.close)
+    return System(
+        name, service, service.close, lambda: ToubaSessionService.redis(REDIS_URL, prefix=prefix)
+    )
 
 
 async def _step(size: int, offset: int, system: System, r: int) -> None:
@@ -220,17 +254,18 @@ def table(title: str, rows: Sequence[tuple[str, str]], systems: list[System]) ->
     print(f"\n{title}")
     ours = [s for s in systems if s.name.startswith("touba/")]
     theirs = [s for s in systems if s.name in THEIRS]
-    header = f"{'':>10}" + "".join(f"{s.name:>24}" for s in systems)
-    header += "".join(f"{o.name + ' /sqlite':>22}{o.name + ' /database':>24}" for o in ours)
+    names = [s.name for s in systems]
+    names += [f"{o.name} /{t}" for o in ours for t in ("sqlite", "database")]
+    widths = [max(len(n) + 2, 10) for n in names]
+    header = f"{'':>12}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))
     print(header)
     print("-" * len(header))
     for label, row in rows:
-        line = f"{label:>10}" + "".join(f"{median_ms(s, row):>24.2f}" for s in systems)
+        cells = [f"{median_ms(s, row):.2f}" for s in systems]
         for o in ours:
             mine = median_ms(o, row)
-            line += f"{mine / median_ms(theirs[0], row):>22.2f}"
-            line += f"{mine / median_ms(theirs[1], row):>24.2f}"
-        print(line)
+            cells += [f"{mine / median_ms(t, row):.2f}" for t in theirs]
+        print(f"{label:>12}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -265,7 +300,12 @@ async def main_async(args: argparse.Namespace) -> None:
             )
             print(f"growth {low:,} -> {high:,} events: {growth}")
             await interleaved(opened, max(3, args.rounds // 3), lambda s, r: s.whole(high))
-            table(f"whole-session get_session at {high:,} events", [(f"{high:,}", "whole")], opened)
+            await interleaved(opened, max(3, args.rounds // 3), lambda s, r: s.first_whole(high))
+            table(
+                f"whole-session get_session at {high:,} events (again; first by a new object)",
+                [("again", "whole"), ("first", "first")],
+                opened,
+            )
             for system in opened:
                 started = time.perf_counter()
                 await system.seed_users_sessions(args.sessions)
