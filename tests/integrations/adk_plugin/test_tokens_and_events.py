@@ -209,3 +209,33 @@ async def test_span_events_on_the_current_span_without_content() -> None:
     assert window["touba.message_count"] == 4
     assert SECRET not in str([dict(e.attributes or {}) for e in span.events])
     provider.shutdown()
+
+
+async def test_a_tool_loop_is_settled_in_two_counts_from_the_previous_cut() -> None:
+    seen: list[int] = []
+    count = by_bytes(seen)
+    plugin = ToubaContextPlugin(max_tokens=400, count_tokens=count)
+    context = await callback_context()
+    contents = [user("q")]
+    costs = []
+    for k in range(14):  # the loop grows by one exchange per model call
+        contents += [calls(f"t{k}"), results(f"t{k}", pad=300)]
+        expected = None
+        for drop in range(k + 1):  # brute force: fewest older exchanges dropped
+            candidate = [contents[0], *contents[1 + 2 * drop :]]
+            if await count(candidate) <= 400:
+                expected = candidate
+                break
+        seen.clear()
+        llm_request = request(contents)
+        await plugin.before_model_callback(callback_context=context, llm_request=llm_request)
+        assert llm_request.contents == expected
+        costs.append(len(seen))
+    cutting = [c for c, k in zip(costs, range(14), strict=True) if k >= 4]
+    assert max(cutting[1:]) <= 2, costs
+    # A wrong guess (another conversation under the same session) is only a guess.
+    small = [user("q"), calls("x"), results("x")]
+    seen.clear()
+    llm_request = request(small)
+    await plugin.before_model_callback(callback_context=context, llm_request=llm_request)
+    assert llm_request.contents == small

@@ -57,13 +57,15 @@ Behaviour decisions:
   e.g. google-genai's ``client.aio.models.count_tokens``) and ``max_tokens``, the
   window is then counted as it would be sent (instruction contents included) and,
   while the count exceeds ``max_tokens``, whole earlier turns and then the current
-  turn's older exchanges are dropped, oldest first: one count when it fits, at
-  most ``2 + ceil(log2(n + 1))`` for ``n`` droppable groups (a bisection, counts
-  assumed not to grow as more is dropped). When the input and the last exchange
-  alone exceed it: ``ProviderContextWindowExceeded``; a counter that fails or
-  answers something other than an int ``>= 0``: ``ProviderContextCountUnavailable``
-  (the counter's exception chained). ``max_tokens`` budgets the contents only:
-  leave room for the system instruction, the tools and the answer.
+  turn's older exchanges are dropped, oldest first: one count when it fits, two
+  when the session's previous cut (remembered in the plugin, for the 4,096 most
+  recent sessions) still holds, at most ``2 + ceil(log2(n + 1))`` for ``n``
+  droppable groups (a bisection, counts assumed not to grow as more is dropped).
+  When the input and the last exchange alone exceed it:
+  ``ProviderContextWindowExceeded``; a counter that fails or answers something
+  other than an int ``>= 0``: ``ProviderContextCountUnavailable`` (the counter's
+  exception chained). ``max_tokens`` budgets the contents only: leave room for the
+  system instruction, the tools and the answer.
 - **Errors reach you wrapped.** ADK's plugin manager re-raises a plugin's
   exception as ``RuntimeError(...) from e``: the touba error is its ``__cause__``;
   nothing was sent to the model.
@@ -94,7 +96,7 @@ import hashlib
 import inspect
 import json
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -134,6 +136,7 @@ logger = logging.getLogger("touba.integrations.adk")
 CONFIRMATION: Final = "adk_request_confirmation"
 DEFAULT_MAX_MESSAGES: Final = 128
 DEFAULT_MAX_BYTES: Final = 262144
+_REMEMBERED_CUTS: Final = 4096  # sessions whose last cut the token guard remembers
 
 TokenCounter = Callable[[list[types.Content]], Awaitable[int]]
 """Counts the tokens of the contents given (the window as it would be sent)."""
@@ -466,6 +469,7 @@ class ToubaContextPlugin(BasePlugin):
             raise ConfigurationError("on_event must be a callable taking a HistoryEvent")
         self.max_tokens = tokens
         self._count_tokens = count_tokens
+        self._cuts: OrderedDict[str, int] = OrderedDict()  # session key -> where it was cut
         self._on_event = on_event
 
     @staticmethod
@@ -500,43 +504,75 @@ class ToubaContextPlugin(BasePlugin):
         return None
 
     async def _fit_tokens(self, window: _Window, key: str) -> tuple[Unit, ...]:
-        """The fewest groups dropped, oldest first, for the count to fit ``max_tokens``."""
-        groups = len(window.groups())
+        """The fewest groups dropped, oldest first, for the count to fit ``max_tokens``.
+
+        A bisection over the drop, started from where this session's previous
+        request was cut (a guess, verified like any other: in a tool loop the cut
+        stays put or moves by a turn, so two counts settle it), else from no drop.
+        """
+        groups = window.groups()
+        answers: dict[int, bool] = {}
 
         async def fits(drop: int) -> bool:
-            units = window.dropping(drop)
-            count = await self._count(window.contents_of(units))
-            size = window.size_of(units)
-            ok = count <= self.max_tokens
-            await self._emit(
-                HistoryEvent(
-                    kind="provider_context_count",
-                    session_key=key,
-                    message_count=size.messages,
-                    bytes=size.bytes,
-                    count=count,
-                    window=self.max_tokens,
-                    fits=ok,
-                )
-            )
-            return ok
+            if drop not in answers:
+                answers[drop] = await self._probe(window, drop, key)
+            return answers[drop]
 
-        if await fits(0):
+        low, high = -1, len(groups) + 1  # the smallest fitting drop is in (low, high]
+        cut = self._cuts.get(key)
+        hint = 0 if cut is None else sum(1 for g in groups if g[0].start < cut)
+        if 0 < hint <= len(groups):
+            for drop in (hint, hint - 1) if await fits(hint) else (hint, hint + 1):
+                if drop <= len(groups) and await fits(drop):
+                    high = min(high, drop)
+                else:
+                    low = max(low, drop)
+        elif await fits(0):
+            self._remember(key, None)
             return window.chosen
-        low, high = 0, groups + 1  # the smallest fitting drop is in (low, high]
+        else:
+            low = 0
         while high - low > 1:
             middle = (low + high) // 2
             if await fits(middle):
                 high = middle
             else:
                 low = middle
-        if high > groups:
+        if high > len(groups):
             raise ProviderContextWindowExceeded(
                 f"the newest input and the last exchange alone count more than max_tokens="
                 f"{self.max_tokens} tokens; raise max_tokens (within the model's window) or "
                 "shorten the input and the tool results"
             )
+        self._remember(key, groups[high][0].start if high < len(groups) else UNBOUNDED)
         return window.dropping(high)
+
+    def _remember(self, key: str, cut: int | None) -> None:
+        """Note where ``key``'s request was cut (a conversation position; None: not cut)."""
+        self._cuts.pop(key, None)
+        if cut is not None:
+            self._cuts[key] = cut
+            while len(self._cuts) > _REMEMBERED_CUTS:
+                self._cuts.popitem(last=False)
+
+    async def _probe(self, window: _Window, drop: int, key: str) -> bool:
+        """Count the window without its ``drop`` oldest groups; emit the count's event."""
+        units = window.dropping(drop)
+        count = await self._count(window.contents_of(units))
+        size = window.size_of(units)
+        ok = count <= self.max_tokens
+        await self._emit(
+            HistoryEvent(
+                kind="provider_context_count",
+                session_key=key,
+                message_count=size.messages,
+                bytes=size.bytes,
+                count=count,
+                window=self.max_tokens,
+                fits=ok,
+            )
+        )
+        return ok
 
     async def _count(self, contents: list[types.Content]) -> int:
         assert self._count_tokens is not None
