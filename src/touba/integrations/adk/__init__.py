@@ -1,14 +1,13 @@
 """touba's memory under Google ADK: a session service and a context plugin.
 
 ```python
+from google.adk.apps import App
 from google.adk.runners import Runner
 from touba.integrations.adk import ToubaContextPlugin, ToubaSessionService
 
 runner = Runner(
-    agent=agent,
-    app_name="support",
+    app=App(name="support", root_agent=agent, plugins=[ToubaContextPlugin(max_messages=40)]),
     session_service=ToubaSessionService.sqlite(".touba/adk.sqlite"),
-    plugins=[ToubaContextPlugin(max_messages=40)],
 )
 ```
 
