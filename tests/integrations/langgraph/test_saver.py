@@ -225,8 +225,9 @@ async def test_a_value_the_serializer_refuses_names_the_channel_and_writes_nothi
         await saver.aput_writes(thread.config, [("x", object())], "task")
 
 
-def damage(name: str, backend: SaverBackend, position: int) -> None:
-    """Remove one log entry behind the store's back (a damaged file, a lost key)."""
+async def damage(name: str, backend: SaverBackend, position: int) -> None:
+    """Remove one log entry of thread "t" behind the store's back (a damaged file, a lost
+    row, a lost hash field)."""
     if name == "memory":
         from touba.integrations.langgraph._memory import MemorySaverBackend
 
@@ -238,8 +239,41 @@ def damage(name: str, backend: SaverBackend, position: int) -> None:
         assert isinstance(backend, SqliteSaverBackend)
         with sqlite3.connect(backend._path) as conn:
             conn.execute("DELETE FROM lg_entries WHERE position = ?", (position,))
+    elif name == "postgres":
+        import psycopg
+        from psycopg import sql
+
+        from tests._services import postgres_dsn
+        from touba.integrations.langgraph._postgres import PostgresSaverBackend
+
+        assert isinstance(backend, PostgresSaverBackend)
+        *schema, table = backend.table_prefix.split(".")
+        entries = sql.Identifier(*schema, f"{table}_entries")
+        async with await psycopg.AsyncConnection.connect(postgres_dsn(), autocommit=True) as conn:
+            cur = await conn.execute(
+                sql.SQL(
+                    "DELETE FROM {} WHERE thread_id = 't' AND channel = 'messages'"
+                    " AND position = %s"
+                ).format(entries),
+                (position,),
+            )
+            assert cur.rowcount == 1
+    elif name == "redis":
+        import redis
+
+        from tests._services import redis_url
+        from touba.integrations.langgraph._redis import RedisSaverBackend
+
+        assert isinstance(backend, RedisSaverBackend)
+        with redis.Redis.from_url(redis_url()) as client:
+            (log,) = [
+                key
+                for key in client.scan_iter(match=backend.prefix + "*", count=1000)
+                if b":L:" in key
+            ]
+            assert client.hdel(log, str(position)) == 1
     else:
-        pytest.skip(f"no way to damage a {name} store written for this test yet")
+        raise AssertionError(f"no way to damage a {name} store")
 
 
 async def test_a_missing_log_entry_is_an_error_not_a_shorter_list(
@@ -247,7 +281,7 @@ async def test_a_missing_log_entry_is_an_error_not_a_shorter_list(
 ) -> None:
     thread = Thread(ToubaSaver(backend))
     await thread.put([message(i) for i in range(5)])
-    damage(backend_name, backend, 2)
+    await damage(backend_name, backend, 2)
     with pytest.raises(DecisionHistoryRecordInvalid, match="position 2 of its 'messages' log"):
         await ToubaSaver(backend).aget_tuple(thread.config)
     with pytest.raises(DecisionHistoryRecordInvalid):
