@@ -26,9 +26,9 @@ Behaviour decisions:
   thread or run with nothing behind it, which readers skip). A delete whose connection
   fails past its retries between the index update and the script raises
   ``DecisionHistoryStoreUnavailable`` and may leave the thread stored but missing from a
-  list over every thread: delete it again. A prune removes the index entries of the
-  runs it emptied after its script: a put of such a run landing between the two may
-  lose that entry (a later ``delete_for_runs`` of the run then misses that thread).
+  list over every thread: delete it again. A prune leaves the runs it emptied in the
+  thread's run set, removes their index entries, then (``retire.lua``) drops from the
+  set those still empty and indexes again those a put gave a checkpoint meanwhile.
 - **Atomic per thread.** ``delete_for_runs`` and ``prune`` are atomic per thread, not
   across threads (each thread is its own slot); ``copy_thread`` reads the source in one
   script and writes the target in one, so the target shows all of the copy or none of it.
@@ -250,7 +250,17 @@ class RedisSaverBackend:
         self._threads = self._global + "threads"
         self._scripts = {
             name: load(name, _PACKAGE)
-            for name in ("put", "writes", "read", "delete", "runs", "prune", "export", "import")
+            for name in (
+                "put",
+                "writes",
+                "read",
+                "delete",
+                "runs",
+                "prune",
+                "retire",
+                "export",
+                "import",
+            )
         }
         self._closed = False
 
@@ -571,11 +581,18 @@ class RedisSaverBackend:
             if strategy == "delete":
                 await self._drop(digest)
                 continue
-            emptied = await self._eval(
-                "prune", self._thread_base(digest), [uuid.uuid4().hex[:16]], "a prune"
-            )
+            base = self._thread_base(digest)
+            emptied = await self._eval("prune", base, [uuid.uuid4().hex[:16]], "a prune")
+            if not emptied:
+                continue
+            # the emptied runs' index entries, then retire.lua: a put of one of them that
+            # landed since the prune gets its entry back
+            cleanup: list[tuple[Any, ...]] = [
+                ("SREM", self._global + "run:" + _s(r), digest) for r in emptied
+            ]
+            back = await self._eval("retire", base, list(emptied), "a prune", cleanup)
             await self._commands(
-                [("SREM", self._global + "run:" + _s(r), digest) for r in emptied], "a prune"
+                [("SADD", self._global + "run:" + _s(r), digest) for r in back], "a prune"
             )
 
     async def close(self) -> None:
