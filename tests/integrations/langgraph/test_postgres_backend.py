@@ -713,3 +713,33 @@ async def test_a_thread_deleted_during_a_put_is_deleted_whole(pg: Place) -> None
         assert await pg.count(table) == 0, table
     again = await backend.put(put_request("0003", logs=[messages((), "new")]))
     assert again.spans["messages"] == (Span(0, 1),)
+
+
+async def test_a_prune_during_a_write_leaves_no_write_behind(pg: Place) -> None:
+    """prune waits for a put_writes of the thread in progress (held mid-statement by a
+    row another transaction is inserting), then removes what it wrote for a checkpoint it
+    prunes: no pending write outlives its checkpoint."""
+    application = f"touba-lg-writes-{pg.schema}"
+    backend = pg.backend(application)
+    await backend.put(put_request("0001"))
+    await backend.put(put_request("0002", parent_id="0001"))
+    write = WriteRecord("task", 0, "ch", blob("w"))
+    async with await pg.admin() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (thread_id, ns, checkpoint_id, task_id, idx, channel, type,"
+                " data, task_path) VALUES (%s, '', '0001', 'task', 0, 'ch', 'json', '', '')"
+            ).format(pg.table("writes")),
+            (T,),
+        )
+        writing = asyncio.create_task(backend.put_writes(T, "", "0001", [write]))
+        await _until(lambda: _waiting_on_a_lock(pg.dsn, application), "the write waits")
+        pruning = asyncio.create_task(pg.backend().prune([T], "keep_latest"))
+        await asyncio.sleep(0.2)
+        assert not pruning.done()  # it waits for the write
+        await holder.execute("ROLLBACK")
+    await asyncio.wait_for(writing, timeout=30)
+    await asyncio.wait_for(pruning, timeout=30)
+    assert await pg.count("checkpoints") == 1
+    assert await pg.count("writes") == 0

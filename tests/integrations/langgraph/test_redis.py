@@ -148,7 +148,17 @@ def assert_whole(page: CheckpointPage) -> None:
 
 
 async def test_the_server_answers_the_digest_touba_computes_for_each_script(url: str) -> None:
-    assert SCRIPTS == ["delete", "export", "import", "prune", "put", "read", "runs", "writes"]
+    assert SCRIPTS == [
+        "delete",
+        "export",
+        "import",
+        "prune",
+        "put",
+        "read",
+        "retire",
+        "runs",
+        "writes",
+    ]
     client = Redis.from_url(url)
     try:
         for name in SCRIPTS:
@@ -966,3 +976,104 @@ async def test_a_given_client_stays_open_after_close(url: str, prefix: str) -> N
         assert await client.ping()
     finally:
         await client.aclose()
+
+
+async def test_a_put_landing_right_after_a_delete_keeps_its_thread_indexed(
+    url: str, prefix: str
+) -> None:
+    """Another client's put lands between the delete script and whatever the delete
+    sends after it: the thread that put made again stays in the store-wide indexes (a
+    list over every thread shows it, a delete of its run finds it), then and after its
+    next put."""
+    deleter, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
+    evaluate = deleter._eval
+
+    async def delete_then_a_put(name: str, *args: object, **kwargs: object) -> object:
+        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
+        if name == "delete":
+            await writer.put(request("0002", texts=("again",), run_id="run-2"))
+        return reply
+
+    try:
+        await writer.put(request("0001", texts=("first",), run_id="run-2"))
+        deleter._eval = delete_then_a_put  # type: ignore[method-assign]
+        await deleter.delete_thread("t")
+        page = await writer.list(ListQuery(), {})
+        assert [r.record.checkpoint_id for r in page.rows] == ["0002"]
+        await writer.put(request("0003", parent_id="0002", run_id="run-2"))
+        page = await writer.list(ListQuery(), {})
+        assert [r.record.checkpoint_id for r in page.rows] == ["0003", "0002"]
+        await writer.delete_for_runs(["run-2"])
+        assert (await writer.list(ListQuery(thread_id="t"), {})).rows == ()
+    finally:
+        await deleter.close()
+        await writer.close()
+
+
+async def test_a_put_landing_right_after_a_run_delete_keeps_its_run_indexed(
+    url: str, prefix: str
+) -> None:
+    """Another client's put of a run lands right after delete_for_runs's script on its
+    thread: the run index still names the thread, so the next delete of the run finds
+    that checkpoint."""
+    deleter, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
+    evaluate = deleter._eval
+
+    async def runs_then_a_put(name: str, *args: object, **kwargs: object) -> object:
+        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
+        if name == "runs":
+            await writer.put(request("0002", texts=("again",), run_id="run-2"))
+        return reply
+
+    try:
+        await writer.put(request("0001", texts=("first",), run_id="run-2"))
+        deleter._eval = runs_then_a_put  # type: ignore[method-assign]
+        await deleter.delete_for_runs(["run-2"])
+        page = await writer.list(ListQuery(thread_id="t"), {})
+        assert [r.record.checkpoint_id for r in page.rows] == ["0002"]
+        await writer.delete_for_runs(["run-2"])
+        assert (await writer.list(ListQuery(thread_id="t"), {})).rows == ()
+    finally:
+        await deleter.close()
+        await writer.close()
+
+
+async def test_a_put_landing_right_after_a_prune_keeps_its_run_indexed(
+    url: str, prefix: str
+) -> None:
+    """A prune empties a run on a thread; another client's put of that run lands right
+    after the prune script: the run index still names the thread, so a delete of the
+    run finds that checkpoint."""
+    pruner, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
+    evaluate = pruner._eval
+
+    async def prune_then_a_put(name: str, *args: object, **kwargs: object) -> object:
+        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
+        if name == "prune":
+            await writer.put(request("0003", texts=("again",), run_id="run-1"))
+        return reply
+
+    try:
+        await writer.put(request("0001", texts=("first",), run_id="run-1"))
+        await writer.put(request("0002", texts=("second",), run_id="run-2"))
+        pruner._eval = prune_then_a_put  # type: ignore[method-assign]
+        await pruner.prune(["t"], "keep_latest")
+        page = await writer.list(ListQuery(thread_id="t"), {})
+        assert [r.record.checkpoint_id for r in page.rows] == ["0003", "0002"]
+        await writer.delete_for_runs(["run-1"])
+        page = await writer.list(ListQuery(thread_id="t"), {})
+        assert [r.record.checkpoint_id for r in page.rows] == ["0002"]
+        # a run a prune empties for good leaves the thread's run set and the index
+        await writer.put(request("0004", texts=("fourth",), run_id="run-4"))
+        await writer.prune(["t"], "keep_latest")
+        with redis.Redis.from_url(url) as client:
+            assert not client.exists(writer._run_index("run-2"))
+            assert client.smembers(writer._run_index("run-4")) == {
+                hashlib.sha256(b"t").hexdigest().encode()
+            }
+            assert client.smembers(writer._base("t") + "runs") == {
+                hashlib.sha1(b"run-4", usedforsecurity=False).hexdigest().encode()
+            }
+    finally:
+        await pruner.close()
+        await writer.close()

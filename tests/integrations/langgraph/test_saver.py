@@ -22,7 +22,12 @@ from touba.errors import (
     DecisionHistoryStorageUnsafe,
 )
 from touba.integrations.langgraph import ToubaSaver
-from touba.integrations.langgraph._backend import PutCheckpoint, PutResult, SaverBackend
+from touba.integrations.langgraph._backend import (
+    CheckpointPage,
+    PutCheckpoint,
+    PutResult,
+    SaverBackend,
+)
 
 
 class Spy:
@@ -31,10 +36,21 @@ class Spy:
     def __init__(self, inner: SaverBackend) -> None:
         self.inner = inner
         self.puts: list[PutCheckpoint] = []
+        self.fetched: list[int] = []  # the log entries each get or list returned
 
     async def put(self, request: PutCheckpoint) -> PutResult:
         self.puts.append(request)
         return await self.inner.put(request)
+
+    async def get(self, *args: Any) -> CheckpointPage:
+        page = await self.inner.get(*args)
+        self.fetched.append(sum(len(read.entries) for read in page.logs.values()))
+        return page
+
+    async def list(self, *args: Any) -> CheckpointPage:
+        page = await self.inner.list(*args)
+        self.fetched.append(sum(len(read.entries) for read in page.logs.values()))
+        return page
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -162,6 +178,46 @@ async def test_a_removed_or_replaced_message_keeps_the_shared_prefix(backend: Sa
     assert [m.id for m in values] == ["m0", "m2"]
 
 
+async def test_after_a_prune_leaves_a_gap_reads_fetch_only_what_is_new(
+    backend: SaverBackend,
+) -> None:
+    saver, spy = spied(backend)
+    thread = Thread(saver)
+    start = [message(i) for i in range(5)]
+    first = await thread.put(start)
+    await thread.put([*start, message(5), message(6)])  # positions 5 and 6
+    history = [*start, *(message(i) for i in range(70, 90))]
+    await thread.put(history, parent=first)  # the fork's spans: [0, 5) + [7, 27)
+    await saver.aprune(["t"])  # positions 5 and 6 removed: a gap in the log
+    assert contents(await read(saver, thread.config)) == contents(history)
+    spy.fetched.clear()
+    for step in range(3):
+        history = [*history, message(100 + step)]
+        await thread.put(history)
+        assert contents(await read(saver, thread.config)) == contents(history)
+        assert [m.content for m in await read(ToubaSaver(backend), thread.config)] == [
+            m.content for m in history
+        ]
+    # the saver holds what it wrote: its reads fetch nothing (the cold ones fetch all)
+    assert spy.fetched == [0, 0, 0]
+    listed = [t async for t in saver.alist({"configurable": {"thread_id": "t"}})]
+    assert [len(t.checkpoint["channel_values"]["messages"]) for t in listed] == [28, 27, 26, 25]
+    assert spy.fetched == [0, 0, 0, 0]
+
+
+async def test_a_sibling_fork_read_after_another_is_read_whole(backend: SaverBackend) -> None:
+    thread = Thread(ToubaSaver(backend))
+    start = [message(i) for i in range(5)]
+    first = await thread.put(start)
+    sibling = await thread.put([*start, message(5), message(6)])  # positions 5 and 6
+    fork = await thread.put([*start, message(70)], parent=first)  # [0, 5) + [7, 8)
+    cold, spy = spied(backend)
+    assert contents(await read(cold, fork))[-1] == "00070"  # holds 0-4 and 7: "up to 8"
+    # positions 5 and 6 were never fetched: the claim hid them, so the saver reads again
+    assert contents(await read(cold, sibling)) == contents([*start, message(5), message(6)])
+    assert spy.fetched == [6, 0, 2]
+
+
 async def test_a_logged_channel_that_is_not_a_list_is_stored_whole(saver: ToubaSaver) -> None:
     thread = Thread(saver)
     await thread.put(cast(list[AnyMessage], {"not": "a list"}))
@@ -225,8 +281,9 @@ async def test_a_value_the_serializer_refuses_names_the_channel_and_writes_nothi
         await saver.aput_writes(thread.config, [("x", object())], "task")
 
 
-def damage(name: str, backend: SaverBackend, position: int) -> None:
-    """Remove one log entry behind the store's back (a damaged file, a lost key)."""
+async def damage(name: str, backend: SaverBackend, position: int) -> None:
+    """Remove one log entry of thread "t" behind the store's back (a damaged file, a lost
+    row, a lost hash field)."""
     if name == "memory":
         from touba.integrations.langgraph._memory import MemorySaverBackend
 
@@ -238,8 +295,41 @@ def damage(name: str, backend: SaverBackend, position: int) -> None:
         assert isinstance(backend, SqliteSaverBackend)
         with sqlite3.connect(backend._path) as conn:
             conn.execute("DELETE FROM lg_entries WHERE position = ?", (position,))
+    elif name == "postgres":
+        import psycopg
+        from psycopg import sql
+
+        from tests._services import postgres_dsn
+        from touba.integrations.langgraph._postgres import PostgresSaverBackend
+
+        assert isinstance(backend, PostgresSaverBackend)
+        *schema, table = backend.table_prefix.split(".")
+        entries = sql.Identifier(*schema, f"{table}_entries")
+        async with await psycopg.AsyncConnection.connect(postgres_dsn(), autocommit=True) as conn:
+            cur = await conn.execute(
+                sql.SQL(
+                    "DELETE FROM {} WHERE thread_id = 't' AND channel = 'messages'"
+                    " AND position = %s"
+                ).format(entries),
+                (position,),
+            )
+            assert cur.rowcount == 1
+    elif name == "redis":
+        import redis
+
+        from tests._services import redis_url
+        from touba.integrations.langgraph._redis import RedisSaverBackend
+
+        assert isinstance(backend, RedisSaverBackend)
+        with redis.Redis.from_url(redis_url()) as client:
+            (log,) = [
+                key
+                for key in client.scan_iter(match=backend.prefix + "*", count=1000)
+                if b":L:" in key
+            ]
+            assert client.hdel(log, str(position)) == 1
     else:
-        pytest.skip(f"no way to damage a {name} store written for this test yet")
+        raise AssertionError(f"no way to damage a {name} store")
 
 
 async def test_a_missing_log_entry_is_an_error_not_a_shorter_list(
@@ -247,7 +337,7 @@ async def test_a_missing_log_entry_is_an_error_not_a_shorter_list(
 ) -> None:
     thread = Thread(ToubaSaver(backend))
     await thread.put([message(i) for i in range(5)])
-    damage(backend_name, backend, 2)
+    await damage(backend_name, backend, 2)
     with pytest.raises(DecisionHistoryRecordInvalid, match="position 2 of its 'messages' log"):
         await ToubaSaver(backend).aget_tuple(thread.config)
     with pytest.raises(DecisionHistoryRecordInvalid):

@@ -21,9 +21,10 @@
   that length is refused by the row's NOT NULL, rolling the statement back. O(what the
   step added), whatever the thread's length. ``put_writes`` and ``delete_for_runs`` are
   one statement each; ``delete_thread``, ``copy_thread`` and a thread's ``prune`` one
-  transaction each, which first takes the thread's advisory lock that every put of it
-  holds shared: they wait for the puts in progress and the puts after them wait for
-  them, so none removes or copies half of a put. A dropped connection or a killed
+  transaction each, which first takes the thread's advisory lock that every put and
+  ``put_writes`` of it holds shared: they wait for the puts in progress and the puts
+  after them wait for them, so none removes or copies half of a put, nor leaves behind
+  a pending write for a checkpoint it removes. A dropped connection or a killed
   worker leaves the server to finish or roll back the statement as a whole: a
   checkpoint is whole or absent.
 - **Reads.** ``get`` is one statement (one snapshot, one round trip): the row by key
@@ -457,9 +458,10 @@ class PostgresSaverBackend:
         checkpoint_id: str,
         writes: Sequence[WriteRecord],
     ) -> None:
-        """One statement: regular writes inserted if new, special ones (negative ``idx``)
-        replacing. Within one call the first regular write of a key and the last special
-        one win. O(len(writes))."""
+        """One statement, holding the thread's lock shared (as a put does): regular
+        writes inserted if new, special ones (negative ``idx``) replacing. Within one
+        call the first regular write of a key and the last special one win.
+        O(len(writes))."""
         _refuse_nul(
             thread_id=thread_id,
             checkpoint_ns=checkpoint_ns,
@@ -486,6 +488,7 @@ class PostgresSaverBackend:
             "types": [w.value[0] for w in chosen],
             "data": [w.value[1] for w in chosen],
             "paths": [w.task_path for w in chosen],
+            "lock": self._lock(thread_id),
         }
         async with self._statement() as conn:
             await _run(conn, self._sql.put_writes, params)

@@ -132,10 +132,15 @@ class Statements:
             " run_id = excluded.run_id, versions = excluded.versions, logs = excluded.logs)"
             " SELECT channel, token, start FROM at"
         )
+        # put_writes: one statement holding the thread's lock shared, as a put does, so
+        # that a delete, copy or prune of the thread waits for it and then sees its rows
+        # (without it, a prune's DELETE could miss a write committed meanwhile for a
+        # checkpoint it removes, leaving the write behind with no checkpoint).
         self.put_writes = q(
-            "WITH input AS ("
-            " SELECT * FROM unnest(%(tasks)s::text[], %(idx)s::integer[], %(channels)s::text[],"
-            " %(types)s::text[], %(data)s::bytea[], %(paths)s::text[])"
+            "WITH held AS (SELECT pg_advisory_xact_lock_shared(%(lock)s)),"
+            " input AS ("
+            " SELECT w.* FROM held, unnest(%(tasks)s::text[], %(idx)s::integer[],"
+            " %(channels)s::text[], %(types)s::text[], %(data)s::bytea[], %(paths)s::text[])"
             " AS w(task_id, idx, channel, type, data, task_path)),"
             " special AS ("
             " INSERT INTO {writes} AS o (thread_id, ns, checkpoint_id, task_id, idx, channel,"

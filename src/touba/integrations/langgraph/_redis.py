@@ -18,10 +18,17 @@ Behaviour decisions:
 - **Indexes before data.** The first put on a thread (or with a new run id there) finds
   the thread not marked indexed and writes nothing; the backend then sends the store-wide
   index updates and the put again in one round trip (a pipeline: two slots cannot share a
-  script). Later puts are one script, no index traffic. A delete updates the indexes
-  after its script. A crash between leaves an index entry naming a thread or run
-  with nothing behind it, which readers skip. A delete of a thread racing a put on it may
-  remove the entry that put added; the thread's next put adds it again (every put does).
+  script). Later puts are one script, no index traffic. A delete removes the thread's
+  index entries before its script (in the same round trip), and ``delete_for_runs`` the
+  runs' entries of each thread before that thread's script, so a put that makes the
+  thread or run again after the script stays indexed (a put landing between the two, or
+  a crash between a put's index update and its script, leaves an index entry naming a
+  thread or run with nothing behind it, which readers skip). A delete whose connection
+  fails past its retries between the index update and the script raises
+  ``DecisionHistoryStoreUnavailable`` and may leave the thread stored but missing from a
+  list over every thread: delete it again. A prune leaves the runs it emptied in the
+  thread's run set, removes their index entries, then (``retire.lua``) drops from the
+  set those still empty and indexes again those a put gave a checkpoint meanwhile.
 - **Atomic per thread.** ``delete_for_runs`` and ``prune`` are atomic per thread, not
   across threads (each thread is its own slot); ``copy_thread`` reads the source in one
   script and writes the target in one, so the target shows all of the copy or none of it.
@@ -243,7 +250,17 @@ class RedisSaverBackend:
         self._threads = self._global + "threads"
         self._scripts = {
             name: load(name, _PACKAGE)
-            for name in ("put", "writes", "read", "delete", "runs", "prune", "export", "import")
+            for name in (
+                "put",
+                "writes",
+                "read",
+                "delete",
+                "runs",
+                "prune",
+                "retire",
+                "export",
+                "import",
+            )
         }
         self._closed = False
 
@@ -491,14 +508,21 @@ class RedisSaverBackend:
         await self._drop(digest)
 
     async def _drop(self, digest: str) -> None:
-        runs = await self._eval("delete", self._thread_base(digest), [], "a thread delete")
+        """The thread's store-wide index entries removed first, then delete.lua, in one
+        round trip after reading the thread's runs: a put landing after the script
+        (which finds the thread unindexed and indexes it again) is never undone by a
+        cleanup sent after it. A put landing between the two leaves an index entry
+        with nothing behind it, which readers skip."""
+        base = self._thread_base(digest)
+        [runs] = await self._commands([("SMEMBERS", base + "runs")], "a thread delete")
         cleanup: list[tuple[Any, ...]] = [("HDEL", self._threads, digest)]
-        cleanup += [("SREM", self._global + "run:" + _s(r), digest) for r in runs]
-        await self._commands(cleanup, "a thread delete")
+        cleanup += [("SREM", self._global + "run:" + _s(r), digest) for r in sorted(runs)]
+        await self._eval("delete", base, [], "a thread delete", cleanup)
 
     async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """``SaverBackend.delete_for_runs``: runs.lua on each thread the run index names
-        (atomic per thread), then the index entries."""
+        """``SaverBackend.delete_for_runs``: on each thread the run index names, the
+        index entries then runs.lua (atomic per thread), in one round trip: a put of
+        one of the runs landing after the script indexes the run again and stays so."""
         if not run_ids:
             return
         indexes = sorted({self._run_index(r) for r in run_ids})
@@ -509,8 +533,8 @@ class RedisSaverBackend:
                 by_thread.setdefault(_s(member), []).append(index)
         for digest, thread_indexes in sorted(by_thread.items()):
             rshas = [i.rsplit(":", 1)[1] for i in thread_indexes]
-            await self._eval("runs", self._thread_base(digest), rshas, "a run delete")
-            await self._commands([("SREM", i, digest) for i in thread_indexes], "a run delete")
+            cleanup: list[tuple[Any, ...]] = [("SREM", i, digest) for i in thread_indexes]
+            await self._eval("runs", self._thread_base(digest), rshas, "a run delete", cleanup)
 
     async def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """``SaverBackend.copy_thread``: export.lua on the source, import.lua on the target
@@ -557,11 +581,18 @@ class RedisSaverBackend:
             if strategy == "delete":
                 await self._drop(digest)
                 continue
-            emptied = await self._eval(
-                "prune", self._thread_base(digest), [uuid.uuid4().hex[:16]], "a prune"
-            )
+            base = self._thread_base(digest)
+            emptied = await self._eval("prune", base, [uuid.uuid4().hex[:16]], "a prune")
+            if not emptied:
+                continue
+            # the emptied runs' index entries, then retire.lua: a put of one of them that
+            # landed since the prune gets its entry back
+            cleanup: list[tuple[Any, ...]] = [
+                ("SREM", self._global + "run:" + _s(r), digest) for r in emptied
+            ]
+            back = await self._eval("retire", base, list(emptied), "a prune", cleanup)
             await self._commands(
-                [("SREM", self._global + "run:" + _s(r), digest) for r in emptied], "a prune"
+                [("SADD", self._global + "run:" + _s(r), digest) for r in back], "a prune"
             )
 
     async def close(self) -> None:

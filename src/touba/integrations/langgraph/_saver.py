@@ -74,7 +74,16 @@ import os
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -150,15 +159,26 @@ def _shared_prefix(old: Sequence[Any], new: Sequence[Any]) -> int:
 @dataclass(slots=True)
 class _Log:
     """The decoded items of one log this process holds: positions ``[0, len(items))``
-    without a gap, and positions beyond the first gap in ``extra``."""
+    without a gap, positions beyond the first gap in ``extra``, and ``end``, one past the
+    highest position held.
+
+    A position below ``end`` missing from both is a gap: pruned away (a prune leaves the
+    entries the kept checkpoint names, a fork's spans skip what its siblings appended)
+    or, rarely, an entry this process has not fetched yet (another writer's, a sibling
+    fork's). Reads claim to hold everything below ``end`` (:meth:`ToubaSaver._held`), so
+    that a pruned log's gap does not make every read fetch again all that follows it;
+    a read that then lacks a position reads again claiming only ``len(items)``.
+    """
 
     token: str
     items: list[Any] = field(default_factory=list)
     extra: dict[int, Any] = field(default_factory=dict)
+    end: int = 0
 
     def place(self, position: int, value: Any) -> None:
         if position < len(self.items):
             return
+        self.end = max(self.end, position + 1)
         if position == len(self.items):
             self.items.append(value)
             while (nxt := len(self.items)) in self.extra:
@@ -466,11 +486,37 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         while len(self._heads) > self._cache_size:
             self._heads.popitem(last=False)
 
-    def _held(self, key: LogKey) -> HeldLog | None:
+    def _held(self, key: LogKey, *, claim: bool) -> HeldLog | None:
+        """What to tell the store this process holds of a log: every position below its
+        ``end`` (``claim``: gaps taken for pruned) or only its gapless prefix."""
         log = self._logs.get(key)
         if log is None:
             return None
-        return HeldLog(log.token, len(log.items))
+        return HeldLog(log.token, log.end if claim else len(log.items))
+
+    async def _fetch(
+        self,
+        keys: Callable[[LogKey], bool],
+        read: Callable[[dict[LogKey, HeldLog]], Awaitable[CheckpointPage]],
+        heads: dict[str, _Head] | None = None,
+    ) -> list[CheckpointTuple]:
+        """The tuples of the page ``read`` returns given what this process holds of the
+        logs ``keys`` selects: first claiming every position below each log's ``end``;
+        when a row then names a position the cache lacks and that claim hid it, once
+        more claiming only the gapless prefixes (a missing position is then an error)."""
+        selected = [key for key in list(self._logs) if keys(key)]
+        claimed = {key: h for key in selected if (h := self._held(key, claim=True)) is not None}
+        try:
+            page = await read(claimed)
+            views: dict[LogKey, _Log | None] = {}
+            return [self._tuple(row, page, views, heads) for row in page.rows]
+        except DecisionHistoryRecordInvalid:
+            surely = {key: h for key in selected if (h := self._held(key, claim=False)) is not None}
+            if surely == claimed:
+                raise
+        page = await read(surely)
+        views = {}
+        return [self._tuple(row, page, views, heads) for row in page.rows]
 
     def _absorb(self, key: LogKey, read: LogRead) -> _Log | None:
         """Merge what a read returned for a log into the cache; the log's view to build
@@ -567,10 +613,6 @@ class ToubaSaver(BaseCheckpointSaver[str]):
             ],
         )
 
-    def _tuples(self, page: CheckpointPage) -> list[CheckpointTuple]:
-        views: dict[LogKey, _Log | None] = {}
-        return [self._tuple(row, page, views) for row in page.rows]
-
     async def _read(
         self,
         thread_id: str,
@@ -578,16 +620,13 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         checkpoint_id: str | None,
         heads: dict[str, _Head] | None = None,
     ) -> CheckpointTuple | None:
-        held = {
-            key.channel: h
-            for key in list(self._logs)
-            if key.thread_id == thread_id
-            and key.checkpoint_ns == ns
-            and (h := self._held(key)) is not None
-        }
-        page = await self.backend.get(thread_id, ns, checkpoint_id, held)
-        views: dict[LogKey, _Log | None] = {}
-        found = [self._tuple(row, page, views, heads) for row in page.rows]
+        def get(held: dict[LogKey, HeldLog]) -> Awaitable[CheckpointPage]:
+            channels = {key.channel: h for key, h in held.items()}
+            return self.backend.get(thread_id, ns, checkpoint_id, channels)
+
+        found = await self._fetch(
+            lambda key: key.thread_id == thread_id and key.checkpoint_ns == ns, get, heads
+        )
         return found[0] if found else None
 
     async def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -634,9 +673,7 @@ class ToubaSaver(BaseCheckpointSaver[str]):
             metadata=metadata,
             limit=limit,
         )
-        held = {key: h for key in list(self._logs) if (h := self._held(key)) is not None}
-        page = await self.backend.list(query, held)
-        return self._tuples(page)
+        return await self._fetch(lambda key: True, lambda held: self.backend.list(query, held))
 
     async def alist(
         self,

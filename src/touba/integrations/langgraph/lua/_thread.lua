@@ -14,7 +14,8 @@
 --                             indexed -> '1' once the store-wide index names it
 --   B ns                HASH  N -> namespace text
 --   B runs              SET   SHA1 of each run id with a checkpoint here (each one
---                             the store-wide run index names)
+--                             the store-wide run index names; a run a prune emptied
+--                             stays until retire.lua)
 --   B run:<sha1(run)>   SET   "N:checkpoint_id" of that run's checkpoints
 --   B n:N:cps           ZSET  checkpoint ids (score 0: ordered by id, bytewise)
 --   B n:N:c:<id>        HASH  a checkpoint: k (put token), p (parent), ct/c

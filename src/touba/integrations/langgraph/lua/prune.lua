@@ -2,7 +2,8 @@
 -- its blobs and the log entries its spans name (SaverBackend.prune "keep_latest").
 -- A log that loses entries gets a new token; its positions stay where they are.
 -- ARGV: a fresh log token. Reply: the SHA1s of the run ids left with no
--- checkpoint here (for the store-wide run index, which the caller updates after).
+-- checkpoint here, still in RUNS (so a put of one of them meanwhile needs no index
+-- update): the caller removes their store-wide index entries, then runs retire.lua.
 --@include _thread.lua
 local fresh = ARGV[1]
 local keeps = {}
@@ -88,8 +89,7 @@ for _, rsha in ipairs(redis.call('SMEMBERS', RUNS)) do
     if keeps[N] ~= id then redis.call('SREM', run_key(rsha), member) end
   end
   if redis.call('EXISTS', run_key(rsha)) == 0 then
-    redis.call('SREM', RUNS, rsha)
-    emptied[#emptied + 1] = rsha
+    emptied[#emptied + 1] = rsha  -- left in RUNS: retire.lua removes it
   end
 end
 if redis.call('HLEN', NSS) == 0 then redis.call('DEL', META) end
