@@ -40,6 +40,7 @@ pytest: install
 # tests with SQLiteSession swapped for ToubaSession: tests/peers/run_openai_agents.py.
 peers: install
 	$(BIN)/python tests/peers/run_openai_agents.py
+	$(BIN)/python tests/peers/run_adk.py
 
 # The peers bench/peers.py compares touba with come from the `bench` extra.
 $(BENCH_STAMP): $(STAMP)

@@ -1,0 +1,78 @@
+"""Stores for the ADK session-service tests: each backend kind, opened by namespace.
+
+``backend`` names the store kind; ``open_backend(namespace="main", limits=...)``
+opens a backend on that store. The same namespace reopens the same data on a
+persistent store (``opener.persistent``); different namespaces never share
+data (PostgreSQL: another table prefix in the test's schema; Redis: another key
+prefix; SQLite: another file). Everything a test creates is removed after it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from touba.integrations.adk._backend import AdkBackend, AdkLimits
+
+
+@dataclass
+class BackendOpener:
+    """Opens backends of one kind for one test; closes them all at the end."""
+
+    kind: str
+    persistent: bool
+    make: Callable[[str, AdkLimits], AdkBackend]
+    opened: list[AdkBackend] = field(default_factory=list)
+
+    def __call__(self, namespace: str = "main", limits: AdkLimits | None = None) -> AdkBackend:
+        backend = self.make(namespace, limits if limits is not None else AdkLimits())
+        self.opened.append(backend)
+        return backend
+
+
+def make_opener(kind: str, directory: Path, name: str) -> tuple[BackendOpener, Callable[[], None]]:
+    """An opener of ``kind`` backends for a test named ``name``, and its cleanup."""
+    if kind == "memory":
+        from touba.integrations.adk._memory import MemoryAdkBackend
+
+        return BackendOpener(kind, False, lambda ns, limits: MemoryAdkBackend(limits)), lambda: None
+    if kind == "sqlite":
+        from touba.integrations.adk._sqlite import SqliteAdkBackend
+
+        def sqlite(ns: str, limits: AdkLimits) -> AdkBackend:
+            return SqliteAdkBackend(str(directory / f"adk-{ns}.sqlite"), limits)
+
+        return BackendOpener(kind, True, sqlite), lambda: None
+    raise AssertionError(f"unknown backend kind {kind!r}")
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_name() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+async def open_backend(
+    backend: str, private_dir: Path, store_name: str
+) -> AsyncIterator[BackendOpener]:
+    opener, cleanup = make_opener(backend, private_dir, store_name)
+    try:
+        yield opener
+    finally:
+        for opened in opener.opened:
+            await opened.close()
+        cleanup()
+
+
+@pytest.fixture
+def adk_backend(open_backend: BackendOpener) -> AdkBackend:
+    return open_backend()
