@@ -41,6 +41,7 @@ pytest: install
 peers: install
 	$(BIN)/python tests/peers/run_openai_agents.py
 	$(BIN)/python tests/peers/run_adk.py
+	$(BIN)/python tests/peers/run_langgraph.py
 
 # The peers bench/peers.py compares touba with come from the `bench` extra.
 $(BENCH_STAMP): $(STAMP)
