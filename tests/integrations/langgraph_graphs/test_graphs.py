@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from langchain.agents import create_agent
@@ -38,6 +38,7 @@ from langgraph.types import Command, StateSnapshot, interrupt
 
 from tests.integrations.langgraph_graphs.conftest import Store
 from touba.integrations.langgraph import ToubaSaver
+from touba.integrations.langgraph._backend import PutCheckpoint, PutResult, SaverBackend
 
 Saver = BaseCheckpointSaver[Any]
 
@@ -377,6 +378,63 @@ def test_time_travel_replays_and_forks_from_earlier_checkpoints(store: Store) ->
     assert still_whole
     assert [len(b[0]) for b in before] == [2, 1, 0]  # older than the checkpoint, newest first
     assert count == 7 + 2 + 4 + 1  # the first run, the replay (a copy, a step), the fork, the edit
+
+
+# ------------------------------------------------------- what each step stores
+
+
+class Spy:
+    """The store's real backend, recording each put it forwards (an observer, not a fake)."""
+
+    def __init__(self, inner: SaverBackend) -> None:
+        self.inner = inner
+        self.puts: dict[str, PutCheckpoint] = {}
+
+    async def put(self, request: PutCheckpoint) -> PutResult:
+        self.puts[request.checkpoint_id] = request
+        return await self.inner.put(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_each_step_of_a_graph_logs_only_the_messages_it_added(store: Store) -> None:
+    opened = store.open()
+    spy = Spy(opened.backend)
+    saver = ToubaSaver(cast(SaverBackend, spy))
+    try:
+        model = script(calls("A0"), calls("A1", "A2"), says("Done."), says("Hi again."))
+        graph = tool_loop(model, saver)
+        await graph.ainvoke({"messages": [asks("Check A0 to A2")]}, thread("a"))
+        await graph.ainvoke({"messages": [asks("Hello")]}, thread("a"))
+        history = [s async for s in graph.aget_state_history(thread("a"))]
+        # a fork from an earlier checkpoint shares its prefix
+        (early,) = [s for s in history if len(s.values.get("messages", [])) == 3]
+        fork = await graph.aupdate_state(early.config, {"messages": [asks("Only A0, please")]})
+        history.append(await graph.aget_state(fork))
+    finally:
+        await saver.aclose()
+
+    appended = 0
+    for state in history:
+        request = spy.puts[checkpoint_id(state.config)]
+        messages = state.values.get("messages", [])
+        parent = [s for s in history if s.config == state.parent_config]
+        before = parent[0].values.get("messages", []) if parent else []
+        assert [m.id for m in messages[: len(before)]] == [m.id for m in before]
+        logged = [log for log in request.logs if log.channel == "messages"]
+        if not logged:  # a checkpoint with no messages yet (the graph's input step)
+            assert messages == []
+            continue
+        (log,) = logged
+        items = [saver.serde.loads_typed(item) for item in log.items]
+        # the checkpoint names its parent's messages and appends only the new ones
+        assert sum(span.end - span.start for span in log.base) == len(before)
+        assert [m.id for m in items] == [m.id for m in messages[len(before) :]]
+        appended += len(items)
+    final = history[0].values["messages"]
+    assert appended == len(final) + 1  # each message once, and the fork's own
+    assert all(not any(b.channel == "messages" for b in spy.puts[c].blobs) for c in spy.puts)
 
 
 # ------------------------------------------------------------------ a reopened store
