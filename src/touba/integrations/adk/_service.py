@@ -107,10 +107,8 @@ from google.adk.platform import uuid as platform_uuid
 from google.adk.sessions import BaseSessionService, Session
 from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
 from google.adk.sessions.state import State
-from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError
 
-from touba.errors import ConfigurationError, DecisionHistoryRecordInvalid
+from touba.errors import ConfigurationError
 from touba.integrations.adk._backend import (
     AdkBackend,
     AdkLimits,
@@ -120,6 +118,7 @@ from touba.integrations.adk._backend import (
     SessionRecord,
     StoredEvent,
 )
+from touba.integrations.adk._events import EventCache, encode
 
 __all__ = ["ToubaSessionService"]
 
@@ -221,46 +220,6 @@ def _merged(
     return state
 
 
-def _encode_event(event: Event) -> str:
-    """The event's JSON, refused (naming the field) unless it reads back equal."""
-    try:
-        data = event.model_dump_json(exclude_none=True)
-    except PydanticSerializationError as e:
-        raise ConfigurationError(
-            f"{_unserializable_field(event)} cannot be written as JSON ({e}); nothing was written"
-        ) from e
-    back = Event.model_validate_json(data)
-    if back != event:
-        differing = next(
-            (name for name in Event.model_fields if getattr(back, name) != getattr(event, name)),
-            "an unknown field",
-        )
-        raise ConfigurationError(
-            f"event.{differing} does not read back equal from ADK's JSON form (a tuple, a "
-            "set or another non-JSON value in it?); nothing was written"
-        )
-    return data
-
-
-def _unserializable_field(event: Event) -> str:
-    for name in Event.model_fields:
-        try:
-            event.model_dump_json(include={name})
-        except PydanticSerializationError:
-            return f"event.{name}"
-    return "the event"
-
-
-def _decode_event(data: str, key: SessionKey) -> Event:
-    try:
-        return Event.model_validate_json(data)
-    except ValidationError as e:
-        raise DecisionHistoryRecordInvalid(
-            f"a stored event of session {key.session_id!r} is not an ADK Event this ADK can "
-            "read (written by another version, or damaged); it was left as it is"
-        ) from e
-
-
 def _marker(session: Session, revision: int) -> None:
     session._storage_update_marker = str(revision)
 
@@ -278,6 +237,7 @@ class ToubaSessionService(BaseSessionService):
         self._backend = backend
         self._clock = clock
         self._last_purge = -math.inf
+        self._events = EventCache()
 
     # --- constructors ---
 
@@ -390,7 +350,8 @@ class ToubaSessionService(BaseSessionService):
         read = await self._backend.read(key, recent=recent, after=after, now=self._clock())
         if read is None:
             return None
-        return self._session(read, [_decode_event(e.data, key) for e in read.events])
+        events = [self._events.decode(e.data, key.session_id) for e in read.events]
+        return self._session(read, events)
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -452,7 +413,7 @@ class ToubaSessionService(BaseSessionService):
         stored = event.model_copy(
             update={"actions": event.actions.model_copy(update={"state_delta": kept})}
         )
-        data = _encode_event(stored)
+        data, decoded = encode(stored)
         expected_revision, expected_time = self._expected(session)
         exclusive = _EXCLUSIVE.get()
         owner = exclusive[2] if exclusive is not None and exclusive[:2] == (id(self), key) else None
@@ -472,6 +433,7 @@ class ToubaSessionService(BaseSessionService):
         )
         if not result.appended:
             return event
+        self._events.put(data, decoded)
         self._apply_temp_state(session, event)
         event.actions.state_delta = kept
         self._commit_event_to_session(session, event)
