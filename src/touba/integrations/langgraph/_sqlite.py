@@ -79,7 +79,6 @@ CREATE TABLE lg_checkpoints (
     PRIMARY KEY (thread_id, ns, checkpoint_id)
 );
 CREATE INDEX lg_checkpoints_run ON lg_checkpoints (run_id) WHERE run_id IS NOT NULL;
-CREATE INDEX lg_checkpoints_id ON lg_checkpoints (checkpoint_id);
 CREATE TABLE lg_blobs (
     thread_id TEXT NOT NULL,
     ns TEXT NOT NULL,
@@ -108,7 +107,7 @@ CREATE TABLE lg_logs (
     token TEXT NOT NULL,
     length INTEGER NOT NULL,
     PRIMARY KEY (thread_id, ns, channel)
-);
+) WITHOUT ROWID;
 CREATE TABLE lg_entries (
     thread_id TEXT NOT NULL,
     ns TEXT NOT NULL,
