@@ -47,10 +47,36 @@ def make_opener(kind: str, directory: Path, name: str) -> tuple[BackendOpener, C
             return SqliteAdkBackend(str(directory / f"adk-{ns}.sqlite"), limits)
 
         return BackendOpener(kind, True, sqlite), lambda: None
+    if kind == "postgres":
+        return _postgres_opener(name)
     raise AssertionError(f"unknown backend kind {kind!r}")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+def _postgres_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
+    """PostgreSQL backends in a schema of the test's own (a namespace: a table prefix in
+    it), dropped with everything in it afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    from tests._services import postgres_dsn
+    from touba.integrations.adk._postgres import PostgresAdkBackend
+
+    dsn = postgres_dsn()
+    schema = f"touba_adk_{name}"
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a writer process opens it again
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+
+    def drop() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+    def postgres(ns: str, limits: AdkLimits) -> AdkBackend:
+        return PostgresAdkBackend(dsn, limits, table_prefix=f"{schema}.{ns.replace('-', '_')}")
+
+    return BackendOpener("postgres", True, postgres), drop
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
