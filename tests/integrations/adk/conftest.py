@@ -49,6 +49,8 @@ def make_opener(kind: str, directory: Path, name: str) -> tuple[BackendOpener, C
         return BackendOpener(kind, True, sqlite), lambda: None
     if kind == "postgres":
         return _postgres_opener(name)
+    if kind == "redis":
+        return _redis_opener(name)
     raise AssertionError(f"unknown backend kind {kind!r}")
 
 
@@ -76,7 +78,36 @@ def _postgres_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
     return BackendOpener("postgres", True, postgres), drop
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def _redis_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
+    """Redis backends under the prefix ``touba-adk-test:<name>:<namespace>:``, deleted after."""
+    import redis
+
+    from tests._services import redis_url
+    from touba.integrations.adk._redis import RedisAdkBackend
+
+    url = redis_url()
+    prefix = f"touba-adk-test:{name}:"
+
+    def make(ns: str, limits: AdkLimits) -> AdkBackend:
+        return RedisAdkBackend(url, limits, prefix=f"{prefix}{ns}:")
+
+    def delete() -> None:
+        with redis.Redis.from_url(url) as client:
+            keys = list(client.scan_iter(match=prefix + "*", count=1000))
+            if keys:
+                client.delete(*keys)
+
+    return BackendOpener("redis", True, make), delete
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ]
+)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
