@@ -43,14 +43,37 @@ async def open_sqlite(directory: Path, tag: str) -> AsyncIterator[SaverBackend]:
         await backend.close()
 
 
+@asynccontextmanager
+async def open_postgres(directory: Path, tag: str) -> AsyncIterator[SaverBackend]:
+    import psycopg
+    from psycopg import sql
+
+    from tests._services import postgres_dsn
+    from touba.integrations.langgraph._postgres import PostgresSaverBackend
+
+    dsn = postgres_dsn()
+    schema = sql.Identifier(tag)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
+    backend = PostgresSaverBackend(dsn, table_prefix=f"{tag}.lg")
+    try:
+        yield backend
+    finally:
+        await backend.close()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(schema))
+
+
 OPENERS: dict[str, Opener] = {
     "memory": open_memory,
     "sqlite": open_sqlite,
+    "postgres": open_postgres,
 }
 
 BACKENDS = [
     "memory",
     "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
 ]
 
 

@@ -1,0 +1,937 @@
+"""The PostgreSQL backend of ToubaSaver: five tables shared by every worker using them.
+
+- **Tables.** Every name is derived from ``table_prefix`` (``name`` or ``schema.name``,
+  quoted with ``psycopg.sql.Identifier``): ``<prefix>_checkpoints`` (one row per
+  checkpoint, its channel versions and its spans as JSON text), ``<prefix>_blobs``
+  (channel values by version), ``<prefix>_writes`` (pending writes), ``<prefix>_logs``
+  (each log's token and length) and ``<prefix>_entries`` (one row per logged item,
+  keyed by position), plus ``<prefix>_meta`` (the schema version). Each key starts with
+  ``thread_id``, so a thread's rows are one index range in each table.
+- **Schema.** Created on first use in one transaction under an advisory lock
+  (:class:`touba.history._pg.Schema`, shared with every touba PostgreSQL store), so
+  workers opening a new table at once create it once. A table of that name that is not
+  touba's, or of another schema version, is refused untouched (``ConfigurationError``).
+- **Connections.** :class:`touba.history._pg.OwnedPool`: one direct connection first
+  (failing fast with the server's message), then a pool of 1 to 4 in autocommit mode.
+- **Writes.** A put is one READ COMMITTED transaction: one statement upserts the logs it
+  appends to (each row locked until the commit, so two puts of one thread append one
+  after the other, and puts of different threads never share a row) and inserts the
+  new entries at their real end; the spans are checked; one statement inserts the new
+  blobs and the checkpoint row. A put with no logged channel is that last statement
+  alone (autocommit: one round trip). O(what the step added), whatever the thread's
+  length. ``put_writes``, ``delete_thread`` and ``delete_for_runs`` are one statement
+  each; ``copy_thread`` and a thread's ``prune`` one transaction each. A dropped
+  connection or a killed worker leaves the server to roll the open transaction back:
+  a checkpoint is whole or absent.
+- **Reads.** ``get`` and ``list`` run in one REPEATABLE READ, READ ONLY transaction (one
+  snapshot, never a serialization failure): the rows, then their blobs, writes and log
+  states, then the entries their spans name (above what the caller holds): indexed range
+  reads. ``list`` streams its rows through a server-side cursor and applies a metadata
+  filter to them, stopping at ``limit``.
+- **Text.** PostgreSQL text cannot hold NUL (``\\x00``): a put or write naming a thread,
+  namespace, checkpoint, channel, version, task or type with NUL is refused with
+  ``ConfigurationError`` naming the field, nothing written; reads and deletes of such a
+  name find nothing.
+- **Errors.** A server that cannot be reached while opening: ``ConfigurationError``,
+  chained. A lost server, a broken connection or a pool timeout during use:
+  :class:`~touba.errors.DecisionHistoryStoreUnavailable` (retryable), chained; the
+  transaction was rolled back unless the link broke during its COMMIT. Stored rows that
+  contradict each other (an entry already at a log's end, spans that do not parse):
+  :class:`~touba.errors.DecisionHistoryRecordInvalid`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final, LiteralString
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.rows import tuple_row
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'ToubaSaver.postgres needs psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
+    ) from e
+
+from touba.errors import (
+    ConfigurationError,
+    DecisionHistoryRecordInvalid,
+    DecisionHistoryStoreUnavailable,
+)
+from touba.history._pg import (
+    Conn,
+    OwnedPool,
+    Row,
+    Schema,
+    has_nul,
+    lock_key,
+    table_parts,
+)
+from touba.integrations.langgraph._backend import (
+    CheckpointPage,
+    CheckpointRecord,
+    CheckpointRow,
+    HeldLog,
+    ListQuery,
+    LogKey,
+    LogRead,
+    LogState,
+    PruneStrategy,
+    PutCheckpoint,
+    PutResult,
+    Span,
+    TypedBlob,
+    WriteRecord,
+    merge_spans,
+)
+from touba.integrations.langgraph._memory import matches
+
+__all__ = ["SCHEMA_VERSION", "PostgresSaverBackend"]
+
+SCHEMA_VERSION: Final = 1
+LIST_BATCH: Final = 256  # rows a list fetches from its server-side cursor at a time
+_OWNER: Final = "ToubaSaver.postgres"
+_RECORD: Final = (
+    "thread_id, ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, metadata,"
+    " metadata_json, run_id, versions, logs"
+)
+
+
+class _Statements:
+    """Every statement of the backend, composed once from the prefix's identifiers."""
+
+    def __init__(self, parts: tuple[str, ...]) -> None:
+        *schema, name = parts
+        names = {
+            key: sql.Identifier(*schema, f"{name}_{key}")
+            for key in ("checkpoints", "blobs", "writes", "logs", "entries", "meta")
+        }
+        names["run_idx"] = sql.Identifier(f"{name}_checkpoints_run")
+        names["id_idx"] = sql.Identifier(f"{name}_checkpoints_id")
+        self.checkpoints = names["checkpoints"]
+        self.meta = names["meta"]
+
+        def q(text: LiteralString) -> sql.Composed:
+            return sql.SQL(text).format(**names)
+
+        self.create = [
+            q(
+                "CREATE TABLE {checkpoints} ("
+                " thread_id text NOT NULL, ns text NOT NULL, checkpoint_id text NOT NULL,"
+                " parent_id text, type text NOT NULL, checkpoint bytea NOT NULL,"
+                " metadata_type text NOT NULL, metadata bytea NOT NULL,"
+                " metadata_json text NOT NULL, run_id text, versions text NOT NULL,"
+                " logs text NOT NULL, PRIMARY KEY (thread_id, ns, checkpoint_id))"
+            ),
+            q("CREATE INDEX {run_idx} ON {checkpoints} (run_id) WHERE run_id IS NOT NULL"),
+            q("CREATE INDEX {id_idx} ON {checkpoints} (checkpoint_id)"),
+            q(
+                "CREATE TABLE {blobs} ("
+                " thread_id text NOT NULL, ns text NOT NULL, channel text NOT NULL,"
+                " version text NOT NULL, type text, data bytea,"
+                " PRIMARY KEY (thread_id, ns, channel, version))"
+            ),
+            q(
+                "CREATE TABLE {writes} ("
+                " thread_id text NOT NULL, ns text NOT NULL, checkpoint_id text NOT NULL,"
+                " task_id text NOT NULL, idx integer NOT NULL, channel text NOT NULL,"
+                " type text NOT NULL, data bytea NOT NULL, task_path text NOT NULL,"
+                " PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx))"
+            ),
+            q(
+                "CREATE TABLE {logs} ("
+                " thread_id text NOT NULL, ns text NOT NULL, channel text NOT NULL,"
+                " token text NOT NULL, length bigint NOT NULL,"
+                " PRIMARY KEY (thread_id, ns, channel))"
+            ),
+            q(
+                "CREATE TABLE {entries} ("
+                " thread_id text NOT NULL, ns text NOT NULL, channel text NOT NULL,"
+                " position bigint NOT NULL, type text NOT NULL, data bytea NOT NULL,"
+                " PRIMARY KEY (thread_id, ns, channel, position))"
+            ),
+        ]
+
+        # -- put: the logs (locked until the commit) and their new entries, then the rest
+        self.append = q(
+            "WITH input AS ("
+            " SELECT * FROM unnest(%(channels)s::text[], %(counts)s::bigint[], %(tokens)s::text[])"
+            " AS i(channel, n, token)),"
+            " lg AS ("
+            " INSERT INTO {logs} AS l (thread_id, ns, channel, token, length)"
+            " SELECT %(thread)s, %(ns)s, channel, token, n FROM input ORDER BY channel"
+            " ON CONFLICT (thread_id, ns, channel)"
+            " DO UPDATE SET length = l.length + excluded.length"
+            " RETURNING channel, token, length),"
+            " ins AS ("
+            " INSERT INTO {entries} (thread_id, ns, channel, position, type, data)"
+            " SELECT %(thread)s, %(ns)s, e.channel, lg.length - i.n + e.idx, e.type, e.data"
+            " FROM unnest(%(e_channels)s::text[], %(e_idx)s::bigint[], %(e_types)s::text[],"
+            " %(e_data)s::bytea[]) AS e(channel, idx, type, data)"
+            " JOIN lg ON lg.channel = e.channel JOIN input i ON i.channel = e.channel)"
+            " SELECT lg.channel, lg.token, lg.length - i.n FROM lg JOIN input i"
+            " ON i.channel = lg.channel"
+        )
+        self.save = q(
+            "WITH b AS ("
+            " INSERT INTO {blobs} (thread_id, ns, channel, version, type, data)"
+            " SELECT %(thread)s, %(ns)s, * FROM unnest(%(b_channels)s::text[],"
+            " %(b_versions)s::text[], %(b_types)s::text[], %(b_data)s::bytea[])"
+            " ON CONFLICT DO NOTHING)"
+            " INSERT INTO {checkpoints} (thread_id, ns, checkpoint_id, parent_id, type,"
+            " checkpoint, metadata_type, metadata, metadata_json, run_id, versions, logs)"
+            " VALUES (%(thread)s, %(ns)s, %(id)s, %(parent)s, %(type)s, %(checkpoint)s,"
+            " %(metadata_type)s, %(metadata)s, %(metadata_json)s, %(run_id)s, %(versions)s,"
+            " %(logs)s)"
+            " ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET"
+            " parent_id = excluded.parent_id, type = excluded.type,"
+            " checkpoint = excluded.checkpoint, metadata_type = excluded.metadata_type,"
+            " metadata = excluded.metadata, metadata_json = excluded.metadata_json,"
+            " run_id = excluded.run_id, versions = excluded.versions, logs = excluded.logs"
+        )
+        self.put_writes = q(
+            "WITH input AS ("
+            " SELECT * FROM unnest(%(tasks)s::text[], %(idx)s::integer[], %(channels)s::text[],"
+            " %(types)s::text[], %(data)s::bytea[], %(paths)s::text[])"
+            " AS w(task_id, idx, channel, type, data, task_path)),"
+            " special AS ("
+            " INSERT INTO {writes} AS o (thread_id, ns, checkpoint_id, task_id, idx, channel,"
+            " type, data, task_path)"
+            " SELECT %(thread)s, %(ns)s, %(id)s, * FROM input WHERE idx < 0"
+            " ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO UPDATE SET"
+            " channel = excluded.channel, type = excluded.type, data = excluded.data,"
+            " task_path = excluded.task_path)"
+            " INSERT INTO {writes} (thread_id, ns, checkpoint_id, task_id, idx, channel, type,"
+            " data, task_path)"
+            " SELECT %(thread)s, %(ns)s, %(id)s, * FROM input WHERE idx >= 0"
+            " ON CONFLICT DO NOTHING"
+        )
+
+        # -- delete, copy, prune
+        self.delete_thread = q(
+            "WITH c AS (DELETE FROM {checkpoints} WHERE thread_id = %(t)s),"
+            " b AS (DELETE FROM {blobs} WHERE thread_id = %(t)s),"
+            " w AS (DELETE FROM {writes} WHERE thread_id = %(t)s),"
+            " e AS (DELETE FROM {entries} WHERE thread_id = %(t)s)"
+            " DELETE FROM {logs} WHERE thread_id = %(t)s"
+        )
+        self.delete_for_runs = q(
+            "WITH gone AS (DELETE FROM {checkpoints} WHERE run_id = ANY(%s)"
+            " RETURNING thread_id, ns, checkpoint_id)"
+            " DELETE FROM {writes} w USING gone g WHERE w.thread_id = g.thread_id"
+            " AND w.ns = g.ns AND w.checkpoint_id = g.checkpoint_id"
+        )
+        # copy: the source's logs held still, the target's appended to at their end
+        self.lock_logs = q(
+            "SELECT ns, channel, length FROM {logs} WHERE thread_id = %s"
+            " ORDER BY ns, channel FOR SHARE"
+        )
+        self.extend_logs = q(
+            "WITH input AS ("
+            " SELECT * FROM unnest(%(ns)s::text[], %(channels)s::text[], %(counts)s::bigint[],"
+            " %(tokens)s::text[]) AS i(ns, channel, n, token))"
+            " , up AS ("
+            " INSERT INTO {logs} AS l (thread_id, ns, channel, token, length)"
+            " SELECT %(target)s, ns, channel, token, n FROM input ORDER BY ns, channel"
+            " ON CONFLICT (thread_id, ns, channel)"
+            " DO UPDATE SET length = l.length + excluded.length"
+            " RETURNING ns, channel, length)"
+            " SELECT up.ns, up.channel, up.length - i.n FROM up JOIN input i"
+            " ON i.ns = up.ns AND i.channel = up.channel"
+        )
+        self.copy_entries = q(
+            "INSERT INTO {entries} (thread_id, ns, channel, position, type, data)"
+            " SELECT %(target)s, e.ns, e.channel, e.position + o.shift, e.type, e.data"
+            " FROM unnest(%(ns)s::text[], %(channels)s::text[], %(lengths)s::bigint[],"
+            " %(shifts)s::bigint[]) AS o(ns, channel, length, shift)"
+            " JOIN {entries} e ON e.thread_id = %(source)s AND e.ns = o.ns"
+            " AND e.channel = o.channel AND e.position < o.length"
+        )
+        self.copy_blobs = q(
+            "INSERT INTO {blobs} (thread_id, ns, channel, version, type, data)"
+            " SELECT %(target)s, ns, channel, version, type, data FROM {blobs}"
+            " WHERE thread_id = %(source)s ON CONFLICT DO NOTHING"
+        )
+        self.copy_writes = q(
+            "INSERT INTO {writes} (thread_id, ns, checkpoint_id, task_id, idx, channel, type,"
+            " data, task_path)"
+            " SELECT %(target)s, ns, checkpoint_id, task_id, idx, channel, type, data, task_path"
+            " FROM {writes} WHERE thread_id = %(source)s ON CONFLICT DO NOTHING"
+        )
+        self.spans_of_thread = q(
+            "SELECT ns, checkpoint_id, logs FROM {checkpoints} WHERE thread_id = %s"
+        )
+        self.copy_checkpoints = q(
+            "INSERT INTO {checkpoints} (thread_id, ns, checkpoint_id, parent_id, type,"
+            " checkpoint, metadata_type, metadata, metadata_json, run_id, versions, logs)"
+            " SELECT %(target)s, c.ns, c.checkpoint_id, c.parent_id, c.type, c.checkpoint,"
+            " c.metadata_type, c.metadata, c.metadata_json, c.run_id, c.versions, s.logs"
+            " FROM unnest(%(ns)s::text[], %(ids)s::text[], %(logs)s::text[])"
+            " AS s(ns, checkpoint_id, logs)"
+            " JOIN {checkpoints} c ON c.thread_id = %(source)s AND c.ns = s.ns"
+            " AND c.checkpoint_id = s.checkpoint_id"
+            " ON CONFLICT DO NOTHING"
+        )
+        self.lock_thread_logs = q(
+            "SELECT 1 FROM {logs} WHERE thread_id = %s ORDER BY ns, channel FOR UPDATE"
+        )
+        self.latest_per_ns = q(
+            "SELECT DISTINCT ON (ns) ns, checkpoint_id, versions, logs FROM {checkpoints}"
+            " WHERE thread_id = %s ORDER BY ns, checkpoint_id DESC"
+        )
+        self.prune_checkpoints = q(
+            "DELETE FROM {checkpoints} c WHERE c.thread_id = %(t)s AND NOT EXISTS ("
+            " SELECT 1 FROM unnest(%(ns)s::text[], %(ids)s::text[]) AS k(ns, checkpoint_id)"
+            " WHERE k.ns = c.ns AND k.checkpoint_id = c.checkpoint_id)"
+        )
+        self.prune_writes = q(
+            "DELETE FROM {writes} w WHERE w.thread_id = %(t)s AND NOT EXISTS ("
+            " SELECT 1 FROM unnest(%(ns)s::text[], %(ids)s::text[]) AS k(ns, checkpoint_id)"
+            " WHERE k.ns = w.ns AND k.checkpoint_id = w.checkpoint_id)"
+        )
+        self.prune_blobs = q(
+            "DELETE FROM {blobs} b WHERE b.thread_id = %(t)s AND NOT EXISTS ("
+            " SELECT 1 FROM unnest(%(ns)s::text[], %(channels)s::text[], %(versions)s::text[])"
+            " AS k(ns, channel, version)"
+            " WHERE k.ns = b.ns AND k.channel = b.channel AND k.version = b.version)"
+        )
+        self.prune_entries = q(
+            "WITH gone AS ("
+            " DELETE FROM {entries} e WHERE e.thread_id = %(t)s AND NOT EXISTS ("
+            " SELECT 1 FROM unnest(%(ns)s::text[], %(channels)s::text[], %(starts)s::bigint[],"
+            " %(ends)s::bigint[]) AS k(ns, channel, s, e)"
+            " WHERE k.ns = e.ns AND k.channel = e.channel AND e.position >= k.s"
+            " AND e.position < k.e)"
+            " RETURNING ns, channel),"
+            " touched AS (SELECT DISTINCT ns, channel FROM gone)"
+            " UPDATE {logs} l SET token = md5(random()::text || clock_timestamp()::text"
+            " || l.ns || l.channel || l.token)"
+            " FROM touched t WHERE l.thread_id = %(t)s AND l.ns = t.ns AND l.channel = t.channel"
+        )
+
+        # -- reads
+        record = "SELECT " + _RECORD + " FROM {checkpoints}"  # noqa: S608 - constant text
+        self.get_latest = q(
+            record + " WHERE thread_id = %s AND ns = %s ORDER BY checkpoint_id DESC LIMIT 1"
+        )
+        self.get_one = q(record + " WHERE thread_id = %s AND ns = %s AND checkpoint_id = %s")
+        self.list_head = sql.SQL(record).format(**names)
+        self.blobs_of = q(
+            "SELECT k.thread_id, k.ns, k.channel, b.type, b.data"
+            " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[])"
+            " AS k(thread_id, ns, channel, version)"
+            " JOIN {blobs} b ON b.thread_id = k.thread_id AND b.ns = k.ns"
+            " AND b.channel = k.channel AND b.version = k.version"
+        )
+        self.writes_of = q(
+            "SELECT w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.idx, w.channel, w.type,"
+            " w.data, w.task_path"
+            " FROM unnest(%s::text[], %s::text[], %s::text[]) AS k(thread_id, ns, checkpoint_id)"
+            " JOIN {writes} w ON w.thread_id = k.thread_id AND w.ns = k.ns"
+            " AND w.checkpoint_id = k.checkpoint_id"
+            " ORDER BY w.thread_id, w.ns, w.checkpoint_id, w.task_path, w.task_id, w.idx"
+        )
+        self.logs_of = q(
+            "SELECT l.thread_id, l.ns, l.channel, l.token, l.length"
+            " FROM unnest(%s::text[], %s::text[], %s::text[]) AS k(thread_id, ns, channel)"
+            " JOIN {logs} l ON l.thread_id = k.thread_id AND l.ns = k.ns"
+            " AND l.channel = k.channel"
+        )
+        self.entries_of = q(
+            "SELECT k.i, e.position, e.type, e.data"
+            " FROM unnest(%s::integer[], %s::text[], %s::text[], %s::text[], %s::bigint[],"
+            " %s::bigint[]) AS k(i, thread_id, ns, channel, s, e)"
+            " JOIN {entries} e ON e.thread_id = k.thread_id AND e.ns = k.ns"
+            " AND e.channel = k.channel AND e.position >= k.s AND e.position < k.e"
+        )
+
+
+Params = Sequence[Any] | Mapping[str, Any]
+Query = sql.SQL | sql.Composed
+
+
+async def _rows(conn: Conn, query: Query, params: Params = ()) -> list[Row]:
+    """Every row ``query`` returns (positional or named parameters)."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def _run(conn: Conn, query: Query, params: Params = ()) -> None:
+    """Execute ``query`` (positional or named parameters)."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(query, params)
+
+
+async def _first(conn: Conn, query: Query, params: Params) -> Row | None:
+    found = await _rows(conn, query, params)
+    return found[0] if found else None
+
+
+def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
+    return DecisionHistoryStoreUnavailable(
+        f"ToubaSaver's PostgreSQL store failed ({type(e).__name__}: {e}). Check the server "
+        "and retry; the operation was rolled back unless the connection broke while it "
+        "committed"
+    )
+
+
+def _refuse_nul(**fields: object) -> None:
+    """ConfigurationError naming the first field whose text holds NUL."""
+    for name, value in fields.items():
+        values = value if isinstance(value, list | tuple) else (value,)
+        if has_nul(*values):
+            raise ConfigurationError(
+                f"PostgreSQL text cannot hold NUL (\\x00), found in {name}; nothing was "
+                "written. Use names without NUL characters"
+            )
+
+
+def _spans_json(logs: Mapping[str, Sequence[Span]]) -> str:
+    return json.dumps({c: [[s.start, s.end] for s in spans] for c, spans in logs.items()})
+
+
+def _spans(checkpoint_id: str, text: str) -> dict[str, tuple[Span, ...]]:
+    try:
+        return {
+            str(channel): tuple(Span(int(a), int(b)) for a, b in spans)
+            for channel, spans in json.loads(text).items()
+        }
+    except (ValueError, TypeError, AttributeError) as e:
+        raise DecisionHistoryRecordInvalid(
+            f"checkpoint {checkpoint_id!r}: its stored spans cannot be read"
+        ) from e
+
+
+def _versions(checkpoint_id: str, text: str) -> dict[str, str]:
+    try:
+        return {str(k): str(v) for k, v in json.loads(text).items()}
+    except (ValueError, TypeError, AttributeError) as e:
+        raise DecisionHistoryRecordInvalid(
+            f"checkpoint {checkpoint_id!r}: its stored channel versions cannot be read"
+        ) from e
+
+
+def _record(found: Row) -> CheckpointRecord:
+    checkpoint_id = found[2]
+    return CheckpointRecord(
+        thread_id=found[0],
+        checkpoint_ns=found[1],
+        checkpoint_id=checkpoint_id,
+        parent_id=found[3],
+        checkpoint=(found[4], bytes(found[5])),
+        metadata=(found[6], bytes(found[7])),
+        metadata_json=found[8],
+        run_id=found[9],
+        versions=_versions(checkpoint_id, found[10]),
+        logs=_spans(checkpoint_id, found[11]),
+    )
+
+
+def _ranges(spans: Iterable[Span], floor: int) -> list[Span]:
+    """The positions ``spans`` name at or above ``floor``, as sorted disjoint spans."""
+    clipped = sorted((max(s.start, floor), s.end) for s in spans if s.end > max(s.start, floor))
+    out: list[Span] = []
+    for start, end in clipped:
+        if out and start <= out[-1].end:
+            if end > out[-1].end:
+                out[-1] = Span(out[-1].start, end)
+        else:
+            out.append(Span(start, end))
+    return out
+
+
+def _token() -> str:
+    return uuid.uuid4().hex
+
+
+class PostgresSaverBackend:
+    """A :class:`~touba.integrations.langgraph._backend.SaverBackend` in PostgreSQL.
+
+    ``dsn`` is a PostgreSQL connection string; the backend opens its own pool of 1 to 4
+    connections on first use and closes it in :meth:`close`. ``table_prefix`` names the
+    tables (``"touba_lg"`` -> ``touba_lg_checkpoints``, ...; ``"app.lg"`` ->
+    ``app.lg_checkpoints``, ...), a plain identifier optionally schema-qualified;
+    anything else raises ``ConfigurationError`` at construction. See the module
+    docstring for the rules.
+    """
+
+    def __init__(self, dsn: str, *, table_prefix: str = "touba_lg") -> None:
+        parts = table_parts(table_prefix, example="touba_lg", argument="table_prefix", longest=48)
+        self._sql = _Statements(parts)
+        self._pg = OwnedPool(
+            _OWNER,
+            dsn=dsn,
+            pool=None,
+            schema=Schema(
+                table=table_prefix,
+                main=self._sql.checkpoints,
+                meta=self._sql.meta,
+                create=self._sql.create,
+                version=SCHEMA_VERSION,
+                what="LangGraph checkpoint",
+                lock=lock_key(f"touba.langgraph.postgres:schema:{table_prefix}"),
+            ),
+            unavailable=_unavailable,
+        )
+        self.table_prefix = table_prefix
+
+    # -- connections -------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[Conn]:
+        """One READ COMMITTED transaction; conflicting stored rows are RecordInvalid."""
+        try:
+            async with self._pg.call() as conn:
+                yield conn
+        except psycopg.IntegrityError as e:
+            raise DecisionHistoryRecordInvalid(
+                f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
+                f"{e}); nothing was written"
+            ) from e
+
+    @asynccontextmanager
+    async def _statement(self) -> AsyncIterator[Conn]:
+        """One statement that is a transaction of its own (one round trip)."""
+        try:
+            async with self._pg.using(), self._pg.statement() as conn:
+                yield conn
+        except psycopg.IntegrityError as e:
+            raise DecisionHistoryRecordInvalid(
+                f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
+                f"{e}); nothing was written"
+            ) from e
+
+    @asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[Conn]:
+        """One REPEATABLE READ, READ ONLY transaction: every statement sees one snapshot
+        (read-only, so it never fails to serialize)."""
+        async with self._pg.using(), self._pg.statement() as conn, conn.transaction():
+            await _run(conn, sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+            yield conn
+
+    # -- writes ------------------------------------------------------------------------
+
+    async def put(self, request: PutCheckpoint) -> PutResult:
+        """One transaction: the logs' new entries, then the blobs and the checkpoint row.
+
+        O(what the step added): the logs it appends to are read and updated by key, its
+        entries inserted at their end; nothing of the thread's earlier entries is read.
+        """
+        r = request
+        _refuse_nul(
+            thread_id=r.thread_id,
+            checkpoint_ns=r.checkpoint_ns,
+            checkpoint_id=r.checkpoint_id,
+            parent_id=r.parent_id,
+            run_id=r.run_id,
+            checkpoint_type=r.checkpoint[0],
+            metadata_type=r.metadata[0],
+            channels=[*r.versions, *(a.channel for a in r.logs)],
+            versions=list(r.versions.values()),
+            blob_types=[b.blob[0] for b in r.blobs if b.blob is not None],
+            item_types=[t for a in r.logs for t, _ in a.items],
+        )
+        blobs = {
+            "thread": r.thread_id,
+            "ns": r.checkpoint_ns,
+            "b_channels": [b.channel for b in r.blobs],
+            "b_versions": [b.version for b in r.blobs],
+            "b_types": [None if b.blob is None else b.blob[0] for b in r.blobs],
+            "b_data": [None if b.blob is None else b.blob[1] for b in r.blobs],
+            "id": r.checkpoint_id,
+            "parent": r.parent_id,
+            "type": r.checkpoint[0],
+            "checkpoint": r.checkpoint[1],
+            "metadata_type": r.metadata[0],
+            "metadata": r.metadata[1],
+            "metadata_json": r.metadata_json,
+            "run_id": r.run_id,
+            "versions": json.dumps(dict(r.versions)),
+        }
+        if not r.logs:
+            async with self._statement() as conn:
+                await _run(conn, self._sql.save, {**blobs, "logs": "{}"})
+            return PutResult(spans={}, logs={})
+        appends = sorted(r.logs, key=lambda a: a.channel)
+        params = {
+            "thread": r.thread_id,
+            "ns": r.checkpoint_ns,
+            "channels": [a.channel for a in appends],
+            "counts": [len(a.items) for a in appends],
+            "tokens": [_token() for _ in appends],
+            "e_channels": [a.channel for a in appends for _ in a.items],
+            "e_idx": [i for a in appends for i in range(len(a.items))],
+            "e_types": [t for a in appends for t, _ in a.items],
+            "e_data": [d for a in appends for _, d in a.items],
+        }
+        async with self._write() as conn:
+            found = await _rows(conn, self._sql.append, params)
+            starts = {channel: (token, int(start)) for channel, token, start in found}
+            spans: dict[str, tuple[Span, ...]] = {}
+            states: dict[str, LogState] = {}
+            for a in appends:
+                token, start = starts[a.channel]
+                if any(s.end > start for s in a.base):
+                    raise DecisionHistoryRecordInvalid(
+                        f"checkpoint {r.checkpoint_id}: channel {a.channel!r} starts with "
+                        f"positions past its log's end ({start}); nothing was written"
+                    )
+                end = start + len(a.items)
+                spans[a.channel] = merge_spans((*a.base, Span(start, end)))
+                states[a.channel] = LogState(token, end)
+            await _run(conn, self._sql.save, {**blobs, "logs": _spans_json(spans)})
+        return PutResult(spans=spans, logs=states)
+
+    async def put_writes(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        writes: Sequence[WriteRecord],
+    ) -> None:
+        """One statement: regular writes inserted if new, special ones (negative ``idx``)
+        replacing. Within one call the first regular write of a key and the last special
+        one win. O(len(writes))."""
+        _refuse_nul(
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint_id,
+            task_id=[w.task_id for w in writes],
+            task_path=[w.task_path for w in writes],
+            channel=[w.channel for w in writes],
+            value_type=[w.value[0] for w in writes],
+        )
+        unique: dict[tuple[str, int], WriteRecord] = {}
+        for w in writes:
+            if w.idx < 0 or (w.task_id, w.idx) not in unique:
+                unique[(w.task_id, w.idx)] = w
+        if not unique:
+            return
+        chosen = list(unique.values())
+        params = {
+            "thread": thread_id,
+            "ns": checkpoint_ns,
+            "id": checkpoint_id,
+            "tasks": [w.task_id for w in chosen],
+            "idx": [w.idx for w in chosen],
+            "channels": [w.channel for w in chosen],
+            "types": [w.value[0] for w in chosen],
+            "data": [w.value[1] for w in chosen],
+            "paths": [w.task_path for w in chosen],
+        }
+        async with self._statement() as conn:
+            await _run(conn, self._sql.put_writes, params)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """One statement removing the thread's rows from every table (each an index
+        range). O(what the thread holds)."""
+        if has_nul(thread_id):
+            return
+        async with self._statement() as conn:
+            await _run(conn, self._sql.delete_thread, {"t": thread_id})
+
+    async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """One statement, through the ``run_id`` index. O(checkpoints removed)."""
+        ids = [i for i in run_ids if not has_nul(i)]
+        if not ids:
+            return
+        async with self._statement() as conn:
+            await _run(conn, self._sql.delete_for_runs, (ids,))
+
+    async def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """One transaction. The source's logs are held (``FOR SHARE``) so no put appends
+        to them meanwhile; the target's logs are extended at their end. O(what the source
+        holds)."""
+        if has_nul(source_thread_id) or source_thread_id == target_thread_id:
+            return
+        _refuse_nul(target_thread_id=target_thread_id)
+        ids = {"source": source_thread_id, "target": target_thread_id}
+        async with self._write() as conn:
+            logs = await _rows(conn, self._sql.lock_logs, (source_thread_id,))
+            shifts: dict[tuple[str, str], int] = {}
+            if logs:
+                extended = await _rows(
+                    conn,
+                    self._sql.extend_logs,
+                    {
+                        "target": target_thread_id,
+                        "ns": [ns for ns, _, _ in logs],
+                        "channels": [channel for _, channel, _ in logs],
+                        "counts": [length for _, _, length in logs],
+                        "tokens": [_token() for _ in logs],
+                    },
+                )
+                shifts = {(ns, channel): int(shift) for ns, channel, shift in extended}
+                await _run(
+                    conn,
+                    self._sql.copy_entries,
+                    {
+                        **ids,
+                        "ns": [ns for ns, _, _ in logs],
+                        "channels": [channel for _, channel, _ in logs],
+                        "lengths": [length for _, _, length in logs],
+                        "shifts": [shifts[(ns, channel)] for ns, channel, _ in logs],
+                    },
+                )
+            await _run(conn, self._sql.copy_blobs, ids)
+            await _run(conn, self._sql.copy_writes, ids)
+            found = await _rows(conn, self._sql.spans_of_thread, (source_thread_id,))
+            if not found:
+                return
+            shifted = []
+            for ns, checkpoint_id, text in found:
+                logs_of = {
+                    channel: tuple(
+                        Span(
+                            s.start + shifts.get((ns, channel), 0),
+                            s.end + shifts.get((ns, channel), 0),
+                        )
+                        for s in spans
+                    )
+                    for channel, spans in _spans(checkpoint_id, text).items()
+                }
+                shifted.append(_spans_json(logs_of))
+            await _run(
+                conn,
+                self._sql.copy_checkpoints,
+                {
+                    **ids,
+                    "ns": [f[0] for f in found],
+                    "ids": [f[1] for f in found],
+                    "logs": shifted,
+                },
+            )
+
+    async def prune(self, thread_ids: Sequence[str], strategy: PruneStrategy) -> None:
+        """One transaction per thread. O(what the threads hold)."""
+        for thread_id in thread_ids:
+            if has_nul(thread_id):
+                continue
+            if strategy == "delete":
+                await self.delete_thread(thread_id)
+            else:
+                await self._keep_latest(thread_id)
+
+    async def _keep_latest(self, thread_id: str) -> None:
+        """Keep each namespace's latest checkpoint, with the writes, blobs and entries it
+        names; a log that loses entries gets a new token. The thread's logs are locked
+        first, so no put appends meanwhile."""
+        async with self._write() as conn:
+            await _run(conn, self._sql.lock_thread_logs, (thread_id,))
+            latest = await _rows(conn, self._sql.latest_per_ns, (thread_id,))
+            kept_ids = {"t": thread_id, "ns": [f[0] for f in latest], "ids": [f[1] for f in latest]}
+            await _run(conn, self._sql.prune_checkpoints, kept_ids)
+            await _run(conn, self._sql.prune_writes, kept_ids)
+            blob_keys = [
+                (ns, channel, version)
+                for ns, checkpoint_id, versions, _ in latest
+                for channel, version in _versions(checkpoint_id, versions).items()
+            ]
+            await _run(
+                conn,
+                self._sql.prune_blobs,
+                {
+                    "t": thread_id,
+                    "ns": [k[0] for k in blob_keys],
+                    "channels": [k[1] for k in blob_keys],
+                    "versions": [k[2] for k in blob_keys],
+                },
+            )
+            spans = [
+                (ns, channel, s)
+                for ns, checkpoint_id, _, text in latest
+                for channel, named in _spans(checkpoint_id, text).items()
+                for s in named
+            ]
+            await _run(
+                conn,
+                self._sql.prune_entries,
+                {
+                    "t": thread_id,
+                    "ns": [k[0] for k in spans],
+                    "channels": [k[1] for k in spans],
+                    "starts": [k[2].start for k in spans],
+                    "ends": [k[2].end for k in spans],
+                },
+            )
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str | None,
+        held: Mapping[str, HeldLog],
+    ) -> CheckpointPage:
+        """One snapshot: the row by key (the latest: the last of its index range), its
+        blobs, writes and log states, then the entries its spans name above what is held.
+        O(blobs + writes + spans + entries returned)."""
+        if has_nul(thread_id, checkpoint_ns, checkpoint_id):
+            return CheckpointPage(rows=(), logs={})
+        keyed = {LogKey(thread_id, checkpoint_ns, ch): h for ch, h in held.items()}
+        async with self._snapshot() as conn:
+            if checkpoint_id is None:
+                found = await _first(conn, self._sql.get_latest, (thread_id, checkpoint_ns))
+            else:
+                found = await _first(
+                    conn, self._sql.get_one, (thread_id, checkpoint_ns, checkpoint_id)
+                )
+            records = [] if found is None else [_record(found)]
+            return await self._page(conn, records, keyed)
+
+    async def list(self, query: ListQuery, held: Mapping[LogKey, HeldLog]) -> CheckpointPage:
+        """One snapshot, newest first: the rows streamed from a server-side cursor in
+        batches, filtered by metadata here, until ``limit``; then as :meth:`get`. With a
+        ``thread_id``: a range read of that thread's index. O(rows scanned + entries
+        returned)."""
+        if query.limit is not None and query.limit <= 0:
+            return CheckpointPage(rows=(), logs={})
+        if has_nul(query.thread_id, query.checkpoint_ns, query.checkpoint_id, query.before):
+            return CheckpointPage(rows=(), logs={})
+        where: list[sql.Composable] = []
+        args: list[Any] = []
+        for column, value in (
+            ("thread_id", query.thread_id),
+            ("ns", query.checkpoint_ns),
+            ("checkpoint_id", query.checkpoint_id),
+        ):
+            if value is not None:
+                where.append(sql.SQL("{} = %s").format(sql.Identifier(column)))
+                args.append(value)
+        if query.before is not None:
+            where.append(sql.SQL("checkpoint_id < %s"))
+            args.append(query.before)
+        statement: sql.Composed = self._sql.list_head
+        if where:
+            statement = sql.SQL(" WHERE ").join([statement, sql.SQL(" AND ").join(where)])
+        order = sql.SQL(" ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC")
+        statement = sql.Composed([statement, order])
+        if not query.metadata and query.limit is not None:
+            statement = sql.Composed([statement, sql.SQL(" LIMIT {}").format(query.limit)])
+        records: list[CheckpointRecord] = []
+        async with self._snapshot() as conn:
+            async with conn.cursor(name=f"touba_lg_list_{_token()}") as cursor:
+                cursor.itersize = LIST_BATCH
+                await cursor.execute(statement, args)
+                async for found in cursor:
+                    if not matches(found[8], query.metadata):
+                        continue
+                    records.append(_record(found))
+                    if query.limit is not None and len(records) >= query.limit:
+                        break
+            return await self._page(conn, records, held)
+
+    async def _page(
+        self, conn: Conn, records: Sequence[CheckpointRecord], held: Mapping[LogKey, HeldLog]
+    ) -> CheckpointPage:
+        """The rows of ``records`` with their blobs, writes, and the entries they name."""
+        if not records:
+            return CheckpointPage(rows=(), logs={})
+        blob_keys = [
+            (r.thread_id, r.checkpoint_ns, channel, version)
+            for r in records
+            for channel, version in r.versions.items()
+        ]
+        # the blobs at the versions asked for, by (thread, namespace, channel)
+        by_key: dict[tuple[str, str, str], TypedBlob | None] = {}
+        if blob_keys:
+            columns = [list(c) for c in zip(*blob_keys, strict=True)]
+            for t, ns, channel, kind, data in await _rows(conn, self._sql.blobs_of, columns):
+                by_key[(t, ns, channel)] = None if kind is None else (kind, bytes(data))
+        writes: dict[tuple[str, str, str], list[WriteRecord]] = {}
+        found = await _rows(
+            conn,
+            self._sql.writes_of,
+            (
+                [r.thread_id for r in records],
+                [r.checkpoint_ns for r in records],
+                [r.checkpoint_id for r in records],
+            ),
+        )
+        for t, ns, checkpoint_id, task_id, idx, channel, kind, data, path in found:
+            writes.setdefault((t, ns, checkpoint_id), []).append(
+                WriteRecord(task_id, idx, channel, (kind, bytes(data)), path)
+            )
+        page_rows = tuple(
+            CheckpointRow(
+                record=r,
+                blobs=self._blobs_of(r, by_key),
+                writes=tuple(writes.get((r.thread_id, r.checkpoint_ns, r.checkpoint_id), ())),
+            )
+            for r in records
+        )
+        return CheckpointPage(rows=page_rows, logs=await self._entries(conn, records, held))
+
+    @staticmethod
+    def _blobs_of(
+        record: CheckpointRecord, found: Mapping[tuple[str, str, str], TypedBlob | None]
+    ) -> dict[str, TypedBlob | None]:
+        return {
+            channel: found[(record.thread_id, record.checkpoint_ns, channel)]
+            for channel in record.versions
+            if (record.thread_id, record.checkpoint_ns, channel) in found
+        }
+
+    async def _entries(
+        self, conn: Conn, records: Sequence[CheckpointRecord], held: Mapping[LogKey, HeldLog]
+    ) -> dict[LogKey, LogRead]:
+        """Each log the records' spans reference, once: its state and the entries named
+        (at or above the held length when the held token is the log's)."""
+        wanted: dict[LogKey, list[Span]] = {}
+        for r in records:
+            for channel, spans in r.logs.items():
+                wanted.setdefault(LogKey(r.thread_id, r.checkpoint_ns, channel), []).extend(spans)
+        if not wanted:
+            return {}
+        keys = list(wanted)
+        found = await _rows(
+            conn,
+            self._sql.logs_of,
+            (
+                [k.thread_id for k in keys],
+                [k.checkpoint_ns for k in keys],
+                [k.channel for k in keys],
+            ),
+        )
+        states = {LogKey(t, ns, ch): LogState(token, int(n)) for t, ns, ch, token, n in found}
+        logs: dict[LogKey, LogRead] = {}
+        ranges: list[tuple[int, LogKey, Span]] = []
+        for i, key in enumerate(keys):
+            state = states.get(key)
+            if state is None:
+                logs[key] = LogRead(None)
+                continue
+            h = held.get(key)
+            floor = h.length if h is not None and h.token == state.token else 0
+            ranges.extend((i, key, s) for s in _ranges(wanted[key], floor))
+        entries: dict[LogKey, dict[int, TypedBlob]] = {}
+        if ranges:
+            async with conn.cursor(binary=True) as cur:
+                await cur.execute(
+                    self._sql.entries_of,
+                    (
+                        [i for i, _, _ in ranges],
+                        [k.thread_id for _, k, _ in ranges],
+                        [k.checkpoint_ns for _, k, _ in ranges],
+                        [k.channel for _, k, _ in ranges],
+                        [s.start for _, _, s in ranges],
+                        [s.end for _, _, s in ranges],
+                    ),
+                )
+                for i, position, kind, data in await cur.fetchall():
+                    entries.setdefault(keys[i], {})[int(position)] = (kind, bytes(data))
+        for key in keys:
+            state = states.get(key)
+            if state is not None:
+                logs[key] = LogRead(state, entries.get(key, {}))
+        return logs
+
+    async def close(self) -> None:
+        """Refuse new calls, let running ones finish, close the pool; idempotent."""
+        await self._pg.close()
