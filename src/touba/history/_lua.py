@@ -16,6 +16,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 __all__ = ["LuaScript", "load"]
 
@@ -39,26 +40,29 @@ class LuaScript:
 
 
 @functools.cache
-def load(name: str) -> LuaScript:
-    """The script ``lua/<name>.lua`` with its includes expanded, read once per process;
+def load(name: str, package: str | None = None) -> LuaScript:
+    """The script ``lua/<name>.lua`` (of ``package``'s folder when given, e.g. an
+    integration's own scripts) with its includes expanded, read once per process;
     raises ValueError on an include inside a piece, of a script, or of a piece whose
     last line does not end."""
-    text = "".join(_lines(f"{name}.lua", piece=False))
+    folder = None if package is None else files(package).joinpath("lua")
+    text = "".join(_lines(f"{name}.lua", piece=False, folder=folder))
     return LuaScript(
         name, text, hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()
     )
 
 
-def _lines(file: str, *, piece: bool) -> list[str]:
+def _lines(file: str, *, piece: bool, folder: Traversable | None = None) -> list[str]:
+    folder = _FOLDER if folder is None else folder
     out = []
-    for line in _FOLDER.joinpath(file).read_text("utf-8").splitlines(keepends=True):
+    for line in folder.joinpath(file).read_text("utf-8").splitlines(keepends=True):
         if not line.startswith(_INCLUDE):
             out.append(line)
             continue
         included = line.removeprefix(_INCLUDE).strip()
         if piece or not included.startswith("_"):
             raise ValueError(f"lua/{file}: only a script includes, and only a piece (_*.lua)")
-        lines = _lines(included, piece=True)
+        lines = _lines(included, piece=True, folder=folder)
         if lines and not lines[-1].endswith("\n"):
             raise ValueError(f"lua/{included}: a piece ends with a newline")
         out += lines

@@ -64,16 +64,38 @@ async def open_postgres(directory: Path, tag: str) -> AsyncIterator[SaverBackend
             await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(schema))
 
 
+@asynccontextmanager
+async def open_redis(directory: Path, tag: str) -> AsyncIterator[SaverBackend]:
+    import redis
+
+    from tests._services import redis_url
+    from touba.integrations.langgraph._redis import RedisSaverBackend
+
+    url = redis_url()
+    prefix = f"touba-test-lg:{tag}:"
+    backend = RedisSaverBackend(url, prefix=prefix)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+        with redis.Redis.from_url(url) as client:
+            keys = list(client.scan_iter(match=prefix + "*", count=1000))
+            if keys:
+                client.delete(*keys)
+
+
 OPENERS: dict[str, Opener] = {
     "memory": open_memory,
     "sqlite": open_sqlite,
     "postgres": open_postgres,
+    "redis": open_redis,
 }
 
 BACKENDS = [
     "memory",
     "sqlite",
     pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("redis", marks=pytest.mark.redis),
 ]
 
 
