@@ -317,8 +317,9 @@ class ToubaSaver(BaseCheckpointSaver[str]):
             await self._forward(self.backend.close())
         finally:
             self._drop_caches()
-            own, self._own = self._own, None
-            if own is not None:
+            own = self._own
+            if own is not None and threading.current_thread() is not own.thread:
+                self._own = None
                 own.stop()
 
     def close(self) -> None:
@@ -329,6 +330,9 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         loop = self._loop
         if loop is not None and not loop.is_closed() and loop.is_running():
             self._sync(self.aclose(), check_closed=False)
+            own, self._own = self._own, None
+            if own is not None:
+                own.stop()
         else:
             asyncio.run(self.aclose())
 
