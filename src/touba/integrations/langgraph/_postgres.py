@@ -42,6 +42,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -95,6 +96,7 @@ __all__ = ["SCHEMA_VERSION", "PostgresSaverBackend"]
 SCHEMA_VERSION: Final = 1
 LIST_BATCH: Final = 256  # rows a list fetches from its server-side cursor at a time
 _OWNER: Final = "ToubaSaver.postgres"
+_READ_ONLY: Final = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 _RECORD: Final = (
     "thread_id, ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, metadata,"
     " metadata_json, run_id, versions, logs"
@@ -355,16 +357,36 @@ Query = sql.SQL | sql.Composed
 
 
 async def _rows(conn: Conn, query: Query, params: Params = ()) -> list[Row]:
-    """Every row ``query`` returns (positional or named parameters)."""
+    """Every row ``query`` (one that returns rows) returns; in pipeline mode, this is
+    where the statements sent so far are waited for."""
     async with conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(query, params)
-        return await cur.fetchall() if cur.description else []
+        return await cur.fetchall()
 
 
 async def _run(conn: Conn, query: Query, params: Params = ()) -> None:
     """Execute ``query`` (positional or named parameters)."""
     async with conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(query, params)
+
+
+async def _results(conn: Conn, *queries: tuple[Query, Params | None]) -> list[list[Row]]:
+    """The rows of each query (none for a query given None), all sent before any result
+    is read: one round trip in pipeline mode."""
+    cursors: list[psycopg.AsyncCursor[Row] | None] = []
+    try:
+        for query, params in queries:
+            if params is None:
+                cursors.append(None)
+                continue
+            opened = conn.cursor(row_factory=tuple_row)
+            cursors.append(opened)
+            await opened.execute(query, params)
+        return [[] if c is None else await c.fetchall() for c in cursors]
+    finally:
+        for c in cursors:
+            if c is not None:
+                await c.close()
 
 
 async def _first(conn: Conn, query: Query, params: Params) -> Row | None:
@@ -445,6 +467,14 @@ def _ranges(spans: Iterable[Span], floor: int) -> list[Span]:
     return out
 
 
+def _log_keys(records: Sequence[CheckpointRecord]) -> list[LogKey]:
+    """Each log the records' spans reference, once, in order."""
+    keys = {
+        LogKey(r.thread_id, r.checkpoint_ns, channel): None for r in records for channel in r.logs
+    }
+    return list(keys)
+
+
 def _token() -> str:
     return uuid.uuid4().hex
 
@@ -507,11 +537,20 @@ class PostgresSaverBackend:
             ) from e
 
     @asynccontextmanager
-    async def _snapshot(self) -> AsyncIterator[Conn]:
+    async def _snapshot(self, *, pipeline: bool = True) -> AsyncIterator[Conn]:
         """One REPEATABLE READ, READ ONLY transaction: every statement sees one snapshot
-        (read-only, so it never fails to serialize)."""
-        async with self._pg.using(), self._pg.statement() as conn, conn.transaction():
-            await _run(conn, sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+        (read-only, so it never fails to serialize). In pipeline mode unless asked not
+        to (a server-side cursor cannot run in one): statements are sent without
+        waiting, and a round trip is paid only where a result is needed."""
+        async with (
+            self._pg.using(),
+            self._pg.statement() as conn,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            if pipeline:
+                await stack.enter_async_context(conn.pipeline())
+            await stack.enter_async_context(conn.transaction())
+            await _run(conn, _READ_ONLY)
             yield conn
 
     # -- writes ------------------------------------------------------------------------
@@ -569,7 +608,9 @@ class PostgresSaverBackend:
             "e_types": [t for a in appends for t, _ in a.items],
             "e_data": [d for a in appends for _, d in a.items],
         }
-        async with self._write() as conn:
+        async with self._statement() as conn, conn.pipeline(), conn.transaction():
+            # pipelined: BEGIN and the appends in one round trip, the rest and COMMIT in
+            # another
             found = await _rows(conn, self._sql.append, params)
             starts = {channel: (token, int(start)) for channel, token, start in found}
             spans: dict[str, tuple[Span, ...]] = {}
@@ -815,7 +856,7 @@ class PostgresSaverBackend:
         if not query.metadata and query.limit is not None:
             statement = sql.Composed([statement, sql.SQL(" LIMIT {}").format(query.limit)])
         records: list[CheckpointRecord] = []
-        async with self._snapshot() as conn:
+        async with self._snapshot(pipeline=False) as conn:
             async with conn.cursor(name=f"touba_lg_list_{_token()}") as cursor:
                 cursor.itersize = LIST_BATCH
                 await cursor.execute(statement, args)
@@ -838,26 +879,41 @@ class PostgresSaverBackend:
             for r in records
             for channel, version in r.versions.items()
         ]
-        # the blobs at the versions asked for, by (thread, namespace, channel)
-        by_key: dict[tuple[str, str, str], TypedBlob | None] = {}
-        if blob_keys:
-            columns = [list(c) for c in zip(*blob_keys, strict=True)]
-            for t, ns, channel, kind, data in await _rows(conn, self._sql.blobs_of, columns):
-                by_key[(t, ns, channel)] = None if kind is None else (kind, bytes(data))
-        writes: dict[tuple[str, str, str], list[WriteRecord]] = {}
-        found = await _rows(
+        keys = _log_keys(records)
+        columns = [list(c) for c in zip(*blob_keys, strict=True)] if blob_keys else None
+        blob_rows, write_rows, log_rows = await _results(
             conn,
-            self._sql.writes_of,
+            (self._sql.blobs_of, columns),
             (
-                [r.thread_id for r in records],
-                [r.checkpoint_ns for r in records],
-                [r.checkpoint_id for r in records],
+                self._sql.writes_of,
+                (
+                    [r.thread_id for r in records],
+                    [r.checkpoint_ns for r in records],
+                    [r.checkpoint_id for r in records],
+                ),
+            ),
+            (
+                self._sql.logs_of,
+                (
+                    [k.thread_id for k in keys],
+                    [k.checkpoint_ns for k in keys],
+                    [k.channel for k in keys],
+                )
+                if keys
+                else None,
             ),
         )
-        for t, ns, checkpoint_id, task_id, idx, channel, kind, data, path in found:
+        # the blobs at the versions asked for, by (thread, namespace, channel)
+        by_key: dict[tuple[str, str, str], TypedBlob | None] = {
+            (t, ns, channel): None if kind is None else (kind, bytes(data))
+            for t, ns, channel, kind, data in blob_rows
+        }
+        writes: dict[tuple[str, str, str], list[WriteRecord]] = {}
+        for t, ns, checkpoint_id, task_id, idx, channel, kind, data, path in write_rows:
             writes.setdefault((t, ns, checkpoint_id), []).append(
                 WriteRecord(task_id, idx, channel, (kind, bytes(data)), path)
             )
+        states = {LogKey(t, ns, ch): LogState(token, int(n)) for t, ns, ch, token, n in log_rows}
         page_rows = tuple(
             CheckpointRow(
                 record=r,
@@ -866,7 +922,8 @@ class PostgresSaverBackend:
             )
             for r in records
         )
-        return CheckpointPage(rows=page_rows, logs=await self._entries(conn, records, held))
+        logs = await self._entries(conn, records, keys, states, held)
+        return CheckpointPage(rows=page_rows, logs=logs)
 
     @staticmethod
     def _blobs_of(
@@ -879,27 +936,19 @@ class PostgresSaverBackend:
         }
 
     async def _entries(
-        self, conn: Conn, records: Sequence[CheckpointRecord], held: Mapping[LogKey, HeldLog]
+        self,
+        conn: Conn,
+        records: Sequence[CheckpointRecord],
+        keys: Sequence[LogKey],
+        states: Mapping[LogKey, LogState],
+        held: Mapping[LogKey, HeldLog],
     ) -> dict[LogKey, LogRead]:
         """Each log the records' spans reference, once: its state and the entries named
         (at or above the held length when the held token is the log's)."""
-        wanted: dict[LogKey, list[Span]] = {}
+        wanted: dict[LogKey, list[Span]] = {key: [] for key in keys}
         for r in records:
             for channel, spans in r.logs.items():
-                wanted.setdefault(LogKey(r.thread_id, r.checkpoint_ns, channel), []).extend(spans)
-        if not wanted:
-            return {}
-        keys = list(wanted)
-        found = await _rows(
-            conn,
-            self._sql.logs_of,
-            (
-                [k.thread_id for k in keys],
-                [k.checkpoint_ns for k in keys],
-                [k.channel for k in keys],
-            ),
-        )
-        states = {LogKey(t, ns, ch): LogState(token, int(n)) for t, ns, ch, token, n in found}
+                wanted[LogKey(r.thread_id, r.checkpoint_ns, channel)].extend(spans)
         logs: dict[LogKey, LogRead] = {}
         ranges: list[tuple[int, LogKey, Span]] = []
         for i, key in enumerate(keys):
