@@ -5,6 +5,10 @@ opens a backend on that store. The same namespace reopens the same data on a
 persistent store (``opener.persistent``); different namespaces never share
 data (PostgreSQL: another table prefix in the test's schema; Redis: another key
 prefix; SQLite: another file). Everything a test creates is removed after it.
+
+``make_opener(kind, directory, name)`` is also called by the crash test's child
+process (``_writer.py``) with the test's ``name``: it must then open the same
+data (create a schema only if it is absent; the cleanup is the parent's).
 """
 
 from __future__ import annotations

@@ -134,6 +134,51 @@ async def test_the_same_id_under_another_user_or_app_is_another_session(
         assert got.session.state["k"] == value
 
 
+async def test_ids_with_separators_never_collide(adk_backend: AdkBackend) -> None:
+    keys = [
+        SessionKey("a:b", "c", "d"),
+        SessionKey("a", "b:c", "d"),
+        SessionKey("a", "b", "c:d"),
+        SessionKey("a/b", "c", "d"),
+        SessionKey("a", "b/c", "d"),
+        SessionKey("a", "", "b"),
+        SessionKey("a", "b", "*"),
+        SessionKey("ä{x}", "ü\n", "⚙ 1"),
+    ]
+    for i, key in enumerate(keys):
+        await adk_backend.create(
+            key,
+            state={"i": i},
+            app_delta={"app": i},
+            user_delta={"user": i},
+            create_time=T0,
+            now=T0,
+        )
+        await adk_backend.append(key, req(event(f"e{i}", T0 + 1), revision=0))
+    for i, key in enumerate(keys):
+        got = await adk_backend.read(key, recent=None, after=None, now=T0 + 1)
+        assert got is not None
+        assert got.session.key == key
+        assert dict(got.session.state) == {"i": i}
+        assert [e.event_id for e in got.events] == [f"e{i}"]
+        assert dict(await adk_backend.read_user_state(key.app_name, key.user_id))["user"] == max(
+            j for j, k in enumerate(keys) if (k.app_name, k.user_id) == (key.app_name, key.user_id)
+        )
+    listed = await adk_backend.list_sessions("a", None, now=T0 + 1)
+    assert sorted((s.key.user_id, s.key.session_id) for s in listed.sessions) == sorted(
+        (k.user_id, k.session_id) for k in keys if k.app_name == "a"
+    )
+    assert [s.key for s in (await adk_backend.list_sessions("a", "b", now=T0 + 1)).sessions] == [
+        SessionKey("a", "b", "*"),
+        SessionKey("a", "b", "c:d"),
+    ]
+    await adk_backend.delete(SessionKey("a", "b", "*"))
+    assert (
+        await adk_backend.read(SessionKey("a", "b", "c:d"), recent=0, after=None, now=T0)
+        is not None
+    )
+
+
 # --- append and read -----------------------------------------------------------
 
 

@@ -20,7 +20,9 @@
   revision. A read is one deferred transaction (one snapshot).
 - **Cost.** An append reads the session row, probes the event-id index,
   inserts one event row and rewrites the session row (its state object,
-  O(state)); the app/user state rows only when their delta is not empty.
+  O(state)); the app/user state rows only when their delta is not empty. A
+  create counts the live sessions (O(sessions)) only when ``max_sessions``
+  is set.
 - **Failures.** ``sqlite3`` and OS errors become
   ``DecisionHistoryStoreUnavailable`` in one place (chained); the failed
   transaction is rolled back, the previous state kept. ``kill -9`` during an
