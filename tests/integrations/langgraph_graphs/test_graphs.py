@@ -34,7 +34,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import Command, StateSnapshot, interrupt
+from langgraph.types import Command, Durability, StateSnapshot, interrupt
 
 from tests.integrations.langgraph_graphs.conftest import Store
 from touba.integrations.langgraph import ToubaSaver
@@ -82,7 +82,7 @@ def refund(order_id: str) -> str:
 
 
 def tool_loop(
-    model: GenericFakeChatModel, checkpointer: Saver, tools: Sequence[Any] = (lookup,)
+    model: GenericFakeChatModel, checkpointer: Saver | None, tools: Sequence[Any] = (lookup,)
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
@@ -154,7 +154,8 @@ async def both_async(store: Store, scenario: Callable[[Saver], Awaitable[Any]]) 
 # ------------------------------------------------------------------ the tool loop
 
 
-async def test_a_tool_loop_keeps_each_thread(store: Store) -> None:
+@pytest.mark.parametrize("durability", ["async", "sync", "exit"])
+async def test_a_tool_loop_keeps_each_thread(store: Store, durability: Durability) -> None:
     async def scenario(saver: Saver) -> Any:
         model = script(
             calls("A0"),
@@ -165,9 +166,15 @@ async def test_a_tool_loop_keeps_each_thread(store: Store) -> None:
             says("Hello, B."),
         )
         graph = tool_loop(model, saver)
-        first = await graph.ainvoke({"messages": [asks("Check A0 to A2")]}, thread("a"))
-        second = await graph.ainvoke({"messages": [asks("And A3?")]}, thread("a"))
-        other = await graph.ainvoke({"messages": [asks("Hi")]}, thread("b"))
+
+        async def turn(text: str, name: str) -> Any:
+            return await graph.ainvoke(
+                {"messages": [asks(text)]}, thread(name), durability=durability
+            )
+
+        first = await turn("Check A0 to A2", "a")
+        second = await turn("And A3?", "a")
+        other = await turn("Hi", "b")
         history = [snapshot(s) async for s in graph.aget_state_history(thread("a"))]
         latest = await graph.aget_state(thread("a"))
         return (
@@ -207,9 +214,12 @@ async def test_a_tool_loop_keeps_each_thread(store: Store) -> None:
     assert latest[1] == ()
     # newest first: each checkpoint shows the messages of its step, one step at a time
     assert history[0] == latest
-    assert [len(h[0]) for h in reversed(history)] == [0, 1, 2, 3, 4, 6, 7, 7, 8, 9, 10, 11]
-    assert [h[2] for h in reversed(history)] == list(range(-1, 11))
-    assert [h[3] for h in history].count("input") == 2  # one per turn
+    if durability == "exit":  # one checkpoint per run, at its end
+        assert [(len(h[0]), h[2]) for h in reversed(history)] == [(7, 5), (11, 10)]
+    else:
+        assert [len(h[0]) for h in reversed(history)] == [0, 1, 2, 3, 4, 6, 7, 7, 8, 9, 10, 11]
+        assert [h[2] for h in reversed(history)] == list(range(-1, 11))
+        assert [h[3] for h in history].count("input") == 2  # one per turn
 
 
 def test_create_agent_keeps_its_conversation(store: Store) -> None:
@@ -284,6 +294,58 @@ async def test_an_interrupt_waits_in_the_store_for_its_answer(store: Store, answ
             "call-A1",
         ),
         ("AIMessage", "Done.", [], None),
+    ]
+    assert history[0][0] == done
+
+
+async def test_a_subgraph_pauses_and_resumes_in_its_own_namespace(store: Store) -> None:
+    async def scenario(saver: Saver) -> Any:
+        model = script(calls("A1", tool_name="refund"), says("Refund handled."))
+        support = tool_loop(model, None, tools=[refund])  # a subgraph: the parent's saver
+
+        def wrap_up(state: MessagesState) -> dict[str, Any]:
+            return {"messages": [says("Anything else?")]}
+
+        parent = StateGraph(MessagesState)
+        parent.add_node("support", support)
+        parent.add_node("wrap_up", wrap_up)
+        parent.add_edge(START, "support")
+        parent.add_edge("support", "wrap_up")
+        graph = parent.compile(checkpointer=saver)
+
+        paused = await graph.ainvoke({"messages": [asks("Refund A1")]}, thread("a"))
+        outer = await graph.aget_state(thread("a"), subgraphs=True)
+        (task,) = outer.tasks
+        inner = task.state
+        assert isinstance(inner, StateSnapshot)
+        namespaced = inner.config["configurable"]["checkpoint_ns"].startswith("support:")
+        done = await graph.ainvoke(Command(resume="approved"), thread("a"))
+        history = [snapshot(s) async for s in graph.aget_state_history(thread("a"))]
+        return (
+            [i.value for i in paused["__interrupt__"]],
+            snapshot(outer),
+            snapshot(inner),
+            namespaced,
+            seen(done["messages"]),
+            history,
+        )
+
+    interrupts, outer, inner, namespaced, done, history = await both_async(store, scenario)
+    assert interrupts == [{"approve_refund": "A1"}]
+    assert outer[0] == [("HumanMessage", "Refund A1", [], None)]  # the parent waits on support
+    assert outer[1] == ("support",)
+    assert namespaced
+    assert inner[0] == [  # the subgraph's own checkpoint, paused before its tool's answer
+        ("HumanMessage", "Refund A1", [], None),
+        ("AIMessage", "", [("refund", {"order_id": "A1"}, "call-A1")], None),
+    ]
+    assert inner[1] == ("tools",)
+    assert done == [
+        ("HumanMessage", "Refund A1", [], None),
+        ("AIMessage", "", [("refund", {"order_id": "A1"}, "call-A1")], None),
+        ("ToolMessage", "A1 refunded", [], "call-A1"),
+        ("AIMessage", "Refund handled.", [], None),
+        ("AIMessage", "Anything else?", [], None),
     ]
     assert history[0][0] == done
 
