@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 from google import genai
-from google.adk.agents import LlmAgent
+from google.adk.agents import LlmAgent, RunConfig
+from google.adk.agents.run_config import StreamingMode  # type: ignore[attr-defined]
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events import Event
 from google.adk.models import Gemini
@@ -29,7 +30,12 @@ from google.genai import types
 
 from tests.integrations.adk_runner.conftest import Store
 from touba.errors import DecisionHistoryBusy, ToubaError
-from touba.testing.fakes import FakeGeminiServer, gemini_function_call, gemini_text
+from touba.testing.fakes import (
+    FakeGeminiServer,
+    StreamKnobs,
+    gemini_function_call,
+    gemini_text,
+)
 
 APP = "shop"
 CONFIRM = "adk_request_confirmation"
@@ -94,6 +100,15 @@ async def runner(gemini_client: genai.Client, service: Any, shop: Shop) -> Async
 
 async def run(runner: Runner, user_id: str, session_id: str, message: types.Content) -> list[Event]:
     events = runner.run_async(user_id=user_id, session_id=session_id, new_message=message)
+    return [event async for event in events]
+
+
+async def run_with(
+    runner: Runner, user_id: str, session_id: str, message: types.Content, config: RunConfig
+) -> list[Event]:
+    events = runner.run_async(
+        user_id=user_id, session_id=session_id, new_message=message, run_config=config
+    )
     return [event async for event in events]
 
 
@@ -233,6 +248,47 @@ async def test_a_confirmation_pauses_the_run_until_the_user_answers(
     kept = await stored(service, "u1", session.id)
     assert [e.id for e in kept.events][-len(resumed) :] == [e.id for e in resumed]
     assert kept.events[-len(resumed) :] == resumed
+
+
+async def test_a_streamed_run_stores_whole_events_only(
+    runner: Runner, service: Any, gemini_server: FakeGeminiServer, shop: Shop
+) -> None:
+    streaming = RunConfig(streaming_mode=StreamingMode.SSE)
+    gemini_server.script_response(gemini_function_call("lookup_order", {"order_id": "A0"}))
+    gemini_server.script_response(gemini_text("Order A0 has shipped, it left on Monday."))
+    session = await service.create_session(app_name=APP, user_id="u1")
+    events = [
+        e
+        async for e in runner.run_async(
+            user_id="u1", session_id=session.id, new_message=say("A0?"), run_config=streaming
+        )
+    ]
+    assert any(e.partial for e in events)  # the answer came in pieces
+    whole = [e for e in events if not e.partial]
+    kept = await stored(service, "u1", session.id)
+    # as written: ADK's streaming gives ModelContent, which any JSON store reads back as the
+    # Content it is a subclass of (pydantic's == tells the two classes apart)
+    assert [e.model_dump() for e in kept.events[1:]] == [e.model_dump() for e in whole]
+    assert whole[-1].content is not None
+    assert whole[-1].content.parts
+    assert whole[-1].content.parts[0].text == "Order A0 has shipped, it left on Monday."
+
+    # a stream cut before its end: the run fails, and no piece of its answer is stored
+    gemini_server.script_response(
+        gemini_text("This answer never arrives whole."), stream=StreamKnobs(cut_after=2)
+    )
+    with pytest.raises(Exception) as cut:  # the SDK's connection error, as ADK raises it
+        await run_with(runner, "u1", session.id, say("And A1?"), streaming)
+    assert not isinstance(cut.value, ToubaError)
+    after = await stored(service, "u1", session.id)
+    assert after.events[: len(kept.events)] == kept.events
+    added = after.events[len(kept.events) :]
+    assert user_texts(after)[-1] == "And A1?"
+    assert added[0].author == "user"
+    assert not any(e.partial for e in added)
+    assert not any(e.content and e.content.parts for e in added[1:])  # no half answer
+    assert all(e.error_code for e in added[1:])  # the failure, as ADK records it
+    assert shop.looked_up == ["A0"]
 
 
 async def test_two_users_have_their_own_sessions_and_user_state(
