@@ -34,6 +34,7 @@ from touba.errors import (
     DecisionHistoryLimitExceeded,
     DecisionHistoryRecordInvalid,
     DecisionHistoryStorageUnsafe,
+    DecisionHistoryStoreUnavailable,
 )
 from touba.integrations.adk import ToubaSessionService
 from touba.integrations.adk._backend import AdkLimits
@@ -346,6 +347,24 @@ async def test_exclusive_refuses_every_other_writer_until_it_ends(
     assert texts == ["mine 1", "mine 2", "theirs, after"]
 
 
+async def test_exclusive_is_released_when_its_block_raises_and_is_not_reentrant(
+    service: ToubaSessionService,
+) -> None:
+    session = await service.create_session(app_name=APP, user_id="u", session_id="s")
+
+    async def failing_run() -> None:
+        async with service.exclusive(app_name=APP, user_id="u", session_id="s"):
+            with pytest.raises(ConfigurationError, match="already holds"):
+                async with service.exclusive(app_name=APP, user_id="u", session_id="s"):
+                    pass
+            raise RuntimeError("the run failed")
+
+    with pytest.raises(RuntimeError, match="the run failed"):
+        await failing_run()
+    await elsewhere(service.append_event(session, text_event("free again")))
+    assert not await service.recover(app_name=APP, user_id="u", session_id="s")
+
+
 async def test_exclusive_of_an_unknown_session_is_refused(service: ToubaSessionService) -> None:
     with pytest.raises(SessionNotFoundError):
         async with service.exclusive(app_name=APP, user_id="u", session_id="nope"):
@@ -419,6 +438,32 @@ async def test_an_unsafe_sqlite_location_is_refused(tmp_path: Path, private_dir:
     async with ToubaSessionService.sqlite(private_dir / "link.sqlite") as service:
         with pytest.raises(DecisionHistoryStorageUnsafe):
             await service.create_session(app_name=APP, user_id="u")
+
+
+async def test_a_file_that_is_not_a_database_is_refused_untouched(private_dir: Path) -> None:
+    path = private_dir / "adk.sqlite"
+    garbage = b"not a database, " * 512
+    await asyncio.to_thread(path.write_bytes, garbage)
+    await asyncio.to_thread(path.chmod, 0o600)
+    async with ToubaSessionService.sqlite(path) as service:
+        with pytest.raises(DecisionHistoryStoreUnavailable):
+            await service.create_session(app_name=APP, user_id="u")
+    assert await asyncio.to_thread(path.read_bytes) == garbage
+
+
+async def test_a_file_of_another_schema_version_is_refused_untouched(private_dir: Path) -> None:
+    path = private_dir / "adk.sqlite"
+    async with ToubaSessionService.sqlite(path) as service:
+        await service.create_session(app_name=APP, user_id="u", session_id="s")
+
+    def bump() -> None:
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("UPDATE touba_meta SET value = '99' WHERE name = 'adk_sessions'")
+
+    await asyncio.to_thread(bump)
+    async with ToubaSessionService.sqlite(path) as service:
+        with pytest.raises(ConfigurationError, match="version '99'"):
+            await service.get_session(app_name=APP, user_id="u", session_id="s")
 
 
 async def test_two_stores_never_see_each_other(open_backend: BackendOpener) -> None:
