@@ -414,6 +414,27 @@ async def test_list_before_limit_id_and_metadata_filters(backend: SaverBackend) 
     assert await listed(limit=0) == []
 
 
+async def test_list_gives_each_row_the_blobs_of_its_own_versions(backend: SaverBackend) -> None:
+    for i in range(3):
+        await backend.put(
+            put_request(
+                f"000{i + 1}",
+                parent_id=f"000{i}" if i else None,
+                versions={"count": str(i), "fixed": "1"},
+                blobs=[ChannelBlob("count", str(i), blob(f"count {i}"))]
+                + ([ChannelBlob("fixed", "1", blob("F"))] if i == 0 else []),
+            )
+        )
+    page = await backend.list(ListQuery(thread_id=T), {})
+    assert [dict(row.blobs) for row in page.rows] == [
+        {"count": blob(f"count {i}"), "fixed": blob("F")} for i in (2, 1, 0)
+    ]
+    other = await backend.list(ListQuery(), {})
+    assert [dict(row.blobs)["count"] for row in other.rows] == [
+        blob(f"count {i}") for i in (2, 1, 0)
+    ]
+
+
 async def test_list_by_namespace_and_across_threads(backend: SaverBackend) -> None:
     await backend.put(put_request("0001"))
     await backend.put(put_request("0002", ns="child:1"))

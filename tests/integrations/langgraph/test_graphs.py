@@ -5,15 +5,18 @@ with ``Command(resume=...)``, time travel (replay from an earlier checkpoint, a 
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
@@ -231,3 +234,51 @@ async def test_create_agent_with_a_fake_model(saver: ToubaSaver) -> None:
     again = await asyncio.wait_for(saver.aget_tuple(config("t7")), 10)
     assert again is not None
     assert len(again.checkpoint["channel_values"]["messages"]) == 4
+
+
+def extend(state: list[str], writes: Any) -> list[str]:
+    """A batching-invariant reducer for the DeltaChannel test."""
+    return [*state, *(item for batch in writes for item in batch)]
+
+
+class DeltaState(TypedDict):
+    log: Annotated[list[str], DeltaChannel(extend, snapshot_frequency=3)]
+    count: Annotated[int, operator.add]
+
+
+async def test_a_delta_channel_rebuilds_as_with_in_memory_saver(saver: ToubaSaver) -> None:
+    def step(state: DeltaState) -> Any:
+        return {"log": [f"entry {state['count']}"], "count": 1}
+
+    def more(state: DeltaState) -> str:
+        return "step" if state["count"] < 7 else "__end__"
+
+    builder = StateGraph(DeltaState)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", more)
+
+    results = []
+    for checkpointer in (saver, InMemorySaver()):
+        graph = builder.compile(checkpointer=checkpointer)
+        out = await graph.ainvoke({"log": ["start"], "count": 0}, config("t8"))
+        history = [s.values async for s in graph.aget_state_history(config("t8"))]
+        results.append((out, history))
+    assert results[0] == results[1]
+    assert results[0][0]["log"] == ["start", *(f"entry {i}" for i in range(7))]
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_asyncio_run_then_sync_calls(store: str, private_dir: Path) -> None:
+    """A saver first used under asyncio.run (whose loop then closes) serves sync calls."""
+    saver = ToubaSaver.memory() if store == "memory" else ToubaSaver.sqlite(private_dir / "g.db")
+
+    async def first() -> None:
+        graph = tool_loop().compile(checkpointer=saver)
+        await graph.ainvoke(ask("a0", id="a0"), config("t9"))
+
+    asyncio.run(first())
+    with saver:
+        graph = tool_loop().compile(checkpointer=saver)
+        out = graph.invoke(ask("a1", id="a1"), config("t9"))
+        assert len(out["messages"]) == 8

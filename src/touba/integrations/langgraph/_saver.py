@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import json
 import os
 import random
@@ -399,6 +400,12 @@ class ToubaSaver(BaseCheckpointSaver[str]):
             raise ConfigurationError(
                 "a synchronous ToubaSaver method was called from inside the event loop its "
                 "store runs on; await the async method (aget_tuple, aput, ...) instead"
+            )
+        if not loop.is_running():
+            coro.close()
+            raise ConfigurationError(
+                "this ToubaSaver's store is bound to an event loop that is not running, so a "
+                "synchronous call cannot reach it; close that loop, or use the async methods"
             )
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
@@ -743,7 +750,7 @@ class ToubaSaver(BaseCheckpointSaver[str]):
                 for a in appends
             )
             mine = {ch: (v, len(v)) for ch, (v, _) in mine.items()}
-            request = PutCheckpoint(**{**_fields(request), "logs": fresh_appends})
+            request = dataclasses.replace(request, logs=fresh_appends)
             result = await self.backend.put(request)
         heads: _Logged = {}
         for ch, (value, added) in mine.items():
@@ -928,7 +935,3 @@ def _metadata_json(metadata: Mapping[str, Any]) -> str:
             continue
         kept[str(key)] = value
     return json.dumps(kept)
-
-
-def _fields(request: PutCheckpoint) -> dict[str, Any]:
-    return {name: getattr(request, name) for name in PutCheckpoint.__dataclass_fields__}
