@@ -51,6 +51,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/peers.py
 	$(BIN)/python bench/sessions.py
+	$(BIN)/python bench/adk_redis.py
 	$(BIN)/python bench/pydantic_ai_runs.py
 	$(BIN)/python bench/history_cost.py
 	$(BIN)/python bench/encryption_cost.py

@@ -41,6 +41,7 @@ from google.adk.sessions import BaseSessionService, Session
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from touba.integrations.adk import ToubaSessionService
 
@@ -116,6 +117,12 @@ async def main(sizes: list[int], rounds: int, sessions: int) -> None:
     run = uuid.uuid4().hex[:8]
     ours_prefix, theirs_prefix = f"touba-bench-adk:{run}:", f"adk-bench:{run}:"
     raw = Redis.from_url(URL)
+    try:
+        await raw.ping()
+    except RedisError as e:
+        await raw.aclose()
+        print(f"bench/adk_redis.py skipped: Redis is not reachable at {URL} ({e})")
+        return
     touba = ToubaSessionService.redis(URL, prefix=ours_prefix)
     adk = RedisSessionService(RedisSessionServiceConfig(uri=URL, key_prefix=theirs_prefix))
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -183,6 +184,25 @@ async def test_of_many_owners_one_holds_the_session(
     assert got is not None
     assert got.session.holder == f"run-{wins[0]}"
     assert [e.event_id for e in got.events] == [f"e{wins[0]}"]
+
+
+async def test_of_many_clients_holding_one_session_one_wins_and_release_frees_it(
+    opener: Callable[..., RedisAdkBackend],
+) -> None:
+    clients = [opener(AdkLimits(hold_seconds=60)) for _ in range(6)]
+    await create(clients[0])
+    outcomes = await asyncio.gather(
+        *(c.hold(KEY, f"run-{i}", now=T0) for i, c in enumerate(clients)),
+        return_exceptions=True,
+    )
+    wins = [i for i, o in enumerate(outcomes) if not isinstance(o, BaseException)]
+    assert len(wins) == 1, outcomes
+    assert sum(isinstance(o, DecisionHistoryBusy) for o in outcomes) == 5
+    released = await asyncio.gather(*(c.release(KEY, f"run-{i}") for i, c in enumerate(clients)))
+    assert released == [i == wins[0] for i in range(6)]
+    got = await clients[0].read(KEY, recent=0, after=None, now=T0)
+    assert got is not None
+    assert got.session.holder is None
 
 
 async def test_reads_and_lists_racing_appends_see_whole_appends(
@@ -626,7 +646,7 @@ async def test_a_tampered_state_value_is_a_typed_record_error(
         await backend.list_sessions("app", None, now=T0)
 
 
-async def test_a_state_value_that_is_not_json_is_refused_before_anything_is_written(
+async def test_a_value_redis_cannot_take_back_is_refused_before_anything_is_written(
     opener: Callable[..., RedisAdkBackend], raw: Redis, prefix: str
 ) -> None:
     backend = opener()
@@ -637,9 +657,18 @@ async def test_a_state_value_that_is_not_json_is_refused_before_anything_is_writ
     await create(backend)
     with pytest.raises(ConfigurationError, match=r"app state\['s'\]"):
         await backend.append(KEY, req(event("e1", T0 + 1), app_delta={"s": {1, 2}}))
+    with pytest.raises(ConfigurationError, match="UTF-8"):
+        await backend.append(KEY, req(event("e1", T0 + 1), session_delta={"s": "\ud800"}))
+    with pytest.raises(ConfigurationError, match="UTF-8"):
+        await backend.append(KEY, req(StoredEvent("e1", T0 + 1, '"\ud800"')))
+    with pytest.raises(ConfigurationError, match=r"event\.timestamp"):
+        await backend.append(KEY, req(StoredEvent("e1", math.nan, "{}"), now=T0))
+    with pytest.raises(ConfigurationError, match="after"):
+        await backend.read(KEY, recent=None, after=math.inf, now=T0)
     got = await backend.read(KEY, recent=None, after=None, now=T0 + 1)
     assert got is not None
-    assert (list(got.events), dict(got.app_state)) == ([], {})
+    assert (list(got.events), dict(got.app_state), dict(got.session.state)) == ([], {}, {})
+    assert got.session.revision == 0
 
 
 # -- a writer killed mid-append ------------------------------------------------------------

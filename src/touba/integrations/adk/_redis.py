@@ -20,7 +20,8 @@ Behaviour decisions:
   a delta is an HSET of the keys it names, whatever the size of the state.
 - **Listing** reads the app's (or the user's) index of sessions, sorted by update
   time, with each session's row and state and each listed user's state, in one
-  script: no event is read, and 5,000 sessions are one round trip.
+  script that answers one JSON text (the stored state values spliced in as they
+  are): no event is read, and 5,000 sessions are one round trip and one parse.
 - **Time.** Expiry and holds are judged by the caller's ``now``. Redis's own expiry
   backs it up: a session's keys expire ``ttl_seconds`` (plus a second of grace)
   after its last write, counted on Redis's clock, so an abandoned session leaves
@@ -34,6 +35,21 @@ Behaviour decisions:
   run twice finds its own token. After the retries, or with a ``client`` of
   yours, a failure is ``DecisionHistoryStoreUnavailable`` (retryable, redis-py's
   error chained), and the write is whole or absent.
+- **Eviction.** Run Redis with ``maxmemory-policy noeviction`` (as for any store of
+  record): a write Redis refuses for memory changes nothing (the script fails at
+  its first write, before any other), while a key evicted under another policy
+  surfaces as ``DecisionHistoryRecordInvalid`` (an event id without its text) or
+  as a session gone.
+- **Cluster.** A ``redis.asyncio.RedisCluster`` client works as is: one slot per
+  store means one node serves a store (sharding is by prefix, not by session).
+- **Where ADK's own ``RedisSessionService`` differs** (``google.adk.integrations.redis``):
+  it keeps a session as one JSON value, so ``get_session`` reads and parses every
+  event and ``append_event`` reads, parses and rewrites all of them (in a WATCH
+  transaction, with no stale check); it lists with a SCAN of the whole keyspace
+  and one GET per session; its app and user state expire with its TTL (7 days by
+  default). Here an append and a read of k events cost the same at any length,
+  a list is one script over the app's index, stale copies are refused, and app
+  and user state never expire (the protocol's rule on every touba store).
 """
 
 from __future__ import annotations
@@ -125,8 +141,11 @@ def _digest(*names: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def _number(value: float) -> str:
-    """A float as Lua and Redis parse it back exactly (Python's shortest repr)."""
+def _number(value: float, field: str = "now") -> str:
+    """A float as Lua and Redis parse it back exactly (Python's shortest repr);
+    ConfigurationError naming ``field`` when it is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(f"{field} must be a finite number, got {value!r}")
     return repr(float(value))
 
 
@@ -169,6 +188,35 @@ def _state(flat: Sequence[Any], what: str, key: str) -> dict[str, JsonValue]:
         except (ValueError, UnicodeDecodeError):
             raise _damaged(f"a value of the {what}", key) from None
     return out
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a str")
+    return value
+
+
+def _object(value: Any) -> dict[str, JsonValue]:
+    if not isinstance(value, dict):
+        raise TypeError("not an object")
+    return value
+
+
+def _listed(app_name: str, row: Any, now: float) -> SessionRecord:
+    """One session of list.lua's reply (raises ValueError/TypeError when damaged)."""
+    user, session, created, updated, revision, count, size, expires, holder, until, state = row
+    held = holder is not None and until is not None and float(until) > now
+    return SessionRecord(
+        key=SessionKey(app_name, _str(user), _str(session)),
+        state=_object(state),
+        create_time=float(created),
+        update_time=float(updated),
+        revision=int(revision),
+        event_count=int(count),
+        byte_count=int(size),
+        expires_at=None if expires is None else float(expires),
+        holder=_str(holder) if held else None,
+    )
 
 
 @contextmanager
@@ -279,8 +327,14 @@ class RedisAdkBackend:
     ) -> Any:
         if self._closed:
             raise ConfigurationError("this RedisAdkBackend is closed; create a new one")
-        with _driver_errors(what):
-            return await self._scripts[name](keys=keys, args=(self._base, *args))
+        try:
+            with _driver_errors(what):
+                return await self._scripts[name](keys=keys, args=(self._base, *args))
+        except UnicodeEncodeError as e:  # redis-py encodes every argument before sending
+            raise ConfigurationError(
+                f"{what}: a name or value is not valid UTF-8 text ({e.reason}: a lone "
+                "surrogate?); nothing was sent"
+            ) from e
 
     def _expiry(self, now: float) -> tuple[str, str]:
         """(expires_at, Redis's expiry in ms) of a write at ``now``; ('', '') without a TTL."""
@@ -341,7 +395,7 @@ class RedisAdkBackend:
             _number(now),
             uuid.uuid4().hex,
             names.member,
-            _number(create_time),
+            _number(create_time, "create_time"),
             expires_at,
             expire_ms,
             _optional(self.limits.max_sessions),
@@ -382,7 +436,7 @@ class RedisAdkBackend:
             raise ConfigurationError(f"recent must be None or an int >= 0, got {recent!r}")
         names = _Names(self._base, key)
         keys = (*names.session_keys, names.app_state, names.user_state)
-        args = (_number(now), _optional(recent), "" if after is None else _number(after))
+        args = (_number(now), _optional(recent), "" if after is None else _number(after, "after"))
         reply = await self._run("read", keys, args, "a read")
         if _text(reply[0]) != "found":
             return None
@@ -406,26 +460,20 @@ class RedisAdkBackend:
         )
 
     async def list_sessions(self, app_name: str, user_id: str | None, *, now: float) -> SessionList:
-        """``AdkBackend.list_sessions``: list.lua, one round trip; no event is read."""
+        """``AdkBackend.list_sessions``: list.lua, one round trip whose reply is one JSON
+        text (parsed at C speed, whatever the number of sessions); no event is read."""
         probe = _Names(self._base, SessionKey(app_name, user_id or "", ""))
         index = probe.app_index if user_id is None else probe.user_index
         reply = await self._run("list", (index, probe.app_state), (_number(now),), "a list")
-        app, rows, users = reply
-        where = f"{app_name}/*"
-        sessions = []
-        for i in range(0, len(rows), 2):
-            row = rows[i]
-            try:
-                key = SessionKey(_text(row[0]), _text(row[1]), _text(row[2]))
-            except (TypeError, UnicodeDecodeError):
-                raise _damaged("a session row", where) from None
-            sessions.append(self._record(key, row, rows[i + 1], now))
+        try:
+            listed = parse_json(_text(reply))
+            sessions = [_listed(app_name, row, now) for row in listed["sessions"]]
+            user_states = {_str(user): _object(state) for user, state in listed["users"]}
+            app = _object(listed["app"])
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+            raise _damaged("a listed session", f"{app_name}/*") from None
         sessions.sort(key=lambda s: (s.update_time, s.key.user_id, s.key.session_id))
-        user_states = {
-            _text(users[i]): _state(users[i + 1], "user state", where)
-            for i in range(0, len(users), 2)
-        }
-        return SessionList(_state(app, "app state", where), user_states, sessions)
+        return SessionList(app, user_states, sessions)
 
     async def read_user_state(self, app_name: str, user_id: str) -> Mapping[str, JsonValue]:
         """``AdkBackend.read_user_state``: one HGETALL."""
@@ -442,7 +490,13 @@ class RedisAdkBackend:
         names = _Names(self._base, key)
         limits = self.limits
         event = request.event
-        data = event.data.encode("utf-8")
+        try:
+            data = event.data.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigurationError(
+                f"event {event.event_id!r}: its JSON is not valid UTF-8 text ({e.reason}); "
+                "nothing was written"
+            ) from e
         expires_at, expire_ms = self._expiry(request.now)
         keys = (
             *names.session_keys,
@@ -456,14 +510,18 @@ class RedisAdkBackend:
             _number(request.now),
             names.member,
             event.event_id,
-            _number(event.timestamp),
+            _number(event.timestamp, "event.timestamp"),
             data,
             len(data),
-            _number(request.update_time),
+            _number(request.update_time, "update_time"),
             expires_at,
             expire_ms,
             _optional(request.expected_revision),
-            "" if request.expected_update_time is None else _number(request.expected_update_time),
+            (
+                ""
+                if request.expected_update_time is None
+                else _number(request.expected_update_time, "expected_update_time")
+            ),
             request.owner or "",
             "1" if request.release else "0",
             _number(request.now + limits.hold_seconds),

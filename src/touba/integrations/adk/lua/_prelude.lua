@@ -16,7 +16,8 @@
 --   B..'s:'..sid..':data'     HASH event id -> the event's JSON text
 -- where member = sid..aid..uid (3 x 32 hex), so a purge finds every index
 -- entry of a session whose own keys Redis has already expired.
--- Checks come before the first write, so a refusal changes nothing.
+-- Checks come before the first write (a create purges expired sessions, invisible
+-- already, before it counts), so a refusal changes nothing anyone can see.
 local B = ARGV[1]
 local NOW = tonumber(ARGV[2])
 local FIELDS = {'app', 'user', 'session', 'create_time', 'update_time', 'revision',
