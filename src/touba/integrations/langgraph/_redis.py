@@ -17,8 +17,9 @@ Behaviour decisions:
   a put O(what it adds + blobs + metadata keys), a warm get O(what the step added).
 - **Indexes before data.** A put sends the store-wide index updates in the same round
   trip, before its script (a pipeline: two slots cannot share a script); a delete updates
-  them after. A crash between leaves an index entry naming a thread or run with nothing
-  behind it, which readers skip; never data that no index finds.
+  them after its script. A crash between leaves an index entry naming a thread or run
+  with nothing behind it, which readers skip. A delete of a thread racing a put on it may
+  remove the entry that put added; the thread's next put adds it again (every put does).
 - **Atomic per thread.** ``delete_for_runs`` and ``prune`` are atomic per thread, not
   across threads (each thread is its own slot); ``copy_thread`` reads the source in one
   script and writes the target in one, so the target shows all of the copy or none of it.
@@ -30,7 +31,14 @@ Behaviour decisions:
   put never appends its entries twice. Every other script is idempotent as it is. A
   failure that survives the retries is
   :class:`~touba.errors.DecisionHistoryStoreUnavailable` (transient), the driver's error
-  chained; the write happened whole or not at all.
+  chained; the write happened whole or not at all. redis-py waits for a reply without a
+  time limit by default: put ``?socket_timeout=5`` (seconds) in the url to bound it (a
+  timeout is retried and then raised the same way).
+- **Redis Cluster.** Give a ``redis.asyncio.RedisCluster`` as ``client``: each thread's
+  scripts run on the node of its slot, the indexes' commands on theirs (a cluster
+  client's pipelines refuse scripts, so a put is two round trips there instead of one).
+- **No expiry.** Keys never expire (LangGraph's savers keep threads until deleted or
+  pruned either).
 - **Values.** Blobs, entries and writes are stored as the serializer gave them (a type tag
   and bytes, length-prefixed), never decoded here. Metadata keys are also stored one by
   one as canonical JSON (sorted keys, integral floats as integers) so that a filter is a
@@ -39,6 +47,7 @@ Behaviour decisions:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -146,7 +155,7 @@ def _spans(text: str, what: str = "a checkpoint's spans") -> tuple[Span, ...]:
 
 
 def _normal(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+    if isinstance(value, float) and value.is_integer():  # 1.0 == 1, as Python and JSON say
         return int(value)
     if isinstance(value, dict):
         return {k: _normal(v) for k, v in value.items()}
@@ -178,26 +187,54 @@ def _driver_errors(what: str) -> Iterator[None]:
 class RedisSaverBackend:
     """The :class:`~touba.integrations.langgraph._backend.SaverBackend` on Redis.
 
-    ``url`` names the server (``redis://host:port/db``); the backend makes its client
-    (which retries a command twice on a failed connection) and closes it. ``prefix``
+    Give exactly one of ``url`` (``redis://host:port/db``: the backend makes its client,
+    which retries a command twice on a failed connection, and closes it) or ``client``
+    (a ``redis.asyncio.Redis`` or ``RedisCluster`` you own, with its own retry policy,
+    not decoding responses; ``close()`` leaves it open). ``prefix``
     starts every key, so savers with different prefixes never see each other's threads;
     it must be non-empty and without braces (the backend adds its own hash tags). Needs
     Redis 5 or later. See the module docstring for the layout and what is atomic.
     """
 
-    def __init__(self, url: str, *, prefix: str = "touba:lg:") -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str = "touba:lg:",
+        client: aioredis.Redis | aioredis.RedisCluster | None = None,
+    ) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
                 f"prefix must be a non-empty str without braces, got {prefix!r}: the saver "
                 "adds its own hash tags so that each thread's keys share one cluster slot"
             )
-        if not isinstance(url, str):
-            raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
-        try:
-            retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
-            self._client = aioredis.Redis.from_url(url, retry=retry)
-        except ValueError as e:
-            raise ConfigurationError(f"invalid Redis url ({e})") from e
+        if (url is None) == (client is None):
+            raise ConfigurationError(
+                "RedisSaverBackend needs exactly one of url= (e.g. 'redis://127.0.0.1:6379/0') "
+                "or client= (a redis.asyncio.Redis or RedisCluster you own)"
+            )
+        if client is not None:
+            if not isinstance(client, aioredis.Redis | aioredis.RedisCluster):
+                raise ConfigurationError(
+                    f"client must be a redis.asyncio.Redis or RedisCluster, got "
+                    f"{type(client).__name__} (the synchronous redis.Redis is not supported)"
+                )
+            if client.get_encoder().decode_responses:
+                raise ConfigurationError(
+                    "client must not decode responses (decode_responses=False): checkpoints "
+                    "are bytes"
+                )
+            self._client: aioredis.Redis | aioredis.RedisCluster = client
+            self._owns_client = False
+        else:
+            if not isinstance(url, str):
+                raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
+            try:
+                retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
+                self._client = aioredis.Redis.from_url(url, retry=retry)
+            except ValueError as e:
+                raise ConfigurationError(f"invalid Redis url ({e})") from e
+            self._owns_client = True
         self.prefix = prefix
         tag = hashlib.sha256(_b(prefix)).hexdigest()[:10]
         self._global = f"{prefix}{{{tag}}}:"
@@ -237,6 +274,16 @@ class RedisSaverBackend:
         self._check_open()
         script: LuaScript = self._scripts[name]
         command = ("EVALSHA", script.sha, 1, base + "meta", base, *args)
+        if isinstance(self._client, aioredis.RedisCluster):
+            # A cluster client's pipelines refuse scripts: the index commands go first
+            # (spread over their nodes), then the script, routed by its key's slot.
+            await self._commands(before, what)
+            with _driver_errors(what):
+                try:
+                    return await self._client.execute_command(*command)
+                except NoScriptError:
+                    await self._client.script_load(script.source)  # on every primary
+                    return await self._client.execute_command(*command)
         with _driver_errors(what):
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=False) as pipe:
@@ -253,6 +300,30 @@ class RedisSaverBackend:
                     if isinstance(outcome, Exception):
                         raise outcome
                 return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _eval_many(
+        self, name: str, calls: Sequence[tuple[str, Sequence[Any]]], what: str
+    ) -> list[Any]:
+        """The read-only script ``name`` on many threads (base, args): one pipelined round
+        trip (on a cluster client, concurrent calls), each run atomic on its own."""
+        self._check_open()
+        if isinstance(self._client, aioredis.RedisCluster):
+            return list(await asyncio.gather(*(self._eval(name, b, a, what) for b, a in calls)))
+        script: LuaScript = self._scripts[name]
+        with _driver_errors(what):
+            for attempt in (1, 2):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for base, args in calls:
+                        pipe.execute_command("EVALSHA", script.sha, 1, base + "meta", base, *args)
+                    replies = list(await pipe.execute(raise_on_error=False))
+                if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                    await self._client.script_load(script.source)  # it only reads: run again
+                    continue
+                for outcome in replies:
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                return replies
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _commands(self, commands: Sequence[tuple[Any, ...]], what: str) -> list[Any]:
@@ -371,17 +442,25 @@ class RedisSaverBackend:
 
     async def list(self, query: ListQuery, held: Mapping[LogKey, HeldLog]) -> CheckpointPage:
         """``SaverBackend.list``: read.lua on the thread, or on every thread the store-wide
-        index names (merged newest first, cut to the limit)."""
+        index names, pipelined in one round trip (each thread read atomically, up to the
+        limit), merged newest first and cut to the limit."""
         if query.thread_id is not None:
             return await self._read_thread(query.thread_id, query, held)
         if query.limit is not None and query.limit <= 0:
             return CheckpointPage((), {})
         [indexed] = await self._commands([("HGETALL", self._threads)], "a list")
         threads = sorted(_s(v) for v in indexed.values())
+        calls = []
+        for thread in threads:
+            args = _read_args(thread, query, held)
+            if args is None:
+                return CheckpointPage((), {})
+            calls.append((self._base(thread), args))
+        replies = await self._eval_many("read", calls, "a checkpoint list")
         rows: list[CheckpointRow] = []
         logs: dict[LogKey, LogRead] = {}
-        for thread in threads:
-            page = await self._read_thread(thread, query, held)
+        for thread, reply in zip(threads, replies, strict=True):
+            page = _page(thread, reply)
             rows += page.rows
             logs.update(page.logs)
         rows.sort(key=lambda r: r.record.checkpoint_id, reverse=True)  # stable: thread order
@@ -392,40 +471,11 @@ class RedisSaverBackend:
     async def _read_thread(
         self, thread_id: str, query: ListQuery, held: Mapping[LogKey, HeldLog]
     ) -> CheckpointPage:
-        filters: list[Any] = []
-        for name, value in query.metadata.items():
-            text = canonical(value)
-            if text is None:  # no stored JSON value equals it
-                return CheckpointPage((), {})
-            filters += [_b(name), _b(text)]
-        mine = [(k, h) for k, h in held.items() if k.thread_id == thread_id]
-        args: list[Any] = [
-            "0" if query.checkpoint_ns is None else "1",
-            _b(query.checkpoint_ns or ""),
-            _b(query.checkpoint_id or ""),
-            _b(query.before or ""),
-            -1 if query.limit is None else max(0, query.limit),
-            len(filters) // 2,
-            *filters,
-            len(mine),
-        ]
-        for log, h in mine:
-            args += [_b(log.checkpoint_ns), _b(log.channel), _b(h.token), h.length]
+        args = _read_args(thread_id, query, held)
+        if args is None:
+            return CheckpointPage((), {})
         reply = await self._eval("read", self._base(thread_id), args, "a checkpoint read")
-        raw_rows, raw_logs = reply
-        rows = tuple(_row(thread_id, raw) for raw in raw_rows)
-        logs: dict[LogKey, LogRead] = {}
-        for raw in raw_logs:
-            key = LogKey(thread_id, _s(raw[0]), _s(raw[1]))
-            token = _s(raw[2])
-            if not token:
-                logs[key] = LogRead(None)
-                continue
-            entries = {
-                int(raw[i]): _typed(raw[i + 1], "a log entry") for i in range(4, len(raw), 2)
-            }
-            logs[key] = LogRead(LogState(token, int(raw[3])), entries)
-        return CheckpointPage(rows, logs)
+        return _page(thread_id, reply)
 
     async def delete_thread(self, thread_id: str) -> None:
         """``SaverBackend.delete_thread``: delete.lua, then the store-wide indexes."""
@@ -506,8 +556,52 @@ class RedisSaverBackend:
         if self._closed:
             return
         self._closed = True
-        with _driver_errors("close"):
-            await self._client.aclose()
+        if self._owns_client:
+            with _driver_errors("close"):
+                await self._client.aclose()
+
+
+def _read_args(
+    thread_id: str, query: ListQuery, held: Mapping[LogKey, HeldLog]
+) -> list[Any] | None:
+    """read.lua's ARGV after B for ``query`` on one thread; None when a metadata filter
+    holds a value JSON cannot (no stored value equals it)."""
+    filters: list[Any] = []
+    for name, value in query.metadata.items():
+        text = canonical(value)
+        if text is None:
+            return None
+        filters += [_b(name), _b(text)]
+    mine = [(k, h) for k, h in held.items() if k.thread_id == thread_id]
+    args: list[Any] = [
+        "0" if query.checkpoint_ns is None else "1",
+        _b(query.checkpoint_ns or ""),
+        _b(query.checkpoint_id or ""),
+        _b(query.before or ""),
+        -1 if query.limit is None else max(0, query.limit),
+        len(filters) // 2,
+        *filters,
+        len(mine),
+    ]
+    for log, h in mine:
+        args += [_b(log.checkpoint_ns), _b(log.channel), _b(h.token), h.length]
+    return args
+
+
+def _page(thread_id: str, reply: Sequence[Any]) -> CheckpointPage:
+    """read.lua's reply on one thread as a page."""
+    raw_rows, raw_logs = reply
+    rows = tuple(_row(thread_id, raw) for raw in raw_rows)
+    logs: dict[LogKey, LogRead] = {}
+    for raw in raw_logs:
+        key = LogKey(thread_id, _s(raw[0]), _s(raw[1]))
+        token = _s(raw[2])
+        if not token:
+            logs[key] = LogRead(None)
+            continue
+        entries = {int(raw[i]): _typed(raw[i + 1], "a log entry") for i in range(4, len(raw), 2)}
+        logs[key] = LogRead(LogState(token, int(raw[3])), entries)
+    return CheckpointPage(rows, logs)
 
 
 def _row(thread_id: str, raw: Sequence[Any]) -> CheckpointRow:

@@ -1,0 +1,209 @@
+"""ToubaSaver on Redis against LangGraph's InMemorySaver, side by side.
+
+The tool loop of ``bench/langgraph_saver.py`` (a scripted model, LangGraph's ``ToolNode``)
+runs on a thread that already holds N messages of about 1 KB (10, 1,000, 5,000), with
+each saver in turn, interleaved. A "step" is one super-step (one ``aput`` and its
+``aput_writes``); its time is an ``ainvoke`` divided by the checkpoints it made. Printed per
+N: ms per step (median of the rounds) for each and ToubaSaver's ratio to InMemorySaver.
+
+Then the backend alone, flat in the log's length: a put adding one ~1 KB item and a warm
+get (the caller holds the log) on a thread whose log holds 100, 5,000 and 50,000 entries,
+ms per call (median of 5 batches of 100).
+
+Then the bytes at 1,000 messages over 60 steps: what ToubaSaver hands the Redis backend per
+step against the bytes of the messages the step added, and the memory Redis holds for the
+thread afterwards (``MEMORY USAGE`` of every key under the saver's prefix) against the
+serialized size of the thread's messages. Needs the Redis server of ``TOUBA_REDIS_URL``
+(default ``redis://127.0.0.1:6379/0``); keys go under a fresh prefix, deleted afterwards.
+Benchmarks are not tests: nothing here asserts.
+
+    .venv/bin/python bench/langgraph_redis.py [--quick] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.memory import InMemorySaver
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.langgraph_saver import graph_with, prefill, question
+from touba.integrations.langgraph import ToubaSaver
+from touba.integrations.langgraph._backend import PutCheckpoint, PutResult, WriteRecord
+from touba.integrations.langgraph._redis import RedisSaverBackend
+
+URL = os.environ.get("TOUBA_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class Counting(RedisSaverBackend):
+    """The Redis backend, counting the bytes ToubaSaver hands it."""
+
+    handed = 0
+
+    async def put(self, request: PutCheckpoint) -> PutResult:
+        Counting.handed += (
+            len(request.checkpoint[1])
+            + len(request.metadata[1])
+            + len(request.metadata_json)
+            + sum(len(b.blob[1]) for b in request.blobs if b.blob is not None)
+            + sum(len(d) for a in request.logs for _, d in a.items)
+        )
+        return await super().put(request)
+
+    async def put_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: Sequence[WriteRecord]
+    ) -> None:
+        Counting.handed += sum(len(w.value[1]) for w in writes)
+        await super().put_writes(thread_id, checkpoint_ns, checkpoint_id, writes)
+
+
+def held(prefix: str) -> int:
+    """Bytes Redis holds for every key under ``prefix``."""
+    with redis.Redis.from_url(URL) as client:
+        return sum(
+            int(client.memory_usage(k, samples=0) or 0)
+            for k in client.scan_iter(match=prefix + "*", count=1000)
+        )
+
+
+def drop(prefix: str) -> None:
+    with redis.Redis.from_url(URL) as client:
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+
+async def step_times(n: int, rounds: int) -> dict[str, float]:
+    """ms per super-step for each saver at n messages (median over rounds)."""
+    prefix = f"touba-bench-lg:{uuid.uuid4().hex[:8]}:"
+    times: dict[str, list[float]] = {"touba": [], "memory": []}
+    try:
+        async with ToubaSaver(RedisSaverBackend(URL, prefix=prefix)) as touba:
+            graphs = {"touba": graph_with(touba), "memory": graph_with(InMemorySaver())}
+            config: RunnableConfig = {"configurable": {"thread_id": f"bench-{n}"}}
+            for graph in graphs.values():
+                await prefill(graph, config, n)
+                await question(graph, config, -1)  # warm up
+            for r in range(rounds):
+                for name, graph in graphs.items():  # interleaved: side by side
+                    started = time.perf_counter()
+                    made = await question(graph, config, r)
+                    times[name].append((time.perf_counter() - started) * 1000 / made)
+    finally:
+        drop(prefix)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+async def backend_calls(n: int) -> tuple[float, float]:
+    """ms per put of one item and per warm get, on a log of n entries."""
+    from touba.integrations.langgraph._backend import ChannelBlob, HeldLog, LogAppend
+
+    prefix = f"touba-bench-lg:{uuid.uuid4().hex[:8]}:"
+    body = ("json", b"z" * 1000)
+
+    def put(cid: str, parent: str | None, base: Any, items: Any) -> PutCheckpoint:
+        meta = b'{"step": 1}'
+        return PutCheckpoint(
+            "t", "", cid, parent, ("msgpack", b"c" * 300), ("json", meta), meta.decode(), None,
+            {"tool_state": cid}, (ChannelBlob("tool_state", cid, ("json", b"v" * 100)),),
+            (LogAppend("messages", base, items),),
+        )  # fmt: skip
+
+    backend = RedisSaverBackend(URL, prefix=prefix)
+    try:
+        spans: Any = ()
+        parent = None
+        result = None
+        for k in range(0, n, 1000):
+            cid = f"a{k:08d}"
+            items = (body,) * min(1000, n - k)
+            result = await backend.put(put(cid, parent, spans, items))
+            spans, parent = result.spans["messages"], cid
+        puts: list[float] = []
+        gets: list[float] = []
+        for batch in range(5):
+            started = time.perf_counter()
+            for i in range(100):
+                cid = f"b{batch:02d}{i:04d}"
+                result = await backend.put(put(cid, parent, spans, (body,)))
+                spans, parent = result.spans["messages"], cid
+            puts.append((time.perf_counter() - started) * 10)
+            assert result is not None
+            state = result.logs["messages"]
+            held = {"messages": HeldLog(state.token, state.length)}
+            started = time.perf_counter()
+            for _ in range(100):
+                await backend.get("t", "", None, held)
+            gets.append((time.perf_counter() - started) * 10)
+        return statistics.median(puts), statistics.median(gets)
+    finally:
+        await backend.close()
+        drop(prefix)
+
+
+async def bytes_per_step(n: int, steps: int) -> tuple[float, float, int, int]:
+    """Bytes handed per step, bytes the step's messages weigh, Redis memory held after,
+    serialized bytes of the thread's messages."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    serde = JsonPlusSerializer()
+    prefix = f"touba-bench-lg:{uuid.uuid4().hex[:8]}:"
+    try:
+        async with ToubaSaver(Counting(URL, prefix=prefix)) as saver:
+            graph: Any = graph_with(saver)
+            config: RunnableConfig = {"configurable": {"thread_id": "bytes"}}
+            await prefill(graph, config, n)
+            count = len((await graph.aget_state(config)).values["messages"])
+            Counting.handed = 0
+            made = i = 0
+            while made < steps:
+                made += await question(graph, config, i)
+                i += 1
+            messages = (await graph.aget_state(config)).values["messages"]
+            added = sum(len(serde.dumps_typed(m)[1]) for m in messages[count:]) / made
+            total = sum(len(serde.dumps_typed(m)[1]) for m in messages)
+            return Counting.handed / made, added, held(prefix), total
+    finally:
+        drop(prefix)
+
+
+async def main(quick: bool, rounds: int) -> None:
+    sizes_n = [10, 1000] if quick else [10, 1000, 5000]
+    print("LangGraph tool loop on Redis, ms per super-step (median), N messages of ~1 KB")
+    print(f"{'N':>6}{'touba redis':>13}{'InMemorySaver':>15}{'touba/memory':>14}")
+    for n in sizes_n:
+        t = await step_times(n, rounds if n < 5000 else max(2, rounds // 2))
+        print(f"{n:>6}{t['touba']:>13.2f}{t['memory']:>15.2f}{t['touba'] / t['memory']:>14.2f}")
+    print("\nthe Redis backend alone, ms per call on a log of N entries (median)")
+    print(f"{'N':>7}{'put 1 item':>12}{'warm get':>10}")
+    for n in [100, 5000] if quick else [100, 5000, 50000]:
+        put_ms, get_ms = await backend_calls(n)
+        print(f"{n:>7}{put_ms:>12.3f}{get_ms:>10.3f}")
+    steps = 20 if quick else 60
+    handed, added, memory, total = await bytes_per_step(1000, steps)
+    print(f"\nbytes per step at 1,000 messages ({steps} steps):")
+    print(f"  messages the step added (serialized): {added:,.0f}")
+    print(f"  ToubaSaver handed Redis:              {handed:,.0f}  ({handed / added:.2f}x added)")
+    print(f"Redis memory for the thread after {steps} steps: {memory / 1e6:.2f} MB")
+    print(f"  its messages, serialized once:        {total / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    asyncio.run(main(args.quick, args.rounds))
