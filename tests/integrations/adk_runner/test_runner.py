@@ -345,8 +345,8 @@ async def test_two_runs_at_once_on_one_session_never_corrupt_it(
     gemini_server: FakeGeminiServer,
 ) -> None:
     # each answer waits, so both runs are in flight together
-    gemini_server.script_response(gemini_text("first answer"), delay=0.3)
-    gemini_server.script_response(gemini_text("second answer"), delay=0.3)
+    gemini_server.script_response(gemini_text("first answer"), delay=1.0)
+    gemini_server.script_response(gemini_text("second answer"), delay=1.0)
     session = await service.create_session(app_name=APP, user_id="u1")
 
     async def attempt(text: str) -> list[Event] | BaseException:
