@@ -18,11 +18,12 @@ import pytest
 from google import genai
 from google.adk.agents import LlmAgent, RunConfig
 from google.adk.agents.run_config import StreamingMode  # type: ignore[attr-defined]
+from google.adk.apps.app import App, EventsCompactionConfig
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.events import Event
 from google.adk.models import Gemini
 from google.adk.runners import Runner
-from google.adk.sessions import BaseSessionService, Session
+from google.adk.sessions import BaseSessionService, InMemorySessionService, Session
 from google.adk.sessions.base_session_service import GetSessionConfig
 from google.adk.tools.function_tool import FunctionTool
 from google.adk.tools.tool_context import ToolContext
@@ -289,6 +290,64 @@ async def test_a_streamed_run_stores_whole_events_only(
     assert not any(e.content and e.content.parts for e in added[1:])  # no half answer
     assert all(e.error_code for e in added[1:])  # the failure, as ADK records it
     assert shop.looked_up == ["A0"]
+
+
+def compacted_view(session: Session) -> list[tuple[Any, ...]]:
+    """A session's events as the model will see them: authors, texts, compactions."""
+    view: list[tuple[Any, ...]] = []
+    for event in session.events:
+        compaction = event.actions.compaction
+        summary = compaction.compacted_content if compaction is not None else event.content
+        texts = [p.text for p in (summary.parts or []) if p.text] if summary else []
+        view.append((event.author, compaction is not None, texts))
+    return view
+
+
+@pytest.mark.filterwarnings("ignore:.*EventsCompactionConfig.*:UserWarning")
+async def test_compaction_summaries_are_stored_and_sent_as_with_adks_service(
+    service: Any, gemini_client: genai.Client, gemini_server: FakeGeminiServer
+) -> None:
+    """ADK's sliding-window compaction (its summaries are events of their own) on the
+    store, turn for turn as on ADK's InMemorySessionService."""
+
+    async def conversation(
+        sessions: BaseSessionService, client: genai.Client, srv: FakeGeminiServer
+    ) -> tuple[list[tuple[Any, ...]], list[Any]]:
+        agent = LlmAgent(name="support", model=Gemini(model="gemini-2.5-flash", client=client))
+        config = EventsCompactionConfig(compaction_interval=2, overlap_size=1)
+        app = App(name=APP, root_agent=agent, events_compaction_config=config)
+        session = await sessions.create_session(app_name=APP, user_id="u1")
+        async with Runner(app=app, session_service=sessions) as runner:
+            for n in range(5):
+                srv.script_response(gemini_text(f"answer {n}"))
+                if n % 2 == 1:  # every second turn, ADK asks the model for a summary
+                    srv.script_response(gemini_text(f"summary up to {n}"))
+                await run(runner, "u1", session.id, say(f"question {n}"))
+        kept = await stored(sessions, "u1", session.id)
+        return compacted_view(kept), sent_contents(srv)
+
+    with FakeGeminiServer() as reference_server:
+        reference_client = genai.Client(
+            api_key="sk-test", http_options=types.HttpOptions(base_url=reference_server.base_url)
+        )
+        try:
+            expected = await conversation(
+                InMemorySessionService(), reference_client, reference_server
+            )
+        finally:
+            await reference_client.aio.aclose()
+    got = await conversation(service, gemini_client, gemini_server)
+    assert got == expected
+    view, last_request = got
+    assert [c for c in view if c[1]] == [
+        ("user", True, ["summary up to 1"]),
+        ("user", True, ["summary up to 3"]),
+    ]
+    sent = parts_of(last_request, "text")
+    assert sent[-1] == "question 4"
+    assert "summary up to 3" in " ".join(sent)
+    assert "question 0" not in " ".join(sent)  # compacted away from the request, kept stored
+    assert ("user", False, ["question 0"]) in view
 
 
 async def test_two_users_have_their_own_sessions_and_user_state(
