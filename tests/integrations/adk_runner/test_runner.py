@@ -350,6 +350,59 @@ async def test_compaction_summaries_are_stored_and_sent_as_with_adks_service(
     assert ("user", False, ["question 0"]) in view
 
 
+@pytest.mark.filterwarnings("ignore:.*EventsCompactionConfig.*:UserWarning")
+async def test_a_pending_confirmation_survives_compaction_as_with_adks_service(
+    service: Any, gemini_client: genai.Client, gemini_server: FakeGeminiServer
+) -> None:
+    """Compaction after every turn while a tool waits for the user's confirmation
+    (adk-python #4740): the paused call is still there to confirm, on the store as on
+    ADK's InMemorySessionService."""
+
+    async def conversation(
+        sessions: BaseSessionService, client: genai.Client, srv: FakeGeminiServer
+    ) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+        shop = Shop()
+        agent = LlmAgent(
+            name="support",
+            model=Gemini(model="gemini-2.5-flash", client=client),
+            tools=shop.tools(),
+        )
+        config = EventsCompactionConfig(compaction_interval=1, overlap_size=0)
+        app = App(name=APP, root_agent=agent, events_compaction_config=config)
+        session = await sessions.create_session(app_name=APP, user_id="u1")
+        async with Runner(app=app, session_service=sessions) as runner:
+            srv.script_response(gemini_text("Hello."))
+            srv.script_response(gemini_text("summary of the greeting"))
+            await run(runner, "u1", session.id, say("Hi"))
+            srv.script_response(gemini_function_call("refund", {"order_id": "A1"}))
+            paused = await run(runner, "u1", session.id, say("Refund A1"))
+            (request,) = [c for e in paused for c in e.get_function_calls() if c.name == CONFIRM]
+            assert request.id is not None
+            srv.script_response(gemini_text("Refunded."))
+            srv.script_response(gemini_text("summary of the refund"))
+            resumed = await run(runner, "u1", session.id, confirm(request.id, True))
+        kept = await stored(sessions, "u1", session.id)
+        answers = [p.text for e in resumed if e.content for p in e.content.parts or [] if p.text]
+        return shop.refunded, compacted_view(kept), answers
+
+    with FakeGeminiServer() as reference_server:
+        reference_client = genai.Client(
+            api_key="sk-test", http_options=types.HttpOptions(base_url=reference_server.base_url)
+        )
+        try:
+            expected = await conversation(
+                InMemorySessionService(), reference_client, reference_server
+            )
+        finally:
+            await reference_client.aio.aclose()
+    got = await conversation(service, gemini_client, gemini_server)
+    assert got == expected
+    refunded, view, answers = got
+    assert refunded == ["A1"]
+    assert answers == ["Refunded."]
+    assert [c[2] for c in view if c[1]] == [["summary of the greeting"], ["summary of the refund"]]
+
+
 async def test_two_users_have_their_own_sessions_and_user_state(
     runner: Runner, service: Any, gemini_server: FakeGeminiServer
 ) -> None:
