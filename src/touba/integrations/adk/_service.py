@@ -82,6 +82,13 @@ every deliberate difference is listed here):
   ``SessionNotFoundError``); expired sessions are purged at most once a minute
   by ``create_session`` and by ``purge_expired()``. App and user state never
   expire.
+- **Decoded events are cached** in the process (``event_cache_bytes``, 16 MiB of
+  event JSON by default; 0: none), keyed by their stored JSON text, so a cached
+  event is never stale; a read returns deep copies (about a third of the cost of
+  decoding an ADK event), so a whole-session read of a session this process
+  wrote or read before costs less than ADK's. Each cached event is a dozen
+  objects that the host's full garbage collections visit: lower the bound if
+  those pauses matter more than whole reads.
 - **Files and tenants.** SQLite files are private (0600, in a directory only
   their owner may enter, symlinks refused); PostgreSQL tables live under their
   ``table_prefix`` and Redis keys under their ``prefix``: two prefixes never
@@ -118,7 +125,7 @@ from touba.integrations.adk._backend import (
     SessionRecord,
     StoredEvent,
 )
-from touba.integrations.adk._events import EventCache, encode
+from touba.integrations.adk._events import DEFAULT_CACHE_BYTES, EventCache, encode
 
 __all__ = ["ToubaSessionService"]
 
@@ -232,24 +239,45 @@ class ToubaSessionService(BaseSessionService):
     (or ``async with``).
     """
 
-    def __init__(self, backend: AdkBackend, *, clock: Callable[[], float] = time.time) -> None:
-        """Serve sessions from ``backend`` (an ``AdkBackend``); ``clock`` gives epoch seconds."""
+    def __init__(
+        self,
+        backend: AdkBackend,
+        *,
+        clock: Callable[[], float] = time.time,
+        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> None:
+        """Serve sessions from ``backend`` (an ``AdkBackend``); ``clock`` gives epoch seconds.
+
+        ``event_cache_bytes`` bounds the decoded events kept in this process (0: none).
+        """
+        if isinstance(event_cache_bytes, bool) or not isinstance(event_cache_bytes, int):
+            raise ConfigurationError("event_cache_bytes must be an int (0: no cache)")
+        if event_cache_bytes < 0:
+            raise ConfigurationError("event_cache_bytes must be 0 or more")
         self._backend = backend
         self._clock = clock
         self._last_purge = -math.inf
-        self._events = EventCache()
+        self._events = EventCache(event_cache_bytes)
 
     # --- constructors ---
 
     @classmethod
-    def memory(cls, **limits: Any) -> ToubaSessionService:
+    def memory(
+        cls, *, event_cache_bytes: int = DEFAULT_CACHE_BYTES, **limits: Any
+    ) -> ToubaSessionService:
         """Sessions in this process's memory (tests, development). ``limits``: see the module."""
         from touba.integrations.adk._memory import MemoryAdkBackend
 
-        return cls(MemoryAdkBackend(_limits(limits)))
+        return cls(MemoryAdkBackend(_limits(limits)), event_cache_bytes=event_cache_bytes)
 
     @classmethod
-    def sqlite(cls, path: str | os.PathLike[str], **limits: Any) -> ToubaSessionService:
+    def sqlite(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        **limits: Any,
+    ) -> ToubaSessionService:
         """Sessions in a private SQLite file at ``path`` (0600, WAL), opened on first use.
 
         Raises ``ConfigurationError`` for an unknown or invalid bound; an unsafe
@@ -257,11 +285,16 @@ class ToubaSessionService(BaseSessionService):
         """
         from touba.integrations.adk._sqlite import SqliteAdkBackend
 
-        return cls(SqliteAdkBackend(path, _limits(limits)))
+        return cls(SqliteAdkBackend(path, _limits(limits)), event_cache_bytes=event_cache_bytes)
 
     @classmethod
     def postgres(
-        cls, dsn: str, *, table_prefix: str = "touba_adk", **limits: Any
+        cls,
+        dsn: str,
+        *,
+        table_prefix: str = "touba_adk",
+        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        **limits: Any,
     ) -> ToubaSessionService:
         """Sessions in PostgreSQL tables named ``<table_prefix>_...``, opened on first use.
 
@@ -272,17 +305,24 @@ class ToubaSessionService(BaseSessionService):
         backend: AdkBackend = module.PostgresAdkBackend(
             dsn, table_prefix=table_prefix, limits=_limits(limits)
         )
-        return cls(backend)
+        return cls(backend, event_cache_bytes=event_cache_bytes)
 
     @classmethod
-    def redis(cls, url: str, *, prefix: str = "touba:adk:", **limits: Any) -> ToubaSessionService:
+    def redis(
+        cls,
+        url: str,
+        *,
+        prefix: str = "touba:adk:",
+        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
+        **limits: Any,
+    ) -> ToubaSessionService:
         """Sessions in Redis under keys starting with ``prefix``, connected on first use.
 
         Needs ``pip install "touba[redis]"``.
         """
         module = importlib.import_module("touba.integrations.adk._redis")
         backend: AdkBackend = module.RedisAdkBackend(url, prefix=prefix, limits=_limits(limits))
-        return cls(backend)
+        return cls(backend, event_cache_bytes=event_cache_bytes)
 
     # --- lifecycle ---
 
