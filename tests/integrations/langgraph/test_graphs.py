@@ -282,3 +282,26 @@ def test_asyncio_run_then_sync_calls(store: str, private_dir: Path) -> None:
         graph = tool_loop().compile(checkpointer=saver)
         out = graph.invoke(ask("a1", id="a1"), config("t9"))
         assert len(out["messages"]) == 8
+
+
+def test_the_clone_langgraph_compiles_with_shares_the_store_loop_and_close(
+    private_dir: Path,
+) -> None:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    strict = JsonPlusSerializer(allowed_msgpack_modules=[("tests", "Other")])
+    saver = ToubaSaver.sqlite(private_dir / "clone.db", serde=strict)
+    clone = saver.with_allowlist({("tests", "Custom")})
+    assert clone is not saver
+    assert isinstance(clone, ToubaSaver)
+    graph = tool_loop().compile(checkpointer=clone)
+    graph.invoke(ask("c0", id="c0"), config("t10"))  # starts the saver's loop thread
+    threads = [t for t in threading.enumerate() if t.name == "touba-langgraph-loop"]
+    assert threads
+    assert saver.get_tuple(config("t10")) is not None  # the same store, the same loop
+    saver.close()
+    assert not any(t.is_alive() for t in threads)
+    from touba.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="closed"):
+        clone.get_tuple(config("t10"))

@@ -206,6 +206,16 @@ class _LoopThread:
         self.loop.close()
 
 
+@dataclass(slots=True)
+class _State:
+    """The loop the store is bound to, the saver's own loop thread, and whether closed."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+    own: _LoopThread | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+
 class ToubaSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer on a touba store (see the module docstring).
 
@@ -234,10 +244,9 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         self._cache_size = cache_logs
         self._logs: OrderedDict[LogKey, _Log] = OrderedDict()
         self._heads: OrderedDict[tuple[str, str], _Head] = OrderedDict()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._own: _LoopThread | None = None
-        self._lock = threading.Lock()
-        self._closed = False
+        # Shared with the clones LangGraph makes (``with_allowlist`` at compile time): one
+        # store, one loop, one cache, one close.
+        self._state = _State()
 
     # -- constructors ---------------------------------------------------------------------
 
@@ -310,28 +319,28 @@ class ToubaSaver(BaseCheckpointSaver[str]):
 
     async def aclose(self) -> None:
         """Close the store (idempotent). Later calls raise ConfigurationError."""
-        with self._lock:
-            if self._closed:
+        with self._state.lock:
+            if self._state.closed:
                 return
-            self._closed = True
+            self._state.closed = True
         try:
             await self._forward(self.backend.close())
         finally:
             self._drop_caches()
-            own = self._own
+            own = self._state.own
             if own is not None and threading.current_thread() is not own.thread:
-                self._own = None
+                self._state.own = None
                 own.stop()
 
     def close(self) -> None:
         """Close the store from sync code (idempotent); inside an event loop use aclose."""
-        with self._lock:
-            if self._closed:
+        with self._state.lock:
+            if self._state.closed:
                 return
-        loop = self._loop
+        loop = self._state.loop
         if loop is not None and not loop.is_closed() and loop.is_running():
             self._sync(self.aclose(), check_closed=False)
-            own, self._own = self._own, None
+            own, self._state.own = self._state.own, None
             if own is not None:
                 own.stop()
         else:
@@ -362,16 +371,16 @@ class ToubaSaver(BaseCheckpointSaver[str]):
     # -- loops ----------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._state.closed:
             raise ConfigurationError("this ToubaSaver is closed; create a new one")
 
     async def _forward(self, coro: Coroutine[Any, Any, R]) -> R:
         """Run ``coro`` on the loop the store is bound to (binding it to this one first)."""
         running = asyncio.get_running_loop()
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                self._loop = running
-            loop = self._loop
+        with self._state.lock:
+            if self._state.loop is None or self._state.loop.is_closed():
+                self._state.loop = running
+            loop = self._state.loop
         if loop is running:
             return await coro
         if not loop.is_running():
@@ -383,14 +392,14 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     def _sync(self, coro: Coroutine[Any, Any, R], *, check_closed: bool = True) -> R:
-        if check_closed and self._closed:
+        if check_closed and self._state.closed:
             coro.close()
             self._check_open()
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                self._own = _LoopThread()
-                self._loop = self._own.loop
-            loop = self._loop
+        with self._state.lock:
+            if self._state.loop is None or self._state.loop.is_closed():
+                self._state.own = _LoopThread()
+                self._state.loop = self._state.own.loop
+            loop = self._state.loop
         try:
             current = asyncio.get_running_loop()
         except RuntimeError:
