@@ -337,6 +337,23 @@ async def test_an_abandoned_session_vanishes_from_redis_and_its_entries_are_purg
     assert [k for k in await keys_of(raw, prefix) if k.endswith(("index", "all"))] == []
 
 
+async def test_a_purge_of_many_expired_sessions_runs_in_bounded_scripts(
+    opener: Callable[..., RedisAdkBackend],
+    raw: Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_redis, "PURGE_BATCH", 7)
+    backend = opener(AdkLimits(ttl_seconds=10))
+    for i in [*range(23, 30), *range(23)]:  # (a create purges a few expired sessions too)
+        await create(backend, SessionKey("app", "u", f"s{i}"), now=T0 + (i >= 23) * 100)
+    assert await backend.purge_expired(now=T0 + 50) == 23
+    listed = await backend.list_sessions("app", None, now=T0 + 100)
+    assert [s.key.session_id for s in listed.sessions] == [f"s{i}" for i in range(23, 30)]
+    assert len([k for k in await keys_of(raw, prefix) if ":s:" in k]) == 7
+    assert await backend.purge_expired(now=T0 + 50) == 0
+
+
 # -- prefixes, ids and cluster slots -----------------------------------------------------
 
 

@@ -112,6 +112,7 @@ __all__ = ["RedisAdkBackend"]
 
 RETRIES: Final = 2  # a command sent again on a new connection (see the module docstring)
 GRACE_MS: Final = 1000  # Redis expires a session's keys this long after touba would
+PURGE_BATCH: Final = 500  # most sessions one purge script drops
 _SCRIPTS: Final = (
     "create",
     "read",
@@ -586,5 +587,12 @@ class RedisAdkBackend:
         return int(await self._run("recover", (names.session,), ("0",), "a recover")) == 1
 
     async def purge_expired(self, *, now: float) -> int:
-        """``AdkBackend.purge_expired``: purge.lua, O(sessions purged)."""
-        return int(await self._run("purge", (self._all,), (_number(now),), "a purge"))
+        """``AdkBackend.purge_expired``: purge.lua, O(sessions purged), in scripts of at
+        most ``PURGE_BATCH`` sessions each (Redis serves others in between)."""
+        total = 0
+        while True:
+            args = (_number(now), PURGE_BATCH)
+            purged = int(await self._run("purge", (self._all,), args, "a purge"))
+            total += purged
+            if purged < PURGE_BATCH:
+                return total

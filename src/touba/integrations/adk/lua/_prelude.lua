@@ -41,7 +41,7 @@ end
 
 -- Forget a session: its keys and its index entries.
 local function drop(all, member)
-  redis.call('DEL', session_keys(string.sub(member, 1, 32)))
+  redis.call('UNLINK', session_keys(string.sub(member, 1, 32)))  -- freed off the main thread
   local app_index, user_index = index_keys(member)
   redis.call('ZREM', app_index, member)
   redis.call('ZREM', user_index, member)

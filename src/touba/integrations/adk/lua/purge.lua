@@ -1,2 +1,3 @@
--- KEYS: all. ARGV: B, now. Drops every session expired as of now; how many.
-return purge(KEYS[1], nil)
+-- KEYS: all. ARGV: B, now, most. Drops up to `most` sessions expired as of now
+-- (a bounded script: the caller runs it again while it finds that many); how many.
+return purge(KEYS[1], tonumber(ARGV[3]))
