@@ -494,3 +494,63 @@ async def test_a_warm_read_after_many_steps_returns_only_the_new_entries(pg: Pla
     await backend.put(put_request("0050", logs=[messages(spans, "new")]))
     page = await latest_of(backend, held={"messages": HeldLog(state.token, state.length)})
     assert dict(page.logs[KEY].entries) == {50: blob("new")}
+
+
+# --- through ToubaSaver --------------------------------------------------------------
+
+
+async def test_a_missing_log_entry_is_record_invalid_through_the_saver(pg: Place) -> None:
+    """An entry deleted behind the store's back (a damaged table) is an error naming its
+    position, never a shorter message list."""
+    from tests.integrations.langgraph.test_saver import Thread, message
+    from touba.integrations.langgraph import ToubaSaver
+
+    backend = pg.backend()
+    thread = Thread(ToubaSaver(backend))
+    await thread.put([message(i) for i in range(5)])
+    async with await pg.admin() as conn:
+        await conn.execute(sql.SQL("DELETE FROM {} WHERE position = 2").format(pg.table("entries")))
+    with pytest.raises(DecisionHistoryRecordInvalid, match="position 2 of its 'messages' log"):
+        await ToubaSaver(backend).aget_tuple(thread.config)
+    with pytest.raises(DecisionHistoryRecordInvalid):
+        [t async for t in ToubaSaver(backend).alist(None)]
+
+
+async def test_langgraph_checkpoint_conformance_is_full_on_postgres() -> None:
+    """langgraph-checkpoint-conformance's validate() on ToubaSaver.postgres: every
+    capability, the extended ones included (``make peers`` runs the same suite)."""
+    from langgraph.checkpoint.conformance import checkpointer_test, validate
+    from langgraph.checkpoint.conformance.report import ProgressCallbacks
+
+    from tests.peers import langgraph_savers
+
+    postgres_dsn()
+    registered = checkpointer_test(name="ToubaSaver.postgres")(langgraph_savers.postgres)
+    report = await validate(registered, progress=ProgressCallbacks.quiet())
+    failures = {cap: r.failures for cap, r in report.results.items() if r.failures}
+    assert failures == {}
+    assert all(r.detected and r.passed is True for r in report.results.values())
+    assert report.conformance_level() == "FULL"
+    assert sum(r.tests_passed for r in report.results.values()) == 81
+
+
+async def test_a_lock_timeout_is_retryable_and_leaves_nothing(pg: Place) -> None:
+    """A put that waits past the server's ``lock_timeout`` (set in the DSN) raises
+    DecisionHistoryStoreUnavailable (retryable, chained), writes nothing, and the same
+    put succeeds once the lock is gone."""
+    backend = PostgresSaverBackend(
+        make_conninfo(pg.dsn, options="-c lock_timeout=200"), table_prefix=pg.prefix
+    )
+    pg.opened.append(backend)
+    one = await backend.put(put_request("0001", logs=[messages((), "a")]))
+    again = put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "b")])
+    async with await pg.admin() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute(sql.SQL("SELECT 1 FROM {} FOR UPDATE").format(pg.table("logs")))
+        with pytest.raises(DecisionHistoryStoreUnavailable) as caught:
+            await backend.put(again)
+        assert caught.value.retryable
+        assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
+        await holder.execute("ROLLBACK")
+    assert await pg.count("entries") == 1
+    assert (await backend.put(again)).spans["messages"] == (Span(0, 2),)

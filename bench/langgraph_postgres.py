@@ -1,0 +1,196 @@
+"""ToubaSaver on PostgreSQL against LangGraph's AsyncPostgresSaver and InMemorySaver.
+
+The tool loop of ``bench/langgraph_saver.py`` (a scripted model calling a tool once per
+question, LangGraph's ``ToolNode``, then an answer) runs on a thread that already holds N
+messages of about 1 KB (10, 1,000, 5,000), with each saver in turn, interleaved. A "step"
+is one super-step: an ``ainvoke`` divided by the checkpoints it made (4 per question).
+Printed per N: ms per step for each saver (median of the rounds) and ToubaSaver's ratios.
+Both PostgreSQL savers use the same server, each in a schema of its own, dropped at the
+end; every commit waits for the server's WAL flush (``synchronous_commit`` as the server
+has it), which dominates a step's time on a slow disk.
+
+Then the bytes: the size of each saver's tables (``pg_total_relation_size``: rows,
+TOAST and indexes) after 60 steps on a thread of 1,000 messages. PostgreSQL compresses a
+value stored out of line (pglz), which favours a saver rewriting one large, repetitive
+blob: so these threads are filled with messages of varied words (about as compressible
+as prose), not the repeated sentence of ``bench/langgraph_saver.py``. Benchmarks are not
+tests: nothing here asserts.
+
+    .venv/bin/python bench/langgraph_postgres.py [--quick] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psycopg
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.memory import InMemorySaver
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from bench.langgraph_saver import graph_with, question
+from touba.integrations.langgraph import ToubaSaver
+
+DSN = os.environ.get("TOUBA_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+WORDS = [f"w{i:x}" for i in range(4096)]
+
+
+def conversation(n: int) -> list[AnyMessage]:
+    """n messages of about 1 KB of varied words (the same ones for every saver)."""
+    rng = random.Random(n)
+    out: list[AnyMessage] = []
+    for i in range(n):
+        kind = HumanMessage if i % 2 == 0 else AIMessage
+        text = " ".join(rng.choice(WORDS) for _ in range(220))[:1000]
+        out.append(kind(f"{i} {text}", id=f"p{i}"))
+    return out
+
+
+async def prefill(graph: Any, config: RunnableConfig, n: int) -> None:
+    await graph.aupdate_state(config, {"messages": conversation(n)})
+
+
+Opener = Callable[[str], AbstractAsyncContextManager[BaseCheckpointSaver[Any]]]
+
+
+@asynccontextmanager
+async def touba(schema: str) -> AsyncIterator[BaseCheckpointSaver[Any]]:
+    async with ToubaSaver.postgres(DSN, table_prefix=f"{schema}.lg") as saver:
+        yield saver
+
+
+@asynccontextmanager
+async def langgraph_postgres(schema: str) -> AsyncIterator[BaseCheckpointSaver[Any]]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    dsn = make_conninfo(DSN, options=f"-csearch_path={schema}")
+    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+        await saver.setup()
+        yield saver
+
+
+@asynccontextmanager
+async def in_memory(schema: str) -> AsyncIterator[BaseCheckpointSaver[Any]]:
+    yield InMemorySaver()
+
+
+SAVERS: dict[str, Opener] = {
+    "touba": touba,
+    "postgres": langgraph_postgres,
+    "memory": in_memory,
+}
+
+
+@asynccontextmanager
+async def schemas(names: list[str]) -> AsyncIterator[dict[str, str]]:
+    """A new schema per name, dropped afterwards."""
+    made = {name: f"bench_lg_{name}_{uuid.uuid4().hex[:8]}" for name in names}
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        for schema in made.values():
+            await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    try:
+        yield made
+    finally:
+        async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+            for schema in made.values():
+                await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def schema_bytes(schema: str) -> int:
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind = 'r'",
+            (schema,),
+        )
+        found = await cur.fetchone()
+        return 0 if found is None else int(found[0])
+
+
+async def step_times(n: int, rounds: int) -> dict[str, float]:
+    """ms per super-step for each saver at n messages (median over rounds)."""
+    times: dict[str, list[float]] = {name: [] for name in SAVERS}
+    async with schemas(list(SAVERS)) as made:
+        openers = {name: SAVERS[name](made[name]) for name in SAVERS}
+        savers = {name: await opener.__aenter__() for name, opener in openers.items()}
+        try:
+            graphs = {name: graph_with(saver) for name, saver in savers.items()}
+            config: RunnableConfig = {"configurable": {"thread_id": f"bench-{n}"}}
+            for graph in graphs.values():
+                await prefill(graph, config, n)
+                await question(graph, config, -1)  # warm up
+            for r in range(rounds):
+                for name, graph in graphs.items():  # interleaved: side by side
+                    started = time.perf_counter()
+                    made_steps = await question(graph, config, r)
+                    times[name].append((time.perf_counter() - started) * 1000 / made_steps)
+        finally:
+            for opener in openers.values():
+                await opener.__aexit__(None, None, None)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+async def sizes_after(n: int, steps: int) -> dict[str, int]:
+    """Each PostgreSQL saver's table bytes after ``steps`` steps on a thread of n."""
+    names = ["touba", "postgres"]
+    sizes: dict[str, int] = {}
+    async with schemas(names) as made:
+        for name in names:
+            async with SAVERS[name](made[name]) as saver:
+                graph = graph_with(saver)
+                config: RunnableConfig = {"configurable": {"thread_id": "bytes"}}
+                await prefill(graph, config, n)
+                done = i = 0
+                while done < steps:
+                    done += await question(graph, config, i)
+                    i += 1
+            sizes[name] = await schema_bytes(made[name])
+    return sizes
+
+
+async def main(quick: bool, rounds: int) -> None:
+    sizes_n = [10, 1000] if quick else [10, 1000, 5000]
+    print("LangGraph tool loop on PostgreSQL, ms per super-step (median), N messages of ~1 KB")
+    print(
+        f"{'N':>6}{'touba pg':>10}{'AsyncPostgres':>15}{'InMemorySaver':>15}"
+        f"{'touba/pg':>10}{'touba/memory':>14}"
+    )
+    for n in sizes_n:
+        t = await step_times(n, rounds if n < 5000 else max(2, rounds // 2))
+        print(
+            f"{n:>6}{t['touba']:>10.2f}{t['postgres']:>15.2f}{t['memory']:>15.2f}"
+            f"{t['touba'] / t['postgres']:>10.2f}{t['touba'] / t['memory']:>14.2f}"
+        )
+    steps = 20 if quick else 60
+    sizes = await sizes_after(1000, steps)
+    print(f"\ntable bytes after {steps} steps on a thread of 1,000 messages:")
+    print(f"  ToubaSaver (PostgreSQL):   {sizes['touba'] / 1e6:8.2f} MB")
+    print(f"  AsyncPostgresSaver:        {sizes['postgres'] / 1e6:8.2f} MB")
+    print(f"  ratio touba / postgres:    {sizes['touba'] / sizes['postgres']:8.3f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    asyncio.run(main(args.quick, args.rounds))
