@@ -11,7 +11,9 @@ get (the caller holds the log) on a thread whose log holds 100, 5,000 and 50,000
 ms per call (median of 5 batches of 100).
 
 Then the bytes at 1,000 messages over 60 steps: what ToubaSaver hands the Redis backend per
-step against the bytes of the messages the step added, and the memory Redis holds for the
+step and what the client sends Redis over the wire (counted by a loopback relay in front
+of the server: commands, arguments, key names, protocol) against the bytes of the
+messages the step added, and the memory Redis holds for the
 thread afterwards (``MEMORY USAGE`` of every key under the saver's prefix) against the
 serialized size of the thread's messages. Needs the Redis server of ``TOUBA_REDIS_URL``
 (default ``redis://127.0.0.1:6379/0``); keys go under a fresh prefix, deleted afterwards.
@@ -32,6 +34,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from langchain_core.runnables import RunnableConfig
@@ -154,28 +157,72 @@ async def backend_calls(n: int) -> tuple[float, float]:
         drop(prefix)
 
 
-async def bytes_per_step(n: int, steps: int) -> tuple[float, float, int, int]:
-    """Bytes handed per step, bytes the step's messages weigh, Redis memory held after,
-    serialized bytes of the thread's messages."""
+class Relay:
+    """A loopback relay to the Redis server counting the bytes clients send it."""
+
+    def __init__(self) -> None:
+        parts = urlsplit(URL)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        self.sent = 0
+        self.url = ""
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Relay:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = urlsplit(URL)._replace(netloc=f"127.0.0.1:{port}").geturl()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+
+        async def back() -> None:
+            while chunk := await up_reader.read(65536):
+                writer.write(chunk)
+                await writer.drain()
+
+        task = asyncio.create_task(back())
+        try:
+            while chunk := await reader.read(65536):
+                self.sent += len(chunk)
+                up_writer.write(chunk)
+                await up_writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            up_writer.close()
+            writer.close()
+            task.cancel()
+
+
+async def bytes_per_step(n: int, steps: int) -> tuple[float, float, float, int, int]:
+    """Bytes handed per step, bytes sent to Redis per step, bytes the step's messages
+    weigh, Redis memory held after, serialized bytes of the thread's messages."""
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
     serde = JsonPlusSerializer()
     prefix = f"touba-bench-lg:{uuid.uuid4().hex[:8]}:"
     try:
-        async with ToubaSaver(Counting(URL, prefix=prefix)) as saver:
+        async with Relay() as relay, ToubaSaver(Counting(relay.url, prefix=prefix)) as saver:
             graph: Any = graph_with(saver)
             config: RunnableConfig = {"configurable": {"thread_id": "bytes"}}
             await prefill(graph, config, n)
             count = len((await graph.aget_state(config)).values["messages"])
             Counting.handed = 0
+            relay.sent = 0
             made = i = 0
             while made < steps:
                 made += await question(graph, config, i)
                 i += 1
+            sent = relay.sent / made
             messages = (await graph.aget_state(config)).values["messages"]
             added = sum(len(serde.dumps_typed(m)[1]) for m in messages[count:]) / made
             total = sum(len(serde.dumps_typed(m)[1]) for m in messages)
-            return Counting.handed / made, added, held(prefix), total
+            return Counting.handed / made, sent, added, held(prefix), total
     finally:
         drop(prefix)
 
@@ -193,10 +240,11 @@ async def main(quick: bool, rounds: int) -> None:
         put_ms, get_ms = await backend_calls(n)
         print(f"{n:>7}{put_ms:>12.3f}{get_ms:>10.3f}")
     steps = 20 if quick else 60
-    handed, added, memory, total = await bytes_per_step(1000, steps)
+    handed, sent, added, memory, total = await bytes_per_step(1000, steps)
     print(f"\nbytes per step at 1,000 messages ({steps} steps):")
     print(f"  messages the step added (serialized): {added:,.0f}")
-    print(f"  ToubaSaver handed Redis:              {handed:,.0f}  ({handed / added:.2f}x added)")
+    print(f"  ToubaSaver handed the Redis backend:  {handed:,.0f}  ({handed / added:.2f}x added)")
+    print(f"  the client sent Redis (on the wire):  {sent:,.0f}  ({sent / added:.2f}x added)")
     print(f"Redis memory for the thread after {steps} steps: {memory / 1e6:.2f} MB")
     print(f"  its messages, serialized once:        {total / 1e6:.2f} MB")
 

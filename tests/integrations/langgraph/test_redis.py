@@ -12,8 +12,11 @@ import asyncio
 import hashlib
 import inspect
 import json
+import shutil
 import signal
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -31,7 +34,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests._services import redis_url
-from tests.history.test_redis_cluster import cluster  # noqa: F401 (a fixture: 3 masters)
+from tests.history.test_redis_cluster import (
+    _cli,
+    _free_ports,
+    cluster,  # noqa: F401 (a fixture: 3 masters)
+)
 from tests.integrations.langgraph.test_saver import Thread, message
 from tests.peers import langgraph_savers
 from touba.errors import (
@@ -220,6 +227,35 @@ async def test_prefixes_isolate_savers_on_one_server(url: str, prefix: str) -> N
         await one.close()
         await two.close()
         _delete_keys(url, other_prefix)
+
+
+async def test_the_store_wide_indexes_follow_threads_and_runs(
+    backend: RedisSaverBackend, url: str, prefix: str
+) -> None:
+    """A thread is indexed by its first put (even after pending writes alone made it), a
+    run by its first put on each thread, again after a delete removed them; a delete
+    leaves no index entry behind."""
+
+    async def listed() -> list[str]:
+        return [r.record.checkpoint_id for r in (await backend.list(ListQuery(), {})).rows]
+
+    await backend.put_writes("a", "", "0001", [WriteRecord("task", 0, "x", blob("w"))])
+    await backend.put(request("0001", thread_id="a", run_id="r1"))
+    await backend.put(request("0002", thread_id="b", run_id="r1"))
+    assert await listed() == ["0002", "0001"]
+    await backend.delete_for_runs(["r1"])
+    assert await listed() == []
+    await backend.put(request("0003", thread_id="a", run_id="r1"))  # r1 anew on thread a
+    await backend.put(request("0004", thread_id="a", run_id="r2"))
+    await backend.delete_for_runs(["r1"])
+    assert await listed() == ["0004"]
+    await backend.delete_thread("a")
+    await backend.put(request("0005", thread_id="a"))  # a anew
+    assert await listed() == ["0005"]
+    await backend.prune(["a", "b"], "delete")
+    assert await listed() == []
+    with redis.Redis.from_url(url) as client:
+        assert [k for k in _keys(url, prefix) if client.type(k) != b"none"] == []
 
 
 # --- concurrent clients --------------------------------------------------------------
@@ -808,6 +844,52 @@ async def test_metadata_filters_compare_json_values_in_the_script(
     assert await hits(step="1") == 0
 
 
+@pytest.fixture
+def private_server(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of this test's own on a free loopback port (its URL), so that its
+    script cache may be flushed without touching the shared server's."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    [port] = _free_ports(1)
+    node = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while "PONG" not in _cli("-p", str(port), "ping"):
+            assert time.monotonic() < deadline, "the private redis-server did not start"
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        node.terminate()
+        node.wait(timeout=10)
+
+
+async def test_scripts_the_server_forgot_are_loaded_again(private_server: str) -> None:
+    """After SCRIPT FLUSH (what a restart does to the cache) each kind of call works: a
+    lone script, a script after index commands, a pipeline of reads."""
+    backend = RedisSaverBackend(private_server, prefix="p:")
+    flusher = Redis.from_url(private_server)
+    try:
+        first = await backend.put(request("0001", texts=("a",)))
+        await flusher.script_flush()
+        await backend.put(
+            request("0002", parent_id="0001", base=first.spans["messages"], texts=("b",))
+        )
+        await flusher.script_flush()
+        await backend.put(request("0003", thread_id="new", texts=("c",)))  # indexes, then put
+        await flusher.script_flush()
+        page = await backend.list(ListQuery(), {})
+        assert [r.record.checkpoint_id for r in page.rows] == ["0003", "0002", "0001"]
+        assert texts_of(page, 1) == ["a", "b"]
+    finally:
+        await backend.close()
+        await flusher.aclose()
+
+
 # --- Redis Cluster -------------------------------------------------------------------
 
 
@@ -838,6 +920,14 @@ async def test_the_backend_contract_and_conformance_on_a_cluster(
             async for key in client.scan_iter(match="contract-*")
         }
         assert len(slots) > 3  # the threads are spread over slots (and nodes)
+        # scripts the nodes forgot (a restart, SCRIPT FLUSH) are loaded again
+        for port in cluster:
+            node = Redis(host="127.0.0.1", port=port)
+            await node.script_flush()
+            await node.aclose()
+        again = RedisSaverBackend(client=client, prefix="flushed:")
+        await again.put(request("0001", texts=("a",)))
+        assert texts_of(await again.get("t", "", None, {})) == ["a"]
 
         async def factory() -> AsyncIterator[ToubaSaver]:
             async with ToubaSaver(

@@ -15,9 +15,11 @@ Behaviour decisions:
   only its new entries (HSET of k fields), a read asks for the positions it lacks (HMGET),
   and a prune removes positions without renumbering the others. Costs are the protocol's:
   a put O(what it adds + blobs + metadata keys), a warm get O(what the step added).
-- **Indexes before data.** A put sends the store-wide index updates in the same round
-  trip, before its script (a pipeline: two slots cannot share a script); a delete updates
-  them after its script. A crash between leaves an index entry naming a thread or run
+- **Indexes before data.** The first put on a thread (or with a new run id there) finds
+  the thread not marked indexed and writes nothing; the backend then sends the store-wide
+  index updates and the put again in one round trip (a pipeline: two slots cannot share a
+  script). Later puts are one script, no index traffic. A delete updates the indexes
+  after its script. A crash between leaves an index entry naming a thread or run
   with nothing behind it, which readers skip. A delete of a thread racing a put on it may
   remove the entry that put added; the thread's next put adds it again (every put does).
 - **Atomic per thread.** ``delete_for_runs`` and ``prune`` are atomic per thread, not
@@ -273,7 +275,7 @@ class RedisSaverBackend:
         lost (a restart, SCRIPT FLUSH) is loaded again and run once more."""
         self._check_open()
         script: LuaScript = self._scripts[name]
-        command = ("EVALSHA", script.sha, 1, base + "meta", base, *args)
+        command = ("EVALSHA", script.sha, 1, base + "meta", *args)
         if isinstance(self._client, aioredis.RedisCluster):
             # A cluster client's pipelines refuse scripts: the index commands go first
             # (spread over their nodes), then the script, routed by its key's slot.
@@ -315,7 +317,7 @@ class RedisSaverBackend:
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=False) as pipe:
                     for base, args in calls:
-                        pipe.execute_command("EVALSHA", script.sha, 1, base + "meta", base, *args)
+                        pipe.execute_command("EVALSHA", script.sha, 1, base + "meta", *args)
                     replies = list(await pipe.execute(raise_on_error=False))
                 if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                     await self._client.script_load(script.source)  # it only reads: run again
@@ -340,7 +342,8 @@ class RedisSaverBackend:
     # -- the protocol -------------------------------------------------------------------
 
     async def put(self, request: PutCheckpoint) -> PutResult:
-        """``SaverBackend.put``: put.lua, after the store-wide index updates."""
+        """``SaverBackend.put``: put.lua; on a thread or run new here, the store-wide index
+        updates first and put.lua again, in one round trip."""
         thread = request.thread_id
         base = self._base(thread)
         try:
@@ -365,8 +368,9 @@ class RedisSaverBackend:
             request.metadata[1],
             _b(request.metadata_json),
             _b(request.run_id or ""),
-            uuid.uuid4().hex,
-            uuid.uuid4().hex,
+            uuid.uuid4().hex[:16],
+            uuid.uuid4().hex[:16],
+            "0",  # the indexes: see below
             len(fields) // 2,
             *fields,
             len(request.versions),
@@ -384,12 +388,16 @@ class RedisSaverBackend:
                 args += [s.start, s.end]
             args.append(len(log.items))
             args += [_pack(_b(kind), data) for kind, data in log.items]
-        digest = hashlib.sha256(_b(thread)).hexdigest()
-        before: list[tuple[Any, ...]] = [("HSET", self._threads, digest, _b(thread))]
-        if request.run_id:
-            before.append(("SADD", self._run_index(request.run_id), digest))
-        reply = await self._eval("put", base, args, "a checkpoint put", before)
+        reply = await self._eval("put", base, args, "a checkpoint put")
         status = _s(reply[0])
+        if status == "unindexed":  # a new thread or run here: index it first, then put
+            digest = hashlib.sha256(_b(thread)).hexdigest()
+            before: list[tuple[Any, ...]] = [("HSET", self._threads, digest, _b(thread))]
+            if request.run_id:
+                before.append(("SADD", self._run_index(request.run_id), digest))
+            args[12] = "1"
+            reply = await self._eval("put", base, args, "a checkpoint put", before)
+            status = _s(reply[0])
         if status == "base":
             raise DecisionHistoryRecordInvalid(
                 f"the log of channel {_s(reply[1])!r} is shorter than the parent checkpoint "
@@ -513,7 +521,12 @@ class RedisSaverBackend:
         runs, spaces = await self._eval("export", self._base(source_thread_id), [], "a thread copy")
         if not spaces:
             return
-        args: list[Any] = [_b(target_thread_id), uuid.uuid4().hex, uuid.uuid4().hex, len(spaces)]
+        args: list[Any] = [
+            _b(target_thread_id),
+            uuid.uuid4().hex[:16],
+            uuid.uuid4().hex[:16],
+            len(spaces),
+        ]
         for ns, cps, writes, blobs, logs in spaces:
             args += [ns, len(cps)]
             for cid, fields in cps:
@@ -545,7 +558,7 @@ class RedisSaverBackend:
                 await self._drop(digest)
                 continue
             emptied = await self._eval(
-                "prune", self._thread_base(digest), [uuid.uuid4().hex], "a prune"
+                "prune", self._thread_base(digest), [uuid.uuid4().hex[:16]], "a prune"
             )
             await self._commands(
                 [("SREM", self._global + "run:" + _s(r), digest) for r in emptied], "a prune"

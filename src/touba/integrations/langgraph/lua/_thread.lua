@@ -2,17 +2,19 @@
 -- touba/integrations/langgraph/_redis.py): the key names of one thread and the
 -- functions the scripts share.
 --
--- Every key of a thread starts with B = prefix .. '{' .. sha256(thread_id) .. '}:'
--- (ARGV[1]), so a thread lives in one cluster slot and each script, which touches
--- one thread only, is atomic. KEYS[1] is B .. 'meta' (it routes the script); the
--- other names are built here from B. A namespace N and a channel C are named by
+-- Every key of a thread starts with B = prefix .. '{' .. sha256(thread_id) .. '}:',
+-- so a thread lives in one cluster slot and each script, which touches one thread
+-- only, is atomic. KEYS[1] is B .. 'meta' (it routes the script); the other names
+-- are built here from B. ARGV are each script's own. A namespace N and a channel C are named by
 -- the first 16 hex digits of the SHA1 of their text; the registries below map them
 -- back, and a script refuses a text whose id another text already holds
 -- ('collision'), so two texts never share keys.
 --
---   B meta              HASH  thread -> thread id; copy -> the last copy applied
+--   B meta              HASH  thread -> thread id; copy -> the last copy applied;
+--                             indexed -> '1' once the store-wide index names it
 --   B ns                HASH  N -> namespace text
---   B runs              SET   SHA1 of each run id with a checkpoint here
+--   B runs              SET   SHA1 of each run id with a checkpoint here (each one
+--                             the store-wide run index names)
 --   B run:<sha1(run)>   SET   "N:checkpoint_id" of that run's checkpoints
 --   B n:N:cps           ZSET  checkpoint ids (score 0: ordered by id, bytewise)
 --   B n:N:c:<id>        HASH  a checkpoint: k (put token), p (parent), ct/c
@@ -29,7 +31,7 @@
 --
 -- Values (blobs, entries, writes) are packed by the Python side and never read
 -- here. Checks come before the first write, so a refusal changes nothing.
-local B = ARGV[1]
+local B = string.sub(KEYS[1], 1, -5)  -- KEYS[1] without 'meta'
 local META, NSS, RUNS = B .. 'meta', B .. 'ns', B .. 'runs'
 
 local function short(text)

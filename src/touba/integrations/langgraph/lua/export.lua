@@ -1,6 +1,6 @@
 -- Everything one thread holds, for a copy (SaverBackend.copy_thread reads the
 -- source with this, then writes the target with import.lua: two threads are two
--- cluster slots, so no one script may touch both). ARGV: B.
+-- cluster slots, so no one script may touch both). ARGV: none.
 -- Reply: {run SHA1s, spaces}; a space is {namespace, {id, checkpoint fields}...,
 -- {id, write fields}..., blob fields, {channel, length, position, entry...}...}.
 --@include _thread.lua

@@ -2,19 +2,19 @@
 -- export.lua read the source). Each source log's entries go at the end of this
 -- thread's log of the same namespace and channel, the copied spans shifted by
 -- that offset; a checkpoint or write already here is kept as it is.
--- ARGV: B, thread id, copy token (a retry of the same copy writes nothing), a
+-- ARGV: thread id, copy token (a retry of the same copy writes nothing), a
 -- fresh log token, then: nspaces, and per space: namespace, ncheckpoints, per
 -- checkpoint (id, nfields, its fields and values), nwrites, per id (id, nfields,
 -- its fields and values), nblobs, its fields and values, nlogs, per log (channel,
 -- length, nentries, position and entry per entry).
 -- Reply: {'ok'} | {'collision'}.
 --@include _thread.lua
-local thread, copy, fresh = ARGV[2], ARGV[3], ARGV[4]
+local thread, copy, fresh = ARGV[1], ARGV[2], ARGV[3]
 local held = redis.call('HGET', META, 'thread')
 if held and held ~= thread then return {'collision'} end
 if redis.call('HGET', META, 'copy') == copy then return {'ok'} end
 
-local at = 5
+local at = 4
 local function take()
   at = at + 1
   return ARGV[at - 1]
@@ -54,7 +54,7 @@ for _, space in ipairs(spaces) do
   end
 end
 
-redis.call('HSET', META, 'thread', thread, 'copy', copy)
+redis.call('HSET', META, 'thread', thread, 'copy', copy, 'indexed', '1')
 for _, space in ipairs(spaces) do
   local N = space.N
   redis.call('HSET', NSS, N, space.ns)

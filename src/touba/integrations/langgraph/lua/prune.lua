@@ -1,10 +1,10 @@
 -- Keep only the latest checkpoint of each namespace of one thread, with its writes,
 -- its blobs and the log entries its spans name (SaverBackend.prune "keep_latest").
 -- A log that loses entries gets a new token; its positions stay where they are.
--- ARGV: B, a fresh log token. Reply: the SHA1s of the run ids left with no
+-- ARGV: a fresh log token. Reply: the SHA1s of the run ids left with no
 -- checkpoint here (for the store-wide run index, which the caller updates after).
 --@include _thread.lua
-local fresh = ARGV[2]
+local fresh = ARGV[1]
 local keeps = {}
 for _, N in ipairs(redis.call('HKEYS', NSS)) do
   local latest = redis.call('ZREVRANGEBYLEX', nkey(N, 'cps'), '+', '-', 'LIMIT', 0, 1)[1]

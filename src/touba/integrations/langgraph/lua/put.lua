@@ -1,16 +1,19 @@
 -- Store one checkpoint, its new blobs and its log appends (SaverBackend.put).
--- ARGV: B, thread id, namespace, checkpoint id, parent id ('' none), checkpoint type
+-- ARGV: thread id, namespace, checkpoint id, parent id ('' none), checkpoint type
 -- and bytes, metadata type and bytes, metadata JSON, run id ('' none), put token (a
 -- retry of the same put finds it stored and writes nothing), a fresh log token (for
--- a log this put creates), then counted groups: nf then (key, canonical JSON value)
+-- a log this put creates), '1' when the store-wide indexes were updated for this
+-- call (else a put on a thread or run they may not name yet answers 'unindexed'
+-- and writes nothing: the caller sends them, then the put again), then counted
+-- groups: nf then (key, canonical JSON value)
 -- per metadata key; nv then (channel, version); nb then (channel, version, packed
 -- blob or '' for empty); nl then per log: channel, nbase, its base spans as
 -- 2 * nbase numbers, nitems, the packed items.
 -- Reply: {'ok', then per log: channel, token, length, spans} | {'base', channel}
--- (a base span past the log's end) | {'collision'}.
+-- (a base span past the log's end) | {'collision'} | {'unindexed'}.
 --@include _thread.lua
-local thread, ns, id, parent = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local run, put_token, fresh = ARGV[11], ARGV[12], ARGV[13]
+local thread, ns, id, parent = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local run, put_token, fresh, indexed = ARGV[10], ARGV[11], ARGV[12], ARGV[13] == '1'
 
 local held = redis.call('HGET', META, 'thread')
 if held and held ~= thread then return {'collision'} end
@@ -65,6 +68,12 @@ if redis.call('HGET', ck, 'k') == put_token then
   return reply
 end
 
+-- The store-wide indexes name this thread and its run before it holds anything.
+if not indexed and (not redis.call('HGET', META, 'indexed')
+                    or (run ~= '' and redis.call('SISMEMBER', RUNS, redis.sha1hex(run)) == 0)) then
+  return {'unindexed'}
+end
+
 -- Checks first: every log's id is free, every base span lies inside its log.
 for _, log in ipairs(logs) do
   log.C = registered(nkey(N, 'logs'), log.channel)
@@ -78,6 +87,7 @@ for _, log in ipairs(logs) do
 end
 
 redis.call('HSET', META, 'thread', thread)
+if indexed then redis.call('HSET', META, 'indexed', '1') end
 redis.call('HSET', NSS, N, ns)
 local reply = {'ok'}
 for _, log in ipairs(logs) do
@@ -116,8 +126,8 @@ if before and before ~= run then
   redis.call('SREM', run_key(redis.sha1hex(before)), N .. ':' .. id)
 end
 redis.call('DEL', ck)
-local record = {'k', put_token, 'ct', ARGV[6], 'c', ARGV[7], 'mt', ARGV[8], 'm', ARGV[9],
-                'mj', ARGV[10]}
+local record = {'k', put_token, 'ct', ARGV[5], 'c', ARGV[6], 'mt', ARGV[7], 'm', ARGV[8],
+                'mj', ARGV[9]}
 if parent ~= '' then
   record[#record + 1] = 'p'
   record[#record + 1] = parent

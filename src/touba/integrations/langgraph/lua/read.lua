@@ -1,6 +1,6 @@
 -- The checkpoints a get or a list selects, newest first, with their blobs, writes
 -- and the log entries they name (SaverBackend.get and .list, one thread).
--- ARGV: B, '1' for one namespace (then ARGV[3] is it) or '0' for all, checkpoint
+-- ARGV: '1' for one namespace (then ARGV[2] is it) or '0' for all, checkpoint
 -- id ('' any), before ('' none: else only ids bytewise smaller), limit ('-1' none),
 -- then nf and (key, canonical JSON value) per metadata filter, then nh and
 -- (namespace, channel, token, length) per log the caller holds.
@@ -10,10 +10,10 @@
 -- for the positions the rows' spans name (above the held length when the caller
 -- holds the log under its current token).
 --@include _thread.lua
-local one, only, id, before = ARGV[2] == '1', ARGV[3], ARGV[4], ARGV[5]
-local limit = tonumber(ARGV[6])
+local one, only, id, before = ARGV[1] == '1', ARGV[2], ARGV[3], ARGV[4]
+local limit = tonumber(ARGV[5])
 
-local at = 7
+local at = 6
 local function take()
   at = at + 1
   return ARGV[at - 1]
@@ -61,8 +61,10 @@ for _, space in ipairs(spaces) do
     end
   else
     local n, max = 0, (before == '' and '+' or '(' .. before)
+    -- without filters the first `limit` ids are the answer: read no more than those
+    local size = (#filters == 0 and limit > 0) and math.min(limit, 64) or 64
     while limit < 0 or n < limit do
-      local page = redis.call('ZREVRANGEBYLEX', cps, max, '-', 'LIMIT', 0, 64)
+      local page = redis.call('ZREVRANGEBYLEX', cps, max, '-', 'LIMIT', 0, size)
       for _, cid in ipairs(page) do
         if matches(nkey(N, 'c:' .. cid)) then
           found[#found + 1] = {N, ns, cid}
@@ -70,7 +72,7 @@ for _, space in ipairs(spaces) do
           if n == limit then break end
         end
       end
-      if #page < 64 then break end
+      if #page < size then break end
       max = '(' .. page[#page]
     end
   end

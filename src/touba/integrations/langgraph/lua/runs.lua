@@ -1,9 +1,9 @@
 -- Remove the checkpoints of some runs from one thread, and their writes
--- (SaverBackend.delete_for_runs). Blobs and log entries stay. ARGV: B, then the
--- SHA1 of each run id. Reply: how many checkpoints went.
+-- (SaverBackend.delete_for_runs). Blobs and log entries stay. ARGV: the SHA1 of each
+-- run id. Reply: how many checkpoints went.
 --@include _thread.lua
 local gone = 0
-for i = 2, #ARGV do
+for i = 1, #ARGV do
   local rsha = ARGV[i]
   for _, member in ipairs(redis.call('SMEMBERS', run_key(rsha))) do
     local N, id = string.match(member, '^([^:]+):(.*)$')
