@@ -1,20 +1,22 @@
 """LangGraph graphs end to end on ``ToubaSaver``, on every touba store.
 
-A ``StateGraph`` tool loop (``ToolNode``, ``tools_condition``), LangChain's
-``create_agent``, an ``interrupt()`` answered by ``Command(resume=...)``, and time
-travel (the state history, a replay from an earlier checkpoint, ``update_state``
-forks, a message replaced and one removed), driven by a scripted chat model. Each
-scenario runs twice, once on LangGraph's own ``InMemorySaver`` and once on
-``ToubaSaver``, and what the graph shows (states, their order, ``next``, the
-metadata LangGraph writes) must be the same; each test also checks what it expects
-outright. Sync tests use the saver's sync methods, async tests its async ones.
+A ``StateGraph`` tool loop (``ToolNode``, ``tools_condition``) under each durability
+mode, LangChain's ``create_agent``, an ``interrupt()`` answered by
+``Command(resume=...)`` (in the graph, and in a subgraph with a checkpoint namespace of
+its own), time travel (the state history, a replay from an earlier checkpoint,
+``update_state`` forks, a message replaced and one removed), threads run at once and a
+reopened store, driven by a scripted chat model. Each scenario runs twice, once on
+LangGraph's own ``InMemorySaver`` and once on ``ToubaSaver``, and what the graph shows
+(states, their order, ``next``, the metadata LangGraph writes) must be the same; each
+test also checks what it expects outright. Sync tests use the saver's sync methods,
+async tests its async ones. One test watches the store's backend: each step of a real
+graph appends only the messages it added to the thread's log.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import pytest
@@ -122,19 +124,10 @@ def snapshot(state: StateSnapshot) -> tuple[Any, ...]:
     return (messages, state.next, metadata.get("step"), metadata.get("source"), interrupts)
 
 
-@contextmanager
-def opened(store: Store) -> Iterator[Saver]:
-    saver = store.open()
-    try:
-        yield saver
-    finally:
-        saver.close()
-
-
 def both(store: Store, scenario: Callable[[Saver], Any]) -> Any:
     """The scenario on InMemorySaver and on the store: the same result, returned."""
     expected = scenario(InMemorySaver())
-    with opened(store) as saver:
+    with store.open() as saver:  # the sync methods, closed by close()
         got = scenario(saver)
     assert got == expected
     return got
@@ -142,11 +135,8 @@ def both(store: Store, scenario: Callable[[Saver], Any]) -> Any:
 
 async def both_async(store: Store, scenario: Callable[[Saver], Awaitable[Any]]) -> Any:
     expected = await scenario(InMemorySaver())
-    saver = store.open()
-    try:
+    async with store.open() as saver:  # the async methods, closed by aclose()
         got = await scenario(saver)
-    finally:
-        await saver.aclose()
     assert got == expected
     return got
 
@@ -504,13 +494,13 @@ async def test_each_step_of_a_graph_logs_only_the_messages_it_added(store: Store
 
 def test_a_reopened_store_holds_every_checkpoint(persistent_store: Store) -> None:
     model = script(calls("A0"), says("A0 shipped."), says("You're welcome."))
-    with opened(persistent_store) as saver:
+    with persistent_store.open() as saver:
         graph = tool_loop(model, saver)
         graph.invoke({"messages": [asks("Check A0")]}, thread("a"))
         before = [snapshot(s) for s in graph.get_state_history(thread("a"))]
         configs = [s.config for s in graph.get_state_history(thread("a"))]
 
-    with opened(persistent_store) as saver:
+    with persistent_store.open() as saver:
         graph = tool_loop(model, saver)
         assert [snapshot(s) for s in graph.get_state_history(thread("a"))] == before
         assert [s.config for s in graph.get_state_history(thread("a"))] == configs
