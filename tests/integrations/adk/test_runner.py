@@ -22,8 +22,9 @@ from google.genai import types
 from pydantic import Field
 
 from tests.integrations.adk.conftest import BackendOpener
-from touba.errors import DecisionHistoryBusy
+from touba.errors import DecisionHistoryBusy, DecisionHistoryLimitExceeded
 from touba.integrations.adk import ToubaSessionService
+from touba.integrations.adk._backend import AdkLimits
 
 APP = "shop"
 
@@ -149,3 +150,20 @@ async def test_a_second_run_on_a_held_session_is_refused_before_its_model_call(
     assert stored.state == {"answer": "Your order is first: shipped."}
     # the session is free again: the next run goes through
     await run(runner(service, second_model), "ann", "s1", "second")
+
+
+async def test_a_full_session_stops_the_run_before_its_model_call(
+    open_backend: BackendOpener,
+) -> None:
+    service = ToubaSessionService(open_backend(limits=AdkLimits(max_session_bytes=3_000)))
+    model = ScriptedModel()
+    await service.create_session(app_name=APP, user_id="ann", session_id="s1")
+    await run(runner(service, model), "ann", "s1", "first")  # ~4 events, under 3,000 bytes
+    calls = len(model.calls)
+    with pytest.raises(DecisionHistoryLimitExceeded) as caught:
+        await run(runner(service, model), "ann", "s1", "second " + "x" * 2_000)
+    assert caught.value.limit == "max_retained_bytes"
+    assert len(model.calls) == calls  # no model call for the refused run
+    stored = await service.get_session(app_name=APP, user_id="ann", session_id="s1")
+    assert stored is not None
+    assert len(stored.events) == 4

@@ -82,13 +82,10 @@ every deliberate difference is listed here):
   ``SessionNotFoundError``); expired sessions are purged at most once a minute
   by ``create_session`` and by ``purge_expired()``. App and user state never
   expire.
-- **Decoded events are cached** in the process (``event_cache_bytes``, 16 MiB of
-  event JSON by default; 0: none), keyed by their stored JSON text, so a cached
-  event is never stale; a read returns deep copies (about a third of the cost of
-  decoding an ADK event), so a whole-session read of a session this process
-  wrote or read before costs less than ADK's. Each cached event is a dozen
-  objects that the host's full garbage collections visit: lower the bound if
-  those pauses matter more than whole reads.
+- **Capacity before cost.** A ``Runner`` appends the user's message before it
+  calls the model, so a session over ``max_session_bytes``, a session held by
+  another run, or one gone stale is refused at that first append: the run
+  stops before it costs a model call.
 - **Files and tenants.** SQLite files are private (0600, in a directory only
   their owner may enter, symlinks refused); PostgreSQL tables live under their
   ``table_prefix`` and Redis keys under their ``prefix``: two prefixes never
@@ -125,7 +122,7 @@ from touba.integrations.adk._backend import (
     SessionRecord,
     StoredEvent,
 )
-from touba.integrations.adk._events import DEFAULT_CACHE_BYTES, EventCache, encode
+from touba.integrations.adk._events import decode, encode
 
 __all__ = ["ToubaSessionService"]
 
@@ -239,45 +236,23 @@ class ToubaSessionService(BaseSessionService):
     (or ``async with``).
     """
 
-    def __init__(
-        self,
-        backend: AdkBackend,
-        *,
-        clock: Callable[[], float] = time.time,
-        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
-    ) -> None:
-        """Serve sessions from ``backend`` (an ``AdkBackend``); ``clock`` gives epoch seconds.
-
-        ``event_cache_bytes`` bounds the decoded events kept in this process (0: none).
-        """
-        if isinstance(event_cache_bytes, bool) or not isinstance(event_cache_bytes, int):
-            raise ConfigurationError("event_cache_bytes must be an int (0: no cache)")
-        if event_cache_bytes < 0:
-            raise ConfigurationError("event_cache_bytes must be 0 or more")
+    def __init__(self, backend: AdkBackend, *, clock: Callable[[], float] = time.time) -> None:
+        """Serve sessions from ``backend`` (an ``AdkBackend``); ``clock`` gives epoch seconds."""
         self._backend = backend
         self._clock = clock
         self._last_purge = -math.inf
-        self._events = EventCache(event_cache_bytes)
 
     # --- constructors ---
 
     @classmethod
-    def memory(
-        cls, *, event_cache_bytes: int = DEFAULT_CACHE_BYTES, **limits: Any
-    ) -> ToubaSessionService:
+    def memory(cls, **limits: Any) -> ToubaSessionService:
         """Sessions in this process's memory (tests, development). ``limits``: see the module."""
         from touba.integrations.adk._memory import MemoryAdkBackend
 
-        return cls(MemoryAdkBackend(_limits(limits)), event_cache_bytes=event_cache_bytes)
+        return cls(MemoryAdkBackend(_limits(limits)))
 
     @classmethod
-    def sqlite(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
-        **limits: Any,
-    ) -> ToubaSessionService:
+    def sqlite(cls, path: str | os.PathLike[str], **limits: Any) -> ToubaSessionService:
         """Sessions in a private SQLite file at ``path`` (0600, WAL), opened on first use.
 
         Raises ``ConfigurationError`` for an unknown or invalid bound; an unsafe
@@ -285,7 +260,7 @@ class ToubaSessionService(BaseSessionService):
         """
         from touba.integrations.adk._sqlite import SqliteAdkBackend
 
-        return cls(SqliteAdkBackend(path, _limits(limits)), event_cache_bytes=event_cache_bytes)
+        return cls(SqliteAdkBackend(path, _limits(limits)))
 
     @classmethod
     def postgres(
@@ -293,7 +268,6 @@ class ToubaSessionService(BaseSessionService):
         dsn: str,
         *,
         table_prefix: str = "touba_adk",
-        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
         **limits: Any,
     ) -> ToubaSessionService:
         """Sessions in PostgreSQL tables named ``<table_prefix>_...``, opened on first use.
@@ -305,7 +279,7 @@ class ToubaSessionService(BaseSessionService):
         backend: AdkBackend = module.PostgresAdkBackend(
             dsn, table_prefix=table_prefix, limits=_limits(limits)
         )
-        return cls(backend, event_cache_bytes=event_cache_bytes)
+        return cls(backend)
 
     @classmethod
     def redis(
@@ -313,7 +287,6 @@ class ToubaSessionService(BaseSessionService):
         url: str,
         *,
         prefix: str = "touba:adk:",
-        event_cache_bytes: int = DEFAULT_CACHE_BYTES,
         **limits: Any,
     ) -> ToubaSessionService:
         """Sessions in Redis under keys starting with ``prefix``, connected on first use.
@@ -322,7 +295,7 @@ class ToubaSessionService(BaseSessionService):
         """
         module = importlib.import_module("touba.integrations.adk._redis")
         backend: AdkBackend = module.RedisAdkBackend(url, prefix=prefix, limits=_limits(limits))
-        return cls(backend, event_cache_bytes=event_cache_bytes)
+        return cls(backend)
 
     # --- lifecycle ---
 
@@ -390,7 +363,7 @@ class ToubaSessionService(BaseSessionService):
         read = await self._backend.read(key, recent=recent, after=after, now=self._clock())
         if read is None:
             return None
-        events = [self._events.decode(e.data, key.session_id) for e in read.events]
+        events = [decode(e.data, key.session_id) for e in read.events]
         return self._session(read, events)
 
     async def list_sessions(
@@ -453,7 +426,7 @@ class ToubaSessionService(BaseSessionService):
         stored = event.model_copy(
             update={"actions": event.actions.model_copy(update={"state_delta": kept})}
         )
-        data, decoded = encode(stored)
+        data = encode(stored)
         expected_revision, expected_time = self._expected(session)
         exclusive = _EXCLUSIVE.get()
         owner = exclusive[2] if exclusive is not None and exclusive[:2] == (id(self), key) else None
@@ -473,7 +446,6 @@ class ToubaSessionService(BaseSessionService):
         )
         if not result.appended:
             return event
-        self._events.put(data, decoded)
         self._apply_temp_state(session, event)
         event.actions.state_delta = kept
         self._commit_event_to_session(session, event)

@@ -3,7 +3,7 @@
 - **The file.** Opened with :func:`touba.history._files.open_private_sqlite`
   (0600 files in a directory only its owner may enter, symbolic links
   refused, WAL, ``synchronous=FULL``), on first use, by the thread that owns
-  the connection (:class:`touba.runtime._owned_sqlite.OwnedSqlite`). The file
+  the connection (:class:`touba.history._sqlite.OwnedThread`). The file
   may be shared with touba's other SQLite stores: the tables are ``adk_*`` and
   the schema version is a row of ``touba_meta``.
 - **Tables.** ``adk_sessions`` (one row per session: its state as a JSON
@@ -35,7 +35,7 @@ import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,7 +44,8 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
-from touba.history._sqlite import transaction
+from touba.history._files import open_private_sqlite
+from touba.history._sqlite import OwnedThread, describe, failure_kind, transaction
 from touba.integrations.adk._backend import (
     AdkLimits,
     AppendRequest,
@@ -69,13 +70,13 @@ from touba.integrations.adk._checks import (
     is_held,
     not_found,
 )
-from touba.runtime._owned_sqlite import OwnedSqlite, SchemaVersion
 
 __all__ = ["SqliteAdkBackend"]
 
 R = TypeVar("R")
 
-_VERSION = SchemaVersion("adk_sessions", 1, "ADK session")
+SCHEMA_NAME = "adk_sessions"  # its row in touba_meta
+SCHEMA_VERSION = 1
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS touba_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -197,12 +198,52 @@ def _record(row: sqlite3.Row, now: float) -> SessionRecord:
     )
 
 
+def _check_version(conn: sqlite3.Connection) -> None:
+    """Refuse a file holding another version of this schema, without touching it."""
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'touba_meta'"
+    if not conn.execute(sql).fetchone():
+        return
+    row = conn.execute("SELECT value FROM touba_meta WHERE name = ?", (SCHEMA_NAME,)).fetchone()
+    if row is not None and row[0] != str(SCHEMA_VERSION):
+        raise ConfigurationError(
+            f"this SQLite file holds ADK session schema version {row[0]!r}; this touba reads "
+            f"version {SCHEMA_VERSION}. Upgrade touba or use another file; it was not modified"
+        )
+
+
+def _translate(error: Exception, timeout: float) -> Exception:
+    """The typed error for a ``sqlite3`` or OS error: the one place they are converted."""
+    kind = failure_kind(error)
+    if kind is None:
+        return error
+    if kind == "misuse":
+        return ConfigurationError(f"the ADK session store's connection cannot be used ({error})")
+    cause = {
+        "locked": f"the file stayed locked by another connection for over {timeout:g}s",
+        "not_a_database": "the file is not a database",
+        "corrupt": "a page read back damaged (a failing disk, or real damage: then restore "
+        "a backup)",
+        "io": "the disk may be full, failing or read-only",
+    }[kind]
+    return DecisionHistoryStoreUnavailable(
+        f"the SQLite ADK session store failed ({describe(error)}): {cause}. Nothing was "
+        "written and the previous state is kept; retry once that is fixed"
+    )
+
+
 class _Db:
     """The SQL, run on the owning thread only."""
 
     def __init__(self, conn: sqlite3.Connection, limits: AdkLimits) -> None:
         conn.row_factory = sqlite3.Row
-        _VERSION.install(conn, _SCHEMA)
+        with transaction(conn):
+            _check_version(conn)
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO touba_meta (name, value) VALUES (?, ?)",
+                (SCHEMA_NAME, str(SCHEMA_VERSION)),
+            )
         self.conn = conn
         self.limits = limits
 
@@ -457,27 +498,39 @@ class SqliteAdkBackend:
         self._path = os.fspath(path)
         self._limits = limits if limits is not None else AdkLimits()
         self._timeout = timeout
-        self._sqlite: OwnedSqlite[_Db] | None = None
+        self._thread: OwnedThread | None = None
+        self._db: _Db | None = None
         self._lock = asyncio.Lock()
         self._closed = False
 
-    async def _db(self) -> OwnedSqlite[_Db]:
+    def _open(self) -> _Db:
+        conn = open_private_sqlite(self._path, timeout=self._timeout, check=_check_version)
+        try:
+            return _Db(conn, self._limits)
+        except BaseException:
+            conn.close()
+            raise
+
+    async def _run(self, job: Callable[[_Db], R]) -> R:
+        """Run ``job`` on the owned thread (opening the file first, once); sqlite3 and OS
+        errors become typed ones. Once handed over, a job runs to its end."""
         if self._closed:
             raise ConfigurationError("this ADK session backend is closed; create a new one")
-        if self._sqlite is None:
-            async with self._lock:
-                if self._sqlite is None:
-                    self._sqlite = await asyncio.to_thread(
-                        OwnedSqlite,
-                        "ADK session store",
-                        filename=self._path,
-                        database=None,
-                        timeout=self._timeout,
-                        check=_VERSION.check,
-                        build=lambda conn: _Db(conn, self._limits),
-                        unavailable=DecisionHistoryStoreUnavailable,
-                    )
-        return self._sqlite
+        try:
+            if self._db is None:
+                async with self._lock:
+                    if self._db is None:
+                        thread = self._thread or OwnedThread("touba-adk-sqlite")
+                        self._thread = thread
+                        self._db = await thread.run(self._open)
+            assert self._thread is not None
+            db = self._db
+            return await self._thread.run(lambda: job(db))
+        except Exception as e:
+            translated = _translate(e, self._timeout)
+            if translated is e:
+                raise
+            raise translated from e
 
     async def create(
         self,
@@ -490,61 +543,60 @@ class SqliteAdkBackend:
         now: float,
     ) -> SessionRead:
         """See :meth:`AdkBackend.create`."""
-        owned = await self._db()
         text = _dumps(dict(state))
-        return await owned.run(
-            lambda: owned.db.create(key, text, app_delta, user_delta, create_time, now)
+        return await self._run(
+            lambda db: db.create(key, text, app_delta, user_delta, create_time, now)
         )
 
     async def read(
         self, key: SessionKey, *, recent: int | None, after: float | None, now: float
     ) -> SessionRead | None:
         """See :meth:`AdkBackend.read`."""
-        owned = await self._db()
-        return await owned.run(lambda: owned.db.read(key, recent, after, now))
+        return await self._run(lambda db: db.read(key, recent, after, now))
 
     async def list_sessions(self, app_name: str, user_id: str | None, *, now: float) -> SessionList:
         """See :meth:`AdkBackend.list_sessions`."""
-        owned = await self._db()
-        return await owned.run(lambda: owned.db.list_sessions(app_name, user_id, now))
+        return await self._run(lambda db: db.list_sessions(app_name, user_id, now))
 
     async def read_user_state(self, app_name: str, user_id: str) -> Mapping[str, JsonValue]:
         """See :meth:`AdkBackend.read_user_state`."""
-        owned = await self._db()
-        return await owned.run(lambda: owned.db.read_user_state(app_name, user_id))
+        return await self._run(lambda db: db.read_user_state(app_name, user_id))
 
     async def append(self, key: SessionKey, request: AppendRequest) -> AppendResult:
         """See :meth:`AdkBackend.append`."""
-        owned = await self._db()
-        return await owned.run(lambda: owned.db.append(key, request))
+        return await self._run(lambda db: db.append(key, request))
 
     async def delete(self, key: SessionKey) -> None:
         """See :meth:`AdkBackend.delete`."""
-        owned = await self._db()
-        await owned.run(lambda: owned.db.delete(key))
+        await self._run(lambda db: db.delete(key))
 
     async def hold(self, key: SessionKey, owner: str, *, now: float) -> None:
         """See :meth:`AdkBackend.hold`."""
-        owned = await self._db()
-        await owned.run(lambda: owned.db.hold(key, owner, now))
+        await self._run(lambda db: db.hold(key, owner, now))
 
     async def release(self, key: SessionKey, owner: str) -> bool:
         """See :meth:`AdkBackend.release`."""
-        owned = await self._db()
-        return await owned.run(lambda: owned.db.release(key, owner))
+        return await self._run(lambda db: db.release(key, owner))
 
     async def recover(self, key: SessionKey) -> bool:
         """See :meth:`AdkBackend.recover`."""
-        owned = await self._db()
-        return await owned.run(lambda: owned.db.recover(key))
+        return await self._run(lambda db: db.recover(key))
 
     async def purge_expired(self, *, now: float) -> int:
         """See :meth:`AdkBackend.purge_expired`."""
-        owned = await self._db()
-        return await owned.run(lambda: owned.db.purge_expired(now))
+        return await self._run(lambda db: db.purge_expired(now))
 
     async def close(self) -> None:
         """Close the file and stop its thread; idempotent. Later calls raise ConfigurationError."""
+        if self._closed:
+            return
         self._closed = True
-        if self._sqlite is not None:
-            await self._sqlite.close()
+        thread, db = self._thread, self._db
+        self._thread = self._db = None
+        if thread is None:
+            return
+        try:
+            if db is not None:
+                await thread.run(db.conn.close)
+        finally:
+            await asyncio.to_thread(thread.shutdown)
