@@ -47,7 +47,13 @@ Behaviour decisions:
   no event row. ``create`` is one transaction of two or three statements (an
   expired session of that key deleted, the insert with the state deltas, the
   count checked when ``max_sessions`` is set); creates and deletes take the
-  counter row's lock for their transaction, appends never do.
+  counter row's lock for their transaction, appends never do. ``hold`` (the
+  row locked, then set only if no other owner's hold is live), ``release``,
+  ``recover``, ``read_user_state`` and ``delete`` (its events by ``ON DELETE
+  CASCADE``) are one statement each; ``purge_expired`` one statement on a
+  partial index of ``expires_at``. The statements are rendered to bytes once
+  per prefix and prepared by psycopg after a few uses; their generic plans
+  keep these index paths.
 - **Concurrency.** READ COMMITTED. Two appends from one revision: the second
   waits for the first's row lock, then sees its revision and raises
   ``StaleSessionError``; two appends of one event id: the second sees the
@@ -56,8 +62,9 @@ Behaviour decisions:
 - **Errors.** A server gone, a broken connection or a pool timeout during use is
   ``DecisionHistoryStoreUnavailable`` (retryable, the driver's error chained),
   nothing committed unless the link failed during the commit; while opening,
-  ``ConfigurationError``. A stored value this code cannot read is
-  ``DecisionHistoryRecordInvalid``.
+  ``ConfigurationError``. A value out of PostgreSQL's range (a revision past
+  64 bits) is ``ConfigurationError``; a stored value this code cannot read, or
+  tables altered behind its back, ``DecisionHistoryRecordInvalid``.
 - **Time** is the service's ``now`` (epoch seconds, stored as ``float8``, which
   keeps Python floats exactly); the server's clock is never used.
 """
@@ -200,9 +207,11 @@ CREATE: Final = (
     "  ON CONFLICT (app_name, user_id) DO UPDATE SET state = u.state || EXCLUDED.state"
     "  RETURNING state)"
     " SELECT (SELECT count(*) FROM ins),"
-    "  coalesce((SELECT state FROM ap), (SELECT state FROM {a} WHERE app_name = %(app)s)),"
-    "  coalesce((SELECT state FROM us),"
-    "   (SELECT state FROM {u} WHERE app_name = %(app)s AND user_id = %(user)s))"
+    "  nullif(coalesce((SELECT state FROM ap),"
+    "   (SELECT state FROM {a} WHERE app_name = %(app)s))::text, {empty}),"
+    "  nullif(coalesce((SELECT state FROM us),"
+    "   (SELECT state FROM {u} WHERE app_name = %(app)s AND user_id = %(user)s))::text,"
+    "   {empty})"
 )
 COUNT: Final = "SELECT sessions FROM {c}"
 PURGE: Final = "DELETE FROM {s} WHERE expires_at <= %(now)s"
@@ -265,14 +274,15 @@ APPEND: Final = (
 # its newest ``recent`` events at or after ``after``, newest first (read
 # backwards on (sid, ts, event_id); LIMIT NULL is no limit, LIMIT 0 reads none).
 _ROW_COLUMNS: Final = (
-    "s.state, s.create_time, s.update_time, s.revision, s.event_count, s.byte_count,"
-    " s.expires_at, CASE WHEN s.hold_until > %(now)s THEN s.holder END"
+    "nullif(s.state::text, '{}'), s.create_time, s.update_time, s.revision,"
+    " s.event_count, s.byte_count, s.expires_at, CASE WHEN s.hold_until > %(now)s THEN s.holder END"
 )
 READ: Final = (
     "WITH s AS (SELECT * FROM {s} WHERE {key} AND {live})"
     " SELECT 0, NULL::text, NULL::float8, NULL::text, {row},"
-    "  (SELECT state FROM {a} WHERE app_name = %(app)s),"
-    "  (SELECT state FROM {u} WHERE app_name = %(app)s AND user_id = %(user)s)"
+    "  (SELECT nullif(state::text, {empty}) FROM {a} WHERE app_name = %(app)s),"
+    "  (SELECT nullif(state::text, {empty}) FROM {u}"
+    "   WHERE app_name = %(app)s AND user_id = %(user)s)"
     " FROM s"
     " UNION ALL"
     " SELECT 1, e.event_id, e.ts, e.data, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
@@ -289,11 +299,12 @@ _LIST: Final = (
     "WITH s AS (SELECT * FROM {s} WHERE app_name = %(app)s{which} AND {live})"
     " SELECT 0, s.user_id, s.session_id, {row} FROM s"
     " UNION ALL"
-    " SELECT 1, NULL, NULL, state, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
-    "  FROM {a} WHERE app_name = %(app)s"
+    " SELECT 1, NULL, NULL, nullif(state::text, {empty}),"
+    "  NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {a} WHERE app_name = %(app)s"
     " UNION ALL"
-    " SELECT 2, u.user_id, NULL, u.state, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
-    "  FROM {u} AS u WHERE u.app_name = %(app)s AND u.user_id IN (SELECT user_id FROM s)"
+    " SELECT 2, u.user_id, NULL, nullif(u.state::text, {empty}),"
+    "  NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM {u} AS u"
+    "  WHERE u.app_name = %(app)s AND u.user_id IN (SELECT user_id FROM s)"
     " ORDER BY 1, 6, 2, 3"
 )
 LIST_APP: Final = _LIST.replace("{which}", "")
@@ -312,7 +323,9 @@ HOLD: Final = (
 RELEASE: Final = (
     "UPDATE {s} SET holder = NULL, hold_until = NULL WHERE {key} AND holder = %(owner)s"
 )
-USER_STATE: Final = "SELECT state FROM {u} WHERE app_name = %(app)s AND user_id = %(user)s"
+USER_STATE: Final = (
+    "SELECT nullif(state::text, {empty}) FROM {u} WHERE app_name = %(app)s AND user_id = %(user)s"
+)
 DELETE: Final = "DELETE FROM {s} WHERE {key}"
 RECOVER: Final = (
     "UPDATE {s} SET holder = NULL, hold_until = NULL WHERE {key} AND holder IS NOT NULL"
@@ -342,6 +355,7 @@ class Statements:
             "key": sql.SQL(_KEY),
             "live": sql.SQL(_LIVE),
             "row": sql.SQL(_ROW_COLUMNS),
+            "empty": sql.Literal("{}"),
         }
 
         def q(text: LiteralString) -> bytes:
@@ -441,33 +455,47 @@ def _delta(delta: Mapping[str, JsonValue], what: str) -> Jsonb | None:
     return Jsonb(_encode_state(delta, what)) if delta else None
 
 
-def _decode_state(stored: object, where: str) -> dict[str, JsonValue]:
-    """A stored state (None: none stored) as the JSON values it holds."""
+def _decode_state(stored: str | None, what: str, of: SessionKey | str) -> dict[str, JsonValue]:
+    """A stored state, as its ``jsonb`` text (None: none stored, or empty), as the JSON
+    values it holds; ``what`` and ``of`` name it in an error."""
     if stored is None:
         return {}
-    if not isinstance(stored, dict):
-        raise DecisionHistoryRecordInvalid(f"the stored {where} is not a JSON object")
     try:
-        return {name: json.loads(text) for name, text in stored.items()}
+        texts = json.loads(stored)
+    except ValueError as e:
+        raise DecisionHistoryRecordInvalid(f"the stored {_named(what, of)} is not JSON") from e
+    return _decode_values(texts, what, of)
+
+
+def _decode_values(texts: object, what: str, of: SessionKey | str) -> dict[str, JsonValue]:
+    """A state's values from their JSON texts."""
+    if not isinstance(texts, dict):
+        raise DecisionHistoryRecordInvalid(f"the stored {_named(what, of)} is not a JSON object")
+    try:
+        return {name: json.loads(text) for name, text in texts.items()}
     except (TypeError, ValueError) as e:
         raise DecisionHistoryRecordInvalid(
-            f"the stored {where} holds a value that is not JSON text ({e})"
+            f"the stored {_named(what, of)} holds a value that is not JSON text ({e})"
         ) from e
 
 
-def _record(key: SessionKey, row: Sequence[Any], where: str) -> SessionRecord:
-    """A SessionRecord from ``_ROW_COLUMNS``."""
+def _named(what: str, of: SessionKey | str) -> str:
+    return f"{what} of {busy_key(of) if isinstance(of, SessionKey) else of!r}"
+
+
+def _record(key: SessionKey, row: Sequence[Any]) -> SessionRecord:
+    """A SessionRecord from ``_ROW_COLUMNS`` (psycopg gives float8 as float, bigint as int)."""
     state, create_time, update_time, revision, events, size, expires, holder = row
     return SessionRecord(
-        key=key,
-        state=_decode_state(state, f"state of session {where}"),
-        create_time=float(create_time),
-        update_time=float(update_time),
-        revision=int(revision),
-        event_count=int(events),
-        byte_count=int(size),
-        expires_at=None if expires is None else float(expires),
-        holder=holder,
+        key,
+        {} if state is None else _decode_state(state, "state", key),
+        create_time,
+        update_time,
+        revision,
+        events,
+        size,
+        expires,
+        holder,
     )
 
 
@@ -593,7 +621,7 @@ class PostgresAdkBackend:
         return SessionRead(
             session=SessionRecord(
                 key=key,
-                state=_decode_state(params["state"].obj, "state"),
+                state=_decode_values(params["state"].obj, "state", key),
                 create_time=create_time,
                 update_time=create_time,
                 revision=0,
@@ -601,8 +629,8 @@ class PostgresAdkBackend:
                 byte_count=0,
                 expires_at=params["expires"],
             ),
-            app_state=_decode_state(app_state, f"app state of {key.app_name!r}"),
-            user_state=_decode_state(user_state, f"user state of {busy_key(key)!r}"),
+            app_state=_decode_state(app_state, "app state", key.app_name),
+            user_state=_decode_state(user_state, "user state", key),
         )
 
     async def _check_sessions(self, conn: Conn, now: float, most: int) -> None:
@@ -629,13 +657,12 @@ class PostgresAdkBackend:
         head = next((r for r in found if r[0] == 0), None)
         if head is None:
             return None
-        where = repr(busy_key(key))
         events = [StoredEvent(r[1], float(r[2]), r[3]) for r in found if r[0] == 1]
         events.reverse()  # read newest first
         return SessionRead(
-            session=_record(key, head[4:12], where),
-            app_state=_decode_state(head[12], f"app state of {key.app_name!r}"),
-            user_state=_decode_state(head[13], f"user state of {where}"),
+            session=_record(key, head[4:12]),
+            app_state=_decode_state(head[12], "app state", key.app_name),
+            user_state=_decode_state(head[13], "user state", key),
             events=events,
         )
 
@@ -651,14 +678,14 @@ class PostgresAdkBackend:
         sessions: list[SessionRecord] = []
         app_state: dict[str, JsonValue] = {}
         user_states: dict[str, dict[str, JsonValue]] = {}
-        for part, user, session_id, *rest in found:
+        for found_row in found:
+            part, user = found_row[0], found_row[1]
             if part == 0:
-                key = SessionKey(app_name, user, session_id)
-                sessions.append(_record(key, rest, repr(busy_key(key))))
+                sessions.append(_record(SessionKey(app_name, user, found_row[2]), found_row[3:]))
             elif part == 1:
-                app_state = _decode_state(rest[0], f"app state of {app_name!r}")
+                app_state = _decode_state(found_row[3], "app state", app_name)
             else:
-                user_states[user] = _decode_state(rest[0], f"user state of {app_name}/{user}")
+                user_states[user] = _decode_state(found_row[3], "user state", f"{app_name}/{user}")
         return SessionList(app_state=app_state, user_states=user_states, sessions=sessions)
 
     async def read_user_state(self, app_name: str, user_id: str) -> Mapping[str, JsonValue]:
@@ -666,7 +693,8 @@ class PostgresAdkBackend:
         params = {"app": _text(app_name, "app_name"), "user": _text(user_id, "user_id")}
         async with self._pg.using(), self._connection() as conn:
             found = await _row(conn, self._sql.user_state, params)
-        return _decode_state(None if found is None else found[0], f"user state of {user_id!r}")
+        stored = None if found is None else found[0]
+        return _decode_state(stored, "user state", f"{app_name}/{user_id}")
 
     async def append(self, key: SessionKey, request: AppendRequest) -> AppendResult:
         """See ``AdkBackend.append``: one statement, a transaction by itself, that
