@@ -752,3 +752,27 @@ async def test_kill_9_mid_append_leaves_every_append_whole_and_the_session_held(
     assert await backend.recover(KEY)
     result = await backend.append(KEY, req(event("next", T0 + n), revision=n, now=T0))
     assert result.revision == n + 1
+
+
+async def test_a_given_client_that_decodes_replies_works_and_is_left_open(
+    url: str, prefix: str
+) -> None:
+    client = Redis.from_url(url, decode_responses=True)
+    try:
+        backend = RedisAdkBackend(client=client, prefix=prefix)
+        await backend.create(
+            KEY, state={"k": [1]}, app_delta={"a": 1}, user_delta={"u": 1}, create_time=T0, now=T0
+        )
+        await backend.append(KEY, req(event("é1", T0 + 1, "ünï"), session_delta={"k": 2}))
+        got = await backend.read(KEY, recent=None, after=None, now=T0 + 1)
+        assert got is not None
+        assert [(e.event_id, e.timestamp) for e in got.events] == [("é1", T0 + 1)]
+        assert json.loads(got.events[0].data)["text"] == "ünï"
+        assert (dict(got.session.state), dict(got.app_state)) == ({"k": 2}, {"a": 1})
+        listed = await backend.list_sessions("app", None, now=T0 + 1)
+        assert [s.key for s in listed.sessions] == [KEY]
+        assert dict(await backend.read_user_state("app", "alice")) == {"u": 1}
+        await backend.close()
+        assert await client.ping()  # the caller's client stays open
+    finally:
+        await client.aclose()
