@@ -289,13 +289,12 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-async def test_a_worker_killed_inside_a_put_leaves_it_absent_and_the_thread_whole(
-    pg: Place,
-) -> None:
-    """SIGKILL a worker whose put is inside its transaction (its 5th checkpoint row
-    waits on another transaction's uncommitted row of that key): the four puts it
-    committed read back whole, nothing of the fifth remains, and the log goes on from
-    the last committed end."""
+async def test_a_worker_killed_inside_a_put_leaves_it_whole_or_absent(pg: Place) -> None:
+    """SIGKILL a worker whose 5th put is in the middle of its statement (its checkpoint
+    row waiting on another transaction's uncommitted row of that key): every checkpoint
+    reads back whole, the 5th included if the server finished the statement (a put is
+    one statement, which the server completes or rolls back as a whole), with no entry,
+    blob or log length of a put that is absent; the log goes on from its end."""
     application = f"touba-lg-crash-{pg.schema}"
     backend = pg.backend()
     await backend.put(put_request("000000", thread_id="t"))  # creates the tables
@@ -333,26 +332,30 @@ async def test_a_worker_killed_inside_a_put_leaves_it_absent_and_the_thread_whol
     # the server ends the dead worker's session once it finds the client gone
     await _until(lambda: _gone(pg.dsn, application), "the worker's session ends")
     page = await backend.list(ListQuery(thread_id="t"), {})
+    stored = len(page.rows) - 1  # puts that are there, past the first one
+    assert stored in (4, 5)
     assert [r.record.checkpoint_id for r in page.rows] == [
-        "000004",
-        "000003",
-        "000002",
-        "000001",
-        "000000",
+        f"{n:06d}" for n in range(stored, -1, -1)
     ]
-    head = page.rows[0].record.logs["messages"]
-    assert head == (Span(0, 12),)
-    texts = [page.logs[KEY_T].entries[p][1].decode() for p in range(12)]
-    assert texts == [f"m{n}.{i}" for n in range(1, 5) for i in range(3)]
+    for row in page.rows[:-1]:
+        n = int(row.record.checkpoint_id)
+        spans = row.record.logs["messages"]
+        assert spans == (Span(0, 3 * n),)
+        texts = [page.logs[KEY_T].entries[p][1].decode() for p in range(3 * n)]
+        assert texts == [f"m{k}.{i}" for k in range(1, n + 1) for i in range(3)]
+        assert row.blobs["k"] == ("json", b"x" * 20000)
     state = page.logs[KEY_T].state
     assert state is not None
-    assert state.length == 12
-    assert await pg.count("entries") == 12
-    assert await pg.count("blobs") == 4
+    assert state.length == 3 * stored
+    assert await pg.count("entries") == 3 * stored
+    assert await pg.count("blobs") == stored
+    head = page.rows[0].record.logs["messages"]
     nxt = await backend.put(
-        put_request("000005", thread_id="t", parent_id="000004", logs=[messages(head, "after")])
+        put_request(
+            "000099", thread_id="t", parent_id=f"{stored:06d}", logs=[messages(head, "after")]
+        )
     )
-    assert nxt.spans["messages"] == (Span(0, 13),)
+    assert nxt.spans["messages"] == (Span(0, 3 * stored + 1),)
 
 
 KEY_T = KEY.__class__("t", "", "messages")
@@ -370,7 +373,7 @@ async def _gone(dsn: str, application: str) -> bool:
 # --- schema and names ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prefix", ["", "a.b.c", "1lg", "lg-x", "lg x", "a" * 49, 7])
+@pytest.mark.parametrize("prefix", ["", "a.b.c", "1lg", "lg-x", "lg x", "a" * 48, 7])
 def test_a_table_prefix_that_is_not_an_identifier_is_refused_at_construction(
     prefix: Any,
 ) -> None:
@@ -554,3 +557,53 @@ async def test_a_lock_timeout_is_retryable_and_leaves_nothing(pg: Place) -> None
         await holder.execute("ROLLBACK")
     assert await pg.count("entries") == 1
     assert (await backend.put(again)).spans["messages"] == (Span(0, 2),)
+
+
+async def test_a_put_cancelled_while_it_waits_leaves_nothing_and_the_store_goes_on(
+    pg: Place,
+) -> None:
+    """asyncio cancels a put inside its transaction (held on a lock): nothing of it is
+    stored, and the connection it held serves the next calls."""
+    application = f"touba-lg-cancel-{pg.schema}"
+    backend = pg.backend(application)
+    one = await backend.put(put_request("0001", logs=[messages((), "a")]))
+    again = put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "b")])
+    async with await pg.admin() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
+                " metadata_type, metadata, metadata_json, versions, logs)"
+                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
+            ).format(pg.table("checkpoints")),
+            (T,),
+        )
+        put = asyncio.create_task(backend.put(again))
+        await _until(lambda: _waiting_on_a_lock(pg.dsn, application), "the put waits")
+        put.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await put
+        await holder.execute("ROLLBACK")
+    assert await pg.count("entries") == 1
+    results = await asyncio.gather(*(backend.get(T, "", None, {}) for _ in range(6)))
+    assert {r.rows[0].record.checkpoint_id for r in results} == {"0001"}
+    assert (await backend.put(again)).spans["messages"] == (Span(0, 2),)
+
+
+async def test_the_longest_prefix_names_every_table_and_index_in_full(pg: Place) -> None:
+    """47 characters: ``<prefix>_checkpoints_run`` is 63, PostgreSQL's longest name, so
+    nothing is truncated (two prefixes never share a name)."""
+    prefix = "p" * 47
+    backend = PostgresSaverBackend(pg.dsn, table_prefix=f"{pg.schema}.{prefix}")
+    pg.opened.append(backend)
+    await backend.put(put_request("0001", logs=[messages((), "a")], run_id="r"))
+    assert [r.record.checkpoint_id for r in (await backend.get(T, "", None, {})).rows] == ["0001"]
+    async with await pg.admin() as conn:
+        cur = await conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind IN ('r', 'i') AND c.relname LIKE 'p%%'",
+            (pg.schema,),
+        )
+        names = {r[0] for r in await cur.fetchall()}
+    assert f"{prefix}_checkpoints_run" in names
+    assert {f"{prefix}_{t}" for t in ("checkpoints", "blobs", "writes", "logs", "entries")} <= names

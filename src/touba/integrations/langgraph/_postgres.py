@@ -13,21 +13,23 @@
   touba's, or of another schema version, is refused untouched (``ConfigurationError``).
 - **Connections.** :class:`touba.history._pg.OwnedPool`: one direct connection first
   (failing fast with the server's message), then a pool of 1 to 4 in autocommit mode.
-- **Writes.** A put is one READ COMMITTED transaction: one statement upserts the logs it
-  appends to (each row locked until the commit, so two puts of one thread append one
-  after the other, and puts of different threads never share a row) and inserts the
-  new entries at their real end; the spans are checked; one statement inserts the new
-  blobs and the checkpoint row. A put with no logged channel is that last statement
-  alone (autocommit: one round trip). O(what the step added), whatever the thread's
-  length. ``put_writes``, ``delete_thread`` and ``delete_for_runs`` are one statement
-  each; ``copy_thread`` and a thread's ``prune`` one transaction each. A dropped
-  connection or a killed worker leaves the server to roll the open transaction back:
-  a checkpoint is whole or absent.
-- **Reads.** ``get`` and ``list`` run in one REPEATABLE READ, READ ONLY transaction (one
-  snapshot, never a serialization failure): the rows, then their blobs, writes and log
-  states, then the entries their spans name (above what the caller holds): indexed range
-  reads. ``list`` streams its rows through a server-side cursor and applies a metadata
-  filter to them, stopping at ``limit``.
+- **Writes.** A put is one statement, sent alone (autocommit: one round trip, one
+  transaction): it upserts the logs it appends to (each row locked until it commits, so
+  two puts of one thread append one after the other, and puts of different threads
+  never share a row), inserts the new entries at each log's real end, the new blobs and
+  the checkpoint row, whose spans it computes from the log's length; a base ending past
+  that length is refused by the row's NOT NULL, rolling the statement back. O(what the
+  step added), whatever the thread's length. ``put_writes``, ``delete_thread`` and
+  ``delete_for_runs`` are one statement each; ``copy_thread`` and a thread's ``prune``
+  one transaction each. A dropped connection or a killed worker leaves the server to
+  finish or roll back the statement as a whole: a checkpoint is whole or absent.
+- **Reads.** ``get`` is one statement (one snapshot, one round trip): the row by key
+  (the latest: the last of its index range) with, as arrays, its blobs, its writes, its
+  logs' states and the entries its spans name above what the caller holds. ``list``
+  runs in one REPEATABLE READ, READ ONLY transaction (never a serialization failure):
+  the rows streamed from a server-side cursor, a metadata filter applied to them until
+  ``limit``, then their blobs, writes and log states (pipelined), then the entries their
+  spans name, each once. Every read is an indexed range read.
 - **Text.** PostgreSQL text cannot hold NUL (``\\x00``): a put or write naming a thread,
   namespace, checkpoint, channel, version, task or type with NUL is refused with
   ``ConfigurationError`` naming the field, nothing written; reads and deletes of such a
@@ -42,7 +44,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -159,41 +160,58 @@ class _Statements:
         ]
 
         # -- put: the logs (locked until the commit) and their new entries, then the rest
-        self.append = q(
+        # put: one statement. It upserts the logs it appends to (their rows locked until
+        # it commits), inserts the new entries at each log's end, the new blobs, and the
+        # checkpoint row with its spans: the base (merged) followed by the appended
+        # range, joined to the base's last span when adjacent. A base ending past its
+        # log's end makes those spans NULL, which the NOT NULL of ``logs`` refuses:
+        # the statement, so everything it did, is rolled back.
+        self.put = q(
             "WITH input AS ("
-            " SELECT * FROM unnest(%(channels)s::text[], %(counts)s::bigint[], %(tokens)s::text[])"
-            " AS i(channel, n, token)),"
+            " SELECT * FROM unnest(%(channels)s::text[], %(counts)s::bigint[],"
+            " %(tokens)s::text[], %(bases)s::text[], %(base_ends)s::bigint[])"
+            " AS i(channel, n, token, base, base_end)),"
             " lg AS ("
             " INSERT INTO {logs} AS l (thread_id, ns, channel, token, length)"
             " SELECT %(thread)s, %(ns)s, channel, token, n FROM input ORDER BY channel"
             " ON CONFLICT (thread_id, ns, channel)"
             " DO UPDATE SET length = l.length + excluded.length"
             " RETURNING channel, token, length),"
+            " at AS ("
+            " SELECT i.channel, i.n, i.base::jsonb AS base, i.base_end, lg.token,"
+            " lg.length - i.n AS start FROM input i JOIN lg ON lg.channel = i.channel),"
             " ins AS ("
             " INSERT INTO {entries} (thread_id, ns, channel, position, type, data)"
-            " SELECT %(thread)s, %(ns)s, e.channel, lg.length - i.n + e.idx, e.type, e.data"
+            " SELECT %(thread)s, %(ns)s, e.channel, at.start + e.idx, e.type, e.data"
             " FROM unnest(%(e_channels)s::text[], %(e_idx)s::bigint[], %(e_types)s::text[],"
             " %(e_data)s::bytea[]) AS e(channel, idx, type, data)"
-            " JOIN lg ON lg.channel = e.channel JOIN input i ON i.channel = e.channel)"
-            " SELECT lg.channel, lg.token, lg.length - i.n FROM lg JOIN input i"
-            " ON i.channel = lg.channel"
-        )
-        self.save = q(
-            "WITH b AS ("
+            " JOIN at ON at.channel = e.channel),"
+            " b AS ("
             " INSERT INTO {blobs} (thread_id, ns, channel, version, type, data)"
             " SELECT %(thread)s, %(ns)s, * FROM unnest(%(b_channels)s::text[],"
             " %(b_versions)s::text[], %(b_types)s::text[], %(b_data)s::bytea[])"
-            " ON CONFLICT DO NOTHING)"
+            " ON CONFLICT DO NOTHING),"
+            " spans AS ("
+            " SELECT bool_or(base_end > start) AS bad, jsonb_object_agg(channel, CASE"
+            " WHEN n = 0 THEN base"
+            " WHEN jsonb_array_length(base) > 0 AND (base -> -1 ->> 1)::bigint = start"
+            " THEN (base - (-1)) || jsonb_build_array(jsonb_build_array(base -> -1 -> 0,"
+            " start + n))"
+            " ELSE base || jsonb_build_array(jsonb_build_array(start, start + n)) END) AS logs"
+            " FROM at),"
+            " cp AS ("
             " INSERT INTO {checkpoints} (thread_id, ns, checkpoint_id, parent_id, type,"
             " checkpoint, metadata_type, metadata, metadata_json, run_id, versions, logs)"
-            " VALUES (%(thread)s, %(ns)s, %(id)s, %(parent)s, %(type)s, %(checkpoint)s,"
+            " SELECT %(thread)s, %(ns)s, %(id)s, %(parent)s, %(type)s, %(checkpoint)s,"
             " %(metadata_type)s, %(metadata)s, %(metadata_json)s, %(run_id)s, %(versions)s,"
-            " %(logs)s)"
+            " CASE WHEN spans.bad THEN NULL ELSE coalesce(spans.logs, '{{}}'::jsonb)::text END"
+            " FROM spans"
             " ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET"
             " parent_id = excluded.parent_id, type = excluded.type,"
             " checkpoint = excluded.checkpoint, metadata_type = excluded.metadata_type,"
             " metadata = excluded.metadata, metadata_json = excluded.metadata_json,"
-            " run_id = excluded.run_id, versions = excluded.versions, logs = excluded.logs"
+            " run_id = excluded.run_id, versions = excluded.versions, logs = excluded.logs)"
+            " SELECT channel, token, start FROM at"
         )
         self.put_writes = q(
             "WITH input AS ("
@@ -317,10 +335,55 @@ class _Statements:
 
         # -- reads
         record = "SELECT " + _RECORD + " FROM {checkpoints}"  # noqa: S608 - constant text
-        self.get_latest = q(
-            record + " WHERE thread_id = %s AND ns = %s ORDER BY checkpoint_id DESC LIMIT 1"
+        # get: one statement (one snapshot, one round trip) returning the row and, as
+        # arrays, its blobs, its writes in LangGraph's order, its logs' states and the
+        # entries its spans name at or above what the caller holds
+        parts_of_get = (
+            " SELECT c.*, bl.*, wr.*, lg.*, en.* FROM c"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(b.channel) AS b_channels, array_agg(b.type) AS b_types,"
+            " array_agg(b.data) AS b_data"
+            " FROM jsonb_each_text(c.versions::jsonb) AS v(channel, version)"
+            " JOIN {blobs} b ON b.thread_id = c.thread_id AND b.ns = c.ns"
+            " AND b.channel = v.channel AND b.version = v.version) bl ON true"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(w.task_id ORDER BY w.task_path, w.task_id, w.idx) AS w_tasks,"
+            " array_agg(w.idx ORDER BY w.task_path, w.task_id, w.idx) AS w_idx,"
+            " array_agg(w.channel ORDER BY w.task_path, w.task_id, w.idx) AS w_channels,"
+            " array_agg(w.type ORDER BY w.task_path, w.task_id, w.idx) AS w_types,"
+            " array_agg(w.data ORDER BY w.task_path, w.task_id, w.idx) AS w_data,"
+            " array_agg(w.task_path ORDER BY w.task_path, w.task_id, w.idx) AS w_paths"
+            " FROM {writes} w WHERE w.thread_id = c.thread_id AND w.ns = c.ns"
+            " AND w.checkpoint_id = c.checkpoint_id) wr ON true"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(l.channel) AS l_channels, array_agg(l.token) AS l_tokens,"
+            " array_agg(l.length) AS l_lengths"
+            " FROM jsonb_object_keys(c.logs::jsonb) AS k(channel)"
+            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
+            " AND l.channel = k.channel) lg ON true"
+            " LEFT JOIN LATERAL ("
+            " SELECT array_agg(e.channel) AS e_channels, array_agg(e.position) AS e_positions,"
+            " array_agg(e.type) AS e_types, array_agg(e.data) AS e_data"
+            " FROM jsonb_each(c.logs::jsonb) AS s(channel, spans)"
+            " CROSS JOIN LATERAL jsonb_array_elements(s.spans) AS sp(span)"
+            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
+            " AND l.channel = s.channel"
+            " LEFT JOIN unnest(%(h_channels)s::text[], %(h_tokens)s::text[],"
+            " %(h_lengths)s::bigint[]) AS h(channel, token, length)"
+            " ON h.channel = s.channel AND h.token = l.token"
+            " JOIN {entries} e ON e.thread_id = c.thread_id AND e.ns = c.ns"
+            " AND e.channel = s.channel"
+            " AND e.position >= greatest((sp.span ->> 0)::bigint, coalesce(h.length, 0))"
+            " AND e.position < (sp.span ->> 1)::bigint) en ON true"
         )
-        self.get_one = q(record + " WHERE thread_id = %s AND ns = %s AND checkpoint_id = %s")
+        self.get_latest = q(
+            "WITH c AS (" + record + " WHERE thread_id = %(t)s AND ns = %(ns)s"
+            " ORDER BY checkpoint_id DESC LIMIT 1)" + parts_of_get
+        )
+        self.get_one = q(
+            "WITH c AS (" + record + " WHERE thread_id = %(t)s AND ns = %(ns)s"
+            " AND checkpoint_id = %(id)s)" + parts_of_get
+        )
         self.list_head = sql.SQL(record).format(**names)
         self.blobs_of = q(
             "SELECT k.thread_id, k.ns, k.channel, b.type, b.data"
@@ -454,6 +517,51 @@ def _record(found: Row) -> CheckpointRecord:
     )
 
 
+def _got(found: Row) -> CheckpointPage:
+    """The page of :data:`_Statements.get_latest`'s row: the record, then arrays (None
+    for none) of blobs, writes, log states and entries."""
+    record = _record(found[:12])
+    b_channels, b_types, b_data = found[12:15]
+    w_tasks, w_idx, w_channels, w_types, w_data, w_paths = found[15:21]
+    l_channels, l_tokens, l_lengths, e_channels, e_positions, e_types, e_data = found[21:28]
+    blobs: dict[str, TypedBlob | None] = {
+        channel: None if kind is None else (kind, bytes(data))
+        for channel, kind, data in zip(b_channels or (), b_types or (), b_data or (), strict=True)
+    }
+    writes = tuple(
+        WriteRecord(task, idx, channel, (kind, bytes(data)), path)
+        for task, idx, channel, kind, data, path in zip(
+            w_tasks or (),
+            w_idx or (),
+            w_channels or (),
+            w_types or (),
+            w_data or (),
+            w_paths or (),
+            strict=True,
+        )
+    )
+    states = {
+        channel: LogState(token, int(length))
+        for channel, token, length in zip(
+            l_channels or (), l_tokens or (), l_lengths or (), strict=True
+        )
+    }
+    entries: dict[str, dict[int, TypedBlob]] = {}
+    for channel, position, kind, data in zip(
+        e_channels or (), e_positions or (), e_types or (), e_data or (), strict=True
+    ):
+        entries.setdefault(channel, {})[int(position)] = (kind, bytes(data))
+    logs = {
+        LogKey(record.thread_id, record.checkpoint_ns, channel): (
+            LogRead(None)
+            if channel not in states
+            else LogRead(states[channel], entries.get(channel, {}))
+        )
+        for channel in record.logs
+    }
+    return CheckpointPage(rows=(CheckpointRow(record, blobs, writes),), logs=logs)
+
+
 def _ranges(spans: Iterable[Span], floor: int) -> list[Span]:
     """The positions ``spans`` name at or above ``floor``, as sorted disjoint spans."""
     clipped = sorted((max(s.start, floor), s.end) for s in spans if s.end > max(s.start, floor))
@@ -491,7 +599,7 @@ class PostgresSaverBackend:
     """
 
     def __init__(self, dsn: str, *, table_prefix: str = "touba_lg") -> None:
-        parts = table_parts(table_prefix, example="touba_lg", argument="table_prefix", longest=48)
+        parts = table_parts(table_prefix, example="touba_lg", argument="table_prefix", longest=47)
         self._sql = _Statements(parts)
         self._pg = OwnedPool(
             _OWNER,
@@ -537,26 +645,19 @@ class PostgresSaverBackend:
             ) from e
 
     @asynccontextmanager
-    async def _snapshot(self, *, pipeline: bool = True) -> AsyncIterator[Conn]:
+    async def _snapshot(self) -> AsyncIterator[Conn]:
         """One REPEATABLE READ, READ ONLY transaction: every statement sees one snapshot
-        (read-only, so it never fails to serialize). In pipeline mode unless asked not
-        to (a server-side cursor cannot run in one): statements are sent without
-        waiting, and a round trip is paid only where a result is needed."""
-        async with (
-            self._pg.using(),
-            self._pg.statement() as conn,
-            contextlib.AsyncExitStack() as stack,
-        ):
-            if pipeline:
-                await stack.enter_async_context(conn.pipeline())
-            await stack.enter_async_context(conn.transaction())
+        (read-only, so it never fails to serialize)."""
+        async with self._pg.using(), self._pg.statement() as conn, conn.transaction():
             await _run(conn, _READ_ONLY)
             yield conn
 
     # -- writes ------------------------------------------------------------------------
 
     async def put(self, request: PutCheckpoint) -> PutResult:
-        """One transaction: the logs' new entries, then the blobs and the checkpoint row.
+        """One statement (one transaction, one round trip): the logs' new entries, the
+        blobs and the checkpoint row. DecisionHistoryRecordInvalid, nothing written, for
+        a base past its log's end.
 
         O(what the step added): the logs it appends to are read and updated by key, its
         entries inserted at their end; nothing of the thread's earlier entries is read.
@@ -575,9 +676,19 @@ class PostgresSaverBackend:
             blob_types=[b.blob[0] for b in r.blobs if b.blob is not None],
             item_types=[t for a in r.logs for t, _ in a.items],
         )
-        blobs = {
+        appends = [(a, merge_spans(a.base)) for a in sorted(r.logs, key=lambda a: a.channel)]
+        params = {
             "thread": r.thread_id,
             "ns": r.checkpoint_ns,
+            "channels": [a.channel for a, _ in appends],
+            "counts": [len(a.items) for a, _ in appends],
+            "tokens": [_token() for _ in appends],
+            "bases": [json.dumps([[s.start, s.end] for s in base]) for _, base in appends],
+            "base_ends": [max((s.end for s in base), default=0) for _, base in appends],
+            "e_channels": [a.channel for a, _ in appends for _ in a.items],
+            "e_idx": [i for a, _ in appends for i in range(len(a.items))],
+            "e_types": [t for a, _ in appends for t, _ in a.items],
+            "e_data": [d for a, _ in appends for _, d in a.items],
             "b_channels": [b.channel for b in r.blobs],
             "b_versions": [b.version for b in r.blobs],
             "b_types": [None if b.blob is None else b.blob[0] for b in r.blobs],
@@ -592,40 +703,27 @@ class PostgresSaverBackend:
             "run_id": r.run_id,
             "versions": json.dumps(dict(r.versions)),
         }
-        if not r.logs:
+        try:
             async with self._statement() as conn:
-                await _run(conn, self._sql.save, {**blobs, "logs": "{}"})
-            return PutResult(spans={}, logs={})
-        appends = sorted(r.logs, key=lambda a: a.channel)
-        params = {
-            "thread": r.thread_id,
-            "ns": r.checkpoint_ns,
-            "channels": [a.channel for a in appends],
-            "counts": [len(a.items) for a in appends],
-            "tokens": [_token() for _ in appends],
-            "e_channels": [a.channel for a in appends for _ in a.items],
-            "e_idx": [i for a in appends for i in range(len(a.items))],
-            "e_types": [t for a in appends for t, _ in a.items],
-            "e_data": [d for a in appends for _, d in a.items],
-        }
-        async with self._statement() as conn, conn.pipeline(), conn.transaction():
-            # pipelined: BEGIN and the appends in one round trip, the rest and COMMIT in
-            # another
-            found = await _rows(conn, self._sql.append, params)
-            starts = {channel: (token, int(start)) for channel, token, start in found}
-            spans: dict[str, tuple[Span, ...]] = {}
-            states: dict[str, LogState] = {}
-            for a in appends:
-                token, start = starts[a.channel]
-                if any(s.end > start for s in a.base):
-                    raise DecisionHistoryRecordInvalid(
-                        f"checkpoint {r.checkpoint_id}: channel {a.channel!r} starts with "
-                        f"positions past its log's end ({start}); nothing was written"
-                    )
-                end = start + len(a.items)
-                spans[a.channel] = merge_spans((*a.base, Span(start, end)))
-                states[a.channel] = LogState(token, end)
-            await _run(conn, self._sql.save, {**blobs, "logs": _spans_json(spans)})
+                found = await _rows(conn, self._sql.put, params)
+        except DecisionHistoryRecordInvalid as e:
+            cause = e.__cause__
+            if isinstance(cause, psycopg.errors.NotNullViolation) and (
+                cause.diag.column_name == "logs"
+            ):
+                raise DecisionHistoryRecordInvalid(
+                    f"checkpoint {r.checkpoint_id}: a logged channel starts with positions "
+                    "past its log's end; nothing was written"
+                ) from cause
+            raise
+        starts = {channel: (token, int(start)) for channel, token, start in found}
+        spans: dict[str, tuple[Span, ...]] = {}
+        states: dict[str, LogState] = {}
+        for a, base in appends:
+            token, start = starts[a.channel]
+            end = start + len(a.items)
+            spans[a.channel] = merge_spans((*base, Span(start, end)))
+            states[a.channel] = LogState(token, end)
         return PutResult(spans=spans, logs=states)
 
     async def put_writes(
@@ -815,16 +913,19 @@ class PostgresSaverBackend:
         O(blobs + writes + spans + entries returned)."""
         if has_nul(thread_id, checkpoint_ns, checkpoint_id):
             return CheckpointPage(rows=(), logs={})
-        keyed = {LogKey(thread_id, checkpoint_ns, ch): h for ch, h in held.items()}
-        async with self._snapshot() as conn:
-            if checkpoint_id is None:
-                found = await _first(conn, self._sql.get_latest, (thread_id, checkpoint_ns))
-            else:
-                found = await _first(
-                    conn, self._sql.get_one, (thread_id, checkpoint_ns, checkpoint_id)
-                )
-            records = [] if found is None else [_record(found)]
-            return await self._page(conn, records, keyed)
+        params = {
+            "t": thread_id,
+            "ns": checkpoint_ns,
+            "id": checkpoint_id,
+            "h_channels": list(held),
+            "h_tokens": [h.token for h in held.values()],
+            "h_lengths": [h.length for h in held.values()],
+        }
+        query = self._sql.get_latest if checkpoint_id is None else self._sql.get_one
+        async with self._statement() as conn, conn.cursor(binary=True) as cur:
+            await cur.execute(query, params)
+            found = await cur.fetchone()
+        return CheckpointPage(rows=(), logs={}) if found is None else _got(found)
 
     async def list(self, query: ListQuery, held: Mapping[LogKey, HeldLog]) -> CheckpointPage:
         """One snapshot, newest first: the rows streamed from a server-side cursor in
@@ -856,7 +957,7 @@ class PostgresSaverBackend:
         if not query.metadata and query.limit is not None:
             statement = sql.Composed([statement, sql.SQL(" LIMIT {}").format(query.limit)])
         records: list[CheckpointRecord] = []
-        async with self._snapshot(pipeline=False) as conn:
+        async with self._snapshot() as conn:
             async with conn.cursor(name=f"touba_lg_list_{_token()}") as cursor:
                 cursor.itersize = LIST_BATCH
                 await cursor.execute(statement, args)
@@ -866,7 +967,8 @@ class PostgresSaverBackend:
                     records.append(_record(found))
                     if query.limit is not None and len(records) >= query.limit:
                         break
-            return await self._page(conn, records, held)
+            async with conn.pipeline():  # the rows' blobs, writes and logs: one round trip
+                return await self._page(conn, records, held)
 
     async def _page(
         self, conn: Conn, records: Sequence[CheckpointRecord], held: Mapping[LogKey, HeldLog]
