@@ -19,8 +19,10 @@ every deliberate difference is listed here):
   row and the session's row in one atomic step, whatever the number of events
   already stored; ``get_session(config=GetSessionConfig(num_recent_events=k))``
   reads k events as one indexed range read, never the rest; ``list_sessions``
-  reads no event. ADK's own services do the same writes but read every event
-  on every ``get_session`` in memory (``InMemorySessionService``) or scan them.
+  reads no event. ADK's SQL services have no index on an event's timestamp:
+  to find the newest k they sort all of the session's events. A whole-session
+  read decodes every event into ADK's ``Event``, as theirs do (most of its
+  cost); no decoded event is cached (see :mod:`._events`).
 - **Ids and scopes, as ADK.** A session id is stripped of surrounding
   whitespace on create, get and delete (``DatabaseSessionService`` 2.13.0 keeps
   it padded: a known ADK divergence); no id (or a blank one) gets a uuid4.
@@ -473,9 +475,15 @@ class ToubaSessionService(BaseSessionService):
         token = _EXCLUSIVE.set((id(self), key, owner))
         try:
             yield
-        finally:
+        except BaseException:
             _EXCLUSIVE.reset(token)
-            await self._backend.release(key, owner)
+            # the block's error is the one to see; a hold left by a failed release
+            # expires after hold_seconds (or recover() drops it)
+            with contextlib.suppress(Exception):
+                await self._backend.release(key, owner)
+            raise
+        _EXCLUSIVE.reset(token)
+        await self._backend.release(key, owner)
 
     async def recover(self, *, app_name: str, user_id: str, session_id: str) -> bool:
         """Drop the session's hold (left by a run that crashed); True when there was one."""
