@@ -165,6 +165,32 @@ async def test_two_connections_appending_from_one_snapshot_exactly_one_wins(
     assert stored.session.revision == 1
 
 
+@pytest.mark.parametrize("revision", [0, None], ids=["from-one-revision", "unchecked"])
+async def test_two_appends_of_one_event_id_store_it_once(pg: Pg, revision: int | None) -> None:
+    """The second append of an event id waits on the row while the first is
+    uncommitted; once the first commits it answers appended=False (a repeated event,
+    the protocol's check 2, before stale), nothing written."""
+    backend = pg.open()
+    await create(backend)
+    first = await pg.connect()
+    try:
+        mine = req(event("same", T0 + 1, "first"), revision, session_delta={"k": 1})
+        assert await _append_in(first, backend, KEY, mine) == "ok"
+        again = req(event("same", T0 + 2, "second"), revision, session_delta={"k": 2})
+        second = asyncio.create_task(backend.append(KEY, again))
+        await pg.until_waiting(1)
+        await first.commit()
+    finally:
+        await first.close()
+    result = await second
+    assert not result.appended
+    assert (result.revision, result.event_count, result.update_time) == (1, 1, T0 + 1)
+    stored = await backend.read(KEY, recent=None, after=None, now=T0 + 2)
+    assert stored is not None
+    assert [json.loads(e.data)["text"] for e in stored.events] == ["first"]
+    assert dict(stored.session.state) == {"k": 1}
+
+
 async def test_appends_to_eight_sessions_hold_their_locks_at_once_and_never_wait(
     pg: Pg,
 ) -> None:

@@ -56,9 +56,11 @@ Behaviour decisions:
   keep these index paths.
 - **Concurrency.** READ COMMITTED. Two appends from one revision: the second
   waits for the first's row lock, then sees its revision and raises
-  ``StaleSessionError``; two appends of one event id: the second sees the
-  first's event (its statement is run again on a unique violation) and writes
-  nothing.
+  ``StaleSessionError``; two appends of one event id: the second writes nothing
+  and answers ``appended=False``. (A statement that waited decides on the row as
+  the first left it but cannot see the first's event: the unique index stops its
+  insert, or it decided a refusal; either way it runs once more, and then sees
+  the event. So a refused append costs two round trips, a write one.)
 - **Errors.** A server gone, a broken connection or a pool timeout during use is
   ``DecisionHistoryStoreUnavailable`` (retryable, the driver's error chained),
   nothing committed unless the link failed during the commit; while opening,
@@ -751,19 +753,31 @@ class PostgresAdkBackend:
         }
 
     async def _append(self, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
-        """Run the append statement; once more when another append of the same event
-        id committed while it ran (it began before, so it could not see that event,
-        and met it in the unique index): the second run sees it."""
+        """Run the append statement; once more when it may have decided on a snapshot
+        older than the row it locked.
+
+        The statement's snapshot is taken when it begins; when it waits for the
+        session's row, it decides on the row as the other writer left it but
+        cannot see that writer's event. If that event had this event's id, the
+        insert meets it in the unique index, or a refusal (stale, busy, a bound)
+        was decided before the duplicate was seen: run again, the statement sees
+        the event and answers ``duplicate`` (the protocol's check 2 comes first).
+        A refusal costs one more round trip; a write, none.
+        """
+        found: tuple[Any, ...] | None = None
         for attempt in (1, 2):
             try:
                 async with self._pg.statement() as conn:
-                    return await _row(conn, self._sql.append, params)
+                    found = await _row(conn, self._sql.append, params)
             except pg_errors.UniqueViolation as e:
                 if attempt == 2:
                     raise _invalid(e) from e
+                continue
             except psycopg.Error as e:
                 raise _invalid(e) from e
-        raise AssertionError("unreachable")  # pragma: no cover
+            if found is None or found[0] in ("ok", "duplicate", "missing"):
+                return found
+        return found
 
     async def delete(self, key: SessionKey) -> None:
         """See ``AdkBackend.delete``: one statement (the events go by cascade)."""
