@@ -10,7 +10,11 @@ end; every commit waits for the server's WAL flush (``synchronous_commit`` as th
 has it), which dominates a step's time on a slow disk.
 
 Then the bytes: the size of each saver's tables (``pg_total_relation_size``: rows,
-TOAST and indexes) after 60 steps on a thread of 1,000 messages. PostgreSQL compresses a
+TOAST and indexes) after 60 steps on a thread of 1,000 messages, and the WAL one
+ToubaSaver put writes for a step adding two ~1 KB messages to threads of 1,000 and
+5,000, against the bytes the step hands the store: the WAL position's advance across the
+put's statement (run in a transaction rolled back, five times, the least kept: other
+sessions' writes in the same moments only add to it). PostgreSQL compresses a
 value stored out of line (pglz), which favours a saver rewriting one large, repetitive
 blob: so these threads are filled with messages of varied words (about as compressible
 as prose), not the repeated sentence of ``bench/langgraph_saver.py``. Benchmarks are not
@@ -47,6 +51,8 @@ from psycopg.conninfo import make_conninfo
 
 from bench.langgraph_saver import graph_with, question
 from touba.integrations.langgraph import ToubaSaver
+from touba.integrations.langgraph._backend import ChannelBlob, LogAppend, PutCheckpoint
+from touba.integrations.langgraph._postgres import PostgresSaverBackend, _appends, _put_params
 
 DSN = os.environ.get("TOUBA_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -167,6 +173,61 @@ async def sizes_after(n: int, steps: int) -> dict[str, int]:
     return sizes
 
 
+def step_request(n: int, base: Any, items: tuple[tuple[str, bytes], ...]) -> PutCheckpoint:
+    return PutCheckpoint(
+        thread_id="wal",
+        checkpoint_ns="",
+        checkpoint_id=f"{n:08d}",
+        parent_id=None if n == 0 else f"{n - 1:08d}",
+        checkpoint=("msgpack", b"c" * 300),
+        metadata=("msgpack", b"m" * 60),
+        metadata_json='{"source": "loop", "step": 1}',
+        run_id="run",
+        versions={"step": str(n)},
+        blobs=(ChannelBlob("step", str(n), ("msgpack", b"1")),),
+        logs=(LogAppend("messages", base, items),),
+    )
+
+
+async def wal_per_put(n: int) -> tuple[int, int]:
+    """WAL bytes of one put adding two ~1 KB messages to a thread of n, and the bytes the
+    put hands the store."""
+    rng = random.Random(n)
+
+    def item() -> tuple[str, bytes]:
+        return ("msgpack", " ".join(rng.choice(WORDS) for _ in range(220)).encode()[:1000])
+
+    async with schemas(["wal"]) as made:
+        backend = PostgresSaverBackend(DSN, table_prefix=f"{made['wal']}.lg")
+        try:
+            first = await backend.put(step_request(0, (), tuple(item() for _ in range(n))))
+            step = step_request(1, first.spans["messages"], (item(), item()))
+            handed = (
+                len(step.checkpoint[1])
+                + len(step.metadata[1])
+                + len(step.metadata_json)
+                + sum(len(d) for a in step.logs for _, d in a.items)
+                + 1
+            )
+            params = _put_params(step, _appends(step), backend._lock(step.thread_id))
+            advances: list[int] = []
+            async with await psycopg.AsyncConnection.connect(DSN) as conn:
+                for _ in range(5):
+                    cur = await conn.execute("SELECT pg_current_wal_insert_lsn()")
+                    before = await cur.fetchone()
+                    await conn.execute(backend._sql.put, params)
+                    cur = await conn.execute(
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)",
+                        (None if before is None else before[0],),
+                    )
+                    found = await cur.fetchone()
+                    advances.append(0 if found is None else int(found[0]))
+                    await conn.rollback()
+        finally:
+            await backend.close()
+    return min(advances), handed
+
+
 async def main(quick: bool, rounds: int) -> None:
     sizes_n = [10, 1000] if quick else [10, 1000, 5000]
     print("LangGraph tool loop on PostgreSQL, ms per super-step (median), N messages of ~1 KB")
@@ -186,6 +247,12 @@ async def main(quick: bool, rounds: int) -> None:
     print(f"  ToubaSaver (PostgreSQL):   {sizes['touba'] / 1e6:8.2f} MB")
     print(f"  AsyncPostgresSaver:        {sizes['postgres'] / 1e6:8.2f} MB")
     print(f"  ratio touba / postgres:    {sizes['touba'] / sizes['postgres']:8.3f}")
+    print("\nWAL of one ToubaSaver put adding two ~1 KB messages:")
+    for n in (1000, 5000):
+        wal, handed = await wal_per_put(n)
+        print(
+            f"  thread of {n:>5}: {wal:>7,} WAL bytes for {handed:,} handed ({wal / handed:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -607,3 +607,109 @@ async def test_the_longest_prefix_names_every_table_and_index_in_full(pg: Place)
         names = {r[0] for r in await cur.fetchall()}
     assert f"{prefix}_checkpoints_run" in names
     assert {f"{prefix}_{t}" for t in ("checkpoints", "blobs", "writes", "logs", "entries")} <= names
+
+
+# --- cost: what the server reads --------------------------------------------------------
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
+
+
+async def _plan(pg: Place, query: Any, params: Any) -> list[dict[str, Any]]:
+    """The nodes of ``query`` as the server ran it, in a transaction rolled back."""
+    async with await pg.admin() as conn:
+        await conn.execute("BEGIN")
+        cur = await conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + query, params)
+        found = await cur.fetchone()
+        await conn.execute("ROLLBACK")
+    assert found is not None
+    return _nodes(found[0][0]["Plan"])
+
+
+def _read(nodes: list[dict[str, Any]], table: str) -> int:
+    """Rows the plan's scans of ``table`` visited (returned or filtered out)."""
+    return sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+        for n in nodes
+        if n.get("Relation Name") == table and "Scan" in n["Node Type"]
+    )
+
+
+async def test_a_put_and_a_warm_read_touch_only_what_the_step_added(pg: Place) -> None:
+    """On threads of 2,000 entries, the server's own account (EXPLAIN ANALYZE) of a put
+    of 3 messages: no scan of any table, no node producing more than 3 rows; of a get
+    (and a list's entry read) by a caller holding all but those 3: 3 entries read, by
+    index."""
+    from touba.integrations.langgraph._postgres import _appends, _get_params, _put_params
+
+    backend = pg.backend()
+    many = tuple(f"m{i}" for i in range(2000))
+    for thread in ("other", T):
+        first = await backend.put(put_request("0001", thread_id=thread, logs=[messages((), *many)]))
+    async with await pg.admin() as conn:
+        for table in ("entries", "logs", "checkpoints", "blobs"):
+            await conn.execute(sql.SQL("ANALYZE {}").format(pg.table(table)))
+
+    step = put_request(
+        "0002",
+        parent_id="0001",
+        logs=[messages(first.spans["messages"], "a", "b", "c")],
+        versions={"k": "2"},
+        blobs=[ChannelBlob("k", "2", blob("K2"))],
+    )
+    nodes = await _plan(
+        pg, backend._sql.put, _put_params(step, _appends(step), backend._lock(step.thread_id))
+    )
+    assert not [n for n in nodes if "Scan" in n["Node Type"] and "Relation Name" in n]
+    assert max(n["Actual Rows"] * n["Actual Loops"] for n in nodes) <= 3
+
+    await backend.put(step)
+    held = {"messages": HeldLog(first.logs["messages"].token, 2000)}
+    nodes = await _plan(pg, backend._sql.get_latest, _get_params(T, "", None, held))
+    entries = "lg_entries"
+    assert _read(nodes, entries) == 3
+    assert not [
+        n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == entries
+    ]
+    page = await latest_of(backend, held=held)
+    assert sorted(page.logs[KEY].entries) == [2000, 2001, 2002]
+    # a list's entries: one index range per span, from what is held
+    nodes = await _plan(pg, backend._sql.entries_of, ([0], [T], [""], ["messages"], [2000], [2003]))
+    assert _read(nodes, entries) == 3
+
+
+async def test_a_thread_deleted_during_a_put_is_deleted_whole(pg: Place) -> None:
+    """delete_thread waits for a put of the thread in progress (held mid-statement), then
+    removes everything, the put's rows included: no entry outlives its log, and the next
+    put starts the thread over."""
+    application = f"touba-lg-delete-{pg.schema}"
+    backend = pg.backend(application)
+    one = await backend.put(put_request("0001", logs=[messages((), "a", "b")]))
+    async with await pg.admin() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
+                " metadata_type, metadata, metadata_json, versions, logs)"
+                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
+            ).format(pg.table("checkpoints")),
+            (T,),
+        )
+        put = asyncio.create_task(
+            backend.put(
+                put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "c")])
+            )
+        )
+        await _until(lambda: _waiting_on_a_lock(pg.dsn, application), "the put waits")
+        deleting = asyncio.create_task(backend.delete_thread(T))
+        await asyncio.sleep(0.2)
+        assert not deleting.done()  # it waits for the put
+        await holder.execute("ROLLBACK")
+    await asyncio.wait_for(put, timeout=30)
+    await asyncio.wait_for(deleting, timeout=30)
+    for table in ("checkpoints", "entries", "logs", "blobs"):
+        assert await pg.count(table) == 0, table
+    again = await backend.put(put_request("0003", logs=[messages((), "new")]))
+    assert again.spans["messages"] == (Span(0, 1),)

@@ -19,10 +19,13 @@
   never share a row), inserts the new entries at each log's real end, the new blobs and
   the checkpoint row, whose spans it computes from the log's length; a base ending past
   that length is refused by the row's NOT NULL, rolling the statement back. O(what the
-  step added), whatever the thread's length. ``put_writes``, ``delete_thread`` and
-  ``delete_for_runs`` are one statement each; ``copy_thread`` and a thread's ``prune``
-  one transaction each. A dropped connection or a killed worker leaves the server to
-  finish or roll back the statement as a whole: a checkpoint is whole or absent.
+  step added), whatever the thread's length. ``put_writes`` and ``delete_for_runs`` are
+  one statement each; ``delete_thread``, ``copy_thread`` and a thread's ``prune`` one
+  transaction each, which first takes the thread's advisory lock that every put of it
+  holds shared: they wait for the puts in progress and the puts after them wait for
+  them, so none removes or copies half of a put. A dropped connection or a killed
+  worker leaves the server to finish or roll back the statement as a whole: a
+  checkpoint is whole or absent.
 - **Reads.** ``get`` is one statement (one snapshot, one round trip): the row by key
   (the latest: the last of its index range) with, as arrays, its blobs, its writes, its
   logs' states and the entries its spans name above what the caller holds. ``list``
@@ -35,11 +38,19 @@
   ``ConfigurationError`` naming the field, nothing written; reads and deletes of such a
   name find nothing.
 - **Errors.** A server that cannot be reached while opening: ``ConfigurationError``,
-  chained. A lost server, a broken connection or a pool timeout during use:
-  :class:`~touba.errors.DecisionHistoryStoreUnavailable` (retryable), chained; the
-  transaction was rolled back unless the link broke during its COMMIT. Stored rows that
-  contradict each other (an entry already at a log's end, spans that do not parse):
-  :class:`~touba.errors.DecisionHistoryRecordInvalid`.
+  chained. A lost server, a broken connection, a pool timeout, a lock or statement
+  timeout or a deadlock during use: :class:`~touba.errors.DecisionHistoryStoreUnavailable`
+  (retryable), chained; nothing was written, unless the connection broke once the
+  server had the whole statement, which it then completes or rolls back as a whole.
+  Stored rows that contradict each other (an entry already at a log's end, spans that
+  do not parse): :class:`~touba.errors.DecisionHistoryRecordInvalid`.
+- **Where it differs from LangGraph's AsyncPostgresSaver.** A put is one statement on a
+  pooled connection (theirs: the blobs, then the checkpoint, pipelined on one connection
+  that every call shares under a lock); logged channels are spans of a log, not a blob
+  per version; metadata is kept as the serializer's bytes and as JSON text (not
+  ``jsonb``, which cannot hold ``\\u0000``), and a ``list`` filter is applied to the rows
+  of its range here, not with ``@>``; tables are created once under an advisory lock,
+  not by ``setup()`` migrations.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, LiteralString
+from typing import Any, Final
 
 try:
     import psycopg
@@ -79,6 +90,7 @@ from touba.integrations.langgraph._backend import (
     CheckpointRow,
     HeldLog,
     ListQuery,
+    LogAppend,
     LogKey,
     LogRead,
     LogState,
@@ -91,328 +103,12 @@ from touba.integrations.langgraph._backend import (
     merge_spans,
 )
 from touba.integrations.langgraph._memory import matches
+from touba.integrations.langgraph._postgres_sql import READ_ONLY, SCHEMA_VERSION, Statements
 
 __all__ = ["SCHEMA_VERSION", "PostgresSaverBackend"]
 
-SCHEMA_VERSION: Final = 1
 LIST_BATCH: Final = 256  # rows a list fetches from its server-side cursor at a time
 _OWNER: Final = "ToubaSaver.postgres"
-_READ_ONLY: Final = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-_RECORD: Final = (
-    "thread_id, ns, checkpoint_id, parent_id, type, checkpoint, metadata_type, metadata,"
-    " metadata_json, run_id, versions, logs"
-)
-
-
-class _Statements:
-    """Every statement of the backend, composed once from the prefix's identifiers."""
-
-    def __init__(self, parts: tuple[str, ...]) -> None:
-        *schema, name = parts
-        names = {
-            key: sql.Identifier(*schema, f"{name}_{key}")
-            for key in ("checkpoints", "blobs", "writes", "logs", "entries", "meta")
-        }
-        names["run_idx"] = sql.Identifier(f"{name}_checkpoints_run")
-        names["id_idx"] = sql.Identifier(f"{name}_checkpoints_id")
-        self.checkpoints = names["checkpoints"]
-        self.meta = names["meta"]
-
-        def q(text: LiteralString) -> sql.Composed:
-            return sql.SQL(text).format(**names)
-
-        self.create = [
-            q(
-                "CREATE TABLE {checkpoints} ("
-                " thread_id text NOT NULL, ns text NOT NULL, checkpoint_id text NOT NULL,"
-                " parent_id text, type text NOT NULL, checkpoint bytea NOT NULL,"
-                " metadata_type text NOT NULL, metadata bytea NOT NULL,"
-                " metadata_json text NOT NULL, run_id text, versions text NOT NULL,"
-                " logs text NOT NULL, PRIMARY KEY (thread_id, ns, checkpoint_id))"
-            ),
-            q("CREATE INDEX {run_idx} ON {checkpoints} (run_id) WHERE run_id IS NOT NULL"),
-            q("CREATE INDEX {id_idx} ON {checkpoints} (checkpoint_id)"),
-            q(
-                "CREATE TABLE {blobs} ("
-                " thread_id text NOT NULL, ns text NOT NULL, channel text NOT NULL,"
-                " version text NOT NULL, type text, data bytea,"
-                " PRIMARY KEY (thread_id, ns, channel, version))"
-            ),
-            q(
-                "CREATE TABLE {writes} ("
-                " thread_id text NOT NULL, ns text NOT NULL, checkpoint_id text NOT NULL,"
-                " task_id text NOT NULL, idx integer NOT NULL, channel text NOT NULL,"
-                " type text NOT NULL, data bytea NOT NULL, task_path text NOT NULL,"
-                " PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx))"
-            ),
-            q(
-                "CREATE TABLE {logs} ("
-                " thread_id text NOT NULL, ns text NOT NULL, channel text NOT NULL,"
-                " token text NOT NULL, length bigint NOT NULL,"
-                " PRIMARY KEY (thread_id, ns, channel))"
-            ),
-            q(
-                "CREATE TABLE {entries} ("
-                " thread_id text NOT NULL, ns text NOT NULL, channel text NOT NULL,"
-                " position bigint NOT NULL, type text NOT NULL, data bytea NOT NULL,"
-                " PRIMARY KEY (thread_id, ns, channel, position))"
-            ),
-        ]
-
-        # -- put: the logs (locked until the commit) and their new entries, then the rest
-        # put: one statement. It upserts the logs it appends to (their rows locked until
-        # it commits), inserts the new entries at each log's end, the new blobs, and the
-        # checkpoint row with its spans: the base (merged) followed by the appended
-        # range, joined to the base's last span when adjacent. A base ending past its
-        # log's end makes those spans NULL, which the NOT NULL of ``logs`` refuses:
-        # the statement, so everything it did, is rolled back.
-        self.put = q(
-            "WITH input AS ("
-            " SELECT * FROM unnest(%(channels)s::text[], %(counts)s::bigint[],"
-            " %(tokens)s::text[], %(bases)s::text[], %(base_ends)s::bigint[])"
-            " AS i(channel, n, token, base, base_end)),"
-            " lg AS ("
-            " INSERT INTO {logs} AS l (thread_id, ns, channel, token, length)"
-            " SELECT %(thread)s, %(ns)s, channel, token, n FROM input ORDER BY channel"
-            " ON CONFLICT (thread_id, ns, channel)"
-            " DO UPDATE SET length = l.length + excluded.length"
-            " RETURNING channel, token, length),"
-            " at AS ("
-            " SELECT i.channel, i.n, i.base::jsonb AS base, i.base_end, lg.token,"
-            " lg.length - i.n AS start FROM input i JOIN lg ON lg.channel = i.channel),"
-            " ins AS ("
-            " INSERT INTO {entries} (thread_id, ns, channel, position, type, data)"
-            " SELECT %(thread)s, %(ns)s, e.channel, at.start + e.idx, e.type, e.data"
-            " FROM unnest(%(e_channels)s::text[], %(e_idx)s::bigint[], %(e_types)s::text[],"
-            " %(e_data)s::bytea[]) AS e(channel, idx, type, data)"
-            " JOIN at ON at.channel = e.channel),"
-            " b AS ("
-            " INSERT INTO {blobs} (thread_id, ns, channel, version, type, data)"
-            " SELECT %(thread)s, %(ns)s, * FROM unnest(%(b_channels)s::text[],"
-            " %(b_versions)s::text[], %(b_types)s::text[], %(b_data)s::bytea[])"
-            " ON CONFLICT DO NOTHING),"
-            " spans AS ("
-            " SELECT bool_or(base_end > start) AS bad, jsonb_object_agg(channel, CASE"
-            " WHEN n = 0 THEN base"
-            " WHEN jsonb_array_length(base) > 0 AND (base -> -1 ->> 1)::bigint = start"
-            " THEN (base - (-1)) || jsonb_build_array(jsonb_build_array(base -> -1 -> 0,"
-            " start + n))"
-            " ELSE base || jsonb_build_array(jsonb_build_array(start, start + n)) END) AS logs"
-            " FROM at),"
-            " cp AS ("
-            " INSERT INTO {checkpoints} (thread_id, ns, checkpoint_id, parent_id, type,"
-            " checkpoint, metadata_type, metadata, metadata_json, run_id, versions, logs)"
-            " SELECT %(thread)s, %(ns)s, %(id)s, %(parent)s, %(type)s, %(checkpoint)s,"
-            " %(metadata_type)s, %(metadata)s, %(metadata_json)s, %(run_id)s, %(versions)s,"
-            " CASE WHEN spans.bad THEN NULL ELSE coalesce(spans.logs, '{{}}'::jsonb)::text END"
-            " FROM spans"
-            " ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET"
-            " parent_id = excluded.parent_id, type = excluded.type,"
-            " checkpoint = excluded.checkpoint, metadata_type = excluded.metadata_type,"
-            " metadata = excluded.metadata, metadata_json = excluded.metadata_json,"
-            " run_id = excluded.run_id, versions = excluded.versions, logs = excluded.logs)"
-            " SELECT channel, token, start FROM at"
-        )
-        self.put_writes = q(
-            "WITH input AS ("
-            " SELECT * FROM unnest(%(tasks)s::text[], %(idx)s::integer[], %(channels)s::text[],"
-            " %(types)s::text[], %(data)s::bytea[], %(paths)s::text[])"
-            " AS w(task_id, idx, channel, type, data, task_path)),"
-            " special AS ("
-            " INSERT INTO {writes} AS o (thread_id, ns, checkpoint_id, task_id, idx, channel,"
-            " type, data, task_path)"
-            " SELECT %(thread)s, %(ns)s, %(id)s, * FROM input WHERE idx < 0"
-            " ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) DO UPDATE SET"
-            " channel = excluded.channel, type = excluded.type, data = excluded.data,"
-            " task_path = excluded.task_path)"
-            " INSERT INTO {writes} (thread_id, ns, checkpoint_id, task_id, idx, channel, type,"
-            " data, task_path)"
-            " SELECT %(thread)s, %(ns)s, %(id)s, * FROM input WHERE idx >= 0"
-            " ON CONFLICT DO NOTHING"
-        )
-
-        # -- delete, copy, prune
-        self.delete_thread = q(
-            "WITH c AS (DELETE FROM {checkpoints} WHERE thread_id = %(t)s),"
-            " b AS (DELETE FROM {blobs} WHERE thread_id = %(t)s),"
-            " w AS (DELETE FROM {writes} WHERE thread_id = %(t)s),"
-            " e AS (DELETE FROM {entries} WHERE thread_id = %(t)s)"
-            " DELETE FROM {logs} WHERE thread_id = %(t)s"
-        )
-        self.delete_for_runs = q(
-            "WITH gone AS (DELETE FROM {checkpoints} WHERE run_id = ANY(%s)"
-            " RETURNING thread_id, ns, checkpoint_id)"
-            " DELETE FROM {writes} w USING gone g WHERE w.thread_id = g.thread_id"
-            " AND w.ns = g.ns AND w.checkpoint_id = g.checkpoint_id"
-        )
-        # copy: the source's logs held still, the target's appended to at their end
-        self.lock_logs = q(
-            "SELECT ns, channel, length FROM {logs} WHERE thread_id = %s"
-            " ORDER BY ns, channel FOR SHARE"
-        )
-        self.extend_logs = q(
-            "WITH input AS ("
-            " SELECT * FROM unnest(%(ns)s::text[], %(channels)s::text[], %(counts)s::bigint[],"
-            " %(tokens)s::text[]) AS i(ns, channel, n, token))"
-            " , up AS ("
-            " INSERT INTO {logs} AS l (thread_id, ns, channel, token, length)"
-            " SELECT %(target)s, ns, channel, token, n FROM input ORDER BY ns, channel"
-            " ON CONFLICT (thread_id, ns, channel)"
-            " DO UPDATE SET length = l.length + excluded.length"
-            " RETURNING ns, channel, length)"
-            " SELECT up.ns, up.channel, up.length - i.n FROM up JOIN input i"
-            " ON i.ns = up.ns AND i.channel = up.channel"
-        )
-        self.copy_entries = q(
-            "INSERT INTO {entries} (thread_id, ns, channel, position, type, data)"
-            " SELECT %(target)s, e.ns, e.channel, e.position + o.shift, e.type, e.data"
-            " FROM unnest(%(ns)s::text[], %(channels)s::text[], %(lengths)s::bigint[],"
-            " %(shifts)s::bigint[]) AS o(ns, channel, length, shift)"
-            " JOIN {entries} e ON e.thread_id = %(source)s AND e.ns = o.ns"
-            " AND e.channel = o.channel AND e.position < o.length"
-        )
-        self.copy_blobs = q(
-            "INSERT INTO {blobs} (thread_id, ns, channel, version, type, data)"
-            " SELECT %(target)s, ns, channel, version, type, data FROM {blobs}"
-            " WHERE thread_id = %(source)s ON CONFLICT DO NOTHING"
-        )
-        self.copy_writes = q(
-            "INSERT INTO {writes} (thread_id, ns, checkpoint_id, task_id, idx, channel, type,"
-            " data, task_path)"
-            " SELECT %(target)s, ns, checkpoint_id, task_id, idx, channel, type, data, task_path"
-            " FROM {writes} WHERE thread_id = %(source)s ON CONFLICT DO NOTHING"
-        )
-        self.spans_of_thread = q(
-            "SELECT ns, checkpoint_id, logs FROM {checkpoints} WHERE thread_id = %s"
-        )
-        self.copy_checkpoints = q(
-            "INSERT INTO {checkpoints} (thread_id, ns, checkpoint_id, parent_id, type,"
-            " checkpoint, metadata_type, metadata, metadata_json, run_id, versions, logs)"
-            " SELECT %(target)s, c.ns, c.checkpoint_id, c.parent_id, c.type, c.checkpoint,"
-            " c.metadata_type, c.metadata, c.metadata_json, c.run_id, c.versions, s.logs"
-            " FROM unnest(%(ns)s::text[], %(ids)s::text[], %(logs)s::text[])"
-            " AS s(ns, checkpoint_id, logs)"
-            " JOIN {checkpoints} c ON c.thread_id = %(source)s AND c.ns = s.ns"
-            " AND c.checkpoint_id = s.checkpoint_id"
-            " ON CONFLICT DO NOTHING"
-        )
-        self.lock_thread_logs = q(
-            "SELECT 1 FROM {logs} WHERE thread_id = %s ORDER BY ns, channel FOR UPDATE"
-        )
-        self.latest_per_ns = q(
-            "SELECT DISTINCT ON (ns) ns, checkpoint_id, versions, logs FROM {checkpoints}"
-            " WHERE thread_id = %s ORDER BY ns, checkpoint_id DESC"
-        )
-        self.prune_checkpoints = q(
-            "DELETE FROM {checkpoints} c WHERE c.thread_id = %(t)s AND NOT EXISTS ("
-            " SELECT 1 FROM unnest(%(ns)s::text[], %(ids)s::text[]) AS k(ns, checkpoint_id)"
-            " WHERE k.ns = c.ns AND k.checkpoint_id = c.checkpoint_id)"
-        )
-        self.prune_writes = q(
-            "DELETE FROM {writes} w WHERE w.thread_id = %(t)s AND NOT EXISTS ("
-            " SELECT 1 FROM unnest(%(ns)s::text[], %(ids)s::text[]) AS k(ns, checkpoint_id)"
-            " WHERE k.ns = w.ns AND k.checkpoint_id = w.checkpoint_id)"
-        )
-        self.prune_blobs = q(
-            "DELETE FROM {blobs} b WHERE b.thread_id = %(t)s AND NOT EXISTS ("
-            " SELECT 1 FROM unnest(%(ns)s::text[], %(channels)s::text[], %(versions)s::text[])"
-            " AS k(ns, channel, version)"
-            " WHERE k.ns = b.ns AND k.channel = b.channel AND k.version = b.version)"
-        )
-        self.prune_entries = q(
-            "WITH gone AS ("
-            " DELETE FROM {entries} e WHERE e.thread_id = %(t)s AND NOT EXISTS ("
-            " SELECT 1 FROM unnest(%(ns)s::text[], %(channels)s::text[], %(starts)s::bigint[],"
-            " %(ends)s::bigint[]) AS k(ns, channel, s, e)"
-            " WHERE k.ns = e.ns AND k.channel = e.channel AND e.position >= k.s"
-            " AND e.position < k.e)"
-            " RETURNING ns, channel),"
-            " touched AS (SELECT DISTINCT ns, channel FROM gone)"
-            " UPDATE {logs} l SET token = md5(random()::text || clock_timestamp()::text"
-            " || l.ns || l.channel || l.token)"
-            " FROM touched t WHERE l.thread_id = %(t)s AND l.ns = t.ns AND l.channel = t.channel"
-        )
-
-        # -- reads
-        record = "SELECT " + _RECORD + " FROM {checkpoints}"  # noqa: S608 - constant text
-        # get: one statement (one snapshot, one round trip) returning the row and, as
-        # arrays, its blobs, its writes in LangGraph's order, its logs' states and the
-        # entries its spans name at or above what the caller holds
-        parts_of_get = (
-            " SELECT c.*, bl.*, wr.*, lg.*, en.* FROM c"
-            " LEFT JOIN LATERAL ("
-            " SELECT array_agg(b.channel) AS b_channels, array_agg(b.type) AS b_types,"
-            " array_agg(b.data) AS b_data"
-            " FROM jsonb_each_text(c.versions::jsonb) AS v(channel, version)"
-            " JOIN {blobs} b ON b.thread_id = c.thread_id AND b.ns = c.ns"
-            " AND b.channel = v.channel AND b.version = v.version) bl ON true"
-            " LEFT JOIN LATERAL ("
-            " SELECT array_agg(w.task_id ORDER BY w.task_path, w.task_id, w.idx) AS w_tasks,"
-            " array_agg(w.idx ORDER BY w.task_path, w.task_id, w.idx) AS w_idx,"
-            " array_agg(w.channel ORDER BY w.task_path, w.task_id, w.idx) AS w_channels,"
-            " array_agg(w.type ORDER BY w.task_path, w.task_id, w.idx) AS w_types,"
-            " array_agg(w.data ORDER BY w.task_path, w.task_id, w.idx) AS w_data,"
-            " array_agg(w.task_path ORDER BY w.task_path, w.task_id, w.idx) AS w_paths"
-            " FROM {writes} w WHERE w.thread_id = c.thread_id AND w.ns = c.ns"
-            " AND w.checkpoint_id = c.checkpoint_id) wr ON true"
-            " LEFT JOIN LATERAL ("
-            " SELECT array_agg(l.channel) AS l_channels, array_agg(l.token) AS l_tokens,"
-            " array_agg(l.length) AS l_lengths"
-            " FROM jsonb_object_keys(c.logs::jsonb) AS k(channel)"
-            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
-            " AND l.channel = k.channel) lg ON true"
-            " LEFT JOIN LATERAL ("
-            " SELECT array_agg(e.channel) AS e_channels, array_agg(e.position) AS e_positions,"
-            " array_agg(e.type) AS e_types, array_agg(e.data) AS e_data"
-            " FROM jsonb_each(c.logs::jsonb) AS s(channel, spans)"
-            " CROSS JOIN LATERAL jsonb_array_elements(s.spans) AS sp(span)"
-            " JOIN {logs} l ON l.thread_id = c.thread_id AND l.ns = c.ns"
-            " AND l.channel = s.channel"
-            " LEFT JOIN unnest(%(h_channels)s::text[], %(h_tokens)s::text[],"
-            " %(h_lengths)s::bigint[]) AS h(channel, token, length)"
-            " ON h.channel = s.channel AND h.token = l.token"
-            " JOIN {entries} e ON e.thread_id = c.thread_id AND e.ns = c.ns"
-            " AND e.channel = s.channel"
-            " AND e.position >= greatest((sp.span ->> 0)::bigint, coalesce(h.length, 0))"
-            " AND e.position < (sp.span ->> 1)::bigint) en ON true"
-        )
-        self.get_latest = q(
-            "WITH c AS (" + record + " WHERE thread_id = %(t)s AND ns = %(ns)s"
-            " ORDER BY checkpoint_id DESC LIMIT 1)" + parts_of_get
-        )
-        self.get_one = q(
-            "WITH c AS (" + record + " WHERE thread_id = %(t)s AND ns = %(ns)s"
-            " AND checkpoint_id = %(id)s)" + parts_of_get
-        )
-        self.list_head = sql.SQL(record).format(**names)
-        self.blobs_of = q(
-            "SELECT k.thread_id, k.ns, k.channel, b.type, b.data"
-            " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[])"
-            " AS k(thread_id, ns, channel, version)"
-            " JOIN {blobs} b ON b.thread_id = k.thread_id AND b.ns = k.ns"
-            " AND b.channel = k.channel AND b.version = k.version"
-        )
-        self.writes_of = q(
-            "SELECT w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.idx, w.channel, w.type,"
-            " w.data, w.task_path"
-            " FROM unnest(%s::text[], %s::text[], %s::text[]) AS k(thread_id, ns, checkpoint_id)"
-            " JOIN {writes} w ON w.thread_id = k.thread_id AND w.ns = k.ns"
-            " AND w.checkpoint_id = k.checkpoint_id"
-            " ORDER BY w.thread_id, w.ns, w.checkpoint_id, w.task_path, w.task_id, w.idx"
-        )
-        self.logs_of = q(
-            "SELECT l.thread_id, l.ns, l.channel, l.token, l.length"
-            " FROM unnest(%s::text[], %s::text[], %s::text[]) AS k(thread_id, ns, channel)"
-            " JOIN {logs} l ON l.thread_id = k.thread_id AND l.ns = k.ns"
-            " AND l.channel = k.channel"
-        )
-        self.entries_of = q(
-            "SELECT k.i, e.position, e.type, e.data"
-            " FROM unnest(%s::integer[], %s::text[], %s::text[], %s::text[], %s::bigint[],"
-            " %s::bigint[]) AS k(i, thread_id, ns, channel, s, e)"
-            " JOIN {entries} e ON e.thread_id = k.thread_id AND e.ns = k.ns"
-            " AND e.channel = k.channel AND e.position >= k.s AND e.position < k.e"
-        )
 
 
 Params = Sequence[Any] | Mapping[str, Any]
@@ -450,11 +146,6 @@ async def _results(conn: Conn, *queries: tuple[Query, Params | None]) -> list[li
         for c in cursors:
             if c is not None:
                 await c.close()
-
-
-async def _first(conn: Conn, query: Query, params: Params) -> Row | None:
-    found = await _rows(conn, query, params)
-    return found[0] if found else None
 
 
 def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
@@ -517,8 +208,62 @@ def _record(found: Row) -> CheckpointRecord:
     )
 
 
+def _appends(r: PutCheckpoint) -> list[tuple[LogAppend, tuple[Span, ...]]]:
+    """The put's log appends in channel order (the order their rows are locked in), each
+    with its base merged."""
+    return [(a, merge_spans(a.base)) for a in sorted(r.logs, key=lambda a: a.channel)]
+
+
+def _put_params(
+    r: PutCheckpoint, appends: Sequence[tuple[LogAppend, tuple[Span, ...]]], lock: int
+) -> dict[str, Any]:
+    """The parameters of :data:`Statements.put` for ``r``, whose thread's lock is
+    ``lock``."""
+    return {
+        "lock": lock,
+        "thread": r.thread_id,
+        "ns": r.checkpoint_ns,
+        "channels": [a.channel for a, _ in appends],
+        "counts": [len(a.items) for a, _ in appends],
+        "tokens": [_token() for _ in appends],
+        "bases": [json.dumps([[s.start, s.end] for s in base]) for _, base in appends],
+        "base_ends": [max((s.end for s in base), default=0) for _, base in appends],
+        "e_channels": [a.channel for a, _ in appends for _ in a.items],
+        "e_idx": [i for a, _ in appends for i in range(len(a.items))],
+        "e_types": [t for a, _ in appends for t, _ in a.items],
+        "e_data": [d for a, _ in appends for _, d in a.items],
+        "b_channels": [b.channel for b in r.blobs],
+        "b_versions": [b.version for b in r.blobs],
+        "b_types": [None if b.blob is None else b.blob[0] for b in r.blobs],
+        "b_data": [None if b.blob is None else b.blob[1] for b in r.blobs],
+        "id": r.checkpoint_id,
+        "parent": r.parent_id,
+        "type": r.checkpoint[0],
+        "checkpoint": r.checkpoint[1],
+        "metadata_type": r.metadata[0],
+        "metadata": r.metadata[1],
+        "metadata_json": r.metadata_json,
+        "run_id": r.run_id,
+        "versions": json.dumps(dict(r.versions)),
+    }
+
+
+def _get_params(
+    thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, held: Mapping[str, HeldLog]
+) -> dict[str, Any]:
+    """The parameters of :data:`Statements.get_latest` (and ``get_one``)."""
+    return {
+        "t": thread_id,
+        "ns": checkpoint_ns,
+        "id": checkpoint_id,
+        "h_channels": list(held),
+        "h_tokens": [h.token for h in held.values()],
+        "h_lengths": [h.length for h in held.values()],
+    }
+
+
 def _got(found: Row) -> CheckpointPage:
-    """The page of :data:`_Statements.get_latest`'s row: the record, then arrays (None
+    """The page of :data:`Statements.get_latest`'s row: the record, then arrays (None
     for none) of blobs, writes, log states and entries."""
     record = _record(found[:12])
     b_channels, b_types, b_data = found[12:15]
@@ -600,7 +345,7 @@ class PostgresSaverBackend:
 
     def __init__(self, dsn: str, *, table_prefix: str = "touba_lg") -> None:
         parts = table_parts(table_prefix, example="touba_lg", argument="table_prefix", longest=47)
-        self._sql = _Statements(parts)
+        self._sql = Statements(parts)
         self._pg = OwnedPool(
             _OWNER,
             dsn=dsn,
@@ -617,6 +362,10 @@ class PostgresSaverBackend:
             unavailable=_unavailable,
         )
         self.table_prefix = table_prefix
+
+    def _lock(self, thread_id: str) -> int:
+        """The advisory lock key of a thread of these tables (see ``Statements.put``)."""
+        return lock_key(f"touba.langgraph.postgres:{self.table_prefix}:{thread_id}")
 
     # -- connections -------------------------------------------------------------------
 
@@ -649,7 +398,7 @@ class PostgresSaverBackend:
         """One REPEATABLE READ, READ ONLY transaction: every statement sees one snapshot
         (read-only, so it never fails to serialize)."""
         async with self._pg.using(), self._pg.statement() as conn, conn.transaction():
-            await _run(conn, _READ_ONLY)
+            await _run(conn, READ_ONLY)
             yield conn
 
     # -- writes ------------------------------------------------------------------------
@@ -671,38 +420,13 @@ class PostgresSaverBackend:
             run_id=r.run_id,
             checkpoint_type=r.checkpoint[0],
             metadata_type=r.metadata[0],
-            channels=[*r.versions, *(a.channel for a in r.logs)],
-            versions=list(r.versions.values()),
+            channels=[*r.versions, *(a.channel for a in r.logs), *(b.channel for b in r.blobs)],
+            versions=[*r.versions.values(), *(b.version for b in r.blobs)],
             blob_types=[b.blob[0] for b in r.blobs if b.blob is not None],
             item_types=[t for a in r.logs for t, _ in a.items],
         )
-        appends = [(a, merge_spans(a.base)) for a in sorted(r.logs, key=lambda a: a.channel)]
-        params = {
-            "thread": r.thread_id,
-            "ns": r.checkpoint_ns,
-            "channels": [a.channel for a, _ in appends],
-            "counts": [len(a.items) for a, _ in appends],
-            "tokens": [_token() for _ in appends],
-            "bases": [json.dumps([[s.start, s.end] for s in base]) for _, base in appends],
-            "base_ends": [max((s.end for s in base), default=0) for _, base in appends],
-            "e_channels": [a.channel for a, _ in appends for _ in a.items],
-            "e_idx": [i for a, _ in appends for i in range(len(a.items))],
-            "e_types": [t for a, _ in appends for t, _ in a.items],
-            "e_data": [d for a, _ in appends for _, d in a.items],
-            "b_channels": [b.channel for b in r.blobs],
-            "b_versions": [b.version for b in r.blobs],
-            "b_types": [None if b.blob is None else b.blob[0] for b in r.blobs],
-            "b_data": [None if b.blob is None else b.blob[1] for b in r.blobs],
-            "id": r.checkpoint_id,
-            "parent": r.parent_id,
-            "type": r.checkpoint[0],
-            "checkpoint": r.checkpoint[1],
-            "metadata_type": r.metadata[0],
-            "metadata": r.metadata[1],
-            "metadata_json": r.metadata_json,
-            "run_id": r.run_id,
-            "versions": json.dumps(dict(r.versions)),
-        }
+        appends = _appends(r)
+        params = _put_params(r, appends, self._lock(r.thread_id))
         try:
             async with self._statement() as conn:
                 found = await _rows(conn, self._sql.put, params)
@@ -767,11 +491,13 @@ class PostgresSaverBackend:
             await _run(conn, self._sql.put_writes, params)
 
     async def delete_thread(self, thread_id: str) -> None:
-        """One statement removing the thread's rows from every table (each an index
-        range). O(what the thread holds)."""
+        """One transaction: the thread's lock (waiting for the puts in progress), then
+        one statement removing its rows from every table (each an index range).
+        O(what the thread holds)."""
         if has_nul(thread_id):
             return
-        async with self._statement() as conn:
+        async with self._write() as conn:
+            await _run(conn, self._sql.lock_thread, (self._lock(thread_id),))
             await _run(conn, self._sql.delete_thread, {"t": thread_id})
 
     async def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -783,15 +509,15 @@ class PostgresSaverBackend:
             await _run(conn, self._sql.delete_for_runs, (ids,))
 
     async def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """One transaction. The source's logs are held (``FOR SHARE``) so no put appends
-        to them meanwhile; the target's logs are extended at their end. O(what the source
-        holds)."""
+        """One transaction. The source's lock is held, so no put of it runs meanwhile; the
+        target's logs are extended at their end. O(what the source holds)."""
         if has_nul(source_thread_id) or source_thread_id == target_thread_id:
             return
         _refuse_nul(target_thread_id=target_thread_id)
         ids = {"source": source_thread_id, "target": target_thread_id}
         async with self._write() as conn:
-            logs = await _rows(conn, self._sql.lock_logs, (source_thread_id,))
+            await _run(conn, self._sql.lock_thread, (self._lock(source_thread_id),))
+            logs = await _rows(conn, self._sql.logs_of_thread, (source_thread_id,))
             shifts: dict[tuple[str, str], int] = {}
             if logs:
                 extended = await _rows(
@@ -858,10 +584,10 @@ class PostgresSaverBackend:
 
     async def _keep_latest(self, thread_id: str) -> None:
         """Keep each namespace's latest checkpoint, with the writes, blobs and entries it
-        names; a log that loses entries gets a new token. The thread's logs are locked
-        first, so no put appends meanwhile."""
+        names; a log that loses entries gets a new token. The thread's lock is held
+        first, so no put of it runs meanwhile."""
         async with self._write() as conn:
-            await _run(conn, self._sql.lock_thread_logs, (thread_id,))
+            await _run(conn, self._sql.lock_thread, (self._lock(thread_id),))
             latest = await _rows(conn, self._sql.latest_per_ns, (thread_id,))
             kept_ids = {"t": thread_id, "ns": [f[0] for f in latest], "ids": [f[1] for f in latest]}
             await _run(conn, self._sql.prune_checkpoints, kept_ids)
@@ -896,6 +622,7 @@ class PostgresSaverBackend:
                     "channels": [k[1] for k in spans],
                     "starts": [k[2].start for k in spans],
                     "ends": [k[2].end for k in spans],
+                    "token": _token(),  # new for every log that lost entries
                 },
             )
 
@@ -913,14 +640,7 @@ class PostgresSaverBackend:
         O(blobs + writes + spans + entries returned)."""
         if has_nul(thread_id, checkpoint_ns, checkpoint_id):
             return CheckpointPage(rows=(), logs={})
-        params = {
-            "t": thread_id,
-            "ns": checkpoint_ns,
-            "id": checkpoint_id,
-            "h_channels": list(held),
-            "h_tokens": [h.token for h in held.values()],
-            "h_lengths": [h.length for h in held.values()],
-        }
+        params = _get_params(thread_id, checkpoint_ns, checkpoint_id, held)
         query = self._sql.get_latest if checkpoint_id is None else self._sql.get_one
         async with self._statement() as conn, conn.cursor(binary=True) as cur:
             await cur.execute(query, params)
@@ -1005,10 +725,10 @@ class PostgresSaverBackend:
                 else None,
             ),
         )
-        # the blobs at the versions asked for, by (thread, namespace, channel)
-        by_key: dict[tuple[str, str, str], TypedBlob | None] = {
-            (t, ns, channel): None if kind is None else (kind, bytes(data))
-            for t, ns, channel, kind, data in blob_rows
+        # the blobs at the versions asked for, by (thread, namespace, channel, version)
+        by_key: dict[tuple[str, str, str, str], TypedBlob | None] = {
+            (t, ns, channel, version): None if kind is None else (kind, bytes(data))
+            for t, ns, channel, version, kind, data in blob_rows
         }
         writes: dict[tuple[str, str, str], list[WriteRecord]] = {}
         for t, ns, checkpoint_id, task_id, idx, channel, kind, data, path in write_rows:
@@ -1029,12 +749,14 @@ class PostgresSaverBackend:
 
     @staticmethod
     def _blobs_of(
-        record: CheckpointRecord, found: Mapping[tuple[str, str, str], TypedBlob | None]
+        record: CheckpointRecord, found: Mapping[tuple[str, str, str, str], TypedBlob | None]
     ) -> dict[str, TypedBlob | None]:
+        """The record's blob of each channel at its version (a missing one left out)."""
+        where = (record.thread_id, record.checkpoint_ns)
         return {
-            channel: found[(record.thread_id, record.checkpoint_ns, channel)]
-            for channel in record.versions
-            if (record.thread_id, record.checkpoint_ns, channel) in found
+            channel: found[(*where, channel, version)]
+            for channel, version in record.versions.items()
+            if (*where, channel, version) in found
         }
 
     async def _entries(
