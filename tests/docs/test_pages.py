@@ -61,7 +61,7 @@ PAGES: dict[str, str] = {
     "docs/panel.md": "sh sh",
     "docs/integrations.md": "sh python python python python python python python",
     "docs/openai-agents-sessions.md": "python output python output",
-    "docs/adk.md": "python output python output python output python",
+    "docs/adk.md": "python output python output python output python output python",
     "docs/langgraph-checkpointer.md": "sh python output python output",
     "docs/context-and-compaction.md": (
         "python python python python text text python python python output python python "
