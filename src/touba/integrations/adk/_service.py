@@ -124,7 +124,7 @@ from touba.integrations.adk._backend import (
     SessionRecord,
     StoredEvent,
 )
-from touba.integrations.adk._events import decode, encode
+from touba.integrations.adk._events import decode_all, encode
 
 __all__ = ["ToubaSessionService"]
 
@@ -365,8 +365,7 @@ class ToubaSessionService(BaseSessionService):
         read = await self._backend.read(key, recent=recent, after=after, now=self._clock())
         if read is None:
             return None
-        events = [decode(e.data, key.session_id) for e in read.events]
-        return self._session(read, events)
+        return self._session(read, decode_all([e.data for e in read.events], key.session_id))
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -526,8 +525,10 @@ class ToubaSessionService(BaseSessionService):
             app_name=record.key.app_name,
             user_id=record.key.user_id,
             state=_merged(record, read.app_state, read.user_state),
-            events=events,
+            events=[],
             last_update_time=record.update_time,
         )
+        # the decoded events are ADK Events already: assigned, not validated again as a list
+        session.events = events
         _marker(session, record.revision)
         return session
