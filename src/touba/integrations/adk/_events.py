@@ -34,17 +34,23 @@ whole read, about 110 ms of the ~190 ms the read takes, ADK's own services
 paying the same. Pausing the collector during the read only moves that pass
 into whatever runs next, so it is not done.
 
-No decoded event is cached: a deep copy of an ADK event (what a cache would have
-to hand out, each read detached from the others) costs about what decoding its
-JSON does (measured: 2,000 ~1 KB events, 82 ms copied against 75 ms decoded),
-and every cached event would be objects that each full garbage collection of
-the host visits.
+**No cache by default.** A deep copy of an ADK event (what a cache would have to
+hand out, each read detached from the others) costs about what decoding its JSON
+does (measured: 2,000 ~1 KB events, 82 ms copied against 75 ms decoded) and
+makes as many objects for the collector. :class:`SharedEvents` is the opt-in
+(``ToubaSessionService(..., share_events=True)``): whole-session reads hand out
+the Event objects an earlier read decoded, as ADK's own
+``InMemorySessionService`` does under its ``IN_MEMORY_SESSION_SERVICE_LIGHT_COPY``
+flag. An event is reused only when the store returns the same id with the same
+JSON text, character for character, so a reused event is exactly what decoding
+would give, whatever was written, deleted or recreated meanwhile.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from google.adk.events.event import Event
@@ -53,7 +59,9 @@ from pydantic_core import PydanticSerializationError, SchemaValidator
 
 from touba.errors import ConfigurationError, DecisionHistoryRecordInvalid
 
-__all__ = ["decode", "decode_all", "encode"]
+__all__ = ["SHARED_EVENT_CHARS", "SharedEvents", "decode", "decode_all", "encode"]
+
+SHARED_EVENT_CHARS = 32 * 1024 * 1024
 
 # (module, qualified name) of the hooks that leave JSON written by encode() as it is
 # (see the module docstring); any other validator stays in the schema.
@@ -200,3 +208,78 @@ def decode_all(datas: Sequence[str], session_id: str) -> list[Event]:
 def decode(data: str, session_id: str) -> Event:
     """The Event ``data`` holds; ``DecisionHistoryRecordInvalid`` when it is unreadable."""
     return decode_all([data], session_id)[0]
+
+
+class SharedEvents:
+    """Decoded events of recently read sessions, reused while their stored JSON is unchanged.
+
+    Keeps the events of the sessions whose last whole read was most recent, up to
+    ``max_chars`` characters of their JSON in all (decoded events take a few times
+    that in memory); a session over it is not kept. Not thread-safe: one service
+    on one event loop, used between two awaits.
+    """
+
+    def __init__(self, max_chars: int = SHARED_EVENT_CHARS) -> None:
+        """Keep up to ``max_chars`` characters of event JSON."""
+        self._max = max_chars
+        self._chars = 0
+        self._sessions: OrderedDict[Hashable, tuple[dict[str, tuple[str, Event]], int]] = (
+            OrderedDict()
+        )
+
+    def events(
+        self,
+        key: Hashable,
+        stored: Sequence[tuple[str, str]],
+        session_id: str,
+        *,
+        whole: bool,
+    ) -> list[Event]:
+        """The Events of ``stored`` (``(event_id, data)`` pairs, in order).
+
+        An event kept with the same id and the same JSON text is reused (the same
+        object); the others are decoded (``DecisionHistoryRecordInvalid`` as
+        :func:`decode_all`). A ``whole`` read (every event of the session) then
+        replaces what is kept for ``key``.
+        """
+        kept = self._sessions.get(key)
+        known = kept[0] if kept is not None else {}
+        events: list[Event | None] = []
+        missing: list[int] = []
+        for event_id, data in stored:
+            hit = known.get(event_id)
+            if hit is not None and hit[0] == data:
+                events.append(hit[1])
+            else:
+                missing.append(len(events))
+                events.append(None)
+        if missing:
+            for i, event in zip(
+                missing, decode_all([stored[i][1] for i in missing], session_id), strict=True
+            ):
+                events[i] = event
+        decoded = [e for e in events if e is not None]
+        if whole:
+            self._keep(
+                key, {eid: (data, e) for (eid, data), e in zip(stored, decoded, strict=True)}
+            )
+        elif kept is not None:
+            self._sessions.move_to_end(key)
+        return decoded
+
+    def forget(self, key: Hashable) -> None:
+        """Drop what is kept for ``key`` (a deleted session)."""
+        kept = self._sessions.pop(key, None)
+        if kept is not None:
+            self._chars -= kept[1]
+
+    def _keep(self, key: Hashable, events: dict[str, tuple[str, Event]]) -> None:
+        self.forget(key)
+        chars = sum(len(data) for data, _ in events.values())
+        if chars > self._max:
+            return
+        self._sessions[key] = (events, chars)
+        self._chars += chars
+        while self._chars > self._max:
+            _, (_, dropped) = self._sessions.popitem(last=False)
+            self._chars -= dropped
