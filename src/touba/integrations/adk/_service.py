@@ -23,7 +23,7 @@ every deliberate difference is listed here):
   to find the newest k they sort all of the session's events. A whole-session
   read decodes every event into ADK's ``Event``, as theirs do, with a copy of
   ADK's validator that leaves out three Python hooks which do nothing to JSON
-  that touba wrote (about 3x faster, the result identical: see
+  that touba wrote (twice as fast, the result identical: see
   :mod:`._events`); by default no decoded event is cached.
 - **Shared events (opt-in, never the default).** With ``share_events=True``
   (every constructor), a whole-session ``get_session`` hands out the same
