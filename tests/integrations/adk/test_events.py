@@ -131,6 +131,16 @@ def test_the_schema_copy_is_built_on_the_adk_this_extra_installs() -> None:
     assert _events._validator() is not None
 
 
+def test_building_the_copy_leaves_every_model_class_as_it_was() -> None:
+    models: set[type[BaseModel]] = set()
+    _events._strip(Event.__pydantic_core_schema__, models)
+    assert len(models) > 10
+    before = {cls: cls.__dict__.get("__pydantic_complete__") for cls in models}
+    assert _events._build() is not None
+    assert {cls: cls.__dict__.get("__pydantic_complete__") for cls in models} == before
+    assert any(before.values())  # some were marked complete, so were unmarked and put back
+
+
 @pytest.mark.parametrize("event", shapes(), ids=lambda e: e.id[:8])
 def test_each_shape_reads_back_as_adk_reads_it(event: Event) -> None:
     data = encode(event)
