@@ -127,10 +127,15 @@ _SELECT_SESSIONS = (
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
 _SESSION = _SELECT_SESSIONS + " WHERE app_name = ? AND user_id = ? AND session_id = ?"
 _LIVE_SESSION = _SESSION + " AND " + _LIVE
-_LIST_APP = _SELECT_SESSIONS + (
+# list_sessions reads plain tuples of these columns, in this order (see _listed)
+_SELECT_LISTED = (
+    "SELECT user_id, session_id, state, create_time, update_time, revision, event_count,"
+    " byte_count, expires_at, holder, hold_until FROM adk_sessions"
+)
+_LIST_APP = _SELECT_LISTED + (
     " WHERE app_name = ? AND " + _LIVE + " ORDER BY update_time, user_id, session_id"
 )
-_LIST_USER = _SELECT_SESSIONS + (
+_LIST_USER = _SELECT_LISTED + (
     " WHERE app_name = ? AND user_id = ? AND "
     + _LIVE
     + " ORDER BY update_time, user_id, session_id"
@@ -197,6 +202,22 @@ def _record(row: sqlite3.Row, now: float) -> SessionRecord:
         byte_count=row["byte_count"],
         expires_at=row["expires_at"],
         holder=row["holder"] if live else None,
+    )
+
+
+def _listed(app_name: str, row: tuple[Any, ...], now: float) -> SessionRecord:
+    """A record from a plain tuple of ``_SELECT_LISTED`` (no name lookups: 5,000 rows a list)."""
+    user_id, session_id, state, create, update, revision, events, size, expiry, holder, until = row
+    return SessionRecord(
+        key=SessionKey(app_name, user_id, session_id),
+        state=_loads(state, "session state"),
+        create_time=create,
+        update_time=update,
+        revision=revision,
+        event_count=events,
+        byte_count=size,
+        expires_at=expiry,
+        holder=holder if is_held(holder, until, now) else None,
     )
 
 
@@ -364,16 +385,18 @@ class _Db:
 
     def list_sessions(self, app_name: str, user_id: str | None, now: float) -> SessionList:
         with transaction(self.conn, "BEGIN"):
+            cursor = self.conn.cursor()
+            cursor.row_factory = None  # plain tuples
             if user_id is None:
-                rows = self.conn.execute(_LIST_APP, (app_name, now)).fetchall()
+                rows = cursor.execute(_LIST_APP, (app_name, now)).fetchall()
             else:
-                rows = self.conn.execute(_LIST_USER, (app_name, user_id, now)).fetchall()
+                rows = cursor.execute(_LIST_USER, (app_name, user_id, now)).fetchall()
             users: dict[str, Mapping[str, JsonValue]] = {}
             if user_id is not None:
                 if rows:
                     users[user_id] = self._user_state(app_name, user_id)
             elif rows:
-                wanted = {r["user_id"] for r in rows}
+                wanted = {r[0] for r in rows}
                 for u, text in self.conn.execute(
                     "SELECT user_id, state FROM adk_user_states WHERE app_name = ?", (app_name,)
                 ):
@@ -382,7 +405,7 @@ class _Db:
             return SessionList(
                 app_state=self._app_state(app_name),
                 user_states=users,
-                sessions=[_record(r, now) for r in rows],
+                sessions=[_listed(app_name, r, now) for r in rows],
             )
 
     def read_user_state(self, app_name: str, user_id: str) -> dict[str, JsonValue]:
