@@ -166,9 +166,23 @@ def _unserializable_field(event: Event) -> str:
     return "the event"
 
 
+def _same(back: Event, event: Event) -> bool:
+    """Whether ``back`` holds what ``event`` holds, by value.
+
+    Not by class: ADK's streaming gives an event a ``types.ModelContent`` (a subclass of
+    ``types.Content``), which JSON reads back as the ``Content`` it is; pydantic's ``==``
+    tells the two classes apart. A tuple or a set still differs from the list JSON gives.
+    """
+    return back == event or back.model_dump() == event.model_dump()
+
+
 def _differing(back: Event, event: Event) -> str:
     return next(
-        (name for name in Event.model_fields if getattr(back, name) != getattr(event, name)),
+        (
+            name
+            for name in Event.model_fields
+            if back.model_dump(include={name}) != event.model_dump(include={name})
+        ),
         "an unknown field",
     )
 
@@ -187,7 +201,7 @@ def encode(event: Event) -> str:
             f"{_unserializable_field(event)} cannot be written as JSON ({e}); nothing was written"
         ) from e
     for back in (Event.model_validate_json(data), _read(data)):
-        if back != event:
+        if not _same(back, event):
             raise ConfigurationError(
                 f"event.{_differing(back, event)} does not read back equal from ADK's JSON form "
                 "(a tuple, a set or another non-JSON value in it?); nothing was written"
