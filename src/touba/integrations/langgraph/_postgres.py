@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -102,6 +102,7 @@ from touba.integrations.langgraph._backend import (
     TypedBlob,
     WriteRecord,
     merge_spans,
+    unheld_spans,
 )
 from touba.integrations.langgraph._memory import matches
 from touba.integrations.langgraph._postgres_sql import READ_ONLY, SCHEMA_VERSION, Statements
@@ -306,19 +307,6 @@ def _got(found: Row) -> CheckpointPage:
         for channel in record.logs
     }
     return CheckpointPage(rows=(CheckpointRow(record, blobs, writes),), logs=logs)
-
-
-def _ranges(spans: Iterable[Span], floor: int) -> list[Span]:
-    """The positions ``spans`` name at or above ``floor``, as sorted disjoint spans."""
-    clipped = sorted((max(s.start, floor), s.end) for s in spans if s.end > max(s.start, floor))
-    out: list[Span] = []
-    for start, end in clipped:
-        if out and start <= out[-1].end:
-            if end > out[-1].end:
-                out[-1] = Span(out[-1].start, end)
-        else:
-            out.append(Span(start, end))
-    return out
 
 
 def _log_keys(records: Sequence[CheckpointRecord]) -> list[LogKey]:
@@ -783,9 +771,8 @@ class PostgresSaverBackend:
             if state is None:
                 logs[key] = LogRead(None)
                 continue
-            h = held.get(key)
-            floor = h.length if h is not None and h.token == state.token else 0
-            ranges.extend((i, key, s) for s in _ranges(wanted[key], floor))
+            unheld = unheld_spans(wanted[key], held.get(key), state.token)
+            ranges.extend((i, key, s) for s in unheld)
         entries: dict[LogKey, dict[int, TypedBlob]] = {}
         if ranges:
             async with conn.cursor(binary=True) as cur:
