@@ -58,8 +58,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final
 
 try:
@@ -148,6 +148,18 @@ async def _results(conn: Conn, *queries: tuple[Query, Params | None]) -> list[li
         for c in cursors:
             if c is not None:
                 await c.close()
+
+
+@contextmanager
+def _contradictions() -> Iterator[None]:
+    """An IntegrityError (stored rows contradicting each other) as RecordInvalid."""
+    try:
+        yield
+    except psycopg.IntegrityError as e:
+        raise DecisionHistoryRecordInvalid(
+            f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
+            f"{e}); nothing was written"
+        ) from e
 
 
 def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
@@ -361,26 +373,16 @@ class PostgresSaverBackend:
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[Conn]:
         """One READ COMMITTED transaction; conflicting stored rows are RecordInvalid."""
-        try:
+        with _contradictions():
             async with self._pg.call() as conn:
                 yield conn
-        except psycopg.IntegrityError as e:
-            raise DecisionHistoryRecordInvalid(
-                f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
-                f"{e}); nothing was written"
-            ) from e
 
     @asynccontextmanager
     async def _statement(self) -> AsyncIterator[Conn]:
         """One statement that is a transaction of its own (one round trip)."""
-        try:
+        with _contradictions():
             async with self._pg.using(), self._pg.statement() as conn:
                 yield conn
-        except psycopg.IntegrityError as e:
-            raise DecisionHistoryRecordInvalid(
-                f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
-                f"{e}); nothing was written"
-            ) from e
 
     @asynccontextmanager
     async def _snapshot(self) -> AsyncIterator[Conn]:
