@@ -25,8 +25,6 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from langchain_core.messages import HumanMessage
-from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from redis.asyncio import Redis, RedisCluster
@@ -38,6 +36,11 @@ from tests.history.test_redis_cluster import (
     _cli,
     _free_ports,
     cluster,  # noqa: F401 (a fixture: 3 masters)
+)
+from tests.integrations.langgraph._crash_worker import (
+    check_and_put_after,
+    check_reopened,
+    kill_while_putting,
 )
 from tests.integrations.langgraph.test_saver import Thread, message
 from tests.peers import langgraph_savers
@@ -688,77 +691,15 @@ async def test_a_client_killed_mid_put_leaves_every_put_whole_or_absent(
     assert nxt.spans["messages"] == (Span(0, 40 * (newest + 1) + 1),)
 
 
-SAVER_CHILD = """
-import asyncio, sys
-from langchain_core.messages import AIMessage, HumanMessage
-from langgraph.checkpoint.base import empty_checkpoint
-from touba.integrations.langgraph import ToubaSaver
-
-async def main(url, prefix):
-    async with ToubaSaver.redis(url, prefix=prefix) as saver:
-        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
-        messages, version, step = [], None, 0
-        while True:
-            step += 1
-            messages = [*messages, HumanMessage(f"{step}a " + "x" * 4000, id=f"{step}a"),
-                        AIMessage(f"{step}b " + "y" * 4000, id=f"{step}b")]
-            version = saver.get_next_version(version, None)
-            checkpoint = empty_checkpoint()
-            checkpoint["channel_values"] = {"messages": messages, "step": step}
-            checkpoint["channel_versions"] = {"messages": version, "step": version}
-            config = await saver.aput(
-                config, checkpoint, {"step": step}, {"messages": version, "step": version}
-            )
-            await saver.aput_writes(config, [("step", step)], f"task-{step}")
-            if step == 5:
-                print("ready", flush=True)
-
-asyncio.run(main(*sys.argv[1:]))
-"""
-
-
 @pytest.mark.parametrize("after", [0.0, 0.2])
 async def test_kill_9_during_toubasaver_aput_on_redis_leaves_each_checkpoint_whole_or_absent(
     url: str, prefix: str, after: float
 ) -> None:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SAVER_CHILD, url, prefix, stdout=asyncio.subprocess.PIPE
-    )
-    try:
-        assert child.stdout is not None
-        line = await asyncio.wait_for(child.stdout.readline(), timeout=30)
-        assert line == b"ready\n"
-        await asyncio.sleep(after)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        await child.communicate()
-    assert child.returncode == -signal.SIGKILL
-
+    kill_while_putting(after, "redis", url, prefix)
     async with ToubaSaver.redis(url, prefix=prefix) as saver:
-        history = [t async for t in saver.alist({"configurable": {"thread_id": "t"}})]
-        steps = [t.metadata["step"] for t in history]
-        assert steps == list(range(steps[0], 0, -1))  # no hole: each put whole or absent
-        assert steps[0] >= 5
-        for t in history:
-            step = t.metadata["step"]
-            ids = [m.id for m in t.checkpoint["channel_values"]["messages"]]
-            assert ids == [f"{n}{x}" for n in range(1, step + 1) for x in "ab"]
-            assert t.checkpoint["channel_values"]["step"] == step
-            assert [w[2] for w in t.pending_writes or []] in ([], [step])
-        latest = history[0]
-        checkpoint = empty_checkpoint()
-        messages = [*latest.checkpoint["channel_values"]["messages"], HumanMessage("z", id="z")]
-        checkpoint["channel_values"] = {"messages": messages}
-        version = saver.get_next_version(
-            str(latest.checkpoint["channel_versions"]["messages"]), None
-        )
-        checkpoint["channel_versions"] = {"messages": version}
-        config = await saver.aput(latest.config, checkpoint, {"step": -9}, {"messages": version})
+        config, newest = await check_and_put_after(saver)
     async with ToubaSaver.redis(url, prefix=prefix) as fresh:
-        again = await fresh.aget_tuple(config)
-        assert again is not None
-        ids = [m.id for m in again.checkpoint["channel_values"]["messages"]]
-        assert ids[-2:] == [f"{steps[0]}b", "z"]
+        await check_reopened(fresh, config, newest)
 
 
 # --- values damaged in Redis ---------------------------------------------------------
