@@ -76,6 +76,19 @@ class Place:
     async def admin(self) -> Any:
         return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
 
+    async def hold(self, holder: Any, checkpoint_id: str, thread_id: str = T) -> None:
+        """Begin a transaction on ``holder`` holding the checkpoint row ``checkpoint_id``
+        of ``thread_id`` (inserted, not committed): a put of that id waits on its lock."""
+        await holder.execute("BEGIN")
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
+                " metadata_type, metadata, metadata_json, versions, logs)"
+                " VALUES (%s, '', %s, 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
+            ).format(self.table("checkpoints")),
+            (thread_id, checkpoint_id),
+        )
+
     async def count(self, name: str) -> int:
         async with await self.admin() as conn:
             cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self.table(name)))
@@ -222,17 +235,8 @@ async def test_a_put_cut_in_its_transaction_leaves_nothing_and_is_retryable(pg: 
     application = f"touba-lg-cut-{pg.schema}"
     backend = pg.backend(application)
     one = await backend.put(put_request("0001", logs=[messages((), "a", "b")]))
-    checkpoints = pg.table("checkpoints")
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")  # rolled back below, once the put is dead
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(checkpoints),
-            (T,),
-        )
+        await pg.hold(holder, "0002")  # rolled back below, once the put is dead
         put = asyncio.create_task(
             backend.put(
                 put_request(
@@ -299,14 +303,7 @@ async def test_a_worker_killed_inside_a_put_leaves_it_whole_or_absent(pg: Place)
     backend = pg.backend()
     await backend.put(put_request("000000", thread_id="t"))  # creates the tables
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")  # rolled back below, once the put is dead
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES ('t', '', '000005', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(pg.table("checkpoints"))
-        )
+        await pg.hold(holder, "000005", "t")  # rolled back below, once the put is dead
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         worker = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -569,15 +566,7 @@ async def test_a_put_cancelled_while_it_waits_leaves_nothing_and_the_store_goes_
     one = await backend.put(put_request("0001", logs=[messages((), "a")]))
     again = put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "b")])
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(pg.table("checkpoints")),
-            (T,),
-        )
+        await pg.hold(holder, "0002")
         put = asyncio.create_task(backend.put(again))
         await _until(lambda: _waiting_on_a_lock(pg.dsn, application), "the put waits")
         put.cancel()
@@ -688,15 +677,7 @@ async def test_a_thread_deleted_during_a_put_is_deleted_whole(pg: Place) -> None
     backend = pg.backend(application)
     one = await backend.put(put_request("0001", logs=[messages((), "a", "b")]))
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(pg.table("checkpoints")),
-            (T,),
-        )
+        await pg.hold(holder, "0002")
         put = asyncio.create_task(
             backend.put(
                 put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "c")])
