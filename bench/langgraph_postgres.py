@@ -25,8 +25,6 @@ tests: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import random
 import sys
@@ -47,7 +45,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench.langgraph_saver import graph_with, question, side_by_side
+from bench.langgraph_saver import graph_with, question, run, side_by_side
 from touba.integrations.langgraph import ToubaSaver
 from touba.integrations.langgraph._backend import ChannelBlob, LogAppend, PutCheckpoint
 from touba.integrations.langgraph._postgres import PostgresSaverBackend, _appends, _put_params
@@ -241,8 +239,4 @@ async def main(quick: bool, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    asyncio.run(main(args.quick, args.rounds))
+    run(main, __doc__)

@@ -24,7 +24,6 @@ Benchmarks are not tests: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -48,6 +47,7 @@ from bench.langgraph_saver import (
     prefill,
     put_bytes,
     question,
+    run,
     side_by_side,
     writes_bytes,
 )
@@ -240,8 +240,4 @@ async def main(quick: bool, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    asyncio.run(main(args.quick, args.rounds))
+    run(main, __doc__)

@@ -24,7 +24,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -259,10 +259,15 @@ async def main(quick: bool, rounds: int) -> None:
     print(f"  ratio touba / AsyncSqlite: {sizes['touba'] / sizes['aiosqlite']:8.3f}")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(main: Callable[[bool, int], Coroutine[Any, Any, None]], doc: str | None) -> None:
+    """A LangGraph bench's command line: ``[--quick] [--rounds 5]``, then ``main``."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     asyncio.run(main(args.quick, args.rounds))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    run(main, __doc__)
