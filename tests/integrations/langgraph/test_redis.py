@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -919,6 +920,30 @@ async def test_a_given_client_stays_open_after_close(url: str, prefix: str) -> N
         await client.aclose()
 
 
+@asynccontextmanager
+async def _put_right_after(
+    url: str, prefix: str, script: str, put: PutCheckpoint
+) -> AsyncIterator[tuple[RedisSaverBackend, RedisSaverBackend]]:
+    """Two backends on one prefix, closed afterwards: whenever the first runs ``script``,
+    the second's ``put`` lands right after it (another client's put between that script
+    and whatever the first sends next)."""
+    first, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
+    evaluate = first._eval
+
+    async def then_a_put(name: str, *args: object, **kwargs: object) -> object:
+        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
+        if name == script:
+            await writer.put(put)
+        return reply
+
+    first._eval = then_a_put  # type: ignore[method-assign]
+    try:
+        yield first, writer
+    finally:
+        await first.close()
+        await writer.close()
+
+
 async def test_a_put_landing_right_after_a_delete_keeps_its_thread_indexed(
     url: str, prefix: str
 ) -> None:
@@ -926,18 +951,9 @@ async def test_a_put_landing_right_after_a_delete_keeps_its_thread_indexed(
     sends after it: the thread that put made again stays in the store-wide indexes (a
     list over every thread shows it, a delete of its run finds it), then and after its
     next put."""
-    deleter, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
-    evaluate = deleter._eval
-
-    async def delete_then_a_put(name: str, *args: object, **kwargs: object) -> object:
-        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
-        if name == "delete":
-            await writer.put(request("0002", texts=("again",), run_id="run-2"))
-        return reply
-
-    try:
+    after = request("0002", texts=("again",), run_id="run-2")
+    async with _put_right_after(url, prefix, "delete", after) as (deleter, writer):
         await writer.put(request("0001", texts=("first",), run_id="run-2"))
-        deleter._eval = delete_then_a_put  # type: ignore[method-assign]
         await deleter.delete_thread("t")
         page = await writer.list(ListQuery(), {})
         assert [r.record.checkpoint_id for r in page.rows] == ["0002"]
@@ -946,9 +962,6 @@ async def test_a_put_landing_right_after_a_delete_keeps_its_thread_indexed(
         assert [r.record.checkpoint_id for r in page.rows] == ["0003", "0002"]
         await writer.delete_for_runs(["run-2"])
         assert (await writer.list(ListQuery(thread_id="t"), {})).rows == ()
-    finally:
-        await deleter.close()
-        await writer.close()
 
 
 async def test_a_put_landing_right_after_a_run_delete_keeps_its_run_indexed(
@@ -957,26 +970,14 @@ async def test_a_put_landing_right_after_a_run_delete_keeps_its_run_indexed(
     """Another client's put of a run lands right after delete_for_runs's script on its
     thread: the run index still names the thread, so the next delete of the run finds
     that checkpoint."""
-    deleter, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
-    evaluate = deleter._eval
-
-    async def runs_then_a_put(name: str, *args: object, **kwargs: object) -> object:
-        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
-        if name == "runs":
-            await writer.put(request("0002", texts=("again",), run_id="run-2"))
-        return reply
-
-    try:
+    after = request("0002", texts=("again",), run_id="run-2")
+    async with _put_right_after(url, prefix, "runs", after) as (deleter, writer):
         await writer.put(request("0001", texts=("first",), run_id="run-2"))
-        deleter._eval = runs_then_a_put  # type: ignore[method-assign]
         await deleter.delete_for_runs(["run-2"])
         page = await writer.list(ListQuery(thread_id="t"), {})
         assert [r.record.checkpoint_id for r in page.rows] == ["0002"]
         await writer.delete_for_runs(["run-2"])
         assert (await writer.list(ListQuery(thread_id="t"), {})).rows == ()
-    finally:
-        await deleter.close()
-        await writer.close()
 
 
 async def test_a_put_landing_right_after_a_prune_keeps_its_run_indexed(
@@ -985,19 +986,10 @@ async def test_a_put_landing_right_after_a_prune_keeps_its_run_indexed(
     """A prune empties a run on a thread; another client's put of that run lands right
     after the prune script: the run index still names the thread, so a delete of the
     run finds that checkpoint."""
-    pruner, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
-    evaluate = pruner._eval
-
-    async def prune_then_a_put(name: str, *args: object, **kwargs: object) -> object:
-        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
-        if name == "prune":
-            await writer.put(request("0003", texts=("again",), run_id="run-1"))
-        return reply
-
-    try:
+    after = request("0003", texts=("again",), run_id="run-1")
+    async with _put_right_after(url, prefix, "prune", after) as (pruner, writer):
         await writer.put(request("0001", texts=("first",), run_id="run-1"))
         await writer.put(request("0002", texts=("second",), run_id="run-2"))
-        pruner._eval = prune_then_a_put  # type: ignore[method-assign]
         await pruner.prune(["t"], "keep_latest")
         page = await writer.list(ListQuery(thread_id="t"), {})
         assert [r.record.checkpoint_id for r in page.rows] == ["0003", "0002"]
@@ -1015,6 +1007,3 @@ async def test_a_put_landing_right_after_a_prune_keeps_its_run_indexed(
             assert client.smembers(writer._base("t") + "runs") == {
                 hashlib.sha1(b"run-4", usedforsecurity=False).hexdigest().encode()
             }
-    finally:
-        await pruner.close()
-        await writer.close()
