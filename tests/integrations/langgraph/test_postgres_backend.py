@@ -90,11 +90,7 @@ class Place:
         )
 
     async def count(self, name: str) -> int:
-        async with await self.admin() as conn:
-            cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self.table(name)))
-            found = await cur.fetchone()
-            assert found is not None
-            return int(found[0])
+        return await _count(self.dsn, sql.SQL("SELECT count(*) FROM {}").format(self.table(name)))
 
 
 @pytest.fixture
@@ -113,15 +109,21 @@ async def pg() -> AsyncIterator[Place]:
             await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-async def _waiting_on_a_lock(dsn: str, application: str) -> bool:
+async def _count(dsn: str, query: Any, *params: object) -> int:
+    """The count a one-row, one-column query answers, on a connection of its own."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-            "AND wait_event_type = 'Lock'",
-            (application,),
-        )
+        cur = await conn.execute(query, params)
         found = await cur.fetchone()
-        return found is not None and found[0] > 0
+        assert found is not None
+        return int(found[0])
+
+
+async def _waiting_on_a_lock(dsn: str, application: str) -> bool:
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+        "AND wait_event_type = 'Lock'"
+    )
+    return await _count(dsn, query, application) > 0
 
 
 async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -134,15 +136,10 @@ async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 async def _cut(dsn: str, application: str) -> int:
     """Terminate every server backend of ``application``; how many there were."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = %s",
-            (application,),
-        )
-        found = await cur.fetchone()
-        assert found is not None
-        return int(found[0])
+    query = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s"
+    )
+    return await _count(dsn, query, application)
 
 
 # --- concurrency ---------------------------------------------------------------------
@@ -359,12 +356,8 @@ KEY_T = KEY.__class__("t", "", "messages")
 
 
 async def _gone(dsn: str, application: str) -> bool:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
-        )
-        found = await cur.fetchone()
-        return found is not None and found[0] == 0
+    query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    return await _count(dsn, query, application) == 0
 
 
 # --- schema and names ----------------------------------------------------------------
