@@ -25,16 +25,12 @@ tests: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
 import random
-import statistics
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +45,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from bench.langgraph_saver import graph_with, question
+from bench.langgraph_saver import graph_with, question, run, side_by_side
 from touba.integrations.langgraph import ToubaSaver
 from touba.integrations.langgraph._backend import ChannelBlob, LogAppend, PutCheckpoint
 from touba.integrations.langgraph._postgres import PostgresSaverBackend, _appends, _put_params
@@ -134,25 +130,12 @@ async def schema_bytes(schema: str) -> int:
 
 async def step_times(n: int, rounds: int) -> dict[str, float]:
     """ms per super-step for each saver at n messages (median over rounds)."""
-    times: dict[str, list[float]] = {name: [] for name in SAVERS}
-    async with schemas(list(SAVERS)) as made:
-        openers = {name: SAVERS[name](made[name]) for name in SAVERS}
-        savers = {name: await opener.__aenter__() for name, opener in openers.items()}
-        try:
-            graphs = {name: graph_with(saver) for name, saver in savers.items()}
-            config: RunnableConfig = {"configurable": {"thread_id": f"bench-{n}"}}
-            for graph in graphs.values():
-                await prefill(graph, config, n)
-                await question(graph, config, -1)  # warm up
-            for r in range(rounds):
-                for name, graph in graphs.items():  # interleaved: side by side
-                    started = time.perf_counter()
-                    made_steps = await question(graph, config, r)
-                    times[name].append((time.perf_counter() - started) * 1000 / made_steps)
-        finally:
-            for opener in openers.values():
-                await opener.__aexit__(None, None, None)
-    return {name: statistics.median(values) for name, values in times.items()}
+    async with schemas(list(SAVERS)) as made, AsyncExitStack() as stack:
+        savers = {
+            name: await stack.enter_async_context(opener(made[name]))
+            for name, opener in SAVERS.items()
+        }
+        return await side_by_side(savers, n, rounds, prefill)
 
 
 async def sizes_after(n: int, steps: int) -> dict[str, int]:
@@ -256,8 +239,4 @@ async def main(quick: bool, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    asyncio.run(main(args.quick, args.rounds))
+    run(main, __doc__)

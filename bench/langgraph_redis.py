@@ -24,7 +24,6 @@ Benchmarks are not tests: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -43,7 +42,15 @@ from langgraph.checkpoint.memory import InMemorySaver
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.langgraph_saver import graph_with, prefill, question
+from bench.langgraph_saver import (
+    graph_with,
+    prefill,
+    put_bytes,
+    question,
+    run,
+    side_by_side,
+    writes_bytes,
+)
 from touba.integrations.langgraph import ToubaSaver
 from touba.integrations.langgraph._backend import PutCheckpoint, PutResult, WriteRecord
 from touba.integrations.langgraph._redis import RedisSaverBackend
@@ -57,19 +64,13 @@ class Counting(RedisSaverBackend):
     handed = 0
 
     async def put(self, request: PutCheckpoint) -> PutResult:
-        Counting.handed += (
-            len(request.checkpoint[1])
-            + len(request.metadata[1])
-            + len(request.metadata_json)
-            + sum(len(b.blob[1]) for b in request.blobs if b.blob is not None)
-            + sum(len(d) for a in request.logs for _, d in a.items)
-        )
+        Counting.handed += put_bytes(request)
         return await super().put(request)
 
     async def put_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: Sequence[WriteRecord]
     ) -> None:
-        Counting.handed += sum(len(w.value[1]) for w in writes)
+        Counting.handed += writes_bytes(writes)
         await super().put_writes(thread_id, checkpoint_ns, checkpoint_id, writes)
 
 
@@ -92,22 +93,11 @@ def drop(prefix: str) -> None:
 async def step_times(n: int, rounds: int) -> dict[str, float]:
     """ms per super-step for each saver at n messages (median over rounds)."""
     prefix = f"touba-bench-lg:{uuid.uuid4().hex[:8]}:"
-    times: dict[str, list[float]] = {"touba": [], "memory": []}
     try:
         async with ToubaSaver(RedisSaverBackend(URL, prefix=prefix)) as touba:
-            graphs = {"touba": graph_with(touba), "memory": graph_with(InMemorySaver())}
-            config: RunnableConfig = {"configurable": {"thread_id": f"bench-{n}"}}
-            for graph in graphs.values():
-                await prefill(graph, config, n)
-                await question(graph, config, -1)  # warm up
-            for r in range(rounds):
-                for name, graph in graphs.items():  # interleaved: side by side
-                    started = time.perf_counter()
-                    made = await question(graph, config, r)
-                    times[name].append((time.perf_counter() - started) * 1000 / made)
+            return await side_by_side({"touba": touba, "memory": InMemorySaver()}, n, rounds)
     finally:
         drop(prefix)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 async def backend_calls(n: int) -> tuple[float, float]:
@@ -250,8 +240,4 @@ async def main(quick: bool, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    asyncio.run(main(args.quick, args.rounds))
+    run(main, __doc__)

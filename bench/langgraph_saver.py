@@ -24,8 +24,8 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,25 +81,35 @@ def conversation(n: int) -> list[AnyMessage]:
     return out
 
 
+def put_bytes(request: PutCheckpoint) -> int:
+    """The bytes a put hands its backend: checkpoint, metadata, blobs and log items."""
+    return (
+        len(request.checkpoint[1])
+        + len(request.metadata[1])
+        + len(request.metadata_json)
+        + sum(len(b.blob[1]) for b in request.blobs if b.blob is not None)
+        + sum(len(d) for a in request.logs for _, d in a.items)
+    )
+
+
+def writes_bytes(writes: Sequence[WriteRecord]) -> int:
+    """The bytes a put_writes hands its backend."""
+    return sum(len(w.value[1]) for w in writes)
+
+
 class Counting(SqliteSaverBackend):
     """The SQLite backend, counting the bytes ToubaSaver hands it."""
 
     handed = 0
 
     async def put(self, request: PutCheckpoint) -> PutResult:
-        Counting.handed += (
-            len(request.checkpoint[1])
-            + len(request.metadata[1])
-            + len(request.metadata_json)
-            + sum(len(b.blob[1]) for b in request.blobs if b.blob is not None)
-            + sum(len(d) for a in request.logs for _, d in a.items)
-        )
+        Counting.handed += put_bytes(request)
         return await super().put(request)
 
     async def put_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: Sequence[WriteRecord]
     ) -> None:
-        Counting.handed += sum(len(w.value[1]) for w in writes)
+        Counting.handed += writes_bytes(writes)
         await super().put_writes(thread_id, checkpoint_ns, checkpoint_id, writes)
 
 
@@ -147,31 +157,37 @@ async def question(graph: Any, config: RunnableConfig, i: int) -> int:
     return 4  # input, model, tools, model
 
 
+Fill = Callable[[Any, RunnableConfig, int], Awaitable[None]]
+
+
+async def side_by_side(
+    savers: Mapping[str, BaseCheckpointSaver[Any]], n: int, rounds: int, fill: Fill = prefill
+) -> dict[str, float]:
+    """ms per super-step of the tool loop on each saver, on a thread ``fill`` gave n
+    messages (median over rounds, the savers interleaved)."""
+    graphs = {name: graph_with(saver) for name, saver in savers.items()}
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    config: RunnableConfig = {"configurable": {"thread_id": f"bench-{n}"}}
+    for graph in graphs.values():
+        await fill(graph, config, n)
+        await question(graph, config, -1)  # warm up
+    for r in range(rounds):
+        for name, graph in graphs.items():  # interleaved: side by side
+            started = time.perf_counter()
+            made = await question(graph, config, r)
+            times[name].append((time.perf_counter() - started) * 1000 / made)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 async def step_times(n: int, rounds: int) -> dict[str, float]:
     """ms per super-step for each saver at n messages (median over rounds)."""
-    times: dict[str, list[float]] = {name: [] for name in SAVERS}
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
-        openers = {}
-        for name in SAVERS:
-            (base / name).mkdir(mode=0o700)
-            openers[name] = SAVERS[name](base / name)
-        savers = {name: await opener.__aenter__() for name, opener in openers.items()}
-        try:
-            graphs = {name: graph_with(saver) for name, saver in savers.items()}
-            config: RunnableConfig = {"configurable": {"thread_id": f"bench-{n}"}}
-            for graph in graphs.values():
-                await prefill(graph, config, n)
-                await question(graph, config, -1)  # warm up
-            for r in range(rounds):
-                for name, graph in graphs.items():  # interleaved: side by side
-                    started = time.perf_counter()
-                    made = await question(graph, config, r)
-                    times[name].append((time.perf_counter() - started) * 1000 / made)
-        finally:
-            for opener in openers.values():
-                await opener.__aexit__(None, None, None)
-    return {name: statistics.median(values) for name, values in times.items()}
+        async with AsyncExitStack() as stack:
+            savers = {}
+            for name, opener in SAVERS.items():
+                (Path(tmp) / name).mkdir(mode=0o700)
+                savers[name] = await stack.enter_async_context(opener(Path(tmp) / name))
+            return await side_by_side(savers, n, rounds)
 
 
 async def bytes_per_step(
@@ -243,10 +259,15 @@ async def main(quick: bool, rounds: int) -> None:
     print(f"  ratio touba / AsyncSqlite: {sizes['touba'] / sizes['aiosqlite']:8.3f}")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(main: Callable[[bool, int], Coroutine[Any, Any, None]], doc: str | None) -> None:
+    """A LangGraph bench's command line: ``[--quick] [--rounds 5]``, then ``main``."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 10 and 1,000 only, 20 steps")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     asyncio.run(main(args.quick, args.rounds))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    run(main, __doc__)

@@ -76,12 +76,21 @@ class Place:
     async def admin(self) -> Any:
         return await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
 
+    async def hold(self, holder: Any, checkpoint_id: str, thread_id: str = T) -> None:
+        """Begin a transaction on ``holder`` holding the checkpoint row ``checkpoint_id``
+        of ``thread_id`` (inserted, not committed): a put of that id waits on its lock."""
+        await holder.execute("BEGIN")
+        await holder.execute(
+            sql.SQL(
+                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
+                " metadata_type, metadata, metadata_json, versions, logs)"
+                " VALUES (%s, '', %s, 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
+            ).format(self.table("checkpoints")),
+            (thread_id, checkpoint_id),
+        )
+
     async def count(self, name: str) -> int:
-        async with await self.admin() as conn:
-            cur = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self.table(name)))
-            found = await cur.fetchone()
-            assert found is not None
-            return int(found[0])
+        return await _count(self.dsn, sql.SQL("SELECT count(*) FROM {}").format(self.table(name)))
 
 
 @pytest.fixture
@@ -100,15 +109,21 @@ async def pg() -> AsyncIterator[Place]:
             await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-async def _waiting_on_a_lock(dsn: str, application: str) -> bool:
+async def _count(dsn: str, query: Any, *params: object) -> int:
+    """The count a one-row, one-column query answers, on a connection of its own."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-            "AND wait_event_type = 'Lock'",
-            (application,),
-        )
+        cur = await conn.execute(query, params)
         found = await cur.fetchone()
-        return found is not None and found[0] > 0
+        assert found is not None
+        return int(found[0])
+
+
+async def _waiting_on_a_lock(dsn: str, application: str) -> bool:
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+        "AND wait_event_type = 'Lock'"
+    )
+    return await _count(dsn, query, application) > 0
 
 
 async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -121,15 +136,10 @@ async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 async def _cut(dsn: str, application: str) -> int:
     """Terminate every server backend of ``application``; how many there were."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = %s",
-            (application,),
-        )
-        found = await cur.fetchone()
-        assert found is not None
-        return int(found[0])
+    query = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s"
+    )
+    return await _count(dsn, query, application)
 
 
 # --- concurrency ---------------------------------------------------------------------
@@ -222,17 +232,8 @@ async def test_a_put_cut_in_its_transaction_leaves_nothing_and_is_retryable(pg: 
     application = f"touba-lg-cut-{pg.schema}"
     backend = pg.backend(application)
     one = await backend.put(put_request("0001", logs=[messages((), "a", "b")]))
-    checkpoints = pg.table("checkpoints")
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")  # rolled back below, once the put is dead
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(checkpoints),
-            (T,),
-        )
+        await pg.hold(holder, "0002")  # rolled back below, once the put is dead
         put = asyncio.create_task(
             backend.put(
                 put_request(
@@ -299,14 +300,7 @@ async def test_a_worker_killed_inside_a_put_leaves_it_whole_or_absent(pg: Place)
     backend = pg.backend()
     await backend.put(put_request("000000", thread_id="t"))  # creates the tables
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")  # rolled back below, once the put is dead
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES ('t', '', '000005', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(pg.table("checkpoints"))
-        )
+        await pg.hold(holder, "000005", "t")  # rolled back below, once the put is dead
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         worker = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -362,12 +356,8 @@ KEY_T = KEY.__class__("t", "", "messages")
 
 
 async def _gone(dsn: str, application: str) -> bool:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
-        )
-        found = await cur.fetchone()
-        return found is not None and found[0] == 0
+    query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    return await _count(dsn, query, application) == 0
 
 
 # --- schema and names ----------------------------------------------------------------
@@ -569,15 +559,7 @@ async def test_a_put_cancelled_while_it_waits_leaves_nothing_and_the_store_goes_
     one = await backend.put(put_request("0001", logs=[messages((), "a")]))
     again = put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "b")])
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(pg.table("checkpoints")),
-            (T,),
-        )
+        await pg.hold(holder, "0002")
         put = asyncio.create_task(backend.put(again))
         await _until(lambda: _waiting_on_a_lock(pg.dsn, application), "the put waits")
         put.cancel()
@@ -688,15 +670,7 @@ async def test_a_thread_deleted_during_a_put_is_deleted_whole(pg: Place) -> None
     backend = pg.backend(application)
     one = await backend.put(put_request("0001", logs=[messages((), "a", "b")]))
     async with await pg.admin() as holder:
-        await holder.execute("BEGIN")
-        await holder.execute(
-            sql.SQL(
-                "INSERT INTO {} (thread_id, ns, checkpoint_id, type, checkpoint,"
-                " metadata_type, metadata, metadata_json, versions, logs)"
-                " VALUES (%s, '', '0002', 't', '', 't', '', '{{}}', '{{}}', '{{}}')"
-            ).format(pg.table("checkpoints")),
-            (T,),
-        )
+        await pg.hold(holder, "0002")
         put = asyncio.create_task(
             backend.put(
                 put_request("0002", parent_id="0001", logs=[messages(one.spans["messages"], "c")])

@@ -19,14 +19,13 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import redis
-from langchain_core.messages import HumanMessage
-from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 from redis.asyncio import Redis, RedisCluster
@@ -38,6 +37,11 @@ from tests.history.test_redis_cluster import (
     _cli,
     _free_ports,
     cluster,  # noqa: F401 (a fixture: 3 masters)
+)
+from tests.integrations.langgraph._crash_worker import (
+    check_and_put_after,
+    check_reopened,
+    kill_while_putting,
 )
 from tests.integrations.langgraph.test_saver import Thread, message
 from tests.peers import langgraph_savers
@@ -688,77 +692,15 @@ async def test_a_client_killed_mid_put_leaves_every_put_whole_or_absent(
     assert nxt.spans["messages"] == (Span(0, 40 * (newest + 1) + 1),)
 
 
-SAVER_CHILD = """
-import asyncio, sys
-from langchain_core.messages import AIMessage, HumanMessage
-from langgraph.checkpoint.base import empty_checkpoint
-from touba.integrations.langgraph import ToubaSaver
-
-async def main(url, prefix):
-    async with ToubaSaver.redis(url, prefix=prefix) as saver:
-        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
-        messages, version, step = [], None, 0
-        while True:
-            step += 1
-            messages = [*messages, HumanMessage(f"{step}a " + "x" * 4000, id=f"{step}a"),
-                        AIMessage(f"{step}b " + "y" * 4000, id=f"{step}b")]
-            version = saver.get_next_version(version, None)
-            checkpoint = empty_checkpoint()
-            checkpoint["channel_values"] = {"messages": messages, "step": step}
-            checkpoint["channel_versions"] = {"messages": version, "step": version}
-            config = await saver.aput(
-                config, checkpoint, {"step": step}, {"messages": version, "step": version}
-            )
-            await saver.aput_writes(config, [("step", step)], f"task-{step}")
-            if step == 5:
-                print("ready", flush=True)
-
-asyncio.run(main(*sys.argv[1:]))
-"""
-
-
 @pytest.mark.parametrize("after", [0.0, 0.2])
 async def test_kill_9_during_toubasaver_aput_on_redis_leaves_each_checkpoint_whole_or_absent(
     url: str, prefix: str, after: float
 ) -> None:
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SAVER_CHILD, url, prefix, stdout=asyncio.subprocess.PIPE
-    )
-    try:
-        assert child.stdout is not None
-        line = await asyncio.wait_for(child.stdout.readline(), timeout=30)
-        assert line == b"ready\n"
-        await asyncio.sleep(after)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        await child.communicate()
-    assert child.returncode == -signal.SIGKILL
-
+    kill_while_putting(after, "redis", url, prefix)
     async with ToubaSaver.redis(url, prefix=prefix) as saver:
-        history = [t async for t in saver.alist({"configurable": {"thread_id": "t"}})]
-        steps = [t.metadata["step"] for t in history]
-        assert steps == list(range(steps[0], 0, -1))  # no hole: each put whole or absent
-        assert steps[0] >= 5
-        for t in history:
-            step = t.metadata["step"]
-            ids = [m.id for m in t.checkpoint["channel_values"]["messages"]]
-            assert ids == [f"{n}{x}" for n in range(1, step + 1) for x in "ab"]
-            assert t.checkpoint["channel_values"]["step"] == step
-            assert [w[2] for w in t.pending_writes or []] in ([], [step])
-        latest = history[0]
-        checkpoint = empty_checkpoint()
-        messages = [*latest.checkpoint["channel_values"]["messages"], HumanMessage("z", id="z")]
-        checkpoint["channel_values"] = {"messages": messages}
-        version = saver.get_next_version(
-            str(latest.checkpoint["channel_versions"]["messages"]), None
-        )
-        checkpoint["channel_versions"] = {"messages": version}
-        config = await saver.aput(latest.config, checkpoint, {"step": -9}, {"messages": version})
+        config, newest = await check_and_put_after(saver)
     async with ToubaSaver.redis(url, prefix=prefix) as fresh:
-        again = await fresh.aget_tuple(config)
-        assert again is not None
-        ids = [m.id for m in again.checkpoint["channel_values"]["messages"]]
-        assert ids[-2:] == [f"{steps[0]}b", "z"]
+        await check_reopened(fresh, config, newest)
 
 
 # --- values damaged in Redis ---------------------------------------------------------
@@ -978,6 +920,30 @@ async def test_a_given_client_stays_open_after_close(url: str, prefix: str) -> N
         await client.aclose()
 
 
+@asynccontextmanager
+async def _put_right_after(
+    url: str, prefix: str, script: str, put: PutCheckpoint
+) -> AsyncIterator[tuple[RedisSaverBackend, RedisSaverBackend]]:
+    """Two backends on one prefix, closed afterwards: whenever the first runs ``script``,
+    the second's ``put`` lands right after it (another client's put between that script
+    and whatever the first sends next)."""
+    first, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
+    evaluate = first._eval
+
+    async def then_a_put(name: str, *args: object, **kwargs: object) -> object:
+        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
+        if name == script:
+            await writer.put(put)
+        return reply
+
+    first._eval = then_a_put  # type: ignore[method-assign]
+    try:
+        yield first, writer
+    finally:
+        await first.close()
+        await writer.close()
+
+
 async def test_a_put_landing_right_after_a_delete_keeps_its_thread_indexed(
     url: str, prefix: str
 ) -> None:
@@ -985,18 +951,9 @@ async def test_a_put_landing_right_after_a_delete_keeps_its_thread_indexed(
     sends after it: the thread that put made again stays in the store-wide indexes (a
     list over every thread shows it, a delete of its run finds it), then and after its
     next put."""
-    deleter, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
-    evaluate = deleter._eval
-
-    async def delete_then_a_put(name: str, *args: object, **kwargs: object) -> object:
-        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
-        if name == "delete":
-            await writer.put(request("0002", texts=("again",), run_id="run-2"))
-        return reply
-
-    try:
+    after = request("0002", texts=("again",), run_id="run-2")
+    async with _put_right_after(url, prefix, "delete", after) as (deleter, writer):
         await writer.put(request("0001", texts=("first",), run_id="run-2"))
-        deleter._eval = delete_then_a_put  # type: ignore[method-assign]
         await deleter.delete_thread("t")
         page = await writer.list(ListQuery(), {})
         assert [r.record.checkpoint_id for r in page.rows] == ["0002"]
@@ -1005,9 +962,6 @@ async def test_a_put_landing_right_after_a_delete_keeps_its_thread_indexed(
         assert [r.record.checkpoint_id for r in page.rows] == ["0003", "0002"]
         await writer.delete_for_runs(["run-2"])
         assert (await writer.list(ListQuery(thread_id="t"), {})).rows == ()
-    finally:
-        await deleter.close()
-        await writer.close()
 
 
 async def test_a_put_landing_right_after_a_run_delete_keeps_its_run_indexed(
@@ -1016,26 +970,14 @@ async def test_a_put_landing_right_after_a_run_delete_keeps_its_run_indexed(
     """Another client's put of a run lands right after delete_for_runs's script on its
     thread: the run index still names the thread, so the next delete of the run finds
     that checkpoint."""
-    deleter, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
-    evaluate = deleter._eval
-
-    async def runs_then_a_put(name: str, *args: object, **kwargs: object) -> object:
-        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
-        if name == "runs":
-            await writer.put(request("0002", texts=("again",), run_id="run-2"))
-        return reply
-
-    try:
+    after = request("0002", texts=("again",), run_id="run-2")
+    async with _put_right_after(url, prefix, "runs", after) as (deleter, writer):
         await writer.put(request("0001", texts=("first",), run_id="run-2"))
-        deleter._eval = runs_then_a_put  # type: ignore[method-assign]
         await deleter.delete_for_runs(["run-2"])
         page = await writer.list(ListQuery(thread_id="t"), {})
         assert [r.record.checkpoint_id for r in page.rows] == ["0002"]
         await writer.delete_for_runs(["run-2"])
         assert (await writer.list(ListQuery(thread_id="t"), {})).rows == ()
-    finally:
-        await deleter.close()
-        await writer.close()
 
 
 async def test_a_put_landing_right_after_a_prune_keeps_its_run_indexed(
@@ -1044,19 +986,10 @@ async def test_a_put_landing_right_after_a_prune_keeps_its_run_indexed(
     """A prune empties a run on a thread; another client's put of that run lands right
     after the prune script: the run index still names the thread, so a delete of the
     run finds that checkpoint."""
-    pruner, writer = RedisSaverBackend(url, prefix=prefix), RedisSaverBackend(url, prefix=prefix)
-    evaluate = pruner._eval
-
-    async def prune_then_a_put(name: str, *args: object, **kwargs: object) -> object:
-        reply = await evaluate(name, *args, **kwargs)  # type: ignore[arg-type]
-        if name == "prune":
-            await writer.put(request("0003", texts=("again",), run_id="run-1"))
-        return reply
-
-    try:
+    after = request("0003", texts=("again",), run_id="run-1")
+    async with _put_right_after(url, prefix, "prune", after) as (pruner, writer):
         await writer.put(request("0001", texts=("first",), run_id="run-1"))
         await writer.put(request("0002", texts=("second",), run_id="run-2"))
-        pruner._eval = prune_then_a_put  # type: ignore[method-assign]
         await pruner.prune(["t"], "keep_latest")
         page = await writer.list(ListQuery(thread_id="t"), {})
         assert [r.record.checkpoint_id for r in page.rows] == ["0003", "0002"]
@@ -1074,6 +1007,3 @@ async def test_a_put_landing_right_after_a_prune_keeps_its_run_indexed(
             assert client.smembers(writer._base("t") + "runs") == {
                 hashlib.sha1(b"run-4", usedforsecurity=False).hexdigest().encode()
             }
-    finally:
-        await pruner.close()
-        await writer.close()

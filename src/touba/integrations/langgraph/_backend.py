@@ -48,7 +48,7 @@ list. A backend never fills a gap.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -72,6 +72,7 @@ __all__ = [
     "WriteRecord",
     "merge_spans",
     "span_length",
+    "unheld_spans",
 ]
 
 TypedBlob = tuple[str, bytes]
@@ -130,6 +131,22 @@ class HeldLog:
 
     token: str
     length: int
+
+
+def unheld_spans(spans: Iterable[Span], held: HeldLog | None, token: str) -> list[Span]:
+    """The positions ``spans`` name that a caller holding ``held`` of a log now under
+    ``token`` lacks (all of them when ``held`` is None or of another token), as sorted
+    disjoint spans: what a backend's ``get`` and ``list`` read of it. O(s log s)."""
+    floor = held.length if held is not None and held.token == token else 0
+    clipped = sorted((max(s.start, floor), s.end) for s in spans if s.end > max(s.start, floor))
+    out: list[Span] = []
+    for start, end in clipped:
+        if out and start <= out[-1].end:
+            if end > out[-1].end:
+                out[-1] = Span(out[-1].start, end)
+        else:
+            out.append(Span(start, end))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

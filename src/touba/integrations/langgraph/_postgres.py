@@ -58,8 +58,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final
 
 try:
@@ -102,6 +102,7 @@ from touba.integrations.langgraph._backend import (
     TypedBlob,
     WriteRecord,
     merge_spans,
+    unheld_spans,
 )
 from touba.integrations.langgraph._memory import matches
 from touba.integrations.langgraph._postgres_sql import READ_ONLY, SCHEMA_VERSION, Statements
@@ -147,6 +148,18 @@ async def _results(conn: Conn, *queries: tuple[Query, Params | None]) -> list[li
         for c in cursors:
             if c is not None:
                 await c.close()
+
+
+@contextmanager
+def _contradictions() -> Iterator[None]:
+    """An IntegrityError (stored rows contradicting each other) as RecordInvalid."""
+    try:
+        yield
+    except psycopg.IntegrityError as e:
+        raise DecisionHistoryRecordInvalid(
+            f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
+            f"{e}); nothing was written"
+        ) from e
 
 
 def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
@@ -308,19 +321,6 @@ def _got(found: Row) -> CheckpointPage:
     return CheckpointPage(rows=(CheckpointRow(record, blobs, writes),), logs=logs)
 
 
-def _ranges(spans: Iterable[Span], floor: int) -> list[Span]:
-    """The positions ``spans`` name at or above ``floor``, as sorted disjoint spans."""
-    clipped = sorted((max(s.start, floor), s.end) for s in spans if s.end > max(s.start, floor))
-    out: list[Span] = []
-    for start, end in clipped:
-        if out and start <= out[-1].end:
-            if end > out[-1].end:
-                out[-1] = Span(out[-1].start, end)
-        else:
-            out.append(Span(start, end))
-    return out
-
-
 def _log_keys(records: Sequence[CheckpointRecord]) -> list[LogKey]:
     """Each log the records' spans reference, once, in order."""
     keys = {
@@ -373,26 +373,16 @@ class PostgresSaverBackend:
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[Conn]:
         """One READ COMMITTED transaction; conflicting stored rows are RecordInvalid."""
-        try:
+        with _contradictions():
             async with self._pg.call() as conn:
                 yield conn
-        except psycopg.IntegrityError as e:
-            raise DecisionHistoryRecordInvalid(
-                f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
-                f"{e}); nothing was written"
-            ) from e
 
     @asynccontextmanager
     async def _statement(self) -> AsyncIterator[Conn]:
         """One statement that is a transaction of its own (one round trip)."""
-        try:
+        with _contradictions():
             async with self._pg.using(), self._pg.statement() as conn:
                 yield conn
-        except psycopg.IntegrityError as e:
-            raise DecisionHistoryRecordInvalid(
-                f"ToubaSaver's PostgreSQL rows contradict each other ({type(e).__name__}: "
-                f"{e}); nothing was written"
-            ) from e
 
     @asynccontextmanager
     async def _snapshot(self) -> AsyncIterator[Conn]:
@@ -783,9 +773,8 @@ class PostgresSaverBackend:
             if state is None:
                 logs[key] = LogRead(None)
                 continue
-            h = held.get(key)
-            floor = h.length if h is not None and h.token == state.token else 0
-            ranges.extend((i, key, s) for s in _ranges(wanted[key], floor))
+            unheld = unheld_spans(wanted[key], held.get(key), state.token)
+            ranges.extend((i, key, s) for s in unheld)
         entries: dict[LogKey, dict[int, TypedBlob]] = {}
         if ranges:
             async with conn.cursor(binary=True) as cur:

@@ -27,7 +27,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -54,6 +54,7 @@ from touba.integrations.langgraph._backend import (
     TypedBlob,
     WriteRecord,
     merge_spans,
+    unheld_spans,
 )
 from touba.integrations.langgraph._memory import matches
 
@@ -195,19 +196,6 @@ def _record(row: Sequence[Any]) -> CheckpointRecord:
         versions=versions,
         logs=logs,
     )
-
-
-def _union(spans: Iterable[Span], floor: int) -> list[Span]:
-    """The positions the spans name at or above ``floor``, as sorted disjoint spans."""
-    clipped = sorted((max(s.start, floor), s.end) for s in spans if s.end > max(s.start, floor))
-    out: list[Span] = []
-    for start, end in clipped:
-        if out and start <= out[-1].end:
-            if end > out[-1].end:
-                out[-1] = Span(out[-1].start, end)
-        else:
-            out.append(Span(start, end))
-    return out
 
 
 class _Db:
@@ -492,10 +480,8 @@ class _Db:
                 logs[key] = LogRead(None)
                 continue
             state = LogState(found[0], found[1])
-            h = held.get(key)
-            floor = h.length if h is not None and h.token == state.token else 0
             entries: dict[int, TypedBlob] = {}
-            for s in _union(named, floor):
+            for s in unheld_spans(named, held.get(key), state.token):
                 for position, t, d in c.execute(
                     "SELECT position, type, data FROM lg_entries WHERE thread_id = ? AND ns = ? "
                     "AND channel = ? AND position >= ? AND position < ?",

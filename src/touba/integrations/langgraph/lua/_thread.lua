@@ -97,6 +97,26 @@ local function merge(spans)
   return out
 end
 
+-- The field names of the positions the spans name at or above from, each once (the
+-- spans sorted by start, in place first).
+local function positions(spans, from)
+  table.sort(spans, function(a, b) return a[1] < b[1] end)
+  local names, last = {}, from
+  for _, s in ipairs(spans) do
+    for p = math.max(s[1], last), s[2] - 1 do names[#names + 1] = string.format('%d', p) end
+    last = math.max(last, s[2])
+  end
+  return names
+end
+
+-- A reader of ARGV from position at: each call returns the next argument.
+local function argv_from(at)
+  return function()
+    at = at + 1
+    return ARGV[at - 1]
+  end
+end
+
 -- HSET of a flat field/value list, in chunks (unpack has a limit).
 local function hset_all(key, flat)
   for i = 1, #flat, 1000 do

@@ -14,11 +14,7 @@ local held = redis.call('HGET', META, 'thread')
 if held and held ~= thread then return {'collision'} end
 if redis.call('HGET', META, 'copy') == copy then return {'ok'} end
 
-local at = 4
-local function take()
-  at = at + 1
-  return ARGV[at - 1]
-end
+local take = argv_from(4)
 local function pairs_of(n)
   local out = {}
   for _ = 1, 2 * tonumber(n) do out[#out + 1] = take() end

@@ -55,12 +55,7 @@ for _, N in ipairs(redis.call('HKEYS', NSS)) do
       else
         local state = redis.call('HMGET', L, 't', 'n')
         local stored = redis.call('HLEN', L) - 2
-        table.sort(spans, function(a, b) return a[1] < b[1] end)
-        local names, last = {}, 0
-        for _, s in ipairs(spans) do
-          for p = math.max(s[1], last), s[2] - 1 do names[#names + 1] = string.format('%d', p) end
-          last = math.max(last, s[2])
-        end
+        local names = positions(spans, 0)
         local got = hmget_all(L, names)
         local kept = {}
         for i, name in ipairs(names) do

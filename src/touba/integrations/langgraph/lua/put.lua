@@ -21,11 +21,7 @@ local N = registered(NSS, ns)
 if not N then return {'collision'} end
 local ck = nkey(N, 'c:' .. id)
 
-local at = 14
-local function take()
-  at = at + 1
-  return ARGV[at - 1]
-end
+local take = argv_from(14)
 local fields = {}
 for _ = 1, tonumber(take()) do
   local key = take()

@@ -13,11 +13,7 @@
 local one, only, id, before = ARGV[1] == '1', ARGV[2], ARGV[3], ARGV[4]
 local limit = tonumber(ARGV[5])
 
-local at = 6
-local function take()
-  at = at + 1
-  return ARGV[at - 1]
-end
+local take = argv_from(6)
 local filters = {}
 for _ = 1, tonumber(take()) do
   filters[#filters + 1] = {'f:' .. take(), take()}
@@ -121,12 +117,7 @@ for _, key in ipairs(order) do
     local from = 0
     local mine = held[log.ns .. '\0' .. log.channel]
     if mine and mine[1] == state[1] then from = mine[2] end
-    table.sort(log.spans, function(a, b) return a[1] < b[1] end)
-    local names, last = {}, from
-    for _, s in ipairs(log.spans) do
-      for p = math.max(s[1], last), s[2] - 1 do names[#names + 1] = string.format('%d', p) end
-      last = math.max(last, s[2])
-    end
+    local names = positions(log.spans, from)
     local got = hmget_all(L, names)
     for i, name in ipairs(names) do
       if got[i] then
