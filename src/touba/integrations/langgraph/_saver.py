@@ -965,10 +965,16 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         self._sync(self._prune(thread_ids, strategy))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
-        """The next channel version, as ``InMemorySaver`` makes them (a counter and a
-        random tie-breaker, so forks never share a version)."""
+        """The next channel version: a counter and a random tie-breaker, so forks never share
+        a version, as ``InMemorySaver``'s; but 21 characters (12 digits, 32 random bits in hex)
+        where theirs take about 50.
+
+        A checkpoint holds a version per channel and per node that saw it, so the short form
+        takes about half of a step's checkpoint record off what each step writes. The
+        counter's zero padding keeps the string order of versions their numeric order.
+        """
         current_v = 0 if current is None else int(str(current).split(".")[0])
-        return f"{current_v + 1:032}.{random.random():016}"
+        return f"{current_v + 1:012}.{random.getrandbits(32):08x}"
 
 
 def _metadata_json(metadata: Mapping[str, Any]) -> str:
