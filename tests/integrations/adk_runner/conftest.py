@@ -8,31 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import pytest
 
-from tests._services import postgres_dsn, redis_url
+from tests.integrations import _stores
+from tests.integrations._stores import STORES, own_prefix, own_schema
 from touba.integrations.adk import ToubaSessionService
 
-STORES = [
-    "memory",
-    "sqlite",
-    pytest.param("postgres", marks=pytest.mark.postgres),
-    pytest.param("redis", marks=pytest.mark.redis),
-]
-
-
-@dataclass
-class Store:
-    """One touba store for a test: ``open()`` is a new service on the same data."""
-
-    name: str
-    open: Callable[[], ToubaSessionService]
-    persistent: bool  # a reopened service sees what an earlier one stored
+# ``open()`` is a new ToubaSessionService on the same data
+Store: TypeAlias = _stores.Store[ToubaSessionService]
 
 
 @pytest.fixture(params=STORES)
@@ -55,43 +42,20 @@ def _store(name: str, private_dir: Path) -> Iterator[Store]:
         path = str(private_dir / "adk.sqlite")
         yield Store(name, lambda: ToubaSessionService.sqlite(path), persistent=True)
     elif name == "postgres":
-        yield from _postgres(tag)
+        schema = f"touba_adk_runner_{tag}"
+        with own_schema(schema) as dsn:
+            prefix = f"{schema}.adk"
+            yield Store(
+                name,
+                lambda: ToubaSessionService.postgres(dsn, table_prefix=prefix),
+                persistent=True,
+            )
     else:
-        yield from _redis(tag)
-
-
-def _postgres(tag: str) -> Iterator[Store]:
-    import psycopg
-    from psycopg import sql
-
-    dsn = postgres_dsn()
-    schema = f"touba_adk_runner_{tag}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    try:
-        prefix = f"{schema}.adk"
-        yield Store(
-            "postgres",
-            lambda: ToubaSessionService.postgres(dsn, table_prefix=prefix),
-            persistent=True,
-        )
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-
-
-def _redis(tag: str) -> Iterator[Store]:
-    import redis
-
-    url = redis_url()
-    prefix = f"touba-adk-runner:{tag}:"
-    try:
-        yield Store("redis", lambda: ToubaSessionService.redis(url, prefix=prefix), persistent=True)
-    finally:
-        with redis.Redis.from_url(url) as client:
-            keys = list(client.scan_iter(match=prefix + "*", count=1000))
-            if keys:
-                client.delete(*keys)
+        prefix = f"touba-adk-runner:{tag}:"
+        with own_prefix(prefix) as url:
+            yield Store(
+                name, lambda: ToubaSessionService.redis(url, prefix=prefix), persistent=True
+            )
 
 
 @pytest.fixture
