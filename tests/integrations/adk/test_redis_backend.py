@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests._services import redis_url
 from tests._tcp_cut import tcp_cut
+from tests.integrations._stores import delete_keys
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
@@ -80,12 +81,10 @@ async def raw(url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
-async def prefix(raw: Redis) -> AsyncIterator[str]:
+def prefix() -> Iterator[str]:
     prefix = f"touba-adk-redis-test:{uuid.uuid4().hex}:"
     yield prefix
-    keys = [k async for k in raw.scan_iter(match=prefix + "*", count=1000)]
-    if keys:
-        await raw.delete(*keys)
+    delete_keys(prefix)
 
 
 @pytest.fixture
