@@ -6,16 +6,20 @@ each touba store: other sessions of the suite use the same servers at the same t
 
 from __future__ import annotations
 
+import importlib.util
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import pytest
 
 from tests._services import postgres_dsn, redis_url
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 STORES = [
     "memory",
@@ -80,3 +84,40 @@ def own_prefix(prefix: str) -> Iterator[str]:
         yield redis_url()
     finally:
         delete_keys(prefix)
+
+
+class Opens(Protocol[T_co]):
+    """The four constructors ``ToubaSessionService`` and ``ToubaSaver`` both have."""
+
+    def memory(self) -> T_co: ...
+
+    def sqlite(self, path: str) -> T_co: ...
+
+    def postgres(self, dsn: str, *, table_prefix: str) -> T_co: ...
+
+    def redis(self, url: str, *, prefix: str) -> T_co: ...
+
+
+def open_store(
+    name: str, private_dir: Path, opens: Opens[T], *, package: str, label: str
+) -> Iterator[Store[T]]:
+    """The ``name`` store of ``opens`` (``ToubaSessionService`` or ``ToubaSaver``) for a
+    test: a file in ``private_dir``, or a schema or key prefix named after ``label``
+    (and a random tag), removed afterwards. Skips when ``package`` has no such backend."""
+    if importlib.util.find_spec(f"{package}._{name}") is None:
+        pytest.skip(f"the {name} backend of {package} is not on this branch")
+    tag = uuid.uuid4().hex[:12]
+    if name == "memory":
+        yield Store(name, opens.memory, persistent=False)
+    elif name == "sqlite":
+        path = str(private_dir / f"{label}.sqlite")
+        yield Store(name, lambda: opens.sqlite(path), persistent=True)
+    elif name == "postgres":
+        schema = f"touba_{label}_{tag}"
+        with own_schema(schema) as dsn:
+            table = f"{schema}.{label}"
+            yield Store(name, lambda: opens.postgres(dsn, table_prefix=table), persistent=True)
+    else:
+        prefix = f"touba-{label}:{tag}:"
+        with own_prefix(prefix) as url:
+            yield Store(name, lambda: opens.redis(url, prefix=prefix), persistent=True)

@@ -6,8 +6,6 @@ afterwards (other sessions of the suite share the servers).
 
 from __future__ import annotations
 
-import importlib.util
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -15,7 +13,7 @@ from typing import Any, TypeAlias
 import pytest
 
 from tests.integrations import _stores
-from tests.integrations._stores import STORES, own_prefix, own_schema
+from tests.integrations._stores import STORES, open_store
 from touba.integrations.adk import ToubaSessionService
 
 # ``open()`` is a new ToubaSessionService on the same data
@@ -33,29 +31,8 @@ def persistent_store(request: pytest.FixtureRequest, private_dir: Path) -> Itera
 
 
 def _store(name: str, private_dir: Path) -> Iterator[Store]:
-    if importlib.util.find_spec(f"touba.integrations.adk._{name}") is None:
-        pytest.skip(f"the {name} backend of ToubaSessionService is not on this branch")
-    tag = uuid.uuid4().hex[:12]
-    if name == "memory":
-        yield Store(name, ToubaSessionService.memory, persistent=False)
-    elif name == "sqlite":
-        path = str(private_dir / "adk.sqlite")
-        yield Store(name, lambda: ToubaSessionService.sqlite(path), persistent=True)
-    elif name == "postgres":
-        schema = f"touba_adk_runner_{tag}"
-        with own_schema(schema) as dsn:
-            prefix = f"{schema}.adk"
-            yield Store(
-                name,
-                lambda: ToubaSessionService.postgres(dsn, table_prefix=prefix),
-                persistent=True,
-            )
-    else:
-        prefix = f"touba-adk-runner:{tag}:"
-        with own_prefix(prefix) as url:
-            yield Store(
-                name, lambda: ToubaSessionService.redis(url, prefix=prefix), persistent=True
-            )
+    package = "touba.integrations.adk"
+    yield from open_store(name, private_dir, ToubaSessionService, package=package, label="adk")
 
 
 @pytest.fixture
