@@ -13,7 +13,6 @@ data (create a schema only if it is absent; the cleanup is the parent's).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,14 +88,9 @@ def _postgres_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
     return BackendOpener("postgres", True, postgres), lambda: drop_schema(schema)
 
 
-@pytest.fixture(params=STORES)
+@pytest.fixture(params=STORES)  # the parent's, with RAM; store_name is the parent's
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def store_name() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 @pytest.fixture
