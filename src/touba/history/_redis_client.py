@@ -11,6 +11,7 @@ own ``pip install "touba[redis]"`` ImportError first.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 from touba.errors import ConfigurationError
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     Client: TypeAlias = aioredis.Redis | aioredis.RedisCluster
 
-__all__ = ["RETRIES", "redis_client"]
+__all__ = ["RETRIES", "redis_client", "slot_base"]
 
 RETRIES: Final = 2
 
@@ -55,3 +56,18 @@ def redis_client(url: str | None, client: Client | None, *, owner: str) -> tuple
         return aioredis.Redis.from_url(url, retry=retry), True
     except ValueError as e:
         raise ConfigurationError(f"invalid Redis url ({e})") from e
+
+
+def slot_base(prefix: str, *, owner: str) -> str:
+    """``prefix`` with a hash tag of its own (``prefix{tag}:``): every key built on it
+    falls in one cluster slot, and two prefixes never share keys.
+
+    ``ConfigurationError`` (saying what ``owner`` is) unless ``prefix`` is a non-empty
+    str without braces."""
+    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+        raise ConfigurationError(
+            f"prefix must be a non-empty str without braces, got {prefix!r}: the {owner} "
+            "adds its own hash tag so that all its keys share one cluster slot"
+        )
+    tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{prefix}{{{tag}}}:"

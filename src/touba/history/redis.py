@@ -97,7 +97,7 @@ from touba.history._common import (
 )
 from touba.history._lua import load
 from touba.history._record import join_record
-from touba.history._redis_client import redis_client
+from touba.history._redis_client import redis_client, slot_base
 from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_text
 from touba.history._repair_write import write_repair
 from touba.history._reservations import MAX_TAIL, Recent, Reservations
@@ -540,11 +540,7 @@ class RedisHistoryStore(AsyncClosing):
         check_limits_config(
             max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
         )
-        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigurationError(
-                f"prefix must be a non-empty str without braces, got {prefix!r}: the store "
-                "adds its own hash tag so that all its keys share one cluster slot"
-            )
+        self._base = slot_base(prefix, owner="store")
         if worker_id is not None and not isinstance(worker_id, str):
             raise ConfigurationError(f"worker_id must be a str or None, got {worker_id!r}")
         self._client, self._owns_client = redis_client(url, client, owner="RedisHistoryStore")
@@ -554,8 +550,6 @@ class RedisHistoryStore(AsyncClosing):
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
-        tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        self._base = f"{prefix}{{{tag}}}:"
         self._store_keys = tuple(self._base + n for n in ("sessions", "bytes", "expiry", "held"))
         register = self._client.register_script  # the bytes touba hashed: the same SHA1
         self._claim_script = register(load("claim").source)

@@ -72,7 +72,7 @@ from touba.errors import (
     DecisionHistoryStoreUnavailable,
 )
 from touba.history._model import parse_json
-from touba.history._redis_client import redis_client
+from touba.history._redis_client import redis_client, slot_base
 from touba.integrations.adk._backend import (
     AdkLimits,
     AppendRequest,
@@ -272,18 +272,12 @@ class RedisAdkBackend:
         prefix: str = "touba:adk:",
         client: Client | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigurationError(
-                f"prefix must be a non-empty str without braces, got {prefix!r}: the backend "
-                "adds its own hash tag so that all its keys share one cluster slot"
-            )
+        self._base = slot_base(prefix, owner="backend")
         if limits is not None and not isinstance(limits, AdkLimits):
             raise ConfigurationError(f"limits must be an AdkLimits, got {type(limits).__name__}")
         self._client, self._owns_client = redis_client(url, client, owner="RedisAdkBackend")
         self.prefix = prefix
         self.limits = limits if limits is not None else AdkLimits()
-        tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        self._base = f"{prefix}{{{tag}}}:"
         self._all = self._base + "all"
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(_source(name)) for name in _SCRIPTS
