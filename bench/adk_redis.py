@@ -25,46 +25,24 @@ Needs the Redis server of ``TOUBA_REDIS_URL`` (default redis://127.0.0.1:6379/0)
 
 from __future__ import annotations
 
-import argparse
-import asyncio
+import functools
 import os
-import statistics
 import sys
-import time
 import uuid
-from collections.abc import Awaitable
-from typing import Any
+from pathlib import Path
 
-from google.adk.events.event import Event
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from google.adk.integrations.redis import RedisSessionService, RedisSessionServiceConfig
-from google.adk.sessions import BaseSessionService, Session
-from google.adk.sessions.base_session_service import GetSessionConfig
-from google.genai import types
+from google.adk.sessions import Session
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from bench._adk import APP, USER, compare, one_event, run
 from touba.integrations.adk import ToubaSessionService
 
 URL = os.environ.get("TOUBA_REDIS_URL", "redis://127.0.0.1:6379/0")
-APP, USER = "bench", "u"
-RECENT = 20
-
-
-def one_event(i: int, timestamp: float) -> Event:
-    """A model event of ~1 KiB of text."""
-    return Event(
-        author="model",
-        invocation_id=f"inv-{i // 10}",
-        timestamp=timestamp,
-        content=types.Content(role="model", parts=[types.Part(text=f"{i:06d} " + "x" * 1000)]),
-    )
-
-
-async def timed(samples: list[float], run: Awaitable[Any]) -> None:
-    """Await ``run``, adding its time in ms to ``samples``."""
-    start = time.perf_counter()
-    await run
-    samples.append((time.perf_counter() - start) * 1000)
 
 
 async def fill_touba(service: ToubaSessionService, session_id: str, n: int, t0: float) -> None:
@@ -90,32 +68,9 @@ async def fill_adk(
     await raw.set(key, session.model_dump_json(), ex=3600)
 
 
-async def step(service: BaseSessionService, session_id: str, i: int) -> None:
-    """One agent step: the recent events, then one appended."""
-    session = await service.get_session(
-        app_name=APP,
-        user_id=USER,
-        session_id=session_id,
-        config=GetSessionConfig(num_recent_events=RECENT),
-    )
-    assert session is not None
-    await service.append_event(session, one_event(10**6 + i, time.time()))
-
-
-async def whole(service: BaseSessionService, session_id: str) -> None:
-    session = await service.get_session(app_name=APP, user_id=USER, session_id=session_id)
-    assert session is not None
-
-
-def row(label: str, ours: list[float], theirs: list[float]) -> tuple[float, float]:
-    a, b = statistics.median(ours), statistics.median(theirs)
-    print(f"{label:<34} {a:>10.2f} {b:>10.2f} {a / b:>8.2f}")
-    return a, b
-
-
 async def main(sizes: list[int], rounds: int, sessions: int) -> None:
-    run = uuid.uuid4().hex[:8]
-    ours_prefix, theirs_prefix = f"touba-bench-adk:{run}:", f"adk-bench:{run}:"
+    tag = uuid.uuid4().hex[:8]
+    ours_prefix, theirs_prefix = f"touba-bench-adk:{tag}:", f"adk-bench:{tag}:"
     raw = Redis.from_url(URL)
     try:
         await raw.ping()
@@ -126,37 +81,8 @@ async def main(sizes: list[int], rounds: int, sessions: int) -> None:
     touba = ToubaSessionService.redis(URL, prefix=ours_prefix)
     adk = RedisSessionService(RedisSessionServiceConfig(uri=URL, key_prefix=theirs_prefix))
     try:
-        t0 = time.time() - 10**6
-        for n in sizes:
-            await fill_touba(touba, f"s{n}", n, t0)
-            await fill_adk(adk, raw, f"s{n}", n, t0)
-        step_ours: dict[int, list[float]] = {n: [] for n in sizes}
-        step_theirs: dict[int, list[float]] = {n: [] for n in sizes}
-        for r in range(rounds):
-            for n in sizes if r % 2 == 0 else reversed(sizes):
-                await timed(step_ours[n], step(touba, f"s{n}", r))
-                await timed(step_theirs[n], step(adk, f"s{n}", r))
-        print(f"{'median ms (touba, ADK, ratio)':<34} {'touba':>10} {'ADK':>10} {'ratio':>8}")
-        firsts = [row(f"step at {n} events", step_ours[n], step_theirs[n]) for n in sizes]
-        growth = [firsts[-1][k] / firsts[0][k] for k in (0, 1)]
-        label = f"step growth {sizes[0]} -> {sizes[-1]}"
-        print(f"{label:<34} {growth[0]:>10.2f} {growth[1]:>10.2f}")
-        for n in sizes:
-            ours: list[float] = []
-            theirs: list[float] = []
-            for _ in range(max(3, rounds // 3)):
-                await timed(ours, whole(touba, f"s{n}"))
-                await timed(theirs, whole(adk, f"s{n}"))
-            row(f"whole get_session at {n}", ours, theirs)
-        for i in range(sessions):
-            sid = f"l{i:05d}"
-            await touba.create_session(app_name="listed", user_id=f"u{i % 50}", session_id=sid)
-            await adk.create_session(app_name="listed", user_id=f"u{i % 50}", session_id=sid)
-        ours, theirs = [], []
-        for _ in range(5):
-            await timed(ours, touba.list_sessions(app_name="listed"))
-            await timed(theirs, adk.list_sessions(app_name="listed"))
-        row(f"list_sessions of {sessions}", ours, theirs)
+        fills = (functools.partial(fill_touba, touba), functools.partial(fill_adk, adk, raw))
+        await compare(touba, adk, fills, sizes, rounds, sessions)
     finally:
         await touba.close()
         await adk._get_redis().aclose()  # it has no close
@@ -168,15 +94,4 @@ async def main(sizes: list[int], rounds: int, sessions: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="sizes 10,1000; 6 rounds; 500 sessions"
-    )
-    parser.add_argument("--sizes", default="10,100,1000,5000")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--sessions", type=int, default=5000)
-    args = parser.parse_args()
-    if args.quick:
-        args.sizes, args.rounds, args.sessions = "10,1000", 6, 500
-    asyncio.run(main([int(s) for s in args.sizes.split(",")], args.rounds, args.sessions))
-    sys.exit(0)
+    run(__doc__ or "", main)

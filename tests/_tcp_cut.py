@@ -5,7 +5,10 @@ next command of a current redis-py: the pool sees the dead socket and connects a
 before sending. To fail a command for real, a test puts this relay between the client
 and the server and arms it: the next chunk a client sends is dropped and both sides of
 that connection are closed, so the command is lost in flight and its reply never comes.
-Other connections, and those opened after the cut, are relayed untouched.
+Armed with ``"reply"``, the command reaches the server and its reply is lost instead (the
+server ran it, the client never hears so); with ``"swallow"``, every chunk sent is dropped
+and nothing is closed (a server that never answers). Other connections, and those opened
+after the cut, are relayed untouched.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ class TcpCut:
         self.target = (host, port)
         self.port = 0
         self.cuts = 0
-        self._armed = False
+        self.mode = ""
+        self.times = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def arm(self) -> None:
-        """Cut the connection that sends the next chunk, dropping that chunk."""
-        self._armed = True
+    def arm(self, mode: str = "command", times: int = 1) -> None:
+        """Lose the next ``times`` chunks sent: ``"command"`` drops each and cuts its
+        connection, ``"reply"`` passes each on and cuts its connection before the reply
+        comes back, ``"swallow"`` drops them while armed (``arm("", 0)`` disarms)."""
+        self.mode, self.times = mode, times
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
@@ -49,18 +55,26 @@ class TcpCut:
         assert task is not None
         self._tasks.add(task)
         writers = [writer]
+        lose_reply = asyncio.Event()
         back: asyncio.Task[None] | None = None
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
             writers.append(up_writer)
-            back = asyncio.create_task(self._copy(up_reader, writer))
+            back = asyncio.create_task(self._back(up_reader, writer, lose_reply))
             while chunk := await reader.read(65536):
-                if self._armed:
-                    self._armed = False
+                if self.times and self.mode == "swallow":
+                    continue
+                if self.times:
+                    self.times -= 1
                     self.cuts += 1
-                    break  # dropped: the command never reaches the server
+                    if self.mode == "command":
+                        break  # dropped: the command never reaches the server
+                    lose_reply.set()  # "reply": the server runs it, the answer is lost
                 up_writer.write(chunk)
                 await up_writer.drain()
+                if lose_reply.is_set():
+                    await back
+                    break
         except (ConnectionError, asyncio.CancelledError):
             pass  # a relay ends quietly: the client sees its connection closed
         finally:
@@ -72,9 +86,13 @@ class TcpCut:
             self._tasks.discard(task)
 
     @staticmethod
-    async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _back(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lose: asyncio.Event
+    ) -> None:
         with contextlib.suppress(ConnectionError):
             while chunk := await reader.read(65536):
+                if lose.is_set():
+                    return  # the reply is dropped and the connection closed
                 writer.write(chunk)
                 await writer.drain()
 

@@ -27,6 +27,21 @@ DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def suite_env(store: str, root: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with the suite's factory set to ``store``'s service
+    (any ``ADK_SESSION_SERVICE_*`` of its own dropped), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADK_SESSION_SERVICE_")}
+    env.update(
+        ADK_SESSION_SERVICE_FACTORY="tests.peers.adk_touba:make_service",
+        ADK_SESSION_SERVICE_PATH=str(root),
+        ADK_SESSION_SERVICE_NAME=f"touba_{store}",
+        ADK_SESSION_SERVICE_PERSISTENT="0" if store == "memory" else "1",
+        ADK_TOUBA_STORE=store,
+        **extra,
+    )
+    return env
+
+
 def run_tag() -> str:
     """The tag of this run's schemas and prefixes (lower-case hex)."""
     return os.environ.get("ADK_TOUBA_RUN", "local")

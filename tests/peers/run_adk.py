@@ -26,16 +26,10 @@ RUNS = ("default", *adk_touba.STORES)
 
 def run(store: str) -> int:
     """One run of the suite; its exit status."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADK_SESSION_SERVICE_")}
-    if store != "default":
-        env.update(
-            ADK_SESSION_SERVICE_FACTORY="tests.peers.adk_touba:make_service",
-            ADK_SESSION_SERVICE_PATH=str(ROOT),
-            ADK_SESSION_SERVICE_NAME=f"touba_{store}",
-            ADK_SESSION_SERVICE_PERSISTENT="0" if store == "memory" else "1",
-            ADK_TOUBA_STORE=store,
-            ADK_TOUBA_RUN=secrets.token_hex(4),
-        )
+    if store == "default":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ADK_SESSION_SERVICE_")}
+    else:
+        env = adk_touba.suite_env(store, ROOT, ADK_TOUBA_RUN=secrets.token_hex(4))
     print(f"== ADK session contract: {store}", flush=True)
     command = ["bash", str(ROOT / "peers" / "adk" / "run.sh"), sys.executable, "-q"]
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +19,7 @@ def test_touba_declares_no_divergence_from_adks_contract() -> None:
 
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 def test_the_factory_runs_contract_tests_on_a_local_store(store: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADK_SESSION_SERVICE_")}
-    env.update(
-        ADK_SESSION_SERVICE_FACTORY="tests.peers.adk_touba:make_service",
-        ADK_SESSION_SERVICE_PATH=str(ROOT),
-        ADK_SESSION_SERVICE_NAME=f"touba_{store}",
-        ADK_SESSION_SERVICE_PERSISTENT="0" if store == "memory" else "1",
-        ADK_TOUBA_STORE=store,
-    )
+    env = adk_touba.suite_env(store, ROOT)
     command = [
         "bash",
         str(ROOT / "peers" / "adk" / "run.sh"),

@@ -97,6 +97,7 @@ from touba.history._common import (
 )
 from touba.history._lua import load
 from touba.history._record import join_record
+from touba.history._redis_client import redis_client, slot_base
 from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_text
 from touba.history._repair_write import write_repair
 from touba.history._reservations import MAX_TAIL, Recent, Reservations
@@ -117,8 +118,6 @@ from touba.history._store import (
 
 try:
     import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
     from redis.exceptions import NoScriptError, RedisError
 except ImportError as e:  # pragma: no cover - exercised by a test that hides redis
     raise ImportError(
@@ -131,10 +130,6 @@ if TYPE_CHECKING:
 __all__ = ["RedisHistoryStore"]
 
 MAX_ROWS: Final = 4096  # most messages read ahead with a claim
-# The client a store makes from url= sends a command again, on a new connection, when
-# its connection failed (a server restart, a proxy's idle timeout, CLIENT KILL): safe,
-# since every write is a script that a second run with the same token finds done.
-RETRIES: Final = 2
 _LABEL: Final = "Redis"
 
 T = TypeVar("T")
@@ -545,43 +540,16 @@ class RedisHistoryStore(AsyncClosing):
         check_limits_config(
             max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
         )
-        if (url is None) == (client is None):
-            raise ConfigurationError(
-                "RedisHistoryStore needs exactly one of url= (e.g. 'redis://127.0.0.1:6379/0') "
-                "or client= (a redis.asyncio.Redis or RedisCluster you own)"
-            )
-        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigurationError(
-                f"prefix must be a non-empty str without braces, got {prefix!r}: the store "
-                "adds its own hash tag so that all its keys share one cluster slot"
-            )
+        self._base = slot_base(prefix, owner="store")
         if worker_id is not None and not isinstance(worker_id, str):
             raise ConfigurationError(f"worker_id must be a str or None, got {worker_id!r}")
-        if client is not None:
-            if not isinstance(client, aioredis.Redis | aioredis.RedisCluster):
-                raise ConfigurationError(
-                    f"client must be a redis.asyncio.Redis, got {type(client).__name__} "
-                    "(the synchronous redis.Redis is not supported)"
-                )
-            self._client: Client = client
-            self._owns_client = False
-        else:
-            if not isinstance(url, str):
-                raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
-            try:
-                retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
-                self._client = aioredis.Redis.from_url(url, retry=retry)
-            except ValueError as e:
-                raise ConfigurationError(f"invalid Redis url ({e})") from e
-            self._owns_client = True
+        self._client, self._owns_client = redis_client(url, client, owner="RedisHistoryStore")
         self.prefix = prefix
         self.max_sessions = max_sessions
         self.max_store_bytes = max_store_bytes
         self.ttl_seconds = ttl_seconds
         self.worker_id = worker_id
         self._ttl_ms = max(1, round(ttl_seconds * 1000))
-        tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        self._base = f"{prefix}{{{tag}}}:"
         self._store_keys = tuple(self._base + n for n in ("sessions", "bytes", "expiry", "held"))
         register = self._client.register_script  # the bytes touba hashed: the same SHA1
         self._claim_script = register(load("claim").source)

@@ -13,13 +13,13 @@ data (create a schema only if it is absent; the cleanup is the parent's).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.integrations._stores import STORES, create_schema, delete_keys, drop_schema
 from touba.integrations.adk._backend import AdkBackend, AdkLimits
 
 
@@ -60,8 +60,6 @@ def make_opener(kind: str, directory: Path, name: str) -> tuple[BackendOpener, C
 
 def _redis_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
     """Redis backends under the prefix ``touba-adk-test:<name>:<namespace>:``, deleted after."""
-    import redis
-
     from tests._services import redis_url
     from touba.integrations.adk._redis import RedisAdkBackend
 
@@ -71,54 +69,28 @@ def _redis_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
     def make(ns: str, limits: AdkLimits) -> AdkBackend:
         return RedisAdkBackend(url, limits, prefix=f"{prefix}{ns}:")
 
-    def delete() -> None:
-        with redis.Redis.from_url(url) as client:
-            keys = list(client.scan_iter(match=prefix + "*", count=1000))
-            if keys:
-                client.delete(*keys)
-
-    return BackendOpener("redis", True, make), delete
+    return BackendOpener("redis", True, make), lambda: delete_keys(prefix)
 
 
 def _postgres_opener(name: str) -> tuple[BackendOpener, Callable[[], None]]:
     """PostgreSQL backends in a schema of the test's own (a namespace: a table prefix in
     it), dropped with everything in it afterwards."""
-    import psycopg
-    from psycopg import sql
-
     from tests._services import postgres_dsn
     from touba.integrations.adk._postgres import PostgresAdkBackend
 
     dsn = postgres_dsn()
     schema = f"touba_adk_{name}"
-    with psycopg.connect(dsn, autocommit=True) as conn:  # a writer process opens it again
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-
-    def drop() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    create_schema(schema, exist_ok=True)  # a writer process opens it again
 
     def postgres(ns: str, limits: AdkLimits) -> AdkBackend:
         return PostgresAdkBackend(dsn, limits, table_prefix=f"{schema}.{ns.replace('-', '_')}")
 
-    return BackendOpener("postgres", True, postgres), drop
+    return BackendOpener("postgres", True, postgres), lambda: drop_schema(schema)
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "sqlite",
-        pytest.param("postgres", marks=pytest.mark.postgres),
-        pytest.param("redis", marks=pytest.mark.redis),
-    ]
-)
+@pytest.fixture(params=STORES)  # the parent's, with RAM; store_name is the parent's
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def store_name() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ import pytest
 from google.adk.errors import StaleSessionError
 
 from tests._services import postgres_dsn
+from tests.integrations._stores import create_schema, drop_schema
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryLimitExceeded,
@@ -115,16 +116,14 @@ async def pg() -> AsyncIterator[Pg]:
     dsn = postgres_dsn()
     name = uuid.uuid4().hex[:12]
     schema = f"touba_adkpg_{name}"
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    create_schema(schema)
     state = Pg(dsn, schema, f"touba-adkpg-{name}")
     try:
         yield state
     finally:
         for backend in state.opened:
             await backend.close()
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        drop_schema(schema)
 
 
 # --- locks --------------------------------------------------------------------------------

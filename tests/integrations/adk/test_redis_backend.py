@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests._services import redis_url
 from tests._tcp_cut import tcp_cut
+from tests.integrations._stores import delete_keys
 from touba.errors import (
     ConfigurationError,
     DecisionHistoryBusy,
@@ -80,12 +81,10 @@ async def raw(url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
-async def prefix(raw: Redis) -> AsyncIterator[str]:
+def prefix() -> Iterator[str]:
     prefix = f"touba-adk-redis-test:{uuid.uuid4().hex}:"
     yield prefix
-    keys = [k async for k in raw.scan_iter(match=prefix + "*", count=1000)]
-    if keys:
-        await raw.delete(*keys)
+    delete_keys(prefix)
 
 
 @pytest.fixture
@@ -421,65 +420,6 @@ def test_a_prefix_with_braces_or_a_bad_location_is_refused(url: str) -> None:
 # -- a cut connection --------------------------------------------------------------------
 
 
-class _ReplyCut:
-    """A relay that, armed, passes the next command to Redis and cuts the connection
-    before its reply comes back: the step ran, the client never hears so."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.armed = False
-        self.cuts = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> int:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        cut = asyncio.Event()
-
-        async def back() -> None:  # replies, in order: the client sends one command at a time
-            with contextlib.suppress(ConnectionError):
-                while (chunk := await up_reader.read(65536)) and not cut.is_set():
-                    writer.write(chunk)
-                    await writer.drain()
-            writer.close()  # the cut command's reply was read and dropped
-
-        replies = asyncio.create_task(back())
-        try:
-            while chunk := await reader.read(65536):
-                if self.armed:
-                    self.armed = False
-                    self.cuts += 1
-                    cut.set()
-                up_writer.write(chunk)
-                await up_writer.drain()
-                if cut.is_set():
-                    break
-            await replies
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            replies.cancel()
-            await asyncio.gather(replies, return_exceptions=True)
-            writer.close()
-            up_writer.close()
-            self._tasks.discard(task)
-
-
 @pytest.mark.parametrize("retries", ["the backend's own client", "a client without retries"])
 async def test_a_command_cut_before_redis_gets_it(url: str, prefix: str, retries: str) -> None:
     """The backend's client sends the lost append again on a new connection: stored
@@ -525,19 +465,18 @@ async def test_a_reply_cut_after_redis_ran_the_step_is_retried_safely(
     so the caller sees it succeed once, never a false AlreadyExistsError or
     StaleSessionError, and nothing is written twice."""
     parts = urlsplit(url)
-    relay = _ReplyCut(parts.hostname or "127.0.0.1", parts.port or 6379)
-    async with relay as port:
-        relayed = parts._replace(netloc=f"127.0.0.1:{port}").geturl()
+    async with tcp_cut(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
+        relayed = parts._replace(netloc=f"127.0.0.1:{relay.port}").geturl()
         async with contextlib.AsyncExitStack() as stack:
             backend = RedisAdkBackend(relayed, prefix=prefix)
             stack.push_async_callback(backend.close)
-            relay.armed = True
+            relay.arm("reply")
             made = await backend.create(
                 KEY, state={"k": 1}, app_delta={}, user_delta={}, create_time=T0, now=T0
             )
             assert relay.cuts == 1
             assert made.session.revision == 0
-            relay.armed = True
+            relay.arm("reply")
             result = await backend.append(
                 KEY, req(event("e1", T0 + 1), revision=0, session_delta={"k": 2})
             )

@@ -14,8 +14,8 @@ ADK's ``InMemorySessionService`` too and must come out the same.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -44,6 +44,8 @@ from touba.testing.fakes import (
 
 APP = "shop"
 CONFIRM = "adk_request_confirmation"
+
+T = TypeVar("T")
 
 
 def say(text: str) -> types.Content:
@@ -289,6 +291,20 @@ async def test_a_streamed_run_stores_whole_events_only(
     assert shop.looked_up == ["A0"]
 
 
+async def on_adks_service(
+    conversation: Callable[[BaseSessionService, genai.Client, FakeGeminiServer], Awaitable[T]],
+) -> T:
+    """``conversation`` run on ADK's InMemorySessionService, with a model server of its own."""
+    with FakeGeminiServer() as reference_server:
+        reference_client = genai.Client(
+            api_key="sk-test", http_options=types.HttpOptions(base_url=reference_server.base_url)
+        )
+        try:
+            return await conversation(InMemorySessionService(), reference_client, reference_server)
+        finally:
+            await reference_client.aio.aclose()
+
+
 def compacted_view(session: Session) -> list[tuple[Any, ...]]:
     """A session's events as the model will see them: authors, texts, compactions."""
     view: list[tuple[Any, ...]] = []
@@ -323,16 +339,7 @@ async def test_compaction_summaries_are_stored_and_sent_as_with_adks_service(
         kept = await stored(sessions, "u1", session.id)
         return compacted_view(kept), sent_contents(srv)
 
-    with FakeGeminiServer() as reference_server:
-        reference_client = genai.Client(
-            api_key="sk-test", http_options=types.HttpOptions(base_url=reference_server.base_url)
-        )
-        try:
-            expected = await conversation(
-                InMemorySessionService(), reference_client, reference_server
-            )
-        finally:
-            await reference_client.aio.aclose()
+    expected = await on_adks_service(conversation)
     got = await conversation(service, gemini_client, gemini_server)
     assert got == expected
     view, last_request = got
@@ -382,16 +389,7 @@ async def test_a_pending_confirmation_survives_compaction_as_with_adks_service(
         answers = [p.text for e in resumed if e.content for p in e.content.parts or [] if p.text]
         return shop.refunded, compacted_view(kept), answers
 
-    with FakeGeminiServer() as reference_server:
-        reference_client = genai.Client(
-            api_key="sk-test", http_options=types.HttpOptions(base_url=reference_server.base_url)
-        )
-        try:
-            expected = await conversation(
-                InMemorySessionService(), reference_client, reference_server
-            )
-        finally:
-            await reference_client.aio.aclose()
+    expected = await on_adks_service(conversation)
     got = await conversation(service, gemini_client, gemini_server)
     assert got == expected
     refunded, view, answers = got

@@ -33,6 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests._services import redis_url
+from tests._tcp_cut import tcp_cut
 from tests.history.test_redis_cluster import (
     _cli,
     _free_ports,
@@ -474,85 +475,6 @@ async def test_the_latest_checkpoint_stays_whole_while_prunes_run(url: str, pref
 # --- connections cut mid-put ---------------------------------------------------------
 
 
-class Relay:
-    """A loopback relay to Redis that can lose the next command, lose the reply to it
-    (after the server ran it), or swallow everything (a server that never answers)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = 0
-        self.mode = ""
-        self.times = 0
-        self.cuts = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def arm(self, mode: str, times: int = 1) -> None:
-        self.mode, self.times = mode, times
-
-    async def __aenter__(self) -> Relay:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-        await asyncio.sleep(0)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        writers = [writer]
-        lose_reply = asyncio.Event()
-        back: asyncio.Task[None] | None = None
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-            writers.append(up_writer)
-            back = asyncio.create_task(self._back(up_reader, writer, lose_reply))
-            while chunk := await reader.read(65536):
-                if self.times and self.mode == "swallow":
-                    continue
-                if self.times:
-                    self.times -= 1
-                    self.cuts += 1
-                    if self.mode == "command":
-                        break
-                    lose_reply.set()  # "reply": the server runs it, the answer is lost
-                up_writer.write(chunk)
-                await up_writer.drain()
-                if lose_reply.is_set():
-                    await back
-                    break
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            for w in writers:
-                w.close()
-            if back is not None:
-                back.cancel()
-                await asyncio.gather(back, return_exceptions=True)
-            self._tasks.discard(task)
-
-    @staticmethod
-    async def _back(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lose: asyncio.Event
-    ) -> None:
-        try:
-            while chunk := await reader.read(65536):
-                if lose.is_set():
-                    return  # the reply is dropped and the connection closed
-                writer.write(chunk)
-                await writer.drain()
-        except ConnectionError:
-            pass
-
-
 def _relayed(url: str, port: int, query: str = "") -> str:
     parts = urlsplit(url)
     return parts._replace(netloc=f"127.0.0.1:{port}", query=query).geturl()
@@ -566,7 +488,7 @@ async def test_a_put_whose_connection_is_cut_goes_through_once(
     the client sends it again on a new connection and the put lands exactly once (a
     second run of the same put finds its token and appends nothing)."""
     parts = urlsplit(url)
-    async with Relay(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
+    async with tcp_cut(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
         backend = RedisSaverBackend(_relayed(url, relay.port), prefix=prefix)
         try:
             first = await backend.put(request("0001", texts=("a", "b")))
@@ -588,7 +510,7 @@ async def test_a_connection_cut_past_the_retries_is_a_retryable_error_and_stores
     url: str, prefix: str
 ) -> None:
     parts = urlsplit(url)
-    async with Relay(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
+    async with tcp_cut(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
         backend = RedisSaverBackend(_relayed(url, relay.port), prefix=prefix)
         try:
             first = await backend.put(request("0001", texts=("a",)))
@@ -613,7 +535,7 @@ async def test_a_connection_cut_past_the_retries_is_a_retryable_error_and_stores
 
 async def test_a_server_that_stops_answering_is_a_retryable_timeout(url: str, prefix: str) -> None:
     parts = urlsplit(url)
-    async with Relay(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
+    async with tcp_cut(parts.hostname or "127.0.0.1", parts.port or 6379) as relay:
         backend = RedisSaverBackend(_relayed(url, relay.port, "socket_timeout=0.2"), prefix=prefix)
         try:
             await backend.put(request("0001", texts=("a",)))

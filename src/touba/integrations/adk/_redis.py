@@ -72,6 +72,7 @@ from touba.errors import (
     DecisionHistoryStoreUnavailable,
 )
 from touba.history._model import parse_json
+from touba.history._redis_client import redis_client, slot_base
 from touba.integrations.adk._backend import (
     AdkLimits,
     AppendRequest,
@@ -97,8 +98,6 @@ from touba.integrations.adk._checks import (
 
 try:
     import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
     from redis.exceptions import RedisError
 except ImportError as e:  # pragma: no cover - exercised by the history store's test
     raise ImportError(
@@ -110,7 +109,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisAdkBackend"]
 
-RETRIES: Final = 2  # a command sent again on a new connection (see the module docstring)
 GRACE_MS: Final = 1000  # Redis expires a session's keys this long after touba would
 PURGE_BATCH: Final = 500  # most sessions one purge script drops
 _SCRIPTS: Final = (
@@ -274,38 +272,12 @@ class RedisAdkBackend:
         prefix: str = "touba:adk:",
         client: Client | None = None,
     ) -> None:
-        if (url is None) == (client is None):
-            raise ConfigurationError(
-                "RedisAdkBackend needs exactly one of url= (e.g. 'redis://127.0.0.1:6379/0') "
-                "or client= (a redis.asyncio.Redis or RedisCluster you own)"
-            )
-        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-            raise ConfigurationError(
-                f"prefix must be a non-empty str without braces, got {prefix!r}: the backend "
-                "adds its own hash tag so that all its keys share one cluster slot"
-            )
+        self._base = slot_base(prefix, owner="backend")
         if limits is not None and not isinstance(limits, AdkLimits):
             raise ConfigurationError(f"limits must be an AdkLimits, got {type(limits).__name__}")
-        if client is not None:
-            if not isinstance(client, aioredis.Redis | aioredis.RedisCluster):
-                raise ConfigurationError(
-                    f"client must be a redis.asyncio.Redis, got {type(client).__name__}"
-                )
-            self._client: Client = client
-            self._owns_client = False
-        else:
-            if not isinstance(url, str):
-                raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
-            try:
-                retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
-                self._client = aioredis.Redis.from_url(url, retry=retry)
-            except ValueError as e:
-                raise ConfigurationError(f"invalid Redis url ({e})") from e
-            self._owns_client = True
+        self._client, self._owns_client = redis_client(url, client, owner="RedisAdkBackend")
         self.prefix = prefix
         self.limits = limits if limits is not None else AdkLimits()
-        tag = hashlib.sha256(prefix.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        self._base = f"{prefix}{{{tag}}}:"
         self._all = self._base + "all"
         self._scripts: dict[str, AsyncScript] = {
             name: self._client.register_script(_source(name)) for name in _SCRIPTS

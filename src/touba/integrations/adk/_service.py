@@ -120,7 +120,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import fields
-from types import TracebackType
 from typing import Any
 
 from google.adk.events.event import Event
@@ -129,6 +128,7 @@ from google.adk.sessions import BaseSessionService, Session
 from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
 from google.adk.sessions.state import State
 
+from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError
 from touba.integrations.adk._backend import (
     AdkBackend,
@@ -245,7 +245,7 @@ def _marker(session: Session, revision: int) -> None:
     session._storage_update_marker = str(revision)
 
 
-class ToubaSessionService(BaseSessionService):
+class ToubaSessionService(AsyncClosing, BaseSessionService):
     """An ADK ``BaseSessionService`` on touba's stores (see the module docstring).
 
     Make one with :meth:`memory`, :meth:`sqlite`, :meth:`postgres` or
@@ -335,17 +335,6 @@ class ToubaSessionService(BaseSessionService):
     async def close(self) -> None:
         """Close the store; idempotent. Later calls raise ``ConfigurationError``."""
         await self._backend.close()
-
-    async def __aenter__(self) -> ToubaSessionService:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # --- ADK's interface ---
 

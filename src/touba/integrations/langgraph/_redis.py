@@ -70,6 +70,7 @@ from touba.errors import (
     DecisionHistoryStoreUnavailable,
 )
 from touba.history._lua import LuaScript, load
+from touba.history._redis_client import redis_client
 from touba.integrations.langgraph._backend import (
     CheckpointPage,
     CheckpointRecord,
@@ -89,8 +90,6 @@ from touba.integrations.langgraph._backend import (
 
 try:
     import redis.asyncio as aioredis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
     from redis.exceptions import NoScriptError, RedisError
 except ImportError as e:  # pragma: no cover - exercised by a test that hides redis
     raise ImportError(
@@ -99,7 +98,6 @@ except ImportError as e:  # pragma: no cover - exercised by a test that hides re
 
 __all__ = ["RedisSaverBackend"]
 
-RETRIES: Final = 2
 _PACKAGE: Final = "touba.integrations.langgraph"
 
 
@@ -217,33 +215,11 @@ class RedisSaverBackend:
                 f"prefix must be a non-empty str without braces, got {prefix!r}: the saver "
                 "adds its own hash tags so that each thread's keys share one cluster slot"
             )
-        if (url is None) == (client is None):
+        self._client, self._owns_client = redis_client(url, client, owner="RedisSaverBackend")
+        if not self._owns_client and self._client.get_encoder().decode_responses:
             raise ConfigurationError(
-                "RedisSaverBackend needs exactly one of url= (e.g. 'redis://127.0.0.1:6379/0') "
-                "or client= (a redis.asyncio.Redis or RedisCluster you own)"
+                "client must not decode responses (decode_responses=False): checkpoints are bytes"
             )
-        if client is not None:
-            if not isinstance(client, aioredis.Redis | aioredis.RedisCluster):
-                raise ConfigurationError(
-                    f"client must be a redis.asyncio.Redis or RedisCluster, got "
-                    f"{type(client).__name__} (the synchronous redis.Redis is not supported)"
-                )
-            if client.get_encoder().decode_responses:
-                raise ConfigurationError(
-                    "client must not decode responses (decode_responses=False): checkpoints "
-                    "are bytes"
-                )
-            self._client: aioredis.Redis | aioredis.RedisCluster = client
-            self._owns_client = False
-        else:
-            if not isinstance(url, str):
-                raise ConfigurationError(f"url must be a str, got {type(url).__name__}")
-            try:
-                retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), RETRIES)
-                self._client = aioredis.Redis.from_url(url, retry=retry)
-            except ValueError as e:
-                raise ConfigurationError(f"invalid Redis url ({e})") from e
-            self._owns_client = True
         self.prefix = prefix
         tag = hashlib.sha256(_b(prefix)).hexdigest()[:10]
         self._global = f"{prefix}{{{tag}}}:"
