@@ -131,13 +131,22 @@ def check_shell_line(where: str, line: str, env: dict[str, str]) -> None:
     elif program == "python" and words[1].startswith("bench/"):
         script = ROOT / words[1]
         assert script.is_file(), f"{where}: no {words[1]}"
-        source = script.read_text()
+        source = _bench_source(script)
         for option in re.findall(r"(?<![\w-])--[a-z][\w-]*", line):
             assert f'"{option}"' in source, f"{where}: {words[1]} takes no {option}"
     elif program == "touba":
         _check_touba(where, words[1:], env)
     else:
         raise AssertionError(f"{where}: a command the docs tests do not know how to check")
+
+
+def _bench_source(script: Path) -> str:
+    """A bench script's text and that of the bench modules it imports (``from bench.x
+    import ...``), where a shared command line may be defined."""
+    source = script.read_text()
+    for module in re.findall(r"^from bench\.(\w+) import", source, re.M):
+        source += (script.parent / f"{module}.py").read_text()
+    return source
 
 
 @functools.cache
