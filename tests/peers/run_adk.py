@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.peers import adk_touba  # noqa: E402
+from tests.peers._suites import suite  # noqa: E402
 
 RUNS = ("default", *adk_touba.STORES)
 
@@ -31,7 +32,7 @@ def run(store: str) -> int:
     else:
         env = adk_touba.suite_env(store, ROOT, ADK_TOUBA_RUN=secrets.token_hex(4))
     print(f"== ADK session contract: {store}", flush=True)
-    command = ["bash", str(ROOT / "peers" / "adk" / "run.sh"), sys.executable, "-q"]
+    command = ["bash", str(suite("adk") / "run.sh"), sys.executable, "-q"]
     try:
         return subprocess.run(command, cwd=ROOT, env=env).returncode
     finally:

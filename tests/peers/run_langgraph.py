@@ -17,7 +17,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "peers" / "langgraph" / "run_conformance.py"
+sys.path.insert(0, str(ROOT))
+
+from tests.peers._suites import suite  # noqa: E402
+
+RUNNER = suite("langgraph") / "run_conformance.py"
 STORES = ("memory", "sqlite", "postgres", "redis")
 
 

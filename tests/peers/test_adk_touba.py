@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers import adk_touba
+from tests.peers._suites import suite
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,7 @@ def test_the_factory_runs_contract_tests_on_a_local_store(store: str) -> None:
     env = adk_touba.suite_env(store, ROOT)
     command = [
         "bash",
-        str(ROOT / "peers" / "adk" / "run.sh"),
+        str(suite("adk") / "run.sh"),
         sys.executable,
         "-q",
         "-k",

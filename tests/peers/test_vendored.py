@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "peers"
+from tests.peers._suites import ROOT, SHARED
 
 
 @pytest.mark.parametrize("suite", ["adk", "langgraph"])
 def test_the_copy_matches_the_shared_suite(suite: str) -> None:
-    original = SHARED / suite
+    original = SHARED[suite]
     if not original.is_dir():
         pytest.skip(f"{original} is not on this machine: nothing to compare the copy with")
     copy = ROOT / "peers" / suite
