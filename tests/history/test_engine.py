@@ -977,8 +977,11 @@ async def test_on_summary_failure_refuse_is_the_default() -> None:
     )
     await run_turns(env, 2)
     before = await env.read()
-    with pytest.raises(RuntimeError, match="model down"):  # the callback's own error
+    with pytest.raises(DecisionHistorySummaryInvalid, match="raised RuntimeError") as refused:
         await env.history.step(env.identity, answer(calls("d1", "lookup")), never)
+    assert isinstance(refused.value.__cause__, RuntimeError)  # the callback's own error
+    assert str(refused.value.__cause__) == "model down"
+    assert "model down" not in str(refused.value)
     assert await env.read() == before
 
 

@@ -15,7 +15,9 @@ from touba.errors import (
     AgentDecisionProviderSchemaViolation,
     AgentDecisionProviderUnavailable,
     ConfigurationError,
+    DecisionHistorySummaryInvalid,
 )
+from touba.history import HistoryConfig, SummaryRequest
 from touba.providers import Decision, DecisionRequest, Observation
 from touba.runtime import Program, Runtime
 from touba.testing import ScriptedProvider
@@ -429,3 +431,32 @@ async def test_history_grants_no_permission_a_call_replayed_from_history_meets_i
     [denied] = model.requests[2].observations
     assert denied.status == "denied"
     assert result.trace.of_kind("denial")[0]["reason"] == "budget_exhausted"
+
+
+async def test_a_summariser_that_raises_refuses_the_decision_as_a_summary_failure() -> None:
+    """A host ``summarize`` raising is a local refusal with its own code, not the provider's
+    failure: no provider retry can help, and the callback's error is chained to it."""
+
+    async def summarize(request: SummaryRequest) -> str:
+        raise RuntimeError("summariser bug: order A1")
+
+    program = Program()
+
+    @program.capability
+    async def again(n: int) -> int:
+        return n
+
+    history = HistoryConfig(max_messages=3, summarize=summarize)
+    model = ScriptedProvider(
+        *[step((f"c{i}", "again", {"n": i})) for i in range(6)], history=history
+    )
+    program.agent("a", provider=model, capabilities=("again",), max_decisions=8)
+    result = await Runtime(program).invoke("a", input="go")
+    assert result.status == "failed"
+    assert isinstance(result.error, DecisionHistorySummaryInvalid)
+    assert not result.error.retryable
+    assert isinstance(result.error.__cause__, RuntimeError)
+    assert "order A1" not in str(result.error)
+    [failed] = result.trace.of_kind("invocation_failed")
+    assert failed["error_code"] == "DecisionHistorySummaryInvalid"
+    assert len(model.requests) < 6  # refused once the window needed a summary

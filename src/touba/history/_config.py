@@ -117,7 +117,10 @@ class HistoryConfig:
 
     ``on_summary_failure`` decides what a decision does when ``summarize``
     fails (raises, or returns no valid summary): ``"refuse"`` (the default)
-    refuses it with ``DecisionHistorySummaryInvalid``, nothing written;
+    refuses it with ``DecisionHistorySummaryInvalid``, nothing written (an
+    exception of the callback's own is chained to it as its ``__cause__``; a
+    touba error, such as ``ModelSummarizer``'s provider errors, is raised as it
+    is);
     ``"trim"`` sends it without a summary, its window chosen as if no
     summariser were configured, keeps the previous summary state for the
     next decision to try again, and emits ``decision_history_summary_failed``.

@@ -53,6 +53,7 @@ from touba.errors import (
     DecisionHistoryLimitExceeded,
     DecisionHistoryMismatch,
     DecisionHistorySummaryInvalid,
+    ToubaError,
 )
 from touba.history._config import HistoryConfig, HistoryEvent, SummaryRequest
 from touba.history._fork import check_original, fork_appends, plan_fork
@@ -776,9 +777,18 @@ class _Step:
                 ):
                     text = await self._summary_text(request)
             except Exception as e:
-                if config.on_summary_failure != "trim":
-                    raise
-                return await self._without_summary(e, sizes, first)
+                if config.on_summary_failure == "trim":
+                    return await self._without_summary(e, sizes, first)
+                if isinstance(e, ToubaError):
+                    raise  # touba's own summariser says what failed, with its code
+                # A local refusal keeps its own code: the host callback failed, not the
+                # provider, and no provider retry can help (the callback's error is chained;
+                # its text stays out of the message, it may hold conversation content).
+                raise DecisionHistorySummaryInvalid(
+                    f"the summarize callback raised {type(e).__name__}; nothing was written "
+                    '(HistoryConfig(on_summary_failure="trim") sends the decision without a '
+                    "summary instead)"
+                ) from e
             size = len(text.encode("utf-8"))
             fingerprint = fingerprint_exchanges(state["fingerprint"] if state else None, left)
             state = {
