@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-__all__ = ["in_ci", "postgres_dsn", "redis_url", "unavailable"]
+__all__ = ["in_ci", "postgres_address", "postgres_dsn", "redis_url", "unavailable"]
 
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -36,7 +36,7 @@ def unavailable(reason: str) -> NoReturn:
 
 def postgres_dsn() -> str:
     dsn = os.environ.get("TOUBA_POSTGRES_DSN", DEFAULT_POSTGRES_DSN)
-    _probe("PostgreSQL", "TOUBA_POSTGRES_DSN", dsn, _postgres_address(dsn))
+    _probe("PostgreSQL", "TOUBA_POSTGRES_DSN", dsn, postgres_address(dsn))
     return dsn
 
 
@@ -47,7 +47,8 @@ def redis_url() -> str:
     return url
 
 
-def _postgres_address(dsn: str) -> tuple[str, int]:
+def postgres_address(dsn: str) -> tuple[str, int]:
+    """The (host, port) a DSN names."""
     if "://" in dsn:
         parts = urlsplit(dsn)
         return parts.hostname or "127.0.0.1", parts.port or 5432

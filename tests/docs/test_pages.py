@@ -73,6 +73,7 @@ PAGES: dict[str, str] = {
     ),
     "docs/operations/cli.md": "sh sh sh sh",
     "docs/operations/recovery.md": "sh",
+    "docs/operations/failures.md": "",
     "docs/operations/capacity.md": "",
     "docs/operations/observability.md": "python output",
     "docs/operations/errors.md": "",
