@@ -25,6 +25,7 @@ from touba.panel._approvals import router as approvals_router
 from touba.panel._auth import COOKIE, PanelAuth, same_origin
 from touba.panel._erase import router as erase_router
 from touba.panel._format import register as register_filters
+from touba.panel._limits import BodyLimit
 from touba.panel._preview_stream import router as preview_stream_router
 from touba.panel._repair import router as repair_router
 from touba.panel._routes import router
@@ -136,6 +137,11 @@ def create_app(
         )
         return response
 
+    def too_large(request: Request, problem: str) -> Response:
+        return panel.render(request, "error.html", 413, status=413, problem=problem)
+
+    # Outermost but for the host check: a body is bounded before anything reads it.
+    app.add_middleware(BodyLimit, auth=panel.auth, refuse=too_large)
     hosts = ["*"] if allow_remote else list(allowed_hosts)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     return app
