@@ -189,8 +189,11 @@ class ProviderContextGuardUnsupported(ToubaError):
 class KeyEventInvalid(ToubaError):
     """A key-event tool call had a wrong parameter (type, id, status, length).
 
-    The message is safe to show to the model: it names the parameter and, for a
-    wrong type, the allowed types. An id of another owner reads as not found.
+    The message is safe to show to the model, and to keep in a job's
+    ``last_error``: it names the parameter and, for a wrong type, the allowed
+    types (and the configured type it nearly matches); the model's own value,
+    or the name of a parameter it made up, is described by its type and size,
+    never echoed. An id of another owner reads as not found.
     """
 
     def __init__(

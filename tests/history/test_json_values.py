@@ -59,16 +59,16 @@ class Opaque:
 
 # (result value, the path and words the error must carry)
 BAD_RESULTS: list[tuple[Any, str]] = [
-    ({"a": [0, 1, 2, {1, 2}]}, 'observations[0].result["a"][3] is a set'),
-    ({"a": [0, 1, 2, b"raw"]}, 'observations[0].result["a"][3] is a bytes'),
-    ({"a": [0, 1, 2, Opaque()]}, 'observations[0].result["a"][3] is a Opaque'),
-    ({"a": {("x", "y"): 1}}, 'observations[0].result["a"] has a key of type tuple'),
-    ({"a": {1: "one"}}, 'observations[0].result["a"] has a key of type int'),
-    ({"a": [0, 1, 2, float("nan")]}, 'observations[0].result["a"][3] is nan'),
-    ({"a": [0, 1, 2, float("inf")]}, 'observations[0].result["a"][3] is inf'),
-    ({"a": [0, 1, 2, float("-inf")]}, 'observations[0].result["a"][3] is -inf'),
-    ({"a": [0, 1, 2, "\ud800"]}, 'observations[0].result["a"][3] is a str with a lone surrogate'),
-    ({"a": nested(990)}, 'observations[0].result["a"][0][0]'),
+    ({"a": [0, 1, 2, {1, 2}]}, "observations[0].result[key 0][3] is a set"),
+    ({"a": [0, 1, 2, b"raw"]}, "observations[0].result[key 0][3] is a bytes"),
+    ({"a": [0, 1, 2, Opaque()]}, "observations[0].result[key 0][3] is a Opaque"),
+    ({"a": {("x", "y"): 1}}, "observations[0].result[key 0][key 0] has a key of type tuple"),
+    ({"a": {1: "one"}}, "observations[0].result[key 0][key 0] has a key of type int"),
+    ({"a": [0, 1, 2, float("nan")]}, "observations[0].result[key 0][3] is nan"),
+    ({"a": [0, 1, 2, float("inf")]}, "observations[0].result[key 0][3] is inf"),
+    ({"a": [0, 1, 2, float("-inf")]}, "observations[0].result[key 0][3] is -inf"),
+    ({"a": [0, 1, 2, "\ud800"]}, "observations[0].result[key 0][3] is a str with a lone surrogate"),
+    ({"a": nested(990)}, "observations[0].result[key 0][0][0]"),
     ({"a": nested(5000)}, f"more than {MAX_JSON_DEPTH} levels deep"),
 ]
 
@@ -131,7 +131,7 @@ async def test_step_refuses_non_json_results_by_path_before_writing(
 @pytest.mark.parametrize(
     ("observation", "expected"),
     [
-        (Observation("c1", "lookup", {"id": {1, 2}}, "ok"), 'observations[0].arguments["id"]'),
+        (Observation("c1", "lookup", {"id": {1, 2}}, "ok"), "observations[0].arguments[key 0]"),
         (Observation("c1", "lookup", {}, "error", error=b"x"), "observations[0].error"),  # type: ignore[arg-type]
         (Observation("c1", "lookup", {}, "fine"), "observations[0].status"),  # type: ignore[arg-type]
         (Observation(1, "lookup", {}, "ok"), "observations[0].call_id"),  # type: ignore[arg-type]
@@ -154,7 +154,7 @@ async def test_step_refuses_malformed_observations(
 async def test_step_refuses_non_json_data_observations(history: DecisionHistory) -> None:
     provider = Provider()
     data = [Observation("d1", "step", {}, "ok", {"when": float("nan")})]
-    with pytest.raises(ConfigurationError, match=r'data\[0\]\.result\["when"\] is nan'):
+    with pytest.raises(ConfigurationError, match=r"data\[0\]\.result\[key 0\] is nan"):
         await history.step(identity(), [], provider, data=data)
     assert provider.calls == 0
     assert await history.store.read(identity().key) is None  # type: ignore[attr-defined]
@@ -167,7 +167,7 @@ async def test_a_decision_holding_nan_is_bad_json_and_is_not_stored(
     with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
         await history.step(identity(), [], Provider(bad))
     assert caught.value.provider_error_code == "invalid_json"
-    assert 'decision["calls"][0]["arguments"]["amount"] is nan' in str(caught.value)
+    assert 'decision["calls"][0]["arguments"][key 0] is nan' in str(caught.value)
     assert await history.store.read(identity().key) is None  # type: ignore[attr-defined]
 
 
@@ -184,7 +184,7 @@ async def test_stores_refuse_records_that_are_not_json(
     async def put(snapshot: Any) -> tuple[Any, None]:
         return record, None
 
-    with pytest.raises(DecisionHistoryRecordInvalid, match=r'record\["x"\]'):
+    with pytest.raises(DecisionHistoryRecordInvalid, match=r"record\[key 0\]"):
         await store.transact("k", put)
     assert await store.read("k") is None
     assert await store.list() == []
@@ -225,9 +225,9 @@ def test_json_problem_accepts_json_data_and_tuples() -> None:
 @pytest.mark.parametrize(
     ("value", "named"),
     [
-        ({"a": [1, float("nan")]}, 'message["a"][1]'),
-        ({"a": {1, 2}}, 'message["a"]'),
-        ({"a": "\ud800"}, 'message["a"]'),
+        ({"a": [1, float("nan")]}, "message[key 0][1]"),
+        ({"a": {1, 2}}, "message[key 0]"),
+        ({"a": "\ud800"}, "message[key 0]"),
     ],
 )
 def test_the_log_path_encoder_refuses_by_path_what_it_cannot_store(

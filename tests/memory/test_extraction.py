@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -274,7 +275,8 @@ def raising(error: Exception) -> Callable[[], Any]:
         (
             lambda: parse_ops([{"kind": "create", "titel": "SECRET model text"}]),
             "KeyEventInvalid: op 0 is not a create (kind, type, title, details) or an update "
-            "(kind, event_id and any of status, title, details); its fields: kind, titel",
+            "(kind, event_id and any of status, title, details); its kind is create; its known "
+            "fields: kind (string); and 1 other field",
         ),
         (
             lambda: parse_ops(["SECRET model text"]),
@@ -330,3 +332,58 @@ async def test_a_job_done_after_a_failed_attempt_no_longer_shows_its_error(
     done = await queue.process(second, extractor(OPS), KeyEventService(store, CONFIG))
     assert (done.status, done.last_error) == ("done", None)
     assert (await queue.get(job.id)).last_error is None  # type: ignore[union-attr]
+
+
+HOSTILE = "SECRET-sk-live-4242"  # a name or value a model chose: content
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"ops": [{"kind": "create", HOSTILE: "x", "type": "refund"}]},  # a made-up field
+        {"ops": [{HOSTILE: "create"}]},
+        {"ops": [{"kind": HOSTILE}]},
+        {"ops": [{"kind": "create", "type": 3, "title": [HOSTILE], "details": {HOSTILE: 1}}]},
+        {"ops": [HOSTILE]},
+    ],
+    ids=["unknown_field", "only_unknown", "kind_value", "wrong_types", "not_an_object"],
+)
+async def test_last_error_never_names_a_field_or_value_the_model_chose(
+    store: SqlMemoryStore, answer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    queue = queue_of(store)
+    await enqueue(queue)
+    job = await queue.claim("worker-a")
+    assert job is not None
+
+    async def extract(job: ExtractionJob) -> Sequence[ExtractedOp]:
+        return parse_ops(answer)
+
+    after = await queue.process(job, extract, KeyEventService(store, CONFIG))
+    assert after.status == "pending"
+    assert after.last_error is not None
+    assert after.last_error.startswith("KeyEventInvalid: op 0 is not a create")
+    assert HOSTILE not in after.last_error
+    assert HOSTILE not in repr(await queue.get(job.id))
+    assert HOSTILE not in caplog.text
+
+
+async def test_a_rejected_op_is_described_without_the_models_values(store: SqlMemoryStore) -> None:
+    queue = queue_of(store)
+    await enqueue(queue)
+    job = await queue.claim("worker-a")
+    assert job is not None
+    ops = (
+        CreateEventOp(HOSTILE, "Refund order A1", "asked"),  # a type nobody configured
+        UpdateEventOp(HOSTILE, status="closed"),  # an id that does not exist
+    )
+    after = await queue.process(job, extractor(ops), KeyEventService(store, CONFIG))
+    assert after.status == "done"
+    assert after.result is not None
+    rejected = after.result["rejected"]
+    assert [r["op"] for r in rejected] == [0, 1]  # type: ignore[index]
+    text = json.dumps(after.result)
+    assert "is not a configured key-event type" in text
+    assert "no key event with the event_id given" in text
+    assert HOSTILE not in text

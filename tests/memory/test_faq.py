@@ -117,7 +117,9 @@ async def test_faq_a_wrong_event_type_returns_a_parameter_error_naming_the_allow
     [[wrong], [right]] = turn.stored.trace
     assert wrong.status == "error"
     error = wrong.error or ""
-    assert "'Refund ' is not a configured key-event type" in error
+    # The model's value is described, never echoed (it is content); the near type is named.
+    assert "the type given (a str of 7 characters) is not a configured key-event type" in error
+    assert "(did you mean 'refund'?)" in error
     assert "'refund', 'account issue'" in error
     assert "case and spaces" in error
     assert right.status == "ok"

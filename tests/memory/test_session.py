@@ -151,7 +151,7 @@ async def test_an_event_of_another_owner_reads_as_not_found(
     await session.send(f"Close event {theirs.id}")
     [observation] = model.requests[1].observations
     assert observation.status == "error"
-    assert "no key event with id" in (observation.error or "")
+    assert "no key event with the event_id given" in (observation.error or "")
     assert (await service.get(owner_for("bob", "s-0"), theirs.id)).status == "open"
 
 

@@ -193,6 +193,6 @@ async def test_nan_in_a_turn_or_a_job_result_is_refused_by_path(tmp_path: Path) 
     async with SqliteMemoryStore(directory / "memory.sqlite") as store:
         await store.open_session("s1", owner="user:u", agent_ref="a", mode="live")
         call = TraceCall("c1", "measure", {"item": "A1"}, "ok", {"value": math.nan})
-        with pytest.raises(ConfigurationError, match=r'trace\[0\]\[0\]\["result"\]\["value"\]'):
+        with pytest.raises(ConfigurationError, match=r'trace\[0\]\[0\]\["result"\]\[key 0\]'):
             await store.append_turn("s1", user="hi", replies=["ok"], trace=[[call]])
         assert await store.recent_turns("s1", 5) == ()

@@ -168,7 +168,7 @@ async def test_without_history_non_json_values_are_refused_too() -> None:
         "agent_ref": "a",
         "instructions": "x",
     }
-    with pytest.raises(ConfigurationError, match=r'observations\[0\]\.result\["reading"\]'):
+    with pytest.raises(ConfigurationError, match=r"observations\[0\]\.result\[key 0\]"):
         await provider.decide(
             DecisionRequest(**base, input="go", capabilities=(spec,), observations=(bad,))
         )

@@ -48,13 +48,13 @@ async def test_a_capability_returning_nan_gets_an_error_observation(bad: float) 
     assert observation.status == "error"
     assert observation.result is None
     assert observation.error is not None
-    assert f'result["readings"][1] is {bad!r}' in observation.error
+    assert f"result[key 1][1] is {bad!r}" in observation.error
 
 
 async def test_an_input_holding_nan_is_refused_by_path() -> None:
     program = Program()
     program.agent("agent", provider=ScriptedProvider(final("never")))
-    with pytest.raises(ConfigurationError, match=r'input\["when"\] is nan'):
+    with pytest.raises(ConfigurationError, match=r"input\[key 0\] is nan"):
         await Runtime(program).invoke("agent", input={"when": math.nan})
 
 
@@ -65,9 +65,9 @@ async def test_checkpoint_stores_refuse_nan_by_path(kind: str, tmp_path: Path) -
     )
     await store.save("a", {"revision": 0, "input": 1})
     for bad in BAD:
-        with pytest.raises(ConfigurationError, match=r'checkpoint\["input"\]\["x"\]'):
+        with pytest.raises(ConfigurationError, match=r"checkpoint\[key \d\]\[key 0\]"):
             await store.save("b", {"input": {"x": bad}})
-        with pytest.raises(ConfigurationError, match=r'checkpoint\["input"\]\["x"\]'):
+        with pytest.raises(ConfigurationError, match=r"checkpoint\[key \d\]\[key 0\]"):
             await store.replace("a", {"revision": 1, "input": {"x": bad}}, revision=0)
     assert await store.get("b") is None
     assert await store.get("a") == {"revision": 0, "input": 1}
@@ -82,8 +82,25 @@ async def test_resource_bindings_refuse_nan_by_path(kind: str, tmp_path: Path) -
     )
     address = ResourceAddress("notes", "user", "u1")
     for bad in BAD:
-        with pytest.raises(ConfigurationError, match=r'value\["score"\] is'):
+        with pytest.raises(ConfigurationError, match=r"value\[key 0\] is"):
             await binding.put(address, "k", {"score": bad})
     assert await binding.get(address, "k") is None
     if kind == "sqlite":
         await binding.close()
+
+
+async def test_a_bad_value_is_named_by_position_never_by_a_key_the_model_chose() -> None:
+    """A key is content (a model or a user chose it): the path gives its position only."""
+    program = Program()
+
+    @program.capability
+    async def measure(item: str) -> dict[str, Any]:
+        return {"fine": 1, "SECRET-sk-live": {"nested-SECRET": [0, math.nan]}}
+
+    model = ScriptedProvider(step(("c1", "measure", {"item": "A1"})), final("ok"))
+    program.agent("agent", provider=model, capabilities=("measure",))
+    await Runtime(program).invoke("agent", input="measure A1")
+    [observation] = model.requests[1].observations
+    assert observation.error is not None
+    assert "result[key 1][key 0][1] is nan" in observation.error
+    assert "SECRET" not in observation.error

@@ -97,6 +97,23 @@ def parse_json(text: str | bytes) -> JSON:
         raise ValueError("the JSON text nests too deeply to be read") from e
 
 
+class _Member(int):
+    """A dict member in a path, by its position among the keys (never the key itself,
+    which may be a name a model or a user chose: content)."""
+
+
+# touba's own record vocabulary (message_to_dict and the turn traces): a key among these
+# is named in a path, since it says where in touba's structure the value sits; any other
+# key is given by its position only.
+_OWN_KEYS: Final = frozenset(
+    {
+        "arguments", "call_id", "calls", "covered_exchanges", "data", "decision", "error",
+        "final", "fingerprint", "kind", "name", "observations", "opaque", "output",
+        "provider", "result", "status", "summary", "text", "trace",
+    }
+)  # fmt: skip
+
+
 _Path = tuple[Any, str | int]  # (parent path or None, segment): built only on failure
 
 
@@ -107,11 +124,12 @@ def _render(path: _Path) -> str:
         parent, segment = node
         if parent is None:
             parts.append(str(segment))
-        elif isinstance(segment, int):
-            parts.append(f"[{segment}]")
+        elif isinstance(segment, _Member):
+            parts.append(f"[key {int(segment)}]")
+        elif isinstance(segment, str):
+            parts.append(f'["{segment}"]')
         else:
-            shown = segment if len(segment) <= 40 else segment[:40] + "..."
-            parts.append("[" + json.dumps(shown) + "]")
+            parts.append(f"[{segment}]")
         node = parent
     parts.reverse()
     if len(parts) > 16:  # a path down a deep nesting: its start and its end say enough
@@ -134,7 +152,12 @@ def json_problem(value: object, root: str, *, max_depth: int = MAX_JSON_DEPTH) -
     """What makes ``value`` something touba cannot keep as JSON, or None when it can.
 
     The answer names the first bad value by its path from ``root``, for
-    example ``observations[0].result["a"][3] is a set``. JSON data is None, a
+    example ``observations[0]["result"][key 2][3] is a set``: list items by
+    their index, touba's own record fields (``"calls"``, ``"arguments"``,
+    ``"result"``...) by name, any other object member by its position among
+    the keys (``[key 2]``, the third), never by the key itself, which may be a
+    name a model or a user chose (content has no place in an error text, a log
+    or a job's ``last_error``). JSON data is None, a
     bool, an int, a finite float, a str of valid Unicode (no lone surrogate),
     a list or tuple of JSON data, or a dict with str keys and JSON values, at
     most ``max_depth`` lists and dicts deep. Other mappings and sequences,
@@ -216,15 +239,17 @@ def _walk_problem(value: object, root: str, max_depth: int) -> str | None:
                 return f"{_render(path)} nests lists and objects more than {max_depth} levels deep"
             children: list[tuple[object, int, _Path]] = []
             if isinstance(item, dict):
-                for key, child in item.items():
+                for position, (key, child) in enumerate(item.items()):
+                    member = (path, _Member(position))
                     if not isinstance(key, str):
                         return (
-                            f"{_render(path)} has a key of type {type(key).__name__} "
-                            f"({key!r:.40}); JSON object keys are str"
+                            f"{_render(member)} has a key of type {type(key).__name__}; "
+                            "JSON object keys are str"
                         )
                     if _not_text(key):
-                        return f"{_render(path)} has a key with a lone surrogate"
-                    children.append((child, depth + 1, (path, key)))
+                        return f"{_render(member)} has a key with a lone surrogate"
+                    named = (path, key) if key in _OWN_KEYS else member
+                    children.append((child, depth + 1, named))
             else:
                 children = [(child, depth + 1, (path, i)) for i, child in enumerate(item)]
             stack.extend(reversed(children))  # report the first bad value in document order

@@ -50,7 +50,6 @@ __all__ = [
 logger = logging.getLogger("touba.memory")
 
 MAX_OPS: Final = 50
-_MAX_FIELDS = 10
 Extractor = Callable[[ExtractionJob], Awaitable[Sequence[ExtractedOp]]]
 
 
@@ -89,13 +88,27 @@ def parse_ops(data: Any) -> tuple[ExtractedOp, ...]:
     return tuple(ops)
 
 
+_KNOWN_FIELDS: Final = ("kind", "type", "title", "details", "event_id", "status")
+
+
 def _fields(item: object) -> str:
-    """What an op held, by its field names only (never the model's values)."""
+    """What an op held, by touba's own field names and the JSON types of their values
+    only: never a value, nor the name of a field touba does not know (a name the model
+    chose is content, as its values are)."""
     if not isinstance(item, Mapping):
         return f"it is a JSON {_json_kind(item)}, not an object"
-    names = sorted(str(k)[:40] for k in item)
-    shown = ", ".join(names[:_MAX_FIELDS]) + (", ..." if len(names) > _MAX_FIELDS else "")
-    return f"its fields: {shown or 'none'}"
+    kind = item.get("kind")
+    if "kind" not in item:
+        said = "it has no kind"
+    elif kind in ("create", "update"):
+        said = f"its kind is {kind}"
+    else:
+        said = f"its kind is a {_json_kind(kind)} other than create or update"
+    known = [f"{name} ({_json_kind(item[name])})" for name in _KNOWN_FIELDS if name in item]
+    unknown = sum(1 for name in item if name not in _KNOWN_FIELDS)
+    held = f"; its known fields: {', '.join(known) if known else 'none'}"
+    others = f"; and {unknown} other field{'s' if unknown != 1 else ''}" if unknown else ""
+    return said + held + others
 
 
 def _json_kind(value: object) -> str:
@@ -107,7 +120,8 @@ def _json_kind(value: object) -> str:
 
 
 def describe_error(error: BaseException) -> str:
-    """A failed attempt as ``last_error``: diagnostic codes and field names only.
+    """A failed attempt as ``last_error``: diagnostic codes, touba's own field names,
+    positions and JSON types only.
 
     A touba error gives its code, its ``provider_error_code`` or its
     parameter, and its message (touba's own words, which never quote the

@@ -81,13 +81,22 @@ def _actor(actor: object) -> KeyEventActor:
 def _check_owner(owner: object) -> str:
     if isinstance(owner, str) and re.fullmatch(r"(user|session):.+", owner, re.DOTALL):
         return owner
-    raise ConfigurationError(f"owner must come from owner_for(user_id, session_id): {owner!r}")
+    raise ConfigurationError(
+        f"owner must come from owner_for(user_id, session_id), got {_shape(owner)}"
+    )
+
+
+def _shape(value: object) -> str:
+    """A value described by its type and size, never its text (it may be content)."""
+    if isinstance(value, str):
+        return f"a str of {len(value)} characters"
+    return f"a {type(value).__name__}"
 
 
 def _not_found(event_id: object) -> KeyEventInvalid:
     return KeyEventInvalid(
-        f"no key event with id {event_id!r} was found for this user; use {QUERY_TOOL} to find "
-        "the right id",
+        f"no key event with the event_id given was found for this user; use {QUERY_TOOL} to "
+        "find the right id",
         parameter="event_id",
     )
 
@@ -167,7 +176,8 @@ class KeyEventService:
             near = [t for t in allowed if t.strip().casefold() == value.strip().casefold()]
             hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise KeyEventInvalid(
-            f"type {value!r} is not a configured key-event type{hint}. Use exactly one of: "
+            f"the type given ({_shape(value)}) is not a configured key-event type{hint}. "
+            f"Use exactly one of: "
             f"{listed}; types match exactly, case and spaces included",
             parameter="type",
             allowed_types=allowed,
@@ -177,7 +187,10 @@ class KeyEventService:
     def _status(value: object) -> KeyEventStatus:
         if isinstance(value, str) and value in KEY_EVENT_STATUSES:
             return value
-        raise KeyEventInvalid(f"status {value!r} is not valid; use {_STATUSES}", parameter="status")
+        raise KeyEventInvalid(
+            f"the status given ({_shape(value)}) is not valid; use {_STATUSES}",
+            parameter="status",
+        )
 
     @staticmethod
     def _text(name: str, value: object, limit: int, *, one_line: bool, empty: bool) -> str:
@@ -380,16 +393,23 @@ class KeyEventService:
         """
         if name not in _TOOLS:
             raise ConfigurationError(
-                f"{name!r} is not a key-event tool; expected one of {TOOL_NAMES}"
+                f"the tool named ({_shape(name)}) is not a key-event tool; expected one of "
+                f"{TOOL_NAMES}"
             )
         _, known, required = _TOOLS[name]
         unknown = sorted(set(arguments) - set(known))
         missing = [key for key in required if key not in arguments]
         if unknown or missing:
-            problem = f"unknown parameters {unknown}" if unknown else f"missing {missing}"
+            # A parameter the model made up is named by its count, never by its name.
+            count = len(unknown)
+            problem = (
+                f"{count} unknown parameter{'s' if count != 1 else ''}"
+                if unknown
+                else f"missing {missing}"
+            )
             raise KeyEventInvalid(
                 f"{name}: {problem}; its parameters are {list(known)}",
-                parameter=(unknown or missing)[0],
+                parameter=None if unknown else missing[0],
             )
         args = dict(arguments)
         if name == CREATE_TOOL:
