@@ -16,11 +16,13 @@ Through a loopback proxy (tests/_pg_deadlines.py), with ``deadline_seconds=1``:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from tests._pg_deadlines import DEADLINE, GRACE, Behind, behind_proxy, fails_in_time, timed_out
 from touba.errors import (
@@ -147,3 +149,45 @@ async def test_added_latency_slows_decisions_without_failing_them(pg: Behind) ->
         for n in range(2, 5):
             assert await store.transact(KEY, bump) == n
         assert await store.read(KEY) == {"n": 4}
+
+
+async def test_a_task_cancelled_in_a_silent_statement_ends_by_the_deadline(pg: Behind) -> None:
+    """psycopg answers a cancellation during a statement by sending a cancel request on
+    a new connection and waiting for the statement (up to 10 s, both swallowed by a
+    black hole); the deadline cuts that short, and a host's own ``asyncio.timeout``
+    still raises TimeoutError (its cancellation is not confused with ours)."""
+    async with store_of(pg) as store:
+        assert await store.transact(KEY, bump) == 1
+        pg.proxy.black_hole()
+        start = time.monotonic()
+        task = asyncio.create_task(store.transact(KEY, bump))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - start < DEADLINE + GRACE
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await store.transact("dl:two", bump)
+        assert time.monotonic() - start < DEADLINE + GRACE
+        pg.proxy.restore()
+        assert await store.transact("dl:three", bump) == 1
+
+
+async def test_a_pool_given_by_the_host_is_bounded_too_and_gets_the_cut_connection_back(
+    pg: Behind,
+) -> None:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(pg.dsn, open=False, min_size=2, max_size=2)
+    await pool.open(wait=True)
+    try:
+        store = PostgresHistoryStore(pool=pool, table=pg.table("h"), deadline_seconds=DEADLINE)
+        async with store:
+            assert await store.transact(KEY, bump) == 1
+            pg.proxy.black_hole()
+            error = await fails_in_time(store.transact(KEY, bump), DecisionHistoryStoreUnavailable)
+            assert timed_out(error)
+            pg.proxy.restore()
+        assert pool.get_stats()["returns_bad"] >= 1  # discarded, never lent again
+    finally:
+        await pool.close()
