@@ -166,6 +166,10 @@ async def test_a_task_cancelled_in_a_silent_statement_ends_by_the_deadline(pg: B
         with pytest.raises(asyncio.CancelledError):
             await task
         assert time.monotonic() - start < DEADLINE + GRACE
+        pg.proxy.restore()  # the pool's connections that lived through it are not reused
+        await store.recover(KEY, worker_stopped=True)
+        assert await store.transact(KEY, bump) == 2
+        pg.proxy.black_hole()
         start = time.monotonic()
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):

@@ -698,15 +698,25 @@ class OwnedPool:
             error: Exception = e
             if isinstance(e, PoolTimeout) or (watch is not None and watch.fired):
                 error = self._exceeded(e, "no answer" if watch else "no connection from the pool")
-            if self._owns_pool and pool is self._pool and (error is not e or _broken(watch)):
-                self._suspect = True
+            self._suspect_after(pool, watch, timed_out=error is not e)
             raise self._unavailable(error) from error
-        except BaseException:
+        except BaseException:  # a cancellation (its host's), or an error of the caller's
+            self._suspect_after(pool, watch, timed_out=False)
             if watch is not None and watch.recancelled:
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()  # ours: the host's own cancellation goes on
             raise
+
+    def _suspect_after(
+        self, pool: AsyncConnectionPool[Any], watch: _Watchdog | None, *, timed_out: bool
+    ) -> None:
+        """After a failed call: the own pool is replaced on the next call when the
+        call timed out or its connection broke (its other connections may have lived
+        through the same outage), unless it was replaced since."""
+        broken = watch is not None and (watch.fired or watch.conn.closed)
+        if self._owns_pool and pool is self._pool and (timed_out or broken):
+            self._suspect = True
 
     def _left(self, until: float) -> float:
         """Seconds left before ``until``; DeadlineExceeded when none."""
@@ -737,11 +747,6 @@ class OwnedPool:
             yield
         finally:
             self._slots.release()
-
-
-def _broken(watch: _Watchdog | None) -> bool:
-    """True when the call had a connection and it is broken now."""
-    return watch is not None and watch.conn.closed
 
 
 class PooledStore(AsyncClosing):
