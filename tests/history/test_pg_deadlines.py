@@ -195,3 +195,21 @@ async def test_a_pool_given_by_the_host_is_bounded_too_and_gets_the_cut_connecti
         assert pool.get_stats()["returns_bad"] >= 1  # discarded, never lent again
     finally:
         await pool.close()
+
+
+def test_the_own_pools_link_options_follow_the_deadline_unless_the_dsn_sets_them() -> None:
+    from psycopg import pq
+
+    from touba.history._pg import _link_options
+
+    options = _link_options("postgresql://u@h/db", 1.0)
+    assert options["connect_timeout"] == 2  # libpq's floor
+    assert (options["keepalives"], options["keepalives_idle"]) == (1, 1)
+    assert options["keepalives_count"] == 3
+    if pq.version() >= 120000:
+        assert options["tcp_user_timeout"] == 1000
+    assert _link_options("postgresql://u@h/db", 7.5)["connect_timeout"] == 8
+    given = _link_options("host=h connect_timeout=30 keepalives_idle=60 tcp_user_timeout=9", 1)
+    assert "connect_timeout" not in given
+    assert "tcp_user_timeout" not in given
+    assert not any(name.startswith("keepalives") for name in given)  # the DSN's policy stays
