@@ -49,6 +49,7 @@ from touba.cli._stores import (
     no_new_journal,
     pg_version,
     postgres_connection,
+    store_deadline,
 )
 from touba.errors import ToubaError
 from touba.history._files import check_private_location
@@ -334,12 +335,16 @@ async def _check_postgres(dsn: str, name: str | None, kind: StoreKind) -> Report
     if kind == "history":
         from touba.history.postgres import PostgresHistoryStore
 
-        async with PostgresHistoryStore(dsn, table=name, create=False) as store:
+        async with PostgresHistoryStore(
+            dsn, table=name, create=False, deadline_seconds=store_deadline()
+        ) as store:
             await _history_counts(report, store, f"--dsn DSN --table {shlex.quote(name)}")
     else:
         from touba.memory.postgres import PostgresMemoryStore
 
-        async with PostgresMemoryStore(dsn, prefix=name, create=False) as memory:
+        async with PostgresMemoryStore(
+            dsn, prefix=name, create=False, deadline_seconds=store_deadline()
+        ) as memory:
             await _memory_counts(report, memory)
     return report
 

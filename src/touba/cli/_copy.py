@@ -59,6 +59,7 @@ from touba.cli._stores import (
     open_history,
     open_memory,
     postgres_connection,
+    store_deadline,
 )
 from touba.data import CopyReport, Stores, VerifyReport, copy_stores, copy_worker_id, verify_copy
 from touba.history._common import MiB
@@ -377,7 +378,9 @@ async def _target_checkpoints(
         async with postgres_connection(backend.address) as conn:
             cursor = await conn.execute("SELECT to_regclass('touba_checkpoints') IS NOT NULL")
             row = await cursor.fetchone()
-        pg = PostgresCheckpointStore(backend.address, encryption=encryption)
+        pg = PostgresCheckpointStore(
+            backend.address, encryption=encryption, deadline_seconds=store_deadline()
+        )
         stack.push_async_callback(pg.close)
         await pg.open()
     if not (row and row[0]):
@@ -440,7 +443,12 @@ async def _open_target(target: Side, limits: dict[str, Any]) -> AsyncIterator[Ad
 
             table_name = name or _DEFAULT_TABLE
             pg = PostgresHistoryStore(
-                backend.address, table=table_name, worker_id=worker, create=True, **limits
+                backend.address,
+                table=table_name,
+                worker_id=worker,
+                create=True,
+                deadline_seconds=store_deadline(),
+                **limits,
             )
         existed = await check_store(backend, "history", name=table_name, create=True)
         async with _opened(backend, "history store", pg) as opened:

@@ -44,6 +44,7 @@ from touba.cli._stores import (
     open_history,
     open_memory,
     postgres_connection,
+    store_deadline,
 )
 from touba.data import Stores
 from touba.errors import ToubaError
@@ -295,7 +296,9 @@ async def _open_checkpoints(
     from touba.runtime import PostgresCheckpointStore
 
     await _check_pg_table(backend, "touba_checkpoints", "checkpoint")
-    store = PostgresCheckpointStore(backend.address, encryption=encryption)
+    store = PostgresCheckpointStore(
+        backend.address, encryption=encryption, deadline_seconds=store_deadline()
+    )
     stack.push_async_callback(store.close)
     await store.open()
     return store
@@ -314,7 +317,9 @@ async def _open_resources(
     from touba.runtime import PostgresResourceBinding
 
     await _check_pg_table(backend, "touba_resources", "resource")
-    binding = PostgresResourceBinding(backend.address, encryption=encryption)
+    binding = PostgresResourceBinding(
+        backend.address, encryption=encryption, deadline_seconds=store_deadline()
+    )
     stack.push_async_callback(binding.close)
     await binding.open()
     return binding

@@ -41,6 +41,7 @@ from touba.cli._common import errors, run, scrub
 from touba.cli._common import redact as redact_address
 from touba.cli._kinds import StoreKind, pg_contents, sqlite_contents
 from touba.errors import ToubaError
+from touba.history._deadline import STORE_DEADLINE_SECONDS, check_deadline
 from touba.history._files import check_private_location
 from touba.history._sqlite import describe, failure_kind
 from touba.history._sqlite_schema import SCHEMA_VERSION as HISTORY_SQLITE_VERSION
@@ -69,11 +70,13 @@ __all__ = [
     "open_memory",
     "pg_version",
     "postgres_connection",
+    "store_deadline",
 ]
 
 T = TypeVar("T")
 Kind = Literal["sqlite", "postgresql", "redis"]
 DSN_ENV = "TOUBA_DSN"
+DEADLINE_ENV = "TOUBA_STORE_DEADLINE"
 _OPEN_TIMEOUT = 10
 _NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "redis": "Redis"}
 
@@ -207,6 +210,20 @@ def _opening(backend: Backend, what: str) -> Iterator[None]:
             f"({backend.name}): {escape(reason)}"
         )
         raise typer.Exit(1) from e
+
+
+def store_deadline() -> float:
+    """``deadline_seconds`` of every PostgreSQL store a command opens: the seconds in
+    ``$TOUBA_STORE_DEADLINE`` when set, else the stores' default (10); anything but a
+    positive number is a ConfigurationError naming the variable."""
+    text = os.environ.get(DEADLINE_ENV, "").strip()
+    if not text:
+        return STORE_DEADLINE_SECONDS
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text
+    return check_deadline(value, owner=DEADLINE_ENV, name="its value")
 
 
 def _parts(name: str) -> list[str]:
@@ -479,7 +496,11 @@ async def open_history(
             from touba.history.postgres import PostgresHistoryStore
 
             store = PostgresHistoryStore(
-                backend.address, table=table or "touba_history", create=False, **limits
+                backend.address,
+                table=table or "touba_history",
+                create=False,
+                deadline_seconds=store_deadline(),
+                **limits,
             )
         await check()  # after the constructor, which names a bad table best
         async with _opened(backend, "history store", store) as pg_store:
@@ -550,7 +571,11 @@ async def open_memory(
 
         name = prefix or "touba_memory"
         store = PostgresMemoryStore(
-            backend.address, prefix=name, create=create, encryption=encryption
+            backend.address,
+            prefix=name,
+            create=create,
+            encryption=encryption,
+            deadline_seconds=store_deadline(),
         )
     existed = await check()  # after the constructor, which names a bad prefix best
     async with _opened(backend, "memory store", store) as pg_store:

@@ -27,10 +27,37 @@ because that is the lowest layer with a PostgreSQL store, as
 - **Transactions.** Each call is one READ COMMITTED transaction, whatever
   the connection's default; on the store's own pool, a call of a single
   statement is sent alone (:meth:`OwnedPool.statement`): one round trip.
+- **Deadlines.** Each call on a connection (:meth:`OwnedPool.transaction`,
+  :meth:`OwnedPool.statement`) is bounded by the store's ``deadline_seconds``,
+  from asking for a place to the pool's taking the connection back: the
+  wait for a place and for a connection (``PoolTimeout``), then every
+  statement and the COMMIT. When the time is up during a statement the
+  connection's socket is shut down (:class:`_Watchdog`): psycopg's wait
+  wakes at once with a broken connection, which the pool discards, where
+  cancelling the task would make psycopg send a cancel request on a new
+  connection and wait for it (up to 10 s: a silent network swallows that
+  too). The call fails with :class:`DeadlineExceeded`, which the store turns
+  into its retryable error. A store step of several calls (a history
+  reservation, a save) shares one deadline (:meth:`OwnedPool.round`), and
+  after a call of a public call fails, the next call of that public call on
+  that store (the release that a failure triggers) gets only what is left of
+  the failed one's deadline: a release after a timeout is not attempted, and
+  the failed operation still ends within its deadline. After a deadline
+  failure or a broken connection, the store's own pool is replaced on the
+  next call (its idle connections may be as silent as the one that failed,
+  and psycopg_pool's reconnection backs off for seconds), the old one
+  closed in the background. The own pool's connections also carry libpq's
+  ``connect_timeout``, TCP keepalives and ``tcp_user_timeout`` derived from
+  the deadline (unless the DSN sets them), so the kernel gives up on a
+  silent peer too. Opening (connecting, checking or creating the tables) is
+  bounded by ``max(deadline_seconds, OPEN_TIMEOUT)``. A host's pool is never
+  replaced: its waits and statements are bounded the same way, and a
+  connection cut at its deadline goes back to it broken, to be discarded.
 - **Errors.** A driver error while opening is a ``ConfigurationError``; a
-  lost server, a pool timeout or a broken connection during use becomes the
-  store's own transient error, in :meth:`OwnedPool.transaction` and
-  :meth:`OwnedPool.statement` only, chained with ``raise ... from``.
+  lost server, a pool timeout, a deadline exceeded or a broken connection
+  during use becomes the store's own transient error, in
+  :meth:`OwnedPool.transaction` and :meth:`OwnedPool.statement` only,
+  chained with ``raise ... from``.
 - **Closing.** ``close()`` refuses new calls, lets running ones finish, then
   closes the pool it made (never the host's).
 """
@@ -41,9 +68,13 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
+import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -52,7 +83,7 @@ try:
     from psycopg import AsyncConnection, IsolationLevel, sql
     from psycopg.conninfo import conninfo_to_dict
     from psycopg.rows import tuple_row
-    from psycopg_pool import AsyncConnectionPool
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         'touba\'s PostgreSQL stores need psycopg 3 and psycopg-pool: pip install "touba[postgres]"'
@@ -60,10 +91,12 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError, ToubaError
+from touba.history._deadline import STORE_DEADLINE_SECONDS, check_deadline
 
 __all__ = [
     "FAILURES",
     "Conn",
+    "DeadlineExceeded",
     "OwnedPool",
     "PooledStore",
     "Row",
@@ -87,8 +120,17 @@ Conn = AsyncConnection[Any]
 Query = sql.SQL | sql.Composed | bytes  # bytes: rendered once (see the stores)
 
 #: Driver failures during use that mean "the server or the link failed, retry later".
-#: ``PoolTimeout`` and ``PoolClosed`` are ``OperationalError`` subclasses.
+#: ``PoolTimeout``, ``PoolClosed`` and :class:`DeadlineExceeded` are ``OperationalError``
+#: subclasses.
 FAILURES: Final = (psycopg.OperationalError, psycopg.InterfaceError)
+_LINK_OPTIONS: Final = ("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count")
+
+
+class DeadlineExceeded(psycopg.OperationalError):
+    """A call on a store's connection that outlived the store's ``deadline_seconds``:
+    no place, no connection or no answer in time (the connection, if it had one, was
+    shut down and discarded). A driver failure like the others: the store raises its
+    retryable typed error, chained to this one."""
 
 
 def table_parts(
@@ -167,13 +209,115 @@ async def read_committed(conn: Conn) -> AsyncIterator[None]:
         yield
 
 
-async def _configure(conn: Conn) -> None:
-    """A connection of a store's own pool: READ COMMITTED for the transactions it
-    begins and, in autocommit mode, for the statements that are a transaction
-    of their own (:meth:`OwnedPool.statement`)."""
-    await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
-    await conn.set_autocommit(True)
-    await conn.execute("SET default_transaction_isolation TO 'read committed'")
+def _configurer(deadline: float) -> Callable[[Conn], Any]:
+    """The ``configure`` of a store's own pool: READ COMMITTED for the transactions a
+    connection begins and, in autocommit mode, for the statements that are a
+    transaction of their own (:meth:`OwnedPool.statement`); its one statement bounded
+    by ``deadline`` (a pool worker would otherwise wait on a silent link for good)."""
+
+    async def configure(conn: Conn) -> None:
+        await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
+        await conn.set_autocommit(True)
+        with _Watchdog(conn, asyncio.get_running_loop().time() + deadline):
+            await conn.execute("SET default_transaction_isolation TO 'read committed'")
+
+    return configure
+
+
+def _link_options(dsn: str, deadline: float) -> dict[str, Any]:
+    """libpq settings of the own pool's connections, from ``deadline``, for those the
+    DSN leaves unset: ``connect_timeout`` (whole seconds, at least 2, as libpq
+    counts), TCP keepalives that find a silent idle peer in about twice the
+    deadline, and ``tcp_user_timeout`` (libpq 12+: the kernel drops a connection
+    whose data stays unacknowledged that long)."""
+    given = conninfo_to_dict(dsn)
+    seconds = max(1, math.ceil(deadline))
+    options: dict[str, Any] = {
+        "connect_timeout": _connect_timeout("", deadline),
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": max(1, math.ceil(deadline / 3)),
+        "keepalives_count": 3,
+    }
+    if psycopg.pq.version() >= 120000:
+        options["tcp_user_timeout"] = math.ceil(deadline * 1000)
+    if any(name in given for name in _LINK_OPTIONS):  # the DSN's own keepalive policy
+        options = {k: v for k, v in options.items() if k not in _LINK_OPTIONS}
+    return {k: v for k, v in options.items() if k not in given}
+
+
+def _connect_timeout(dsn: str, deadline: float) -> int:
+    """The DSN's ``connect_timeout``, else the deadline in whole seconds, at least 2
+    (libpq's own floor)."""
+    given = conninfo_to_dict(dsn).get("connect_timeout") if dsn else None
+    if given is not None and str(given).strip().lstrip("-").isdigit():
+        return max(2, int(given))
+    return max(2, math.ceil(deadline))
+
+
+class _Watchdog:
+    """Shuts ``conn``'s socket down at ``until`` (the loop's clock) unless stopped first.
+
+    A statement waiting on a silent network then fails at once with a broken
+    connection (an ``OperationalError``) that the pool discards. Cancelling the
+    task instead would make psycopg send a cancel request on a new connection
+    (swallowed too) and wait up to 10 s. A task its host is already cancelling,
+    stuck in that very request, is cancelled once more (:attr:`recancelled`;
+    the caller takes that request back with ``Task.uncancel``).
+    """
+
+    __slots__ = ("_handle", "_task", "conn", "fired", "recancelled")
+
+    def __init__(self, conn: Conn, until: float) -> None:
+        self.conn = conn
+        self._task = asyncio.current_task()
+        self._handle = asyncio.get_running_loop().call_at(until, self._fire)
+        self.fired = False
+        self.recancelled = False
+
+    def __enter__(self) -> _Watchdog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.cancel()
+        if self.fired:  # even when the call ended just in time: never reuse a cut socket
+            self.conn.pgconn.finish()
+
+    def _fire(self) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError, psycopg.Error):
+            fd = self.conn.pgconn.socket  # raises once the connection is closed
+            with socket.socket(fileno=os.dup(fd)) as sock:  # the duplicate only is closed
+                sock.shutdown(socket.SHUT_RDWR)
+        task = self._task
+        if task is not None and not task.done() and task.cancelling():
+            self.recancelled = True
+            task.cancel()
+
+
+@dataclass(slots=True, eq=False)
+class _Budget:
+    """One public call on one store (:meth:`OwnedPool.using`), for its task: the
+    deadline in force for its next connection when a round is open (``rounds``)
+    or a call just failed (``until``: what is left of the failed one's)."""
+
+    owner: OwnedPool
+    task: asyncio.Task[Any] | None
+    until: float | None = None
+    rounds: int = 0
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("touba_pg_budget", default=None)
+
+
+@contextlib.contextmanager
+def _budget_scope(budget: _Budget) -> Iterator[_Budget]:
+    previous = _BUDGET.get()
+    _BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGET.set(previous)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +437,7 @@ class OwnedPool:
 
     ``unavailable`` turns a driver failure during use into the store's typed
     error; it is called in :meth:`transaction` and :meth:`statement` only.
+    ``deadline`` bounds each of those calls (see the module docstring).
     """
 
     def __init__(
@@ -304,8 +449,10 @@ class OwnedPool:
         schema: Schema,
         unavailable: Callable[[Exception], ToubaError],
         create: bool = True,
+        deadline: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         check_source(owner, dsn, pool)
+        self.deadline = check_deadline(deadline, owner=owner)
         self._create = create
         self._owner = owner
         self._dsn = dsn
@@ -324,6 +471,10 @@ class OwnedPool:
         # connection taken) costs a task and a timer (measured: 8 conversations
         # on 4 connections decided 30 % slower without it).
         self._slots = asyncio.Semaphore(POOL_SIZE) if pool is None else None
+        # The own pool after a deadline failure or a broken connection: replaced on
+        # the next call; the replaced ones close in the background (awaited by close()).
+        self._suspect = False
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def check_open(self) -> None:
         """Raise ConfigurationError once ``close()`` has begun."""
@@ -335,7 +486,8 @@ class OwnedPool:
 
         Raises ConfigurationError (the driver's error chained) when the server
         cannot be reached or the tables cannot be created, and the schema's
-        error for a foreign table or another version.
+        error for a foreign table or another version. Bounded by
+        ``max(deadline, OPEN_TIMEOUT)`` for each of its waits.
         """
         self.check_open()
         if self._ready:
@@ -347,10 +499,13 @@ class OwnedPool:
         self.check_open()
         if self._ready:  # another caller opened it while this one waited
             return
+        limit = max(self.deadline, OPEN_TIMEOUT)
         try:
-            pool = await self._open_pool()
-            async with pool.connection() as conn, read_committed(conn):
-                await self._schema.prepare(conn, self._owner, create=self._create)
+            pool = await self._open_pool(limit)
+            async with pool.connection(timeout=limit) as conn:
+                with _Watchdog(conn, asyncio.get_running_loop().time() + limit):
+                    async with read_committed(conn):
+                        await self._schema.prepare(conn, self._owner, create=self._create)
         except BaseException as e:
             if self._owns_pool:
                 await self._drop_own_pool()
@@ -374,8 +529,10 @@ class OwnedPool:
             self._ready = False
             if self._owns_pool:
                 await self._drop_own_pool()
+        while self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
 
-    async def _open_pool(self) -> AsyncConnectionPool[Any]:
+    async def _open_pool(self, limit: float) -> AsyncConnectionPool[Any]:
         if self._pool is not None:
             if self._pool.closed:
                 raise ConfigurationError(
@@ -386,19 +543,42 @@ class OwnedPool:
         assert self._dsn is not None
         options: dict[str, Any] = {}
         if "connect_timeout" not in conninfo_to_dict(self._dsn):
-            options["connect_timeout"] = int(OPEN_TIMEOUT)
+            options["connect_timeout"] = max(2, math.ceil(limit))
         probe = await psycopg.AsyncConnection.connect(self._dsn, **options)  # fails fast
         await probe.close()
-        self._pool = AsyncConnectionPool(
+        self._pool = self._new_pool()
+        await self._pool.open(wait=True, timeout=limit)
+        return self._pool
+
+    def _new_pool(self) -> AsyncConnectionPool[Any]:
+        assert self._dsn is not None
+        return AsyncConnectionPool(
             self._dsn,
             open=False,
             min_size=1,
             max_size=POOL_SIZE,
             name=f"touba-{self._schema.what}-{self._schema.table}",
-            configure=_configure,
+            kwargs=_link_options(self._dsn, self.deadline),
+            configure=_configurer(self.deadline),
         )
-        await self._pool.open(wait=True, timeout=OPEN_TIMEOUT)
-        return self._pool
+
+    async def _renew_pool(self) -> None:
+        """Replace the own pool (suspect since a deadline failure or a broken
+        connection) with a new one, whose first connection is made at once; the old
+        one closes in the background, its connections in use when they come back."""
+        self._suspect = False
+        old, self._pool = self._pool, self._new_pool()
+        await self._pool.open(wait=False)
+        if old is not None:
+            self._retire(old)
+        logger.info("%s replaced its PostgreSQL pool after a failed call", self._owner)
+
+    def _retire(self, pool: AsyncConnectionPool[Any]) -> None:
+        # Long enough for its workers' connection attempts to end.
+        wait = _connect_timeout(self._dsn or "", self.deadline) + 1.0
+        task = asyncio.create_task(pool.close(timeout=wait))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def _drop_own_pool(self) -> None:
         pool, self._pool = self._pool, None
@@ -412,7 +592,8 @@ class OwnedPool:
         self._users += 1
         self._idle.clear()
         try:
-            yield
+            with _budget_scope(_Budget(self, asyncio.current_task())):
+                yield
         finally:
             self._users -= 1
             if not self._users:
@@ -425,13 +606,52 @@ class OwnedPool:
         async with self.using(), self.transaction() as conn:
             yield conn
 
+    @asynccontextmanager
+    async def round(self) -> AsyncIterator[None]:
+        """One step of a store made of several calls (a reservation, a save): all of
+        them within one ``deadline`` from here. Nested rounds are the outer one's.
+        When the step fails, the next call of the same public call on this store
+        (the release the failure triggers) gets only what is left of it."""
+        budget = self._budget()
+        with contextlib.ExitStack() as scope:
+            if budget is None:  # outside a public call: a scope of its own
+                budget = scope.enter_context(_budget_scope(_Budget(self, asyncio.current_task())))
+            if not budget.rounds:
+                start = asyncio.get_running_loop().time() + self.deadline
+                budget.until = start if budget.until is None else min(start, budget.until)
+            budget.rounds += 1
+            done = False
+            try:
+                yield
+                done = True
+            finally:
+                budget.rounds -= 1
+                if done and not budget.rounds:
+                    budget.until = None
+
+    def _budget(self) -> _Budget | None:
+        budget = _BUDGET.get()
+        if budget is None or budget.owner is not self or budget.task is not asyncio.current_task():
+            return None
+        return budget
+
+    def _until(self, budget: _Budget | None) -> float:
+        """When the next call must be over: ``deadline`` from now, or sooner within a
+        round, or after a failed call (whose leftover serves this one call only)."""
+        until = asyncio.get_running_loop().time() + self.deadline
+        if budget is not None and budget.until is not None:
+            until = min(until, budget.until)
+            if not budget.rounds:
+                budget.until = None
+        return until
+
     def transaction(self) -> AbstractAsyncContextManager[Conn]:
         """One READ COMMITTED transaction on a pooled connection, opening first if needed.
 
-        A driver failure (server gone, broken connection, pool timeout) raises
-        the store's ``unavailable`` error, chained; the transaction was rolled
-        back, unless the link failed during its COMMIT, when it may have
-        committed.
+        A driver failure (server gone, broken connection, pool timeout, the
+        deadline exceeded) raises the store's ``unavailable`` error, chained; the
+        transaction was rolled back, unless the link failed during its COMMIT,
+        when it may have committed.
         """
         return self._connection(alone=False)
 
@@ -450,27 +670,83 @@ class OwnedPool:
     @asynccontextmanager
     async def _connection(self, *, alone: bool) -> AsyncIterator[Conn]:
         """A pooled connection in a READ COMMITTED transaction, or bare for a
-        statement ``alone`` on the own pool (see :meth:`statement`)."""
+        statement ``alone`` on the own pool (see :meth:`statement`), all of it
+        (places, connection, statements, COMMIT) within the deadline."""
         if not self._ready:
             await self.open()
+        budget = self._budget()
+        until = self._until(budget)
+        if self._suspect and self._pool is not None:
+            await self._renew_pool()
         pool = self._pool
         if pool is None:  # only a caller that outlived close() can get here
             raise ConfigurationError(f"this {self._owner} is closed; create a new one")
+        watch: _Watchdog | None = None
         try:
-            async with self._slot(), pool.connection() as conn:
-                if alone and self._owns_pool and conn.autocommit:
-                    yield conn
-                else:
-                    async with read_committed(conn):
+            # (the pool's wait is what is left once a place is taken)
+            async with self._slot(until), pool.connection(timeout=self._left(until)) as conn:
+                with _Watchdog(conn, until) as watch:
+                    if alone and self._owns_pool and conn.autocommit:
                         yield conn
+                    else:
+                        async with read_committed(conn):
+                            yield conn
         except FAILURES as e:
             # The one place driver failures during use become touba errors.
-            raise self._unavailable(e) from e
+            if budget is not None:
+                budget.until = until  # what the rest of this public call may use
+            error: Exception = e
+            if isinstance(e, PoolTimeout) or (watch is not None and watch.fired):
+                error = self._exceeded(e, "no answer" if watch else "no connection from the pool")
+            self._suspect_after(pool, watch, timed_out=error is not e)
+            raise self._unavailable(error) from error
+        except BaseException:  # a cancellation (its host's), or an error of the caller's
+            self._suspect_after(pool, watch, timed_out=False)
+            if watch is not None and watch.recancelled:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # ours: the host's own cancellation goes on
+            raise
 
-    def _slot(self) -> AbstractAsyncContextManager[Any]:
-        """A place among the own pool's connections (nothing to take from a host's pool,
-        which others may use too)."""
-        return self._slots if self._slots is not None else contextlib.nullcontext()
+    def _suspect_after(
+        self, pool: AsyncConnectionPool[Any], watch: _Watchdog | None, *, timed_out: bool
+    ) -> None:
+        """After a failed call: the own pool is replaced on the next call when the
+        call timed out or its connection broke (its other connections may have lived
+        through the same outage), unless it was replaced since."""
+        broken = watch is not None and (watch.fired or watch.conn.closed)
+        if self._owns_pool and pool is self._pool and (timed_out or broken):
+            self._suspect = True
+
+    def _left(self, until: float) -> float:
+        """Seconds left before ``until``; DeadlineExceeded when none."""
+        left = until - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise self._exceeded(None, "no time left (a call before it failed)")
+        return left
+
+    def _exceeded(self, cause: BaseException | None, what: str) -> DeadlineExceeded:
+        error = DeadlineExceeded(f"{what} within deadline_seconds={self.deadline:g}")
+        error.__cause__ = cause
+        return error
+
+    @asynccontextmanager
+    async def _slot(self, until: float) -> AsyncIterator[None]:
+        """A place among the own pool's connections, waited for until ``until`` (nothing
+        to take from a host's pool, which others may use too)."""
+        if self._slots is None:
+            self._left(until)
+            yield
+            return
+        try:
+            async with asyncio.timeout_at(until):
+                await self._slots.acquire()
+        except TimeoutError as e:
+            raise self._exceeded(None, "no free connection") from e
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
 class PooledStore(AsyncClosing):

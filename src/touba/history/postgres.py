@@ -111,6 +111,7 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.history._pg import FAILURES, OwnedPool, PooledStore, Schema, table_parts
 from touba.history._pg import Conn as _Conn
 from touba.history._pg import row as _row
@@ -214,7 +215,8 @@ class _Backend:
     async def reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
         """Reserve ``key`` in its own committed transaction, or refuse at once."""
         try:
-            return await self._reserve(key, reservation, read)
+            async with self._store._pg.round():  # one deadline for the whole reservation
+                return await self._reserve(key, reservation, read)
         except ToubaError as e:
             if isinstance(e, DecisionHistoryStoreUnavailable):  # the commit may have happened
                 await self._release_after(e, key, reservation.token)
@@ -301,7 +303,8 @@ class _Backend:
 
     async def save(self, key: str, token: str, write: Write) -> None:
         """Check token and capacity, then write, in one transaction."""
-        await self._store._in_room(lambda exact: self._save(key, token, write, exact))
+        async with self._store._pg.round():  # one deadline, whatever _in_room retries
+            await self._store._in_room(lambda exact: self._save(key, token, write, exact))
 
     async def _save(self, key: str, token: str, write: Write, exact: bool) -> None:
         store, s = self._store, self._sql
@@ -485,6 +488,14 @@ class PostgresHistoryStore(PooledStore):
     plaintext. A value that does not open (plaintext, altered, moved, an unknown
     key) is refused with ``DecisionHistoryRecordInvalid``; so is a sealed value in
     a store opened without ``encryption``. Without it nothing is encrypted.
+
+    ``deadline_seconds`` (default 10) bounds each store step: a reservation, a
+    save, a release, a read, each waiting for a connection and every statement
+    included. A network that goes silent fails the step with
+    ``DecisionHistoryStoreUnavailable`` (retryable) within it; the release a
+    failure triggers gets what is left of the failed step's deadline (see
+    :mod:`touba.history._pg`). A reservation whose reply was lost stays, as a
+    crashed worker's does, until ``recover``.
     """
 
     log_drops = True
@@ -501,6 +512,7 @@ class PostgresHistoryStore(PooledStore):
         worker_id: str | None = None,
         create: bool = True,
         encryption: Encryption | None = None,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         parts = table_parts(table, example="touba_history")
         check_limits_config(
@@ -523,7 +535,9 @@ class PostgresHistoryStore(PooledStore):
             ),
             unavailable=_unavailable,
             create=create,
+            deadline=deadline_seconds,
         )
+        self.deadline_seconds = self._pg.deadline
         self.table = table
         self.max_sessions = max_sessions
         self.max_store_bytes = max_store_bytes

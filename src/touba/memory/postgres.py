@@ -32,6 +32,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from touba._encryption import Encryption
 from touba.errors import MemoryStoreUnavailable
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.history._pg import (
     Conn,
     OwnedPool,
@@ -139,6 +140,9 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
     extraction job ops and results are sealed at rest, bound to ``prefix`` (see
     :mod:`touba.memory._sealed`), a row that does not open raising
     ``DecisionHistoryRecordInvalid``; ``rekey()`` rotates keys.
+    ``deadline_seconds`` (default 10) bounds each operation, waiting for a
+    connection and every statement included: a network that goes silent fails it
+    with ``MemoryStoreUnavailable`` (retryable) within that time.
     """
 
     def __init__(
@@ -150,6 +154,7 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
         clock: Clock = utc_now,
         create: bool = True,
         encryption: Encryption | None = None,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         *schema, name = table_parts(prefix, example="touba_memory", argument="prefix", longest=40)
         check_clock(clock)
@@ -198,7 +203,9 @@ class PostgresMemoryStore(PooledStore, SqlMemoryStore):
             ),
             unavailable=_unavailable,
             create=create,
+            deadline=deadline_seconds,
         )
+        self.deadline_seconds = self._pg.deadline
 
     # -- the backend's part --------------------------------------------------------------
 

@@ -60,6 +60,7 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
 
 from touba._encryption import Encryption
 from touba.errors import CheckpointStoreUnavailable, ConfigurationError
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.history._model import JSON
 from touba.history._pg import (
     OwnedPool,
@@ -215,6 +216,9 @@ class PostgresCheckpointStore(PooledStore):
     trace: ``encryption`` (a :class:`touba.Encryption`) seals each body at rest
     (see the module notes); a body that does not open raises
     ``DecisionHistoryRecordInvalid``; ``rekey()`` rotates keys.
+    ``deadline_seconds`` (default 10) bounds each operation, waiting for a
+    connection and every statement included: a network that goes silent fails it
+    with ``CheckpointStoreUnavailable`` (retryable) within that time.
     """
 
     durable = True
@@ -226,6 +230,7 @@ class PostgresCheckpointStore(PooledStore):
         pool: AsyncConnectionPool[Any] | None = None,
         table: str = "touba_checkpoints",
         encryption: Encryption | None = None,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         parts = table_parts(table, example="touba_checkpoints")
         self._seal = RowSeal(encryption, "touba.checkpoints", table, "body")
@@ -237,7 +242,9 @@ class PostgresCheckpointStore(PooledStore):
             pool=pool,
             schema=Schema.of(parts, self._sql.create, version=SCHEMA_VERSION, what="checkpoint"),
             unavailable=_unavailable,
+            deadline=deadline_seconds,
         )
+        self.deadline_seconds = self._pg.deadline
         self.table = table
 
     async def save(self, checkpoint_id: str, checkpoint: dict[str, JSON]) -> None:

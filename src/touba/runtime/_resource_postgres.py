@@ -44,6 +44,7 @@ except ImportError as e:  # pragma: no cover - exercised in a test with psycopg 
 
 from touba._encryption import Encryption
 from touba.errors import ConfigurationError, ResourceBindingUnavailable
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.history._model import JSON
 from touba.history._pg import OwnedPool, PooledStore, Schema, has_nul, row, rows, run, table_parts
 from touba.runtime._resources import ResourceAddress, ResourceItem, encode_value, scope_keys_of
@@ -141,6 +142,9 @@ class PostgresResourceBinding(PooledStore):
     :class:`touba.Encryption`): each value is sealed at rest (see the module
     notes); a value that does not open raises ``DecisionHistoryRecordInvalid``;
     ``rekey()`` rotates keys. Bounds (``max_value_bytes``) count the plaintext.
+    ``deadline_seconds`` (default 10) bounds each operation, waiting for a
+    connection and every statement included: a network that goes silent fails it
+    with ``ResourceBindingUnavailable`` (retryable) within that time.
     """
 
     def __init__(
@@ -150,6 +154,7 @@ class PostgresResourceBinding(PooledStore):
         pool: AsyncConnectionPool[Any] | None = None,
         table: str = "touba_resources",
         encryption: Encryption | None = None,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         parts = table_parts(table, example="touba_resources")
         self._seal = RowSeal(encryption, "touba.resources", table, "value")
@@ -161,7 +166,9 @@ class PostgresResourceBinding(PooledStore):
             pool=pool,
             schema=Schema.of(parts, self._sql.create, version=SCHEMA_VERSION, what="resource"),
             unavailable=_unavailable,
+            deadline=deadline_seconds,
         )
+        self.deadline_seconds = self._pg.deadline
         self.table = table
 
     async def get(self, address: ResourceAddress, key: str) -> ResourceItem | None:

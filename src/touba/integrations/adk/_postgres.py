@@ -96,6 +96,7 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.history._pg import Conn, OwnedPool, Schema, lock_key, table_parts
 from touba.integrations.adk._backend import (
     AdkLimits,
@@ -530,11 +531,19 @@ class PostgresAdkBackend:
     its first call) and closes its own pool of 1 to 4 connections. ``limits``
     are touba's bounds (:class:`AdkLimits`). ``table_prefix`` names the tables
     (``"myschema.adk"``: ``myschema.adk_sessions``, ...; the schema must exist).
-    See the module docstring for what each call does and costs.
+    ``deadline_seconds`` bounds each call, waiting for a connection included: a
+    network that goes silent fails it with ``DecisionHistoryStoreUnavailable``
+    (retryable) within that time. See the module docstring for what each call
+    does and costs.
     """
 
     def __init__(
-        self, dsn: str, limits: AdkLimits | None = None, *, table_prefix: str = "touba_adk"
+        self,
+        dsn: str,
+        limits: AdkLimits | None = None,
+        *,
+        table_prefix: str = "touba_adk",
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         parts = table_parts(table_prefix, example="touba_adk", argument="table_prefix")
         self.table_prefix = table_prefix
@@ -555,6 +564,7 @@ class PostgresAdkBackend:
                 mismatch=DecisionHistoryRecordInvalid,
             ),
             unavailable=_unavailable,
+            deadline=deadline_seconds,
         )
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -130,6 +130,7 @@ from google.adk.sessions.state import State
 
 from touba._closing import AsyncClosing
 from touba.errors import ConfigurationError
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.integrations.adk._backend import (
     AdkBackend,
     AdkLimits,
@@ -300,16 +301,22 @@ class ToubaSessionService(AsyncClosing, BaseSessionService):
         *,
         table_prefix: str = "touba_adk",
         share_events: bool = False,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
         **limits: Any,
     ) -> ToubaSessionService:
         """Sessions in PostgreSQL tables named ``<table_prefix>_...``, opened on first use.
 
-        ``table_prefix`` may be schema-qualified (``"myschema.adk"``). Needs
+        ``table_prefix`` may be schema-qualified (``"myschema.adk"``).
+        ``deadline_seconds`` bounds each store call (a silent network fails it with
+        the retryable ``DecisionHistoryStoreUnavailable`` within that time). Needs
         ``pip install "touba[postgres]"``.
         """
         module = importlib.import_module("touba.integrations.adk._postgres")
         backend: AdkBackend = module.PostgresAdkBackend(
-            dsn, table_prefix=table_prefix, limits=_limits(limits)
+            dsn,
+            table_prefix=table_prefix,
+            limits=_limits(limits),
+            deadline_seconds=deadline_seconds,
         )
         return cls(backend, share_events=share_events)
 

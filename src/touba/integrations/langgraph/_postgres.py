@@ -76,6 +76,7 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.history._pg import (
     Conn,
     OwnedPool,
@@ -340,11 +341,19 @@ class PostgresSaverBackend:
     connections on first use and closes it in :meth:`close`. ``table_prefix`` names the
     tables (``"touba_lg"`` -> ``touba_lg_checkpoints``, ...; ``"app.lg"`` ->
     ``app.lg_checkpoints``, ...), a plain identifier optionally schema-qualified;
-    anything else raises ``ConfigurationError`` at construction. See the module
-    docstring for the rules.
+    anything else raises ``ConfigurationError`` at construction.
+    ``deadline_seconds`` bounds each call, waiting for a connection included: a
+    network that goes silent fails it with ``DecisionHistoryStoreUnavailable``
+    (retryable) within that time. See the module docstring for the rules.
     """
 
-    def __init__(self, dsn: str, *, table_prefix: str = "touba_lg") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table_prefix: str = "touba_lg",
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
+    ) -> None:
         parts = table_parts(table_prefix, example="touba_lg", argument="table_prefix", longest=47)
         self._sql = Statements(parts)
         self._pg = OwnedPool(
@@ -361,6 +370,7 @@ class PostgresSaverBackend:
                 lock=lock_key(f"touba.langgraph.postgres:schema:{table_prefix}"),
             ),
             unavailable=_unavailable,
+            deadline=deadline_seconds,
         )
         self.table_prefix = table_prefix
 

@@ -102,6 +102,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from touba.errors import ConfigurationError, DecisionHistoryRecordInvalid
+from touba.history._deadline import STORE_DEADLINE_SECONDS
 from touba.integrations.langgraph._backend import (
     ChannelBlob,
     CheckpointPage,
@@ -307,14 +308,19 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         table_prefix: str = "touba_lg",
         serde: SerializerProtocol | None = None,
         log_channels: Collection[str] = ("messages",),
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> ToubaSaver:
         """A saver in PostgreSQL tables named ``{table_prefix}_...`` (schema-qualified
-        prefixes accepted), connected on first use. Needs ``touba[postgres]``."""
+        prefixes accepted), connected on first use. ``deadline_seconds`` bounds each
+        store call (a silent network fails it with the retryable
+        ``DecisionHistoryStoreUnavailable`` within that time). Needs ``touba[postgres]``."""
         from touba.integrations.langgraph._postgres import (  # type: ignore[import-not-found,unused-ignore]
             PostgresSaverBackend,
         )
 
-        backend: SaverBackend = PostgresSaverBackend(dsn, table_prefix=table_prefix)
+        backend: SaverBackend = PostgresSaverBackend(
+            dsn, table_prefix=table_prefix, deadline_seconds=deadline_seconds
+        )
         return cls(backend, serde=serde, log_channels=log_channels)
 
     @classmethod
