@@ -254,6 +254,7 @@ class PrivatePostgres(_Server):
             "fsync": "on",
             "synchronous_commit": "on",
             "full_page_writes": "on",
+            "recovery_init_sync_method": "syncfs",  # one syncfs() at crash recovery
             "max_connections": "100",
             "shared_buffers": "32MB",
             **self.settings,
