@@ -83,6 +83,7 @@ class CrashReport:
     reserved_after: int = 0
     recovered_after: int = 0
     unrecoverable: list[str] = field(default_factory=list)
+    left: Counter[str] = field(default_factory=Counter)  # reservations left, by namespace
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds of each phase
     workers: list[dict[str, Any]] = field(default_factory=list)
@@ -95,7 +96,8 @@ class CrashReport:
             f"untyped {len(self.untyped)}, timeouts {self.timeouts}, stalled "
             f"{len(self.stalled)}; typed errors: {typed}; recovered by workers "
             f"{self.recovered_by_workers}, reservations left {self.reserved_after} "
-            f"(recovered {self.recovered_after}); {self.seconds:.0f} s {self.phases}"
+            f"(recovered {self.recovered_after}) {dict(self.left)}; {self.seconds:.0f} s "
+            f"{self.phases}"
         )
 
 
@@ -205,6 +207,7 @@ async def _check(run: _Run, report: CrashReport) -> None:
         for row in await store.list(None, purge=False):
             if row.reservation is not None:
                 report.reserved_after += 1
+                report.left[(row.identity or {}).get("namespace", "?")] += 1
                 if await store.recover(row.key, worker_stopped=True):
                     report.recovered_after += 1
                 else:
