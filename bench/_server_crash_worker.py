@@ -73,6 +73,7 @@ class Worker:
         self.untyped: list[str] = []
         self.timeouts = 0
         self.recovered = 0
+        self.slowest_failure = 0.0  # seconds of the longest op that failed
 
     def ack(self, entry: dict[str, Any]) -> None:
         self._acks.write(json.dumps(entry) + "\n")
@@ -83,6 +84,7 @@ class Worker:
     async def attempt(self, op: Awaitable[Any]) -> tuple[bool, Any]:
         """Await one op under the worker's bound; (True, its result) or (False, the error)."""
         self.ops += 1
+        started = time.monotonic()
         try:
             async with asyncio.timeout(self.op_seconds):
                 return True, await op
@@ -91,6 +93,7 @@ class Worker:
             return False, e
         except Exception as e:
             self.saw(e)
+            self.slowest_failure = max(self.slowest_failure, time.monotonic() - started)
             return False, e
 
     def saw(self, error: BaseException) -> None:
@@ -117,6 +120,7 @@ class Worker:
             "untyped": self.untyped,
             "timeouts": self.timeouts,
             "recovered": self.recovered,
+            "slowest_failure": round(self.slowest_failure, 2),
         }
 
 

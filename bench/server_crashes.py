@@ -84,6 +84,7 @@ class CrashReport:
     recovered_after: int = 0
     unrecoverable: list[str] = field(default_factory=list)
     left: Counter[str] = field(default_factory=Counter)  # reservations left, by namespace
+    slowest_failure: float = 0.0  # seconds: the longest op that failed, in any worker
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds of each phase
     workers: list[dict[str, Any]] = field(default_factory=list)
@@ -94,7 +95,8 @@ class CrashReport:
             f"{self.server:9} seed {self.seed}: {self.kills} kills, {self.acked} acknowledged "
             f"writes, lost {len(self.lost)}, half-written {len(self.half_written)}, "
             f"untyped {len(self.untyped)}, timeouts {self.timeouts}, stalled "
-            f"{len(self.stalled)}; typed errors: {typed}; recovered by workers "
+            f"{len(self.stalled)}; typed errors: {typed} (the slowest failed op took "
+            f"{self.slowest_failure:.1f} s); recovered by workers "
             f"{self.recovered_by_workers}, reservations left {self.reserved_after} "
             f"(recovered {self.recovered_after}) {dict(self.left)}; {self.seconds:.0f} s "
             f"{self.phases}"
@@ -181,6 +183,7 @@ class _Run:
             report.untyped.extend(f"{config['name']}: {u}" for u in seen["untyped"])
             report.timeouts += seen["timeouts"]
             report.recovered_by_workers += seen["recovered"]
+            report.slowest_failure = max(report.slowest_failure, seen["slowest_failure"])
 
 
 async def _prepare(run: _Run) -> None:
@@ -207,7 +210,7 @@ async def _check(run: _Run, report: CrashReport) -> None:
         for row in await store.list(None, purge=False):
             if row.reservation is not None:
                 report.reserved_after += 1
-                report.left[(row.identity or {}).get("namespace", "?")] += 1
+                report.left[_namespace_of(row.key)] += 1
                 if await store.recover(row.key, worker_stopped=True):
                     report.recovered_after += 1
                 else:
@@ -240,6 +243,16 @@ async def _check(run: _Run, report: CrashReport) -> None:
                 await _check_events(run, config, acks, report)
     finally:
         await store.close()
+
+
+def _namespace_of(key: str) -> str:
+    """The workers' namespace a conversation key (``th1:<ns hash>:...``) belongs to."""
+    import hashlib
+
+    for name in ("crashes", "chat"):
+        if key.startswith(f"th1:{hashlib.sha256(name.encode()).hexdigest()[:12]}:"):
+            return name
+    return "other"
 
 
 async def _check_chat(
