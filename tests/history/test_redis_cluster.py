@@ -161,6 +161,9 @@ async def test_decisions_and_session_operations_on_a_cluster(client: RedisCluste
     record = await store.read(identity.key)
     assert record is not None
     assert record["stats"]["exchanges"] == 8
+    usage = await store.usage()  # read on the node holding the store's slot
+    assert usage.durability is not None
+    assert usage.durability.startswith("no persistence")  # the nodes run without any
 
     session = ToubaSession("s", store=store, namespace="ns", max_messages=4)
     items: list[Any] = [

@@ -79,12 +79,20 @@ class StoreUsage:
     ``sessions`` counts the conversations held, reservations of keys that have
     no record yet included (a new conversation claims its place when it is
     reserved); ``bytes`` what they retain, by the store's own measure.
+
+    ``durability`` (``RedisHistoryStore`` only; None elsewhere and before the store
+    has reached its server) says in a short, stable text whether a write the server
+    acknowledged survives a server crash, from its persistence settings, e.g.
+    ``"appendfsync everysec: up to 1 s of acknowledged writes can be lost on a server
+    crash"``, or ``"unknown: ..."`` when the server refuses ``CONFIG GET``. It is
+    not part of the comparison: two usages are equal when they are as full.
     """
 
     sessions: int
     max_sessions: int
     bytes: int
     max_store_bytes: int
+    durability: str | None = field(default=None, compare=False)
 
     @property
     def fraction(self) -> float:

@@ -98,6 +98,7 @@ from touba.history._common import (
 from touba.history._lua import load
 from touba.history._record import join_record
 from touba.history._redis_client import redis_client, slot_base
+from touba.history._redis_durability import SETTINGS, durability_of
 from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_text
 from touba.history._repair_write import write_repair
 from touba.history._reservations import MAX_TAIL, Recent, Reservations
@@ -118,7 +119,9 @@ from touba.history._store import (
 
 try:
     import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import NoScriptError, RedisError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as e:  # pragma: no cover - exercised by a test that hides redis
     raise ImportError(
         'touba.history.redis needs redis-py; install it with: pip install "touba[redis]"'
@@ -521,6 +524,13 @@ class RedisHistoryStore(AsyncClosing):
     without ``encryption``. An encrypted store reserves for every operation (its
     optimistic reads and appends compare stored rows as text, which sealing
     makes differ). Without it nothing is encrypted.
+
+    Durability: entering the store (``async with``), or else its first command, reads
+    the server's ``appendonly``, ``appendfsync`` and ``save`` once (one more round
+    trip); ``usage().durability`` then says whether an acknowledged write survives a
+    server crash, and settings that can lose one are logged once as a warning
+    (:mod:`touba.history._redis_durability`; only ``appendonly yes`` with
+    ``appendfsync always`` keeps every write).
     """
 
     log_drops = True
@@ -565,6 +575,8 @@ class RedisHistoryStore(AsyncClosing):
         self._list_script = register(load("list").source)
         self._exchanges = register(load("exchanges").source)
         self._closed = False
+        self._durability: str | None = None
+        self._durability_read = False
         worker = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._backend = _Backend(self)
         self.encryption = check_encryption(encryption)
@@ -584,7 +596,60 @@ class RedisHistoryStore(AsyncClosing):
             with _driver_errors("close"):
                 await self._client.aclose()
 
+    async def _enter(self) -> None:
+        await self._read_durability()
+
     # -- internals ------------------------------------------------------------------
+
+    async def _read_durability(self) -> None:
+        """Read the server's persistence settings once; warn when they can lose an
+        acknowledged write. A connection failure leaves it for the next command (which
+        raises its own error); a refused ``CONFIG GET`` gives "unknown"."""
+        if self._durability_read:
+            return
+        self._durability_read = True  # first: concurrent first commands read it once
+        try:
+            settings = await self._persistence_settings()
+        except (RedisConnectionError, RedisTimeoutError):
+            self._durability_read = False
+            return
+        except RedisError:  # NOPERM, an unknown command: a managed service or an ACL
+            settings = None
+        self._durability, safe = durability_of(settings)
+        if settings is None:
+            logger.info("RedisHistoryStore: durability %s", self._durability)
+        elif not safe:
+            logger.warning(
+                "RedisHistoryStore: the Redis server may lose acknowledged writes: %s. Set "
+                "appendonly yes and appendfsync always to keep every one (docs: "
+                "operations/failures.md, Redis persistence and durability)",
+                self._durability,
+            )
+
+    async def _persistence_settings(self) -> dict[str, str] | None:
+        """``appendonly``, ``appendfsync`` and ``save`` of the server holding this store's
+        slot (one round trip); None when a reply cannot be read."""
+        client = self._client
+        if isinstance(client, aioredis.RedisCluster):
+            await client.initialize()  # the slot map (idempotent; a command does it too)
+            node = client.get_node_from_key(self._store_keys[0])
+            answers = [
+                await client.execute_command("CONFIG GET", name, target_nodes=node)
+                for name in SETTINGS
+            ]
+        else:
+            async with client.pipeline(transaction=False) as pipe:
+                for name in SETTINGS:
+                    pipe.config_get(name)
+                answers = await pipe.execute()
+        settings: dict[str, str] = {}
+        for name, reply in zip(SETTINGS, answers, strict=True):
+            if not isinstance(reply, dict):
+                return None
+            for found, value in reply.items():
+                if replies.text(found) == name:
+                    settings[name] = replies.text(value)
+        return settings
 
     def _keys(self, key: str) -> _Keys:
         check_key(key)
@@ -610,6 +675,8 @@ class RedisHistoryStore(AsyncClosing):
         pipelined after it (``atomic``: both in one MULTI), and the reply is
         ``(script reply, rows)``."""
         self._check_open()
+        if not self._durability_read:
+            await self._read_durability()
         with _driver_errors(what):
             if rows is None:
                 return await script(keys=keys, args=args)
@@ -636,6 +703,8 @@ class RedisHistoryStore(AsyncClosing):
 
     async def _lrange(self, name: str, start: int, stop: int) -> list[Any]:
         self._check_open()
+        if not self._durability_read:
+            await self._read_durability()
         with _driver_errors("a read"):
             return list(await self._client.lrange(name, start, stop))
 
@@ -659,7 +728,9 @@ class RedisHistoryStore(AsyncClosing):
         return busy(key, held)
 
     def _usage_of(self, sessions: Any, size: Any) -> StoreUsage:
-        return StoreUsage(int(sessions), self.max_sessions, int(size), self.max_store_bytes)
+        return StoreUsage(
+            int(sessions), self.max_sessions, int(size), self.max_store_bytes, self._durability
+        )
 
     # -- the contract ----------------------------------------------------------------
 
