@@ -237,7 +237,9 @@ class _Backend:
         # and reads the usage and the tail (or every message) in the same statement.
         async with store._statement() as conn:
             found = await _rows(
-                conn, s.claim_live, (*holder, holder[0], key, read.cached, sizes, bodies, bodies)
+                conn,
+                s.claim_live,
+                (*holder, holder[0], key, key, read.cached, sizes, bodies, bodies),
             )
         if found:
             _, exchanges, messages, size, head, split, version, sessions, used = found[0]
