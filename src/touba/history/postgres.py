@@ -683,9 +683,12 @@ class PostgresHistoryStore(PooledStore):
 
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; False when absent. ``DecisionHistoryBusy``
-        while reserved."""
+        while reserved (a reservation of this store object's that a failure left
+        is released first)."""
         check_key(key)
         s = self._sql
+        async with self._using():
+            await self._reservations.settle(key)
         async with self._pg.call() as conn:
             await _run(conn, s.lock_shared)  # before the row lock: it deletes
             await _run(conn, s.purge_key, (key,))

@@ -736,7 +736,10 @@ class RedisHistoryStore(AsyncClosing):
         return join_record(head, exchanges)
 
     async def delete(self, key: str) -> bool:
-        """Delete an inactive conversation; False if it was absent or expired."""
+        """Delete an inactive conversation; False if it was absent or expired.
+        ``DecisionHistoryBusy`` while reserved (a reservation of this store object's
+        that a failure left is released first)."""
+        await self._reservations.settle(key)
         reply = await self._conv(self._delete_script, self._keys(key), (), "a delete")
         status = replies.text(reply[0])
         if status == "busy":
