@@ -152,7 +152,7 @@ async def _waiting_at_the_gate(conn: psycopg.Connection[Any], task: asyncio.Task
 
 
 WORKERS = 6
-ATTEMPTS = 60  # per worker
+ATTEMPTS = 40  # per worker
 
 
 async def test_workers_hammering_one_conversation_never_find_it_damaged(
