@@ -12,6 +12,7 @@ failure under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -85,7 +86,7 @@ async def test_a_live_worker_decides_again_after_the_server_crashed_without_reco
             server.restart()
             with pytest.raises(DecisionHistoryBusy):  # the reservation survived the crash
                 await _until_up(lambda: other.read(WHO.key))
-            await _until_up(lambda outage=outage: decide(f"d{outage + 1}"))
+            await _until_up(functools.partial(decide, f"d{outage + 1}"))
         record = await other.read(WHO.key)  # free: not DecisionHistoryBusy
         assert record is not None
         texts = [m["text"] for ex in record["exchanges"] for m in ex]
