@@ -441,7 +441,8 @@ class _Backend:
         except Exception as e:
             error.add_note(
                 f"touba: could not release the reservation of {key} ({e!r}); if it was taken, "
-                "the key answers DecisionHistoryBusy until recover(key, worker_stopped=True)"
+                "this store object releases it before its next operation on the key (else "
+                "recover(key, worker_stopped=True))"
             )
 
     async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
@@ -853,8 +854,8 @@ def _parsed_identity(text: str | None) -> dict[str, str] | None:
 def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
     return DecisionHistoryStoreUnavailable(
         f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; "
-        "a conversation whose reservation could not be released answers "
-        "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
+        "a conversation whose reservation could not be released is released by this "
+        "store object's next operation on it, or by store.recover(key, worker_stopped=True)"
     )
 
 
