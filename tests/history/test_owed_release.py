@@ -217,3 +217,28 @@ async def test_redis_worker_releases_its_own_reservation_after_an_outage(
     await _until_up(lambda: history.step(WHO, [], _saying("second")))
     assert _texts(await other.read(WHO.key)) == ["first", "second"]
     assert len(worker._reservations.owed) == 0
+
+
+# -- the bookkeeping -----------------------------------------------------------------------
+
+
+def test_owed_releases_are_per_key_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    from touba.history._reservations import MAX_OWED, Owed
+
+    owed = Owed()
+    owed.add("k", "t1")
+    owed.add("k", "t2")
+    assert sorted(owed.of("k")) == ["t1", "t2"]
+    assert owed.of("other") == ()
+    owed.paid("k", "t1")
+    assert owed.of("k") == ("t2",)
+    assert "k" in owed
+    owed.paid("k", "t2")
+    assert "k" not in owed
+    assert len(owed) == 0
+    for n in range(MAX_OWED + 1):
+        owed.add(f"k{n}", "t")
+    assert len(owed) == MAX_OWED
+    assert "k0" not in owed
+    assert f"k{MAX_OWED}" in owed
+    assert "stays busy until store.recover" in caplog.text
