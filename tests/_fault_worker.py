@@ -182,6 +182,92 @@ async def history_save(directory: Path, name: str, error: int, once: bool) -> di
     return {"error": failed, **await history_after(store, history, before)}
 
 
+async def history_save_stuck_live(directory: Path) -> dict[str, Any]:
+    """The save and its release both fail; once the disk works again, the same worker
+    decides again without ``recover`` (its store object releases its own reservation
+    first), while another worker found the key held until then."""
+    store, history, before = await started(directory)
+    failed = await outcome(
+        history.step(IDENTITY, ANSWER, model(lambda: FAULTS.enable(WRITE, errno.EIO)))
+    )
+    FAULTS.disable(WRITE)
+    other = SqliteHistoryStore(directory / "history.sqlite")
+    held = await outcome(other.read(IDENTITY.key))
+    kept = await other.read_saved(IDENTITY.key) == before
+    retried = await outcome(history.step(IDENTITY, ANSWER, model()))
+    final = await other.read_saved(IDENTITY.key)
+    free = not any(row.active for row in await other.list())
+    await other.close()
+    await store.close()
+    return {
+        "error": failed,
+        "held_for_others": held,
+        "kept": kept,
+        "retry": retried,
+        "free": free,
+        "saved": final is not None and final["pending"] == [] and len(final["exchanges"]) == 2,
+    }
+
+
+async def history_random_live(directory: Path) -> dict[str, Any]:
+    """Random write, sync and read faults over many decisions of one live worker that
+    never calls ``recover``: no decision is ever refused busy (the worker frees its own
+    reservation whenever a failed release left it), nothing lost, no ghost."""
+    store = SqliteHistoryStore(directory / "history.sqlite")
+    history = DecisionHistory(HistoryConfig(store=store, namespace="faults"))
+    busy: list[str] = []
+    untyped: list[str] = []
+    failures = successes = stuck = 0
+    pending: list[Observation] = []
+    for turn in range(120):
+        call = CapabilityCall(f"c{turn}", "lookup", {"turn": turn})
+
+        async def generate(window: HistoryWindow, call: CapabilityCall = call) -> DecisionMessage:
+            return DecisionMessage(calls=(call,))
+
+        for point in (WRITE, SYNC, "posix/io/rw/pread"):
+            FAULTS.enable_random(point, errno.EIO, 0.04)
+        try:
+            await history.step(IDENTITY, pending, generate)
+            pending = [Observation(call.call_id, "lookup", {"turn": turn}, "ok", turn)]
+            successes += 1
+        except Exception as e:
+            failures += 1
+            if type(e).__name__ == "DecisionHistoryBusy":
+                busy.append(str(e))
+            elif type(e).__module__ != "touba.errors":
+                untyped.append(f"{type(e).__name__}: {e}")
+            stuck += "could not be released" in str(e)
+        finally:
+            FAULTS.disable(WRITE, SYNC, "posix/io/rw/pread")
+        stored = await store.read_saved(IDENTITY.key)  # what the next decision builds on
+        pending = (
+            []
+            if stored is None
+            else [
+                Observation(p["call_id"], "lookup", {"turn": int(p["call_id"][1:])}, "ok", 0)
+                for p in stored["pending"]
+            ]
+        )
+    last = await outcome(history.step(IDENTITY, pending, model()))  # the disk works
+    if last is None:
+        successes += 1
+    elif last["type"] == "DecisionHistoryBusy":
+        busy.append(last["message"])
+    stored = await store.read_saved(IDENTITY.key)
+    await store.close()
+    return {
+        "busy": busy,
+        "untyped": untyped,
+        "failures": failures,
+        "successes": successes,
+        "last": last,
+        "stuck": stuck,
+        "exchanges": 0 if stored is None else len(stored["exchanges"]),
+        "stats": None if stored is None else stored["stats"]["exchanges"],
+    }
+
+
 async def history_reserve(directory: Path) -> dict[str, Any]:
     """The fault strikes the reservation itself: nothing is held, nothing to recover."""
     store, history, before = await started(directory)
@@ -335,7 +421,9 @@ SCENARIOS: dict[str, Callable[[Path], Coroutine[Any, Any, dict[str, Any]]]] = {
     "history-save-full-once": lambda d: history_save(d, WRITE, errno.ENOSPC, True),
     "history-save-sync-once": lambda d: history_save(d, SYNC, errno.EIO, True),
     "history-save-stuck": lambda d: history_save(d, WRITE, errno.EIO, False),
+    "history-save-stuck-live": history_save_stuck_live,
     "history-reserve-readonly": history_reserve,
+    "history-random-live": history_random_live,
     "history-open-readonly": history_open,
     "history-random": history_random,
     "memory-append-full": lambda d: memory_append(d, WRITE, errno.ENOSPC),

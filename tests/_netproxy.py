@@ -10,6 +10,9 @@ clients, in this process or another, alike. While it runs, a test can:
   peer or a firewall that forgets the flow), or :meth:`NetProxy.cut_on` reset the
   connection that sends the n-th chunk from now, before that chunk reaches the server
   (a cut in the middle of a transaction);
+- :meth:`NetProxy.refuse` reset every open connection and each new one at once (a
+  server that is down: its clients fail fast, as on a refused connection), until
+  :meth:`NetProxy.restore`;
 - :meth:`NetProxy.black_hole` drop every byte both ways and close nothing, new
   connections included (packets dropped, no RST: a client waits until its own
   deadline), and :meth:`NetProxy.restore` end it; connections opened during the
@@ -52,6 +55,7 @@ class NetProxy:
         self.connections = 0
         self._one_way = 0.0
         self._silent = False
+        self._refusing = False
         self._cut_countdown = 0
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
@@ -70,13 +74,20 @@ class NetProxy:
         """Drop every byte both ways, closing nothing, until :meth:`restore`."""
         self._silent = True
 
+    def refuse(self) -> None:
+        """Reset every open connection, and each new one as it comes, until
+        :meth:`restore`: the server is down."""
+        self._refusing = True
+        self.cut()
+
     def restore(self) -> None:
-        """End a black hole; connections that lived through it stay silent (reset them
-        with :meth:`cut` if the test wants the client to see them fail at once)."""
+        """End a black hole or a refusal; connections that lived through a black hole
+        stay silent (reset them with :meth:`cut` if the test wants the client to see
+        them fail at once)."""
         with self._lock:
             for link in self._links:
                 link.dead = True
-        self._silent = False
+        self._silent = self._refusing = False
 
     def cut(self) -> int:
         """Reset every open connection now; returns how many were cut."""
@@ -159,6 +170,8 @@ class NetProxy:
         with self._lock:
             self._links.add(link)
         try:
+            if self._refusing:  # the server is down
+                return  # (finally: reset)
             if self._silent:  # accepted by the kernel, never answered
                 link.dead = True
                 while await reader.read(CHUNK):

@@ -51,6 +51,22 @@ def test_a_black_hole_answers_nothing_and_restore_lets_new_connections_through()
             assert conn.execute("select 2").fetchone() == (2,)
 
 
+def test_refuse_resets_open_and_new_connections_until_restore() -> None:
+    host, port = _pg(postgres_dsn())
+    with net_proxy(host, port) as proxy, psycopg.connect(proxy.dsn(postgres_dsn())) as conn:
+        conn.autocommit = True
+        proxy.refuse()
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("select 1")
+        start = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(proxy.dsn(postgres_dsn()), connect_timeout=5)
+        assert time.monotonic() - start < 4  # reset at once, not left to time out
+        proxy.restore()
+        with psycopg.connect(proxy.dsn(postgres_dsn()), connect_timeout=3) as again:
+            assert again.execute("select 3").fetchone() == (3,)
+
+
 def test_cut_on_resets_the_connection_that_sends_the_chunk() -> None:
     host, port = _pg(postgres_dsn())
     with net_proxy(host, port) as proxy, psycopg.connect(proxy.dsn(postgres_dsn())) as conn:

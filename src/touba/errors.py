@@ -157,8 +157,9 @@ class DecisionHistoryStoreUnavailable(ToubaError):
     and by the SQLite store when its file fails (disk full, I/O error,
     read-only file system, a file that cannot be opened); the driver's or the
     OS's exception is chained and the previous state is kept. A conversation
-    whose reservation could not be released answers ``DecisionHistoryBusy``
-    until recovered; the SQLite store's message says so when that happens.
+    whose reservation could not be released either answers ``DecisionHistoryBusy``
+    to other workers until the same store object's next operation on it releases
+    it (by its token), or until recovered; the message says so when that happens.
     """
 
     transient = True

@@ -57,6 +57,32 @@ def test_a_release_that_cannot_be_written_says_recover_is_needed(tmp_path: Path)
     assert seen["saved"] is True
 
 
+def test_a_live_worker_whose_release_failed_decides_again_without_recover(
+    tmp_path: Path,
+) -> None:
+    seen = run_faulted("history-save-stuck-live", tmp_path)
+    error = seen["error"]
+    assert error["type"] == "DecisionHistoryStoreUnavailable"
+    assert "could not be released either" in error["message"]
+    assert "releases it before its next operation" in error["message"]
+    assert seen["held_for_others"]["type"] == "DecisionHistoryBusy"
+    assert seen["kept"] is True
+    assert seen["retry"] is None  # its own reservation was released first
+    assert seen["free"] is True
+    assert seen["saved"] is True
+
+
+def test_random_faults_never_leave_a_live_worker_busy_on_its_own_conversation(
+    tmp_path: Path,
+) -> None:
+    seen = run_faulted("history-random-live", tmp_path, timeout=300)
+    assert seen["busy"] == []
+    assert seen["last"] is None  # once the disk works, the decision goes through
+    assert seen["untyped"] == []
+    assert seen["failures"] > 5
+    assert seen["exchanges"] == seen["stats"] == seen["successes"]
+
+
 def test_a_read_only_file_system_at_open_is_typed(tmp_path: Path) -> None:
     error = run_faulted("history-open-readonly", tmp_path)["error"]
     assert error["type"] == "DecisionHistoryStoreUnavailable"

@@ -233,13 +233,22 @@ PURGE_KEY: Final = (
 # exchanges whose sizes only are read, then (part 2) (exchange, seq,
 # bytes, body) of each message read. A NULL version becomes the
 # reservation's token (see the Backend docstring; RETURNING shows the
-# new one). Parameters: the reservation, its token again, the key, the
+# new one). Parameters: the reservation, its token again, the key (twice), the
 # cached version, then how many trailing exchanges' sizes, and bodies,
 # to read (twice).
+# The row is claimed only as this statement's snapshot shows it (the same
+# xmin): under READ COMMITTED an UPDATE that waited for the row lock
+# claims the row's newest version (another worker's decision saved
+# meanwhile), while the messages below are read from the snapshot taken
+# before that save; it would return a head counting exchanges its rows
+# lack, which looks like a damaged record. Such a claim claims nothing
+# and the caller reserves through CLAIM, whose reads follow in statements
+# of their own (issue 29, 7b).
 CLAIM_LIVE: Final = (
     "WITH c AS (UPDATE {t} SET token = %s, worker_id = %s, pid = %s, host = %s,"
     "  since = %s, version = coalesce(version, %s)"
     "  WHERE key = %s AND token IS NULL AND head IS NOT NULL AND expires_at > now()"
+    "  AND xmin = (SELECT xmin FROM {t} WHERE key = %s)"
     "  RETURNING key, head, split, exchanges, messages, bytes, version,"
     "  split AND NOT coalesce(version = %s, false) AS reads)"
     " SELECT 0, c.exchanges, c.messages, c.bytes, c.head, c.split, c.version,"

@@ -32,6 +32,21 @@ and the hints a reservation reads ahead by are those of its own kind of
 operation (its code: a session's ``add_items`` reads the last exchange, its
 ``get_items`` the window), so a narrow claim carries few rows.
 
+**Releases owed.** A reservation whose release could not be written (the
+store failed, then failed the release too), or whose reserving call failed in
+a way that may have left it written (a lost commit reply, a cancellation), is
+remembered by this object: its key and token (:class:`Owed`). Its worker is
+alive and knows that operation is over, so before its next reservation of that
+key (``transact``, ``transact_log``, ``transact_log_optimistic``, and a
+store's ``delete``, through :meth:`Reservations.settle`) it releases it first,
+checked by token, as every release is: a reservation that ``recover`` freed,
+or that another worker has taken since, is left alone, and nothing is ever
+reused. While the store still fails, that release fails and the operation
+raises the store's error, nothing reserved. Other workers find the key
+``DecisionHistoryBusy`` until then; a worker that stops, or a store object
+closed or forgetting more than :data:`MAX_OWED` keys, leaves it to
+``recover`` as before.
+
 **Without a reservation.** ``transact_log_optimistic`` runs an operation that
 may run twice on the cached tail and saves its write in one ``save_if`` call,
 or peeks a wide read in content mode; anything it cannot answer as the
@@ -49,6 +64,7 @@ from touba.errors import (
     DecisionHistoryBusy,
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
+    ToubaError,
 )
 from touba.history._backend import Backend, Read, Reserved, Write, parse_object
 from touba.history._common import Reservation, new_token
@@ -61,8 +77,10 @@ from touba.history._write_plan import Drop, appended, optimistic_drop, read_drop
 
 __all__ = [
     "HINT_MEMORY",
+    "MAX_OWED",
     "MAX_TAIL",
     "OPTIMISTIC_READ",
+    "Owed",
     "Recent",
     "Reservations",
 ]
@@ -77,6 +95,7 @@ KINDS: Final = 64  # kinds of operation whose read-ahead a store object keeps (c
 # store (an operation whose kind reads more takes the reserved path).
 OPTIMISTIC_READ: Final = 8
 _NO_USAGE: Final = StoreUsage(0, 0, 0, 0)  # unused: an optimistic write is never new
+MAX_OWED: Final = 4096  # keys whose release a store object still owes (see Owed)
 
 
 class Recent:
@@ -95,6 +114,55 @@ class Recent:
         """Remember ``value`` as the newest; ``most`` is then the most of those kept."""
         self._values.append(value)
         self.most = value if value >= self.most else max(self._values)
+
+
+class Owed:
+    """The reservations this store object took and could not release (the module
+    docstring's "Releases owed"): key -> tokens, oldest key first, at most
+    :data:`MAX_OWED` keys (the oldest is forgotten, with a warning: ``recover``
+    then frees it)."""
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self) -> None:
+        self._tokens: OrderedDict[str, set[str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._tokens
+
+    def add(self, key: str, token: str) -> None:
+        """Remember that ``token`` may still hold ``key``."""
+        self._tokens.setdefault(key, set()).add(token)
+        self._tokens.move_to_end(key)
+        while len(self._tokens) > MAX_OWED:
+            forgotten, _ = self._tokens.popitem(last=False)
+            logger.warning(
+                "forgot the reservation of %s this worker could not release (over %d owed); "
+                "it stays busy until store.recover(key, worker_stopped=True)",
+                forgotten,
+                MAX_OWED,
+            )
+
+    def of(self, key: str) -> tuple[str, ...]:
+        """The tokens owed for ``key`` (none: an empty tuple)."""
+        return tuple(self._tokens.get(key, ()))
+
+    def paid(self, key: str, token: str) -> None:
+        """``token``'s release of ``key`` was written (or it held nothing)."""
+        tokens = self._tokens.get(key)
+        if tokens is not None:
+            tokens.discard(token)
+            if not tokens:
+                del self._tokens[key]
+
+
+def _may_hold(error: BaseException) -> bool:
+    """Whether a reserving call that raised ``error`` may have left its reservation
+    written: anything but a refusal (a store failure, a cancellation, a bug)."""
+    return not isinstance(error, ToubaError) or isinstance(error, DecisionHistoryStoreUnavailable)
 
 
 def _kind(operation: object) -> object:
@@ -120,6 +188,8 @@ class Reservations:
         # Content mode: what each kind of operation (its code) read lately, so that
         # a claim carries the rows that operation reads, not the widest one's.
         self._kinds: OrderedDict[object, tuple[Recent, Recent]] = OrderedDict()
+        # Reservations of this object whose release it still owes (see Owed).
+        self.owed = Owed()
 
     @property
     def sizes_hint(self) -> int:
@@ -155,6 +225,29 @@ class Reservations:
             return self.sizes_hint, self.bodies_hint
         return hints[0].most, hints[1].most
 
+    async def settle(self, key: str) -> None:
+        """Release what this object still owes for ``key`` (see :class:`Owed`), each
+        release checked by its token, so that a reservation recovered or taken by
+        another worker since is left as it is. Raises the store's error, and owes
+        it still, when a release cannot be written (the store still fails)."""
+        for token in self.owed.of(key):
+            await self.backend.release(key, token)
+            self.owed.paid(key, token)
+            logger.info("released the reservation of %s that a failed operation left", key)
+
+    async def _reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """``backend.reserve`` after :meth:`settle`; a reserving call that fails in a
+        way that may have left the reservation written (see :func:`_may_hold`) is
+        owed, so the next access releases it if the backend could not."""
+        if key in self.owed:
+            await self.settle(key)
+        try:
+            return await self.backend.reserve(key, reservation, read)
+        except BaseException as e:
+            if _may_hold(e):
+                self.owed.add(key, reservation.token)
+            raise
+
     async def transact(self, key: str, operation: Operation[T]) -> T:
         """Reserve ``key``, give ``operation`` a private copy of its whole record,
         save what it returns (``None`` deletes). Raises what the backend and
@@ -162,7 +255,7 @@ class Reservations:
         reservation = Reservation.new(self.worker_id)
         token = reservation.token
         self.cache.drop(key)
-        reserved = await self.backend.reserve(key, reservation, Read(whole=True))
+        reserved = await self._reserve(key, reservation, Read(whole=True))
         written = None
         try:
             loaded = record_of(self.backend.label, key, reserved)
@@ -201,7 +294,7 @@ class Reservations:
             sizes=sizes,
             bodies=bodies,
         )
-        reserved = await self.backend.reserve(key, reservation, read)
+        reserved = await self._reserve(key, reservation, read)
         head_bytes = 0  # what the store counts for the stored head (the save needs it too)
         try:
             snapshot = None
@@ -279,6 +372,8 @@ class Reservations:
         renewal (the head unchanged, nothing appended or dropped), else it runs
         again through :meth:`transact_log`.
         """
+        if key in self.owed:  # our own reservation may still hold it: release it first
+            await self.settle(key)
         save_if = getattr(self.backend, "save_if", None)
         if drops and not (self.content or getattr(self.backend, "drops_unreserved", False)):
             save_if = None
@@ -443,11 +538,14 @@ class Reservations:
         try:
             await self.backend.release(key, token)
             return None
-        except Exception as e:
+        except BaseException as e:
+            self.owed.add(key, token)  # released at this object's next access of key
+            if not isinstance(e, Exception):
+                raise
             cause = e.__cause__ or e
             logger.warning(
-                "could not release the reservation of %s (%s); it stays busy until "
-                "store.recover(key, worker_stopped=True)",
+                "could not release the reservation of %s (%s); this worker releases it "
+                "at its next access of the key, else store.recover(key, worker_stopped=True)",
                 key,
                 type(cause).__name__,
             )
@@ -467,7 +565,9 @@ class Reservations:
 def _stuck(key: str, error: BaseException) -> str:
     return (
         f"The reservation of conversation {key} could not be released either "
-        f"({describe(error)}): it answers DecisionHistoryBusy until you run "
+        f"({describe(error)}): this store object releases it before its next operation on "
+        "that key (retry it once the store works again); until then other workers find it "
+        "DecisionHistoryBusy, and if this worker stops first, run "
         f"store.recover(key, worker_stopped=True) (or `touba history recover {key}`) once the "
         "store works again."
     )

@@ -239,7 +239,9 @@ class _Backend:
         # and reads the usage and the tail (or every message) in the same statement.
         async with store._statement() as conn:
             found = await _rows(
-                conn, s.claim_live, (*holder, holder[0], key, read.cached, sizes, bodies, bodies)
+                conn,
+                s.claim_live,
+                (*holder, holder[0], key, key, read.cached, sizes, bodies, bodies),
             )
         if found:
             _, exchanges, messages, size, head, split, version, sessions, used = found[0]
@@ -442,7 +444,8 @@ class _Backend:
         except Exception as e:
             error.add_note(
                 f"touba: could not release the reservation of {key} ({e!r}); if it was taken, "
-                "the key answers DecisionHistoryBusy until recover(key, worker_stopped=True)"
+                "this store object releases it before its next operation on the key (else "
+                "recover(key, worker_stopped=True))"
             )
 
     async def read_sizes(self, key: str, start: int, stop: int) -> Sizes:
@@ -695,9 +698,12 @@ class PostgresHistoryStore(PooledStore):
 
     async def delete(self, key: str) -> bool:
         """Delete an inactive conversation; False when absent. ``DecisionHistoryBusy``
-        while reserved."""
+        while reserved (a reservation of this store object's that a failure left
+        is released first)."""
         check_key(key)
         s = self._sql
+        async with self._using():
+            await self._reservations.settle(key)
         async with self._pg.call() as conn:
             await _run(conn, s.lock_shared)  # before the row lock: it deletes
             await _run(conn, s.purge_key, (key,))
@@ -862,8 +868,8 @@ def _parsed_identity(text: str | None) -> dict[str, str] | None:
 def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
     return DecisionHistoryStoreUnavailable(
         f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; "
-        "a conversation whose reservation could not be released answers "
-        "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
+        "a conversation whose reservation could not be released is released by this "
+        "store object's next operation on it, or by store.recover(key, worker_stopped=True)"
     )
 
 

@@ -167,8 +167,9 @@ def _driver_errors(what: str) -> Iterator[None]:
     except RedisError as e:
         raise DecisionHistoryStoreUnavailable(
             f"Redis failed during {what} ({type(e).__name__}: {e}). Check the server and "
-            "retry; a conversation whose reservation could not be released answers "
-            "DecisionHistoryBusy until store.recover(key, worker_stopped=True)"
+            "retry; a conversation whose reservation could not be released is released by "
+            "this store object's next operation on it, or by "
+            "store.recover(key, worker_stopped=True)"
         ) from e
 
 
@@ -466,7 +467,8 @@ class _Backend:
         except (DecisionHistoryStoreUnavailable, ConfigurationError) as e:
             logger.warning(
                 "could not release the reservation of conversation %r (%s); if it was taken, "
-                "it stays busy until recover(key, worker_stopped=True)",
+                "this store object releases it before its next operation on the key (else "
+                "recover(key, worker_stopped=True))",
                 key,
                 type(e.__cause__ or e).__name__,
             )
@@ -807,7 +809,10 @@ class RedisHistoryStore(AsyncClosing):
         return join_record(head, exchanges)
 
     async def delete(self, key: str) -> bool:
-        """Delete an inactive conversation; False if it was absent or expired."""
+        """Delete an inactive conversation; False if it was absent or expired.
+        ``DecisionHistoryBusy`` while reserved (a reservation of this store object's
+        that a failure left is released first)."""
+        await self._reservations.settle(key)
         reply = await self._conv(self._delete_script, self._keys(key), (), "a delete")
         status = replies.text(reply[0])
         if status == "busy":

@@ -872,10 +872,12 @@ class SqliteHistoryStore(AsyncClosing):
             return await self._run(key, lambda: self._db.read(key, held=True))
 
     async def delete(self, key: str) -> bool:
-        """Delete an inactive conversation; ``DecisionHistoryBusy`` if it is reserved,
+        """Delete an inactive conversation; ``DecisionHistoryBusy`` if it is reserved (a
+        reservation of this store object's that a failure left is released first),
         ``DecisionHistoryStoreUnavailable`` (nothing deleted) when the disk fails."""
         check_key(key)
         with self._using():
+            await self._reservations.settle(key)
             return await self._run(key, lambda: self._db.delete(key))
 
     async def erase(self, keys: Collection[str]) -> int:
