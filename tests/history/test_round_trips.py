@@ -1,0 +1,82 @@
+"""Round trips per decision, counted by a proxy, pinned for each networked store.
+
+A decision (``DecisionHistory.step``: reserve, read the window, save) reaches its
+store through ``tests/_netproxy.py``'s ``NetProxy``, which counts the round trips it
+relays. What each store guarantees, flat from 10 to 500 retained exchanges:
+
+- PostgreSQL: 2 (the reservation, which reads the tail with it; the save, one
+  statement each on the store's own autocommit pool);
+- Redis: 2 (the claim with an LRANGE pipelined after it; the commit);
+- Redis Cluster: 2 (the claim's script brings the rows itself, as a cluster client
+  cannot pipeline a script), and a wide session read 1 (the peek).
+
+Counting is deterministic where time is not: a store that spends one more round
+trip per decision fails here. ``bench/latency.py`` measures the same with added
+latency, and decisions per second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench.latency import (
+    Reached,
+    cluster_history,
+    cluster_through_proxies,
+    conversation,
+    measure_decisions,
+    postgres_history,
+    redis_history,
+)
+
+from tests._redis_cluster import missing
+from tests._services import postgres_dsn, redis_url, unavailable
+from touba.integrations.openai_agents import ToubaSession
+
+DECISIONS = 10
+SIZES = (10, 500)  # retained exchanges: a short conversation and a long one
+
+
+async def _trips_per_decision(reached: Reached) -> dict[int, float]:
+    found = {}
+    for size in SIZES:
+        talk = await conversation(reached.store, f"trips-{size}", size)
+        measured = await measure_decisions(talk, DECISIONS, reached.proxies)
+        assert measured.trips is not None
+        found[size] = measured.trips
+    return found
+
+
+@pytest.mark.postgres
+async def test_a_postgres_decision_is_two_round_trips_whatever_the_history() -> None:
+    async with postgres_history(postgres_dsn()) as reached:
+        assert await _trips_per_decision(reached) == {10: 2.0, 500: 2.0}
+
+
+@pytest.mark.redis
+async def test_a_redis_decision_is_two_round_trips_whatever_the_history() -> None:
+    async with redis_history(redis_url()) as reached:
+        assert await _trips_per_decision(reached) == {10: 2.0, 500: 2.0}
+
+
+@pytest.mark.redis
+async def test_on_a_redis_cluster_a_decision_is_two_round_trips_and_a_wide_read_one(
+    tmp_path: Path,
+) -> None:
+    reason = missing()
+    if reason is not None:
+        unavailable(reason)
+    with cluster_through_proxies(tmp_path) as (proxies, remap):
+        async with cluster_history(proxies, remap) as reached:
+            assert await _trips_per_decision(reached) == {10: 2.0, 500: 2.0}
+            session = ToubaSession("wide", store=reached.store, namespace="trips")
+            items: list[Any] = [{"role": "user", "content": f"q{n}"} for n in range(40)]
+            await session.add_items(items)
+            for _ in range(2):  # the reads settle wider than OPTIMISTIC_READ exchanges
+                assert await session.get_items() == items
+            for proxy in proxies:
+                proxy.reset_counts()
+            assert await session.get_items() == items
+            assert sum(proxy.round_trips for proxy in proxies) == 1  # the peek
