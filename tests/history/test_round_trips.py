@@ -80,3 +80,39 @@ async def test_on_a_redis_cluster_a_decision_is_two_round_trips_and_a_wide_read_
                 proxy.reset_counts()
             assert await session.get_items() == items
             assert sum(proxy.round_trips for proxy in proxies) == 1  # the peek
+
+
+@pytest.mark.postgres
+async def test_a_postgres_delete_or_release_is_one_round_trip() -> None:
+    """Deleting an unreserved conversation is one statement (it was a transaction of
+    four, six round trips with its BEGIN and COMMIT); deleting a reserved one is one,
+    and releasing a conversation that has a record two (it was a transaction each)."""
+    async with postgres_history(postgres_dsn()) as reached:
+        store, [proxy] = reached.store, reached.proxies
+        talk = await conversation(store, "deleted", 3)
+        await measure_decisions(talk, 1, reached.proxies)
+        proxy.reset_counts()
+        assert await store.delete(talk.identity.key)
+        assert proxy.round_trips == 1
+        assert await store.read(talk.identity.key) is None
+
+        talk = await conversation(store, "dropped", 3)
+        proxy.reset_counts()
+
+        async def drop(record: dict[str, Any] | None) -> tuple[None, None]:
+            return None, None
+
+        await store.transact(talk.identity.key, drop)  # reserve, then delete
+        assert proxy.round_trips == 2
+        assert await store.read(talk.identity.key) is None
+
+        talk = await conversation(store, "kept", 3)
+        proxy.reset_counts()
+
+        async def keep(record: dict[str, Any] | None) -> tuple[dict[str, Any] | None, None]:
+            raise LookupError("refused")  # the reservation is released, nothing written
+
+        with pytest.raises(LookupError):
+            await store.transact(talk.identity.key, keep)
+        assert proxy.round_trips == 3  # reserve; release: not bare, then clear the token
+        assert await store.read(talk.identity.key) is not None
