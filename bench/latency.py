@@ -15,8 +15,9 @@ SQLite and RAM run without a network, as a reference.
 The round trips are the proxy's count divided by the decisions (a PostgreSQL
 store purges expired rows at most once a minute, a transaction of its own, which
 may show as a fraction; a row shows the most any of its runs counted).
-decisions/s is one worker's, the quickest of three runs alternating between the
-two conversations, so it is bounded by 1 / (round trips x added RTT).
+decisions/s is one worker's (1 / the median decision's time, over three runs
+alternating between the two conversations, so that a busy moment of the machine hits
+both), so it is bounded by 1 / (round trips x added RTT).
 
 The Redis cluster peek: a session's wide read (``ToubaSession.get_items``, 128
 items of 1 KiB) is one script call on a cluster (``lua/peek_rows.lua``: it reads
@@ -43,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -154,13 +156,17 @@ def _exchange(n: int) -> list[dict[str, Any]]:
 class Measured:
     """Decisions on one conversation at one added RTT."""
 
-    decisions: int
-    seconds: float
+    times: list[float]  # seconds, one per decision
     round_trips: int | None  # None: no network
 
     @property
+    def decisions(self) -> int:
+        return len(self.times)
+
+    @property
     def per_second(self) -> float:
-        return self.decisions / self.seconds
+        """One worker's decisions per second: 1 / the median decision's time."""
+        return 1 / statistics.median(self.times)
 
     @property
     def trips(self) -> float | None:
@@ -170,18 +176,19 @@ class Measured:
 async def measure_decisions(
     talk: Conversation, decisions: int, proxies: Sequence[NetProxy] = ()
 ) -> Measured:
-    """``decisions`` decisions after a warm-up, timed, and the round trips the
+    """``decisions`` decisions after a warm-up, each timed, and the round trips the
     ``proxies`` relayed meanwhile."""
     for _ in range(WARM_UP):
         await talk.decide()
     for proxy in proxies:
         proxy.reset_counts()
-    started = time.perf_counter()
+    times = []
     for _ in range(decisions):
+        started = time.perf_counter()
         await talk.decide()
-    seconds = time.perf_counter() - started
+        times.append(time.perf_counter() - started)
     trips = sum(p.round_trips for p in proxies) if proxies else None
-    return Measured(decisions, seconds, trips)
+    return Measured(times, trips)
 
 
 # -- the stores, through their proxies ---------------------------------------------------
@@ -313,8 +320,8 @@ async def decisions_table(
     report: Callable[[str], None],
     repeat: int = 3,
 ) -> None:
-    """The rows of one store: each conversation size at each added RTT, the quickest of
-    ``repeat`` runs (round trips: the most any run counted)."""
+    """The rows of one store: each conversation size at each added RTT, over ``repeat``
+    runs (decisions/s from the median decision; round trips: the most a run counted)."""
     talks = {
         name: await conversation(reached.store, f"{label}-{name}-{uuid.uuid4().hex[:6]}", n)
         for name, n in sizes.items()
@@ -326,9 +333,9 @@ async def decisions_table(
             for name, talk in talks.items():
                 runs[name].append(await measure_decisions(talk, decisions, reached.proxies))
         for name, measured in runs.items():
-            best = min(measured, key=lambda m: m.seconds)
+            times = [t for m in measured for t in m.times]
             trips = [m.round_trips for m in measured if m.round_trips is not None]
-            shown = Measured(decisions, best.seconds, max(trips) if trips else None)
+            shown = Measured(times, max(trips) * repeat if trips else None)
             report(_row(label, f"{name} ({sizes[name]} exchanges)", rtt, shown))
     reached.delay(0)
 
@@ -360,16 +367,17 @@ async def peek_table(
         else:
             backend.peek = None  # Reservations looks the primitive up: absent = no peek
 
-    async def timed(on: bool) -> tuple[float, int]:
+    async def timed(on: bool) -> tuple[list[float], int]:
         peeking(on)
         for proxy in reached.proxies:
             proxy.reset_counts()
-        started = time.perf_counter()
+        times = []
         for _ in range(reads):
+            started = time.perf_counter()
             items = await session.get_items(limit=128)
+            times.append(time.perf_counter() - started)
             assert len(items) == 128
-        seconds = time.perf_counter() - started
-        return seconds / reads, sum(p.round_trips for p in reached.proxies)
+        return times, sum(p.round_trips for p in reached.proxies)
 
     for on in (True, False):  # warm up both paths (hints, the cache)
         peeking(on)
@@ -381,14 +389,14 @@ async def peek_table(
     report("| --- | --- | --- | --- | --- | --- |")
     for rtt in rtts:
         reached.delay(rtt)
-        runs: dict[bool, list[tuple[float, int]]] = {True: [], False: []}
+        runs: dict[bool, list[tuple[list[float], int]]] = {True: [], False: []}
         for _ in range(3):  # alternating, to share the machine's drift
             for on in (True, False):
                 runs[on].append(await timed(on))
-        peek_ms = min(r[0] for r in runs[True]) * 1000
-        reserved_ms = min(r[0] for r in runs[False]) * 1000
-        peek_trips = runs[True][-1][1] / reads
-        reserved_trips = runs[False][-1][1] / reads
+        peek_ms = statistics.median(t for r in runs[True] for t in r[0]) * 1000
+        reserved_ms = statistics.median(t for r in runs[False] for t in r[0]) * 1000
+        peek_trips = max(r[1] for r in runs[True]) / reads
+        reserved_trips = max(r[1] for r in runs[False]) / reads
         report(
             f"| {rtt:g} ms | {peek_ms:.2f} | {peek_trips:.2f} | {reserved_ms:.2f} | "
             f"{reserved_trips:.2f} | {peek_ms / reserved_ms:.2f} |"
@@ -455,15 +463,16 @@ async def chat_table(
                     for p in proxies:
                         p.delay(rtt)
                         p.reset_counts()
-                    started = time.perf_counter()
+                    times = []
                     for _ in range(turns):
+                        started = time.perf_counter()
                         turn = await session.send("Where is my order?")
+                        times.append(time.perf_counter() - started)
                         assert turn.result.error is None, turn.result.error
                         provider.requests.clear()
                         provider.sent.clear()
-                    seconds = time.perf_counter() - started
                     report(
-                        f"| {rtt:g} ms | {turns / seconds:,.1f} | "
+                        f"| {rtt:g} ms | {1 / statistics.median(times):,.1f} | "
                         f"{proxy.round_trips / turns:.2f} | "
                         f"{history.proxies[0].round_trips / turns:.2f} |"
                     )
