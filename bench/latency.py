@@ -34,7 +34,7 @@ call, the scripted provider) with a ``PostgresMemoryStore`` and a
         [--stores postgres,redis,cluster,sqlite,memory] [--short 10] [--long 500]
         [--reads 30] [--chat]
 
-``measure_decisions`` and ``cluster_through_proxies`` are what
+``measure_decisions``, ``cluster_through_proxies`` and ``postgres_chat`` are what
 ``tests/history/test_round_trips.py`` runs, pinning the round trips.
 """
 
@@ -76,6 +76,7 @@ from touba.history._common import MiB
 from touba.history._model import ResultMessage, message_to_dict
 
 __all__ = [
+    "Chat",
     "Conversation",
     "Measured",
     "Reached",
@@ -83,6 +84,7 @@ __all__ = [
     "cluster_through_proxies",
     "conversation",
     "measure_decisions",
+    "postgres_chat",
     "postgres_history",
     "redis_history",
 ]
@@ -408,10 +410,32 @@ async def peek_table(
 # -- a chat turn ---------------------------------------------------------------------------
 
 
-async def chat_table(
-    rtts: Sequence[float], turns: int, report: Callable[[str], None], dsn: str = POSTGRES_DSN
-) -> None:
-    """Chat turns on PostgreSQL (memory and history stores, a proxy each)."""
+@dataclass
+class Chat:
+    """A chat session on PostgreSQL whose memory and history stores are each reached
+    through a proxy of their own."""
+
+    session: Any
+    provider: Any
+    memory: NetProxy
+    history: NetProxy
+
+    @property
+    def proxies(self) -> list[NetProxy]:
+        return [self.memory, self.history]
+
+    async def turn(self) -> None:
+        """One chat turn (two decisions, one call), which must succeed."""
+        turn = await self.session.send("Where is my order?")
+        assert turn.result.error is None, turn.result.error
+        self.provider.requests.clear()  # the script's records are not what is measured
+        self.provider.sent.clear()
+
+
+@contextlib.asynccontextmanager
+async def postgres_chat(dsn: str = POSTGRES_DSN, turns: int = 1000) -> AsyncIterator[Chat]:
+    """A ``ChatSession`` on a ``PostgresMemoryStore`` and a ``PostgresHistoryStore``
+    (tables of their own, dropped after), for at most ``turns`` turns."""
     from touba import ChatSession, MemoryConfig
     from touba.memory import PostgresMemoryStore
     from touba.providers import DecisionRequest
@@ -432,7 +456,7 @@ async def chat_table(
             PostgresMemoryStore(proxy.dsn(dsn), prefix=prefix)
         )
         provider = ScriptedProvider(
-            *([decide] * (2 * (turns + WARM_UP) * (len(rtts) + 1))),
+            *([decide] * (2 * turns)),
             history=HistoryConfig(store=history.store, namespace=NAMESPACE),
         )
         program = Program()
@@ -450,41 +474,44 @@ async def chat_table(
             memory=MemoryConfig(),
         )
         runtime = Runtime(program)
-        proxies = [history.proxies[0], proxy]
         try:
             async with ChatSession(runtime, "support", "user-1", store=memory_store) as session:
-                for _ in range(WARM_UP):
-                    await session.send("Where is my order?")
-                report("")
-                report("| added RTT | chat turns/s | round trips per turn: memory store | "
-                       "history store |")  # fmt: skip
-                report("| --- | --- | --- | --- |")
-                for rtt in rtts:
-                    for p in proxies:
-                        p.delay(rtt)
-                        p.reset_counts()
-                    times = []
-                    for _ in range(turns):
-                        started = time.perf_counter()
-                        turn = await session.send("Where is my order?")
-                        times.append(time.perf_counter() - started)
-                        assert turn.result.error is None, turn.result.error
-                        provider.requests.clear()
-                        provider.sent.clear()
-                    report(
-                        f"| {rtt:g} ms | {1 / statistics.median(times):,.1f} | "
-                        f"{proxy.round_trips / turns:.2f} | "
-                        f"{history.proxies[0].round_trips / turns:.2f} |"
-                    )
-                for p in proxies:
-                    p.delay(0)
+                yield Chat(session, provider, proxy, history.proxies[0])
         finally:
+            proxy.delay(0)
             async with memory_store._pg.transaction() as conn:
                 found = await conn.execute(
                     "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (f"{prefix}%",)
                 )
                 for (name,) in await found.fetchall():
                     await conn.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
+
+
+async def chat_table(rtts: Sequence[float], turns: int, report: Callable[[str], None]) -> None:
+    """Chat turns on PostgreSQL (memory and history stores, a proxy each)."""
+    async with postgres_chat(turns=(turns + WARM_UP) * (len(rtts) + 1)) as chat:
+        for _ in range(WARM_UP):
+            await chat.turn()
+        report("")
+        report("| added RTT | chat turns/s | round trips per turn: memory store | "
+               "history store |")  # fmt: skip
+        report("| --- | --- | --- | --- |")
+        for rtt in rtts:
+            for proxy in chat.proxies:
+                proxy.delay(rtt)
+                proxy.reset_counts()
+            times = []
+            for _ in range(turns):
+                started = time.perf_counter()
+                await chat.turn()
+                times.append(time.perf_counter() - started)
+            report(
+                f"| {rtt:g} ms | {1 / statistics.median(times):,.1f} | "
+                f"{chat.memory.round_trips / turns:.2f} | "
+                f"{chat.history.round_trips / turns:.2f} |"
+            )
+        for proxy in chat.proxies:
+            proxy.delay(0)
 
 
 # -- main --------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from bench.latency import (
     cluster_through_proxies,
     conversation,
     measure_decisions,
+    postgres_chat,
     postgres_history,
     redis_history,
 )
@@ -116,3 +117,22 @@ async def test_a_postgres_delete_or_release_is_one_round_trip() -> None:
             await store.transact(talk.identity.key, keep)
         assert proxy.round_trips == 3  # reserve; release: not bare, then clear the token
         assert await store.read(talk.identity.key) is not None
+
+
+@pytest.mark.postgres
+async def test_a_postgres_chat_turn_takes_at_most_ten_and_eleven_round_trips() -> None:
+    """A chat turn (two decisions and a call, one invocation whose conversation is new
+    and deleted at its end): at most 10 round trips to the memory store and 11 to the
+    history store (a new conversation's reservation is a transaction of four
+    statements, six round trips; the delete one)."""
+    turns = 3
+    warm_up = 8  # psycopg prepares a statement at its sixth run (a round trip, once)
+    async with postgres_chat(postgres_dsn(), turns=turns + warm_up) as chat:
+        for _ in range(warm_up):  # prepared statements, the first purge
+            await chat.turn()
+        for proxy in chat.proxies:
+            proxy.reset_counts()
+        for _ in range(turns):
+            await chat.turn()
+        assert chat.memory.round_trips <= 10 * turns
+        assert chat.history.round_trips <= 11 * turns
