@@ -10,6 +10,9 @@ relays. What each store guarantees, flat from 10 to 500 retained exchanges:
 - Redis Cluster: 2 (the claim's script brings the rows itself, as a cluster client
   cannot pipeline a script), and a wide session read 1 (the peek).
 
+And on PostgreSQL: a delete 1, a release 1 or 2, a chat turn at most 10 to the
+memory store and 11 to the history store.
+
 Counting is deterministic where time is not: a store that spends one more round
 trip per decision fails here. ``bench/latency.py`` measures the same with added
 latency, and decisions per second.
