@@ -156,6 +156,11 @@ class NetProxy:
             for link in list(self._links):
                 link.reset()
             tasks = asyncio.all_tasks(loop)
+            if tasks:  # reset links end their relays: let them, rather than cancel them
+                # (a cancelled connection task makes Python 3.11's asyncio.streams log a
+                # CancelledError traceback from its done callback)
+                loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
+            tasks = {task for task in tasks if not task.done()}
             for task in tasks:
                 task.cancel()
             if tasks:

@@ -2,8 +2,8 @@
 
 The store takes a ``redis.asyncio.RedisCluster`` as its client: every key of a
 store shares one hash tag, so one slot, and its scripts run there. A cluster
-client's pipelines refuse scripts, so a claim's rows come in a round trip of
-their own and session reads take the reservation (no peek). The nodes are this
+client's pipelines refuse scripts, so the claim's and the peek's scripts bring
+their rows themselves (``lua/claim_rows.lua``, ``lua/peek_rows.lua``). The nodes are this
 machine's ``redis-server`` (the binary of the Redis the tests already use), on
 free loopback ports, with nothing kept on disk but their cluster files in a
 temporary directory.
@@ -11,17 +11,13 @@ temporary directory.
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import RedisCluster
 
+from tests._redis_cluster import cli, free_ports, missing, redis_cluster
 from tests._services import unavailable
 from touba.history import (
     CapabilityCall,
@@ -39,87 +35,18 @@ from touba.testing.store_conformance import CHECK_NAMES, check_store
 pytestmark = pytest.mark.redis
 
 NODES = 3
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free for a node and for its cluster bus (the port + 10000)."""
-    ports: list[int] = []
-    candidate = 20000
-    while len(ports) < count and candidate < 50000:
-        candidate += 7
-        if all(_free(p) for p in (candidate, candidate + 10000)):
-            ports.append(candidate)
-    return ports
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _cli(*args: str) -> str:
-    done = subprocess.run(
-        ["redis-cli", *args], capture_output=True, text=True, timeout=30, check=False
-    )
-    return done.stdout + done.stderr
+_cli = cli  # (other test modules import these two from here)
+_free_ports = free_ports
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
     """A three-master cluster on loopback; the ports of its nodes."""
-    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-        unavailable("redis-server and redis-cli are not installed (Debian's redis package)")
-    root: Path = tmp_path_factory.mktemp("redis-cluster")
-    ports = _free_ports(NODES)
-    nodes = []
-    try:
-        for port in ports:
-            directory = root / str(port)
-            directory.mkdir()
-            nodes.append(
-                subprocess.Popen(
-                    [
-                        "redis-server",
-                        "--port", str(port),
-                        "--bind", "127.0.0.1",
-                        "--cluster-enabled", "yes",
-                        "--cluster-config-file", "nodes.conf",
-                        "--cluster-node-timeout", "5000",
-                        "--save", "",
-                        "--appendonly", "no",
-                        "--dir", str(directory),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )  # fmt: skip
-        for port in ports:
-            _wait(lambda p=port: "PONG" in _cli("-p", str(p), "ping"), f"node {port} to start")
-        addresses = [f"127.0.0.1:{p}" for p in ports]
-        _cli("--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
-        for port in ports:
-            _wait(
-                lambda p=port: "cluster_state:ok" in _cli("-p", str(p), "cluster", "info"),
-                f"node {port} to see the cluster ok",
-            )
+    reason = missing()
+    if reason is not None:
+        unavailable(reason)
+    with redis_cluster(tmp_path_factory.mktemp("redis-cluster"), NODES) as ports:
         yield ports
-    finally:
-        for node in nodes:
-            node.terminate()
-        for node in nodes:
-            node.wait(timeout=10)
-
-
-def _wait(ready: Any, what: str, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not ready():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture

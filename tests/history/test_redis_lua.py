@@ -34,7 +34,7 @@ async def raw() -> AsyncIterator[Redis]:
 
 
 def test_every_script_has_its_includes_in_place() -> None:
-    assert len(SCRIPTS) == 12
+    assert len(SCRIPTS) == 13
     for name in SCRIPTS:
         script = load(name)
         assert script.name == name

@@ -409,6 +409,12 @@ RANGE_SIZES: Final = (
     " GROUP BY exchange ORDER BY exchange"
 )
 DELETE_ROW: Final = "SELECT token FROM {t} WHERE key = %s FOR UPDATE"
+# ``delete``'s common case in one statement: an unreserved conversation goes, and
+# whether it was live (an expired one is purged: it was absent).
+DELETE_UNRESERVED: Final = (
+    "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s AND h.token IS NULL"
+    " RETURNING coalesce(h.expires_at > now(), true)"
+)
 DELETE: Final = "DELETE FROM {t} AS h USING {shared} WHERE h.key = %s"
 _LISTED: Final = (
     "SELECT key, identity, messages, bytes, updated_at, expires_at, token IS NOT NULL,"
@@ -487,6 +493,7 @@ class Statements:
     range_rows: bytes
     range_sizes: bytes
     delete_row: sql.Composed
+    delete_unreserved: sql.Composed
     delete: sql.Composed
     list_all: sql.Composed
     list_namespace: sql.Composed
@@ -568,6 +575,7 @@ def statements(parts: tuple[str, ...]) -> Statements:
         range_rows=hot(RANGE_ROWS),
         range_sizes=hot(RANGE_SIZES),
         delete_row=q(DELETE_ROW),
+        delete_unreserved=q(DELETE_UNRESERVED),
         delete=q(DELETE),
         list_all=q(LIST_ALL),
         list_namespace=q(LIST_NAMESPACE),

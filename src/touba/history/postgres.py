@@ -428,13 +428,16 @@ class _Backend:
         return int(held), int(saved)
 
     async def delete(self, key: str, token: str) -> None:
-        async with self._store._transaction() as conn:
+        """Delete the reserved record: one statement."""
+        async with self._store._statement() as conn:
             if not await _run(conn, self._sql.delete_reserved, (key, token)):
                 raise _recovered(key)
 
     async def release(self, key: str, token: str) -> None:
-        """Give the key back untouched (a bare reservation row goes away)."""
-        async with self._store._transaction() as conn:
+        """Give the key back untouched (a bare reservation row goes away): one
+        statement, or two for a key with a record, each a transaction by itself
+        (each acts only while ``token`` holds the key)."""
+        async with self._store._statement() as conn:
             if not await _run(conn, self._sql.release_bare, (key, token)):
                 await _run(conn, self._sql.release, (key, token))
 
@@ -702,9 +705,18 @@ class PostgresHistoryStore(PooledStore):
         is released first)."""
         check_key(key)
         s = self._sql
-        async with self._using():
+        async with self._pg.using():
             await self._reservations.settle(key)
-        async with self._pg.call() as conn:
+            async with self._pg.statement() as conn:  # unreserved: one statement
+                deleted = await _row(conn, s.delete_unreserved, (key,))
+            if deleted is not None:
+                return bool(deleted[0])  # an expired one was purged: it was absent
+            return await self._delete_held(key)
+
+    async def _delete_held(self, key: str) -> bool:
+        """``delete`` of a key found absent or reserved: which, in a transaction."""
+        s = self._sql
+        async with self._pg.transaction() as conn:
             await _run(conn, s.lock_shared)  # before the row lock: it deletes
             await _run(conn, s.purge_key, (key,))
             row = await _row(conn, s.delete_row, (key,))

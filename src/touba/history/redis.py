@@ -4,8 +4,8 @@ Layout. Every key starts with ``prefix`` followed by one hash tag for the whole
 store (``{<10 hex of sha256(prefix)>}``), so the store lives in one cluster
 slot: capacity is a store-wide bound checked atomically, which a Lua script can
 only do over keys of one slot. (With a ``RedisCluster`` client, whose pipelines
-refuse scripts, a claim's rows come in a round trip of their own and a peek's
-script brings them itself: ``tests/history/test_redis_cluster.py``.) A
+refuse scripts, the claim's and the peek's scripts bring the rows themselves:
+``tests/history/test_redis_cluster.py``.) A
 conversation is named by the sha256 of its session key (``<id>``), so any
 character (braces, colons, NUL, unicode) is safe in a session key and never
 reaches a key name::
@@ -230,12 +230,22 @@ class _Backend:
         tail = self._rows_ahead(read)
         pipelined = (keys.messages, 0, -1) if read.whole else (keys.messages, -tail, -1)
         rows = pipelined if read.whole or tail else None
+        result: Any
         try:
-            reply = await store._conv(store._claim_script, keys, args, "a reservation", rows)
+            if isinstance(store._client, aioredis.RedisCluster) and rows is not None:
+                # (its pipelines refuse scripts: the claim brings the rows itself)
+                found = list(
+                    await store._conv(
+                        store._claim_rows_script, keys, (*args, *rows[1:]), "a reservation"
+                    )
+                )
+                result = (found, found.pop() if replies.text(found[0]) == "found" else [])
+            else:
+                result = await store._conv(store._claim_script, keys, args, "a reservation", rows)
         except BaseException:  # it may have run (a lost reply, a cancellation): free the key
             await self._release_quietly(key, keys, token)
             raise
-        reply, listed, status = self._answer(key, reply, rows)
+        reply, listed, status = self._answer(key, result, rows)
         if status == "limit":
             check_sessions(int(reply[1]), store.max_sessions)
             raise DecisionHistoryLimitExceeded(  # pragma: no cover - check_sessions raised
@@ -565,6 +575,7 @@ class RedisHistoryStore(AsyncClosing):
         self._store_keys = tuple(self._base + n for n in ("sessions", "bytes", "expiry", "held"))
         register = self._client.register_script  # the bytes touba hashed: the same SHA1
         self._claim_script = register(load("claim").source)
+        self._claim_rows_script = register(load("claim_rows").source)
         self._commit_script = register(load("commit").source)
         self._append_if_script = register(load("append_if").source)
         self._peek_script = register(load("peek").source)
@@ -682,13 +693,9 @@ class RedisHistoryStore(AsyncClosing):
         with _driver_errors(what):
             if rows is None:
                 return await script(keys=keys, args=args)
-            if isinstance(self._client, aioredis.RedisCluster):
-                # A cluster client's pipelines refuse scripts: the LRANGE follows in a
-                # round trip of its own (only after a claim: the rows stay as they are
-                # while reserved; a peek, which needs both at once, uses peek_rows.lua).
-                assert not atomic, "no atomic read on a cluster client"
-                reply = await script(keys=keys, args=args)
-                return reply, list(await self._client.lrange(*rows))
+            # A cluster client's pipelines refuse scripts: its claims and peeks bring
+            # their rows themselves (claim_rows.lua, peek_rows.lua).
+            assert not isinstance(self._client, aioredis.RedisCluster), "no pipeline"
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=atomic) as pipe:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
