@@ -21,7 +21,7 @@ recoverable, and the workers must have seen only typed, retryable errors
 ``MemoryStoreUnavailable``), no other exception and no op running longer than its bound.
 
     .venv/bin/python bench/server_crashes.py [--kills 200] [--servers postgres,redis]
-        [--seed N]
+        [--seed N] [--workers decide,chat,events,transact]
 
 ``run_crashes`` is what ``tests/history/test_server_crashes.py`` runs, with fewer kills.
 """
@@ -359,7 +359,11 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--servers", default="postgres,redis")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--workers", default=None, help="kinds of worker, comma-separated (default: WORKERS)"
+    )
     args = parser.parse_args()
+    kinds = None if args.workers is None else tuple(args.workers.split(","))
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     print(f"seed {seed} (rerun with --seed {seed}); {args.kills} kills per server")
     failed = False
@@ -367,7 +371,7 @@ def main() -> None:
         starting = running_postgres if kind == "postgres" else running_redis
         try:
             with starting() as server:
-                report = run_crashes(kind, server, kills=args.kills, seed=seed)
+                report = run_crashes(kind, server, kills=args.kills, seed=seed, workers=kinds)
         except ServerUnavailable as e:
             print(f"{kind:9} skipped: {e}")
             continue
