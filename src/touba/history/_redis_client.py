@@ -18,7 +18,10 @@ retry budget that fits in it (two retries, backoff 50 ms doubling, at most 0.5 s
 a client the host gives keeps its own settings, and our operations on it are bounded
 all the same. redis-py drops a connection whose command timed out or was cancelled
 (``Connection.read_response`` disconnects on any error), so a late reply is never read
-as the answer to the next command (``tests/history/test_redis_deadlines.py``).
+as the answer to the next command (``tests/history/test_redis_deadlines.py``); after a
+deadline expired the client's idle connections are closed too (:func:`drop_idle`), so
+the first operation after the network returns does not wait on one that lived
+through the silence.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ if TYPE_CHECKING:
 
     Client: TypeAlias = aioredis.Redis | aioredis.RedisCluster
 
-__all__ = ["RETRIES", "bounded", "no_answer", "redis_client", "slot_base"]
+__all__ = ["RETRIES", "bounded", "drop_idle", "no_answer", "redis_client", "slot_base"]
 
 RETRIES: Final = 2
+CLOSE_SECONDS: Final = 0.5  # the most closing idle connections may take (local work)
 
 
 def redis_client(
@@ -82,11 +86,42 @@ def redis_client(
 
 
 @asynccontextmanager
-async def bounded(seconds: float) -> AsyncIterator[None]:
-    """Run the body under a deadline: past ``seconds`` it is cancelled and
-    ``TimeoutError`` raised (each store turns it into its own typed error)."""
-    async with asyncio.timeout(seconds):
-        yield
+async def bounded(seconds: float, client: Client) -> AsyncIterator[None]:
+    """Run the body under a deadline: past ``seconds`` it is cancelled, ``client``'s
+    idle connections are closed (:func:`drop_idle`) and ``TimeoutError`` raised (each
+    store turns it into its own typed error)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except BaseException as e:
+        from redis.exceptions import TimeoutError as RedisTimeout  # a socket timeout
+
+        if isinstance(e, TimeoutError | RedisTimeout):
+            await drop_idle(client)
+        raise
+
+
+async def drop_idle(client: Client) -> None:
+    """Close the connections ``client`` keeps idle (every node's, on a cluster client).
+
+    After a deadline expired they may have lived through the silence, and a network
+    that forgot their flow never answers on them again: the next command then opens a
+    new connection instead of waiting out another deadline. Connections other
+    operations are using are left alone; closing is local and bounded; a failure to
+    close changes nothing else."""
+    import redis.asyncio as aioredis
+
+    try:
+        async with asyncio.timeout(CLOSE_SECONDS):
+            if isinstance(client, aioredis.RedisCluster):
+                for node in client.get_nodes():
+                    close = getattr(node, "disconnect_free_connections", None)
+                    if close is not None:  # (redis-py 6+)
+                        await close()
+            else:
+                await client.connection_pool.disconnect(inuse_connections=False)
+    except Exception:  # noqa: S110 - best effort: the operation's own error is raised
+        pass
 
 
 def no_answer(what: str, seconds: float) -> str:

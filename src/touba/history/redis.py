@@ -170,11 +170,11 @@ _AFTER: Final = (
 
 
 @asynccontextmanager
-async def _driver_errors(what: str, seconds: float) -> AsyncIterator[None]:
+async def _driver_errors(what: str, seconds: float, client: Client) -> AsyncIterator[None]:
     """The one place where redis-py exceptions, and a deadline that expired, become
     touba errors: the body runs under a deadline of ``seconds``."""
     try:
-        async with bounded(seconds):
+        async with bounded(seconds, client):
             yield
     except RedisError as e:
         raise DecisionHistoryStoreUnavailable(
@@ -622,7 +622,7 @@ class RedisHistoryStore(AsyncClosing):
             return
         self._closed = True
         if self._owns_client:
-            async with _driver_errors("close", self.deadline_seconds):
+            async with _driver_errors("close", self.deadline_seconds, self._client):
                 await self._client.aclose()
 
     # -- internals ------------------------------------------------------------------
@@ -634,7 +634,7 @@ class RedisHistoryStore(AsyncClosing):
         network silent (see :meth:`_release_seconds`)."""
         self._check_open()
         try:
-            async with _driver_errors(what, seconds or self.deadline_seconds):
+            async with _driver_errors(what, seconds or self.deadline_seconds, self._client):
                 yield
         except DecisionHistoryStoreUnavailable as e:
             self._silent = isinstance(e.__cause__, TimeoutError | RedisTimeout)

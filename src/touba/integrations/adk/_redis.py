@@ -232,11 +232,11 @@ _AFTER: Final = (
 
 
 @asynccontextmanager
-async def _driver_errors(what: str, seconds: float) -> AsyncIterator[None]:
+async def _driver_errors(what: str, seconds: float, client: Client) -> AsyncIterator[None]:
     """The one place where redis-py exceptions, and a deadline that expired, become
     touba errors: the body runs under a deadline of ``seconds``."""
     try:
-        async with bounded(seconds):
+        async with bounded(seconds, client):
             yield
     except RedisError as e:
         raise DecisionHistoryStoreUnavailable(
@@ -310,7 +310,7 @@ class RedisAdkBackend:
             return
         self._closed = True
         if self._owns_client:
-            async with _driver_errors("close", self.deadline_seconds):
+            async with _driver_errors("close", self.deadline_seconds, self._client):
                 await self._client.aclose()
 
     # -- internals ---------------------------------------------------------------
@@ -321,7 +321,7 @@ class RedisAdkBackend:
         if self._closed:
             raise ConfigurationError("this RedisAdkBackend is closed; create a new one")
         try:
-            async with _driver_errors(what, self.deadline_seconds):
+            async with _driver_errors(what, self.deadline_seconds, self._client):
                 return await self._scripts[name](keys=keys, args=(self._base, *args))
         except UnicodeEncodeError as e:  # redis-py encodes every argument before sending
             raise ConfigurationError(
@@ -473,7 +473,7 @@ class RedisAdkBackend:
         name = _Names(self._base, SessionKey(app_name, user_id, "")).user_state
         if self._closed:
             raise ConfigurationError("this RedisAdkBackend is closed; create a new one")
-        async with _driver_errors("a read", self.deadline_seconds):
+        async with _driver_errors("a read", self.deadline_seconds, self._client):
             flat = await self._client.hgetall(name)
         pairs = [v for item in flat.items() for v in item]
         return _state(pairs, "user state", f"{app_name}/{user_id}")

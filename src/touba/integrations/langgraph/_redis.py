@@ -184,11 +184,13 @@ def canonical(value: Any) -> str | None:
 
 
 @asynccontextmanager
-async def _driver_errors(what: str, seconds: float) -> AsyncIterator[None]:
+async def _driver_errors(
+    what: str, seconds: float, client: aioredis.Redis | aioredis.RedisCluster
+) -> AsyncIterator[None]:
     """The one place where redis-py exceptions, and a deadline that expired, become
     touba errors: the body runs under a deadline of ``seconds``."""
     try:
-        async with bounded(seconds):
+        async with bounded(seconds, client):
             yield
     except RedisError as e:
         raise DecisionHistoryStoreUnavailable(
@@ -289,14 +291,14 @@ class RedisSaverBackend:
             # A cluster client's pipelines refuse scripts: the index commands go first
             # (spread over their nodes), then the script, routed by its key's slot;
             # one deadline for both.
-            async with _driver_errors(what, self.deadline_seconds):
+            async with _driver_errors(what, self.deadline_seconds, self._client):
                 await self._commands(before, what)
                 try:
                     return await self._client.execute_command(*command)
                 except NoScriptError:
                     await self._client.script_load(script.source)  # on every primary
                     return await self._client.execute_command(*command)
-        async with _driver_errors(what, self.deadline_seconds):
+        async with _driver_errors(what, self.deadline_seconds, self._client):
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=False) as pipe:
                     for c in before:
@@ -323,7 +325,7 @@ class RedisSaverBackend:
         if isinstance(self._client, aioredis.RedisCluster):
             return list(await asyncio.gather(*(self._eval(name, b, a, what) for b, a in calls)))
         script: LuaScript = self._scripts[name]
-        async with _driver_errors(what, self.deadline_seconds):
+        async with _driver_errors(what, self.deadline_seconds, self._client):
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=False) as pipe:
                     for base, args in calls:
@@ -344,7 +346,7 @@ class RedisSaverBackend:
         if not commands:
             return []
         async with (
-            _driver_errors(what, self.deadline_seconds),
+            _driver_errors(what, self.deadline_seconds, self._client),
             self._client.pipeline(transaction=False) as pipe,
         ):
             for c in commands:
@@ -596,7 +598,7 @@ class RedisSaverBackend:
             return
         self._closed = True
         if self._owns_client:
-            async with _driver_errors("close", self.deadline_seconds):
+            async with _driver_errors("close", self.deadline_seconds, self._client):
                 await self._client.aclose()
 
 
