@@ -32,15 +32,17 @@ from tests.providers.test_streaming import LOOKUP, VENDORS, _script_calls, _serv
 from touba.errors import (
     AgentDecisionProviderUnavailable,
     ConfigurationError,
+    DecisionHistorySummaryInvalid,
     ProviderContextCountUnavailable,
 )
-from touba.history import HistoryConfig, MemoryHistoryStore
+from touba.history import HistoryConfig, MemoryHistoryStore, SummaryRequest
 from touba.providers import ContextConfig, DecisionProvider, DecisionRequest
 from touba.providers._stream import DecisionDelta, StreamedCall
 from touba.providers.anthropic import create_anthropic_decision_provider
 from touba.providers.compatible import create_openai_compatible_decision_provider
 from touba.providers.gemini import create_gemini_decision_provider
 from touba.providers.openai import create_openai_decision_provider
+from touba.providers.summarizer import ModelSummarizer
 from touba.testing.fakes import (
     FakeProviderServer,
     StreamKnobs,
@@ -263,3 +265,35 @@ async def test_a_guard_count_under_a_black_hole_is_count_unavailable_in_time(
         proxy.restore()
         _script_calls(vendor, srv)
         assert len((await provider.decide(REQUEST)).calls) == 2
+
+
+async def test_a_summarizer_whose_provider_goes_silent_refuses_in_time() -> None:
+    """The summariser's provider has its own deadline (shorter here than the summariser's
+    timeout_seconds): a silent network refuses the decision that needed the summary
+    with DecisionHistorySummaryInvalid, the provider's error chained. (One provider
+    suffices: the deadline is DecisionProvider's, shared by all.)"""
+    with _server("openai") as srv:
+        parts = urlsplit(srv.base_url)
+        with net_proxy(parts.hostname or "127.0.0.1", parts.port or 80) as proxy:
+            await _summarize_through(srv, proxy)
+
+
+async def _summarize_through(srv: FakeProviderServer, proxy: NetProxy) -> None:
+    sdk = openai.AsyncOpenAI(
+        base_url=proxy.url(srv.base_url) + "/v1", api_key="sk-test", max_retries=0, timeout=None
+    )
+    async with sdk:
+        provider = create_openai_decision_provider(
+            model="m", client=sdk, history=False, deadline_seconds=DEADLINE
+        )
+        summarizer = ModelSummarizer(provider, max_calls=3, timeout_seconds=30)
+        request = SummaryRequest(previous_summary="Greeted.", turns=(), max_bytes=200)
+        proxy.black_hole()
+        started = time.monotonic()
+        with pytest.raises(DecisionHistorySummaryInvalid) as caught:
+            await summarizer(request)
+        assert time.monotonic() - started < DEADLINE + SLACK
+        assert isinstance(caught.value.__cause__, AgentDecisionProviderUnavailable)
+        proxy.restore()
+        _script_text("openai", srv, "Nothing happened yet.")
+        assert await summarizer(request) == "Nothing happened yet."
