@@ -135,3 +135,62 @@ async def test_a_wide_session_read_is_one_script_call_on_a_cluster(
     assert _calls(cluster, "evalsha") == 1  # (the LRANGEs it runs count as its own)
     await session.add_items([{"role": "user", "content": "q40"}])  # never left reserved
     assert (await session.get_items())[-1] == {"role": "user", "content": "q40"}
+
+
+async def test_a_decision_on_a_silent_cluster_fails_within_the_deadline(
+    cluster: list[int],
+) -> None:
+    """Each node behind a loopback proxy (tests/_netproxy.py; the client reaches the
+    nodes the cluster announces through ``address_remap``): with every proxy
+    black-holed, a decision on a ``RedisCluster`` client with no timeout of its own
+    fails with the retryable ``DecisionHistoryStoreUnavailable`` within
+    ``deadline_seconds`` + 1 s; once the network returns the next decision succeeds
+    and every acknowledged one is stored."""
+    from contextlib import ExitStack
+
+    from tests._netproxy import net_proxy
+    from touba.errors import DecisionHistoryStoreUnavailable
+
+    deadline = 1.0
+    with ExitStack() as stack:
+        proxies = {port: stack.enter_context(net_proxy("127.0.0.1", port)) for port in cluster}
+
+        def remap(address: tuple[str, int]) -> tuple[str, int]:
+            return "127.0.0.1", proxies[address[1]].port
+
+        first = proxies[cluster[0]].port
+        client = RedisCluster(host="127.0.0.1", port=first, address_remap=remap)
+        direct = RedisCluster(host="127.0.0.1", port=cluster[0])
+        prefix = f"touba-test-deadline-cluster:{time.monotonic_ns()}:"
+        identity = ConversationIdentity("ns", "openai", "m", "native", "r", "i", "a")
+        try:
+            store = RedisHistoryStore(client=client, prefix=prefix, deadline_seconds=deadline)
+            history = DecisionHistory(HistoryConfig(store=store, namespace="ns"))
+
+            async def decide(text: str) -> None:
+                async def generate(window: HistoryWindow) -> DecisionMessage:
+                    return DecisionMessage(text=text, final=True)
+
+                await history.step(identity, [], generate)
+
+            await decide("d0")
+            for proxy in proxies.values():
+                proxy.black_hole()
+            started = time.monotonic()
+            with pytest.raises(DecisionHistoryStoreUnavailable) as caught:
+                await decide("lost")
+            elapsed = time.monotonic() - started
+            assert caught.value.retryable
+            assert elapsed < deadline + 1.0, elapsed
+            for proxy in proxies.values():
+                proxy.restore()
+            await decide("d1")
+            reader = RedisHistoryStore(client=direct, prefix=prefix)
+            saved = await reader.read(identity.key)
+            assert saved is not None
+            texts = [m["text"] for ex in saved["exchanges"] for m in ex if m.get("text")]
+            assert texts == ["d0", "d1"]
+            await reader.delete(identity.key)
+        finally:
+            await client.aclose()
+            await direct.aclose()

@@ -60,8 +60,8 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -95,9 +95,10 @@ from touba.history._common import (
     recovered,
     require_worker_stopped,
 )
+from touba.history._deadline import STORE_DEADLINE_SECONDS, check_deadline
 from touba.history._lua import load
 from touba.history._record import join_record
-from touba.history._redis_client import redis_client, slot_base
+from touba.history._redis_client import bounded, no_answer, redis_client, slot_base
 from touba.history._redis_durability import SETTINGS, durability_of
 from touba.history._repair import RawConversation, RawRow, RepairPlan, raw_text
 from touba.history._repair_write import write_repair
@@ -121,7 +122,7 @@ try:
     import redis.asyncio as aioredis
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import NoScriptError, RedisError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.exceptions import TimeoutError as RedisTimeout
 except ImportError as e:  # pragma: no cover - exercised by a test that hides redis
     raise ImportError(
         'touba.history.redis needs redis-py; install it with: pip install "touba[redis]"'
@@ -133,6 +134,11 @@ if TYPE_CHECKING:
 __all__ = ["RedisHistoryStore"]
 
 MAX_ROWS: Final = 4096  # most messages read ahead with a claim
+# How long a release may take once an operation found the network silent (its
+# deadline expired): the decision that failed must not wait a second deadline for
+# a release that cannot arrive either (the reservation is then recovered as after
+# any failed release).
+RELEASE_AFTER_SILENCE: Final = 0.5
 _LABEL: Final = "Redis"
 
 T = TypeVar("T")
@@ -159,18 +165,26 @@ def _raw_row(value: Any) -> RawRow:
         return RawRow(None, None, text)
 
 
-@contextmanager
-def _driver_errors(what: str) -> Iterator[None]:
-    """The one place where redis-py exceptions become touba errors."""
+_AFTER: Final = (
+    "Check the server and retry; a conversation whose reservation could not be released "
+    "is released by this store object's next operation on it, or by "
+    "store.recover(key, worker_stopped=True)"
+)
+
+
+@asynccontextmanager
+async def _driver_errors(what: str, seconds: float, client: Client) -> AsyncIterator[None]:
+    """The one place where redis-py exceptions, and a deadline that expired, become
+    touba errors: the body runs under a deadline of ``seconds``."""
     try:
-        yield
+        async with bounded(seconds, client):
+            yield
     except RedisError as e:
         raise DecisionHistoryStoreUnavailable(
-            f"Redis failed during {what} ({type(e).__name__}: {e}). Check the server and "
-            "retry; a conversation whose reservation could not be released is released by "
-            "this store object's next operation on it, or by "
-            "store.recover(key, worker_stopped=True)"
+            f"Redis failed during {what} ({type(e).__name__}: {e}). {_AFTER}"
         ) from e
+    except TimeoutError as e:
+        raise DecisionHistoryStoreUnavailable(f"{no_answer(what, seconds)}. {_AFTER}") from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,15 +479,28 @@ class _Backend:
         await self._commit(key, token, "delete", None, ())
 
     async def release(self, key: str, token: str) -> None:
-        """``Backend.release``: release.lua, if ``token`` still holds the key."""
+        """``Backend.release``: release.lua, if ``token`` still holds the key (within
+        ``RELEASE_AFTER_SILENCE`` when the last operation found the network silent)."""
         store = self._store
-        await store._conv(store._release_script, store._keys(key), (token,), "a release")
+        await store._conv(
+            store._release_script,
+            store._keys(key),
+            (token,),
+            "a release",
+            seconds=store._release_seconds(),
+        )
 
     async def _release_quietly(self, key: str, keys: _Keys, token: str) -> None:
         """Free our reservation after a failure; never hide the original error."""
         store = self._store
         try:
-            await store._conv(store._release_script, keys, (token,), "a release")
+            await store._conv(
+                store._release_script,
+                keys,
+                (token,),
+                "a release",
+                seconds=store._release_seconds(),
+            )
         except (DecisionHistoryStoreUnavailable, ConfigurationError) as e:
             logger.warning(
                 "could not release the reservation of conversation %r (%s); if it was taken, "
@@ -515,7 +542,15 @@ class RedisHistoryStore(AsyncClosing):
     Give exactly one of ``url`` (the store creates the client, which retries a
     command twice on a failed connection, and closes it) or ``client`` (a
     ``redis.asyncio.Redis`` or ``RedisCluster`` you own, with its own retry
-    policy; ``close()`` leaves it open).
+    policy and timeouts; ``close()`` leaves it open).
+
+    ``deadline_seconds`` (default 10) bounds every round trip, redis-py's retries
+    included, on either client: past it the operation fails with the retryable
+    :class:`~touba.errors.DecisionHistoryStoreUnavailable` (a network gone silent
+    fails a decision instead of hanging its worker). The client made from ``url``
+    also times out its connects and socket reads after it. A reservation whose
+    release found the network silent is left held, and answers
+    ``DecisionHistoryBusy`` until ``recover``, as after any failed release.
     Defaults: 128 conversations, 32 MiB, 24 hours of inactivity. A transaction
     reserves its conversation durably; after a crash the conversation answers
     :class:`~touba.errors.DecisionHistoryBusy` until
@@ -558,14 +593,19 @@ class RedisHistoryStore(AsyncClosing):
         ttl_seconds: float = 86400,
         worker_id: str | None = None,
         encryption: Encryption | None = None,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         check_limits_config(
             max_sessions=max_sessions, max_store_bytes=max_store_bytes, ttl_seconds=ttl_seconds
         )
+        self.deadline_seconds = check_deadline(deadline_seconds, owner="RedisHistoryStore")
         self._base = slot_base(prefix, owner="store")
         if worker_id is not None and not isinstance(worker_id, str):
             raise ConfigurationError(f"worker_id must be a str or None, got {worker_id!r}")
-        self._client, self._owns_client = redis_client(url, client, owner="RedisHistoryStore")
+        self._client, self._owns_client = redis_client(
+            url, client, owner="RedisHistoryStore", deadline=self.deadline_seconds
+        )
+        self._silent = False  # the last operation ran out of its deadline
         self.prefix = prefix
         self.max_sessions = max_sessions
         self.max_store_bytes = max_store_bytes
@@ -606,7 +646,7 @@ class RedisHistoryStore(AsyncClosing):
             return
         self._closed = True
         if self._owns_client:
-            with _driver_errors("close"):
+            async with _driver_errors("close", self.deadline_seconds, self._client):
                 await self._client.aclose()
 
     async def _enter(self) -> None:
@@ -622,8 +662,9 @@ class RedisHistoryStore(AsyncClosing):
             return
         self._durability_read = True  # first: concurrent first commands read it once
         try:
-            settings = await self._persistence_settings()
-        except (RedisConnectionError, RedisTimeoutError):
+            async with bounded(self.deadline_seconds, self._client):
+                settings = await self._persistence_settings()
+        except (RedisConnectionError, RedisTimeout, TimeoutError):
             self._durability_read = False
             return
         except RedisError:  # NOPERM, an unknown command: a managed service or an ACL
@@ -664,6 +705,28 @@ class RedisHistoryStore(AsyncClosing):
                     settings[name] = replies.text(value)
         return settings
 
+    @asynccontextmanager
+    async def _bounded(self, what: str, seconds: float | None = None) -> AsyncIterator[None]:
+        """One round trip under the deadline (``seconds``, else ``deadline_seconds``),
+        its failures as ``DecisionHistoryStoreUnavailable``; notes whether it found the
+        network silent (see :meth:`_release_seconds`)."""
+        self._check_open()
+        try:
+            async with _driver_errors(what, seconds or self.deadline_seconds, self._client):
+                yield
+        except DecisionHistoryStoreUnavailable as e:
+            self._silent = isinstance(e.__cause__, TimeoutError | RedisTimeout)
+            raise
+        self._silent = False
+
+    def _release_seconds(self) -> float:
+        """A release's deadline: ``RELEASE_AFTER_SILENCE`` right after an operation
+        ran out of its own (so a failed decision raises within about one deadline),
+        else ``deadline_seconds``."""
+        if self._silent:
+            return min(self.deadline_seconds, RELEASE_AFTER_SILENCE)
+        return self.deadline_seconds
+
     def _keys(self, key: str) -> _Keys:
         check_key(key)
         cid = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
@@ -683,14 +746,15 @@ class RedisHistoryStore(AsyncClosing):
         rows: tuple[str, int, int] | None = None,
         *,
         atomic: bool = False,
+        seconds: float | None = None,
     ) -> Any:
         """One round trip: ``script``; with ``rows`` (list, start, stop), an LRANGE
         pipelined after it (``atomic``: both in one MULTI), and the reply is
-        ``(script reply, rows)``."""
+        ``(script reply, rows)``. Bounded by ``seconds`` (else ``deadline_seconds``)."""
         self._check_open()
         if not self._durability_read:
             await self._read_durability()
-        with _driver_errors(what):
+        async with self._bounded(what, seconds):
             if rows is None:
                 return await script(keys=keys, args=args)
             # A cluster client's pipelines refuse scripts: its claims and peeks bring
@@ -714,7 +778,7 @@ class RedisHistoryStore(AsyncClosing):
         self._check_open()
         if not self._durability_read:
             await self._read_durability()
-        with _driver_errors("a read"):
+        async with self._bounded("a read"):
             return list(await self._client.lrange(name, start, stop))
 
     async def _conv(
@@ -726,9 +790,16 @@ class RedisHistoryStore(AsyncClosing):
         rows: tuple[str, int, int] | None = None,
         *,
         atomic: bool = False,
+        seconds: float | None = None,
     ) -> Any:
         return await self._run(
-            script, keys.all, (self._base, keys.id, *args), what, rows, atomic=atomic
+            script,
+            keys.all,
+            (self._base, keys.id, *args),
+            what,
+            rows,
+            atomic=atomic,
+            seconds=seconds,
         )
 
     def _busy(self, key: str, reply: Sequence[Any]) -> ToubaError:
@@ -847,15 +918,13 @@ class RedisHistoryStore(AsyncClosing):
         unreadable row (an unopened head: an unrepairable conversation), and
         ``missing_keys`` names the key ids it was sealed with that were not given."""
         keys = self._keys(key)
-        self._check_open()
-        with _driver_errors("a read"):
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hmget(keys.all[4], "head", "split", "messages", "token", "expires_at")
-                pipe.hget(keys.all[0], keys.id)
-                pipe.llen(keys.exchanges)
-                pipe.lrange(keys.messages, 0, -1)
-                pipe.time()
-                fields, size, exchanges, listed, (seconds, micros) = await pipe.execute()
+        async with self._bounded("a read"), self._client.pipeline(transaction=True) as pipe:
+            pipe.hmget(keys.all[4], "head", "split", "messages", "token", "expires_at")
+            pipe.hget(keys.all[0], keys.id)
+            pipe.llen(keys.exchanges)
+            pipe.lrange(keys.messages, 0, -1)
+            pipe.time()
+            fields, size, exchanges, listed, (seconds, micros) = await pipe.execute()
         head, split, messages, token, expires = fields
         if head is None:
             return None
@@ -907,8 +976,7 @@ class RedisHistoryStore(AsyncClosing):
         """True when the prefix holds none of this store's keys: nothing was ever
         stored there (a wrong ``prefix`` or database), or the store emptied itself.
         One EXISTS over the store-wide keys; it reads only (no purge, no expiry)."""
-        self._check_open()
-        with _driver_errors("a check"):
+        async with self._bounded("a check"):
             return int(await self._client.exists(*self._store_keys)) == 0
 
     async def list(
@@ -962,18 +1030,21 @@ class RedisHistoryStore(AsyncClosing):
         sorts after ``after``, in id order (reads them all: for rotation only)."""
         client = self._client
         out = []
-        with _driver_errors("a scan for rotation"):
+        what = "a scan for rotation"  # each round trip under its own deadline
+        async with self._bounded(what):
             ids = sorted(replies.text(i) for i in await client.zrange(self._store_keys[2], 0, -1))
-            for cid in ids:
-                if cid <= after:
-                    continue
-                conv = f"{self._base}c:{cid}:"
+        for cid in ids:
+            if cid <= after:
+                continue
+            conv = f"{self._base}c:{cid}:"
+            async with self._bounded(what):
                 key, head = await client.hmget(conv + "head", ["key", "head"])
-                if key is None or head is None:
-                    continue
+            if key is None or head is None:
+                continue
+            async with self._bounded(what):
                 raw = await client.lrange(conv + "messages", 0, -1)
-                bodies = [body for _e, _s, body in replies.rows(raw, 2**62)]
-                out.append((cid, json.loads(replies.text(key)), [replies.text(head), *bodies]))
+            bodies = [body for _e, _s, body in replies.rows(raw, 2**62)]
+            out.append((cid, json.loads(replies.text(key)), [replies.text(head), *bodies]))
         return out
 
 

@@ -13,12 +13,18 @@ import json
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from touba import _telemetry as telemetry
-from touba.errors import ConfigurationError
+from touba.errors import (
+    AgentDecisionProviderUnavailable,
+    ConfigurationError,
+    ProviderContextCountUnavailable,
+)
 from touba.history._config import HistoryConfig, HistoryEvent
+from touba.history._deadline import PROVIDER_DEADLINE_SECONDS, check_deadline
 from touba.history._engine import DecisionHistory, HistoryWindow
 from touba.history._identity import ConversationIdentity
 from touba.history._integrity import check_decision_json, check_observations
@@ -31,6 +37,7 @@ from touba.history._model import (
     message_bytes,
 )
 from touba.history._window import ExchangeSize
+from touba.providers._deadline import request_deadline
 from touba.providers._guard import ContextConfig, find_cut, largest_fitting_count, reserve_tokens
 from touba.providers._stream import (
     DecisionDelta,
@@ -111,10 +118,16 @@ class Wire(ABC):
     non-streaming request returns (then parsed by the same function). Other
     wires generate as usual; the provider then reports the decision's calls
     and text to the sink in one go.
+
+    The provider runs ``count`` and ``generate`` under its deadline
+    (:mod:`touba.providers._deadline`) and sets ``deadline_seconds`` on its wire: a
+    wire reads a stream's events through ``Paced`` and sends the SDK a per-request
+    timeout no longer than it, where the SDK has one.
     """
 
     provider: ClassVar[str]
     streams: ClassVar[bool] = False
+    deadline_seconds: float = PROVIDER_DEADLINE_SECONDS
 
     def __init__(self, *, model: str, interface: DecisionInterface) -> None:
         self.model = model
@@ -150,6 +163,14 @@ class DecisionProvider:
     With history (the default), each decision is one transaction of the
     conversation named by the request's identity; with ``history=False``
     nothing is kept and observations are sent as plain data.
+
+    ``deadline_seconds`` (default 120) bounds each request to the provider, its SDK's
+    retries included: one that gets no answer within it fails with the retryable
+    ``AgentDecisionProviderUnavailable`` (a count of the context guard with
+    ``ProviderContextCountUnavailable``). For a streamed reply it bounds the silence
+    before the first event and between two events, so a stream may last longer in
+    total. The host's client keeps its own timeout and retries; touba sends a
+    per-request timeout no longer than the deadline where the SDK takes one.
     """
 
     def __init__(
@@ -159,11 +180,16 @@ class DecisionProvider:
         history: HistoryConfig | bool | None,
         context: ContextConfig | None = None,
         max_output_tokens: int | None = None,
+        deadline_seconds: float = PROVIDER_DEADLINE_SECONDS,
     ) -> None:
         if wire.interface not in ("native", "structured"):
             raise ConfigurationError(
                 f"decision_interface must be 'native' or 'structured', got {wire.interface!r}"
             )
+        self.deadline_seconds = check_deadline(
+            deadline_seconds, owner=f"the {wire.provider} provider"
+        )
+        wire.deadline_seconds = self.deadline_seconds
         self._wire = wire
         if history is True or history is None:
             history = HistoryConfig()
@@ -291,12 +317,15 @@ class DecisionProvider:
         async def generate(window: HistoryWindow) -> DecisionMessage:
             plan = fitted[-1] if fitted else Plan(request, self.decision_interface, prior, window)
             body = self._wire.render(plan)
-            if deltas is None:
-                message, used = await self._wire.generate(body)
-            elif self._wire.streams:
-                message, used = await self._wire.generate(body, deltas)
-            else:
-                message, used = await self._wire.generate(body)
+            streamed = deltas is not None and self._wire.streams
+            async with request_deadline(self.deadline_seconds, self._no_answer(streamed)):
+                if deltas is None:
+                    message, used = await self._wire.generate(body)
+                elif streamed:
+                    message, used = await self._wire.generate(body, deltas)
+                else:
+                    message, used = await self._wire.generate(body)
+            if deltas is not None and not streamed:
                 await _replay(message, deltas)
             check_decision(message, request.capabilities, request.output_schema)
             usage.append(used)
@@ -399,7 +428,8 @@ class DecisionProvider:
                     "gen_ai.request.model": self.model,
                 },
             ):
-                count = await self._wire.count(body(drop))
+                async with request_deadline(self.deadline_seconds, self._no_count):
+                    count = await self._wire.count(body(drop))
             reserve = reserve_tokens(count, context, max_output)
             counted = plan.dropping(drop)
             size = counted.window.size
@@ -429,6 +459,24 @@ class DecisionProvider:
             key, fitted, dropped_turns=len(plan.prior_turns) - len(fitted.prior_turns)
         )
         return fitted
+
+    def _no_answer(self, streamed: bool) -> Callable[[], AgentDecisionProviderUnavailable]:
+        """The error of a generation that hit the deadline."""
+        where = " before its next event" if streamed else ""
+        message = (
+            f"the {self.provider} provider gave no answer{where} within "
+            f"{self.deadline_seconds:g} s (deadline_seconds); no decision was received and "
+            "nothing was stored: retry later, or raise deadline_seconds"
+        )
+        return lambda: AgentDecisionProviderUnavailable(message)
+
+    def _no_count(self) -> ProviderContextCountUnavailable:
+        """The error of a count of the context guard that hit the deadline."""
+        return ProviderContextCountUnavailable(
+            f"the {self.provider} token count gave no answer within {self.deadline_seconds:g} s "
+            "(deadline_seconds); nothing was generated: retry later, or create the provider "
+            "without context= to skip the guard"
+        )
 
     async def _emit(self, event: HistoryEvent) -> None:
         if self._history is not None:

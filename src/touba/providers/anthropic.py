@@ -87,6 +87,7 @@ from touba.errors import (
     ToubaError,
 )
 from touba.history._config import HistoryConfig
+from touba.history._deadline import PROVIDER_DEADLINE_SECONDS
 from touba.history._model import DecisionMessage, canonical_json
 from touba.providers._anthropic_post import (
     open_stream,
@@ -104,6 +105,7 @@ from touba.providers._anthropic_wire import (
     render_messages,
 )
 from touba.providers._base import DecisionProvider, Plan, Wire
+from touba.providers._deadline import Paced
 from touba.providers._framing import structured_instructions, structured_schema
 from touba.providers._guard import ContextConfig
 from touba.providers._stream import DeltaSink
@@ -334,7 +336,7 @@ class AnthropicWire(Wire):
             if streamed:
                 events = await open_stream(self._client, body, params, self._request_options)
                 async with events:  # closed on any exit, a cancelled decide included
-                    data: Any = await read_message_stream(events, sink or _no_sink)
+                    data: Any = await read_message_stream(Paced(events), sink or _no_sink)
             else:
                 payload = await send_message(self._client, body, params, self._request_options)
         except ToubaError:
@@ -484,6 +486,7 @@ def create_anthropic_decision_provider(
     context: ContextConfig | None = None,
     max_output_tokens: int | None = 1024,
     client: anthropic.AsyncAnthropic | None = None,
+    deadline_seconds: float = PROVIDER_DEADLINE_SECONDS,
     **options: Any,
 ) -> DecisionProvider:
     """A decision provider on the Anthropic Messages API (see the module docstring).
@@ -491,6 +494,9 @@ def create_anthropic_decision_provider(
     ``client`` defaults to ``anthropic.AsyncAnthropic()`` (``ANTHROPIC_API_KEY``
     from the environment); ``options`` are extra Messages parameters
     (``thinking``, ``output_config`` effort, ``metadata``, ``extra_headers``...).
+
+    ``deadline_seconds`` (default 120) bounds each request: no answer within it (for a
+    stream, no event within it) is ``AgentDecisionProviderUnavailable``, retryable.
     """
     sdk = _sdk()
     if not isinstance(model, str) or not model:
@@ -513,7 +519,11 @@ def create_anthropic_decision_provider(
         options=options,
     )
     provider = DecisionProvider(
-        wire, history=history, context=context, max_output_tokens=max_output_tokens
+        wire,
+        history=history,
+        context=context,
+        max_output_tokens=max_output_tokens,
+        deadline_seconds=deadline_seconds,
     )
     async_clients = [sdk.AsyncAnthropic] + [
         cls

@@ -61,6 +61,7 @@ from touba.errors import (
     ProviderContextGuardUnsupported,
 )
 from touba.history._config import HistoryConfig
+from touba.history._deadline import PROVIDER_DEADLINE_SECONDS
 from touba.history._model import (
     JSON,
     CapabilityCall,
@@ -69,6 +70,7 @@ from touba.history._model import (
     canonical_json,
 )
 from touba.providers._base import DecisionProvider, Plan, Wire
+from touba.providers._deadline import Paced, capped_timeout
 from touba.providers._framing import (
     input_text,
     observation_payload,
@@ -625,7 +627,11 @@ class CompatibleWire(Wire):
                 base_url=self._base_url,
                 api_key=self._api_key or _NO_KEY,
                 max_retries=0,
-                timeout=self._timeout if self._timeout is not None else openai.NOT_GIVEN,
+                # its own timeout (the SDK's default without one), at most the deadline
+                timeout=capped_timeout(
+                    self._timeout if self._timeout is not None else openai.DEFAULT_TIMEOUT,
+                    self.deadline_seconds,
+                ),
                 default_headers=headers,
             )
         return self._client
@@ -675,7 +681,7 @@ class CompatibleWire(Wire):
                     stream_cls=openai.AsyncStream[object],
                 )
                 async with stream:  # closed on any exit, a cancelled decide included
-                    data: Any = await read_chat_stream(stream, sink)
+                    data: Any = await read_chat_stream(Paced(stream), sink)
         except openai.APIStatusError as e:
             code = getattr(e, "code", None)
             safe = isinstance(code, str | int) and _SAFE_CODE.match(str(code))
@@ -786,12 +792,16 @@ def create_openai_compatible_decision_provider(
     decision_interface: DecisionInterface = "native",
     history: HistoryConfig | bool | None = None,
     max_output_tokens: int | None = None,
+    deadline_seconds: float = PROVIDER_DEADLINE_SECONDS,
     **options: Any,
 ) -> DecisionProvider:
     """A provider speaking Chat Completions to an OpenAI-compatible server.
 
     See the module docstring for keys, options and the choices made where
     servers differ. There is no context guard: ``context=`` is refused.
+
+    ``deadline_seconds`` (default 120) bounds each request: no answer within it (for a
+    stream, no event within it) is ``AgentDecisionProviderUnavailable``, retryable.
     """
     if "context" in options:
         raise ConfigurationError(
@@ -842,4 +852,9 @@ def create_openai_compatible_decision_provider(
         timeout=timeout,
         headers=headers,
     )
-    return DecisionProvider(wire, history=history, max_output_tokens=max_output_tokens)
+    return DecisionProvider(
+        wire,
+        history=history,
+        max_output_tokens=max_output_tokens,
+        deadline_seconds=deadline_seconds,
+    )

@@ -35,8 +35,10 @@ from touba.errors import (
     ToubaError,
 )
 from touba.history._config import HistoryConfig
+from touba.history._deadline import PROVIDER_DEADLINE_SECONDS
 from touba.history._model import DecisionMessage
 from touba.providers._base import DecisionProvider, Plan, Wire
+from touba.providers._deadline import Paced
 from touba.providers._gemini_wire import (
     PROVIDER,
     GeminiBody,
@@ -173,6 +175,13 @@ class GeminiWire(Wire):
             return copied
         return dict(body)
 
+    def _http_options(self) -> Any:
+        """Per request: the client's timeout (ms) capped at the deadline; the rest of
+        the client's ``http_options`` as they are (the SDK merges the two)."""
+        deadline_ms = max(1, round(self.deadline_seconds * 1000))
+        own = getattr(getattr(self._api, "_http_options", None), "timeout", None)
+        return {"timeout": deadline_ms if own is None else min(int(own), deadline_ms)}
+
     async def _post(
         self, method: str, body: Mapping[str, Any], sink: DeltaSink | None = None
     ) -> Any:
@@ -187,12 +196,15 @@ class GeminiWire(Wire):
         try:
             if sink is not None:
                 chunks = await self._api.async_request_streamed(
-                    "post", f"{self._resource}:{method}?alt=sse", self._sendable(body)
+                    "post",
+                    f"{self._resource}:{method}?alt=sse",
+                    self._sendable(body),
+                    self._http_options(),
                 )
                 async with contextlib.aclosing(chunks):
-                    return await read_content_stream(_bodies(chunks), sink)
+                    return await read_content_stream(Paced(_bodies(chunks)), sink)
             response = await self._api.async_request(
-                "post", f"{self._resource}:{method}", self._sendable(body)
+                "post", f"{self._resource}:{method}", self._sendable(body), self._http_options()
             )
             return json.loads(response.body or "")
         except errors.APIError as e:
@@ -251,6 +263,7 @@ def create_gemini_decision_provider(
     context: ContextConfig | None = None,
     max_output_tokens: int | None = None,
     client: Client | AsyncClient | None = None,
+    deadline_seconds: float = PROVIDER_DEADLINE_SECONDS,
     **options: Any,
 ) -> DecisionProvider:
     """A decision provider over Gemini ``generateContent`` (SPEC section 2).
@@ -261,6 +274,9 @@ def create_gemini_decision_provider(
     (``temperature``, ``thinking_config``, ``safety_settings``,
     ``tool_config``, ... or ``config=GenerateContentConfig(...)``), sent in
     REST form; what touba renders itself is refused.
+
+    ``deadline_seconds`` (default 120) bounds each request: no answer within it (for a
+    stream, no event within it) is ``AgentDecisionProviderUnavailable``, retryable.
     """
     try:
         importlib.import_module("google.genai")
@@ -280,5 +296,9 @@ def create_gemini_decision_provider(
         fields=fields,
     )
     return DecisionProvider(
-        wire, history=history, context=context, max_output_tokens=max_output_tokens
+        wire,
+        history=history,
+        context=context,
+        max_output_tokens=max_output_tokens,
+        deadline_seconds=deadline_seconds,
     )

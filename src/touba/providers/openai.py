@@ -31,8 +31,10 @@ from touba.errors import (
     ToubaError,
 )
 from touba.history._config import HistoryConfig
+from touba.history._deadline import PROVIDER_DEADLINE_SECONDS
 from touba.history._model import DecisionMessage
 from touba.providers._base import DecisionProvider, Plan, Wire
+from touba.providers._deadline import Paced, capped_timeout
 from touba.providers._guard import ContextConfig
 from touba.providers._openai_wire import (
     ENCRYPTED_REASONING,
@@ -161,6 +163,12 @@ class OpenAIWire(Wire):
         self._request_options = request_options()
         self._exchanges = exchange_memo()
 
+    def _sdk_options(self) -> Any:
+        """The request options, with the client's timeout capped at the deadline (for a
+        stream, httpx's read timeout bounds the silence between two chunks)."""
+        timeout = capped_timeout(self._client.timeout, self.deadline_seconds)
+        return {**self._request_options, "timeout": timeout}
+
     def refuse_server_state(self) -> None:
         """Without the guard, server-side conversation state is still refused."""
         found = _server_state(self._options)
@@ -223,7 +231,7 @@ class OpenAIWire(Wire):
                 "/responses/input_tokens",
                 body=count_body(body),
                 cast_to=str,
-                options=self._request_options,
+                options=self._sdk_options(),
             )
             result = json.loads(text)
         except Exception as e:
@@ -246,7 +254,7 @@ class OpenAIWire(Wire):
         try:
             if sink is None:
                 text = await self._generation_client.post(
-                    "/responses", body=body, cast_to=str, options=self._request_options
+                    "/responses", body=body, cast_to=str, options=self._sdk_options()
                 )
                 data = json.loads(text)
             else:
@@ -266,12 +274,12 @@ class OpenAIWire(Wire):
             "/responses",
             body={**body, "stream": True},
             cast_to=object,
-            options=self._request_options,
+            options=self._sdk_options(),
             stream=True,
             stream_cls=openai.AsyncStream[object],
         )
         async with stream:
-            return await read_response_stream(stream, sink)
+            return await read_response_stream(Paced(stream), sink)
 
 
 def request_options() -> Any:
@@ -322,6 +330,7 @@ def create_openai_decision_provider(
     context: ContextConfig | None = None,
     max_output_tokens: int | None = None,
     client: AsyncOpenAI | None = None,
+    deadline_seconds: float = PROVIDER_DEADLINE_SECONDS,
     **options: Any,
 ) -> DecisionProvider:
     """A decision provider over OpenAI's Responses API.
@@ -331,6 +340,9 @@ def create_openai_decision_provider(
     parameters of ``client.responses.create`` (``reasoning``, ``temperature``,
     ``text={"verbosity": ...}``...); options that would hand the conversation
     to server-side state are refused.
+
+    ``deadline_seconds`` (default 120) bounds each request: no answer within it (for a
+    stream, no event within it) is ``AgentDecisionProviderUnavailable``, retryable.
     """
     openai = _import_openai()
     if not isinstance(model, str) or not model:
@@ -359,5 +371,9 @@ def create_openai_decision_provider(
     if context is None:
         wire.refuse_server_state()
     return DecisionProvider(
-        wire, history=history, context=context, max_output_tokens=max_output_tokens
+        wire,
+        history=history,
+        context=context,
+        max_output_tokens=max_output_tokens,
+        deadline_seconds=deadline_seconds,
     )

@@ -35,6 +35,12 @@ Behaviour decisions:
   run twice finds its own token. After the retries, or with a ``client`` of
   yours, a failure is ``DecisionHistoryStoreUnavailable`` (retryable, redis-py's
   error chained), and the write is whole or absent.
+- **Deadline.** Every step (one round trip, retries included) runs under
+  ``deadline_seconds`` (:mod:`touba.history._redis_client`): a silent network fails
+  it with ``DecisionHistoryStoreUnavailable`` within that time, whichever client
+  is used. A step cut short may have run on the server (its reply was lost): run
+  again, it finds its work done, as after a retry. A hold (``exclusive()``) whose
+  release could not be sent expires as any hold does.
 - **Eviction.** Run Redis with ``maxmemory-policy noeviction`` (as for any store of
   record): a write Redis refuses for memory changes nothing (the script fails at
   its first write, before any other), while a key evicted under another policy
@@ -59,8 +65,8 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any, Final
 
@@ -71,8 +77,9 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
+from touba.history._deadline import STORE_DEADLINE_SECONDS, check_deadline
 from touba.history._model import parse_json
-from touba.history._redis_client import redis_client, slot_base
+from touba.history._redis_client import bounded, no_answer, redis_client, slot_base
 from touba.integrations.adk._backend import (
     AdkLimits,
     AppendRequest,
@@ -218,17 +225,25 @@ def _listed(app_name: str, row: Any, now: float) -> SessionRecord:
     )
 
 
-@contextmanager
-def _driver_errors(what: str) -> Iterator[None]:
-    """The one place where redis-py exceptions become touba errors."""
+_AFTER: Final = (
+    "Check the server and retry: the step was written whole or not at all (an append "
+    "retried with the same event id is stored once)"
+)
+
+
+@asynccontextmanager
+async def _driver_errors(what: str, seconds: float, client: Client) -> AsyncIterator[None]:
+    """The one place where redis-py exceptions, and a deadline that expired, become
+    touba errors: the body runs under a deadline of ``seconds``."""
     try:
-        yield
+        async with bounded(seconds, client):
+            yield
     except RedisError as e:
         raise DecisionHistoryStoreUnavailable(
-            f"Redis failed during {what} ({type(e).__name__}: {e}). Check the server and "
-            "retry: the step was written whole or not at all (an append retried with the "
-            "same event id is stored once)"
+            f"Redis failed during {what} ({type(e).__name__}: {e}). {_AFTER}"
         ) from e
+    except TimeoutError as e:
+        raise DecisionHistoryStoreUnavailable(f"{no_answer(what, seconds)}. {_AFTER}") from e
 
 
 class _Names:
@@ -261,7 +276,8 @@ class RedisAdkBackend:
     ``redis.asyncio.Redis`` or ``RedisCluster`` you own; ``close()`` leaves it
     open). Every key starts with ``prefix`` (no braces: the backend adds its own
     hash tag); two prefixes never see each other's data. Nothing connects before
-    the first call. Needs Redis 5 or later.
+    the first call. Needs Redis 5 or later. ``deadline_seconds`` bounds each step
+    (see the module docstring).
     """
 
     def __init__(
@@ -271,11 +287,15 @@ class RedisAdkBackend:
         *,
         prefix: str = "touba:adk:",
         client: Client | None = None,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         self._base = slot_base(prefix, owner="backend")
         if limits is not None and not isinstance(limits, AdkLimits):
             raise ConfigurationError(f"limits must be an AdkLimits, got {type(limits).__name__}")
-        self._client, self._owns_client = redis_client(url, client, owner="RedisAdkBackend")
+        self.deadline_seconds = check_deadline(deadline_seconds, owner="RedisAdkBackend")
+        self._client, self._owns_client = redis_client(
+            url, client, owner="RedisAdkBackend", deadline=self.deadline_seconds
+        )
         self.prefix = prefix
         self.limits = limits if limits is not None else AdkLimits()
         self._all = self._base + "all"
@@ -290,7 +310,7 @@ class RedisAdkBackend:
             return
         self._closed = True
         if self._owns_client:
-            with _driver_errors("close"):
+            async with _driver_errors("close", self.deadline_seconds, self._client):
                 await self._client.aclose()
 
     # -- internals ---------------------------------------------------------------
@@ -301,7 +321,7 @@ class RedisAdkBackend:
         if self._closed:
             raise ConfigurationError("this RedisAdkBackend is closed; create a new one")
         try:
-            with _driver_errors(what):
+            async with _driver_errors(what, self.deadline_seconds, self._client):
                 return await self._scripts[name](keys=keys, args=(self._base, *args))
         except UnicodeEncodeError as e:  # redis-py encodes every argument before sending
             raise ConfigurationError(
@@ -453,7 +473,7 @@ class RedisAdkBackend:
         name = _Names(self._base, SessionKey(app_name, user_id, "")).user_state
         if self._closed:
             raise ConfigurationError("this RedisAdkBackend is closed; create a new one")
-        with _driver_errors("a read"):
+        async with _driver_errors("a read", self.deadline_seconds, self._client):
             flat = await self._client.hgetall(name)
         pairs = [v for item in flat.items() for v in item]
         return _state(pairs, "user state", f"{app_name}/{user_id}")

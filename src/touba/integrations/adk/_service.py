@@ -327,14 +327,19 @@ class ToubaSessionService(AsyncClosing, BaseSessionService):
         *,
         prefix: str = "touba:adk:",
         share_events: bool = False,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
         **limits: Any,
     ) -> ToubaSessionService:
         """Sessions in Redis under keys starting with ``prefix``, connected on first use.
 
-        Needs ``pip install "touba[redis]"``.
+        ``deadline_seconds`` (default 10) bounds each round trip: past it the call
+        fails with the retryable ``DecisionHistoryStoreUnavailable``. Needs
+        ``pip install "touba[redis]"``.
         """
         module = importlib.import_module("touba.integrations.adk._redis")
-        backend: AdkBackend = module.RedisAdkBackend(url, prefix=prefix, limits=_limits(limits))
+        backend: AdkBackend = module.RedisAdkBackend(
+            url, prefix=prefix, limits=_limits(limits), deadline_seconds=deadline_seconds
+        )
         return cls(backend, share_events=share_events)
 
     # --- lifecycle ---

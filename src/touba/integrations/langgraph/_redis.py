@@ -40,9 +40,12 @@ Behaviour decisions:
   put never appends its entries twice. Every other script is idempotent as it is. A
   failure that survives the retries is
   :class:`~touba.errors.DecisionHistoryStoreUnavailable` (transient), the driver's error
-  chained; the write happened whole or not at all. redis-py waits for a reply without a
-  time limit by default: put ``?socket_timeout=5`` (seconds) in the url to bound it (a
-  timeout is retried and then raised the same way).
+  chained; the write happened whole or not at all.
+- **Deadline.** Every step runs under ``deadline_seconds`` (one ``asyncio.timeout`` around
+  the step's round trips, redis-py's retries included; see
+  :mod:`touba.history._redis_client`), whichever client is used: a silent network fails
+  it with ``DecisionHistoryStoreUnavailable`` within that time. A step cut short may
+  have run on the server (its reply was lost); run again, it finds its token stored.
 - **Redis Cluster.** Give a ``redis.asyncio.RedisCluster`` as ``client``: each thread's
   scripts run on the node of its slot, the indexes' commands on theirs (a cluster
   client's pipelines refuse scripts, so a put is two round trips there instead of one).
@@ -60,8 +63,8 @@ import asyncio
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 from touba.errors import (
@@ -69,8 +72,9 @@ from touba.errors import (
     DecisionHistoryRecordInvalid,
     DecisionHistoryStoreUnavailable,
 )
+from touba.history._deadline import STORE_DEADLINE_SECONDS, check_deadline
 from touba.history._lua import LuaScript, load
-from touba.history._redis_client import redis_client
+from touba.history._redis_client import bounded, no_answer, redis_client
 from touba.integrations.langgraph._backend import (
     CheckpointPage,
     CheckpointRecord,
@@ -179,15 +183,24 @@ def canonical(value: Any) -> str | None:
         return None
 
 
-@contextmanager
-def _driver_errors(what: str) -> Iterator[None]:
-    """The one place where redis-py exceptions become touba errors."""
+@asynccontextmanager
+async def _driver_errors(
+    what: str, seconds: float, client: aioredis.Redis | aioredis.RedisCluster
+) -> AsyncIterator[None]:
+    """The one place where redis-py exceptions, and a deadline that expired, become
+    touba errors: the body runs under a deadline of ``seconds``."""
     try:
-        yield
+        async with bounded(seconds, client):
+            yield
     except RedisError as e:
         raise DecisionHistoryStoreUnavailable(
             f"Redis failed during {what} ({type(e).__name__}: {e}); it was written whole or "
             "not at all. Check the server and retry"
+        ) from e
+    except TimeoutError as e:
+        raise DecisionHistoryStoreUnavailable(
+            f"{no_answer(what, seconds)}; it was written whole or not at all. Check the "
+            "network and retry"
         ) from e
 
 
@@ -197,10 +210,11 @@ class RedisSaverBackend:
     Give exactly one of ``url`` (``redis://host:port/db``: the backend makes its client,
     which retries a command twice on a failed connection, and closes it) or ``client``
     (a ``redis.asyncio.Redis`` or ``RedisCluster`` you own, with its own retry policy,
-    not decoding responses; ``close()`` leaves it open). ``prefix``
-    starts every key, so savers with different prefixes never see each other's threads;
-    it must be non-empty and without braces (the backend adds its own hash tags). Needs
-    Redis 5 or later. See the module docstring for the layout and what is atomic.
+    not decoding responses; ``close()`` leaves it open). ``deadline_seconds`` bounds
+    each step (see the module docstring). ``prefix`` starts every key, so savers with
+    different prefixes never see each other's threads; it must be non-empty and without
+    braces (the backend adds its own hash tags). Needs Redis 5 or later. See the module
+    docstring for the layout and what is atomic.
     """
 
     def __init__(
@@ -209,13 +223,17 @@ class RedisSaverBackend:
         *,
         prefix: str = "touba:lg:",
         client: aioredis.Redis | aioredis.RedisCluster | None = None,
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> None:
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
                 f"prefix must be a non-empty str without braces, got {prefix!r}: the saver "
                 "adds its own hash tags so that each thread's keys share one cluster slot"
             )
-        self._client, self._owns_client = redis_client(url, client, owner="RedisSaverBackend")
+        self.deadline_seconds = check_deadline(deadline_seconds, owner="RedisSaverBackend")
+        self._client, self._owns_client = redis_client(
+            url, client, owner="RedisSaverBackend", deadline=self.deadline_seconds
+        )
         if not self._owns_client and self._client.get_encoder().decode_responses:
             raise ConfigurationError(
                 "client must not decode responses (decode_responses=False): checkpoints are bytes"
@@ -271,15 +289,16 @@ class RedisSaverBackend:
         command = ("EVALSHA", script.sha, 1, base + "meta", *args)
         if isinstance(self._client, aioredis.RedisCluster):
             # A cluster client's pipelines refuse scripts: the index commands go first
-            # (spread over their nodes), then the script, routed by its key's slot.
-            await self._commands(before, what)
-            with _driver_errors(what):
+            # (spread over their nodes), then the script, routed by its key's slot;
+            # one deadline for both.
+            async with _driver_errors(what, self.deadline_seconds, self._client):
+                await self._commands(before, what)
                 try:
                     return await self._client.execute_command(*command)
                 except NoScriptError:
                     await self._client.script_load(script.source)  # on every primary
                     return await self._client.execute_command(*command)
-        with _driver_errors(what):
+        async with _driver_errors(what, self.deadline_seconds, self._client):
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=False) as pipe:
                     for c in before:
@@ -306,7 +325,7 @@ class RedisSaverBackend:
         if isinstance(self._client, aioredis.RedisCluster):
             return list(await asyncio.gather(*(self._eval(name, b, a, what) for b, a in calls)))
         script: LuaScript = self._scripts[name]
-        with _driver_errors(what):
+        async with _driver_errors(what, self.deadline_seconds, self._client):
             for attempt in (1, 2):
                 async with self._client.pipeline(transaction=False) as pipe:
                     for base, args in calls:
@@ -326,11 +345,13 @@ class RedisSaverBackend:
         self._check_open()
         if not commands:
             return []
-        with _driver_errors(what):
-            async with self._client.pipeline(transaction=False) as pipe:
-                for c in commands:
-                    pipe.execute_command(*c)
-                return list(await pipe.execute())
+        async with (
+            _driver_errors(what, self.deadline_seconds, self._client),
+            self._client.pipeline(transaction=False) as pipe,
+        ):
+            for c in commands:
+                pipe.execute_command(*c)
+            return list(await pipe.execute())
 
     # -- the protocol -------------------------------------------------------------------
 
@@ -577,7 +598,7 @@ class RedisSaverBackend:
             return
         self._closed = True
         if self._owns_client:
-            with _driver_errors("close"):
+            async with _driver_errors("close", self.deadline_seconds, self._client):
                 await self._client.aclose()
 
 

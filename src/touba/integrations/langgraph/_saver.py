@@ -331,14 +331,18 @@ class ToubaSaver(BaseCheckpointSaver[str]):
         prefix: str = "touba:lg:",
         serde: SerializerProtocol | None = None,
         log_channels: Collection[str] = ("messages",),
+        deadline_seconds: float = STORE_DEADLINE_SECONDS,
     ) -> ToubaSaver:
         """A saver in Redis under keys starting with ``prefix``, connected on first use.
-        Needs ``touba[redis]``."""
+        ``deadline_seconds`` (default 10) bounds each step: past it the call fails with
+        the retryable ``DecisionHistoryStoreUnavailable``. Needs ``touba[redis]``."""
         from touba.integrations.langgraph._redis import (  # type: ignore[import-not-found,unused-ignore]
             RedisSaverBackend,
         )
 
-        backend: SaverBackend = RedisSaverBackend(url, prefix=prefix)
+        backend: SaverBackend = RedisSaverBackend(
+            url, prefix=prefix, deadline_seconds=deadline_seconds
+        )
         return cls(backend, serde=serde, log_channels=log_channels)
 
     # -- lifecycle ------------------------------------------------------------------------
