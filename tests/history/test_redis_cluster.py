@@ -11,6 +11,7 @@ temporary directory.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
