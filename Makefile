@@ -67,6 +67,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/langgraph_redis.py
 	$(BIN)/python bench/langgraph_postgres.py
 	$(BIN)/python bench/adk_sessions.py
+	$(BIN)/python bench/pg_writers.py
 
 # The docs site (mkdocs.yml): strict, so a broken link, page or API reference fails the
 # build; it reaches no network (no social cards, no privacy plugin, no remote assets).

@@ -13,7 +13,9 @@ shares. :meth:`Writer.write` is one *decision*:
   of the user's key event (``update_event``: its history row added);
 - ``checkpoints``: an invocation's running checkpoint moved on one revision
   (``replace``), and every tenth write removed and a new one saved, as the
-  runtime does around each step of an invocation.
+  runtime does around each step of an invocation;
+- ``resources``: a run's business resource (``PostgresResourceBinding``) given a
+  value under one of ten keys (an upsert), every tenth write a delete.
 
 :func:`prepare` makes the tables (and, for ``history``, the first write, whose
 capacity check shares the room out under the store-wide lock: a step of the
@@ -39,7 +41,7 @@ from touba.history import (
 from touba.history._common import MiB
 from touba.history.postgres import PostgresHistoryStore
 from touba.memory.postgres import PostgresMemoryStore
-from touba.runtime import PostgresCheckpointStore
+from touba.runtime import PostgresCheckpointStore, PostgresResourceBinding, ResourceAddress
 
 __all__ = [
     "KINDS",
@@ -52,8 +54,13 @@ __all__ = [
     "writer",
 ]
 
-KINDS: Final = ("history", "memory", "checkpoints")
-UNITS: Final = {"history": "conversation", "memory": "user", "checkpoints": "invocation"}
+KINDS: Final = ("history", "memory", "checkpoints", "resources")
+UNITS: Final = {
+    "history": "conversation",
+    "memory": "user",
+    "checkpoints": "invocation",
+    "resources": "run",
+}
 MAX_SESSIONS: Final = 4096
 MAX_STORE_BYTES: Final = 1024 * MiB
 
@@ -111,6 +118,8 @@ def writer(kind: str, dsn: str, schema: str, name: str) -> Writer:
         return _MemoryWriter(dsn, schema, name)
     if kind == "checkpoints":
         return _CheckpointWriter(dsn, schema, name)
+    if kind == "resources":
+        return _ResourceWriter(dsn, schema, name)
     raise ValueError(f"unknown store {kind!r}")
 
 
@@ -243,6 +252,27 @@ class _CheckpointWriter:
             self.checkpoint_id, self._body(), revision=self.revision - 1
         )
         assert moved
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+class _ResourceWriter:
+    def __init__(self, dsn: str, schema: str, name: str) -> None:
+        self.store = PostgresResourceBinding(dsn, table=f"{schema}.resources")
+        self.address = ResourceAddress("orders", "run", f"run-{name}")
+        self.decisions = 0
+
+    async def open(self) -> None:
+        await self.store.open()
+
+    async def write(self) -> None:
+        self.decisions += 1
+        key = f"order-{self.decisions % 10}"
+        if self.decisions % 10 == 0:
+            await self.store.delete(self.address, key)
+        else:
+            await self.store.put(self.address, key, {"status": "shipped", "n": self.decisions})
 
     async def close(self) -> None:
         await self.store.close()

@@ -1,12 +1,12 @@
 """No hidden queue on any PostgreSQL store: 8 writers of different keys never wait on each other.
 
 For each PostgreSQL store with per-key writes (``PostgresHistoryStore``: 8
-conversations; ``PostgresMemoryStore``: 8 users writing chat turns and key-event
-updates; ``PostgresCheckpointStore``: 8 invocations; the 8 conversations' keys
-all hash to one usage shard, the worst case), 8 writers write at once
-for a few seconds while :class:`tests._pg_locks.LockSampler` reads
-``pg_stat_activity`` and ``pg_locks`` every few milliseconds on a connection of
-its own. The assertion: no wait of one writer's statement on a lock held (or
+conversations, whose keys all hash to one usage shard, the worst case;
+``PostgresMemoryStore``: 8 users writing chat turns and key-event updates;
+``PostgresCheckpointStore``: 8 invocations; ``PostgresResourceBinding``: 8 runs'
+resources), 8 writers write at once for a few seconds while
+:class:`tests._pg_locks.LockSampler` reads ``pg_stat_activity`` and ``pg_locks``
+every few milliseconds on a connection of its own. The assertion: no wait of one writer's statement on a lock held (or
 queued for) by another writer's, whatever the object (a row, a tuple, a
 transaction id, an advisory key, a table); a writer waiting on itself would be
 allowed. So that it cannot pass vacuously, the sampler must have taken enough
