@@ -6,12 +6,13 @@ conversations, whose keys all hash to one usage shard, the worst case;
 ``PostgresCheckpointStore``: 8 invocations; ``PostgresResourceBinding``: 8 runs'
 resources), 8 writers write at once for a few seconds while
 :class:`tests._pg_locks.LockSampler` reads ``pg_stat_activity`` and ``pg_locks``
-every few milliseconds on a connection of its own. The assertion: no wait of one writer's statement on a lock held (or
-queued for) by another writer's, whatever the object (a row, a tuple, a
-transaction id, an advisory key, a table); a writer waiting on itself would be
-allowed. So that it cannot pass vacuously, the sampler must have taken enough
-samples, enough of them while two or more of the writers' statements ran at
-once, and every writer must have made progress; and
+every few milliseconds on a connection of its own. The assertion: no wait of
+one writer's statement on a lock held (or queued for) by another writer's,
+whatever the object (a row, a tuple, a transaction id, an advisory key, a
+table); a writer waiting on itself would be allowed. So that it cannot pass
+vacuously, the sampler must have taken enough samples, enough of them while two
+or more of the writers' statements ran at once, and every writer must have made
+progress; and
 ``test_the_sampler_sees_a_crossing_wait`` shows a wait of one writer on another
 is found.
 
