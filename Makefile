@@ -69,6 +69,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/adk_sessions.py
 	$(BIN)/python bench/server_crashes.py
 	$(BIN)/python bench/latency.py --chat
+	$(BIN)/python bench/pg_writers.py
 
 # The docs site (mkdocs.yml): strict, so a broken link, page or API reference fails the
 # build; it reaches no network (no social cards, no privacy plugin, no remote assets).

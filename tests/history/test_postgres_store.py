@@ -199,28 +199,60 @@ async def test_tables_are_created_once_even_by_concurrent_opens(
     stores = [make_store() for _ in range(3)]
     await asyncio.gather(*(s.open() for s in stores))
     rows = await query(dsn, "SELECT name, value FROM {meta}", table)
-    assert rows == [("schema_version", "4")]
+    assert rows == [("schema_version", "5")]
 
 
 async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
-    """The sums of the usage counters, checked against the aggregate over the
-    conversations table, and each shard's against its own conversations."""
+    """The sums of the 64 usage counters, checked against the aggregate over the
+    conversations table. (Only the sums mean something: since schema version 5 a
+    change is counted in whichever shard no other writer holds, so a shard's own
+    figures are not those of the keys hashing to it.)"""
     summed = "SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}"
     [counted] = await query(dsn, summed, table)
     [actual] = await query(dsn, "SELECT count(*), coalesce(sum(bytes), 0) FROM {t}", table)
     assert counted == actual
-    by_shard = await query(
-        dsn,
-        "SELECT u.shard, u.sessions, u.bytes, count(h.key), coalesce(sum(h.bytes), 0)"
-        " FROM {u} AS u LEFT JOIN {t} AS h ON hashtext(h.key) & 63 = u.shard"
-        " GROUP BY u.shard ORDER BY u.shard",
-        table,
-    )
-    assert [r[0] for r in by_shard] == list(range(64))
-    assert all(r[1:3] == r[3:5] for r in by_shard), by_shard
+    shards = await query(dsn, "SELECT shard FROM {u} ORDER BY shard", table)
+    assert [r[0] for r in shards] == list(range(64))
     return int(counted[0]), int(counted[1])
 
 
+# The version-4 counters: each change counted in the shard its key hashes to.
+VERSION_4_COUNTERS = [
+    "CREATE OR REPLACE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+    " DECLARE d record;"
+    " BEGIN"
+    "  IF TG_OP = 'INSERT' THEN"
+    "   FOR d IN SELECT hashtext(key) & 63 AS shard, count(*) AS n,"
+    "     sum(bytes) AS b FROM new_rows GROUP BY 1 ORDER BY 1 LOOP"
+    "    UPDATE {u} SET sessions = sessions + d.n, bytes = bytes + d.b"
+    "     WHERE shard = d.shard;"
+    "   END LOOP;"
+    "  ELSE"
+    "   FOR d IN SELECT hashtext(key) & 63 AS shard, count(*) AS n,"
+    "     sum(bytes) AS b FROM old_rows GROUP BY 1 ORDER BY 1 LOOP"
+    "    UPDATE {u} SET sessions = sessions - d.n, bytes = bytes - d.b,"
+    "     seats = seats + d.n, room = room + d.b WHERE shard = d.shard;"
+    "   END LOOP;"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$",
+    "CREATE OR REPLACE FUNCTION {count_row}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
+    " BEGIN"
+    "  IF OLD.key = NEW.key THEN"
+    "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes,"
+    "    room = room + greatest(OLD.bytes - NEW.bytes, 0)"
+    "    WHERE shard = hashtext(NEW.key) & 63;"
+    "  ELSE"
+    "   UPDATE {u} SET sessions = sessions - 1, bytes = bytes - OLD.bytes,"
+    "    seats = seats + 1, room = room + OLD.bytes"
+    "    WHERE shard = hashtext(OLD.key) & 63;"
+    "   UPDATE {u} SET sessions = sessions + 1, bytes = bytes + NEW.bytes"
+    "    WHERE shard = hashtext(NEW.key) & 63;"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$",
+    "UPDATE {meta} SET value = '4'",
+]
 # The version-3 layout: no version column, no triggers on the messages table.
 VERSION_3 = [
     "DROP TRIGGER {msg_ins} ON {m}",
@@ -268,7 +300,7 @@ VERSION_2_USAGE = [
 
 
 async def _back_to_version(dsn: str, table: str, version: int) -> None:
-    """Turn the test's tables back into the layout of schema ``version`` (1, 2 or 3)."""
+    """Turn the test's tables back into the layout of schema ``version`` (1 to 4)."""
     m, t, meta, u = _tables(table)
     names = {
         "t": t,
@@ -282,7 +314,12 @@ async def _back_to_version(dsn: str, table: str, version: int) -> None:
         "changed": sql.Identifier(f"{table}_messages_changed"),
     }
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        for statement in VERSION_3 + (VERSION_2_USAGE if version < 3 else []):
+        if version == 4:
+            for statement in VERSION_4_COUNTERS:
+                await conn.execute(sql.SQL(statement).format(**names))
+            return
+        back = VERSION_4_COUNTERS + VERSION_3 + (VERSION_2_USAGE if version < 3 else [])
+        for statement in back:
             await conn.execute(sql.SQL(statement).format(**names))
         if version == 1:  # no usage row, no triggers
             await conn.execute(sql.SQL("DROP TABLE {}").format(u))
@@ -290,7 +327,19 @@ async def _back_to_version(dsn: str, table: str, version: int) -> None:
             await conn.execute(sql.SQL("UPDATE {} SET value = '1'").format(meta))
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+async def _counted_in_a_free_shard(dsn: str, table: str) -> bool:
+    """Whether both counting triggers' functions are version 5's (a free shard)."""
+    found = await query(
+        dsn,
+        "SELECT proname, prosrc LIKE '%%SKIP LOCKED%%' FROM pg_proc WHERE proname IN (%s, %s)",
+        table,
+        f"{table}_usage_count",
+        f"{table}_usage_count_row",
+    )
+    return len(found) == 2 and all(free for _, free in found)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
     make_store: Make, dsn: str, table: str, version: int
 ) -> None:
@@ -301,11 +350,13 @@ async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
         await store.transact("gone", put(None))
     await _back_to_version(dsn, table, version)
     assert await query(dsn, "SELECT value FROM {meta}", table) == [(str(version),)]
+    assert version == 1 or not await _counted_in_a_free_shard(dsn, table)
     if version == 2:
         assert await query(dsn, "SELECT sessions FROM {u}", table) == [(2,)]
     async with make_store(max_sessions=3) as store:
         assert await store.read("plain") == {"v": 1}
-        assert await query(dsn, "SELECT value FROM {meta}", table) == [("4",)]
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("5",)]
+        assert await _counted_in_a_free_shard(dsn, table)
         sessions, size = await _usage_matches_rows(dsn, table)
         assert (sessions, size) == (2, (await store.usage()).bytes)
         await store.transact_log("log", appender((None, {"m": 3})))
@@ -313,6 +364,28 @@ async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
         with pytest.raises(DecisionHistoryLimitExceeded):
             await store.transact("fourth", put({"v": 4}))
         assert await _usage_matches_rows(dsn, table) == (3, (await store.usage()).bytes)
+
+
+async def test_a_write_never_waits_for_the_counter_row_its_key_hashes_to(
+    make_store: Make, dsn: str, table: str
+) -> None:
+    """Another transaction holds the usage shard of a key (as a writer of another key
+    of that shard does while it commits): a new key's reservation, a growing save, a
+    shrinking one and a delete of that key complete all the same, counted in a shard
+    no one holds, and the sums stay exact."""
+    store = make_store(max_sessions=100, max_store_bytes=100_000)
+    await store.transact("first", put({"v": 1}))  # shares the room out
+    [(shard,)] = await query(dsn, "SELECT hashtext(%s) & 63", table, "k")
+    async with await psycopg.AsyncConnection.connect(dsn) as holder:
+        u = _tables(table)[3]
+        lock = sql.SQL("SELECT shard FROM {} WHERE shard = %s FOR UPDATE").format(u)
+        await holder.execute(lock, (shard,))  # held until the end of this block
+        await asyncio.wait_for(store.transact_log("k", appender((None, {"m": "x" * 50}))), 10)
+        await asyncio.wait_for(store.transact_log("k", appender((None, {"m": "y" * 500}))), 10)
+        await asyncio.wait_for(store.transact("k", put({"v": 2})), 10)  # a smaller rewrite
+        assert await asyncio.wait_for(store.delete("k"), 10)
+        await holder.rollback()
+    assert await _usage_matches_rows(dsn, table) == (1, (await store.usage()).bytes)
 
 
 async def test_the_usage_row_follows_every_statement(
@@ -832,7 +905,7 @@ async def test_migration_from_3_keeps_every_conversation_readable_and_equal(
     assert ("version",) not in columns
     async with make_store() as store:
         assert {key: await store.read(key) for key in keys} == before
-        assert await query(dsn, "SELECT value FROM {meta}", table) == [("4",)]
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("5",)]
         assert await query(dsn, "SELECT count(*) FROM {t} WHERE version IS NULL", table) == [(4,)]
         decider = _Decider()
         await decider.step(_history(store), "d5")
@@ -849,8 +922,8 @@ async def test_newer_schema_version_is_refused_untouched(
 ) -> None:
     async with make_store() as store:
         await store.transact("k", put({"v": 1}))
-    await query(dsn, "UPDATE {meta} SET value = '5'", table)
-    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '5'"):
+    await query(dsn, "UPDATE {meta} SET value = '6'", table)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '6'"):
         await make_store().read("k")
     assert await query(dsn, "SELECT key, head FROM {t}", table) == [("k", '{"v":1}')]
 

@@ -23,15 +23,19 @@ Layout, every name derived from ``table`` and quoted with
   This guards against accidents, not against a client of the database that
   means to hide an edit: one that sets ``touba.saving`` in its own
   transaction, or writes ``version`` itself, is trusted like touba.
-- ``<table>_usage``: 64 counter rows (shards); a conversation is counted in
-  the shard its key hashes to (``hashtext(key) & 63``). Each holds the places
-  and bytes of its conversations, kept exact by triggers on ``<table>`` in
-  the transaction of every statement that changes them, so
-  ``usage()`` is their sum; and the room the shard may still grow by on its
-  own (``seats``, ``room``) with the limits it was shared out under.
-- ``<table>_meta``: the schema version (4; a table of version 1 or 2 gains the
-  shards and their triggers, and one of version 1, 2 or 3 the version column
-  and the messages' triggers, in place when first opened). A table of another
+- ``<table>_usage``: 64 counter rows (shards) whose sums are the places held
+  and the bytes retained, kept exact by triggers on ``<table>`` in the
+  transaction of every statement that changes them (``usage()`` is their
+  sum); each also holds the room it may still grow by on its own (``seats``,
+  ``room``) with the limits it was shared out under. A change is counted,
+  and a growth takes its room, in a shard that no other transaction holds
+  (``FOR UPDATE SKIP LOCKED``, the key's own, ``hashtext(key) & 63``, first):
+  writers of different keys never queue for a counter row, whatever their
+  keys hash to. Only the sums mean something, so any shard will do.
+- ``<table>_meta``: the schema version (5; a table of version 1 or 2 gains the
+  shards and their triggers, one of version 1, 2 or 3 the version column
+  and the messages' triggers, and one of version 4 the triggers that count
+  in a free shard, in place when first opened). A table of another
   version, or a table of that name that is not touba's, is refused untouched.
 
 Each statement is a template below (``{t}``, ``{m}``, ``{u}``: the tables;
@@ -55,7 +59,7 @@ from touba.history._pg import lock_key
 
 __all__ = ["SCHEMA_VERSION", "SHARDS", "Statements", "statements"]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(key) & 63)
 
 # -- the schema --------------------------------------------------------------------------
@@ -88,12 +92,57 @@ TABLES: Final[tuple[LiteralString, ...]] = (
     " PRIMARY KEY (key, seq))",
     "CREATE INDEX {m_ex} ON {m} (key, exchange)",
 )
-# Version 3: SHARDS counter rows, each the places held and the bytes
-# retained by the conversations whose key hashes to it, kept by
-# triggers on {t} in the transaction of every statement that changes
-# them; with the room the shard may still grow by on its own (``seats``,
-# ``room``) and the limits that room was shared out under (NULL: none, so
-# every growth is checked exactly).
+# The shard a trigger counts a change in (any shard keeps the sums exact): of the
+# shards no other transaction has locked (SKIP LOCKED: it never waits), the first
+# from the one the key hashes to; only when another transaction holds every one,
+# the key's own, waiting for it.
+_PICK: Final = (
+    " s := coalesce((SELECT p.shard FROM {u} AS p"
+    "  ORDER BY (p.shard - (hashtext(k) & {mask})) & {mask} LIMIT 1 FOR UPDATE SKIP LOCKED),"
+    "  hashtext(k) & {mask});"
+)
+# Rows inserted or deleted are counted per statement, all in one shard; what a
+# statement frees goes back to that shard's room.
+COUNT: Final = (
+    "CREATE OR REPLACE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"  # noqa: S608
+    " DECLARE n bigint; b bigint; k text; s integer;"
+    " BEGIN"
+    "  IF TG_OP = 'INSERT' THEN"
+    "   SELECT count(*), coalesce(sum(bytes), 0), min(key) INTO n, b, k FROM new_rows;"
+    "  ELSE"
+    "   SELECT count(*), coalesce(sum(bytes), 0), min(key) INTO n, b, k FROM old_rows;"
+    "  END IF;"
+    "  IF n = 0 THEN RETURN NULL; END IF;" + _PICK + "  IF TG_OP = 'INSERT' THEN"
+    "   UPDATE {u} SET sessions = sessions + n, bytes = bytes + b WHERE shard = s;"
+    "  ELSE"
+    "   UPDATE {u} SET sessions = sessions - n, bytes = bytes - b,"
+    "    seats = seats + n, room = room + b WHERE shard = s;"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$"
+)
+# A row updated is counted only when its bytes change (a save; never a
+# reservation or a release), or its key (a place freed, another taken).
+COUNT_ROW: Final = (
+    "CREATE OR REPLACE FUNCTION {count_row}() RETURNS trigger LANGUAGE plpgsql AS $touba$"  # noqa: S608
+    " DECLARE k text := NEW.key; s integer;"
+    " BEGIN" + _PICK + "  IF OLD.key = NEW.key THEN"
+    "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes,"
+    "    room = room + greatest(OLD.bytes - NEW.bytes, 0) WHERE shard = s;"
+    "  ELSE"
+    "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes, seats = seats + 1,"
+    "    room = room + OLD.bytes WHERE shard = s;"
+    "  END IF;"
+    "  RETURN NULL;"
+    " END $touba$"
+)
+# Version 3: SHARDS counter rows, whose sums are the places held and the
+# bytes retained, kept by triggers on {t} in the transaction of every
+# statement that changes them; with the room each shard may still grow by
+# on its own (``seats``, ``room``) and the limits that room was shared out
+# under (NULL: none, so every growth is checked exactly). Version 5: a
+# change is counted in a shard no other transaction holds (``_PICK``),
+# where version 3 counted it in the key's own.
 SHARD_USAGE: Final[tuple[LiteralString, ...]] = (
     "CREATE TABLE {u} (shard integer PRIMARY KEY, sessions bigint NOT NULL,"
     " bytes bigint NOT NULL, seats bigint NOT NULL DEFAULT 0,"
@@ -102,44 +151,8 @@ SHARD_USAGE: Final[tuple[LiteralString, ...]] = (
     " SELECT s, count(h.key), coalesce(sum(h.bytes), 0)"
     " FROM generate_series(0, {mask}) AS s"
     " LEFT JOIN {t} AS h ON hashtext(h.key) & {mask} = s GROUP BY s",
-    # Rows inserted or deleted are counted per statement, their shards
-    # updated in ascending order (a purge touches several); what a
-    # statement frees goes back to its shard's room.
-    "CREATE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
-    " DECLARE d record;"
-    " BEGIN"
-    "  IF TG_OP = 'INSERT' THEN"
-    "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
-    "     sum(bytes) AS b FROM new_rows GROUP BY 1 ORDER BY 1 LOOP"
-    "    UPDATE {u} SET sessions = sessions + d.n, bytes = bytes + d.b"
-    "     WHERE shard = d.shard;"
-    "   END LOOP;"
-    "  ELSE"
-    "   FOR d IN SELECT hashtext(key) & {mask} AS shard, count(*) AS n,"
-    "     sum(bytes) AS b FROM old_rows GROUP BY 1 ORDER BY 1 LOOP"
-    "    UPDATE {u} SET sessions = sessions - d.n, bytes = bytes - d.b,"
-    "     seats = seats + d.n, room = room + d.b WHERE shard = d.shard;"
-    "   END LOOP;"
-    "  END IF;"
-    "  RETURN NULL;"
-    " END $touba$",
-    # A row updated is counted only when its bytes change (a save; never a
-    # reservation or a release): one row, one shard.
-    "CREATE FUNCTION {count_row}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
-    " BEGIN"
-    "  IF OLD.key = NEW.key THEN"
-    "   UPDATE {u} SET bytes = bytes + NEW.bytes - OLD.bytes,"
-    "    room = room + greatest(OLD.bytes - NEW.bytes, 0)"
-    "    WHERE shard = hashtext(NEW.key) & {mask};"
-    "  ELSE"
-    "   UPDATE {u} SET sessions = sessions - 1, bytes = bytes - OLD.bytes,"
-    "    seats = seats + 1, room = room + OLD.bytes"
-    "    WHERE shard = hashtext(OLD.key) & {mask};"
-    "   UPDATE {u} SET sessions = sessions + 1, bytes = bytes + NEW.bytes"
-    "    WHERE shard = hashtext(NEW.key) & {mask};"
-    "  END IF;"
-    "  RETURN NULL;"
-    " END $touba$",
+    COUNT,
+    COUNT_ROW,
     "CREATE TRIGGER {tr_ins} AFTER INSERT ON {t} REFERENCING NEW TABLE AS new_rows"
     " FOR EACH STATEMENT EXECUTE FUNCTION {count}()",
     "CREATE TRIGGER {tr_upd} AFTER UPDATE ON {t} FOR EACH ROW"
@@ -190,6 +203,9 @@ UPGRADE_TO_4: Final[tuple[LiteralString, ...]] = (
     "ALTER TABLE {t} ADD COLUMN version text",
     *VERSIONS,
 )
+# Version 4 counted each change in the shard its key hashes to: writers of two
+# keys of one shard queued for its row.
+UPGRADE_TO_5: Final[tuple[LiteralString, ...]] = (COUNT, COUNT_ROW)
 
 # -- fragments folded into statements ----------------------------------------------------
 
@@ -207,10 +223,16 @@ SHARED: Final = "(SELECT pg_advisory_xact_lock_shared({})) AS g"
 LOCK_SHARED: Final = "SELECT pg_advisory_xact_lock_shared({lock})"
 LOCK_EXCLUSIVE: Final = "SELECT pg_advisory_xact_lock({lock})"
 USAGE: Final = "SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}"
-TAKE_SEAT: Final = (
-    "UPDATE {u} SET seats = seats - 1"
-    " WHERE shard = hashtext(%s) & {mask} AND seats >= 1 AND max_sessions <= %s"
+# A growth's shard: of those that have the room, under limits no larger than the
+# writer's, and that no other transaction holds (SKIP LOCKED: it never waits), the
+# first from the one the key hashes to. None: the writer checks exactly instead.
+# Parameters: the room needed, the writer's limit, the key.
+FREE_SHARD: Final = (
+    "(SELECT p.shard FROM {u} AS p WHERE p.{room} >= %s AND p.{limit} <= %s"
+    " ORDER BY (p.shard - (hashtext(%s) & {mask})) & {mask} LIMIT 1 FOR UPDATE SKIP LOCKED)"
 )
+# A new key's place, from a shard's seats. Parameters: 1, max_sessions, the key.
+TAKE_SEAT: Final = "UPDATE {u} SET seats = seats - 1 WHERE shard = {free_seat}"
 # Shares out what is free: ``seats`` and ``room`` to each shard, one more to
 # the first ones for the remainder, under these limits (NULL: the store
 # holds more than that limit, so there is no room to share).
@@ -309,10 +331,10 @@ SAVE: Final = (
     " WHERE key = %s"
 )
 # A save that grows, taking its growth from its shard's room (no row: no room).
+# Parameters: the growth twice, max_store_bytes, the key, then SAVE's.
 SAVE_IN_ROOM: Final = (
     "WITH taken AS (UPDATE {u} SET room = room - %s"  # noqa: S608 - constant text
-    " WHERE shard = hashtext(%s) & {mask} AND room >= %s AND max_bytes <= %s"
-    " RETURNING shard) " + SAVE + " AND EXISTS (SELECT FROM taken)"
+    " WHERE shard = {free_room} RETURNING shard) " + SAVE + " AND EXISTS (SELECT FROM taken)"
 )
 
 
@@ -346,8 +368,8 @@ def _append(
         + " FOR UPDATE OF h),"
         + dropping
         + " taken AS (UPDATE {u} SET room = room - %s"
-        "  WHERE %s > 0 AND shard = hashtext(%s) & {mask} AND room >= %s"
-        "  AND max_bytes <= %s AND EXISTS (SELECT FROM held) RETURNING shard),"
+        "  WHERE %s > 0 AND EXISTS (SELECT FROM held) AND shard = {free_room}"
+        "  RETURNING shard),"
         " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
         "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
         "  expires_at = now() + make_interval(secs => %s), token = NULL,"
@@ -366,8 +388,8 @@ def _append(
 
 # One statement per appended decision, a transaction by itself: the row
 # locked if this reservation still holds it, then (when it grows) its
-# growth taken from its shard's room (so the row is locked before its
-# shard), then the row saved if it does not grow or its growth was
+# growth taken from the room of a shard no other writer holds (so the row
+# is locked before the shard), then the row saved if it does not grow or its growth was
 # taken, then its messages added. Each step is gated on the one
 # before, so a save without room changes nothing. Returns (held, saved).
 APPEND: Final = _append(
@@ -460,6 +482,7 @@ class Statements:
     create: tuple[sql.Composed, ...]
     upgrade_to_3: tuple[sql.Composed, ...]
     upgrade_to_4: tuple[sql.Composed, ...]
+    upgrade_to_5: tuple[sql.Composed, ...]
     # capacity
     lock_shared: sql.Composed
     lock_exclusive: sql.Composed
@@ -526,6 +549,10 @@ def statements(parts: tuple[str, ...]) -> Statements:
         "lock": lock,
         "shared": sql.SQL(SHARED).format(lock),
     }
+    for what, room, limit in (("seat", "seats", "max_sessions"), ("room", "room", "max_bytes")):
+        names[f"free_{what}"] = sql.SQL(FREE_SHARD).format(
+            u=u, room=sql.Identifier(room), limit=sql.Identifier(limit), mask=names["mask"]
+        )
     for event in ("ins", "upd", "del"):
         names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
         names[f"tr_m_{event}"] = sql.Identifier(f"{name}_msg_{event}")
@@ -546,6 +573,7 @@ def statements(parts: tuple[str, ...]) -> Statements:
         create=each(TABLES + SHARD_USAGE + VERSIONS),
         upgrade_to_3=each(UPGRADE_TO_3),
         upgrade_to_4=each(UPGRADE_TO_4),
+        upgrade_to_5=each(UPGRADE_TO_5),
         lock_shared=q(LOCK_SHARED),
         lock_exclusive=q(LOCK_EXCLUSIVE),
         usage=q(USAGE),
