@@ -242,3 +242,24 @@ def test_owed_releases_are_per_key_and_bounded(caplog: pytest.LogCaptureFixture)
     assert "k0" not in owed
     assert f"k{MAX_OWED}" in owed
     assert "stays busy until store.recover" in caplog.text
+
+
+@pytest.mark.redis
+async def test_a_worker_releases_a_conversation_it_never_visits_again_at_its_next_decision(
+    redis_proxied: tuple[Any, Any, NetProxy],
+) -> None:
+    """A chat turn is an invocation of its own: when a store failure cuts its decision
+    and the release fails too, no later turn visits that key. The worker's next
+    decision, on another key, releases it first (found by the crash tests: the
+    reservations a dead turn left held a place among max_sessions until recover)."""
+    worker, other, proxy = redis_proxied
+    history = _history(worker)
+    await _failing_with_its_release(history, proxy)
+    with pytest.raises(DecisionHistoryBusy):
+        await other.read(WHO.key)
+    proxy.restore()
+    next_turn = ConversationIdentity("n", "openai", "m", "native", "r", "i2", "agent")
+    await _until_up(lambda: history.step(next_turn, [], _saying("next turn")))
+    assert await other.read(WHO.key) is None  # released: a new conversation, never saved
+    assert len(worker._reservations.owed) == 0
+    assert _texts(await other.read(next_turn.key)) == ["next turn"]

@@ -39,6 +39,9 @@ remembered by this object: its key and token (:class:`Owed`). Its worker is
 alive and knows that operation is over, so before its next reservation of that
 key (``transact``, ``transact_log``, ``transact_log_optimistic``, and a
 store's ``delete``, through :meth:`Reservations.settle`) it releases it first,
+and its next operation on any other key releases the oldest ones owed too
+(:meth:`Reservations.settle_owed`: a chat turn's conversation is never visited
+again once its turn failed),
 checked by token, as every release is: a reservation that ``recover`` freed,
 or that another worker has taken since, is left alone, and nothing is ever
 reused. While the store still fails, that release fails and the operation
@@ -96,6 +99,7 @@ KINDS: Final = 64  # kinds of operation whose read-ahead a store object keeps (c
 OPTIMISTIC_READ: Final = 8
 _NO_USAGE: Final = StoreUsage(0, 0, 0, 0)  # unused: an optimistic write is never new
 MAX_OWED: Final = 4096  # keys whose release a store object still owes (see Owed)
+SETTLE_OTHERS: Final = 8  # other keys owed released before an operation (see settle_owed)
 
 
 class Recent:
@@ -145,6 +149,10 @@ class Owed:
                 forgotten,
                 MAX_OWED,
             )
+
+    def keys(self) -> tuple[str, ...]:
+        """The keys owed, oldest first."""
+        return tuple(self._tokens)
 
     def of(self, key: str) -> tuple[str, ...]:
         """The tokens owed for ``key`` (none: an empty tuple)."""
@@ -235,12 +243,25 @@ class Reservations:
             self.owed.paid(key, token)
             logger.info("released the reservation of %s that a failed operation left", key)
 
-    async def _reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
-        """``backend.reserve`` after :meth:`settle`; a reserving call that fails in a
-        way that may have left the reservation written (see :func:`_may_hold`) is
-        owed, so the next access releases it if the backend could not."""
+    async def settle_owed(self, key: str) -> None:
+        """:meth:`settle` ``key``, then up to :data:`SETTLE_OTHERS` other keys owed,
+        oldest first: a conversation this worker never touches again (each chat turn is
+        an invocation of its own, so a turn a store failure cut leaves a key no later
+        turn visits) is released by the worker's next operation on any key, not left
+        to ``recover``. A release that still fails raises the store's error before
+        this operation reserves anything (the store is failing: the operation would
+        too), so the operation's deadline is not spent twice."""
         if key in self.owed:
             await self.settle(key)
+        for other in self.owed.keys()[:SETTLE_OTHERS]:
+            await self.settle(other)
+
+    async def _reserve(self, key: str, reservation: Reservation, read: Read) -> Reserved:
+        """``backend.reserve`` after :meth:`settle_owed`; a reserving call that fails in
+        a way that may have left the reservation written (see :func:`_may_hold`) is
+        owed, so the next access releases it if the backend could not."""
+        if self.owed:
+            await self.settle_owed(key)
         try:
             return await self.backend.reserve(key, reservation, read)
         except BaseException as e:
@@ -372,8 +393,8 @@ class Reservations:
         renewal (the head unchanged, nothing appended or dropped), else it runs
         again through :meth:`transact_log`.
         """
-        if key in self.owed:  # our own reservation may still hold it: release it first
-            await self.settle(key)
+        if self.owed:  # our own reservations may still hold keys: release them first
+            await self.settle_owed(key)
         save_if = getattr(self.backend, "save_if", None)
         if drops and not (self.content or getattr(self.backend, "drops_unreserved", False)):
             save_if = None
