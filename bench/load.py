@@ -25,10 +25,17 @@ for ``--seconds``, then alone for ``--seconds / 2`` again: the ratio compares
 the loaded phase with the two quiet ones around it (which brackets any drift
 of the machine or of the growing tables).
 
+A short run goes on past ``--seconds`` (60 s at most) until every page kind
+was fetched once.
+
 Printed: failed requests (by page kind and status), each page kind's client
 time p50/p95/p99 (request sent to answer read, through the network stack) and
 the server's own p99 (its ``Server-Timing``), and the chat's decisions/s quiet
 and loaded, with their ratio (targets: panel p99 <= 100 ms, ratio >= 0.8).
+Then the CPU each side used (the chat's process per decision, alone and
+loaded; the panel's process per request), and the machine's load average at
+each phase's end: on a shared machine the times say more about the machine
+than about touba, and the CPU per decision and per request is what projects.
 
     .venv/bin/python bench/load.py [--seconds 120] [--workers 8] [--clients 20]
         [--think 1.0]
@@ -301,6 +308,10 @@ class LoadReport:
     server_errors: list[str] = field(default_factory=list)
     settings_changes: int = 0  # recorded in the store as made by the operator
     event_edits: int = 0  # the edited key event's updates by the operator
+    quiet_cpu: float = 0.0  # CPU seconds of the chat's process, alone
+    loaded_cpu: float = 0.0  # and with the panel traffic
+    panel_cpu: float = 0.0  # CPU seconds of the panel's process in the loaded phase
+    load_average: list[float] = field(default_factory=list)  # the machine's, each phase
 
     @property
     def quiet_rate(self) -> float:
@@ -399,7 +410,15 @@ async def _run(
                 "seeded": {"events": seeded.events},
             }
             report = await _phases(
-                runtime, model, stores, workers, seconds, quiet, clients_process, config
+                runtime,
+                model,
+                stores,
+                workers,
+                seconds,
+                quiet,
+                clients_process,
+                config,
+                served.process.pid,
             )
         report.kinds = routes
         report.server_errors = [
@@ -422,23 +441,29 @@ async def _phases(
     quiet: bool,
     clients_process: asyncio.subprocess.Process,
     config: dict[str, Any],
+    panel_pid: int,
 ) -> LoadReport:
     """The chat throughout; alone (``quiet``), with the clients, alone again."""
     counts = model.counts
     stop = asyncio.Event()
     quiet_decisions = 0
-    quiet_seconds = 0.0
+    quiet_seconds = quiet_cpu = 0.0
     marks: dict[str, float] = {}
+    loads: list[float] = []
 
     def ready() -> None:
         marks["began"], marks["before"] = time.perf_counter(), counts.decisions
+        marks["cpu"], marks["panel"] = time.process_time(), cpu_seconds(panel_pid)
+        loads.append(os.getloadavg()[0])
 
     async def alone() -> None:
-        nonlocal quiet_decisions, quiet_seconds
-        began, before = time.perf_counter(), counts.decisions
+        nonlocal quiet_decisions, quiet_seconds, quiet_cpu
+        began, before, cpu = time.perf_counter(), counts.decisions, time.process_time()
         await asyncio.sleep(seconds / 2)
         quiet_decisions += counts.decisions - before
         quiet_seconds += time.perf_counter() - began
+        quiet_cpu += time.process_time() - cpu
+        loads.append(os.getloadavg()[0])
 
     async with asyncio.TaskGroup() as group:
         for number in range(workers):
@@ -450,6 +475,9 @@ async def _phases(
             seen = await _run_clients(clients_process, config, ready)
             loaded_seconds = time.perf_counter() - marks["began"]
             loaded_decisions = counts.decisions - marks["before"]
+            loaded_cpu = time.process_time() - marks["cpu"]
+            panel_cpu = cpu_seconds(panel_pid) - marks["panel"]
+            loads.append(os.getloadavg()[0])
             if quiet:
                 await alone()
         finally:
@@ -462,7 +490,17 @@ async def _phases(
         loaded_seconds=loaded_seconds,
         chat_turns=counts.turns,
         chat_failures=counts.failures[:20],
+        quiet_cpu=quiet_cpu,
+        loaded_cpu=loaded_cpu,
+        panel_cpu=panel_cpu,
+        load_average=loads,
     )
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user + system) process ``pid`` has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -509,6 +547,15 @@ def print_report(report: LoadReport) -> None:
     )
     for line in report.chat_failures[:5]:
         print("   chat failed:", line[:200])
+    quiet_ms = 1000 * report.quiet_cpu / report.quiet_decisions if report.quiet_decisions else 0
+    loaded_ms = 1000 * report.loaded_cpu / report.loaded_decisions if report.loaded_decisions else 0
+    print(
+        f"CPU: the chat's process {quiet_ms:.1f} ms a decision alone, {loaded_ms:.1f} with the "
+        f"panel traffic; the panel's process {1000 * report.panel_cpu / seen.requests():.1f} ms "
+        f"a request ({report.panel_cpu / seen.seconds:.0%} of a core); the machine's load "
+        f"average {', '.join(f'{v:.1f}' for v in report.load_average)} "
+        f"({os.cpu_count()} cores)"
+    )
 
 
 def main() -> None:
