@@ -516,6 +516,10 @@ def print_report(report: LoadReport) -> None:
         f"operator: {seen.settings_saved} settings saved, {seen.settings_reset} reset, "
         f"{seen.events_edited} key-event edits"
     )
+    print(
+        f"recorded in the store as the operator's: {report.settings_changes} settings "
+        f"changes, {report.event_edits} key-event updates"
+    )
     for line in sorted(set(seen.failures))[:10]:
         print("   failed:", line, f"x{seen.failures.count(line)}")
     for line in report.server_errors[:5]:
