@@ -163,7 +163,7 @@ async def seed(stores: Stores, runtime: Runtime, model: ChatModel) -> Seeded:
     memory = stores.memory
     model.top_up()
     async with ChatSession(runtime, AGENT, OWNER.removeprefix("user:"), store=memory) as chat:
-        for number in range(3):
+        for number in range(2):
             await chat.send(f"Where is my order? ({number})")
         waiting = await chat.send("Please refund order A1.")
         session_id = chat.session_id

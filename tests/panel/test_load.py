@@ -21,7 +21,7 @@ pytestmark = pytest.mark.postgres
 
 async def test_panel_under_chat_load_fails_no_request_and_the_chat_goes_on() -> None:
     report = await run_load(
-        dsn=postgres_dsn(), seconds=3.0, workers=2, clients=5, think=0.05, quiet=False
+        dsn=postgres_dsn(), seconds=2.0, workers=2, clients=5, think=0.05, quiet=False
     )
     seen = report.clients
     assert seen.failures == []
