@@ -3,6 +3,8 @@
 #   make test   -> same install, then lint, strict type check and the whole test suite
 #   make peers  -> same install, then openai-agents' own session tests against ToubaSession
 #   make bench  -> same install plus the `bench` extra, then every script of bench/
+#                  (bench/soak.py for 1 minute a store; the 30-minute soak:
+#                  `nice .venv/bin/python bench/soak.py --minutes 30 --stores postgres`)
 #   make docs   -> same install plus the `docs` extra, then `mkdocs build --strict` (build/site)
 PYTHON ?= python3
 VENV ?= .venv
@@ -70,6 +72,8 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/server_crashes.py
 	$(BIN)/python bench/latency.py --chat
 	$(BIN)/python bench/pg_writers.py
+	$(BIN)/python bench/load.py
+	$(BIN)/python bench/soak.py --minutes 1
 
 # The docs site (mkdocs.yml): strict, so a broken link, page or API reference fails the
 # build; it reaches no network (no social cards, no privacy plugin, no remote assets).

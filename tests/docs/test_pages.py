@@ -86,7 +86,7 @@ PAGES: dict[str, str] = {
     "docs/data/encryption.md": "sh python output sh python output sh sh sh python output",
     "docs/data/retention.md": "python output sh python output",
     "docs/testing.md": "python output",
-    "docs/benchmarks.md": "sh sh sh sh sh sh sh sh sh sh",
+    "docs/benchmarks.md": "sh sh sh sh sh sh sh sh sh sh sh",
     "docs/reference/index.md": "",
     **{
         f"docs/reference/{name}.md": ""
