@@ -72,6 +72,9 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/server_crashes.py
 	$(BIN)/python bench/latency.py --chat
 	$(BIN)/python bench/pg_writers.py
+	$(BIN)/python bench/pg_deadlines.py
+	$(BIN)/python bench/deadlines.py
+	$(BIN)/python bench/owed_release_outages.py
 	$(BIN)/python bench/load.py
 	$(BIN)/python bench/soak.py --minutes 1
 
