@@ -238,3 +238,41 @@ def test_random_kills_of_an_approved_resume_leave_no_failed_resume(
             assert len(refunds) <= 1, (run, refunds)  # never twice
     assert counts["killed"] >= KILLS // 2, counts
     print(f"{durable.kind}: {counts} (span {span * 1000:.0f} ms)")
+
+
+async def test_a_delegate_killed_after_its_final_decision_was_saved_answers_from_it(
+    durable: Place, tmp_path: Path
+) -> None:
+    async with SqliteHistoryStore(tmp_path / "history.sqlite") as store:
+        history = HistoryConfig(store=store, namespace=NAMESPACE)
+        checkpoints = durable.checkpoints()
+
+        def delegating(parent: ScriptedProvider, child: ScriptedProvider) -> Program:
+            program = Program()
+            program.delegate("research", description="Ask the research agent.")
+            program.agent("support", provider=parent, capabilities=("research",))
+            program.agent("research", provider=child)
+            return program
+
+        # Writes: 1 records the delegate started, 2 its answer: the worker dies there,
+        # after the delegate's final decision (its first) was saved in its history.
+        parent = ScriptedProvider(
+            ScriptedProvider.call("research", "d1", input="find it"), history=history
+        )
+        child = ScriptedProvider(ScriptedProvider.final("CHILD-ANSWER"), history=history)
+        dying = Runtime(delegating(parent, child), Dying(checkpoints, at=2))
+        with pytest.raises(Killed):
+            await dying.invoke("support", run_id="run-3")
+        [row] = await checkpoints.list(run_id="run-3")
+
+        parent = ScriptedProvider(ScriptedProvider.final("done"), history=history)
+        child = ScriptedProvider(ScriptedProvider.final("asked again"), history=history)
+        result = await Runtime(delegating(parent, child), checkpoints).resume(
+            row.checkpoint_id, worker_stopped=True
+        )
+        assert result.status == "completed", result.error
+        assert child.requests == []  # the delegate's saved answer was taken
+        [observation] = parent.requests[0].observations
+        assert (observation.status, observation.result) == ("ok", "CHILD-ANSWER")
+        assert len(result.trace.of_kind("decision_recovered")) == 1
+        assert await checkpoints.list(run_id="run-3") == []

@@ -356,8 +356,9 @@ class DecisionProvider:
         self, *, run_id: str, invocation_id: str, agent_ref: str, answered: tuple[str, ...]
     ) -> Decision | None:
         """The final decision the invocation's history saved right after the results
-        of exactly the calls ``answered``, when that is its last exchange; None
-        otherwise (or without history).
+        of exactly the calls ``answered`` (or, with none, as its first and only
+        exchange), when that is its last exchange; None otherwise (or without
+        history).
 
         Only for a caller who has checked that the worker is gone (the runtime, on
         ``resume(..., worker_stopped=True)``): that worker had the decision saved and

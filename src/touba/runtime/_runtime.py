@@ -483,7 +483,7 @@ class Runtime:
                 run_id=state.run_id, invocation_id=state.invocation_id, agent_ref=state.agent_ref
             )
             known = {o.call_id for o in state.observations}
-            if not node.calls and not pending and known:
+            if not node.calls and not pending and (known or not state.decisions):
                 await self._recover_final(state, journal)
                 continue
             if node.calls or not pending or {call_id for call_id, _ in pending} == known:
