@@ -5,7 +5,9 @@ a test that kills a worker a few dozen times. A :class:`Zygote` is one such proc
 started once and single-threaded: it imports the worker's module, then for each
 :meth:`Zygote.run` forks a child that calls ``function(*args)`` (a plain function,
 which runs its own event loop), sleeps ``kill_after`` seconds, SIGKILLs the child if
-it still runs, and reports how the child ended. The child starts from the imports
+it still runs, and reports how the child ended. The kill timer (and the time
+reported) starts when the child calls :func:`ready` (its setup done); a child that
+never calls it is timed from its end. The child starts from the imports
 alone: no connection, thread or event loop is shared with it.
 
 ``python -m tests._zygote MODULE`` speaks JSON lines on stdin/stdout.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -83,6 +86,19 @@ class Zygote:
         self.close()
 
 
+_ready_fd: int | None = None
+
+
+def ready() -> None:
+    """In a forked worker: start the zygote's kill timer now (its setup is done).
+    Elsewhere (a warm-up in the zygote, another process): nothing."""
+    global _ready_fd
+    if _ready_fd is not None:
+        os.write(_ready_fd, b"r")
+        os.close(_ready_fd)
+        _ready_fd = None
+
+
 def _serve(module_name: str) -> None:
     module = importlib.import_module(module_name)
     for line in sys.stdin:
@@ -97,8 +113,12 @@ def _serve(module_name: str) -> None:
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
             continue
+        readable, writable = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker
+            global _ready_fd
+            os.close(readable)
+            _ready_fd = writable
             code = 0
             try:
                 function(*request["args"])
@@ -108,9 +128,15 @@ def _serve(module_name: str) -> None:
             finally:
                 sys.stderr.flush()
                 os._exit(code)
+        os.close(writable)
         kill_after = request["kill_after"]
         killed = False
         status: int | None = None
+        # The worker's time (and the kill timer) starts when it says it is ready
+        # (``ready()``), or ends (its end closes the pipe).
+        if select.select([readable], [], [], 60)[0]:
+            os.read(readable, 1)
+        started = time.monotonic()
         if kill_after is not None:
             deadline = started + kill_after
             while status is None and time.monotonic() < deadline:
@@ -124,6 +150,7 @@ def _serve(module_name: str) -> None:
                 killed = True
         if status is None:
             _, status = os.waitpid(pid, 0)
+        os.close(readable)
         seconds = time.monotonic() - started
         if os.WIFSIGNALED(status):
             answer = {"killed": killed, "code": -os.WTERMSIG(status), "seconds": seconds}
@@ -133,5 +160,5 @@ def _serve(module_name: str) -> None:
         sys.stdout.flush()
 
 
-if __name__ == "__main__":
-    _serve(sys.argv[1])
+if __name__ == "__main__":  # (through the module, so that ``ready`` sees its pipe)
+    importlib.import_module("tests._zygote")._serve(sys.argv[1])

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tests._zygote import ready
 from touba.history import HistoryConfig
 from touba.history.sqlite import SqliteHistoryStore
 from touba.runtime import Program, Runtime
@@ -63,6 +64,7 @@ def approve(
                 answer(run), history=HistoryConfig(store=store, namespace=NAMESPACE)
             )
             runtime = Runtime(refund_program(model, Path(effects)), checkpoints)
+            ready()
             result = await runtime.resume(checkpoint_id, approvals={"r1": True})
             assert result.status == "completed", result.error
 
