@@ -250,6 +250,44 @@ class DecisionHistory:
 
         return await self._log.transact_log(key, pending)
 
+    async def saved_final(
+        self, identity: ConversationIdentity, answered: Sequence[str]
+    ) -> DecisionMessage | None:
+        """The final decision the conversation of ``identity`` saved right after the
+        results of exactly the calls ``answered`` (their ids), or, with no
+        ``answered``, as its only exchange; None otherwise.
+
+        For a worker's recovery (the runtime's ``resume(..., worker_stopped=True)``):
+        a worker stopped after its last decision was saved and before it reported
+        it leaves that decision as the conversation's last exchange, no call
+        pending, the exchange before ending with the results it was given (or
+        none: the invocation's first decision). Nothing is written.
+        """
+        key = self._key(identity)
+        wanted = set(answered)
+
+        async def final(
+            snapshot: LogSnapshot | None, usage: StoreUsage | None
+        ) -> tuple[LogWrite | None, DecisionMessage | None]:
+            if snapshot is None:
+                return None, None
+            check_head(snapshot.head, identity, exchange_count=snapshot.exchange_count)
+            count = snapshot.exchange_count
+            if snapshot.head["pending"] or (count < 2 if wanted else count != 1):
+                return None, None
+            *before, last = await snapshot.exchanges(count - (2 if wanted else 1), count)
+            if len(last) != 1 or last[0].get("kind") != "decision":
+                return None, None
+            decision = message_from_dict(last[0])
+            if not isinstance(decision, DecisionMessage) or not decision.final:
+                return None, None
+            ids = [m.get("call_id") for ex in before for m in ex if m.get("kind") == "result"]
+            if len(ids) != len(wanted) or set(ids) != wanted:
+                return None, None
+            return None, decision
+
+        return await self._log.transact_log(key, final)
+
     async def fork(self, key: str, new_identity: ConversationIdentity, *, at_exchange: int) -> str:
         """Copy the first ``at_exchange`` exchanges of conversation ``key`` to a new
         conversation of ``new_identity``, in this history's store; return its key.

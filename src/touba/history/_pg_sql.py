@@ -288,6 +288,36 @@ CLAIM_LIVE: Final = (
     "  WHERE c.reads AND m.exchange >= c.exchanges - %s"
     " ORDER BY 1, 2, 3"
 )
+# ``reserve``'s read without a reservation (``peek``), for an operation that only
+# reads: one statement, so the row and its messages come from one snapshot. The
+# expiry is renewed (reading is activity) on the row as read, unreserved; if a writer
+# changed it meanwhile, that writer's save renewed it. Rows: the head row (0) with
+# ``held`` and ``gone`` (nothing live), then sizes (1) and messages (2) as CLAIM_LIVE's.
+PEEK: Final = (
+    "WITH h AS (SELECT key, head, split, exchanges, messages, bytes, version,"
+    "  token IS NOT NULL AS held, head IS NULL OR expires_at <= now() AS gone"
+    "  FROM {t} WHERE key = %s),"
+    " live AS (SELECT * FROM h WHERE NOT held AND NOT gone AND split),"
+    " renewed AS (UPDATE {t} AS r SET updated_at = now(),"
+    "  expires_at = now() + make_interval(secs => %s) FROM live"
+    "  WHERE r.key = live.key AND r.token IS NULL"
+    "  AND r.version IS NOT DISTINCT FROM live.version RETURNING r.key)"
+    " SELECT 0, h.exchanges, h.messages, h.bytes, h.head, h.split, h.version, h.held,"
+    "  h.gone, u.sessions, u.bytes FROM h,"
+    "  (SELECT coalesce(sum(sessions), 0) AS sessions,"
+    "   coalesce(sum(bytes), 0) AS bytes FROM {u}) AS u"
+    " UNION ALL"
+    " SELECT 1, m.exchange, count(*), sum(m.bytes), NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    "  FROM live JOIN {m} AS m ON m.key = live.key"
+    "  WHERE NOT coalesce(live.version = %s, false)"
+    "  AND m.exchange >= live.exchanges - %s AND m.exchange < live.exchanges - %s"
+    "  GROUP BY m.exchange"
+    " UNION ALL"
+    " SELECT 2, m.exchange, m.seq, m.bytes, m.body, NULL, NULL, NULL, NULL, NULL, NULL"
+    "  FROM live JOIN {m} AS m ON m.key = live.key"
+    "  WHERE NOT coalesce(live.version = %s, false) AND m.exchange >= live.exchanges - %s"
+    " ORDER BY 1, 2, 3"
+)
 CLAIM: Final = (
     "INSERT INTO {t} AS h (key, token, worker_id, pid, host, since, version)"
     " SELECT %s, %s, %s, %s, %s, %s, %s FROM {shared}"
@@ -492,6 +522,7 @@ class Statements:
     # reservation
     purge_key: sql.Composed
     claim_live: bytes
+    peek: bytes
     claim: sql.Composed
     holder: sql.Composed
     release_bare: sql.Composed
@@ -581,6 +612,7 @@ def statements(parts: tuple[str, ...]) -> Statements:
         share=q(SHARE),
         purge_key=q(PURGE_KEY),
         claim_live=hot(CLAIM_LIVE),
+        peek=hot(PEEK),
         claim=q(CLAIM),
         holder=q(HOLDER),
         release_bare=q(RELEASE_BARE),

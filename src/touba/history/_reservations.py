@@ -72,7 +72,7 @@ from touba.errors import (
 from touba.history._backend import Backend, Read, Reserved, Write, parse_object
 from touba.history._common import Reservation, new_token
 from touba.history._head import HeldHead
-from touba.history._snapshot import Snapshot, head_of, record_of, tail_of
+from touba.history._snapshot import Snapshot, Uncached, head_of, record_of, tail_of
 from touba.history._sqlite import describe
 from touba.history._store import LogOperation, Operation, StoreUsage
 from touba.history._tail_cache import Tail, TailCache
@@ -97,6 +97,9 @@ KINDS: Final = 64  # kinds of operation whose read-ahead a store object keeps (c
 # Content mode: most exchanges of messages an optimistic write has compared in the
 # store (an operation whose kind reads more takes the reserved path).
 OPTIMISTIC_READ: Final = 8
+# read_log: peeks of one read, each as wide as the last one asked (the last: all of it).
+_PEEKS: Final = 4
+_ALL: Final = 2**30
 _NO_USAGE: Final = StoreUsage(0, 0, 0, 0)  # unused: an optimistic write is never new
 MAX_OWED: Final = 4096  # keys whose release a store object still owes (see Owed)
 SETTLE_OTHERS: Final = 8  # other keys owed released before an operation (see settle_owed)
@@ -453,6 +456,92 @@ class Reservations:
             return await self.transact_log(key, operation)
         self._keep(key, tail, token, encoded, held_head, dropped)
         return result
+
+    async def read_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that only reads (a session's
+        ``get_items``): it never reserves, so a worker that dies inside it leaves
+        nothing to recover.
+
+        The backend's ``peek`` reads what a reservation would, without one, in one
+        atomic round trip that renews the expiry (reading is activity), honouring
+        the cached tail's version (then no row is sent); the operation runs on that
+        state. When it asks for more than was read, the peek is made again, wider:
+        each peek is one consistent state, never a torn one, whatever writers do in
+        between. ``DecisionHistoryBusy`` while the key is held, as the reserved path.
+        Without ``peek`` (a custom backend, Redis's cluster of old), or for what
+        only a reservation reads (a record that is not a split log, or an operation
+        that writes after all), it is ``transact_log_optimistic``.
+        """
+        peek = getattr(self.backend, "peek", None)
+        if peek is None:
+            return await self.transact_log_optimistic(key, operation)
+        held = self.cache.take(key)
+        sizes, bodies = self._read_ahead(operation)
+        for attempt in range(_PEEKS):
+            if attempt == _PEEKS - 1:  # (an operation that keeps asking further: all of it)
+                sizes = bodies = _ALL
+            cached = held is not None and not self.content and held.covers(sizes, bodies)
+            read = Read(
+                cached=held.version if cached and held else None, sizes=sizes, bodies=bodies
+            )
+            try:
+                reserved: Reserved | None = await peek(key, read)
+            except BaseException:
+                self.cache.drop(key)
+                raise
+            if reserved is None:
+                break
+            if reserved.head is None:  # nothing stored: the operation sees no record
+                write, result = await operation(None, reserved.usage)
+                if write is not None:
+                    break
+                return result
+            tail = await tail_of(  # (content mode: the held tail is a parse cache)
+                self.backend,
+                self.content,
+                key,
+                reserved,
+                read,
+                held if cached or self.content else None,
+            )
+            held_head = None if held is None else held.head
+            head, held_head, head_bytes = head_of(key, reserved.head, held_head, self.backend.label)
+            snapshot = Snapshot(
+                self.backend,
+                self.content,
+                key,
+                head,
+                head_bytes,
+                tail,
+                cached_only=True,
+                older=False,
+            )
+            try:
+                write, result = await operation(snapshot, reserved.usage)
+            except Uncached:
+                write = None
+                snapshot.uncached = True
+            finally:
+                self._settle(snapshot, operation)
+            if snapshot.uncached:  # asked for more: peek again, as wide as it asked
+                asked_sizes, asked_bodies = snapshot.asked
+                sizes, bodies = max(sizes, asked_sizes), max(bodies, asked_bodies)
+                held = tail
+                continue
+            renewed = None
+            if write is not None and not write.drop_last:
+                encoded, renewed = appended(reserved, head_bytes, write, held_head)
+                if not encoded.renews(reserved.head):
+                    renewed = None
+            if write is not None and renewed is None:
+                held = tail
+                break  # it writes: the reserved path makes that write
+            totals = (reserved.messages, reserved.bytes)
+            self._keep(key, tail, "", None, renewed or held_head, None, totals)
+            return result
+        if held is not None:
+            self.cache.put(key, held)
+        return await self.transact_log(key, operation)
 
     async def _peeked(
         self,

@@ -38,7 +38,8 @@ sealed text only. Decisions:
   given the sealed text last read or written for that head (a small bounded map),
   and a head it does not know falls back to the reserved path. In content mode
   (Redis compares rows as stored text) the optimistic paths (``save_if``,
-  ``peek``) are not offered: every operation reserves.
+  ``peek``) are not offered: every operation reserves. Elsewhere a read peeks
+  (``peek``, opened as a reservation's read is).
 """
 
 from __future__ import annotations
@@ -324,6 +325,19 @@ class _SealedSaveIf(SealedBackend):
         if saved:
             self._remember(key, write.head, sealed.head)
         return saved
+
+    async def peek(self, key: str, read: Read) -> Reserved | None:
+        """``peek``, opened (None when the backend has none: the reserved path reads)."""
+        peek = getattr(self._inner, "peek", None)
+        if peek is None:
+            return None
+        reserved: Reserved | None = await peek(key, read)
+        if reserved is None:
+            return None
+        try:
+            return self._opened(key, reserved)
+        finally:
+            self._counts.pop(key, None)  # (a peeked read never reads older rows)
 
 
 def sealed_backend(inner: Backend, sealer: Sealer) -> SealedBackend:

@@ -274,6 +274,47 @@ class _Backend:
                 reserved = replace(reserved, usage=await store._usage(conn))
         return reserved
 
+    async def peek(self, key: str, read: Read) -> Reserved | None:
+        """What ``reserve`` reads, without reserving, for an operation that only
+        reads: one statement (one snapshot) that renews the expiry, as a save of the
+        unchanged head would. Raises ``DecisionHistoryBusy`` while the key is held;
+        a ``Reserved`` with no head when nothing live is stored (nothing written);
+        None for a record that only a reservation reads (not split)."""
+        store, s = self._store, self._sql
+        if read.whole:
+            return None
+        sizes, bodies = read.sizes, read.bodies
+        params = (key, store.ttl_seconds, read.cached, sizes, bodies, read.cached, bodies)
+        async with store._statement() as conn:
+            found = await _rows(conn, s.peek, params)
+        if not found:
+            return Reserved(None, False, 0, 0, 0, None, await self._usage_now())
+        _, exchanges, messages, size, head, split, version, held, gone, sessions, used = found[0]
+        if held:
+            raise busy(key)
+        usage = store._usage_of(sessions, used)
+        if gone:
+            return Reserved(None, False, 0, 0, 0, None, usage)
+        if not split:
+            return None
+        hit = read.cached is not None and read.cached == version
+        return Reserved(
+            head,
+            True,
+            exchanges,
+            messages,
+            size,
+            version,
+            usage,
+            None if hit else [(r[1], r[2], r[3]) for r in found if r[0] == 1],
+            None if hit else [(r[1], r[3], r[4]) for r in found if r[0] == 2],
+        )
+
+    async def _usage_now(self) -> StoreUsage:
+        store = self._store
+        async with store._transaction() as conn:
+            return await store._usage(conn)
+
     async def _reserve_new(
         self, key: str, holder: tuple[Any, ...], read: Read, exact: bool
     ) -> Reserved:
@@ -681,6 +722,21 @@ class PostgresHistoryStore(PooledStore):
         check_key(key)
         async with self._using():
             return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
+
+    async def read_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that only reads its snapshot (its write is
+        None or the unchanged head: a session's ``get_items``), without a reservation:
+        a worker that dies inside it leaves nothing to recover.
+
+        One atomic read of what a reservation would read (the cached tail's version
+        honoured: then no message is sent) that renews the expiry, made again wider
+        when the operation asks for more; each read is one consistent state (see
+        ``touba.history._reservations.Reservations.read_log``).
+        ``DecisionHistoryBusy`` while the key is held; raises as :meth:`transact_log`.
+        """
+        check_key(key)
+        async with self._using():
+            return await self._reservations.read_log(key, operation)
 
     async def read(self, key: str, *, purge: bool = True) -> Record | None:
         """A detached copy, or None if absent or expired; the TTL is not renewed.

@@ -140,6 +140,7 @@ MAX_ROWS: Final = 4096  # most messages read ahead with a claim
 # any failed release).
 RELEASE_AFTER_SILENCE: Final = 0.5
 _LABEL: Final = "Redis"
+_UNREAD_USAGE: Final = StoreUsage(0, 0, 0, 0)  # a peek that found nothing stored
 
 T = TypeVar("T")
 logger = logging.getLogger("touba.history")
@@ -301,7 +302,8 @@ class _Backend:
         so both see one state) that renews the expiry, as a save of the unchanged
         head would. Raises ``DecisionHistoryBusy`` while the key is held; None
         when only a reservation can answer (no record, a record that is not a
-        touba log, a window that starts before the rows read ahead). On a cluster
+        touba log, a window that starts before the rows read ahead); a ``Reserved``
+        with no head when nothing is stored. On a cluster
         client, whose pipelines refuse scripts, the script brings the rows itself
         (``lua/peek_rows.lua``)."""
         store = self._store
@@ -318,6 +320,8 @@ class _Backend:
         else:
             result = await store._conv(store._peek_script, keys, args, "a read", rows, atomic=True)
         reply, listed, status = self._answer(key, result, rows)
+        if status == "new":  # nothing stored (its usage unread: a read takes no place)
+            return Reserved(None, False, 0, 0, 0, None, _UNREAD_USAGE)
         if status != "found":
             return None
         usage = store._usage_of(reply[1], reply[2])
@@ -848,6 +852,21 @@ class RedisHistoryStore(AsyncClosing):
         self._check_open()
         check_key(key)
         return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
+
+    async def read_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that only reads its snapshot (its write is
+        None or the unchanged head: a session's ``get_items``), without a reservation:
+        a worker that dies inside it leaves nothing to recover.
+
+        One atomic read of what a reservation would read (the cached tail's version
+        honoured: then no message is sent) that renews the expiry, made again wider
+        when the operation asks for more; each read is one consistent state (see
+        ``touba.history._reservations.Reservations.read_log``).
+        ``DecisionHistoryBusy`` while the key is held; raises as :meth:`transact_log`.
+        """
+        self._check_open()
+        check_key(key)
+        return await self._reservations.read_log(key, operation)
 
     async def read(self, key: str, *, purge: bool = True) -> Record | None:
         """A detached copy, or None if absent or expired; does not renew the TTL.

@@ -310,6 +310,42 @@ class _Db:
                 head, bool(split), exchanges, messages, size, version, usage, sizes, rows
             )
 
+    def peek(self, key: str, read: Read) -> Reserved | None:
+        """What ``reserve`` reads, without reserving, in one write transaction that
+        renews the expiry (reading is activity; the version and the head are kept):
+        ``DecisionHistoryBusy`` while the key is held; a ``Reserved`` with no head
+        when nothing live is stored (nothing is written then); None for a record
+        that only a reservation reads (not split)."""
+        with transaction(self.conn, power_safe=False):
+            now = self.store._clock()
+            row = self.q(
+                "SELECT id, head, split, exchanges, messages, bytes, version, token, expires_at "
+                "FROM touba_history_sessions WHERE key = ?",
+                key,
+            ).fetchone()
+            if row is not None and row[7] is not None:
+                raise busy(key)
+            if row is None or row[1] is None or row[8] <= now:  # nothing live: no place taken
+                return Reserved(None, False, 0, 0, 0, None, self._usage())
+            conv, head, split, exchanges, messages, size, version = row[:7]
+            if not split or read.whole:
+                return None
+            self.q(
+                "UPDATE touba_history_sessions SET updated_at = ?, expires_at = ? WHERE id = ?",
+                now,
+                now + self.store.ttl_seconds,
+                conv,
+            )
+            if read.cached is not None and read.cached == version:
+                sizes: Sizes | None = None
+                rows: Rows | None = None
+            else:
+                bodies = max(0, exchanges - read.bodies)
+                sizes = self._sizes(key, max(0, exchanges - read.sizes), bodies)
+                rows = self._rows(key, bodies, exchanges)
+            usage = self._usage()
+            return Reserved(head, True, exchanges, messages, size, version, usage, sizes, rows)
+
     def save(self, key: str, token: str, write: Write) -> None:
         """Check the token, write, check capacity on the exact usage row: one transaction."""
         with transaction(self.conn):
@@ -616,6 +652,12 @@ class _Backend:
             raise
         # Any other failure rolled the reservation's transaction back: nothing is held.
 
+    async def peek(self, key: str, read: Read) -> Reserved | None:
+        """``reserve``'s read without a reservation, for an operation that only reads
+        (see :meth:`_Db.peek`): one transaction, which renews the expiry."""
+        store = self._store
+        return await store._run(key, lambda: store._db.peek(key, read))
+
     async def save(self, key: str, token: str, write: Write) -> None:
         """See :meth:`touba.history._backend.Backend.save`."""
         store = self._store
@@ -849,6 +891,21 @@ class SqliteHistoryStore(AsyncClosing):
         check_key(key)
         with self._using():
             return await self._reservations.transact_log_optimistic(key, operation, drops=drops)
+
+    async def read_log(self, key: str, operation: LogOperation[T]) -> T:
+        """``transact_log`` for an operation that only reads its snapshot (its write is
+        None or the unchanged head: a session's ``get_items``), without a reservation:
+        a worker that dies inside it leaves nothing to recover.
+
+        One atomic read of what a reservation would read (the cached tail's version
+        honoured: then no message is sent) that renews the expiry, made again wider
+        when the operation asks for more; each read is one consistent state (see
+        ``touba.history._reservations.Reservations.read_log``).
+        ``DecisionHistoryBusy`` while the key is held; raises as :meth:`transact_log`.
+        """
+        check_key(key)
+        with self._using():
+            return await self._reservations.read_log(key, operation)
 
     async def read(self, key: str, *, purge: bool = True) -> Record | None:
         """A detached copy of the record, or None if absent or expired (TTL not renewed).

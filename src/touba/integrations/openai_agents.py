@@ -23,8 +23,10 @@ Behaviour decisions:
   ``pop_item`` and ``clear_session`` each run as one store transaction: an
   operation that meets another in progress on the same session (another
   worker, another run) is refused at once with ``DecisionHistoryBusy`` rather
-  than interleaving, and a worker that dies inside one leaves the session
-  reserved until ``store.recover(session.session_key, worker_stopped=True)``.
+  than interleaving, and a worker that dies inside one that reserved leaves the
+  session reserved until ``store.recover(session.session_key, worker_stopped=True)``.
+  ``get_items`` on SQLite, PostgreSQL and Redis never reserves (see below): a
+  worker killed while it reads leaves nothing to recover.
   Each counts as activity for the store's expiry (``ttl_seconds`` after the
   last operation, reads included). The session retains at most
   ``max_retained_bytes`` (8 MiB by default, refused atomically beyond).
@@ -34,23 +36,26 @@ Behaviour decisions:
   sizes of the exchanges its bounds can reach and the items it returns, and
   ``pop_item`` drops the newest item (``LogWrite.drop_last``: the save
   deletes the newest row); none of them loads or rewrites the whole history.
-  On SQLite, PostgreSQL and Redis, ``add_items`` and ``get_items`` are
-  optimistic while the store object holds the session's tail (it does after
-  any operation of its own): the operation runs on that tail and is saved in
+  On SQLite, PostgreSQL and Redis, ``get_items`` is the store's ``read_log``:
+  one atomic read of what a reservation would read, without one (one SQLite
+  transaction, one PostgreSQL statement, one Redis ``MULTI``), renewing the
+  expiry, and sending no message back when the store object holds the
+  session's tail at the stored version; a read that needs more is read again,
+  wider (each read one consistent state). ``add_items`` is optimistic while
+  the store object holds the session's tail (it does after any operation of
+  its own, a read included): the operation runs on that tail and is saved in
   one call (one commit) only if the session is still at that version with
   that head, unreserved and live (Redis, which cannot tell another client's
-  edit by the version, also compares the entries and rows the operation read;
-  a read of more than a few exchanges, where sending them back gains nothing,
-  is there one atomic round trip without a reservation that renews the
-  expiry and brings the rows); when anyone else wrote, edited or holds it,
-  the store is untouched and the operation runs again through a reservation,
-  with the outcomes below. ``pop_item`` is optimistic too (on Redis its drop
-  is checked by those texts; on SQLite and PostgreSQL the save deletes the
-  newest rows only if they weigh what the cached tail says). A read saves the head unchanged
-  (reading is activity: the expiry moves); on SQLite and PostgreSQL that
+  edit by the version, also compares the entries and rows the operation read);
+  when anyone else wrote, edited or holds it, the store is untouched and the
+  operation runs again through a reservation, with the outcomes below.
+  ``pop_item`` is optimistic too (on Redis its drop is checked by those texts;
+  on SQLite and PostgreSQL the save deletes the newest rows only if they weigh
+  what the cached tail says). A read renews the
+  expiry (reading is activity), nothing else; on SQLite and PostgreSQL that
   commit does not wait for the disk, so a power loss or a server crash may
   undo the renewal and nothing else. A worker that dies inside an
-  optimistic operation leaves nothing reserved.
+  optimistic operation or a read leaves nothing reserved.
   ``clear_session``, ``exclusive()`` and a custom ``HistoryStore`` (which
   only offers ``transact``) read and write the whole record. Reading a
   session that holds nothing takes no place in a full store.
@@ -277,8 +282,10 @@ class ToubaSession(SessionABC):
         bounds = {"max_messages": self._max_messages, "max_bytes": self._max_bytes}
         log = self._log()
         if log is not None:
+            reader = getattr(log, "read_log", None)
+            read_log = reader if callable(reader) else _rerunnable(log)
             try:
-                tail = await _rerunnable(log)(self.session_key, self._read_tail(resolved))
+                tail = await read_log(self.session_key, self._read_tail(resolved))
             except Legacy:
                 pass
             except DecisionHistoryLimitExceeded as e:

@@ -381,6 +381,27 @@ class DecisionProvider:
             return ()
         return await self._history.recover(self._named(run_id, invocation_id, agent_ref))
 
+    async def saved_final_decision(
+        self, *, run_id: str, invocation_id: str, agent_ref: str, answered: tuple[str, ...]
+    ) -> Decision | None:
+        """The final decision the invocation's history saved right after the results
+        of exactly the calls ``answered`` (or, with none, as its first and only
+        exchange), when that is its last exchange; None otherwise (or without
+        history).
+
+        Only for a caller who has checked that the worker is gone (the runtime, on
+        ``resume(..., worker_stopped=True)``): that worker had the decision saved and
+        stopped before it reported it; the resume completes the invocation from it
+        rather than asking the model again. Its usage is not known (zero).
+        """
+        if self._history is None:
+            return None
+        identity = self._named(run_id, invocation_id, agent_ref)
+        message = await self._history.saved_final(identity, answered)
+        if message is None:
+            return None
+        return Decision(calls=(), output=message.output, text=message.text, usage=Usage())
+
     def _named(self, run_id: str, invocation_id: str, agent_ref: str) -> ConversationIdentity:
         assert self._history is not None
         return ConversationIdentity(

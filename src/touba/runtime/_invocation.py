@@ -313,12 +313,20 @@ class Invocation:
 
     async def _next_decision(self, request: DecisionRequest) -> Decision | Outcome:
         """The provider's next decision, counted and traced; the invocation's failed
-        outcome when the provider raises a typed error (traced as ``provider_error``)."""
-        try:
-            decision = await self._decide(request)
-        except ToubaError as e:
-            self._note_error("provider_error", e)
-            return self.fail(e)
+        outcome when the provider raises a typed error (traced as ``provider_error``).
+
+        After a crash, the final decision history kept for this invocation and its
+        stopped worker never reported (``journal.recovered``) is taken instead of
+        asking the provider: ``decision_recovered`` in the trace."""
+        decision = self.journal.recovered.pop(self.state.invocation_id, None)
+        if decision is not None:
+            self.note("decision_recovered", number=self.state.decisions + 1)
+        else:
+            try:
+                decision = await self._decide(request)
+            except ToubaError as e:
+                self._note_error("provider_error", e)
+                return self.fail(e)
         self.state.decisions += 1
         self._note_decision(decision)
         return decision

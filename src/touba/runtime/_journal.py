@@ -40,6 +40,7 @@ from typing import Any
 from touba.errors import InvocationBusy, ToubaError
 from touba.history._common import Reservation
 from touba.history._model import JSON
+from touba.providers._types import Decision
 from touba.runtime._checkpoints import CheckpointStore
 from touba.runtime._state import Paused
 from touba.runtime._trace import Trace
@@ -77,6 +78,9 @@ class Journal:
             getattr(store, "replace", None)
         )
         self.snapshot: Callable[[], tuple[Paused, Trace]] | None = None
+        # Final decisions that a stopped worker had saved in history and never
+        # reported, by invocation_id: the resume completes those invocations from them.
+        self.recovered: dict[str, Decision] = {}
         self._lock = asyncio.Lock()
 
     def body(

@@ -32,7 +32,9 @@ process sharing the store, and runs no call twice. Other failures end it for
 good. After a crash, ``store.list(run_id=...)`` shows its ``running``
 checkpoint; once the dead worker is checked, ``resume(checkpoint_id,
 worker_stopped=True)`` frees its history reservations and answers the calls it
-had started with ``error`` observations of unknown outcome.
+had started with ``error`` observations of unknown outcome; when it had its final
+decision saved in history and died before it removed its checkpoint, the resume
+completes the invocation from that decision (the model is not asked again).
 
 Cancellation. When the task running ``invoke`` or ``resume`` is cancelled
 (a stream whose consumer stopped early, an ``asyncio.timeout``), the runtime
@@ -359,7 +361,7 @@ class Runtime:
         async def go_on() -> Outcome:
             if recovering:
                 try:
-                    await self._recover_histories(tree, trace)
+                    await self._recover_histories(tree, trace, journal)
                 except ToubaError as e:
                     return invocation.fail(e)
             nonlocal entered
@@ -467,9 +469,11 @@ class Runtime:
             holder=described,
         )
 
-    async def _recover_histories(self, tree: Paused, trace: Trace) -> None:
-        """After a crash: free the tree's history reservations, and answer the calls
-        of a decision that history kept but the checkpoint never saw start."""
+    async def _recover_histories(self, tree: Paused, trace: Trace, journal: Journal) -> None:
+        """After a crash: free the tree's history reservations, answer the calls of a
+        decision that history kept but the checkpoint never saw start, and take the
+        final decision that history kept but the worker never reported
+        (:meth:`_recover_final`)."""
         for node in _nodes(tree):
             state = node.state
             recover = getattr(self.agent(state.agent_ref).provider, "recover_history", None)
@@ -479,6 +483,9 @@ class Runtime:
                 run_id=state.run_id, invocation_id=state.invocation_id, agent_ref=state.agent_ref
             )
             known = {o.call_id for o in state.observations}
+            if not node.calls and not pending and (known or not state.decisions):
+                await self._recover_final(state, journal)
+                continue
             if node.calls or not pending or {call_id for call_id, _ in pending} == known:
                 continue
             state.decisions += 1
@@ -490,6 +497,24 @@ class Runtime:
                 observe(trace, state, Observation(call_id, name, {}, "error", error=message))
                 for call_id, name in pending
             ]
+
+    async def _recover_final(self, state: InvocationState, journal: Journal) -> None:
+        """Keep in ``journal`` the final decision that the invocation of ``state``
+        saved after its observations, if it did: the stopped worker had it saved and
+        died before it removed its running checkpoint. The next decision of that
+        invocation is then this one (the model is not asked again, and what the
+        caller gets is what history holds)."""
+        saved = getattr(self.agent(state.agent_ref).provider, "saved_final_decision", None)
+        if saved is None:
+            return
+        decision = await saved(
+            run_id=state.run_id,
+            invocation_id=state.invocation_id,
+            agent_ref=state.agent_ref,
+            answered=tuple(o.call_id for o in state.observations),
+        )
+        if decision is not None:
+            journal.recovered[state.invocation_id] = decision
 
     @staticmethod
     def _gone(checkpoint_id: str) -> ConfigurationError:
