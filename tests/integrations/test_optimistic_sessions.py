@@ -39,7 +39,7 @@ def item(n: int) -> Any:
 class Calls:
     """Counts the backend primitives a store object calls."""
 
-    NAMES = ("reserve", "save", "save_if", "release", "read_sizes", "read_rows")
+    NAMES = ("reserve", "save", "save_if", "release", "read_sizes", "read_rows", "peek")
 
     def __init__(self, store: Any) -> None:
         self.counts: Counter[str] = Counter()
@@ -104,7 +104,9 @@ async def test_a_cached_operation_is_one_store_call(two: tuple[Any, Any]) -> Non
     await session.add_items([item(2)])
     items = await session.get_items()
     assert items == [item(0), item(1), item(2)]
-    assert calls.take() == {"save_if": 2}
+    # One store call each: the append's conditional write, the read's peek (a read
+    # takes no reservation: a worker killed in it leaves nothing to recover).
+    assert calls.take() == {"save_if": 1, "peek": 1}
 
 
 async def test_another_writer_since_sends_the_operation_through_a_reservation(
@@ -273,7 +275,8 @@ async def test_a_row_edited_behind_touba_on_redis_is_read_again_not_built_on(
         assert calls.take() == {"save_if": 1}  # it stands
         first = {**item(0), "content": "first, edited"}
         assert await session.get_items() == [first, item(1), item(2)]
-        calls.refused_then_reserved()  # row 0 is not the one cached: read again
+        # A read peeks, without a reservation: the rows as they are now, edit included.
+        assert calls.take() == {"peek": 1}
         await edit(-1, "last, edited")  # what an append reads
         await session.add_items([item(3)])
         calls.refused_then_reserved()
@@ -304,7 +307,7 @@ async def test_redis_reads_what_a_narrow_claim_left_unchecked_only_once_compared
             expected += [item(n), item(n + 1)]
             assert calls.take().get("reserve") == 1
             assert await session.get_items(limit=6) == expected[-6:]
-            assert calls.take() == {"save_if": 1}
+            assert calls.take() == {"peek": 1}  # one atomic read, no reservation
         client, rows = store._client, store._keys(session.session_key).all[5]
         at = len(expected) - 4  # in the window, outside what the append reads
         exchange, _size, body = json.loads((await client.lindex(rows, at)).decode())
@@ -315,11 +318,11 @@ async def test_redis_reads_what_a_narrow_claim_left_unchecked_only_once_compared
         await session.add_items([item(105)])
         expected += [item(104), item(105)]
         calls.take()
-        assert await session.get_items(limit=6) == expected[-6:]
-        calls.refused_then_reserved()  # refused: the edited row differs from the one held
+        assert await session.get_items(limit=6) == expected[-6:]  # the edited row as it is
+        assert calls.take() == {"peek": 1}
         await session.get_items(limit=20)
         await session.get_items(limit=20)
-        assert "save_if" not in calls.take()  # 20 exchanges: reserved
+        assert set(calls.take()) == {"peek"}  # reads never reserve, however wide
 
 
 async def _popped_in_one_call(store: Any) -> tuple[ToubaSession, Calls]:
@@ -432,8 +435,8 @@ async def test_a_pop_is_one_call_and_deletes_only_what_it_weighed(
     proves current (each message as touba encodes it), and the save deletes only
     rows that weigh that: one call while they do. A row stored in another
     encoding (same message, other bytes; the version made again by a reservation
-    since) makes the weights differ: the pop is refused, then made under a
-    reservation, which reads the stored sizes. The totals stay exact either way."""
+    since) leaves no version to trust: the pop is made under a reservation, which
+    reads the stored sizes. The totals stay exact either way."""
     async with store_factory() as store:
         session, calls = await _popped_in_one_call(store)
         key = session.session_key
@@ -442,9 +445,11 @@ async def test_a_pop_is_one_call_and_deletes_only_what_it_weighed(
         compact = json.dumps(item(3), separators=(",", ":"))
         await respell(store, key, 3, json.dumps(item(3), separators=(", ", ": ")), compact)
         assert await session.get_items() == [item(n) for n in range(4)]
-        calls.refused_then_reserved()  # the read found the version cleared; it made one
+        assert calls.take() == {"peek": 1}  # a read peeks: it reserves nothing
         assert await session.pop_item() == item(3)
-        calls.refused_then_reserved()  # the tail's weight of row 3 is not its stored one
+        # The version the respelling cleared leaves no tail to trust: the pop is made
+        # under a reservation, which reads the stored sizes.
+        assert calls.take() == {"reserve": 1, "read_rows": 1, "save": 1}
         messages, recorded, held = await totals(store, key)
         assert (messages, recorded) == (3, held)
         assert await session.pop_item() == item(2)
