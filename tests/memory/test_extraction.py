@@ -382,7 +382,7 @@ async def test_a_rejected_op_is_described_without_the_models_values(store: SqlMe
     assert after.status == "done"
     assert after.result is not None
     rejected = after.result["rejected"]
-    assert [r["op"] for r in rejected] == [0, 1]  # type: ignore[index]
+    assert [r["op"] for r in rejected] == [0, 1]
     text = json.dumps(after.result)
     assert "is not a configured key-event type" in text
     assert "no key event with the event_id given" in text
