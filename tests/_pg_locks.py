@@ -17,7 +17,13 @@ never delays it), every few milliseconds, in one statement:
 
 A wait is *crossing* when a writer other than the waiting one blocks it (one
 conversation's write waiting on another's); a wait of a writer on itself (two
-connections of one worker on one key) is not. Backends of other clients of a
+connections of one worker on one key) is not. A wait for a relation's *extension*
+lock (``locktype = 'extend'``: PostgreSQL adding a page to a table's file, held
+for the time of that one write to the file by whichever insert found no free
+space) is storage, not a lock any write of touba's takes or holds: it is
+counted apart (``extend_waits``), never as crossing. Every insert into one
+table can meet it, whatever the schema; it lasts microseconds and queues
+nothing behind a transaction. Backends of other clients of a
 shared server are never counted: only the run's names are read.
 
 Used by ``tests/history/test_pg_no_queue.py`` and ``bench/pg_writers.py``.
@@ -84,7 +90,10 @@ class Wait:
 
     @property
     def crossing(self) -> bool:
-        """Blocked by another writer of the run (not only by the waiter itself)."""
+        """Blocked by another writer of the run (not only by the waiter itself), on
+        a lock a write takes (not a relation's extension: see the module docstring)."""
+        if self.locktype == "extend":
+            return False
         return any(blocker != self.waiter for blocker in self.blockers)
 
 
@@ -132,6 +141,7 @@ class LockSampler:
             "busy_samples": self.busy_samples,
             "waits": len(self.waits),
             "crossing": len(crossing),
+            "extend_waits": sum(1 for w in self.waits if w.locktype == "extend"),
             "crossing_on": dict(Counter(f"{w.locktype} {w.target}" for w in crossing)),
         }
 
