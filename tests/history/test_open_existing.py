@@ -87,5 +87,5 @@ def test_postgres_create_false_creates_no_table() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for suffix in ("_messages", "", "_meta", "_usage"):
                 conn.execute(f'DROP TABLE IF EXISTS "{table}{suffix}" CASCADE')
-            for function in ("usage_count", "usage_count_row", "messages_changed"):
+            for function in ("usage_count", "usage_count_row", "usage_take", "messages_changed"):
                 conn.execute(f'DROP FUNCTION IF EXISTS "{table}_{function}" CASCADE')

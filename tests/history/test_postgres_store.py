@@ -70,7 +70,7 @@ def table(dsn: str) -> Iterator[str]:
     yield name
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(_tables(name))))
-        for function in ("usage_count", "usage_count_row", "messages_changed"):
+        for function in ("usage_count", "usage_count_row", "usage_take", "messages_changed"):
             name_ = sql.Identifier(f"{name}_{function}")
             conn.execute(sql.SQL("DROP FUNCTION IF EXISTS {}").format(name_))
 
@@ -199,7 +199,7 @@ async def test_tables_are_created_once_even_by_concurrent_opens(
     stores = [make_store() for _ in range(3)]
     await asyncio.gather(*(s.open() for s in stores))
     rows = await query(dsn, "SELECT name, value FROM {meta}", table)
-    assert rows == [("schema_version", "5")]
+    assert rows == [("schema_version", "6")]
 
 
 async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
@@ -216,6 +216,11 @@ async def _usage_matches_rows(dsn: str, table: str) -> tuple[int, int]:
     return int(counted[0]), int(counted[1])
 
 
+# The version-5 layout: a growth's room taken by an UPDATE, no function.
+VERSION_5_TAKE = [
+    "DROP FUNCTION {take}(boolean, bigint, bigint, text)",
+    "UPDATE {meta} SET value = '5'",
+]
 # The version-4 counters: each change counted in the shard its key hashes to.
 VERSION_4_COUNTERS = [
     "CREATE OR REPLACE FUNCTION {count}() RETURNS trigger LANGUAGE plpgsql AS $touba$"
@@ -300,7 +305,7 @@ VERSION_2_USAGE = [
 
 
 async def _back_to_version(dsn: str, table: str, version: int) -> None:
-    """Turn the test's tables back into the layout of schema ``version`` (1 to 4)."""
+    """Turn the test's tables back into the layout of schema ``version`` (1 to 5)."""
     m, t, meta, u = _tables(table)
     names = {
         "t": t,
@@ -312,8 +317,13 @@ async def _back_to_version(dsn: str, table: str, version: int) -> None:
         **{k: sql.Identifier(f"{table}_usage_{k[:3]}") for k in ("ins", "upd", "delete")},
         **{f"msg_{k}": sql.Identifier(f"{table}_msg_{k}") for k in ("ins", "upd", "del")},
         "changed": sql.Identifier(f"{table}_messages_changed"),
+        "take": sql.Identifier(f"{table}_usage_take"),
     }
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        for statement in VERSION_5_TAKE:
+            await conn.execute(sql.SQL(statement).format(**names))
+        if version == 5:
+            return
         if version == 4:
             for statement in VERSION_4_COUNTERS:
                 await conn.execute(sql.SQL(statement).format(**names))
@@ -339,7 +349,14 @@ async def _counted_in_a_free_shard(dsn: str, table: str) -> bool:
     return len(found) == 2 and all(free for _, free in found)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+async def _room_taken_by_a_function(dsn: str, table: str) -> bool:
+    """Whether the function of schema version 6 that takes a growth's room is there."""
+    return bool(
+        await query(dsn, "SELECT 1 FROM pg_proc WHERE proname = %s", table, f"{table}_usage_take")
+    )
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
     make_store: Make, dsn: str, table: str, version: int
 ) -> None:
@@ -350,13 +367,15 @@ async def test_an_older_table_is_upgraded_in_place_with_its_usage_counted(
         await store.transact("gone", put(None))
     await _back_to_version(dsn, table, version)
     assert await query(dsn, "SELECT value FROM {meta}", table) == [(str(version),)]
-    assert version == 1 or not await _counted_in_a_free_shard(dsn, table)
+    assert version in (1, 5) or not await _counted_in_a_free_shard(dsn, table)
+    assert not await _room_taken_by_a_function(dsn, table)
     if version == 2:
         assert await query(dsn, "SELECT sessions FROM {u}", table) == [(2,)]
     async with make_store(max_sessions=3) as store:
         assert await store.read("plain") == {"v": 1}
-        assert await query(dsn, "SELECT value FROM {meta}", table) == [("5",)]
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("6",)]
         assert await _counted_in_a_free_shard(dsn, table)
+        assert await _room_taken_by_a_function(dsn, table)
         sessions, size = await _usage_matches_rows(dsn, table)
         assert (sessions, size) == (2, (await store.usage()).bytes)
         await store.transact_log("log", appender((None, {"m": 3})))
@@ -905,7 +924,7 @@ async def test_migration_from_3_keeps_every_conversation_readable_and_equal(
     assert ("version",) not in columns
     async with make_store() as store:
         assert {key: await store.read(key) for key in keys} == before
-        assert await query(dsn, "SELECT value FROM {meta}", table) == [("5",)]
+        assert await query(dsn, "SELECT value FROM {meta}", table) == [("6",)]
         assert await query(dsn, "SELECT count(*) FROM {t} WHERE version IS NULL", table) == [(4,)]
         decider = _Decider()
         await decider.step(_history(store), "d5")
@@ -922,8 +941,8 @@ async def test_newer_schema_version_is_refused_untouched(
 ) -> None:
     async with make_store() as store:
         await store.transact("k", put({"v": 1}))
-    await query(dsn, "UPDATE {meta} SET value = '6'", table)
-    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '6'"):
+    await query(dsn, "UPDATE {meta} SET value = '7'", table)
+    with pytest.raises(DecisionHistoryRecordInvalid, match="schema version '7'"):
         await make_store().read("k")
     assert await query(dsn, "SELECT key, head FROM {t}", table) == [("k", '{"v":1}')]
 

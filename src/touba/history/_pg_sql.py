@@ -32,10 +32,11 @@ Layout, every name derived from ``table`` and quoted with
   (``FOR UPDATE SKIP LOCKED``, the key's own, ``hashtext(key) & 63``, first):
   writers of different keys never queue for a counter row, whatever their
   keys hash to. Only the sums mean something, so any shard will do.
-- ``<table>_meta``: the schema version (5; a table of version 1 or 2 gains the
+- ``<table>_meta``: the schema version (6; a table of version 1 or 2 gains the
   shards and their triggers, one of version 1, 2 or 3 the version column
-  and the messages' triggers, and one of version 4 the triggers that count
-  in a free shard, in place when first opened). A table of another
+  and the messages' triggers, one of version 4 the triggers that count
+  in a free shard, and one of version 5 the function that takes a growth's
+  room, in place when first opened). A table of another
   version, or a table of that name that is not touba's, is refused untouched.
 
 Each statement is a template below (``{t}``, ``{m}``, ``{u}``: the tables;
@@ -59,7 +60,7 @@ from touba.history._pg import lock_key
 
 __all__ = ["SCHEMA_VERSION", "SHARDS", "Statements", "statements"]
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 SHARDS: Final = 64  # usage counter rows (a power of two: a key's is hashtext(key) & 63)
 
 # -- the schema --------------------------------------------------------------------------
@@ -206,6 +207,9 @@ UPGRADE_TO_4: Final[tuple[LiteralString, ...]] = (
 # Version 4 counted each change in the shard its key hashes to: writers of two
 # keys of one shard queued for its row.
 UPGRADE_TO_5: Final[tuple[LiteralString, ...]] = (COUNT, COUNT_ROW)
+# Version 6: a growth's room is taken by ``TAKE`` (below), a function, where version
+# 5 took it with ``UPDATE {u} ... WHERE shard = (SELECT ... FOR UPDATE SKIP LOCKED)``.
+UPGRADE_TO_6: Final[tuple[LiteralString, ...]] = ("{take_definition}",)
 
 # -- fragments folded into statements ----------------------------------------------------
 
@@ -223,16 +227,40 @@ SHARED: Final = "(SELECT pg_advisory_xact_lock_shared({})) AS g"
 LOCK_SHARED: Final = "SELECT pg_advisory_xact_lock_shared({lock})"
 LOCK_EXCLUSIVE: Final = "SELECT pg_advisory_xact_lock({lock})"
 USAGE: Final = "SELECT coalesce(sum(sessions), 0), coalesce(sum(bytes), 0) FROM {u}"
-# A growth's shard: of those that have the room, under limits no larger than the
-# writer's, and that no other transaction holds (SKIP LOCKED: it never waits), the
-# first from the one the key hashes to. None: the writer checks exactly instead.
-# Parameters: the room needed, the writer's limit, the key.
-FREE_SHARD: Final = (
-    "(SELECT p.shard FROM {u} AS p WHERE p.{room} >= %s AND p.{limit} <= %s"
-    " ORDER BY (p.shard - (hashtext(%s) & {mask})) & {mask} LIMIT 1 FOR UPDATE SKIP LOCKED)"
+# Takes ``amount`` from the seats (``seat``) or the room of a shard that has it,
+# under limits no larger than ``lim`` (the writer's), and that no other transaction
+# holds (SKIP LOCKED: it never waits), the first from the one the key ``k`` hashes
+# to; returns that shard, or NULL when there is none (nor when ``amount`` is not
+# positive), and the writer then checks exactly. A function, not
+# ``UPDATE {u} ... WHERE shard = (SELECT ... FOR UPDATE SKIP LOCKED)``: under READ
+# COMMITTED that UPDATE reads the rows in its statement's snapshot; when another
+# writer had committed a change to the shard it locked since then (the common case
+# with several writers), the UPDATE rechecked its condition on the newest version and
+# updated nothing, so the write saw no room in a store with a GiB free and took the
+# exclusive path, queuing the other writers (issue 29: up to 57 waits in 3 seconds of
+# 8 writers, tests/history/test_pg_no_queue.py). Here the UPDATE is a statement of
+# its own, whose snapshot is taken after the lock: it updates the row locked.
+TAKE: Final = (
+    "CREATE OR REPLACE FUNCTION {take}(seat boolean, amount bigint, lim bigint, k text)"
+    " RETURNS integer LANGUAGE plpgsql AS $touba$"
+    " DECLARE s integer;"
+    " BEGIN"
+    "  IF amount <= 0 THEN RETURN NULL; END IF;"
+    "  IF seat THEN"
+    "   SELECT p.shard INTO s FROM {u} AS p WHERE p.seats >= amount AND p.max_sessions <= lim"
+    "    ORDER BY (p.shard - (hashtext(k) & {mask})) & {mask} LIMIT 1 FOR UPDATE SKIP LOCKED;"
+    "   UPDATE {u} SET seats = seats - amount WHERE shard = s;"
+    "  ELSE"
+    "   SELECT p.shard INTO s FROM {u} AS p WHERE p.room >= amount AND p.max_bytes <= lim"
+    "    ORDER BY (p.shard - (hashtext(k) & {mask})) & {mask} LIMIT 1 FOR UPDATE SKIP LOCKED;"
+    "   UPDATE {u} SET room = room - amount WHERE shard = s;"
+    "  END IF;"
+    "  RETURN s;"
+    " END $touba$"
 )
-# A new key's place, from a shard's seats. Parameters: 1, max_sessions, the key.
-TAKE_SEAT: Final = "UPDATE {u} SET seats = seats - 1 WHERE shard = {free_seat}"
+# A new key's place, from a shard's seats (no row: none). Parameters: max_sessions,
+# the key.
+TAKE_SEAT: Final = "SELECT WHERE {take}(true, 1, %s, %s) IS NOT NULL"
 # Shares out what is free: ``seats`` and ``room`` to each shard, one more to
 # the first ones for the remainder, under these limits (NULL: the store
 # holds more than that limit, so there is no room to share).
@@ -360,11 +388,12 @@ SAVE: Final = (
     " token = NULL, worker_id = NULL, pid = NULL, host = NULL, since = NULL"
     " WHERE key = %s"
 )
-# A save that grows, taking its growth from its shard's room (no row: no room).
-# Parameters: the growth twice, max_store_bytes, the key, then SAVE's.
+# A save that grows, taking its growth from a shard's room (no row: no room).
+# Parameters: the growth, max_store_bytes, the key, then SAVE's.
 SAVE_IN_ROOM: Final = (
-    "WITH taken AS (UPDATE {u} SET room = room - %s"  # noqa: S608 - constant text
-    " WHERE shard = {free_room} RETURNING shard) " + SAVE + " AND EXISTS (SELECT FROM taken)"
+    "WITH taken AS (SELECT {take}(false, %s, %s, %s) AS shard) "  # noqa: S608 - constant text
+    + SAVE
+    + " AND EXISTS (SELECT FROM taken WHERE shard IS NOT NULL)"
 )
 
 
@@ -397,15 +426,15 @@ def _append(
         + held
         + " FOR UPDATE OF h),"
         + dropping
-        + " taken AS (UPDATE {u} SET room = room - %s"
-        "  WHERE %s > 0 AND EXISTS (SELECT FROM held) AND shard = {free_room}"
-        "  RETURNING shard),"
+        + " taken AS (SELECT {take}(false, %s, %s, %s) AS shard"
+        "  WHERE EXISTS (SELECT FROM held)),"
         " saved AS (UPDATE {t} AS h SET namespace = %s, identity = %s, head = %s,"
         "  split = true, exchanges = %s, messages = %s, bytes = %s, updated_at = now(),"
         "  expires_at = now() + make_interval(secs => %s), token = NULL,"
         "  worker_id = NULL, pid = NULL, host = NULL, since = NULL, version = "
         + version
-        + "  FROM held WHERE h.key = held.key AND (%s <= 0 OR EXISTS (SELECT FROM taken))"
+        + "  FROM held WHERE h.key = held.key"
+        "  AND (%s <= 0 OR EXISTS (SELECT FROM taken WHERE shard IS NOT NULL))"
         + weighed
         + "  RETURNING h.key),"
         " added AS (INSERT INTO {m} (key, seq, exchange, bytes, body)"
@@ -513,6 +542,7 @@ class Statements:
     upgrade_to_3: tuple[sql.Composed, ...]
     upgrade_to_4: tuple[sql.Composed, ...]
     upgrade_to_5: tuple[sql.Composed, ...]
+    upgrade_to_6: tuple[sql.Composed, ...]
     # capacity
     lock_shared: sql.Composed
     lock_exclusive: sql.Composed
@@ -580,10 +610,8 @@ def statements(parts: tuple[str, ...]) -> Statements:
         "lock": lock,
         "shared": sql.SQL(SHARED).format(lock),
     }
-    for what, room, limit in (("seat", "seats", "max_sessions"), ("room", "room", "max_bytes")):
-        names[f"free_{what}"] = sql.SQL(FREE_SHARD).format(
-            u=u, room=sql.Identifier(room), limit=sql.Identifier(limit), mask=names["mask"]
-        )
+    names["take"] = sql.Identifier(*schema, f"{name}_usage_take")
+    names["take_definition"] = sql.SQL(TAKE).format(u=u, take=names["take"], mask=names["mask"])
     for event in ("ins", "upd", "del"):
         names[f"tr_{event}"] = sql.Identifier(f"{name}_usage_{event}")
         names[f"tr_m_{event}"] = sql.Identifier(f"{name}_msg_{event}")
@@ -601,10 +629,11 @@ def statements(parts: tuple[str, ...]) -> Statements:
         table=t,
         messages_table=m,
         usage_table=u,
-        create=each(TABLES + SHARD_USAGE + VERSIONS),
+        create=each((*TABLES, *SHARD_USAGE, TAKE, *VERSIONS)),
         upgrade_to_3=each(UPGRADE_TO_3),
         upgrade_to_4=each(UPGRADE_TO_4),
         upgrade_to_5=each(UPGRADE_TO_5),
+        upgrade_to_6=each(UPGRADE_TO_6),
         lock_shared=q(LOCK_SHARED),
         lock_exclusive=q(LOCK_EXCLUSIVE),
         usage=q(USAGE),

@@ -329,11 +329,7 @@ class _Backend:
                 raise await _held(conn, s, key)
             head, split, exchanges, messages, size, version = row
             new = head is None  # a new row: its place comes from its shard's seats
-            if (
-                new
-                and not exact
-                and not await _run(conn, s.take_seat, (1, store.max_sessions, key))
-            ):
+            if new and not exact and not await _run(conn, s.take_seat, (store.max_sessions, key)):
                 raise _NoRoom
             usage = await store._usage(conn)
             if new and exact:  # our new row is counted: refuse one too many
@@ -389,9 +385,7 @@ class _Backend:
             growth = write.bytes - int(current[5])
             if exact or growth <= 0:
                 await _run(conn, s.save, saved)
-            elif not await _run(
-                conn, s.save_in_room, (growth, growth, store.max_store_bytes, key, *saved)
-            ):
+            elif not await _run(conn, s.save_in_room, (growth, store.max_store_bytes, key, *saved)):
                 raise _NoRoom
             if exact:  # this transaction alone changes the counters now: their sum is exact
                 usage = await store._usage(conn)
@@ -454,8 +448,6 @@ class _Backend:
                 (
                     key,
                     *holds,
-                    growth,
-                    growth,
                     growth,
                     store.max_store_bytes,
                     key,
@@ -591,6 +583,7 @@ class PostgresHistoryStore(PooledStore):
                     2: self._sql.upgrade_to_3,
                     3: self._sql.upgrade_to_4,
                     4: self._sql.upgrade_to_5,
+                    5: self._sql.upgrade_to_6,
                 },
             ),
             unavailable=_unavailable,
