@@ -15,6 +15,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from typing import Final
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -23,6 +24,12 @@ from tests.peers import adk_touba  # noqa: E402
 from tests.peers._suites import suite  # noqa: E402
 
 RUNS = ("default", *adk_touba.STORES)
+# ADK's own SqliteSessionService loses the suite's race of two writers from one
+# snapshot only when their appends interleave (the suite declares that divergence as a
+# strict xfail): on a busy machine it sometimes does not, the xfail passes and the
+# strict marker fails the run (CI, 2026-12-07). That outcome is ADK's timing, not
+# touba's; the baseline run leaves that one case out. Every touba run keeps it.
+BASELINE_RACE: Final = "not (test_concurrent_writers_from_one_snapshot_exactly_one_wins and sqlite)"
 
 
 def run(store: str) -> int:
@@ -33,6 +40,8 @@ def run(store: str) -> int:
         env = adk_touba.suite_env(store, ROOT, ADK_TOUBA_RUN=secrets.token_hex(4))
     print(f"== ADK session contract: {store}", flush=True)
     command = ["bash", str(suite("adk") / "run.sh"), sys.executable, "-q"]
+    if store == "default":
+        command += ["-k", BASELINE_RACE]
     try:
         return subprocess.run(command, cwd=ROOT, env=env).returncode
     finally:
