@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -199,6 +200,37 @@ async def _prepare(run: _Run) -> None:
         pass
 
 
+def _rows_around(raw: Any, problem: Any) -> str:
+    """The stored totals and, for the rows near ``problem`` (a row or exchange number in
+    its ``where``), each row's exchange, role and call ids: the test's own data, no user's."""
+    numbers = [int(n) for n in re.findall(r"\d+", problem.where)]
+    if problem.where.startswith("row") and numbers:
+        centre = numbers[0]
+    else:
+        exchange = numbers[0] if numbers else len(raw.rows)
+        centre = next((i for i, r in enumerate(raw.rows) if r.exchange == exchange), 0)
+    shown = []
+    for i in range(max(0, centre - 6), min(len(raw.rows), centre + 6)):
+        row = raw.rows[i]
+        try:
+            body = json.loads(row.body)
+        except ValueError:
+            body = {}
+        ids = re.findall(r'"(?:call_id|id)": ?"([^"]+)"', json.dumps(body))
+        role = body.get("kind") or body.get("role") or body.get("type")
+        shown.append(f"{i}:x{row.exchange}:{role}:{','.join(ids)}")
+    try:
+        head = json.loads(raw.head)
+    except ValueError:
+        head = {}
+    pending = [p.get("call_id") for p in head.get("pending") or []]
+    totals = (
+        f"{raw.exchanges} exchanges, {raw.messages} messages, {len(raw.rows)} rows; head "
+        f"stats {head.get('stats')}, pending {pending}"
+    )
+    return f"{totals}; rows {' '.join(shown)}"
+
+
 async def _check(run: _Run, report: CrashReport) -> None:
     """After the workers stopped: acknowledged writes present, records whole,
     reservations recoverable."""
@@ -223,9 +255,10 @@ async def _check(run: _Run, report: CrashReport) -> None:
                 key = identity(name).key
                 raw = await store.read_raw(key)
                 if raw is not None:
-                    report.half_written += [
-                        f"{name}: {p.kind} at {p.where}" for p in check_record(raw)
-                    ]
+                    problems = check_record(raw)
+                    report.half_written += [f"{name}: {p.kind} at {p.where}" for p in problems]
+                    if problems:  # what the rows around the first problem hold, to explain it
+                        report.half_written.append(f"{name}: {_rows_around(raw, problems[0])}")
                 record = await store.read(key)
                 text = json.dumps(record)
                 report.lost += [
