@@ -73,6 +73,7 @@ class CrashReport:
     server: str
     seed: int
     kills: int = 0
+    aof_fixes: int = 0  # Redis: restarts that needed redis-check-aof --fix (a cut file)
     acked: int = 0
     lost: list[str] = field(default_factory=list)
     half_written: list[str] = field(default_factory=list)
@@ -93,7 +94,9 @@ class CrashReport:
     def row(self) -> str:
         typed = ", ".join(f"{k} {v}" for k, v in sorted(self.errors.items())) or "none"
         return (
-            f"{self.server:9} seed {self.seed}: {self.kills} kills, {self.acked} acknowledged "
+            f"{self.server:9} seed {self.seed}: {self.kills} kills"
+            f"{f' ({self.aof_fixes} append-only files repaired)' if self.aof_fixes else ''}, "
+            f"{self.acked} acknowledged "
             f"writes, lost {len(self.lost)}, half-written {len(self.half_written)}, "
             f"untyped {len(self.untyped)}, timeouts {self.timeouts}, stalled "
             f"{len(self.stalled)}; typed errors: {typed} (the slowest failed op took "
@@ -369,6 +372,7 @@ def run_crashes(
                 report.kills += 1
                 time.sleep(rng.uniform(*down))
                 server.restart()
+            report.aof_fixes = getattr(server, "aof_fixes", 0)
             lap("kills")
             before = [len(run.acks(c)) for c in run.configs]
             report.stalled += [

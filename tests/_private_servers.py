@@ -10,8 +10,14 @@ test that started them:
   ``synchronous_commit`` on (an acknowledged commit is on disk, as in production).
   PostgreSQL refuses to run as root: under root, ``initdb`` and ``postgres`` run as the
   ``postgres`` user (or ``nobody``), in a directory that user owns.
-- ``running_redis()``: ``redis-server`` with ``appendonly yes``, ``appendfsync always``
-  and no RDB snapshots unless told otherwise (``settings=``).
+- ``running_redis()``: ``redis-server`` with ``appendonly yes``, ``appendfsync always``,
+  ``aof-load-truncated no`` and no RDB snapshots unless told otherwise (``settings=``).
+  A crash can cut the append-only file's last write short; the server then refuses to
+  start, and ``start()`` repairs the file with ``redis-check-aof --fix`` (which cuts it
+  before the unfinished MULTI block) and starts it again, as an operator would
+  (``aof_fixes`` counts the repairs). Redis's default, ``aof-load-truncated yes``,
+  truncates such a file after the block's complete commands, and the next restart
+  applies them (``test_private_servers.py`` shows it).
 
 Both yield a server object with ``kill9()`` (SIGKILL to the whole server: the
 postmaster and every backend, as a machine crash would), ``restart()`` (start again on
@@ -55,7 +61,14 @@ __all__ = [
 
 READY_SECONDS = 60.0
 STOP_SECONDS = 30.0
-REDIS_DURABLE: Mapping[str, str] = {"appendonly": "yes", "appendfsync": "always", "save": ""}
+REDIS_DURABLE: Mapping[str, str] = {
+    "appendonly": "yes",
+    "appendfsync": "always",
+    "aof-load-truncated": "no",
+    "save": "",
+}
+# What redis-server logs when it refuses an append-only file a crash cut short.
+AOF_CUT = "Unexpected end of file reading the append only file"
 
 T = TypeVar("T")
 
@@ -290,6 +303,36 @@ class PrivateRedis(_Server):
         self.binary = binary
         self.settings = dict(settings)
         self.url = f"redis://127.0.0.1:{port}/0"
+        self.aof_fixes = 0
+
+    def start(self, timeout: float = READY_SECONDS) -> None:
+        """Start; when it refuses an append-only file a crash cut short, repair the file
+        with ``redis-check-aof --fix`` and start again."""
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+        try:
+            super().start(timeout)
+        except RuntimeError:
+            with open(self.log_path, "rb") as log:
+                log.seek(logged)
+                if AOF_CUT not in log.read().decode(errors="replace"):
+                    raise
+            self.fix_aof()
+            super().start(timeout)
+
+    def fix_aof(self) -> None:
+        """``redis-check-aof --fix`` on the append-only files (the server stopped)."""
+        checker = shutil.which("redis-check-aof")
+        if checker is None:
+            raise ServerUnavailable("redis-check-aof is not installed (Debian's redis-tools)")
+        manifests = glob.glob(str(self.directory / "appendonlydir" / "*.manifest"))
+        subprocess.run(
+            [checker, "--fix", *manifests],
+            input=b"y\n",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
+        self.aof_fixes += 1
 
     def _command(self) -> list[str]:
         settings = {

@@ -23,20 +23,62 @@ LOGGER = "touba.history"
 @pytest.mark.parametrize(
     ("settings", "start", "safe"),
     [
-        ({"appendonly": "yes", "appendfsync": "always", "save": ""}, "appendfsync always", True),
         (
-            {"appendonly": "yes", "appendfsync": "everysec", "save": ""},
+            {"appendonly": "yes", "appendfsync": "always", "aof-load-truncated": "no", "save": ""},
+            "appendfsync always, aof-load-truncated no",
+            True,
+        ),
+        (
+            {"appendonly": "yes", "appendfsync": "always", "aof-load-truncated": "yes", "save": ""},
+            "appendfsync always with aof-load-truncated yes",
+            False,
+        ),
+        ({"appendonly": "yes", "appendfsync": "always", "save": ""}, "unknown", False),
+        (
+            {
+                "appendonly": "yes",
+                "appendfsync": "everysec",
+                "aof-load-truncated": "no",
+                "save": "",
+            },
             "appendfsync everysec",
             False,
         ),
-        ({"appendonly": "yes", "appendfsync": "no", "save": "3600 1"}, "appendfsync no", False),
         (
-            {"appendonly": "no", "appendfsync": "always", "save": "3600 1 300 100"},
+            {"appendonly": "yes", "appendfsync": "no", "aof-load-truncated": "yes", "save": "1 1"},
+            "appendfsync no",
+            False,
+        ),
+        (
+            {
+                "appendonly": "no",
+                "appendfsync": "always",
+                "aof-load-truncated": "yes",
+                "save": "3600 1 300 100",
+            },
             "appendonly no, RDB",
             False,
         ),
-        ({"appendonly": "no", "appendfsync": "everysec", "save": ""}, "no persistence", False),
-        ({"appendonly": "maybe", "appendfsync": "always", "save": ""}, "unknown", False),
+        (
+            {
+                "appendonly": "no",
+                "appendfsync": "everysec",
+                "aof-load-truncated": "yes",
+                "save": "",
+            },
+            "no persistence",
+            False,
+        ),
+        (
+            {
+                "appendonly": "maybe",
+                "appendfsync": "always",
+                "aof-load-truncated": "no",
+                "save": "",
+            },
+            "unknown",
+            False,
+        ),
         ({"appendonly": "yes"}, "unknown", False),
         (None, "unknown", False),
     ],
@@ -101,6 +143,20 @@ async def test_appendfsync_always_is_durable_and_not_warned(
     assert durability is not None
     assert durability.startswith("appendfsync always")
     assert [r for r in logs if r.levelno >= logging.WARNING] == []
+
+
+async def test_aof_load_truncated_yes_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    """Redis's default loads a file cut inside a MULTI block by keeping the block's first
+    commands, which the next restart applies (``tests/history/test_server_crashes.py``
+    found it; ``tests/test_private_servers.py`` shows it on the server itself)."""
+    settings = {"appendonly": "yes", "appendfsync": "always", "aof-load-truncated": "yes"}
+    with private_redis_or_skip(settings) as server:
+        durability, logs = await usage_and_logs(server.url, caplog, enter=True)
+    assert durability is not None
+    assert durability.startswith("appendfsync always with aof-load-truncated yes")
+    warnings = [r.getMessage() for r in logs if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "aof-load-truncated no" in warnings[0]
 
 
 async def test_a_refused_config_get_is_unknown_said_as_such(

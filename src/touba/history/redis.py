@@ -577,11 +577,11 @@ class RedisHistoryStore(AsyncClosing):
     makes differ). Without it nothing is encrypted.
 
     Durability: entering the store (``async with``), or else its first command, reads
-    the server's ``appendonly``, ``appendfsync`` and ``save`` once (one more round
-    trip); ``usage().durability`` then says whether an acknowledged write survives a
-    server crash, and settings that can lose one are logged once as a warning
-    (:mod:`touba.history._redis_durability`; only ``appendonly yes`` with
-    ``appendfsync always`` keeps every write).
+    the server's ``appendonly``, ``appendfsync``, ``aof-load-truncated`` and ``save``
+    once (one more round trip); ``usage().durability`` then says whether an acknowledged
+    write survives a server crash, and settings that can lose or damage one are logged
+    once as a warning (:mod:`touba.history._redis_durability`; only ``appendonly yes``
+    with ``appendfsync always`` and ``aof-load-truncated no`` keeps every write whole).
     """
 
     log_drops = True
@@ -678,14 +678,15 @@ class RedisHistoryStore(AsyncClosing):
             logger.info("RedisHistoryStore: durability %s", self._durability)
         elif not safe:
             logger.warning(
-                "RedisHistoryStore: the Redis server may lose acknowledged writes: %s. Set "
-                "appendonly yes and appendfsync always to keep every one (docs: "
+                "RedisHistoryStore: the Redis server may lose or damage acknowledged writes: "
+                "%s. Set appendonly yes, appendfsync always and aof-load-truncated no to keep "
+                "every one (docs: "
                 "operations/failures.md, Redis persistence and durability)",
                 self._durability,
             )
 
     async def _persistence_settings(self) -> dict[str, str] | None:
-        """``appendonly``, ``appendfsync`` and ``save`` of the server holding this store's
+        """``SETTINGS`` (``appendonly``, ``appendfsync``, ...) of the server holding this store's
         slot (one round trip); None when a reply cannot be read."""
         client = self._client
         if isinstance(client, aioredis.RedisCluster):
