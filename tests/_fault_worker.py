@@ -21,7 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from touba.history import (
     CapabilityCall,
@@ -209,6 +209,36 @@ async def history_save_stuck_live(directory: Path) -> dict[str, Any]:
     }
 
 
+RANDOM_POINTS: Final = (WRITE, SYNC, "posix/io/rw/pread")
+Decide = Callable[[HistoryWindow], Awaitable[DecisionMessage]]
+
+
+def _lookup(turn: int) -> tuple[CapabilityCall, Decide]:
+    """Turn ``turn``'s call, and the model that decides it."""
+    call = CapabilityCall(f"c{turn}", "lookup", {"turn": turn})
+
+    async def generate(window: HistoryWindow) -> DecisionMessage:
+        return DecisionMessage(calls=(call,))
+
+    return call, generate
+
+
+def _random_faults() -> None:
+    """Writes, syncs and reads fail with EIO 4 % of the time, until ``FAULTS.disable``."""
+    for point in RANDOM_POINTS:
+        FAULTS.enable_random(point, errno.EIO, 0.04)
+
+
+def _answers(stored: dict[str, Any] | None) -> list[Observation]:
+    """What the next decision sends: an answer to each call the stored record awaits."""
+    if stored is None:
+        return []
+    return [
+        Observation(p["call_id"], "lookup", {"turn": int(p["call_id"][1:])}, "ok", 0)
+        for p in stored["pending"]
+    ]
+
+
 async def history_random_live(directory: Path) -> dict[str, Any]:
     """Random write, sync and read faults over many decisions of one live worker that
     never calls ``recover``: no decision is ever refused busy (the worker frees its own
@@ -220,13 +250,8 @@ async def history_random_live(directory: Path) -> dict[str, Any]:
     failures = successes = stuck = 0
     pending: list[Observation] = []
     for turn in range(120):
-        call = CapabilityCall(f"c{turn}", "lookup", {"turn": turn})
-
-        async def generate(window: HistoryWindow, call: CapabilityCall = call) -> DecisionMessage:
-            return DecisionMessage(calls=(call,))
-
-        for point in (WRITE, SYNC, "posix/io/rw/pread"):
-            FAULTS.enable_random(point, errno.EIO, 0.04)
+        call, generate = _lookup(turn)
+        _random_faults()
         try:
             await history.step(IDENTITY, pending, generate)
             pending = [Observation(call.call_id, "lookup", {"turn": turn}, "ok", turn)]
@@ -239,16 +264,9 @@ async def history_random_live(directory: Path) -> dict[str, Any]:
                 untyped.append(f"{type(e).__name__}: {e}")
             stuck += "could not be released" in str(e)
         finally:
-            FAULTS.disable(WRITE, SYNC, "posix/io/rw/pread")
+            FAULTS.disable(*RANDOM_POINTS)
         stored = await store.read_saved(IDENTITY.key)  # what the next decision builds on
-        pending = (
-            []
-            if stored is None
-            else [
-                Observation(p["call_id"], "lookup", {"turn": int(p["call_id"][1:])}, "ok", 0)
-                for p in stored["pending"]
-            ]
-        )
+        pending = _answers(stored)
     last = await outcome(history.step(IDENTITY, pending, model()))  # the disk works
     if last is None:
         successes += 1
@@ -290,13 +308,8 @@ async def history_random(directory: Path) -> dict[str, Any]:
     failures = successes = recoveries = 0
     pending: list[Observation] = []
     for turn in range(150):
-        call = CapabilityCall(f"c{turn}", "lookup", {"turn": turn})
-
-        async def generate(window: HistoryWindow, call: CapabilityCall = call) -> DecisionMessage:
-            return DecisionMessage(calls=(call,))
-
-        for point in (WRITE, SYNC, "posix/io/rw/pread"):
-            FAULTS.enable_random(point, errno.EIO, 0.04)
+        call, generate = _lookup(turn)
+        _random_faults()
         try:
             await history.step(IDENTITY, pending, generate)
             pending = [Observation(call.call_id, "lookup", {"turn": turn}, "ok", turn)]
@@ -305,7 +318,7 @@ async def history_random(directory: Path) -> dict[str, Any]:
             failures += 1
             if type(e).__module__ != "touba.errors":
                 untyped.append(f"{type(e).__name__}: {e}")
-            FAULTS.disable(WRITE, SYNC, "posix/io/rw/pread")
+            FAULTS.disable(*RANDOM_POINTS)
             if "could not be released" in " ".join(getattr(e, "__notes__", [])):
                 unsaid.append(f"{type(e).__name__}: {e}")  # a store error says it itself
             if "could not be released" in str(e):
@@ -314,16 +327,9 @@ async def history_random(directory: Path) -> dict[str, Any]:
                 stored = await store.read(IDENTITY.key)  # never busy here, never corrupt
             except Exception as late:
                 raise AssertionError(f"after {describe(e)}: {late!r}") from late
-            pending = (
-                []
-                if stored is None
-                else [
-                    Observation(p["call_id"], "lookup", {"turn": int(p["call_id"][1:])}, "ok", 0)
-                    for p in stored["pending"]
-                ]
-            )
+            pending = _answers(stored)
         finally:
-            FAULTS.disable(WRITE, SYNC, "posix/io/rw/pread")
+            FAULTS.disable(*RANDOM_POINTS)
     stored = await store.read(IDENTITY.key)
     await store.close()
     return {

@@ -93,7 +93,7 @@ def pg_table() -> Iterator[str]:
 
 
 @pytest.fixture
-async def pg_proxied(pg_table: str) -> AsyncIterator[tuple[Any, Any, NetProxy]]:
+async def postgres_proxied(pg_table: str) -> AsyncIterator[tuple[Any, Any, NetProxy]]:
     """A store behind the proxy (on a host pool that waits 1 s for a connection, so
     that a call fails soon while the server is down) and one that reaches the server
     directly: two workers."""
@@ -114,11 +114,22 @@ async def pg_proxied(pg_table: str) -> AsyncIterator[tuple[Any, Any, NetProxy]]:
             await pool.close()
 
 
-@pytest.mark.postgres
-async def test_postgres_worker_releases_its_own_reservation_after_an_outage(
-    pg_proxied: tuple[Any, Any, NetProxy],
+@pytest.fixture(
+    params=[
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis", marks=pytest.mark.redis),
+    ]
+)
+def proxied(request: pytest.FixtureRequest) -> tuple[Any, Any, NetProxy]:
+    """``postgres_proxied`` or ``redis_proxied``: a worker behind the proxy, and another."""
+    found: tuple[Any, Any, NetProxy] = request.getfixturevalue(f"{request.param}_proxied")
+    return found
+
+
+async def test_a_worker_releases_its_own_reservation_after_an_outage(
+    proxied: tuple[Any, Any, NetProxy],
 ) -> None:
-    worker, other, proxy = pg_proxied
+    worker, other, proxy = proxied
     history = _history(worker)
     await history.step(WHO, [], _saying("first"))
     await _failing_with_its_release(history, proxy)
@@ -135,11 +146,11 @@ async def test_postgres_worker_releases_its_own_reservation_after_an_outage(
 
 @pytest.mark.postgres
 async def test_postgres_worker_never_releases_a_reservation_another_worker_took(
-    pg_proxied: tuple[Any, Any, NetProxy],
+    postgres_proxied: tuple[Any, Any, NetProxy],
 ) -> None:
     """After ``recover``, another worker holds the key: the failed worker's owed release
     (its own token) leaves that reservation alone, and its decision is refused busy."""
-    worker, other, proxy = pg_proxied
+    worker, other, proxy = postgres_proxied
     history = _history(worker)
     await history.step(WHO, [], _saying("first"))
     await _failing_with_its_release(history, proxy)
@@ -162,9 +173,9 @@ async def test_postgres_worker_never_releases_a_reservation_another_worker_took(
 
 @pytest.mark.postgres
 async def test_postgres_delete_after_an_outage_frees_the_own_reservation_first(
-    pg_proxied: tuple[Any, Any, NetProxy],
+    postgres_proxied: tuple[Any, Any, NetProxy],
 ) -> None:
-    worker, other, proxy = pg_proxied
+    worker, other, proxy = postgres_proxied
     history = _history(worker)
     await history.step(WHO, [], _saying("first"))
     await _failing_with_its_release(history, proxy)
@@ -201,22 +212,6 @@ async def redis_proxied() -> AsyncIterator[tuple[Any, Any, NetProxy]]:
             if keys:
                 await client.delete(*keys)
             await client.aclose()
-
-
-@pytest.mark.redis
-async def test_redis_worker_releases_its_own_reservation_after_an_outage(
-    redis_proxied: tuple[Any, Any, NetProxy],
-) -> None:
-    worker, other, proxy = redis_proxied
-    history = _history(worker)
-    await history.step(WHO, [], _saying("first"))
-    await _failing_with_its_release(history, proxy)
-    with pytest.raises(DecisionHistoryBusy):
-        await other.read(WHO.key)
-    proxy.restore()
-    await _until_up(lambda: history.step(WHO, [], _saying("second")))
-    assert _texts(await other.read(WHO.key)) == ["first", "second"]
-    assert len(worker._reservations.owed) == 0
 
 
 # -- the bookkeeping -----------------------------------------------------------------------
