@@ -207,9 +207,11 @@ def test_random_kills_of_an_approved_resume_leave_no_failed_resume(
             assert result.output == f"refunded A1 for {run}"
             assert await checkpoints.list(run_id=run) == []
 
-    # Runs to the end: the first in the zygote (first-time costs, paid once), the
-    # second forked, whose span the kills are spread over.
-    for warm in range(2):
+    # Runs to the end: the first in the zygote (first-time costs, paid once), then
+    # three forked; the kills are spread over the quickest one's span (one slow warm
+    # run, on a busy machine, spread them past the end of most runs: 7 of 16 killed).
+    spans = []
+    for warm in range(4):
         run = f"warm-{warm}"
         checkpoint_id = asyncio.run(prepare(run))
         ended = zygote.run(
@@ -224,8 +226,12 @@ def test_random_kills_of_an_approved_resume_leave_no_failed_resume(
             fork=bool(warm),
         )
         assert (ended.killed, ended.code) == (False, 0)
-    span = ended.seconds
-    for n in range(KILLS):
+        if warm:
+            spans.append(ended.seconds)
+    span = min(spans)
+    for n in range(2 * KILLS):  # until KILLS runs were killed (a run may end first)
+        if counts["killed"] == KILLS:
+            break
         run = f"kill-{n}"
         checkpoint_id = asyncio.run(prepare(run))
         ended = zygote.run(
