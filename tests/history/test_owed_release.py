@@ -101,7 +101,12 @@ async def postgres_proxied(pg_table: str) -> AsyncIterator[tuple[Any, Any, NetPr
 
     with net_proxy(*postgres_address(postgres_dsn())) as proxy:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            proxy.dsn(postgres_dsn()), min_size=1, max_size=2, timeout=1.0, open=False
+            proxy.dsn(postgres_dsn()),
+            min_size=1,
+            max_size=2,
+            timeout=1.0,
+            reconnect_timeout=1.0,  # psycopg_pool backs off for seconds otherwise (test time)
+            open=False,
         )
         await pool.open(wait=True)
         worker = PostgresHistoryStore(pool=pool, table=pg_table)

@@ -197,6 +197,34 @@ async def test_a_pool_given_by_the_host_is_bounded_too_and_gets_the_cut_connecti
         await pool.close()
 
 
+async def test_a_host_pools_own_shorter_timeout_bounds_the_wait_for_a_connection(
+    pg: Behind,
+) -> None:
+    """The host gave its pool ``timeout=0.2``, shorter than the store's deadline: while
+    the server refuses connections, a call fails on the pool's own timeout (its
+    ``PoolTimeout`` chained, not the store's deadline), as the pool's owner chose."""
+    from psycopg_pool import PoolTimeout
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        pg.dsn, open=False, min_size=1, max_size=1, timeout=0.2
+    )
+    await pool.open(wait=True)
+    try:
+        store = PostgresHistoryStore(pool=pool, table=pg.table("h"), deadline_seconds=30)
+        async with store:
+            assert await store.transact(KEY, bump) == 1
+            pg.proxy.refuse()
+            with pytest.raises(DecisionHistoryStoreUnavailable):  # its connection is cut
+                await store.transact(KEY, bump)
+            with pytest.raises(DecisionHistoryStoreUnavailable) as failed:  # none to be had
+                await store.transact(KEY, bump)
+            assert isinstance(failed.value.__cause__, PoolTimeout)
+            assert not timed_out(failed.value)
+            pg.proxy.restore()
+    finally:
+        await pool.close()
+
+
 def test_the_own_pools_link_options_follow_the_deadline_unless_the_dsn_sets_them() -> None:
     from psycopg import pq
 

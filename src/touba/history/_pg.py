@@ -51,8 +51,10 @@ because that is the lowest layer with a PostgreSQL store, as
   the deadline (unless the DSN sets them), so the kernel gives up on a
   silent peer too. Opening (connecting, checking or creating the tables) is
   bounded by ``max(deadline_seconds, OPEN_TIMEOUT)``. A host's pool is never
-  replaced: its waits and statements are bounded the same way, and a
-  connection cut at its deadline goes back to it broken, to be discarded.
+  replaced: its waits and statements are bounded the same way (a wait for one
+  of its connections also by the pool's own ``timeout`` when that is shorter:
+  its owner chose it), and a connection cut at its deadline goes back to it
+  broken, to be discarded.
 - **Errors.** A driver error while opening is a ``ConfigurationError``; a
   lost server, a pool timeout, a deadline exceeded or a broken connection
   during use becomes the store's own transient error, in
@@ -682,21 +684,28 @@ class OwnedPool:
         if pool is None:  # only a caller that outlived close() can get here
             raise ConfigurationError(f"this {self._owner} is closed; create a new one")
         watch: _Watchdog | None = None
+        hosts_wait = False  # a host's pool's own timeout, shorter than the deadline, bounds it
         try:
-            # (the pool's wait is what is left once a place is taken)
-            async with self._slot(until), pool.connection(timeout=self._left(until)) as conn:
-                with _Watchdog(conn, until) as watch:
-                    if alone and self._owns_pool and conn.autocommit:
-                        yield conn
-                    else:
-                        async with read_committed(conn):
+            async with self._slot(until):
+                # The pool's wait: what is left once a place is taken, and never more than
+                # a host's pool's own timeout (its owner chose how long a caller waits).
+                wait = self._left(until)
+                hosts_wait = not self._owns_pool and pool.timeout < wait
+                async with pool.connection(timeout=pool.timeout if hosts_wait else wait) as conn:
+                    with _Watchdog(conn, until) as watch:
+                        if alone and self._owns_pool and conn.autocommit:
                             yield conn
+                        else:
+                            async with read_committed(conn):
+                                yield conn
         except FAILURES as e:
             # The one place driver failures during use become touba errors.
             if budget is not None:
                 budget.until = until  # what the rest of this public call may use
             error: Exception = e
-            if isinstance(e, PoolTimeout) or (watch is not None and watch.fired):
+            if watch is None and isinstance(e, PoolTimeout) and hosts_wait:
+                pass  # the host's pool's own timeout: its error says so
+            elif isinstance(e, PoolTimeout) or (watch is not None and watch.fired):
                 error = self._exceeded(e, "no answer" if watch else "no connection from the pool")
             self._suspect_after(pool, watch, timed_out=error is not e)
             raise self._unavailable(error) from error
