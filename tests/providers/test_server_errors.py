@@ -61,7 +61,7 @@ def _server(vendor: str) -> FakeProviderServer:
 
 @asynccontextmanager
 async def _provider(
-    vendor: str, srv: FakeProviderServer, history: HistoryConfig | bool, **options: Any
+    vendor: str, srv: FakeProviderServer, history: HistoryConfig | bool | None, **options: Any
 ) -> AsyncIterator[DecisionProvider]:
     if vendor == "openai":
         async with openai_sdk(srv) as sdk:  # type: ignore[arg-type]
@@ -201,7 +201,7 @@ async def test_the_servers_message_stays_out_of_traces_checkpoints_and_logs(
         assert result.checkpoint_id is not None
         checkpoint = await runtime.checkpoints.get(result.checkpoint_id)
         assert checkpoint is not None
-        assert checkpoint["error"]["code"] == "AgentDecisionProviderUnavailable"  # type: ignore[index, call-overload]
+        assert checkpoint["error"]["code"] == "AgentDecisionProviderUnavailable"
         assert "SECRET-ECHO" not in json.dumps(checkpoint)
     else:
         assert result.checkpoint_id is None
