@@ -44,6 +44,11 @@ the non-streaming request answers), with a client it builds itself and never ret
 * **Alternation.** Consecutive user-role texts (input, summary, data) are sent
   as one user message: many chat templates (Mistral's, for one) refuse two
   user turns in a row.
+* **Refusals.** An HTTP error answer is ``AgentDecisionProviderUnavailable``
+  with the server's message in ``server_message`` (see
+  :mod:`touba.providers._refusal`): llama-cpp-python answers request validation
+  and chat template errors as HTTP 500, which are not retryable, so the message
+  says what to change instead of "retry later".
 * **Continuity.** In ``inline`` mode a decision keeps the assistant message as
   the server returned it, null fields dropped (so ``reasoning_content`` or
   ``reasoning`` ride along) and replays it untouched to this provider. Use
