@@ -342,9 +342,14 @@ def _check_status(data: Mapping[str, Any]) -> None:
             raise violation("OpenAI's content filter blocked the response", "blocked")
         raise violation(f"the response is incomplete (reason {reason!r})", "incomplete_output")
     if status not in (None, "completed"):
+        error = data.get("error")
+        code = error.get("code") if isinstance(error, Mapping) else None
+        said = body_message(error)
         raise AgentDecisionProviderUnavailable(
             f"the OpenAI response has status {status!r}, not 'completed'; no decision was "
-            "received (touba sends foreground, non-streaming requests)"
+            "received (touba sends foreground, non-streaming requests)",
+            server_message=said,
+            retryable=retry_can_help(500, said, code),
         )
 
 
