@@ -897,6 +897,9 @@ async def test_local_server_refusals_are_explained_and_not_retryable(
     if not retryable:
         assert "retry later" not in str(error)
         assert "overloaded" not in str(error)
+    if not retryable and status == 500:  # what to change instead
+        assert "a retry will not help" in error.message
+        assert "structured_format" in error.message
 
 
 async def test_the_server_message_is_bounded_and_without_control_characters(server) -> None:

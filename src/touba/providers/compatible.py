@@ -578,7 +578,8 @@ def _status_hint(status: int, retryable: bool) -> str:
             "the server could not take this request (a request validation or chat template "
             "error, see its message): the same request fails again, so a retry will not help; "
             "check that the server's chat format supports tool calls, and for "
-            "decision_interface='structured' the structured_format it accepts"
+            "decision_interface='structured' the structured_format it accepts "
+            "(llama-cpp-python: 'json_object_schema')"
         )
     if status < 500:
         return "the server timed out or saw a conflict: retry later"
