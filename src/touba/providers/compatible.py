@@ -51,7 +51,8 @@ the non-streaming request answers), with a client it builds itself and never ret
   says what to change instead of "retry later".
 * **Continuity.** In ``inline`` mode a decision keeps the assistant message as
   the server returned it, null fields dropped (so ``reasoning_content`` or
-  ``reasoning`` ride along) and replays it untouched to this provider. Use
+  ``reasoning`` ride along) and replays it untouched to this provider (but for
+  a null or missing ``content``, sent as ``""``: see **Content**). Use
   ``HistoryConfig(continuity="opaque_refs")`` for a server that rejects its own
   reasoning fields when they come back.
 
