@@ -122,3 +122,34 @@ def test_which_errors_are_retryable_as_the_readme_says(name: str) -> None:
 def test_a_full_store_is_retryable_a_bound_of_the_step_is_not(limit: str, retryable: bool) -> None:
     error = errors.DecisionHistoryLimitExceeded("full", limit=limit)  # type: ignore[arg-type]
     assert error.retryable is retryable
+
+
+@pytest.mark.parametrize(
+    "cls", [errors.AgentDecisionProviderUnavailable, errors.ProviderContextCountUnavailable]
+)
+def test_a_provider_error_keeps_the_servers_message_apart_and_bounded(
+    cls: type[errors.AgentDecisionProviderUnavailable],
+) -> None:
+    said = "bad\x00 field\r\n\tmessages.1\u202e.content\x1b[0m " + "y" * 1000
+    error = cls("HTTP 400; fix the request", status_code=400, server_message=said, retryable=False)
+    assert error.message == "HTTP 400; fix the request"  # what traces and records get
+    assert error.server_message is not None
+    assert error.server_message.startswith("bad field   messages.1.content[0m yyy")
+    assert len(error.server_message) == 500
+    assert error.server_message.endswith("...")
+    assert all(c.isprintable() for c in error.server_message)
+    assert str(error) == f'HTTP 400; fix the request (the server said: "{error.server_message}")'
+    assert (error.status_code, error.retryable) == (400, False)
+
+
+@pytest.mark.parametrize("said", [None, "", " \n\x00 "])
+def test_no_server_message_reads_as_none(said: str | None) -> None:
+    error = errors.AgentDecisionProviderUnavailable("no answer", server_message=said)
+    assert error.server_message is None
+    assert str(error) == "no answer"
+    assert error.retryable  # the default: the transport failed
+
+
+def test_a_short_server_message_is_kept_whole() -> None:
+    said = "x" * 500
+    assert errors.AgentDecisionProviderUnavailable("m", server_message=said).server_message == said

@@ -8,6 +8,7 @@ to the model's output format and never trigger a provider retry.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import ClassVar, Literal
 
 __all__ = [
@@ -91,14 +92,81 @@ class AgentDecisionProviderSchemaViolation(ToubaError):
         self.provider_error_code = provider_error_code
 
 
-class AgentDecisionProviderUnavailable(ToubaError):
-    """The transport or the provider failed; no decision was received."""
+_SERVER_MESSAGE_LIMIT = 500
+"""Characters of a vendor's or server's error message kept in ``server_message``."""
+
+
+_FORMAT_CONTROLS = frozenset("\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""Line and paragraph separators and bidirectional overrides, removed like control characters."""
+
+
+def _bounded_server_message(text: str | None) -> str | None:
+    """``text`` without control characters (line breaks and tabs become spaces),
+    stripped, at most 500 characters; None when empty."""
+    if text is None:
+        return None
+    kept = "".join(
+        (" " if c.isspace() else "")
+        if unicodedata.category(c) == "Cc" or c in _FORMAT_CONTROLS
+        else c
+        for c in str(text)
+    ).strip()
+    if not kept:
+        return None
+    if len(kept) > _SERVER_MESSAGE_LIMIT:
+        kept = kept[: _SERVER_MESSAGE_LIMIT - 3].rstrip() + "..."
+    return kept
+
+
+class _ServerAnswered(ToubaError):
+    """An error that may carry what a vendor or server said (see the subclasses)."""
 
     transient = True
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        server_message: str | None = None,
+        retryable: bool = True,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.server_message = _bounded_server_message(server_message)
+        self._retryable = retryable
+
+    def __str__(self) -> str:
+        if self.server_message is None:
+            return self.message
+        return f'{self.message} (the server said: "{self.server_message}")'
+
+    @property
+    def retryable(self) -> bool:
+        """True unless the vendor or server refused this very request (see the class)."""
+        return self._retryable
+
+
+class AgentDecisionProviderUnavailable(_ServerAnswered):
+    """The transport or the provider failed; no decision was received; nothing was stored.
+
+    ``status_code``: the HTTP status the vendor or server answered (None when no
+    answer came: a connection failure, a timeout, a stream cut).
+    ``server_message``: what it said in its error body (its ``message``, or a
+    validation error's fields and reasons), at most 500 characters with control
+    characters removed; None when the answer carried no message. It may quote
+    parts of the request, so touba keeps it out of trace events, checkpoints,
+    job records and logs: it is in ``str(error)`` (after touba's own words) and
+    in this attribute, never in ``error.message``, which is touba's words only.
+
+    ``retryable`` (see :attr:`ToubaError.retryable`) says whether the same request
+    may succeed later: True for no answer, a timeout, HTTP 408, 409, 429 and a
+    5xx server failure; False when the vendor or server refused the request
+    itself: any other 4xx (a wrong key, an unknown model, a request it cannot
+    take), or a 5xx whose message is a request validation or chat template
+    error (llama-cpp-python answers both as HTTP 500). Then the message says
+    what to change instead of "retry later".
+    """
 
 
 class AgentBudgetExceeded(ToubaError):
@@ -177,10 +245,14 @@ class ProviderContextWindowExceeded(ToubaError):
     """Even the minimal request does not fit the host's context window."""
 
 
-class ProviderContextCountUnavailable(ToubaError):
-    """The provider's token count could not be obtained; nothing was generated."""
+class ProviderContextCountUnavailable(_ServerAnswered):
+    """The provider's token count could not be obtained; nothing was generated.
 
-    transient = True
+    ``status_code``, ``server_message`` and ``retryable`` as on
+    :class:`AgentDecisionProviderUnavailable`: a count request the vendor refused
+    (a 4xx, a validation error) is not retryable, and what it said is in
+    ``server_message`` and ``str(error)``, never in ``error.message``.
+    """
 
 
 class ProviderContextGuardUnsupported(ToubaError):

@@ -33,6 +33,7 @@ PROGRAM = textwrap.dedent(
     import asyncio
     import pathlib
 
+    from touba.errors import AgentDecisionProviderUnavailable
     from touba.providers import create_function_decision_provider
     from touba.runtime import Program
 
@@ -45,6 +46,13 @@ PROGRAM = textwrap.dedent(
             return {"action": "final", "output": "refunded"}
         if "refund" in users[-1]:
             return {"action": "call", "calls": [{"name": "refund", "arguments": {}}]}
+        if "refused" in users[-1]:
+            raise AgentDecisionProviderUnavailable(
+                "the server at http://127.0.0.1:8080/v1 answered HTTP 500",
+                status_code=500,
+                server_message="body.response_format.type: Input should be 'text'",
+                retryable=False,
+            )
         if "slow" in users[-1]:
             THINKING.write_text("yes")
             await asyncio.sleep(120)
@@ -309,3 +317,14 @@ def test_an_anonymous_session_continued_with_a_user_says_so(place: Path) -> None
     code, out = _invoke(place, "-a", "echo", "-u", "ada", "-s", "s-anon")
     assert code == 1
     assert "another owner (it is an anonymous session: continue it without --user)" in out
+
+
+def test_a_refused_turn_shows_what_the_server_said(place: Path) -> None:
+    code, out = _invoke(place, "-a", "echo", "-u", "ada", input="refused\n")
+    assert code == 1, out  # a turn failed
+    text = " ".join(out.split())
+    assert (
+        "AgentDecisionProviderUnavailable: the server at http://127.0.0.1:8080/v1 answered "
+        "HTTP 500 (the server said: \"body.response_format.type: Input should be 'text'\")"
+    ) in text
+    assert "retry it?" not in text  # not retryable: no retry offered

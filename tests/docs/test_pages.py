@@ -57,7 +57,7 @@ PAGES: dict[str, str] = {
     "docs/stores/postgres.md": "python output",
     "docs/stores/redis.md": "python output",
     "docs/runtime.md": "python python output python output python python output python output",
-    "docs/providers.md": "python output python output",
+    "docs/providers.md": "python output python output python output",
     "docs/panel.md": "sh sh",
     "docs/integrations.md": "sh python python python python python python python",
     "docs/openai-agents-sessions.md": "python output python output",

@@ -217,7 +217,8 @@ async def test_parallel_calls_with_error_and_denied_results_stay_paired(server) 
 
 
 async def test_inline_replays_the_servers_message_untouched(server) -> None:
-    """Reasoning fields and the model's exact argument text go back as returned."""
+    """Reasoning fields and the model's exact argument text go back as returned; only
+    the null content goes back as "" (chat templates read it, validation refuses null)."""
     store = MemoryHistoryStore()
     provider = provider_for(server, history=HistoryConfig(store=store, namespace="t"))
     returned = {
@@ -237,7 +238,7 @@ async def test_inline_replays_the_servers_message_untouched(server) -> None:
     server.script_chat_completion("Shipped.")
     await provider.decide(request(observations=(observe(first.calls[0], result=1),)))
     replayed = bodies(server)[1]["messages"][2]
-    assert replayed == {k: v for k, v in returned.items() if v is not None}
+    assert replayed == {**{k: v for k, v in returned.items() if v is not None}, "content": ""}
     (row,) = await store.list()
     record = await store.read(row.key)
     assert record is not None
@@ -275,6 +276,7 @@ async def test_opaque_refs_sends_projected_arguments_and_no_opaque_data(server) 
     assistant = bodies(server)[1]["messages"][2]
     assert assistant == {
         "role": "assistant",
+        "content": "",
         "tool_calls": [
             {
                 "id": "c_1",
@@ -425,6 +427,87 @@ async def test_summary_goes_as_user_data(server) -> None:
     assert last[1]["content"].startswith("Where is order A1?\n\n")
 
 
+# every message has a string content ---------------------------------------------
+
+
+def contents_are_strings(body: dict[str, Any]) -> None:
+    """Chat templates read message.content: it is never missing nor null."""
+    for i, message in enumerate(body["messages"]):
+        assert isinstance(message.get("content"), str), f"message {i} has no string content"
+
+
+async def _ignore(delta: object) -> None:
+    """A sink: the decision streams."""
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("continuity", ["inline", "opaque_refs"])
+async def test_every_message_shape_is_sent_with_a_string_content(
+    server, continuity, streamed
+) -> None:
+    """Prior turns with traces, data, a summary, tool calls without text (the server
+    answered null content, or none at all), results, replies and the final answer."""
+
+    async def summarize(req: SummaryRequest) -> str:
+        return "Earlier: looked orders up."
+
+    provider = provider_for(
+        server,
+        history=HistoryConfig(
+            max_messages=4, summarize=summarize, max_summary_bytes=512, continuity=continuity
+        ),
+    )
+    trace = ((TraceCall("t_1", "lookup_order", {"order_id": "Z9"}, "ok", {"state": "lost"}),),)
+    turns = (Turn("Where is Z9?", replies=("It was lost.",), trace=trace),)
+    sink = _ignore if streamed else None
+    lost = Observation("c_lost", "lookup_order", {"order_id": "A0"}, "ok", {"state": "late"})
+    observations: tuple[Observation, ...] = (lost,)  # no pending call: sent as data
+    for i in range(4):
+        call = chat_tool_call("lookup_order", {"order_id": f"A{i}"}, id=f"c_{i}")
+        if i % 2:
+            server.script_raw(
+                200,
+                completion({"role": "assistant", "tool_calls": [call]}, "tool_calls"),
+                endpoint="chat_completions",
+            )  # no content field at all
+        else:
+            server.script_chat_completion(None, tool_calls=[call])  # "content": null
+        decision = await provider.decide(
+            request(prior_turns=turns, observations=observations), sink=sink
+        )
+        observations = (observe(decision.calls[0], result=i),)
+    server.script_chat_completion("All shipped.")
+    final = await provider.decide(request(prior_turns=turns, observations=observations))
+    assert final.output == "All shipped."
+
+    sent = bodies(server)
+    for body in sent:
+        contents_are_strings(body)
+    last = sent[-1]["messages"]
+    with_calls = [m for m in last if m["role"] == "assistant" and m.get("tool_calls")]
+    assert len(with_calls) >= 2  # the prior turn's trace and the window's decisions
+    assert [m["content"] for m in with_calls] == [""] * len(with_calls)
+    assert "untrusted summary" in json.dumps(last)
+    assert "c_lost" not in json.dumps(sent[0])  # data: no invented call id
+    assert "[touba: results of capability calls" in json.dumps(sent[0])
+
+
+async def test_structured_messages_have_string_contents(server) -> None:
+    provider = provider_for(
+        server, decision_interface="structured", structured_format="json_object_schema"
+    )
+    trace = ((TraceCall("t_1", "lookup_order", {"order_id": "Z9"}, "ok", 1),),)
+    turns = (Turn("Where is Z9?", ("Lost.",), trace),)
+    server.script_chat_completion(
+        '{"action": "call", "calls": [{"name": "lookup_order", "arguments": {"order_id": "A1"}}]}'
+    )
+    first = await provider.decide(request(prior_turns=turns))
+    server.script_chat_completion('{"action": "final", "output": "Shipped."}')
+    await provider.decide(request(prior_turns=turns, observations=(observe(first.calls[0]),)))
+    for body in bodies(server):
+        contents_are_strings(body)
+
+
 # structured ---------------------------------------------------------------------
 
 
@@ -477,6 +560,23 @@ async def test_structured_json_object_mode_and_fenced_answers(server) -> None:
     assert decision.output == {"eta": 2}
     (body,) = bodies(server)
     assert body["response_format"] == {"type": "json_object"}
+    assert "JSON decision" in body["messages"][0]["content"]
+
+
+async def test_structured_json_object_schema_sends_the_decision_schema(server) -> None:
+    """llama-cpp-python's JSON mode: {"type": "json_object", "schema": ...}, held by grammar."""
+    schema = {"type": "object", "properties": {"eta": {"type": "integer"}}, "required": ["eta"]}
+    provider = provider_for(
+        server, decision_interface="structured", structured_format="json_object_schema"
+    )
+    server.script_chat_completion('{"action": "final", "output": {"eta": 2}}')
+    decision = await provider.decide(request(output_schema=schema))
+    assert decision.output == {"eta": 2}
+    (body,) = bodies(server)
+    assert body["response_format"] == {
+        "type": "json_object",
+        "schema": structured_schema((LOOKUP, REFUND), schema),
+    }
     assert "JSON decision" in body["messages"][0]["content"]
 
 
@@ -661,19 +761,159 @@ async def test_structured_schema_violations(server, message, code) -> None:
 # transport failures -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("status", "hint"), [(500, "retry"), (429, "retry"), (401, "api_key")])
-async def test_http_errors_are_unavailable_and_store_nothing(server, status, hint) -> None:
+@pytest.mark.parametrize(
+    ("status", "hint", "retryable"),
+    [
+        (500, "retry later", True),
+        (503, "retry later", True),
+        (429, "retry later", True),
+        (401, "api_key", False),
+        (404, "base_url", False),
+        (400, "structured_format='json_object_schema'", False),
+        (422, "tool calling", False),
+        (413, "a retry will not help", False),
+    ],
+)
+async def test_http_errors_say_what_the_server_said_and_store_nothing(
+    server, status, hint, retryable
+) -> None:
     store = MemoryHistoryStore()
     provider = provider_for(server, history=HistoryConfig(store=store, namespace="t"))
-    server.script_error(status, "echo of the prompt: SECRET", endpoint="chat_completions")
+    said = "echo of the prompt: SECRET"
+    server.script_error(status, said, endpoint="chat_completions")
     with pytest.raises(AgentDecisionProviderUnavailable) as caught:
         await provider.decide(request())
-    assert caught.value.status_code == status
-    assert hint in str(caught.value)
-    assert "SECRET" not in str(caught.value)
-    assert isinstance(caught.value.__cause__, Exception)
+    error = caught.value
+    assert error.status_code == status
+    assert error.server_message == said
+    assert hint in str(error)
+    assert str(error).endswith(f'(the server said: "{said}")')
+    assert "SECRET" not in error.message  # touba's own words, for traces and records
+    assert error.retryable is retryable
+    if not retryable:
+        assert "retry later" not in str(error)
+    assert isinstance(error.__cause__, Exception)
     assert len(server.requests_to("chat_completions")) == 1  # no SDK retry
     assert await store.list() == []
+
+
+# What llama-cpp-python's server answers (its RouteErrorHandler wraps every failure of the
+# route, request validation included, as HTTP 500 {"error": {"message": str(exc),
+# "type": "internal_server_error", "param": null, "code": null}}), and what others do.
+LLAMA_CPP_VALIDATION = (
+    "[{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg': "
+    "\"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': "
+    "{'expected': \"'text' or 'json_object'\"}}]"
+)
+
+
+def llama_cpp_error(message: str) -> dict[str, Any]:
+    return {
+        "error": {"message": message, "type": "internal_server_error", "param": None, "code": None}
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said", "retryable"),
+    [
+        pytest.param(
+            500,
+            llama_cpp_error(LLAMA_CPP_VALIDATION),
+            LLAMA_CPP_VALIDATION,
+            False,
+            id="llama-cpp-python-validation",
+        ),
+        pytest.param(
+            500,
+            llama_cpp_error("'dict object' has no attribute 'content'"),
+            "'dict object' has no attribute 'content'",
+            False,
+            id="jinja-undefined",
+        ),
+        pytest.param(
+            500, llama_cpp_error("'content'"), "'content'", False, id="missing-key-in-template"
+        ),
+        pytest.param(
+            500,
+            {
+                "error": {
+                    "code": 500,
+                    "message": "Conversation roles must alternate "
+                    "user/assistant/user/assistant/...",
+                    "type": "server_error",
+                }
+            },
+            "Conversation roles must alternate user/assistant/user/assistant/...",
+            False,
+            id="llama-server-template-exception",
+        ),
+        pytest.param(
+            500,
+            llama_cpp_error("llama_decode returned -3"),
+            "llama_decode returned -3",
+            True,
+            id="a-server-failure",
+        ),
+        pytest.param(
+            422,
+            {
+                "detail": [
+                    {
+                        "type": "missing",
+                        "loc": ["body", "messages", 1, "content"],
+                        "msg": "Field required",
+                        "input": {"role": "SECRET"},
+                    }
+                ]
+            },
+            "body.messages.1.content: Field required",
+            False,
+            id="fastapi-detail-without-the-input",
+        ),
+        pytest.param(
+            404,
+            {"error": "model 'qwen3:8b' not found"},
+            "model 'qwen3:8b' not found",
+            False,
+            id="ollama-string-error",
+        ),
+        pytest.param(502, "Bad Gateway", "Bad Gateway", True, id="plain-text"),
+        pytest.param(503, None, None, True, id="no-body"),
+    ],
+)
+async def test_local_server_refusals_are_explained_and_not_retryable(
+    server, status, body, said, retryable
+) -> None:
+    provider = provider_for(server)
+    server.script_raw(status, body, endpoint="chat_completions")
+    with pytest.raises(AgentDecisionProviderUnavailable) as caught:
+        await provider.decide(request())
+    error = caught.value
+    assert (error.status_code, error.server_message, error.retryable) == (status, said, retryable)
+    if said is not None:
+        assert said in str(error)
+        assert said not in error.message
+    assert "SECRET" not in str(error)
+    if not retryable:
+        assert "retry later" not in str(error)
+        assert "overloaded" not in str(error)
+    if not retryable and status == 500:  # what to change instead
+        assert "a retry will not help" in error.message
+        assert "structured_format" in error.message
+
+
+async def test_the_server_message_is_bounded_and_without_control_characters(server) -> None:
+    provider = provider_for(server)
+    noisy = "line one\nline two\x1b[31m red\x00" + "x" * 2000
+    server.script_raw(500, llama_cpp_error(noisy), endpoint="chat_completions")
+    with pytest.raises(AgentDecisionProviderUnavailable) as caught:
+        await provider.decide(request())
+    said = caught.value.server_message
+    assert said is not None
+    assert len(said) <= 500
+    assert said.startswith("line one line two[31m red")
+    assert all(c.isprintable() for c in said)
+    assert said in str(caught.value)
 
 
 async def test_a_rejected_request_is_unavailable_with_its_status(server) -> None:
@@ -775,8 +1015,12 @@ async def test_context_is_refused_with_the_reason() -> None:
         ({"max_output_tokens": 10, "max_completion_tokens": 10}, "either"),
         ({"functions": []}, "legacy"),
         ({"extra_body": {"top_k": 1}}, "top_k=20"),
-        ({"structured_format": "yaml", "decision_interface": "structured"}, "structured_format"),
+        (
+            {"structured_format": "yaml", "decision_interface": "structured"},
+            "'json_schema', 'json_object' or 'json_object_schema', got 'yaml'",
+        ),
         ({"structured_format": "json_object"}, "applies to"),
+        ({"structured_format": "json_object_schema"}, "applies to"),
         ({"decision_interface": "structured", "tool_choice": "auto"}, "needs tools"),
         ({"decision_interface": "chatty"}, "decision_interface"),
         ({"timeout": 0}, "timeout"),

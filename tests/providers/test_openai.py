@@ -597,6 +597,24 @@ async def test_a_failed_response_status_is_unavailable(
         await provider.decide(request())
 
 
+@pytest.mark.parametrize(("code", "retryable"), [("server_error", True), ("invalid_prompt", False)])
+async def test_a_failed_response_keeps_what_the_api_said(
+    openai_server: FakeOpenAIServer, openai_client: openai.AsyncOpenAI, code: str, retryable: bool
+) -> None:
+    error = {"code": code, "message": "The prompt was flagged: SECRET"}
+    openai_server.script_raw(
+        200,
+        {"id": "resp_1", "object": "response", "status": "failed", "output": [], "error": error},
+    )
+    provider = create_openai_decision_provider(model=MODEL, client=openai_client, history=False)
+    with pytest.raises(AgentDecisionProviderUnavailable) as caught:
+        await provider.decide(request())
+    assert caught.value.server_message == "The prompt was flagged: SECRET"
+    assert "SECRET" in str(caught.value)
+    assert "SECRET" not in caught.value.message
+    assert caught.value.retryable is retryable
+
+
 # context guard ---------------------------------------------------------------------
 
 

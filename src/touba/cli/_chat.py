@@ -107,7 +107,8 @@ def _show_call(name: str, arguments: object, status: str) -> None:
 
 
 def _show(turn: ChatTurn, printed: tuple[str, ...] | None = None) -> None:
-    """The turn's calls and replies, then its error; ``printed``: the replies already
+    """The turn's calls and replies, then its error (its full text: a provider error
+    shows the server's message to the one who typed the turn); ``printed``: the replies already
     streamed (their calls too), so that only the rest is printed."""
     stored = turn.stored.trace if turn.stored is not None and printed is None else ()
     for group in stored:
@@ -121,7 +122,7 @@ def _show(turn: ChatTurn, printed: tuple[str, ...] | None = None) -> None:
     error = turn.result.error
     if turn.status == "failed" and error is not None:
         console.print(f"[bold red]{error.code}[/]: ", end="")
-        console.print(error.message, markup=False)
+        console.print(str(error), markup=False)  # with what a model server said, if it did
 
 
 async def _approve(session: ChatSession, turn: ChatTurn, terminal: Terminal) -> ChatTurn:

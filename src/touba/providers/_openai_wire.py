@@ -45,6 +45,7 @@ from touba.providers._openai_shared import (
     usage,
     user,
 )
+from touba.providers._refusal import body_message, retry_can_help
 from touba.providers._stream import (
     DeltaSink,
     StreamedCall,
@@ -341,9 +342,14 @@ def _check_status(data: Mapping[str, Any]) -> None:
             raise violation("OpenAI's content filter blocked the response", "blocked")
         raise violation(f"the response is incomplete (reason {reason!r})", "incomplete_output")
     if status not in (None, "completed"):
+        error = data.get("error")
+        code = error.get("code") if isinstance(error, Mapping) else None
+        said = body_message(error)
         raise AgentDecisionProviderUnavailable(
             f"the OpenAI response has status {status!r}, not 'completed'; no decision was "
-            "received (touba sends foreground, non-streaming requests)"
+            "received (touba sends foreground, non-streaming requests)",
+            server_message=said,
+            retryable=retry_can_help(500, said, code),
         )
 
 
@@ -460,6 +466,19 @@ def _failure_code(error: Any) -> str:
     return f" (code {code})" if isinstance(code, str) and _SAFE_CODE.match(code) else ""
 
 
+def _stream_failure(what: str, error: Any) -> AgentDecisionProviderUnavailable:
+    """A failure reported inside the stream, with what the API said (see ``_refusal``)."""
+    said = body_message(error)
+    code = error.get("code") if isinstance(error, Mapping) else None
+    retryable = retry_can_help(500, said, code)
+    hint = "" if retryable else ": the API refused this request, a retry will not help"
+    return AgentDecisionProviderUnavailable(
+        f"{what}{_failure_code(error)}; no decision was received and nothing was stored{hint}",
+        server_message=said,
+        retryable=retryable,
+    )
+
+
 async def read_response_stream(events: AsyncIterable[Any], sink: DeltaSink) -> Any:
     """The Responses API's SSE events (``stream: true``) up to the final response body.
 
@@ -497,15 +516,9 @@ async def read_response_stream(events: AsyncIterable[Any], sink: DeltaSink) -> A
         elif kind == "response.failed":
             response = event.get("response")
             error = response.get("error") if isinstance(response, Mapping) else None
-            raise AgentDecisionProviderUnavailable(
-                f"the OpenAI response failed while streaming{_failure_code(error)}; no decision "
-                "was received and nothing was stored"
-            )
+            raise _stream_failure("the OpenAI response failed while streaming", error)
         elif kind == "error":
-            raise AgentDecisionProviderUnavailable(
-                f"the OpenAI stream sent an error event{_failure_code(event)}; no decision was "
-                "received and nothing was stored"
-            )
+            raise _stream_failure("the OpenAI stream sent an error event", event)
         elif kind not in _STREAM_EVENTS:
             ignore_event(PROVIDER, kind)
     raise incomplete_stream("OpenAI Responses")

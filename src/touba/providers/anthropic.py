@@ -108,6 +108,7 @@ from touba.providers._base import DecisionProvider, Plan, Wire
 from touba.providers._deadline import Paced
 from touba.providers._framing import structured_instructions, structured_schema
 from touba.providers._guard import ContextConfig
+from touba.providers._refusal import body_message, retry_can_help
 from touba.providers._stream import DeltaSink
 from touba.providers._types import DecisionInterface, Usage
 
@@ -342,15 +343,22 @@ class AnthropicWire(Wire):
         except ToubaError:
             raise
         except sdk.APIStatusError as e:
+            said = body_message(e.body)
             if streamed and e.status_code == 200:  # an ``error`` event inside the stream
+                retryable = retry_can_help(500, said, getattr(e, "type", None))
                 raise AgentDecisionProviderUnavailable(
                     f"the Messages API stream sent an error event ({_describe(e)}); no "
-                    "decision was received and nothing was stored"
+                    f"decision was received and nothing was stored{_no_retry(retryable)}",
+                    server_message=said,
+                    retryable=retryable,
                 ) from e
+            retryable = retry_can_help(e.status_code, said, getattr(e, "type", None))
             raise AgentDecisionProviderUnavailable(
                 f"the Messages API answered HTTP {e.status_code} ({_describe(e)}); no decision "
-                "was received and nothing was stored",
+                f"was received and nothing was stored{_no_retry(retryable)}",
                 status_code=e.status_code,
+                server_message=said,
+                retryable=retryable,
             ) from e
         except (TypeError, ValueError) as e:
             raise _refused_locally(e) from e
@@ -393,10 +401,23 @@ def _decision_choice(mode: ThinkingMode) -> dict[str, Any]:
 
 
 def _count_unavailable(error: BaseException) -> ProviderContextCountUnavailable:
+    status = getattr(error, "status_code", None)
+    status = status if isinstance(status, int) else None
+    said = body_message(getattr(error, "body", None)) if status is not None else None
+    retryable = retry_can_help(status, said, getattr(error, "type", None))
+    hint = "Retry later" if retryable else "The API refused this request: a retry will not help"
     return ProviderContextCountUnavailable(
         f"messages.count_tokens failed ({_describe(error)}); nothing was generated. "
-        "Retry later, or drop context= to generate without the guard"
+        f"{hint}, or drop context= to generate without the guard",
+        status_code=status,
+        server_message=said,
+        retryable=retryable,
     )
+
+
+def _no_retry(retryable: bool) -> str:
+    """What a refusal adds to the message: a retry will not help (see ``_refusal``)."""
+    return "" if retryable else "; the API refused this request: a retry will not help"
 
 
 def _refused_locally(error: BaseException) -> ConfigurationError:
@@ -412,7 +433,8 @@ def _tool(name: str, description: str, parameters: dict[str, Any]) -> dict[str, 
 
 
 def _describe(error: BaseException) -> str:
-    """The error's kind, never its text (an API message may quote request content)."""
+    """The error's kind, never its text (an API message may quote request content: it
+    goes to ``server_message`` instead)."""
     kind = getattr(error, "type", None)
     request_id = getattr(error, "request_id", None)
     parts = [type(error).__name__] + [str(p) for p in (kind, request_id) if isinstance(p, str)]

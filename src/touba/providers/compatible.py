@@ -25,16 +25,34 @@ the non-streaming request answers), with a client it builds itself and never ret
   ``output_schema`` is asked for in the system message and parsed from the
   text, not through ``response_format``: local servers apply a response
   format as a grammar on the whole generation, which would forbid tool calls.
-* **Structured interface.** ``response_format`` ``json_schema`` carrying the
-  decision schema; ``structured_format="json_object"`` selects plain JSON mode
-  for servers without JSON Schema support (the schema is then only in the
-  system message). Results come back as user data messages.
+* **Structured interface.** ``structured_format`` picks the ``response_format``:
+  ``"json_schema"`` (default: ``{"type": "json_schema", "json_schema": {"name":
+  "touba_decision", "schema": ...}}``, for vLLM, llama.cpp's ``llama-server``
+  and Ollama), ``"json_object_schema"`` (``{"type": "json_object", "schema":
+  ...}``, llama-cpp-python's server, which refuses ``json_schema`` but holds
+  its JSON mode to a schema by grammar) or ``"json_object"`` (plain JSON mode,
+  ``{"type": "json_object"}``, for servers with neither: the schema is then
+  only in the system message, and a small model may write JSON of another
+  shape). The decision schema is always in the system message too. Results
+  come back as user data messages.
+* **Content.** Every message is sent with a string ``content``: an assistant
+  message with tool calls and no text has ``"content": ""`` (also when it is
+  replayed from the server's own answer, which had ``null``). Chat templates
+  read ``message.content``: llama-cpp-python's ``chatml`` and
+  ``chatml-function-calling`` formats answer HTTP 500 when it is missing, and
+  its request validation refuses ``null``.
 * **Alternation.** Consecutive user-role texts (input, summary, data) are sent
   as one user message: many chat templates (Mistral's, for one) refuse two
   user turns in a row.
+* **Refusals.** An HTTP error answer is ``AgentDecisionProviderUnavailable``
+  with the server's message in ``server_message`` (see
+  :mod:`touba.providers._refusal`): llama-cpp-python answers request validation
+  and chat template errors as HTTP 500, which are not retryable, so the message
+  says what to change instead of "retry later".
 * **Continuity.** In ``inline`` mode a decision keeps the assistant message as
   the server returned it, null fields dropped (so ``reasoning_content`` or
-  ``reasoning`` ride along) and replays it untouched to this provider. Use
+  ``reasoning`` ride along) and replays it untouched to this provider (but for
+  a null or missing ``content``, sent as ``""``: see **Content**). Use
   ``HistoryConfig(continuity="opaque_refs")`` for a server that rejects its own
   reasoning fields when they come back.
 
@@ -91,6 +109,7 @@ from touba.providers._openai_shared import (
     usage,
     user,
 )
+from touba.providers._refusal import body_message, retry_can_help
 from touba.providers._stream import (
     DeltaSink,
     StreamedCall,
@@ -117,7 +136,7 @@ __all__ = [
 PROVIDER = "openai_compatible"
 DECISION_FORMAT = "touba_decision"
 
-StructuredFormat = Literal["json_schema", "json_object"]
+StructuredFormat = Literal["json_schema", "json_object", "json_object_schema"]
 
 _NO_KEY = "touba-no-key"
 """Given to the SDK, which wants a non-empty key, when there is none: never sent."""
@@ -213,7 +232,7 @@ def _turn_messages(turn: Turn, interface: DecisionInterface) -> list[Item]:
             if not group:
                 continue
             calls = [_tool_call(c.call_id, c.name, c.arguments) for c in group]
-            out.append({"role": "assistant", "tool_calls": calls})
+            out.append({"role": "assistant", "content": "", "tool_calls": calls})
             out.extend(_tool_result(c.call_id, observation_payload(c)) for c in group)
     if turn.replies:
         out.append(assistant("\n\n".join(turn.replies)))
@@ -235,7 +254,12 @@ def _replayable(decision: DecisionMessage, interface: DecisionInterface) -> Item
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         return None
     expected = [c.call_id for c in decision.calls] if interface == "native" else []
-    return dict(message) if [c.get("id") for c in calls] == expected else None
+    if [c.get("id") for c in calls] != expected:
+        return None
+    replay = dict(message)
+    if replay.get("content") is None:
+        replay["content"] = ""  # never null nor missing (see the module notes)
+    return replay
 
 
 def _decision_messages(
@@ -257,10 +281,9 @@ def _decision_messages(
         out["content"] = decision.text
     elif decision.final:
         out["content"] = input_text(decision.output)
+    out.setdefault("content", "")  # never missing (see the module notes)
     if calls:
         out["tool_calls"] = [_tool_call(c.call_id, c.name, c.arguments) for c in calls]
-    if "content" not in out and not calls:
-        out["content"] = ""
     return [out]
 
 
@@ -532,7 +555,7 @@ def _display_url(base_url: str) -> str:
     return f"{parts.scheme}://{host}{parts.path}"
 
 
-def _status_hint(status: int) -> str:
+def _status_hint(status: int, retryable: bool) -> str:
     if status in (401, 403):
         return "pass api_key= (or default_headers=) as the server expects"
     if status == 404:
@@ -545,8 +568,22 @@ def _status_hint(status: int) -> str:
             "the server refused the request: check that the model supports tool calling and "
             "the server enables it (vLLM --enable-auto-tool-choice, llama.cpp --jinja), that "
             "the prompt fits its context size, and for decision_interface='structured' try "
-            "structured_format='json_object'"
+            "structured_format='json_object_schema' (llama-cpp-python) or 'json_object'"
         )
+    if status == 429:
+        return "the server is rate limiting or busy: retry later"
+    if not retryable and status < 500:
+        return "the server refused the request (see its message): a retry will not help"
+    if not retryable:
+        return (
+            "the server could not take this request (a request validation or chat template "
+            "error, see its message): the same request fails again, so a retry will not help; "
+            "check that the server's chat format supports tool calls, and for "
+            "decision_interface='structured' the structured_format it accepts "
+            "(llama-cpp-python: 'json_object_schema')"
+        )
+    if status < 500:
+        return "the server timed out or saw a conflict: retry later"
     return "the server is overloaded or failed: retry later"
 
 
@@ -598,6 +635,9 @@ class CompatibleWire(Wire):
                 body["tools"] = function_tools(request.capabilities)
         elif self._structured_format == "json_object":
             body["response_format"] = {"type": "json_object"}
+        elif self._structured_format == "json_object_schema":
+            schema = structured_schema(request.capabilities, request.output_schema)
+            body["response_format"] = {"type": "json_object", "schema": schema}
         else:
             schema = structured_schema(request.capabilities, request.output_schema)
             body["response_format"] = {
@@ -686,10 +726,14 @@ class CompatibleWire(Wire):
             code = getattr(e, "code", None)
             safe = isinstance(code, str | int) and _SAFE_CODE.match(str(code))
             shown = f", code {code}" if safe else ""
+            said = body_message(e.body)
+            retryable = retry_can_help(e.status_code, said, getattr(e, "type", None))
             raise AgentDecisionProviderUnavailable(
                 f"the OpenAI-compatible server at {where} answered HTTP {e.status_code}{shown}; "
-                f"{_status_hint(e.status_code)}; nothing was stored",
+                f"{_status_hint(e.status_code, retryable)}; nothing was stored",
                 status_code=e.status_code,
+                server_message=said,
+                retryable=retryable,
             ) from e
         except openai.APITimeoutError as e:
             raise AgentDecisionProviderUnavailable(
@@ -700,6 +744,20 @@ class CompatibleWire(Wire):
             raise AgentDecisionProviderUnavailable(
                 f"could not reach the OpenAI-compatible server at {where}; check that it is "
                 "running and that base_url is right; nothing was stored"
+            ) from e
+        except openai.APIResponseValidationError as e:
+            raise AgentDecisionProviderUnavailable(
+                f"the openai SDK failed talking to {where} ({type(e).__name__}); nothing was stored"
+            ) from e
+        except openai.APIError as e:  # an error event inside the stream
+            said = body_message(e.body)
+            retryable = retry_can_help(500, said, getattr(e, "type", None))
+            hint = "retry later" if retryable else _status_hint(500, retryable)
+            raise AgentDecisionProviderUnavailable(
+                f"the OpenAI-compatible server at {where} sent an error while streaming; {hint}; "
+                "nothing was stored",
+                server_message=said,
+                retryable=retryable,
             ) from e
         except openai.OpenAIError as e:
             raise AgentDecisionProviderUnavailable(
@@ -834,7 +892,8 @@ def create_openai_compatible_decision_provider(
     structured_format = options.pop("structured_format", "json_schema")
     if structured_format not in get_args(StructuredFormat):
         raise ConfigurationError(
-            f"structured_format must be 'json_schema' or 'json_object', got {structured_format!r}"
+            "structured_format must be 'json_schema', 'json_object' or 'json_object_schema', "
+            f"got {structured_format!r}"
         )
     if structured_format != "json_schema" and decision_interface != "structured":
         raise ConfigurationError("structured_format applies to decision_interface='structured'")

@@ -51,6 +51,7 @@ from touba.providers._gemini_wire import (
     split_options,
 )
 from touba.providers._guard import ContextConfig
+from touba.providers._refusal import body_message, retry_can_help
 from touba.providers._stream import DeltaSink
 from touba.providers._types import DecisionInterface, Usage
 
@@ -209,7 +210,9 @@ class GeminiWire(Wire):
             return json.loads(response.body or "")
         except errors.APIError as e:
             status = f"HTTP {e.code} {e.status}" if e.status else f"HTTP {e.code}"
-            raise _failure(counting, status, e.code) from e
+            said = body_message(e.message) or body_message(e.details)
+            code = e.code if isinstance(e.code, int) else None
+            raise _failure(counting, status, code, said, e.status) from e
         except json.JSONDecodeError as e:
             raise _failure(counting, "an answer that is not JSON", None) from e
         except _transport_errors() as e:
@@ -222,16 +225,34 @@ async def _bodies(chunks: Any) -> Any:
         yield json.loads(chunk.body or "")
 
 
-def _failure(counting: bool, what: str, status_code: int | None) -> ToubaError:
+def _failure(
+    counting: bool,
+    what: str,
+    status_code: int | None,
+    server_message: str | None = None,
+    kind: object = None,
+) -> ToubaError:
+    """The typed error of a failed request, with what the API said (see ``_refusal``)."""
+    retryable = retry_can_help(status_code, server_message, kind)
+    hint = (
+        "Retry later, or check"
+        if retryable
+        else "The API refused this request (see its message), so a retry will not help; check"
+    )
     if counting:
         return ProviderContextCountUnavailable(
-            f"Gemini countTokens failed ({what}); nothing was generated. Retry later, or check "
-            "the client's key and base_url"
+            f"Gemini countTokens failed ({what}); nothing was generated. {hint} the client's "
+            "key and base_url",
+            status_code=status_code,
+            server_message=server_message,
+            retryable=retryable,
         )
     return AgentDecisionProviderUnavailable(
         f"Gemini generateContent failed ({what}); no decision was received and nothing was "
-        "stored. Retry later, or check the client's key, model and base_url",
+        f"stored. {hint} the client's key, model and base_url",
         status_code=status_code,
+        server_message=server_message,
+        retryable=retryable,
     )
 
 

@@ -48,6 +48,7 @@ from touba.providers._openai_wire import (
     read_response_stream,
     text_format,
 )
+from touba.providers._refusal import body_message, retry_can_help
 from touba.providers._stream import DeltaSink
 from touba.providers._types import DecisionInterface, Usage
 
@@ -300,11 +301,23 @@ def _raise_sdk_error(error: Exception, *, counting: bool) -> NoReturn:
     if not isinstance(error, openai.OpenAIError | ValueError):
         raise error
     status: int | None = None
+    said: str | None = None
+    retryable = True
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
         kind = error.code or error.type or "error"
         detail = f"HTTP {status} ({kind}; request id {error.request_id or 'unknown'})"
-        hint = _HINTS.get(status, "retry later")
+        said = body_message(error.body)
+        retryable = retry_can_help(status, said, error.type)
+        hint = _HINTS.get(status) or (
+            "retry later" if retryable else "the API refused this request: a retry will not help"
+        )
+    elif isinstance(error, openai.APIError) and type(error) is openai.APIError:
+        # an error event inside a stream, which the SDK raises itself
+        said = body_message(error.body)
+        retryable = retry_can_help(500, said, error.type)
+        detail = "an error event in the stream"
+        hint = "retry later" if retryable else "the API refused this request: a retry will not help"
     elif isinstance(error, openai.APITimeoutError):
         detail, hint = "a timeout", "retry later or raise the client's timeout"
     elif isinstance(error, openai.APIConnectionError):
@@ -314,11 +327,16 @@ def _raise_sdk_error(error: Exception, *, counting: bool) -> NoReturn:
     if counting:
         raise ProviderContextCountUnavailable(
             f"OpenAI's input-token count failed with {detail}; nothing was generated: {hint}, "
-            "or create the provider without context= to skip the guard"
+            "or create the provider without context= to skip the guard",
+            status_code=status,
+            server_message=said,
+            retryable=retryable,
         ) from error
     raise AgentDecisionProviderUnavailable(
         f"the OpenAI Responses API failed with {detail}; nothing was stored: {hint}",
         status_code=status,
+        server_message=said,
+        retryable=retryable,
     ) from error
 
 
