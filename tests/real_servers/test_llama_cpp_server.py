@@ -116,9 +116,9 @@ def plain_program(provider: DecisionProvider, **agent: Any) -> Program:
 
 def request(**fields: Any) -> DecisionRequest:
     fields.setdefault("capabilities", (LOOKUP,))
+    fields.setdefault("invocation_id", "inv-1")
     return DecisionRequest(
         run_id="run-1",
-        invocation_id="inv-1",
         agent_ref="support",
         instructions=INSTRUCTIONS,
         input="Where is order A1?",
@@ -322,6 +322,24 @@ async def test_a_streamed_reply_arrives_in_pieces_that_make_the_output(
     assert result.status == "completed", result.error
     assert len(pieces) > 1
     assert "".join(pieces) == result.output
+
+
+async def test_usage_is_counted_without_a_stream_and_unknown_with_one(
+    llama_server: LlamaServer, compatible: Callable[..., DecisionProvider]
+) -> None:
+    """The server sends no usage chunk in a stream, even with stream_options.include_usage."""
+    provider = compatible(llama_server)
+    plain = await provider.decide(request(capabilities=()))
+    assert (plain.usage.input_tokens or 0) > 0
+    assert (plain.usage.output_tokens or 0) > 0
+
+    async def sink(delta: Any) -> None:
+        pass
+
+    streamed = await provider.decide(request(capabilities=(), invocation_id="inv-2"), sink=sink)
+    assert isinstance(streamed.output, str)
+    assert streamed.usage.input_tokens is None
+    assert streamed.usage.output_tokens is None
 
 
 # structured decisions --------------------------------------------------------------------
