@@ -4,13 +4,13 @@ The real-server suite (tests/real_servers/) runs llama-cpp-python's own OpenAI-c
 server. Its wheel is compiled here from the pinned source distribution, CPU only (no GPU,
 no BLAS, no curl, no multimodal library), and kept in a user cache directory
 (``$TOUBA_WHEEL_CACHE``, else ``$XDG_CACHE_HOME/touba/wheels``, else
-``~/.cache/touba/wheels``): later runs reuse it, so only the first one pays the build
-(about 5 minutes on 2 cores). The wheel is then installed, with the server's own extra,
-into the interpreter running this script.
+``~/.cache/touba/wheels``; one folder per version and set of build flags): later runs
+reuse it, so only the first one pays the build (about 5 minutes on 2 cores). The wheel is
+then installed, with the server's own extra, into the interpreter running this script.
 
 When the CPU lacks AVX2, or cmake or a C/C++ compiler is missing, the script says so and
 exits 0 with nothing built: the suite then skips with the same reason, except under
-``CI=true``, where both fail.
+``CI=true``, where it fails.
 
     python tests/real_servers/build_llama.py              # build (or reuse) and install
     python tests/real_servers/build_llama.py --no-install # build (or reuse), print the path
@@ -19,6 +19,7 @@ exits 0 with nothing built: the suite then skips with the same reason, except un
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -55,16 +56,20 @@ CMAKE_ARGS = (
 
 
 def cache_dir() -> Path:
-    """The user cache directory holding the built wheel."""
+    """The user cache directory holding the built wheel: one folder per version and set of
+    build flags, so a change of either builds anew instead of reusing a stale wheel."""
     explicit = os.environ.get("TOUBA_WHEEL_CACHE")
     if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "touba" / "wheels"
+        root = Path(explicit)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = Path(base) / "touba" / "wheels"
+    flags = hashlib.sha256("\n".join((VERSION, *CMAKE_ARGS)).encode()).hexdigest()[:12]
+    return root / f"llama-cpp-python-{VERSION}-{flags}"
 
 
 def cached_wheel() -> Path | None:
-    """The cached wheel of the pinned version, when one was built."""
+    """The cached wheel of the pinned version and flags, when one was built."""
     directory = cache_dir()
     if not directory.is_dir():
         return None

@@ -315,7 +315,9 @@ async def test_a_streamed_reply_arrives_in_pieces_that_make_the_output(
     llama_server: LlamaServer,
     compatible: Callable[..., DecisionProvider],
 ) -> None:
-    runtime = Runtime(plain_program(compatible(llama_server)))
+    # min_tokens: the server holds back the end of turn for 8 tokens (a reply of one token
+    # would come in one piece)
+    runtime = Runtime(plain_program(compatible(llama_server, min_tokens=8)))
     async with runtime.stream("chat", input="Tell me about my order.") as stream:
         pieces = [event.text async for event in stream if isinstance(event, TextDelta)]
     result = stream.result
