@@ -236,7 +236,8 @@ async def test_prior_turns_with_traces_and_observations_as_data_are_accepted(
     sent: list[dict[str, Any]],
     compatible: Callable[..., DecisionProvider],
 ) -> None:
-    """Earlier turns' call/result pairs (no text beside the calls), and history=False data."""
+    """Earlier turns' call/result pairs (no text beside the calls), observations sent as
+    data (history=False), a flow's results as data."""
     trace = (
         (TraceCall("c_1", "lookup_order", {"order_id": "A1"}, "ok", {"status": "shipped"}),),
         (
@@ -256,6 +257,11 @@ async def test_prior_turns_with_traces_and_observations_as_data_are_accepted(
     decision = await provider.decide(request(observations=(observation,)))
     assert decision.calls or isinstance(decision.output, str)
 
+    # a flow's earlier results: user-role data, paired with no call
+    flow = Observation("step_1", "lookup_order", {"order_id": "B2"}, "ok", {"s": "delayed"})
+    decision = await compatible(llama_server).decide(request(data=(flow,), invocation_id="i-3"))
+    assert decision.calls or isinstance(decision.output, str)
+
     with_trace = sent[0]["messages"]
     assert [m["role"] for m in with_trace] == [
         "system",
@@ -272,6 +278,8 @@ async def test_prior_turns_with_traces_and_observations_as_data_are_accepted(
     ]
     assert all(m.get("content") == "" for m in tool_call_messages(sent[0]))
     assert "shipped" in json.dumps(sent[1]["messages"][-1])  # the observation, as data
+    assert sent[2]["messages"][-1]["role"] == "user"
+    assert "delayed" in sent[2]["messages"][-1]["content"]
 
 
 # a chat session --------------------------------------------------------------------------
@@ -387,9 +395,11 @@ async def test_a_refused_request_says_what_the_server_said_and_is_not_retryable(
     error = caught.value
     assert error.status_code == 500
     assert error.retryable is False
-    assert "json_object" in error.server_message
-    assert "json_object" in str(error)
-    assert len(error.server_message) <= 500
+    message = error.server_message  # the server's own words: "Input should be 'text' or ..."
+    assert message is not None
+    assert "json_object" in message
+    assert len(message) <= 500
+    assert message in str(error)
     assert await store.list() == []
 
 
@@ -414,7 +424,7 @@ async def test_a_wrong_api_key_is_an_authentication_error_sent_once(
         assert isinstance(error, AgentDecisionProviderUnavailable)
         assert error.status_code == 401
         assert error.retryable is False  # no key will start working on a retry
-        assert "Invalid API key" in error.server_message  # the server's own words
+        assert error.server_message == "Invalid API key"  # the server's own words
         assert "api_key" in str(error)
         assert "wrong-key" not in str(error)
         assert proxy.connections == 1  # asked once, never retried
