@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,12 @@ class LlamaServer:
     """One ``python -m llama_cpp.server`` process on 127.0.0.1."""
 
     def __init__(
-        self, model: Path, log: Path, chat_format: str | None, api_key: str | None = None
+        self,
+        model: Path,
+        log: Path,
+        chat_format: str | None,
+        api_key: str | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.chat_format = chat_format
         self.api_key = api_key
@@ -125,6 +130,7 @@ class LlamaServer:
             command += ["--chat_format", chat_format]
         if api_key is not None:
             command += ["--api_key", api_key]
+        command += extra
         self._log_file = log.open("wb")
         self.process = subprocess.Popen(
             command, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -197,12 +203,15 @@ def llama_server(request: pytest.FixtureRequest, _servers: dict[str | None, Llam
 
 @pytest.fixture
 def start_server(tiny_model: Path, tmp_path: Path) -> Iterator[Callable[..., LlamaServer]]:
-    """Start a server of the test's own: ``start_server(chat_format, api_key=None)``."""
+    """Start a server of the test's own: ``start_server(chat_format=None, api_key=None,
+    *extra_arguments)``."""
     started: list[LlamaServer] = []
 
-    def start(chat_format: str | None = None, api_key: str | None = None) -> LlamaServer:
+    def start(
+        chat_format: str | None = None, api_key: str | None = None, *extra: str
+    ) -> LlamaServer:
         server = LlamaServer(
-            tiny_model, tmp_path / f"server-{len(started)}.log", chat_format, api_key
+            tiny_model, tmp_path / f"server-{len(started)}.log", chat_format, api_key, extra
         )
         started.append(server)
         return server.wait_ready()

@@ -499,3 +499,46 @@ async def test_a_server_killed_mid_stream_is_retryable_and_stores_nothing(
     assert len(pieces) >= 3
     assert caught.value.retryable is True
     assert await store.list() == []
+
+
+# a stream cut by the next request ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("interrupt", [True, False], ids=["interrupting", "queueing"])
+async def test_a_new_request_cuts_a_running_stream_unless_interrupt_requests_is_off(
+    start_server: Callable[..., LlamaServer],
+    compatible: Callable[..., DecisionProvider],
+    interrupt: bool,
+) -> None:
+    """The server's default (--interrupt_requests True) ends a running stream with [DONE]
+    when another request comes: touba reports the stream as incomplete and stores
+    nothing. With --interrupt_requests False the new request waits its turn."""
+    server = start_server(None, None, "--interrupt_requests", str(interrupt))
+    store = MemoryHistoryStore()
+    history = HistoryConfig(store=store, namespace="real")
+    # the interrupted reply would run for its 3000 tokens; the queued one ends by itself
+    options = endless() if interrupt else {"min_tokens": 20}
+    streaming = compatible(server, history=history, **options)
+    with net_proxy("127.0.0.1", server.port) as proxy:
+        other = compatible(f"http://127.0.0.1:{proxy.port}/v1")
+        second: list[asyncio.Task[Any]] = []
+
+        async def sink(delta: Any) -> None:
+            if isinstance(delta, StreamedText) and not second:
+                # the stream is running (and held while this sink waits): ask again
+                second.append(asyncio.create_task(other.decide(request(capabilities=()))))
+                await arrived(proxy, second[0])
+
+        running = streaming.decide(request(capabilities=()), sink=sink)
+        if interrupt:
+            with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
+                await running
+            assert caught.value.provider_error_code == "incomplete_stream"
+            assert await store.list() == []
+        else:
+            decision = await running
+            assert isinstance(decision.output, str)
+            assert len(await store.list()) == 1
+        [task] = second
+        answered = await task
+        assert isinstance(answered.output, str)
