@@ -8,7 +8,8 @@ llama-cpp-python wheel (``build_llama.py``) and runs them with ``-m real_server`
 - ``llama_server``: one ``python -m llama_cpp.server`` per chat format (the model's own
   template, ``chatml``, ``chatml-function-calling``), on a free loopback port, started
   once per session and stopped at its end. ``start_server`` starts one of a test's own
-  (with ``--api_key``, or to be killed).
+  (with ``--api_key`` or other flags, or to be killed).
+- ``sent``: every body the compatible wire sends, as it is sent.
 
 When the CPU lacks AVX2, a build tool is missing, or llama-cpp-python (the pinned
 version) or ``gguf`` is not installed, the tests skip with the reason, except under
@@ -197,7 +198,9 @@ def _servers(
 
 
 @pytest.fixture(params=FORMATS, ids=FORMAT_IDS)
-def llama_server(request: pytest.FixtureRequest, _servers: dict[str | None, LlamaServer]) -> Any:
+def llama_server(
+    request: pytest.FixtureRequest, _servers: dict[str | None, LlamaServer]
+) -> LlamaServer:
     return _servers[request.param]
 
 
