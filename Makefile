@@ -6,14 +6,18 @@
 #                  (bench/soak.py for 1 minute a store; the 30-minute soak:
 #                  `nice .venv/bin/python bench/soak.py --minutes 30 --stores postgres`)
 #   make docs   -> same install plus the `docs` extra, then `mkdocs build --strict` (build/site)
+#   make real-servers -> same install plus the `real-servers` extra, builds llama-cpp-python
+#                  once into ~/.cache/touba/wheels (about 5 minutes on 2 cores; reused
+#                  after), installs it and runs tests/real_servers/ against its server
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 DOCS_STAMP := $(VENV)/.installed-docs
+REAL_SERVERS_STAMP := $(VENV)/.installed-real-servers
 
-.PHONY: install demo test lint typecheck pytest peers bench docs clean
+.PHONY: install demo test lint typecheck pytest peers bench docs real-servers clean
 
 install: $(STAMP)
 
@@ -86,6 +90,18 @@ $(DOCS_STAMP): $(STAMP)
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# llama-cpp-python's own OpenAI-compatible server, run on a tiny random model the tests
+# write (tests/real_servers/). build_llama.py compiles the pinned sdist once (CPU only, no
+# curl) into the user cache and installs the wheel; without AVX2 or a build tool it says so
+# and the suite skips with the reason (fails under CI=true).
+$(REAL_SERVERS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[all,dev,real-servers]"
+	touch $(REAL_SERVERS_STAMP)
+
+real-servers: $(REAL_SERVERS_STAMP)
+	$(BIN)/python tests/real_servers/build_llama.py
+	$(BIN)/python -m pytest -m real_server tests/real_servers
 
 clean:
 	rm -rf $(VENV) build/site .pytest_cache .mypy_cache .ruff_cache .hypothesis .peers
