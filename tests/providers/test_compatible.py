@@ -24,7 +24,11 @@ from touba.providers import (
     TraceCall,
     Turn,
 )
-from touba.providers._framing import structured_instructions, structured_schema
+from touba.providers._framing import (
+    enforced_structured_schema,
+    structured_instructions,
+    structured_schema,
+)
 from touba.providers.compatible import create_openai_compatible_decision_provider
 from touba.testing.fakes import (
     FakeOpenAIServer,
@@ -573,11 +577,26 @@ async def test_structured_json_object_schema_sends_the_decision_schema(server) -
     decision = await provider.decide(request(output_schema=schema))
     assert decision.output == {"eta": 2}
     (body,) = bodies(server)
-    assert body["response_format"] == {
+    sent = body["response_format"]
+    assert sent == {
         "type": "json_object",
-        "schema": structured_schema((LOOKUP, REFUND), schema),
+        "schema": enforced_structured_schema((LOOKUP, REFUND), schema),
     }
     assert "JSON decision" in body["messages"][0]["content"]
+    # A grammar holds the model to exactly one of the two shapes: a call with at least
+    # one call, each with its capability's own parameters, or a final with its output.
+    call, final = sent["schema"]["anyOf"]
+    assert call["required"] == ["action", "calls"]
+    assert call["additionalProperties"] is False
+    assert call["properties"]["calls"]["minItems"] == 1
+    shapes = call["properties"]["calls"]["items"]["anyOf"]
+    assert [s["properties"]["name"]["enum"] for s in shapes] == [["lookup_order"], ["refund"]]
+    assert [s["properties"]["arguments"] for s in shapes] == [
+        dict(LOOKUP.parameters),
+        dict(REFUND.parameters),
+    ]
+    assert final["required"] == ["action", "output"]
+    assert final["properties"]["output"] == schema
 
 
 async def test_structured_prior_turn_traces_are_data(server) -> None:

@@ -117,7 +117,7 @@ class LlamaServer:
             "--port",
             str(self.port),
             "--n_ctx",
-            "4096",
+            "8192",  # byte-level tokens: a structured prompt alone is a few thousand
             "--n_threads",
             "1",
             "--n_threads_batch",

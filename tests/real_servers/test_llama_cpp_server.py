@@ -363,7 +363,10 @@ async def test_structured_decisions_are_held_to_the_schema_sent(
     """structured_format="json_object_schema": the server's JSON mode, with the schema."""
     ran: list[str] = []
     provider = compatible(
-        llama_server, decision_interface="structured", structured_format="json_object_schema"
+        llama_server,
+        decision_interface="structured",
+        structured_format="json_object_schema",
+        max_output_tokens=2000,  # a sampled string may run long; the grammar still closes it
     )
     runtime = Runtime(support_program(provider, ran, max_decisions=5))
     outcomes = [await runtime.invoke("support", input=f"Where is order A{n}?") for n in (1, 2)]

@@ -90,6 +90,7 @@ from touba.history._model import (
 from touba.providers._base import DecisionProvider, Plan, Wire
 from touba.providers._deadline import Paced, capped_timeout
 from touba.providers._framing import (
+    enforced_structured_schema,
     input_text,
     observation_payload,
     parse_structured_text,
@@ -635,8 +636,8 @@ class CompatibleWire(Wire):
                 body["tools"] = function_tools(request.capabilities)
         elif self._structured_format == "json_object":
             body["response_format"] = {"type": "json_object"}
-        elif self._structured_format == "json_object_schema":
-            schema = structured_schema(request.capabilities, request.output_schema)
+        elif self._structured_format == "json_object_schema":  # held by the server's grammar
+            schema = enforced_structured_schema(request.capabilities, request.output_schema)
             body["response_format"] = {"type": "json_object", "schema": schema}
         else:
             schema = structured_schema(request.capabilities, request.output_schema)
