@@ -503,6 +503,12 @@ _LISTED: Final = (
 )
 LIST_ALL: Final = _LISTED + " ORDER BY key"
 LIST_NAMESPACE: Final = _LISTED + " WHERE namespace = %s ORDER BY key"
+# The panel's page: the conversations held or not expired, the newest first.
+_LIVE: Final = " WHERE token IS NOT NULL OR expires_at > now()"
+LIST_RECENT: Final = (
+    _LISTED + _LIVE + " ORDER BY coalesce(updated_at, since) DESC, key LIMIT %s OFFSET %s"
+)
+COUNT_RECENT: Final = "SELECT count(*) FROM {t}" + _LIVE  # noqa: S608 - constant text
 
 # -- encryption at rest (touba.history._sealed) ------------------------------------------
 
@@ -581,6 +587,8 @@ class Statements:
     delete: sql.Composed
     list_all: sql.Composed
     list_namespace: sql.Composed
+    list_recent: sql.Composed
+    count_recent: sql.Composed
     # encryption at rest
     stale: sql.Composed
     key_ids: sql.Composed
@@ -668,6 +676,8 @@ def statements(parts: tuple[str, ...]) -> Statements:
         delete=q(DELETE),
         list_all=q(LIST_ALL),
         list_namespace=q(LIST_NAMESPACE),
+        list_recent=q(LIST_RECENT),
+        count_recent=q(COUNT_RECENT),
         stale=q(STALE),
         key_ids=q(KEY_IDS),
     )

@@ -881,27 +881,25 @@ class PostgresHistoryStore(PooledStore):
                 rows = await _rows(conn, s.list_all)
             else:
                 rows = await _rows(conn, s.list_namespace, (namespace,))
-        out = []
-        for key, identity, messages, size, updated, expires, active, *holder, expired in rows:
-            worker_id, pid, host, since = holder
-            out.append(
-                StoredConversation(
-                    key=key,
-                    identity=_parsed_identity(identity),
-                    messages=messages,
-                    bytes=size,
-                    updated_at=_iso(updated) or _iso(since) or "",
-                    expires_at=_iso(expires),
-                    active=active,
-                    reservation=(
-                        {"worker_id": worker_id, "pid": pid, "host": host, "since": _iso(since)}
-                        if active
-                        else None
-                    ),
-                    expired=bool(expired),
-                )
-            )
-        return out
+        return [_listed(row) for row in rows]
+
+    async def list_recent(
+        self, *, limit: int, offset: int = 0
+    ) -> tuple[list[StoredConversation], int]:
+        """A page of the conversations held or not expired, the most recently updated
+        first (a bare reservation by when it was taken): ``limit`` of them from
+        ``offset``, and how many there are in all. Deletes nothing. For the panel,
+        which must not read every conversation to show 50: a statement with
+        ``LIMIT``, and one count, however many are stored (PostgreSQL still sorts
+        the live rows to find the newest: a top-N sort, no index)."""
+        if limit < 0 or offset < 0:
+            raise ConfigurationError(f"limit and offset must be >= 0, got {limit}, {offset}")
+        s = self._sql
+        async with self._pg.call() as conn:
+            rows = await _rows(conn, s.list_recent, (limit, offset))
+            total = await _row(conn, s.count_recent)
+        assert total is not None
+        return [_listed(row) for row in rows], int(total[0])
 
     async def rekey(self, *, batch: int = 100) -> int:
         """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a
@@ -944,6 +942,27 @@ def _unavailable(e: Exception) -> DecisionHistoryStoreUnavailable:
         f"PostgreSQL failed ({type(e).__name__}: {e}). Check the server and retry; "
         "a conversation whose reservation could not be released is released by this "
         "store object's next operation on it, or by store.recover(key, worker_stopped=True)"
+    )
+
+
+def _listed(row: tuple[Any, ...]) -> StoredConversation:
+    """A row of ``_LISTED`` as the store lists it."""
+    key, identity, messages, size, updated, expires, active, *holder, expired = row
+    worker_id, pid, host, since = holder
+    return StoredConversation(
+        key=key,
+        identity=_parsed_identity(identity),
+        messages=messages,
+        bytes=size,
+        updated_at=_iso(updated) or _iso(since) or "",
+        expires_at=_iso(expires),
+        active=active,
+        reservation=(
+            {"worker_id": worker_id, "pid": pid, "host": host, "since": _iso(since)}
+            if active
+            else None
+        ),
+        expired=bool(expired),
     )
 
 

@@ -190,6 +190,36 @@ def _recovered_meanwhile(key: str) -> DecisionHistoryBusy:
     return busy(key, " (its reservation was recovered while this one ran; nothing saved)")
 
 
+# What ``list`` and ``list_recent`` read of a conversation (never its content), and the
+# conversations the panel shows: held, or not expired (one parameter: now).
+_LISTED: Final = (
+    "SELECT key, identity, messages, bytes, updated_at, expires_at, token, worker_id, "
+    "pid, host, since FROM touba_history_sessions "
+)
+_LIVE: Final = "WHERE token IS NOT NULL OR expires_at > ? "
+
+
+def _listed(row: tuple[Any, ...], now: float) -> StoredConversation:
+    """A row of ``_LISTED`` as the store lists it, expired or not at ``now``."""
+    key, identity, messages, size, updated, expires, token, *held = row
+    try:
+        parsed = json.loads(identity) if identity is not None else None
+    except ValueError:  # a damaged row is still listed, so it can be deleted
+        parsed = None
+    active = token is not None
+    return StoredConversation(
+        key=key,
+        identity=parsed if isinstance(parsed, dict) else None,
+        messages=messages,
+        bytes=size,
+        updated_at=iso(held[3] if updated is None else updated) or "",
+        expires_at=iso(expires),
+        active=active,
+        reservation=Reservation(token, *held).describe() if active else None,
+        expired=expires is not None and expires <= now,
+    )
+
+
 class _Db:
     """The store's SQL, run only on its worker thread."""
 
@@ -566,33 +596,18 @@ class _Db:
             self.purge()
         now = self.store._clock()
         rows = self.q(
-            "SELECT key, identity, messages, bytes, updated_at, expires_at, token, worker_id, "
-            "pid, host, since FROM touba_history_sessions "
-            "WHERE ? IS NULL OR namespace = ? ORDER BY key",
-            namespace,
-            namespace,
+            _LISTED + "WHERE ? IS NULL OR namespace = ? ORDER BY key", namespace, namespace
         )
-        out = []
-        for key, identity, messages, size, updated, expires, token, *held in rows:
-            try:
-                parsed = json.loads(identity) if identity is not None else None
-            except ValueError:  # a damaged row is still listed, so it can be deleted
-                parsed = None
-            active = token is not None
-            out.append(
-                StoredConversation(
-                    key=key,
-                    identity=parsed if isinstance(parsed, dict) else None,
-                    messages=messages,
-                    bytes=size,
-                    updated_at=iso(held[3] if updated is None else updated) or "",
-                    expires_at=iso(expires),
-                    active=active,
-                    reservation=Reservation(token, *held).describe() if active else None,
-                    expired=expires is not None and expires <= now,
-                )
-            )
-        return out
+        return [_listed(row, now) for row in rows]
+
+    def recent(self, limit: int, offset: int) -> tuple[list[StoredConversation], int]:
+        """``SqliteHistoryStore.list_recent``'s page and count."""
+        now = self.store._clock()
+        order = "ORDER BY coalesce(updated_at, since) DESC, key LIMIT ? OFFSET ?"
+        rows = self.q(_LISTED + _LIVE + order, now, limit, offset)
+        counted = "SELECT count(*) FROM touba_history_sessions " + _LIVE  # noqa: S608 - constant
+        [(total,)] = self.q(counted, now)
+        return [_listed(row, now) for row in rows], int(total)
 
     def stale(self, prefix: str, after: str, batch: int) -> list[str]:
         """Up to ``batch`` keys after ``after`` (in key order) of records holding a
@@ -1011,6 +1026,18 @@ class SqliteHistoryStore(AsyncClosing):
         written and they are listed with ``expired=True``."""
         with self._using():
             return await self._run("", lambda: self._db.listing(namespace, purge))
+
+    async def list_recent(
+        self, *, limit: int, offset: int = 0
+    ) -> tuple[list[StoredConversation], int]:
+        """A page of the conversations held or not expired, the most recently updated
+        first (a bare reservation by when it was taken): ``limit`` of them from
+        ``offset``, and how many there are in all. Writes nothing. For the panel,
+        which must not read every conversation to show 50."""
+        if limit < 0 or offset < 0:
+            raise ConfigurationError(f"limit and offset must be >= 0, got {limit}, {offset}")
+        with self._using():
+            return await self._run("", lambda: self._db.recent(limit, offset))
 
     async def rekey(self, *, batch: int = 100) -> int:
         """Re-seal with ``encryption.current`` up to ``batch`` conversations holding a

@@ -658,11 +658,16 @@ async def conversations(request: Request) -> Response:
     if panel.history is None:
         return panel.render(request, "conversations.html", page=None, usage=None)
     number = _page_number(request)
-    rows = [r for r in await panel.history.list(purge=False) if r.active or not r.expired]
-    rows.sort(key=lambda r: r.updated_at, reverse=True)
-    usage = await panel.history.usage(purge=False)
     start = (number - 1) * PAGE_SIZE
-    page = _paged(rows[start : start + PAGE_SIZE + 1], number, len(rows))
+    recent = getattr(panel.history, "list_recent", None)
+    if recent is not None:  # SQLite, PostgreSQL: one page read, however many are stored
+        rows, total = await recent(limit=PAGE_SIZE + 1, offset=start)
+    else:  # every conversation read, then one page kept
+        rows = [r for r in await panel.history.list(purge=False) if r.active or not r.expired]
+        rows.sort(key=lambda r: r.updated_at, reverse=True)
+        rows, total = rows[start : start + PAGE_SIZE + 1], len(rows)
+    usage = await panel.history.usage(purge=False)
+    page = _paged(rows, number, total)
     damaged = await damaged_counts(panel.history, [r.key for r in page.items])
     return panel.render(request, "conversations.html", page=page, usage=usage, damaged=damaged)
 
