@@ -74,6 +74,8 @@ async def _browse(
         now = time.perf_counter()
         return now < until or (now < until + GRACE and not kinds <= set(report.client_ms))
 
+    if think:  # browsers arrive on their own, not all in the same millisecond
+        await asyncio.sleep(random.uniform(0, 2 * think))
     while going():
         for kind, url in order:
             if not going():

@@ -10,7 +10,10 @@ the checkpoint store whose approvals it lists). A third process runs the
 panel's clients (httpx, each logged in with the token, as a browser is):
 
 - ``--clients`` browsers, each fetching every page of the panel in a shuffled
-  order, then again, ``--think`` seconds between pages on average (0: none).
+  order, then again, ``--think`` seconds between pages on average (0: none), the
+  first page too (browsers arrive on their own: 20 first requests in the same
+  millisecond, while the panel's pools grow from 1 connection to 4, made the slowest
+  1 % of a run, 300 to 450 ms, whatever the page).
   The pages are found from the app's GET routes (each must have a URL here,
   or the run stops), with real ids: a user, a session, key events, extraction
   jobs (one failed), a conversation, an approval waiting;
