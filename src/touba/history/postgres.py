@@ -66,6 +66,7 @@ PostgreSQL stores (:mod:`touba.history._pg`).
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import os
@@ -885,7 +886,7 @@ class PostgresHistoryStore(PooledStore):
 
     async def list_recent(
         self, *, limit: int, offset: int = 0
-    ) -> tuple[list[StoredConversation], int]:
+    ) -> tuple[builtins.list[StoredConversation], int]:
         """A page of the conversations held or not expired, the most recently updated
         first (a bare reservation by when it was taken): ``limit`` of them from
         ``offset``, and how many there are in all. Deletes nothing. For the panel,

@@ -47,6 +47,7 @@ stay busy, and the error then says that ``recover`` is needed.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import math
 import os
@@ -1029,7 +1030,7 @@ class SqliteHistoryStore(AsyncClosing):
 
     async def list_recent(
         self, *, limit: int, offset: int = 0
-    ) -> tuple[list[StoredConversation], int]:
+    ) -> tuple[builtins.list[StoredConversation], int]:
         """A page of the conversations held or not expired, the most recently updated
         first (a bare reservation by when it was taken): ``limit`` of them from
         ``offset``, and how many there are in all. Writes nothing. For the panel,
