@@ -36,10 +36,11 @@ if __package__ in (None, ""):  # run as a script: bench/ is a package of the che
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests._netproxy import NetProxy, net_proxy
+from tests._providers import fake_server
 from tests.history.test_redis_deadlines import IDENTITY, Decisions, bare_client, texts
 from tests.integrations._stores import delete_keys
 from tests.providers.test_deadlines import REQUEST, nothing, provider_on
-from tests.providers.test_streaming import _script_calls, _server
+from tests.providers.test_streaming import _script_calls
 
 from touba.errors import ToubaError
 from touba.history import MemoryHistoryStore
@@ -184,7 +185,7 @@ async def _provider_one(vendor: str, what: str, row: Row, deadline: float) -> No
     if what == "count":
         options |= {"context": ContextConfig(context_window_tokens=100_000)}
         options |= {"max_output_tokens": 1000}
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         parts = urlsplit(srv.base_url)
         with net_proxy(parts.hostname or "127.0.0.1", parts.port or 80) as proxy:
             async with provider_on(

@@ -10,6 +10,7 @@ where the key matters (a test that checks it never leaks).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anthropic
@@ -18,6 +19,12 @@ import pytest
 from google import genai
 from google.genai import types
 
+from touba.history import HistoryConfig
+from touba.providers import DecisionProvider
+from touba.providers.anthropic import create_anthropic_decision_provider
+from touba.providers.compatible import create_openai_compatible_decision_provider
+from touba.providers.gemini import create_gemini_decision_provider
+from touba.providers.openai import create_openai_decision_provider
 from touba.testing.fakes import (
     FakeAnthropicServer,
     FakeGeminiServer,
@@ -102,3 +109,47 @@ async def gemini_client(
     sdk = gemini_sdk(gemini_server.base_url, api_key=api_key)
     yield sdk
     await close_gemini(sdk)
+
+
+# -- one vendor by name: its fake and a provider on it -------------------------------------
+
+VENDORS = ("openai", "compatible", "anthropic", "gemini")
+
+
+def fake_server(vendor: str, **options: Any) -> FakeProviderServer:
+    """A new fake of ``vendor`` (one of ``VENDORS``); the compatible one is OpenAI's."""
+    if vendor in ("openai", "compatible"):
+        return FakeOpenAIServer(**options)
+    if vendor == "anthropic":
+        return FakeAnthropicServer(**options)
+    return FakeGeminiServer(**options)
+
+
+@asynccontextmanager
+async def vendor_provider(
+    vendor: str, srv: FakeProviderServer, history: HistoryConfig | bool | None, **options: Any
+) -> AsyncIterator[DecisionProvider]:
+    """``vendor``'s decision provider on ``srv`` through its official SDK (the compatible
+    one through its own client), closed after the block."""
+    if vendor == "openai":
+        async with openai_sdk(srv) as sdk:  # type: ignore[arg-type]
+            yield create_openai_decision_provider(
+                model="gpt-test", client=sdk, history=history, **options
+            )
+    elif vendor == "compatible":
+        provider = create_openai_compatible_decision_provider(
+            model="local", base_url=srv.base_url + "/v1", history=history, **options
+        )
+        yield provider
+        await provider.aclose()
+    elif vendor == "anthropic":
+        async with anthropic_sdk(srv) as claude:  # type: ignore[arg-type]
+            yield create_anthropic_decision_provider(
+                model="claude-test", client=claude, history=history, **options
+            )
+    else:
+        client = gemini_sdk(srv.base_url)
+        yield create_gemini_decision_provider(
+            model="gemini-test", client=client, history=history, **options
+        )
+        await close_gemini(client)

@@ -27,8 +27,8 @@ from google import genai
 from google.genai import types
 
 from tests._netproxy import NetProxy, net_proxy
-from tests._providers import close_gemini
-from tests.providers.test_streaming import LOOKUP, VENDORS, _script_calls, _server
+from tests._providers import close_gemini, fake_server
+from tests.providers.test_streaming import LOOKUP, VENDORS, _script_calls
 from touba.errors import (
     AgentDecisionProviderUnavailable,
     ConfigurationError,
@@ -66,7 +66,7 @@ def vendor(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def served(vendor: str) -> Iterator[tuple[FakeProviderServer, NetProxy]]:
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         parts = urlsplit(srv.base_url)
         with net_proxy(parts.hostname or "127.0.0.1", parts.port or 80) as proxy:
             yield srv, proxy
@@ -136,7 +136,7 @@ def _make(vendor: str, base_url: str, deadline: Any) -> DecisionProvider:
 
 
 def test_the_deadline_is_checked_at_construction(vendor: str) -> None:
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         for bad in (0, -2.5, float("inf"), True, "60"):
             with pytest.raises(ConfigurationError, match="deadline_seconds"):
                 _make(vendor, srv.base_url, bad)
@@ -272,7 +272,7 @@ async def test_a_summarizer_whose_provider_goes_silent_refuses_in_time() -> None
     timeout_seconds): a silent network refuses the decision that needed the summary
     with DecisionHistorySummaryInvalid, the provider's error chained. (One provider
     suffices: the deadline is DecisionProvider's, shared by all.)"""
-    with _server("openai") as srv:
+    with fake_server("openai") as srv:
         parts = urlsplit(srv.base_url)
         with net_proxy(parts.hostname or "127.0.0.1", parts.port or 80) as proxy:
             await _summarize_through(srv, proxy)

@@ -11,25 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
-from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
+from tests._providers import fake_server, vendor_provider
 from touba.errors import AgentDecisionProviderUnavailable, ProviderContextCountUnavailable
 from touba.history import HistoryConfig, MemoryHistoryStore
-from touba.providers import CapabilitySpec, ContextConfig, DecisionProvider, DecisionRequest
+from touba.providers import CapabilitySpec, ContextConfig, DecisionRequest
 from touba.providers._refusal import body_message, retry_can_help
-from touba.providers.anthropic import create_anthropic_decision_provider
-from touba.providers.compatible import create_openai_compatible_decision_provider
-from touba.providers.gemini import create_gemini_decision_provider
-from touba.providers.openai import create_openai_decision_provider
 from touba.runtime import Program, Runtime
 from touba.testing.fakes import (
-    FakeAnthropicServer,
-    FakeGeminiServer,
     FakeOpenAIServer,
     FakeProviderServer,
     anthropic_tool_use,
@@ -49,42 +41,6 @@ LOOKUP = CapabilitySpec(
 REQUEST = DecisionRequest(
     run_id="r", invocation_id="i", agent_ref="a", input="Where is A?", capabilities=(LOOKUP,)
 )
-
-
-def _server(vendor: str) -> FakeProviderServer:
-    if vendor in ("openai", "compatible"):
-        return FakeOpenAIServer()
-    if vendor == "anthropic":
-        return FakeAnthropicServer()
-    return FakeGeminiServer()
-
-
-@asynccontextmanager
-async def _provider(
-    vendor: str, srv: FakeProviderServer, history: HistoryConfig | bool | None, **options: Any
-) -> AsyncIterator[DecisionProvider]:
-    if vendor == "openai":
-        async with openai_sdk(srv) as sdk:  # type: ignore[arg-type]
-            yield create_openai_decision_provider(
-                model="gpt-test", client=sdk, history=history, **options
-            )
-    elif vendor == "compatible":
-        provider = create_openai_compatible_decision_provider(
-            model="local", base_url=srv.base_url + "/v1", history=history, **options
-        )
-        yield provider
-        await provider.aclose()
-    elif vendor == "anthropic":
-        async with anthropic_sdk(srv) as claude:  # type: ignore[arg-type]
-            yield create_anthropic_decision_provider(
-                model="claude-test", client=claude, history=history, **options
-            )
-    else:
-        genai = gemini_sdk(srv.base_url)
-        yield create_gemini_decision_provider(
-            model="gemini-test", client=genai, history=history, **options
-        )
-        await close_gemini(genai)
 
 
 def _script_call(vendor: str, srv: Any) -> None:
@@ -133,9 +89,11 @@ async def test_an_http_error_carries_the_servers_message(
     vendor: str, status: int, retryable: bool
 ) -> None:
     store = MemoryHistoryStore()
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         srv.script_error(status, SAID, endpoint=_endpoint(vendor, srv))
-        async with _provider(vendor, srv, HistoryConfig(store=store, namespace="t")) as provider:
+        async with vendor_provider(
+            vendor, srv, HistoryConfig(store=store, namespace="t")
+        ) as provider:
             with pytest.raises(AgentDecisionProviderUnavailable) as caught:
                 await provider.decide(REQUEST)
         assert len(srv.requests) == 1  # never retried by the SDK
@@ -148,10 +106,10 @@ async def test_an_http_error_carries_the_servers_message(
 async def test_a_refused_count_carries_the_servers_message(
     vendor: str, status: int, retryable: bool
 ) -> None:
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         srv.script_error(status, SAID, endpoint=srv.count_endpoint)
         options = {"context": ContextConfig(100_000), "max_output_tokens": 100}
-        async with _provider(vendor, srv, False, **options) as provider:
+        async with vendor_provider(vendor, srv, False, **options) as provider:
             with pytest.raises(ProviderContextCountUnavailable) as caught:
                 await provider.decide(REQUEST)
         assert srv.requests_to(srv.generation_endpoint) == []
@@ -161,7 +119,7 @@ async def test_a_refused_count_carries_the_servers_message(
 async def test_an_error_without_a_message_has_none() -> None:
     with FakeOpenAIServer() as srv:
         srv.script_raw(500, {"error": {"type": "server_error"}}, endpoint="chat_completions")
-        async with _provider("compatible", srv, False) as provider:
+        async with vendor_provider("compatible", srv, False) as provider:
             with pytest.raises(AgentDecisionProviderUnavailable) as caught:
                 await provider.decide(REQUEST)
     assert caught.value.server_message is None
@@ -177,10 +135,10 @@ async def test_the_servers_message_stays_out_of_traces_checkpoints_and_logs(
     """A call runs, then the next decision is refused: the invocation fails (with a
     checkpoint when the error is retryable), and only the caller sees the message."""
     caplog.set_level(logging.DEBUG)
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         _script_call(vendor, srv)
         srv.script_error(status, SAID, endpoint=_endpoint(vendor, srv))
-        async with _provider(vendor, srv, None) as provider:
+        async with vendor_provider(vendor, srv, None) as provider:
             program = Program()
 
             @program.capability()

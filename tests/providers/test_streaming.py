@@ -15,28 +15,23 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any
 
 import pytest
 
-from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
+from tests._providers import anthropic_sdk, fake_server, vendor_provider
 from touba.errors import AgentDecisionProviderSchemaViolation, AgentDecisionProviderUnavailable
 from touba.history import HistoryConfig, MemoryHistoryStore
 from touba.providers import CapabilitySpec, DecisionProvider, DecisionRequest
 from touba.providers._stream import DecisionDelta, StreamedCall, StreamedDecision, StreamedText
 from touba.providers.anthropic import create_anthropic_decision_provider
-from touba.providers.compatible import create_openai_compatible_decision_provider
-from touba.providers.gemini import create_gemini_decision_provider
-from touba.providers.openai import create_openai_decision_provider
 from touba.runtime import Program, Runtime
 from touba.runtime import _invocation as invocation_module
 from touba.runtime import _runtime as runtime_module
 from touba.testing.fakes import (
     FakeAnthropicServer,
-    FakeGeminiServer,
-    FakeOpenAIServer,
     FakeProviderServer,
     StreamKnobs,
     anthropic_redacted_thinking,
@@ -73,41 +68,13 @@ REASONING = {
 # one vendor: its fake, a provider on it, its scripted answers ---------------------------
 
 
-def _server(vendor: str, **options: Any) -> FakeProviderServer:
-    if vendor in ("openai", "compatible"):
-        return FakeOpenAIServer(**options)
-    if vendor == "anthropic":
-        return FakeAnthropicServer(**options)
-    return FakeGeminiServer(**options)
-
-
-@asynccontextmanager
-async def _provider(
+def _provider(
     vendor: str, srv: FakeProviderServer, history: HistoryConfig | bool, **options: Any
-) -> AsyncIterator[DecisionProvider]:
-    if vendor == "openai":
-        async with openai_sdk(srv) as sdk:  # type: ignore[arg-type]
-            yield create_openai_decision_provider(
-                model="gpt-test", client=sdk, history=history, **options
-            )
-    elif vendor == "compatible":
-        provider = create_openai_compatible_decision_provider(
-            model="local", base_url=srv.base_url + "/v1", history=history, **options
-        )
-        yield provider
-        await provider.aclose()
-    elif vendor == "anthropic":
+) -> AbstractAsyncContextManager[DecisionProvider]:
+    """``vendor_provider``, Anthropic's with adaptive thinking unless told otherwise."""
+    if vendor == "anthropic":
         options.setdefault("thinking", {"type": "adaptive"})
-        async with anthropic_sdk(srv) as claude:  # type: ignore[arg-type]
-            yield create_anthropic_decision_provider(
-                model="claude-test", client=claude, history=history, **options
-            )
-    else:
-        genai = gemini_sdk(srv.base_url)
-        yield create_gemini_decision_provider(
-            model="gemini-test", client=genai, history=history, **options
-        )
-        await close_gemini(genai)
+    return vendor_provider(vendor, srv, history, **options)
 
 
 def _script_calls(vendor: str, srv: Any, **knobs: Any) -> None:
@@ -191,7 +158,7 @@ async def _run(
 ) -> tuple[str, list[Any], list[DecisionDelta], FakeProviderServer]:
     store = MemoryHistoryStore()
     deltas: list[DecisionDelta] = []
-    with _server(vendor, seed=26, secret=b"k" * 32) as srv, _fixed_ids(monkeypatch):
+    with fake_server(vendor, seed=26, secret=b"k" * 32) as srv, _fixed_ids(monkeypatch):
         _script_calls(vendor, srv)
         _script_final(vendor, srv)
         async with _provider(vendor, srv, HistoryConfig(store=store, namespace="test")) as provider:
@@ -252,7 +219,7 @@ async def test_a_plain_text_reply_streams_as_text_pieces(vendor: str) -> None:
     async def sink(delta: DecisionDelta) -> None:
         deltas.append(delta)
 
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         _script_calls(vendor, srv)
         async with _provider(vendor, srv, False) as provider:
             decision = await provider.decide(
@@ -276,7 +243,7 @@ async def test_the_structured_interface_streams_no_text(vendor: str) -> None:
         deltas.append(delta)
 
     decision_json = json.dumps({"action": "final", "output": "done"})
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         if vendor == "openai":
             srv.script_response(openai_text(decision_json))  # type: ignore[attr-defined]
         elif vendor == "compatible":
@@ -311,7 +278,7 @@ async def _decide_and_fail(
     async def sink(delta: DecisionDelta) -> None:
         pass
 
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         script(srv)
         async with _provider(vendor, srv, HistoryConfig(store=store, namespace="test")) as provider:
             with pytest.raises(error) as raised:
@@ -411,7 +378,7 @@ async def test_events_of_unknown_types_are_ignored_and_logged_without_content(
         pass
 
     caplog.set_level(logging.DEBUG, logger="touba.providers.stream")
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         _script_calls(vendor, srv, stream=StreamKnobs(insert=tuple(UNKNOWN[vendor])))
         async with _provider(vendor, srv, False) as provider:
             decision = await provider.decide(
@@ -438,7 +405,7 @@ async def test_a_cancelled_decision_closes_the_response_and_stores_nothing(vendo
         if isinstance(delta, StreamedText):
             first_text.set()
 
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         _script_calls(vendor, srv, stream=StreamKnobs(event_delay=0.05))
         async with _provider(vendor, srv, HistoryConfig(store=store, namespace="test")) as provider:
             task = asyncio.create_task(provider.decide(request, sink=sink))
@@ -535,7 +502,7 @@ async def test_an_error_of_the_sink_reaches_the_caller_as_it_is(vendor: str) -> 
     request = DecisionRequest(
         run_id="r", invocation_id="i", agent_ref="a", input="A and B?", capabilities=(LOOKUP,)
     )
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         script(srv)
         async with _provider(vendor, srv, HistoryConfig(store=store, namespace="t")) as provider:
             with pytest.raises(LookupError, match="the consumer broke"):

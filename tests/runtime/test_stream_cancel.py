@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,15 +25,11 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests import test_telemetry  # installs the suite's in-memory tracer provider
-from tests._providers import anthropic_sdk, close_gemini, gemini_sdk, openai_sdk
+from tests._providers import fake_server, vendor_provider
 from touba import DecisionCompleted, TextDelta, ToolCallStarted
 from touba.errors import AgentDecisionProviderUnavailable, ConfigurationError
 from touba.history import HistoryConfig, MemoryHistoryStore
 from touba.providers import DecisionProvider
-from touba.providers.anthropic import create_anthropic_decision_provider
-from touba.providers.compatible import create_openai_compatible_decision_provider
-from touba.providers.gemini import create_gemini_decision_provider
-from touba.providers.openai import create_openai_decision_provider
 from touba.runtime import (
     InvocationResult,
     Program,
@@ -43,8 +39,6 @@ from touba.runtime import (
     StreamEvent,
 )
 from touba.testing.fakes import (
-    FakeAnthropicServer,
-    FakeGeminiServer,
     FakeOpenAIServer,
     FakeProviderServer,
     StreamKnobs,
@@ -68,37 +62,10 @@ DONE = "All done."
 # one vendor's fake, provider and scripted answers ---------------------------------------
 
 
-def _server(vendor: str) -> FakeProviderServer:
-    if vendor in ("openai", "compatible"):
-        return FakeOpenAIServer()
-    if vendor == "anthropic":
-        return FakeAnthropicServer()
-    return FakeGeminiServer()
-
-
-@asynccontextmanager
-async def _provider(
+def _provider(
     vendor: str, srv: FakeProviderServer, store: MemoryHistoryStore
-) -> AsyncIterator[DecisionProvider]:
-    history = HistoryConfig(store=store, namespace="cancel")
-    if vendor == "openai":
-        async with openai_sdk(srv) as sdk:  # type: ignore[arg-type]
-            yield create_openai_decision_provider(model="gpt-test", client=sdk, history=history)
-    elif vendor == "compatible":
-        provider = create_openai_compatible_decision_provider(
-            model="local", base_url=srv.base_url + "/v1", history=history
-        )
-        yield provider
-        await provider.aclose()
-    elif vendor == "anthropic":
-        async with anthropic_sdk(srv) as claude:  # type: ignore[arg-type]
-            yield create_anthropic_decision_provider(
-                model="claude-test", client=claude, history=history
-            )
-    else:
-        genai = gemini_sdk(srv.base_url)
-        yield create_gemini_decision_provider(model="gemini-test", client=genai, history=history)
-        await close_gemini(genai)
+) -> AbstractAsyncContextManager[DecisionProvider]:
+    return vendor_provider(vendor, srv, HistoryConfig(store=store, namespace="cancel"))
 
 
 def _call(vendor: str, srv: Any, name: str, arguments: dict[str, Any]) -> None:
@@ -256,7 +223,7 @@ async def test_a_stopped_stream_leaves_memory_whole_and_resumes_exactly_once(
     vendor: str, way: str, point: str
 ) -> None:
     world = World()
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         _script(vendor, srv, point)
         async with _provider(vendor, srv, world.store) as provider:
             runtime = Runtime(_program(provider, world))
@@ -385,7 +352,7 @@ async def test_a_stream_failing_midway_is_retryable_and_resumes_exactly_once(
     vendor: str,
 ) -> None:
     world = World()
-    with _server(vendor) as srv:
+    with fake_server(vendor) as srv:
         _call(vendor, srv, "lookup", {"q": "A"})
         _text(vendor, srv, LONG, StreamKnobs(cut_after=3))
         async with _provider(vendor, srv, world.store) as provider:
