@@ -159,7 +159,9 @@ def enforced_structured_schema(
     ``arguments`` to that capability's parameters) or a final (``output`` required,
     held to the output schema), nothing else allowed. Measured on
     llama-cpp-python 0.3.36 with a tiny random-weight model: every sampled decision
-    was valid (``tests/real_servers``).
+    had the right shape (``tests/real_servers``). A grammar bounds shapes, not
+    magnitudes: with no output schema, ``output`` may hold a number beyond a
+    double's range (``1e999``), which touba refuses as not JSON data.
     """
     final = structured_schema((), output_schema)
     if not capabilities:
