@@ -720,6 +720,49 @@ async def test_invalid_json_arguments_explain_what_to_try(server) -> None:
     assert "decision_interface='structured'" in str(caught.value)
 
 
+async def test_raw_control_characters_in_json_strings_are_accepted_and_stored_escaped(
+    server,
+) -> None:
+    """llama-cpp-python's JSON grammar lets a model write a raw newline or tab inside a
+    string; a strict parse refused the decision and ended the tool loop."""
+    store = MemoryHistoryStore()
+    provider = provider_for(server, history=HistoryConfig(store=store, namespace="t"))
+    raw_arguments = '{"order_id": "A1\n\tline two"}'  # a real newline and tab, unescaped
+    assert "\n" in raw_arguments
+    assert "\\n" not in raw_arguments
+    server.script_chat_completion(
+        tool_calls=[chat_tool_call("lookup_order", raw_arguments, id="c1")]
+    )
+    first = await provider.decide(request())
+    assert dict(first.calls[0].arguments) == {"order_id": "A1\n\tline two"}
+    server.script_chat_completion('{"eta":\n"two\ndays"}')
+    final = await provider.decide(
+        request(
+            observations=(observe(first.calls[0], result="ok"),),
+            output_schema={"type": "object"},
+        )
+    )
+    assert final.output == {"eta": "two\ndays"}
+    (row,) = await store.list()
+    record = await store.read(row.key)
+    assert record is not None
+    # the decision is kept with the string as parsed, which a store writes escaped
+    assert '"A1\\n\\tline two"' in json.dumps(record)
+
+    structured = provider_for(server, decision_interface="structured")
+    server.script_chat_completion('{"action": "final", "output": "a\tb"}')
+    decision = await structured.decide(request(invocation_id="inv-structured"))
+    assert decision.output == "a\tb"
+
+    # an unterminated string is still refused, control characters or not
+    server.script_chat_completion(
+        tool_calls=[chat_tool_call("lookup_order", '{"order_id": "A1\n', id="c2")]
+    )
+    with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
+        await provider.decide(request(invocation_id="inv-broken"))
+    assert caught.value.provider_error_code == "invalid_json"
+
+
 @pytest.mark.parametrize(
     ("text", "schema", "code"),
     [

@@ -270,12 +270,16 @@ def _new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_structured_text(text: str | None) -> DecisionMessage:
-    """Parse the model's JSON text of a structured decision."""
+def parse_structured_text(text: str | None, *, strict: bool = True) -> DecisionMessage:
+    """Parse the model's JSON text of a structured decision.
+
+    ``strict=False`` accepts raw control characters inside strings (see
+    ``json.loads``): a local server's grammar may let a model write a raw newline
+    in a string, which is unambiguous and stored escaped."""
     if text is None or not text.strip():
         raise violation("the model returned no text for a structured decision", "empty_output")
     try:
-        value = json.loads(text)
+        value = json.loads(text, strict=strict)
     except json.JSONDecodeError as e:
         raise invalid_json("the structured decision", e) from e
     return parse_structured(value)

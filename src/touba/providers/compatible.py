@@ -41,6 +41,11 @@ the non-streaming request answers), with a client it builds itself and never ret
   read ``message.content``: llama-cpp-python's ``chatml`` and
   ``chatml-function-calling`` formats answer HTTP 500 when it is missing, and
   its request validation refuses ``null``.
+* **Lenient JSON.** Tool arguments, structured decisions and JSON final answers
+  are parsed with ``json.loads(strict=False)``: raw control characters inside
+  strings are accepted. llama-cpp-python's JSON grammar lets a model write a raw
+  newline or tab in a string, which a strict parser refuses and which would end
+  a tool loop; the string is unambiguous, and touba stores it escaped.
 * **Alternation.** Consecutive user-role texts (input, summary, data) are sent
   as one user message: many chat templates (Mistral's, for one) refuse two
   user turns in a row.
@@ -346,7 +351,7 @@ def _parse_call(raw: Any, index: int, total: int) -> tuple[CapabilityCall, Item]
         if not arguments.strip():
             arguments = "{}"  # some servers send "" for a call without arguments
         try:
-            value = json.loads(arguments)
+            value = json.loads(arguments, strict=False)  # see Lenient JSON above
         except json.JSONDecodeError as e:
             raise violation(
                 f"the arguments the model wrote for {name!r} ({where}) are not valid JSON "
@@ -370,7 +375,7 @@ def _parse_call(raw: Any, index: int, total: int) -> tuple[CapabilityCall, Item]
 def _final_output(text: str, output_schema: Mapping[str, JSON]) -> JSON:
     """The native final answer when ``output_schema`` asks for JSON."""
     try:
-        return json.loads(_unfenced(text))
+        return json.loads(_unfenced(text), strict=False)
     except json.JSONDecodeError as e:
         if schema_validator(output_schema, "output_schema").is_valid(text.strip()):
             return text.strip()  # a plain text answer to a string schema
@@ -430,7 +435,9 @@ def parse_completion(
                 "the model called a tool although the structured interface offers none",
                 "unexpected_tool_call",
             )
-        decision = parse_structured_text(_unfenced(text) if text is not None else None)
+        decision = parse_structured_text(
+            _unfenced(text) if text is not None else None, strict=False
+        )
     elif raw_calls:
         parsed = [_parse_call(raw, i, len(raw_calls)) for i, raw in enumerate(raw_calls)]
         kept["tool_calls"] = [item for _, item in parsed]
