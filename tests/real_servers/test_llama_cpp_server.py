@@ -548,6 +548,7 @@ async def test_a_new_request_cuts_a_running_stream_unless_interrupt_requests_is_
             with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
                 await running
             assert caught.value.provider_error_code == "incomplete_stream"
+            assert "--interrupt_requests False" in str(caught.value)  # what to change
             assert await store.list() == []
         else:
             decision = await running

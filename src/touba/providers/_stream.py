@@ -85,9 +85,11 @@ def ignore_event(provider: str, kind: object) -> None:
         log.debug("%s stream: ignored an event of unknown type %r", provider, name)
 
 
-def incomplete_stream(provider: str) -> AgentDecisionProviderSchemaViolation:
-    """The stream ended (cleanly) before the vendor's final event."""
+def incomplete_stream(provider: str, hint: str = "") -> AgentDecisionProviderSchemaViolation:
+    """The stream ended (cleanly) before the vendor's final event; ``hint`` says
+    what commonly causes it with this provider."""
     return AgentDecisionProviderSchemaViolation(
-        f"the {provider} stream ended before the decision was complete; nothing was stored",
+        f"the {provider} stream ended before the decision was complete; nothing was "
+        f"stored{'; ' + hint if hint else ''}",
         provider_error_code="incomplete_stream",
     )

@@ -536,7 +536,11 @@ async def read_chat_stream(events: AsyncIterable[Any], sink: DeltaSink) -> dict[
             if choice.get("finish_reason") is not None:
                 finish = choice["finish_reason"]
     if finish is None:
-        raise incomplete_stream("OpenAI-compatible")
+        raise incomplete_stream(
+            "OpenAI-compatible",
+            "a local server may end a running stream when another request arrives "
+            "(llama-cpp-python does unless started with --interrupt_requests False)",
+        )
     message: Item = {"role": "assistant", **others, **lists}
     # a field whose deltas were all empty ("content": "" first, then tool calls) is absent
     message.update({key: "".join(parts) for key, parts in texts.items() if any(parts)})
