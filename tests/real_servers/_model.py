@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CHAT_TEMPLATE", "END_OF_TURN", "write_model"]
+__all__ = ["CHAT_TEMPLATE", "END_OF_TURN", "SPECIAL", "vocabulary", "write_model"]
 
 END_OF_TURN = "<|im_end|>"
 SPECIAL = ("<|endoftext|>", "<|im_start|>", END_OF_TURN)
