@@ -65,8 +65,9 @@ BAD_RESULTS: list[tuple[Any, str]] = [
     ({"a": {("x", "y"): 1}}, "observations[0].result[key 0][key 0] has a key of type tuple"),
     ({"a": {1: "one"}}, "observations[0].result[key 0][key 0] has a key of type int"),
     ({"a": [0, 1, 2, float("nan")]}, "observations[0].result[key 0][3] is nan"),
-    ({"a": [0, 1, 2, float("inf")]}, "observations[0].result[key 0][3] is inf"),
+    ({"a": [0, 1, 2, float("inf")]}, "[3] is inf (a number beyond a 64-bit float's range)"),
     ({"a": [0, 1, 2, float("-inf")]}, "observations[0].result[key 0][3] is -inf"),
+    ({"a": [0, 1, 2, 1e999]}, "[3] is inf (a number beyond a 64-bit float's range)"),
     ({"a": [0, 1, 2, "\ud800"]}, "observations[0].result[key 0][3] is a str with a lone surrogate"),
     ({"a": nested(990)}, "observations[0].result[key 0][0][0]"),
     ({"a": nested(5000)}, f"more than {MAX_JSON_DEPTH} levels deep"),
@@ -106,7 +107,18 @@ async def _started(history: DecisionHistory) -> Any:
     return await history.store.read(identity().key)  # type: ignore[attr-defined]
 
 
-BAD_IDS = ["set", "bytes", "object", "tuple-key", "int-key", "nan", "inf", "-inf", "surrogate"]
+BAD_IDS = [
+    "set",
+    "bytes",
+    "object",
+    "tuple-key",
+    "int-key",
+    "nan",
+    "inf",
+    "-inf",
+    "1e999",
+    "surrogate",
+]
 
 
 @pytest.mark.parametrize(("result", "expected"), BAD_RESULTS, ids=[*BAD_IDS, "990", "5000"])

@@ -763,6 +763,21 @@ async def test_raw_control_characters_in_json_strings_are_accepted_and_stored_es
     assert caught.value.provider_error_code == "invalid_json"
 
 
+async def test_a_number_beyond_a_doubles_range_is_refused_saying_so(server) -> None:
+    """A server's JSON grammar bounds shapes, not magnitudes: a model may write 1e999."""
+    store = MemoryHistoryStore()
+    provider = provider_for(
+        server,
+        decision_interface="structured",
+        history=HistoryConfig(store=store, namespace="t"),
+    )
+    server.script_chat_completion('{"action": "final", "output": {"n": [1, 1e999]}}')
+    with pytest.raises(AgentDecisionProviderSchemaViolation) as caught:
+        await provider.decide(request())
+    assert "a number beyond a 64-bit float's range" in str(caught.value)
+    assert await store.list() == []
+
+
 @pytest.mark.parametrize(
     ("text", "schema", "code"),
     [

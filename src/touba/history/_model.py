@@ -231,7 +231,12 @@ def _walk_problem(value: object, root: str, max_depth: int) -> str | None:
                     return f"{_render(path)} is an int too large to write as JSON"
             continue
         if isinstance(item, float):
-            if not math.isfinite(item):
+            if math.isinf(item):  # also a number beyond a double's range: 1e999 parses as inf
+                return (
+                    f"{_render(path)} is {item!r} (a number beyond a 64-bit float's range), "
+                    "which JSON cannot represent"
+                )
+            if math.isnan(item):
                 return f"{_render(path)} is {item!r}, which JSON cannot represent"
             continue
         if isinstance(item, dict | list | tuple):
